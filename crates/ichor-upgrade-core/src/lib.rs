@@ -1,0 +1,40 @@
+//! The deterministic core of the Ichor upgrade engine.
+//!
+//! Ichor rolls the machines of a Talos Linux cluster to a new OS version with no
+//! maintenance window. This crate holds every decision it makes, and nothing else:
+//!
+//! - [`versions`]: strict parsing of Talos and Kubernetes versions, the upgrade-path rule
+//!   and the Talos-to-Kubernetes support table;
+//! - [`conditions`]: `metav1.Condition`-shaped progress markers with upsert semantics;
+//! - [`operation`]: operation kinds, spec validation and the labels people steer with;
+//! - [`rollout`]: the rollout engine, a pure function from what was observed to a
+//!   [`rollout::Decision`].
+//!
+//! # What this crate must not do
+//! It is deterministic: no IO, no clock, no async, no randomness, no global state. Time
+//! enters as an argument ([`Timestamp`]); the same inputs always give the same output. Its
+//! normal dependencies are serde, semver and thiserror, never tokio, tonic, hyper, kube or
+//! async-trait. Drivers (`ichor-talos-executor`, `ichor-storage`) observe the world, call
+//! these functions and carry out what they return.
+//!
+//! # Example
+//! ```
+//! use ichor_upgrade_core::versions::{check_kubernetes_pairing, check_upgrade_path, KubernetesVersion, TalosVersion};
+//!
+//! let from = TalosVersion::from_os_image("Talos (v1.13.6)")?;
+//! let to = TalosVersion::parse("v1.14.4")?;
+//! check_upgrade_path(&from, &to)?;
+//! let range = check_kubernetes_pairing(&to, &KubernetesVersion::parse("1.34.1")?)?;
+//! assert_eq!(range.to_string(), "Kubernetes 1.32.0 to 1.37.x");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod conditions;
+pub mod operation;
+pub mod rollout;
+pub mod time;
+pub mod versions;
+
+pub use time::Timestamp;

@@ -1,0 +1,205 @@
+//! Operations: their kinds, their spec as written, its validation, and the well-known
+//! labels and annotations people use to steer a rollout.
+
+use serde::{Deserialize, Serialize};
+
+use crate::versions::{TalosVersion, VersionError};
+
+/// Machine label (integer) that orders a rollout within a role: ascending, machines
+/// without it last, then by name. Workers with different values are separate waves.
+pub const ORDER_LABEL: &str = "ichor.dev/upgrade-order";
+/// Annotation, on a machine or its Node, that holds the machine back: it is not started
+/// and the operation cannot complete while it remains. Any value holds.
+pub const HOLD_ANNOTATION: &str = "ichor.dev/hold";
+/// Annotation on an operation that resumes it after a pause. Its value is a token (any
+/// new value, such as a timestamp): each distinct value resumes once.
+pub const RESUME_ANNOTATION: &str = "ichor.dev/resume";
+
+/// The role a machine plays in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MachineRole {
+    /// Runs etcd and the Kubernetes control plane; upgraded first, strictly one at a time.
+    ControlPlane,
+    /// Runs workloads; upgraded after the control planes, up to `maxUnavailable` at once.
+    Worker,
+}
+
+impl MachineRole {
+    /// `control-plane` or `worker`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ControlPlane => "control-plane",
+            Self::Worker => "worker",
+        }
+    }
+}
+
+/// The kinds of operation this engine runs. Only [`OperationKind::Talos`] exists: other
+/// kinds are refused by [`OperationSpec::validate`], never run as a Talos upgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperationKind {
+    /// Upgrade the Talos OS of every machine of a cluster.
+    Talos,
+}
+
+impl OperationKind {
+    /// The kind as written in a spec.
+    pub const TALOS: &'static str = "talos";
+}
+
+/// An operation's spec as written by a person or a tool; validated, never trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationSpec {
+    /// `talos`; anything else is refused.
+    pub kind: String,
+    /// The Talos version to upgrade to, such as `v1.14.4`.
+    pub target_version: String,
+    /// How many workers may be unavailable at once (at least 1).
+    pub max_unavailable: i64,
+}
+
+/// A spec that passed validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidSpec {
+    /// What the operation does.
+    pub kind: OperationKind,
+    /// The target Talos version (equal to the release set's).
+    pub target: TalosVersion,
+    /// How many workers may be unavailable at once.
+    pub max_unavailable: u32,
+}
+
+/// Why an operation is refused. A refusal touches nothing: no lock, no machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The kind is not `talos`.
+    #[error(
+        "operation kind {kind:?} is not supported: only \"talos\" operations run here, and no other kind is ever run as a Talos upgrade"
+    )]
+    UnsupportedKind {
+        /// The kind as written.
+        kind: String,
+    },
+    /// `spec.targetVersion` is not a Talos version.
+    #[error("spec.targetVersion: {error}")]
+    InvalidTarget {
+        /// The parse error, quoting the text.
+        error: String,
+    },
+    /// The release set's Talos version is not a Talos version.
+    #[error("the release set's Talos version: {error}")]
+    InvalidReleaseVersion {
+        /// The parse error, quoting the text.
+        error: String,
+    },
+    /// The target is not the release set's Talos version.
+    #[error(
+        "spec.targetVersion {target} is not the release set's Talos version {release}; only the release set's version can be rolled out"
+    )]
+    TargetNotReleaseSet {
+        /// The operation's target.
+        target: String,
+        /// The release set's Talos version.
+        release: String,
+    },
+    /// `maxUnavailable` is zero or negative.
+    #[error("spec.maxUnavailable is {value}; it must be at least 1")]
+    InvalidMaxUnavailable {
+        /// The value as written.
+        value: i64,
+    },
+}
+
+impl Refusal {
+    /// The CamelCase reason users see on the operation's condition and events.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::UnsupportedKind { .. } => "UnsupportedKind",
+            Self::InvalidTarget { .. } => "InvalidTargetVersion",
+            Self::InvalidReleaseVersion { .. } => "InvalidReleaseVersion",
+            Self::TargetNotReleaseSet { .. } => "TargetNotReleaseSet",
+            Self::InvalidMaxUnavailable { .. } => "InvalidMaxUnavailable",
+        }
+    }
+}
+
+impl OperationSpec {
+    /// Validates the spec against the release set's Talos version (DESIGN §3 rules 9 and
+    /// 10, §9): the kind must be `talos`, the target a Talos version equal to the release
+    /// set's, and `maxUnavailable` at least 1.
+    ///
+    /// # Errors
+    /// The first [`Refusal`] found, in that order.
+    pub fn validate(&self, release_talos_version: &str) -> Result<ValidSpec, Refusal> {
+        let kind = match self.kind.as_str() {
+            OperationKind::TALOS => OperationKind::Talos,
+            other => return Err(Refusal::UnsupportedKind { kind: other.to_owned() }),
+        };
+        let target = TalosVersion::parse(&self.target_version)
+            .map_err(|e: VersionError| Refusal::InvalidTarget { error: e.to_string() })?;
+        let release = TalosVersion::parse(release_talos_version)
+            .map_err(|e| Refusal::InvalidReleaseVersion { error: e.to_string() })?;
+        if target != release {
+            return Err(Refusal::TargetNotReleaseSet { target: target.to_string(), release: release.to_string() });
+        }
+        let max_unavailable = match u32::try_from(self.max_unavailable) {
+            Ok(n) if n >= 1 => n,
+            _ => return Err(Refusal::InvalidMaxUnavailable { value: self.max_unavailable }),
+        };
+        Ok(ValidSpec { kind, target, max_unavailable })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: &str, target: &str, max_unavailable: i64) -> OperationSpec {
+        OperationSpec { kind: kind.into(), target_version: target.into(), max_unavailable }
+    }
+
+    #[test]
+    fn a_talos_spec_for_the_release_set_is_valid() {
+        let valid = spec("talos", "v1.14.4", 2).validate("v1.14.4").unwrap();
+        assert_eq!(valid.kind, OperationKind::Talos);
+        assert_eq!(valid.target.to_string(), "v1.14.4");
+        assert_eq!(valid.max_unavailable, 2);
+    }
+
+    #[test]
+    fn kinds_other_than_talos_are_refused_never_run() {
+        for kind in ["kubernetes", "ichor", "Talos", "", "banana"] {
+            let refusal = spec(kind, "v1.14.4", 1).validate("v1.14.4").unwrap_err();
+            assert_eq!(refusal, Refusal::UnsupportedKind { kind: kind.into() });
+            assert!(refusal.to_string().contains("not supported"), "{refusal}");
+        }
+    }
+
+    #[test]
+    fn a_target_other_than_the_release_sets_is_refused_naming_both() {
+        let refusal = spec("talos", "v1.14.5", 1).validate("v1.14.4").unwrap_err();
+        assert_eq!(refusal, Refusal::TargetNotReleaseSet { target: "v1.14.5".into(), release: "v1.14.4".into() });
+        let text = refusal.to_string();
+        assert!(text.contains("v1.14.5") && text.contains("v1.14.4"), "{text}");
+    }
+
+    #[test]
+    fn an_unparseable_target_is_refused_naming_the_field_and_text() {
+        let refusal = spec("talos", "v1.14", 1).validate("v1.14.4").unwrap_err();
+        assert_eq!(refusal.reason(), "InvalidTargetVersion");
+        let text = refusal.to_string();
+        assert!(text.starts_with("spec.targetVersion: ") && text.contains("\"v1.14\""), "{text}");
+    }
+
+    #[test]
+    fn max_unavailable_must_be_at_least_one() {
+        for value in [0, -1, i64::MIN, i64::from(u32::MAX) + 1] {
+            let refusal = spec("talos", "v1.14.4", value).validate("v1.14.4").unwrap_err();
+            assert_eq!(refusal, Refusal::InvalidMaxUnavailable { value });
+        }
+    }
+}

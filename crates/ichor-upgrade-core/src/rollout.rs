@@ -1,0 +1,726 @@
+//! The rollout engine: the cluster lock and the state machine that decides, for one
+//! operation, which machines to start, which to keep advancing and which to stop.
+//!
+//! # Calling protocol
+//! The caller observes the world (the operation, its cluster's Lease, every machine with
+//! its Node's readiness and its progress, the etcd gate's verdict) and calls [`decide`]
+//! with `now`. It then carries out the [`Decision`]:
+//!
+//! 1. the lock action, first; when it is [`LockAction::Acquire`] nothing else is decided
+//!    in that pass: the caller writes the Lease and observes again, so machines only ever
+//!    start under a lock the API server has confirmed;
+//! 2. [`Decision::stop`]: end those machines' evacuations (they were not past their Upgrade
+//!    call) and record them as not started;
+//! 3. [`Decision::start`] and [`Decision::advance`]: advance each machine one step with the
+//!    executor, recording its outcome;
+//! 4. the phase, the acknowledged resume token and the generation in the operation's status.
+//!
+//! When [`Decision::check_etcd`] is set, a control plane is waiting only for the etcd
+//! gate's verdict: the caller gathers it and calls [`decide`] again in the same pass.
+//! Calling early or twice is harmless: the same inputs give the same decision.
+//!
+//! Terminal outcomes are sticky: a completed operation stays completed for its
+//! generation; a pause lasts while a machine's failure is recorded, until a new value of
+//! the resume annotation arrives; a refusal lasts while the spec is invalid.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::operation::{MachineRole, OperationSpec, Refusal, ValidSpec};
+use crate::time::Timestamp;
+
+/// How the engine keeps its cluster lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RolloutConfig {
+    /// How long a Lease stays valid without renewal; written into the Lease.
+    pub lease_duration: Duration,
+    /// How long after its last renewal the holder renews the Lease.
+    pub renew_after: Duration,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self { lease_duration: Duration::from_secs(120), renew_after: Duration::from_secs(40) }
+    }
+}
+
+/// The cluster's Lease as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolder {
+    /// The holder's identity (an operation's [`OperationView::identity`]).
+    pub identity: String,
+    /// When the holder last acquired or renewed the Lease.
+    pub renewed_at: Timestamp,
+    /// The Lease's duration as written by its holder.
+    pub lease_duration: Duration,
+    /// Whether the holding operation still exists (the caller looks it up).
+    pub holder_exists: bool,
+}
+
+/// The etcd gate's verdict over every control plane (DESIGN §3 rule 3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdVerdict {
+    /// One member per control plane, all answering with no errors, no learner, one agreed
+    /// leader, no alarm.
+    Healthy,
+    /// Something fails; the text says what.
+    Unhealthy {
+        /// What fails, for the status.
+        reason: String,
+    },
+    /// Not gathered in this pass (the caller gathers it when [`Decision::check_etcd`] asks).
+    NotChecked,
+}
+
+/// One machine's progress in this operation, from the operation's status and the
+/// machine's own conditions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MachineProgress {
+    /// Not started by this operation.
+    Pending,
+    /// Started and not yet converged.
+    InProgress {
+        /// Whether its Upgrade call has been made (or may have been: an intent recorded).
+        /// Such a machine is never interrupted: not by a hold, a pause or a deletion.
+        past_upgrade_call: bool,
+    },
+    /// Verified on the target.
+    Converged,
+    /// The executor failed it; the operation is paused until a resume.
+    Failed {
+        /// Why, as the executor said.
+        reason: String,
+    },
+}
+
+/// One machine as the engine sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineView {
+    /// The machine's name (unique in the cluster).
+    pub name: String,
+    /// Its role.
+    pub role: MachineRole,
+    /// The value of [`crate::operation::ORDER_LABEL`], if set.
+    pub order_label: Option<String>,
+    /// Whether the machine or its Node carries [`crate::operation::HOLD_ANNOTATION`].
+    pub held: bool,
+    /// Whether its Node is Ready.
+    pub node_ready: bool,
+    /// Its progress in this operation.
+    pub progress: MachineProgress,
+}
+
+/// What the engine keeps in the operation's status between passes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationStatus {
+    /// The last decided phase.
+    pub phase: Phase,
+    /// The generation the phase was decided from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The last resume token acted upon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_resume: Option<String>,
+}
+
+/// One operation as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationView {
+    /// The identity written into the Lease; unique per operation object (for example
+    /// `namespace/name/uid`), so that a recreated operation is another holder.
+    pub identity: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// Whether the operation is being deleted (its deletion timestamp is set).
+    pub deleting: bool,
+    /// The value of [`crate::operation::RESUME_ANNOTATION`], if set.
+    pub resume_token: Option<String>,
+    /// The spec as written.
+    pub spec: OperationSpec,
+    /// The status as last written.
+    pub status: OperationStatus,
+}
+
+/// Everything [`decide`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct RolloutInput<'a> {
+    /// The operation.
+    pub operation: &'a OperationView,
+    /// The release set's Talos version, as written.
+    pub release_talos_version: &'a str,
+    /// The cluster's Lease, if one exists with a holder.
+    pub lease: Option<&'a LeaseHolder>,
+    /// Every machine of the cluster.
+    pub machines: &'a [MachineView],
+    /// The etcd gate's verdict.
+    pub etcd: &'a EtcdVerdict,
+    /// Lock timing.
+    pub config: &'a RolloutConfig,
+    /// The current time.
+    pub now: Timestamp,
+}
+
+/// What to do with the cluster lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockAction {
+    /// Write the Lease with this operation as holder; then observe again before anything
+    /// else. `takeover_from` names a previous holder that is gone or whose lease expired.
+    Acquire {
+        /// The holder being replaced, if any.
+        takeover_from: Option<String>,
+    },
+    /// This operation holds the Lease and must renew it now.
+    Renew,
+    /// This operation holds the Lease; no write needed.
+    Keep,
+    /// Release the Lease (completed, or wound down).
+    Release,
+    /// Do not touch the Lease: another live operation holds it, or this one has no use for it.
+    Leave,
+}
+
+/// A machine to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineStart {
+    /// The machine.
+    pub name: String,
+    /// Whether this is a retry of a failed machine after a resume: the caller clears what
+    /// the failed attempt left (its failure record) before advancing it.
+    pub retry: bool,
+}
+
+/// A failed machine, as the pause names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedMachine {
+    /// The machine.
+    pub name: String,
+    /// The executor's reason.
+    pub reason: String,
+}
+
+/// Why an operation is waiting. Transient: it goes on by itself when this clears.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitReason {
+    /// Another live operation holds the cluster's lock.
+    LockHeld {
+        /// The holder's identity.
+        holder: String,
+    },
+    /// A control plane is next, but some control-plane nodes are not Ready.
+    ControlPlaneNotReady {
+        /// The control planes that are not Ready.
+        nodes: Vec<String>,
+    },
+    /// A control plane is next, and the etcd gate fails.
+    EtcdUnhealthy {
+        /// What fails.
+        reason: String,
+    },
+    /// A control plane is next; the etcd gate has not been gathered yet.
+    EtcdGateNotChecked,
+    /// Workers are next, but `maxUnavailable` workers are already unavailable.
+    MaxUnavailable {
+        /// The workers counted as unavailable.
+        unavailable: Vec<String>,
+    },
+    /// The machines left to start have Nodes that are not Ready.
+    NodesNotReady {
+        /// Those machines.
+        nodes: Vec<String>,
+    },
+    /// Everything else has converged; held machines remain.
+    Held {
+        /// The held machines.
+        machines: Vec<String>,
+    },
+    /// The operation is being deleted; machines past their Upgrade call are still observed
+    /// until they verify, then the lock is released.
+    WindingDown {
+        /// Machines still being observed.
+        machines: Vec<String>,
+    },
+}
+
+/// Why an operation is paused. Sticky until a person resumes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PauseReason {
+    /// The executor failed these machines.
+    MachineFailed {
+        /// The failed machines and why.
+        machines: Vec<FailedMachine>,
+    },
+}
+
+/// The phase of an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Phase {
+    /// Accepted; taking the cluster lock. No machine has been started in this pass.
+    #[default]
+    Pending,
+    /// Machines are being upgraded.
+    Progressing,
+    /// Nothing can move right now, for a transient reason.
+    Waiting(WaitReason),
+    /// Stopped after a failure; a person must resume.
+    Paused(PauseReason),
+    /// Every machine is on the target.
+    Completed,
+    /// The spec is invalid; nothing was or will be touched until it changes.
+    Refused(Refusal),
+}
+
+impl Phase {
+    /// The phase's name: `Pending`, `Progressing`, `Waiting`, `Paused`, `Completed`, `Refused`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Progressing => "Progressing",
+            Self::Waiting(_) => "Waiting",
+            Self::Paused(_) => "Paused",
+            Self::Completed => "Completed",
+            Self::Refused(_) => "Refused",
+        }
+    }
+
+    /// The CamelCase reason users see on conditions and events; one source for all of them.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Pending => "AcquiringLock",
+            Self::Progressing => "Progressing",
+            Self::Waiting(wait) => match wait {
+                WaitReason::LockHeld { .. } => "LockHeld",
+                WaitReason::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
+                WaitReason::EtcdUnhealthy { .. } => "EtcdUnhealthy",
+                WaitReason::EtcdGateNotChecked => "EtcdGateNotChecked",
+                WaitReason::MaxUnavailable { .. } => "MaxUnavailable",
+                WaitReason::NodesNotReady { .. } => "NodesNotReady",
+                WaitReason::Held { .. } => "Held",
+                WaitReason::WindingDown { .. } => "WindingDown",
+            },
+            Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
+            Self::Completed => "Completed",
+            Self::Refused(refusal) => refusal.reason(),
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pending => f.write_str("taking the cluster lock"),
+            Self::Progressing => f.write_str("upgrading machines"),
+            Self::Waiting(wait) => match wait {
+                WaitReason::LockHeld { holder } => write!(f, "waiting: the cluster lock is held by {holder}"),
+                WaitReason::ControlPlaneNotReady { nodes } => {
+                    write!(f, "waiting: control-plane nodes not Ready: {}", nodes.join(", "))
+                }
+                WaitReason::EtcdUnhealthy { reason } => write!(f, "waiting: etcd gate fails: {reason}"),
+                WaitReason::EtcdGateNotChecked => f.write_str("waiting: etcd gate not checked yet"),
+                WaitReason::MaxUnavailable { unavailable } => {
+                    write!(f, "waiting: maxUnavailable reached; unavailable: {}", unavailable.join(", "))
+                }
+                WaitReason::NodesNotReady { nodes } => write!(f, "waiting: nodes not Ready: {}", nodes.join(", ")),
+                WaitReason::Held { machines } => write!(f, "waiting: held machines remain: {}", machines.join(", ")),
+                WaitReason::WindingDown { machines } => {
+                    write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
+                }
+            },
+            Self::Paused(PauseReason::MachineFailed { machines }) => {
+                f.write_str("paused: ")?;
+                for (i, m) in machines.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{} failed: {}", m.name, m.reason)?;
+                }
+                Ok(())
+            }
+            Self::Completed => f.write_str("every machine is on the target"),
+            Self::Refused(refusal) => write!(f, "refused: {refusal}"),
+        }
+    }
+}
+
+/// Something the caller reports as a Warning event; it does not stop the operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Warning {
+    /// The order label is not an integer; the machine is ordered as if it had none.
+    InvalidOrderLabel {
+        /// The machine.
+        machine: String,
+        /// The label's value.
+        value: String,
+    },
+}
+
+impl Warning {
+    /// The CamelCase event reason.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidOrderLabel { .. } => "InvalidOrderLabel",
+        }
+    }
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidOrderLabel { machine, value } => write!(
+                f,
+                "machine {machine}: label {} is {value:?}, not an integer; ordered as if it had none",
+                crate::operation::ORDER_LABEL
+            ),
+        }
+    }
+}
+
+/// The engine's decision for one pass. Plain data; the caller carries it out.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// What to do with the cluster lock, first.
+    pub lock: LockAction,
+    /// Machines to start, in order.
+    pub start: Vec<MachineStart>,
+    /// Machines in progress to advance one step.
+    pub advance: Vec<String>,
+    /// Machines in progress, not past their Upgrade call, to stop: end their evacuation
+    /// and record them as not started (a pause, a hold or a deletion).
+    pub stop: Vec<String>,
+    /// The operation's phase after this pass.
+    pub phase: Phase,
+    /// Machines not started because they are held.
+    pub held: Vec<String>,
+    /// Warnings to report as events.
+    pub warnings: Vec<Warning>,
+    /// A new resume token this pass acted upon; the caller records it in the status.
+    pub acknowledge_resume: Option<String>,
+    /// A control plane waits only for the etcd gate: gather it and decide again.
+    pub check_etcd: bool,
+    /// The operation is being deleted and nothing of it is left: remove its finalizer.
+    pub finalized: bool,
+    /// When to decide again at the latest, if nothing changes before.
+    pub recheck_at: Option<Timestamp>,
+}
+
+impl Decision {
+    fn new(lock: LockAction, phase: Phase) -> Self {
+        Self {
+            lock,
+            start: Vec::new(),
+            advance: Vec::new(),
+            stop: Vec::new(),
+            phase,
+            held: Vec::new(),
+            warnings: Vec::new(),
+            acknowledge_resume: None,
+            check_etcd: false,
+            finalized: false,
+            recheck_at: None,
+        }
+    }
+
+    /// Whether this decision starts or keeps advancing any machine.
+    #[must_use]
+    pub fn moves_machines(&self) -> bool {
+        !self.start.is_empty() || !self.advance.is_empty()
+    }
+}
+
+/// Decides one pass of one operation. Pure: the same input gives the same decision.
+pub fn decide(input: &RolloutInput<'_>) -> Decision {
+    let op = input.operation;
+    let lock = LockState::observe(input);
+
+    let spec = match op.spec.validate(input.release_talos_version) {
+        Ok(spec) => spec,
+        Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
+    };
+    if op.deleting {
+        return wind_down(input, &lock, Phase::Waiting(WaitReason::WindingDown { machines: Vec::new() }));
+    }
+    if op.status.phase == Phase::Completed && op.status.observed_generation == Some(op.generation) {
+        let action = if matches!(lock, LockState::Ours { .. }) { LockAction::Release } else { LockAction::Leave };
+        return Decision::new(action, Phase::Completed);
+    }
+
+    let renewed_at = match lock {
+        LockState::HeldBy { holder, until } => {
+            let mut d = Decision::new(LockAction::Leave, Phase::Waiting(WaitReason::LockHeld { holder }));
+            d.recheck_at = Some(until);
+            return d;
+        }
+        LockState::Free => return acquire(input, None),
+        LockState::TakeOver { from } => return acquire(input, Some(from)),
+        LockState::Ours { renewed_at } => renewed_at,
+    };
+    let renew = input.now.saturating_since(renewed_at) >= input.config.renew_after;
+    let (action, renewed_at) = if renew { (LockAction::Renew, input.now) } else { (LockAction::Keep, renewed_at) };
+
+    let mut d = plan(input, &spec, action);
+    if d.lock != LockAction::Release {
+        d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(renewed_at.saturating_add(input.config.renew_after)));
+    }
+    d
+}
+
+/// The cluster lock as this operation sees it.
+enum LockState {
+    Free,
+    Ours { renewed_at: Timestamp },
+    TakeOver { from: String },
+    HeldBy { holder: String, until: Timestamp },
+}
+
+impl LockState {
+    fn observe(input: &RolloutInput<'_>) -> Self {
+        let Some(lease) = input.lease else { return Self::Free };
+        if lease.identity == input.operation.identity {
+            return Self::Ours { renewed_at: lease.renewed_at };
+        }
+        let until = lease.renewed_at.saturating_add(lease.lease_duration);
+        if !lease.holder_exists || input.now >= until {
+            Self::TakeOver { from: lease.identity.clone() }
+        } else {
+            Self::HeldBy { holder: lease.identity.clone(), until }
+        }
+    }
+}
+
+fn acquire(input: &RolloutInput<'_>, takeover_from: Option<String>) -> Decision {
+    let mut d = Decision::new(LockAction::Acquire { takeover_from }, Phase::Pending);
+    d.recheck_at = Some(input.now);
+    d
+}
+
+/// A refused or deleted operation: nothing new starts; machines past their Upgrade call
+/// are still observed until they verify (if this operation holds the lock); others stop.
+fn wind_down(input: &RolloutInput<'_>, lock: &LockState, phase: Phase) -> Decision {
+    let LockState::Ours { renewed_at } = *lock else {
+        let mut d = Decision::new(LockAction::Leave, phase);
+        d.finalized = input.operation.deleting;
+        if let LockState::HeldBy { until, .. } = lock {
+            d.recheck_at = Some(*until);
+        }
+        return d;
+    };
+    let mut d = Decision::new(LockAction::Keep, phase);
+    for m in input.machines {
+        match m.progress {
+            MachineProgress::InProgress { past_upgrade_call: true } => d.advance.push(m.name.clone()),
+            MachineProgress::InProgress { past_upgrade_call: false } => d.stop.push(m.name.clone()),
+            MachineProgress::Pending | MachineProgress::Converged | MachineProgress::Failed { .. } => {}
+        }
+    }
+    if d.advance.is_empty() && d.stop.is_empty() {
+        d.lock = LockAction::Release;
+        d.finalized = input.operation.deleting;
+    } else {
+        if input.now.saturating_since(renewed_at) >= input.config.renew_after {
+            d.lock = LockAction::Renew;
+        }
+        d.recheck_at = Some(renewed_at.max(input.now).saturating_add(input.config.renew_after));
+    }
+    if let Phase::Waiting(WaitReason::WindingDown { machines }) = &mut d.phase {
+        machines.clone_from(&d.advance);
+    }
+    d
+}
+
+/// What the engine makes of one machine in this pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// In progress and kept going.
+    Advancing,
+    /// In progress, not past its call, interrupted by a pause or a hold.
+    Stopping,
+    /// May be started (pending, or failed and being retried after a resume).
+    Candidate { retry: bool },
+    /// Held and not in progress.
+    Held,
+    /// On the target.
+    Converged,
+    /// Failed, and no resume yet.
+    Failed,
+}
+
+/// Ordering key within a role: the order label ascending, machines without one (or with
+/// one that is not an integer) last, then the name.
+fn order_key(m: &MachineView) -> (bool, i64, &str) {
+    let order = m.order_label.as_deref().and_then(|v| v.parse::<i64>().ok());
+    (order.is_none(), order.unwrap_or(0), m.name.as_str())
+}
+
+/// The plan of a pass while this operation holds the lock.
+fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decision {
+    let op = input.operation;
+    let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
+
+    let mut machines: Vec<&MachineView> = input.machines.iter().collect();
+    machines.sort_by(|a, b| (a.role, order_key(a)).cmp(&(b.role, order_key(b))));
+
+    let failed: Vec<FailedMachine> = if resuming {
+        Vec::new()
+    } else {
+        machines
+            .iter()
+            .filter_map(|m| match &m.progress {
+                MachineProgress::Failed { reason } => {
+                    Some(FailedMachine { name: m.name.clone(), reason: reason.clone() })
+                }
+                MachineProgress::Pending | MachineProgress::InProgress { .. } | MachineProgress::Converged => None,
+            })
+            .collect()
+    };
+    let paused = !failed.is_empty();
+
+    let slots: Vec<(&MachineView, Slot)> = machines
+        .iter()
+        .map(|m| {
+            let slot = match &m.progress {
+                MachineProgress::InProgress { past_upgrade_call: true } => Slot::Advancing,
+                MachineProgress::InProgress { past_upgrade_call: false } if paused || m.held => Slot::Stopping,
+                MachineProgress::InProgress { past_upgrade_call: false } => Slot::Advancing,
+                MachineProgress::Converged => Slot::Converged,
+                MachineProgress::Failed { .. } if !resuming => Slot::Failed,
+                MachineProgress::Pending | MachineProgress::Failed { .. } if m.held => Slot::Held,
+                MachineProgress::Pending => Slot::Candidate { retry: false },
+                MachineProgress::Failed { .. } => Slot::Candidate { retry: true },
+            };
+            (*m, slot)
+        })
+        .collect();
+
+    let mut d = Decision::new(lock, Phase::Progressing);
+    if resuming {
+        d.acknowledge_resume.clone_from(&op.resume_token);
+    }
+    for (m, slot) in &slots {
+        if let Some(value) = m.order_label.as_deref().filter(|v| v.parse::<i64>().is_err()) {
+            d.warnings.push(Warning::InvalidOrderLabel { machine: m.name.clone(), value: value.to_owned() });
+        }
+        match slot {
+            Slot::Advancing => d.advance.push(m.name.clone()),
+            Slot::Stopping => d.stop.push(m.name.clone()),
+            Slot::Held => d.held.push(m.name.clone()),
+            Slot::Candidate { .. } | Slot::Converged | Slot::Failed => {}
+        }
+    }
+    if paused {
+        d.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
+        return d;
+    }
+
+    let (control_planes, workers): (Vec<_>, Vec<_>) =
+        slots.iter().partition(|(m, _)| m.role == MachineRole::ControlPlane);
+    let blocked = match start_control_plane(input, &control_planes, &mut d) {
+        Stage::Done => start_workers(spec, &workers, &mut d),
+        Stage::Busy => None,
+        Stage::Blocked(wait) => Some(wait),
+    };
+
+    d.phase = if d.moves_machines() {
+        Phase::Progressing
+    } else if let Some(wait) = blocked {
+        Phase::Waiting(wait)
+    } else if !d.held.is_empty() {
+        Phase::Waiting(WaitReason::Held { machines: d.held.clone() })
+    } else if !d.stop.is_empty() {
+        // Interrupted machines are still being stopped; nothing else left to do.
+        Phase::Progressing
+    } else {
+        d.lock = LockAction::Release;
+        Phase::Completed
+    };
+    if d.check_etcd {
+        d.recheck_at = Some(input.now);
+    }
+    d
+}
+
+/// How a role's stage of the rollout stands.
+enum Stage {
+    /// Nothing left to start in this role (later roles may go).
+    Done,
+    /// Machines of this role are in progress or were just started.
+    Busy,
+    /// Machines of this role wait to start, for this reason.
+    Blocked(WaitReason),
+}
+
+/// Rule 3: at most one control plane in progress; the next starts only when every
+/// control-plane node is Ready and the etcd gate passes.
+fn start_control_plane(input: &RolloutInput<'_>, cps: &[&(&MachineView, Slot)], d: &mut Decision) -> Stage {
+    if cps.iter().any(|(_, slot)| matches!(slot, Slot::Advancing | Slot::Stopping)) {
+        return Stage::Busy;
+    }
+    let Some((next, Slot::Candidate { retry })) = cps.iter().find(|(_, slot)| matches!(slot, Slot::Candidate { .. }))
+    else {
+        return Stage::Done;
+    };
+    let not_ready: Vec<String> = cps.iter().filter(|(m, _)| !m.node_ready).map(|(m, _)| m.name.clone()).collect();
+    if !not_ready.is_empty() {
+        return Stage::Blocked(WaitReason::ControlPlaneNotReady { nodes: not_ready });
+    }
+    match input.etcd {
+        EtcdVerdict::Healthy => {
+            d.start.push(MachineStart { name: next.name.clone(), retry: *retry });
+            Stage::Busy
+        }
+        EtcdVerdict::Unhealthy { reason } => Stage::Blocked(WaitReason::EtcdUnhealthy { reason: reason.clone() }),
+        EtcdVerdict::NotChecked => {
+            d.check_etcd = true;
+            Stage::Blocked(WaitReason::EtcdGateNotChecked)
+        }
+    }
+}
+
+/// Rules 2 and 4: the lowest unfinished order wave, within `maxUnavailable` counting
+/// workers already unavailable for other reasons.
+fn start_workers(spec: &ValidSpec, workers: &[&(&MachineView, Slot)], d: &mut Decision) -> Option<WaitReason> {
+    let wave_of = |m: &MachineView| {
+        let (unordered, order, _) = order_key(m);
+        (unordered, order)
+    };
+    let wave = workers
+        .iter()
+        .filter(|(_, slot)| matches!(slot, Slot::Advancing | Slot::Candidate { .. }))
+        .map(|(m, _)| wave_of(m))
+        .min()?;
+
+    let unavailable: BTreeSet<&str> = workers
+        .iter()
+        .filter(|(m, slot)| matches!(slot, Slot::Advancing | Slot::Stopping) || !m.node_ready)
+        .map(|(m, _)| m.name.as_str())
+        .collect();
+    let mut free = usize::try_from(spec.max_unavailable).unwrap_or(usize::MAX).saturating_sub(unavailable.len());
+
+    let mut not_ready = Vec::new();
+    let mut budget_blocked = false;
+    for (m, slot) in workers.iter().filter(|(m, _)| wave_of(m) == wave) {
+        let Slot::Candidate { retry } = slot else { continue };
+        if !m.node_ready {
+            not_ready.push(m.name.clone());
+        } else if free == 0 {
+            budget_blocked = true;
+        } else {
+            d.start.push(MachineStart { name: m.name.clone(), retry: *retry });
+            free -= 1;
+        }
+    }
+    if budget_blocked {
+        Some(WaitReason::MaxUnavailable { unavailable: unavailable.into_iter().map(str::to_owned).collect() })
+    } else if !not_ready.is_empty() {
+        Some(WaitReason::NodesNotReady { nodes: not_ready })
+    } else {
+        None
+    }
+}

@@ -1,0 +1,103 @@
+//! Wall-clock instants as plain values.
+//!
+//! The core never reads a clock: every decision takes `now` as an argument. Instants are
+//! milliseconds since the Unix epoch so that they survive a restart inside a Kubernetes
+//! object, and every subtraction saturates: an instant in the future (clock skew between
+//! the writer of a condition and the reader) counts as "no time has passed", never as a
+//! negative duration or a panic.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// An instant, in milliseconds since the Unix epoch (UTC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    /// The Unix epoch.
+    pub const EPOCH: Self = Self(0);
+
+    /// The instant `millis` milliseconds after the Unix epoch.
+    #[must_use]
+    pub const fn from_unix_millis(millis: i64) -> Self {
+        Self(millis)
+    }
+
+    /// The instant `secs` seconds after the Unix epoch.
+    #[must_use]
+    pub const fn from_unix_secs(secs: i64) -> Self {
+        Self(secs.saturating_mul(1000))
+    }
+
+    /// Milliseconds since the Unix epoch.
+    #[must_use]
+    pub const fn unix_millis(self) -> i64 {
+        self.0
+    }
+
+    /// The time elapsed from `earlier` to `self`; zero when `earlier` is not before `self`
+    /// (a transition time in the future is treated as now).
+    #[must_use]
+    pub fn saturating_since(self, earlier: Self) -> Duration {
+        let millis = self.0.saturating_sub(earlier.0);
+        Duration::from_millis(u64::try_from(millis).unwrap_or(0))
+    }
+
+    /// `self + duration`, saturating at the largest representable instant.
+    #[must_use]
+    pub fn saturating_add(self, duration: Duration) -> Self {
+        let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        Self(self.0.saturating_add(millis))
+    }
+
+    /// The earlier of `self` and `other`, where `None` means "never".
+    #[must_use]
+    pub fn min_opt(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (Some(a), None) => Some(a),
+            (None, b) => b,
+        }
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{:03}s", self.0.div_euclid(1000), self.0.rem_euclid(1000))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_future_instant_counts_as_no_time_passed() {
+        let now = Timestamp::from_unix_secs(100);
+        let future = Timestamp::from_unix_secs(160);
+        assert_eq!(now.saturating_since(future), Duration::ZERO);
+        assert_eq!(future.saturating_since(now), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn extremes_saturate_instead_of_overflowing() {
+        let max = Timestamp::from_unix_millis(i64::MAX);
+        assert_eq!(max.saturating_add(Duration::from_secs(1)), max);
+        let min = Timestamp::from_unix_millis(i64::MIN);
+        assert_eq!(max.saturating_since(min), Duration::from_millis(i64::MAX as u64));
+        assert_eq!(Timestamp::from_unix_secs(i64::MAX).unix_millis(), i64::MAX);
+    }
+
+    #[test]
+    fn min_opt_treats_none_as_never() {
+        let a = Timestamp::from_unix_secs(1);
+        let b = Timestamp::from_unix_secs(2);
+        assert_eq!(Timestamp::min_opt(Some(b), Some(a)), Some(a));
+        assert_eq!(Timestamp::min_opt(None, Some(b)), Some(b));
+        assert_eq!(Timestamp::min_opt(Some(a), None), Some(a));
+        assert_eq!(Timestamp::min_opt(None, None), None);
+    }
+}
