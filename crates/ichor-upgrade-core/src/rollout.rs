@@ -9,8 +9,10 @@
 //! 1. the lock action, first; when it is [`LockAction::Acquire`] nothing else is decided
 //!    in that pass: the caller writes the Lease and observes again, so machines only ever
 //!    start under a lock the API server has confirmed;
-//! 2. [`Decision::stop`]: end those machines' evacuations (they were not past their Upgrade
-//!    call) and record them as not started;
+//! 2. [`Decision::retry`] (after a resume): clear those machines' failure records and what
+//!    their failed attempt left, so that they start afresh; [`Decision::stop`]: end those
+//!    machines' evacuations (they were not past their Upgrade call) and record them as not
+//!    started;
 //! 3. [`Decision::start`] and [`Decision::advance`]: advance each machine one step with the
 //!    executor, recording its outcome;
 //! 4. the phase, the acknowledged resume token and the generation in the operation's status.
@@ -182,16 +184,6 @@ pub enum LockAction {
     Release,
     /// Do not touch the Lease: another live operation holds it, or this one has no use for it.
     Leave,
-}
-
-/// A machine to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MachineStart {
-    /// The machine.
-    pub name: String,
-    /// Whether this is a retry of a failed machine after a resume: the caller clears what
-    /// the failed attempt left (its failure record) before advancing it.
-    pub retry: bool,
 }
 
 /// A failed machine, as the pause names it.
@@ -388,8 +380,12 @@ impl fmt::Display for Warning {
 pub struct Decision {
     /// What to do with the cluster lock, first.
     pub lock: LockAction,
+    /// Failed machines that a resume retries: clear their failure records and what their
+    /// failed attempt left, before anything else in this pass. They start again when the
+    /// rules allow (maybe in this very pass: they can be in [`Decision::start`] too).
+    pub retry: Vec<String>,
     /// Machines to start, in order.
-    pub start: Vec<MachineStart>,
+    pub start: Vec<String>,
     /// Machines in progress to advance one step.
     pub advance: Vec<String>,
     /// Machines in progress, not past their Upgrade call, to stop: end their evacuation
@@ -415,6 +411,7 @@ impl Decision {
     fn new(lock: LockAction, phase: Phase) -> Self {
         Self {
             lock,
+            retry: Vec::new(),
             start: Vec::new(),
             advance: Vec::new(),
             stop: Vec::new(),
@@ -543,7 +540,7 @@ enum Slot {
     /// In progress, not past its call, interrupted by a pause or a hold.
     Stopping,
     /// May be started (pending, or failed and being retried after a resume).
-    Candidate { retry: bool },
+    Candidate,
     /// Held and not in progress.
     Held,
     /// On the target.
@@ -565,7 +562,7 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
     let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
 
     let mut machines: Vec<&MachineView> = input.machines.iter().collect();
-    machines.sort_by(|a, b| (a.role, order_key(a)).cmp(&(b.role, order_key(b))));
+    machines.sort_by_cached_key(|m| (m.role, order_key(m)));
 
     let failed: Vec<FailedMachine> = if resuming {
         Vec::new()
@@ -592,8 +589,7 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
                 MachineProgress::Converged => Slot::Converged,
                 MachineProgress::Failed { .. } if !resuming => Slot::Failed,
                 MachineProgress::Pending | MachineProgress::Failed { .. } if m.held => Slot::Held,
-                MachineProgress::Pending => Slot::Candidate { retry: false },
-                MachineProgress::Failed { .. } => Slot::Candidate { retry: true },
+                MachineProgress::Pending | MachineProgress::Failed { .. } => Slot::Candidate,
             };
             (*m, slot)
         })
@@ -604,6 +600,9 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
         d.acknowledge_resume.clone_from(&op.resume_token);
     }
     for (m, slot) in &slots {
+        if resuming && matches!(m.progress, MachineProgress::Failed { .. }) {
+            d.retry.push(m.name.clone());
+        }
         if let Some(value) = m.order_label.as_deref().filter(|v| v.parse::<i64>().is_err()) {
             d.warnings.push(Warning::InvalidOrderLabel { machine: m.name.clone(), value: value.to_owned() });
         }
@@ -611,7 +610,7 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
             Slot::Advancing => d.advance.push(m.name.clone()),
             Slot::Stopping => d.stop.push(m.name.clone()),
             Slot::Held => d.held.push(m.name.clone()),
-            Slot::Candidate { .. } | Slot::Converged | Slot::Failed => {}
+            Slot::Candidate | Slot::Converged | Slot::Failed => {}
         }
     }
     if paused {
@@ -662,8 +661,7 @@ fn start_control_plane(input: &RolloutInput<'_>, cps: &[&(&MachineView, Slot)], 
     if cps.iter().any(|(_, slot)| matches!(slot, Slot::Advancing | Slot::Stopping)) {
         return Stage::Busy;
     }
-    let Some((next, Slot::Candidate { retry })) = cps.iter().find(|(_, slot)| matches!(slot, Slot::Candidate { .. }))
-    else {
+    let Some((next, _)) = cps.iter().find(|(_, slot)| *slot == Slot::Candidate) else {
         return Stage::Done;
     };
     let not_ready: Vec<String> = cps.iter().filter(|(m, _)| !m.node_ready).map(|(m, _)| m.name.clone()).collect();
@@ -672,7 +670,7 @@ fn start_control_plane(input: &RolloutInput<'_>, cps: &[&(&MachineView, Slot)], 
     }
     match input.etcd {
         EtcdVerdict::Healthy => {
-            d.start.push(MachineStart { name: next.name.clone(), retry: *retry });
+            d.start.push(next.name.clone());
             Stage::Busy
         }
         EtcdVerdict::Unhealthy { reason } => Stage::Blocked(WaitReason::EtcdUnhealthy { reason: reason.clone() }),
@@ -692,7 +690,7 @@ fn start_workers(spec: &ValidSpec, workers: &[&(&MachineView, Slot)], d: &mut De
     };
     let wave = workers
         .iter()
-        .filter(|(_, slot)| matches!(slot, Slot::Advancing | Slot::Candidate { .. }))
+        .filter(|(_, slot)| matches!(slot, Slot::Advancing | Slot::Candidate))
         .map(|(m, _)| wave_of(m))
         .min()?;
 
@@ -706,13 +704,15 @@ fn start_workers(spec: &ValidSpec, workers: &[&(&MachineView, Slot)], d: &mut De
     let mut not_ready = Vec::new();
     let mut budget_blocked = false;
     for (m, slot) in workers.iter().filter(|(m, _)| wave_of(m) == wave) {
-        let Slot::Candidate { retry } = slot else { continue };
+        if *slot != Slot::Candidate {
+            continue;
+        }
         if !m.node_ready {
             not_ready.push(m.name.clone());
         } else if free == 0 {
             budget_blocked = true;
         } else {
-            d.start.push(MachineStart { name: m.name.clone(), retry: *retry });
+            d.start.push(m.name.clone());
             free -= 1;
         }
     }
@@ -724,3 +724,6 @@ fn start_workers(spec: &ValidSpec, workers: &[&(&MachineView, Slot)], d: &mut De
         None
     }
 }
+
+#[cfg(test)]
+mod tests;

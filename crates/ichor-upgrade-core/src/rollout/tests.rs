@@ -1,0 +1,558 @@
+//! One test per rule of DESIGN §3, and per bad input of §9 that the engine sees.
+
+use super::*;
+use crate::operation::OperationSpec;
+
+const US: &str = "ops/upgrade-1/uid-1";
+const OTHER: &str = "ops/upgrade-0/uid-0";
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_unix_secs(secs)
+}
+
+/// A cluster and one operation, built up by chaining.
+#[derive(Clone)]
+struct Fixture {
+    op: OperationView,
+    release: String,
+    lease: Option<LeaseHolder>,
+    machines: Vec<MachineView>,
+    etcd: EtcdVerdict,
+    config: RolloutConfig,
+    now: Timestamp,
+}
+
+impl Fixture {
+    /// `cps` control planes `cp-1..` and `workers` workers `worker-1..`, all Ready and
+    /// pending; this operation holds a fresh lock; etcd is healthy; maxUnavailable 1.
+    fn cluster(cps: usize, workers: usize) -> Self {
+        let machine = |name: String, role| MachineView {
+            name,
+            role,
+            order_label: None,
+            held: false,
+            node_ready: true,
+            progress: MachineProgress::Pending,
+        };
+        let machines = (1..=cps)
+            .map(|i| machine(format!("cp-{i}"), MachineRole::ControlPlane))
+            .chain((1..=workers).map(|i| machine(format!("worker-{i}"), MachineRole::Worker)))
+            .collect();
+        Self {
+            op: OperationView {
+                identity: US.into(),
+                generation: 1,
+                deleting: false,
+                resume_token: None,
+                spec: OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1 },
+                status: OperationStatus::default(),
+            },
+            release: "v1.14.4".into(),
+            lease: Some(LeaseHolder {
+                identity: US.into(),
+                renewed_at: at(1000),
+                lease_duration: Duration::from_secs(120),
+                holder_exists: true,
+            }),
+            machines,
+            etcd: EtcdVerdict::Healthy,
+            config: RolloutConfig::default(),
+            now: at(1010),
+        }
+    }
+
+    fn max_unavailable(mut self, n: i64) -> Self {
+        self.op.spec.max_unavailable = n;
+        self
+    }
+
+    fn kind(mut self, kind: &str) -> Self {
+        self.op.spec.kind = kind.into();
+        self
+    }
+
+    fn target(mut self, target: &str) -> Self {
+        self.op.spec.target_version = target.into();
+        self
+    }
+
+    fn lease(mut self, holder: &str, renewed_at: Timestamp, holder_exists: bool) -> Self {
+        self.lease = Some(LeaseHolder {
+            identity: holder.into(),
+            renewed_at,
+            lease_duration: Duration::from_secs(120),
+            holder_exists,
+        });
+        self
+    }
+
+    fn no_lease(mut self) -> Self {
+        self.lease = None;
+        self
+    }
+
+    fn etcd(mut self, verdict: EtcdVerdict) -> Self {
+        self.etcd = verdict;
+        self
+    }
+
+    fn now(mut self, now: Timestamp) -> Self {
+        self.now = now;
+        self
+    }
+
+    fn with(mut self, name: &str, change: impl FnOnce(&mut MachineView)) -> Self {
+        let m = self.machines.iter_mut().find(|m| m.name == name).unwrap_or_else(|| panic!("no machine {name}"));
+        change(m);
+        self
+    }
+
+    fn progress(self, name: &str, progress: MachineProgress) -> Self {
+        self.with(name, |m| m.progress = progress)
+    }
+
+    fn in_progress(self, name: &str, past_upgrade_call: bool) -> Self {
+        self.progress(name, MachineProgress::InProgress { past_upgrade_call })
+    }
+
+    fn converged(mut self, names: &[&str]) -> Self {
+        for name in names {
+            self = self.progress(name, MachineProgress::Converged);
+        }
+        self
+    }
+
+    fn all_control_planes_converged(mut self) -> Self {
+        for m in &mut self.machines {
+            if m.role == MachineRole::ControlPlane {
+                m.progress = MachineProgress::Converged;
+            }
+        }
+        self
+    }
+
+    fn failed(self, name: &str, reason: &str) -> Self {
+        self.progress(name, MachineProgress::Failed { reason: reason.into() })
+    }
+
+    fn not_ready(self, name: &str) -> Self {
+        self.with(name, |m| m.node_ready = false)
+    }
+
+    fn held(self, name: &str) -> Self {
+        self.with(name, |m| m.held = true)
+    }
+
+    fn order(self, name: &str, label: &str) -> Self {
+        self.with(name, |m| m.order_label = Some(label.into()))
+    }
+
+    fn resume(mut self, token: &str) -> Self {
+        self.op.resume_token = Some(token.into());
+        self
+    }
+
+    fn status(mut self, status: OperationStatus) -> Self {
+        self.op.status = status;
+        self
+    }
+
+    fn deleting(mut self) -> Self {
+        self.op.deleting = true;
+        self
+    }
+
+    fn decide(&self) -> Decision {
+        decide(&RolloutInput {
+            operation: &self.op,
+            release_talos_version: &self.release,
+            lease: self.lease.as_ref(),
+            machines: &self.machines,
+            etcd: &self.etcd,
+            config: &self.config,
+            now: self.now,
+        })
+    }
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| (*s).to_owned()).collect()
+}
+
+// Rule 1: the cluster lock.
+
+#[test]
+fn rule1_a_free_lock_is_acquired_before_any_machine_starts() {
+    let d = Fixture::cluster(3, 2).no_lease().decide();
+    assert_eq!(d.lock, LockAction::Acquire { takeover_from: None });
+    assert_eq!(d.phase, Phase::Pending);
+    assert!(d.start.is_empty() && d.advance.is_empty());
+    assert_eq!(d.recheck_at, Some(at(1010)), "observe again at once after the Lease write");
+}
+
+#[test]
+fn rule1_a_lock_held_by_another_live_operation_is_waiting_naming_the_holder() {
+    let d = Fixture::cluster(3, 2).lease(OTHER, at(1000), true).in_progress("cp-1", true).decide();
+    assert_eq!(d.lock, LockAction::Leave);
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::LockHeld { holder: OTHER.into() }));
+    assert!(d.start.is_empty() && d.advance.is_empty() && d.stop.is_empty(), "nothing moves without the lock");
+    assert_eq!(d.recheck_at, Some(at(1120)), "look again when the holder's lease could expire");
+}
+
+#[test]
+fn rule1_a_lock_whose_holder_was_deleted_is_taken_over() {
+    let d = Fixture::cluster(3, 2).lease(OTHER, at(1000), false).decide();
+    assert_eq!(d.lock, LockAction::Acquire { takeover_from: Some(OTHER.into()) });
+    assert!(d.start.is_empty());
+}
+
+#[test]
+fn rule1_an_expired_lease_is_taken_over() {
+    let d = Fixture::cluster(3, 2).lease(OTHER, at(800), true).now(at(920)).decide();
+    assert_eq!(d.lock, LockAction::Acquire { takeover_from: Some(OTHER.into()) });
+    let live = Fixture::cluster(3, 2).lease(OTHER, at(800), true).now(at(919)).decide();
+    assert_eq!(live.lock, LockAction::Leave, "one second before expiry the holder still owns it");
+}
+
+#[test]
+fn rule1_the_holder_renews_only_when_due() {
+    assert_eq!(Fixture::cluster(1, 0).now(at(1039)).decide().lock, LockAction::Keep);
+    let d = Fixture::cluster(1, 0).now(at(1040)).decide();
+    assert_eq!(d.lock, LockAction::Renew);
+    assert_eq!(d.recheck_at, Some(at(1080)), "next renewal is due renew_after from now");
+}
+
+#[test]
+fn rule1_the_lock_is_released_on_completion_and_completion_is_sticky() {
+    let d = Fixture::cluster(1, 1).converged(&["cp-1", "worker-1"]).decide();
+    assert_eq!((d.lock.clone(), d.phase.clone()), (LockAction::Release, Phase::Completed));
+    assert_eq!(d.recheck_at, None);
+
+    let done = OperationStatus { phase: Phase::Completed, observed_generation: Some(1), observed_resume: None };
+    let after = Fixture::cluster(1, 1).no_lease().status(done.clone()).decide();
+    assert_eq!((after.lock, after.phase), (LockAction::Leave, Phase::Completed), "no re-acquire loop");
+
+    let changed = Fixture::cluster(1, 1).no_lease().status(OperationStatus { observed_generation: Some(0), ..done });
+    assert_eq!(changed.decide().lock, LockAction::Acquire { takeover_from: None }, "a new generation is re-planned");
+}
+
+#[test]
+fn rule1_a_deleted_operation_releases_the_lock_once_nothing_is_in_flight() {
+    let d = Fixture::cluster(3, 0).deleting().decide();
+    assert_eq!(d.lock, LockAction::Release);
+    assert!(d.finalized);
+
+    let d = Fixture::cluster(3, 2).deleting().in_progress("cp-1", true).in_progress("worker-1", false).decide();
+    assert_eq!(d.lock, LockAction::Keep, "a control plane past its call is still observed under the lock");
+    assert_eq!(d.advance, names(&["cp-1"]));
+    assert_eq!(d.stop, names(&["worker-1"]), "an evacuating machine has its evacuation ended");
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::WindingDown { machines: names(&["cp-1"]) }));
+    assert!(!d.finalized && d.start.is_empty());
+
+    let not_ours = Fixture::cluster(3, 0).deleting().lease(OTHER, at(1000), true).decide();
+    assert_eq!(not_ours.lock, LockAction::Leave);
+    assert!(not_ours.finalized);
+}
+
+// Rule 2: order.
+
+#[test]
+fn rule2_control_planes_go_first_and_workers_wait_for_them() {
+    let d = Fixture::cluster(3, 4).max_unavailable(4).decide();
+    assert_eq!(d.start, names(&["cp-1"]));
+    let d = Fixture::cluster(3, 4).max_unavailable(4).converged(&["cp-1", "cp-2"]).decide();
+    assert_eq!(d.start, names(&["cp-3"]), "workers do not start while a control plane remains");
+    let d = Fixture::cluster(3, 4).max_unavailable(4).all_control_planes_converged().decide();
+    assert_eq!(d.start, names(&["worker-1", "worker-2", "worker-3", "worker-4"]));
+}
+
+#[test]
+fn rule2_order_label_then_name_unlabelled_last() {
+    let d = Fixture::cluster(3, 0).order("cp-3", "1").order("cp-2", "2").decide();
+    assert_eq!(d.start, names(&["cp-3"]));
+    let d = Fixture::cluster(1, 4)
+        .all_control_planes_converged()
+        .max_unavailable(1)
+        .order("worker-4", "-5")
+        .order("worker-2", "10")
+        .decide();
+    assert_eq!(d.start, names(&["worker-4"]), "negative orders come first");
+}
+
+#[test]
+fn rule2_a_worker_wave_starts_only_when_the_previous_one_converged() {
+    let base = Fixture::cluster(1, 4)
+        .all_control_planes_converged()
+        .max_unavailable(3)
+        .order("worker-1", "1")
+        .order("worker-2", "1")
+        .order("worker-3", "2");
+    let d = base.clone().decide();
+    assert_eq!(d.start, names(&["worker-1", "worker-2"]), "wave 1 only, though the budget allows three");
+    let d = base.clone().converged(&["worker-1"]).in_progress("worker-2", true).decide();
+    assert!(d.start.is_empty(), "wave 2 waits for worker-2");
+    let d = base.clone().converged(&["worker-1", "worker-2"]).decide();
+    assert_eq!(d.start, names(&["worker-3"]), "wave 2; unlabelled worker-4 is the last wave");
+    let d = base.converged(&["worker-1", "worker-2", "worker-3"]).decide();
+    assert_eq!(d.start, names(&["worker-4"]));
+}
+
+#[test]
+fn rule2_a_non_integer_order_label_is_ignored_with_a_warning() {
+    let d = Fixture::cluster(1, 2)
+        .all_control_planes_converged()
+        .order("worker-1", "first")
+        .order("worker-2", "3")
+        .decide();
+    assert_eq!(d.start, names(&["worker-2"]), "worker-1 is ordered as if unlabelled, so last");
+    assert_eq!(d.warnings, vec![Warning::InvalidOrderLabel { machine: "worker-1".into(), value: "first".into() }]);
+    assert_eq!(d.warnings[0].reason(), "InvalidOrderLabel");
+    assert!(d.warnings[0].to_string().contains("\"first\""));
+}
+
+// Rule 3: control planes one at a time, behind readiness and the etcd gate.
+
+#[test]
+fn rule3_only_one_control_plane_is_ever_in_progress() {
+    let d = Fixture::cluster(3, 0).in_progress("cp-1", false).decide();
+    assert!(d.start.is_empty());
+    assert_eq!(d.advance, names(&["cp-1"]));
+    assert_eq!(d.phase, Phase::Progressing);
+}
+
+#[test]
+fn rule3_no_control_plane_starts_while_another_is_not_ready() {
+    let d = Fixture::cluster(3, 2).converged(&["cp-1"]).not_ready("cp-1").decide();
+    assert!(d.start.is_empty());
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::ControlPlaneNotReady { nodes: names(&["cp-1"]) }));
+}
+
+#[test]
+fn rule3_no_control_plane_starts_while_the_etcd_gate_fails() {
+    let d = Fixture::cluster(3, 2).etcd(EtcdVerdict::Unhealthy { reason: "member cp-2 is a learner".into() }).decide();
+    assert!(d.start.is_empty());
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::EtcdUnhealthy { reason: "member cp-2 is a learner".into() }));
+    assert!(!d.check_etcd);
+}
+
+#[test]
+fn rule3_an_unchecked_gate_is_asked_for_not_assumed() {
+    let d = Fixture::cluster(3, 2).converged(&["cp-1"]).etcd(EtcdVerdict::NotChecked).decide();
+    assert!(d.start.is_empty());
+    assert!(d.check_etcd);
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::EtcdGateNotChecked));
+    let workers_only = Fixture::cluster(1, 2).all_control_planes_converged().etcd(EtcdVerdict::NotChecked).decide();
+    assert!(!workers_only.check_etcd, "the gate is only needed before a control plane");
+    assert_eq!(workers_only.start, names(&["worker-1"]));
+}
+
+#[test]
+fn rule3_the_gate_runs_again_between_control_planes() {
+    let d = Fixture::cluster(3, 0)
+        .converged(&["cp-1"])
+        .etcd(EtcdVerdict::Unhealthy { reason: "no leader agreed".into() })
+        .decide();
+    assert!(d.start.is_empty(), "cp-2 waits for etcd after cp-1 converged");
+}
+
+// Rule 4: maxUnavailable counts workers already unavailable.
+
+#[test]
+fn rule4_max_unavailable_counts_nodes_already_unavailable() {
+    let d = Fixture::cluster(1, 5).all_control_planes_converged().max_unavailable(2).not_ready("worker-5").decide();
+    assert_eq!(d.start, names(&["worker-1"]), "worker-5 is down already: one slot left");
+    let d = Fixture::cluster(1, 5)
+        .all_control_planes_converged()
+        .max_unavailable(2)
+        .not_ready("worker-4")
+        .not_ready("worker-5")
+        .decide();
+    assert!(d.start.is_empty());
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::MaxUnavailable { unavailable: names(&["worker-4", "worker-5"]) }));
+    let d =
+        Fixture::cluster(1, 5).all_control_planes_converged().max_unavailable(2).in_progress("worker-1", true).decide();
+    assert_eq!(d.start, names(&["worker-2"]));
+}
+
+#[test]
+fn rule4_a_not_ready_worker_is_skipped_and_waited_for() {
+    let d = Fixture::cluster(1, 2).all_control_planes_converged().max_unavailable(3).not_ready("worker-1").decide();
+    assert_eq!(d.start, names(&["worker-2"]));
+    let d =
+        Fixture::cluster(1, 2).all_control_planes_converged().converged(&["worker-2"]).not_ready("worker-1").decide();
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::NodesNotReady { nodes: names(&["worker-1"]) }));
+}
+
+// Rule 5: holds.
+
+#[test]
+fn rule5_a_held_machine_is_not_started_and_blocks_completion() {
+    let d = Fixture::cluster(2, 1).held("cp-1").decide();
+    assert_eq!(d.start, names(&["cp-2"]));
+    assert_eq!(d.held, names(&["cp-1"]));
+    let d = Fixture::cluster(2, 1).held("cp-1").converged(&["cp-2", "worker-1"]).decide();
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::Held { machines: names(&["cp-1"]) }));
+    assert_eq!(d.lock, LockAction::Keep, "not complete, so the lock is kept");
+}
+
+#[test]
+fn rule5_a_hold_never_interrupts_a_machine_past_its_upgrade_call() {
+    let d =
+        Fixture::cluster(1, 2).all_control_planes_converged().in_progress("worker-1", true).held("worker-1").decide();
+    assert_eq!(d.advance, names(&["worker-1"]));
+    assert!(d.stop.is_empty());
+    let d =
+        Fixture::cluster(1, 2).all_control_planes_converged().in_progress("worker-1", false).held("worker-1").decide();
+    assert_eq!(d.stop, names(&["worker-1"]), "before its call, a held machine's evacuation is ended");
+    assert!(!d.advance.contains(&"worker-1".to_owned()));
+}
+
+// Rule 6: pause on failure, resume by annotation.
+
+#[test]
+fn rule6_a_failure_pauses_and_nothing_else_starts() {
+    let d = Fixture::cluster(1, 4)
+        .all_control_planes_converged()
+        .max_unavailable(3)
+        .failed("worker-1", "A/B fallback: booted v1.14.3")
+        .in_progress("worker-2", true)
+        .in_progress("worker-3", false)
+        .decide();
+    assert!(d.start.is_empty());
+    assert_eq!(d.advance, names(&["worker-2"]), "a machine past its call is observed until it verifies");
+    assert_eq!(d.stop, names(&["worker-3"]), "an evacuating machine has its evacuation ended");
+    assert_eq!(
+        d.phase,
+        Phase::Paused(PauseReason::MachineFailed {
+            machines: vec![FailedMachine { name: "worker-1".into(), reason: "A/B fallback: booted v1.14.3".into() }]
+        })
+    );
+    assert_eq!(d.phase.reason(), "MachineFailed");
+    assert_eq!(d.lock, LockAction::Keep, "a paused operation keeps its lock");
+}
+
+#[test]
+fn rule6_a_resume_retries_the_failed_machine_once_per_token() {
+    let paused = Fixture::cluster(3, 0).converged(&["cp-1"]).failed("cp-2", "evacuation timed out");
+    let d = paused.clone().resume("2026-11-29T10:00").decide();
+    assert_eq!(d.retry, names(&["cp-2"]));
+    assert_eq!(d.start, names(&["cp-2"]));
+    assert_eq!(d.acknowledge_resume, Some("2026-11-29T10:00".into()));
+    assert_eq!(d.phase, Phase::Progressing);
+
+    let seen = OperationStatus { observed_resume: Some("2026-11-29T10:00".into()), ..OperationStatus::default() };
+    let again = paused.resume("2026-11-29T10:00").status(seen).decide();
+    assert!(matches!(again.phase, Phase::Paused(_)), "the same token does not resume twice");
+    assert!(again.retry.is_empty() && again.start.is_empty());
+}
+
+#[test]
+fn rule6_a_resumed_machine_that_cannot_start_yet_is_still_reset() {
+    let d = Fixture::cluster(3, 0).converged(&["cp-1"]).failed("cp-2", "x").not_ready("cp-3").resume("t").decide();
+    assert_eq!(d.retry, names(&["cp-2"]), "reset now, or the next pass would pause again");
+    assert!(d.start.is_empty());
+    assert!(matches!(d.phase, Phase::Waiting(WaitReason::ControlPlaneNotReady { .. })));
+}
+
+// Rule 7: transient trouble is waiting, never failure.
+
+#[test]
+fn rule7_transient_trouble_waits_and_says_why() {
+    let cases = [
+        Fixture::cluster(2, 0).lease(OTHER, at(1000), true),
+        Fixture::cluster(2, 0).not_ready("cp-2"),
+        Fixture::cluster(2, 0).etcd(EtcdVerdict::Unhealthy { reason: "alarm NOSPACE on member 1".into() }),
+        Fixture::cluster(1, 2).all_control_planes_converged().not_ready("worker-1").not_ready("worker-2"),
+    ];
+    for case in cases {
+        let d = case.decide();
+        assert!(matches!(d.phase, Phase::Waiting(_)), "{:?}", d.phase);
+        assert!(!d.phase.to_string().is_empty());
+    }
+}
+
+// Rule 8: all state is in the input; a restarted controller decides the same.
+
+#[test]
+fn rule8_the_same_observation_gives_the_same_decision() {
+    let f =
+        Fixture::cluster(3, 20).max_unavailable(4).converged(&["cp-1", "cp-2", "cp-3"]).in_progress("worker-3", true);
+    assert_eq!(f.decide(), f.clone().decide());
+    let d = f.decide();
+    assert!(d.advance.contains(&"worker-3".to_owned()));
+    assert!(!d.start.contains(&"worker-3".to_owned()), "a machine in progress is advanced, never started again");
+}
+
+// Rules 9 and 10: kinds and targets.
+
+#[test]
+fn rule9_other_kinds_are_refused_and_touch_nothing() {
+    for kind in ["kubernetes", "ichor", "unknown"] {
+        let d = Fixture::cluster(3, 2).no_lease().kind(kind).decide();
+        assert_eq!(d.phase, Phase::Refused(Refusal::UnsupportedKind { kind: kind.into() }));
+        assert_eq!(d.lock, LockAction::Leave, "a refused operation never takes the lock");
+        assert!(d.start.is_empty() && d.advance.is_empty() && d.stop.is_empty());
+    }
+}
+
+#[test]
+fn rule10_a_target_other_than_the_release_sets_is_refused() {
+    let d = Fixture::cluster(3, 2).no_lease().target("v1.14.5").decide();
+    assert_eq!(
+        d.phase,
+        Phase::Refused(Refusal::TargetNotReleaseSet { target: "v1.14.5".into(), release: "v1.14.4".into() })
+    );
+    assert!(d.start.is_empty());
+}
+
+// DESIGN §9 rows the engine sees.
+
+#[test]
+fn bad_input_max_unavailable_zero_or_negative_is_refused() {
+    for n in [0, -3] {
+        let d = Fixture::cluster(1, 2).max_unavailable(n).decide();
+        assert_eq!(d.phase, Phase::Refused(Refusal::InvalidMaxUnavailable { value: n }));
+        assert_eq!(d.lock, LockAction::Release, "a spec made invalid mid-way winds down and lets go");
+    }
+}
+
+#[test]
+fn bad_input_unparseable_target_is_refused_naming_field_and_text() {
+    let d = Fixture::cluster(1, 0).target("v1.14").decide();
+    let Phase::Refused(refusal) = &d.phase else { panic!("{:?}", d.phase) };
+    assert!(refusal.to_string().starts_with("spec.targetVersion: \"v1.14\""), "{refusal}");
+}
+
+#[test]
+fn bad_input_lease_renewed_in_the_future_is_treated_as_now() {
+    let d = Fixture::cluster(1, 0).lease(US, at(5000), true).now(at(1000)).decide();
+    assert_eq!(d.lock, LockAction::Keep, "no negative duration, no panic");
+    let other = Fixture::cluster(1, 0).lease(OTHER, at(5000), true).now(at(1000)).decide();
+    assert_eq!(other.lock, LockAction::Leave);
+}
+
+#[test]
+fn phase_reasons_are_camel_case_and_distinct() {
+    let phases = [
+        Phase::Pending,
+        Phase::Progressing,
+        Phase::Waiting(WaitReason::LockHeld { holder: String::new() }),
+        Phase::Waiting(WaitReason::ControlPlaneNotReady { nodes: vec![] }),
+        Phase::Waiting(WaitReason::EtcdUnhealthy { reason: String::new() }),
+        Phase::Waiting(WaitReason::EtcdGateNotChecked),
+        Phase::Waiting(WaitReason::MaxUnavailable { unavailable: vec![] }),
+        Phase::Waiting(WaitReason::NodesNotReady { nodes: vec![] }),
+        Phase::Waiting(WaitReason::Held { machines: vec![] }),
+        Phase::Waiting(WaitReason::WindingDown { machines: vec![] }),
+        Phase::Paused(PauseReason::MachineFailed { machines: vec![] }),
+        Phase::Completed,
+        Phase::Refused(Refusal::UnsupportedKind { kind: String::new() }),
+    ];
+    let reasons: BTreeSet<&str> = phases.iter().map(Phase::reason).collect();
+    assert_eq!(reasons.len(), phases.len());
+    for r in reasons {
+        assert!(
+            r.chars().next().is_some_and(|c| c.is_ascii_uppercase()) && r.chars().all(|c| c.is_ascii_alphanumeric())
+        );
+    }
+}

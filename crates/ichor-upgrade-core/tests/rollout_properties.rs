@@ -1,0 +1,387 @@
+//! Properties of the rollout engine over random clusters: 1 to 7 control planes, 0 to 300
+//! workers, random order labels, holds, readiness, lock states, progress and failures.
+//!
+//! Safety, on any single decision: never a second control plane; never over
+//! `maxUnavailable`; never a start while paused, without the lock, or for a held, NotReady
+//! or finished machine; never a machine past its Upgrade call stopped.
+//! Liveness: when every started machine eventually converges and holds are lifted, the
+//! operation reaches `Completed`, and the safety properties hold at every step on the way.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::rollout::{
+    Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView, OperationStatus, OperationView,
+    Phase, RolloutConfig, RolloutInput, decide,
+};
+use proptest::prelude::*;
+
+const US: &str = "ns/op/uid-us";
+const OTHER: &str = "ns/other/uid-other";
+const CASES: u32 = 2000;
+
+#[derive(Debug, Clone, Copy)]
+enum LockKind {
+    Free,
+    Ours { age_secs: u64 },
+    OtherLive,
+    OtherDeleted,
+    OtherExpired,
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    machines: Vec<MachineView>,
+    max_unavailable: i64,
+    lock: LockKind,
+    etcd: EtcdVerdict,
+    resume_token: Option<String>,
+    observed_resume: Option<String>,
+    deleting: bool,
+    kind: &'static str,
+}
+
+fn order_label() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        6 => Just(None),
+        3 => (-2i64..4).prop_map(|n| Some(n.to_string())),
+        1 => Just(Some("not-a-number".to_owned())),
+    ]
+}
+
+fn progress() -> impl Strategy<Value = MachineProgress> {
+    prop_oneof![
+        12 => Just(MachineProgress::Pending),
+        4 => Just(MachineProgress::Converged),
+        2 => Just(MachineProgress::InProgress { past_upgrade_call: false }),
+        2 => Just(MachineProgress::InProgress { past_upgrade_call: true }),
+        1 => Just(MachineProgress::Failed { reason: "A/B fallback".to_owned() }),
+    ]
+}
+
+fn machine(role: MachineRole) -> impl Strategy<Value = (MachineRole, Option<String>, bool, bool, MachineProgress)> {
+    (Just(role), order_label(), prop::bool::weighted(0.1), prop::bool::weighted(0.85), progress())
+}
+
+fn name_machines(raw: Vec<(MachineRole, Option<String>, bool, bool, MachineProgress)>) -> Vec<MachineView> {
+    let mut counts = BTreeMap::new();
+    let mut cp_in_progress = false;
+    raw.into_iter()
+        .map(|(role, order_label, held, node_ready, mut progress)| {
+            let n = counts.entry(role).and_modify(|n| *n += 1).or_insert(1);
+            let name = match role {
+                MachineRole::ControlPlane => format!("cp-{n}"),
+                MachineRole::Worker => format!("worker-{n}"),
+            };
+            // A valid state has at most one control plane in progress.
+            if role == MachineRole::ControlPlane && matches!(progress, MachineProgress::InProgress { .. }) {
+                if cp_in_progress {
+                    progress = MachineProgress::Converged;
+                }
+                cp_in_progress = true;
+            }
+            MachineView { name, role, order_label, held, node_ready, progress }
+        })
+        .collect()
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    let cps = prop::collection::vec(machine(MachineRole::ControlPlane), 1..=7);
+    let workers = prop::collection::vec(machine(MachineRole::Worker), 0..=300);
+    let lock = prop_oneof![
+        Just(LockKind::Free),
+        (0u64..200).prop_map(|age_secs| LockKind::Ours { age_secs }),
+        (0u64..200).prop_map(|age_secs| LockKind::Ours { age_secs }),
+        Just(LockKind::OtherLive),
+        Just(LockKind::OtherDeleted),
+        Just(LockKind::OtherExpired),
+    ];
+    let etcd = prop_oneof![
+        3 => Just(EtcdVerdict::Healthy),
+        1 => Just(EtcdVerdict::Unhealthy { reason: "learner".into() }),
+        1 => Just(EtcdVerdict::NotChecked),
+    ];
+    let resume = prop_oneof![
+        Just((None, None)),
+        Just((Some("t1".to_owned()), None)),
+        Just((Some("t1".to_owned()), Some("t1".to_owned()))),
+        Just((Some("t2".to_owned()), Some("t1".to_owned()))),
+    ];
+    let kind = prop_oneof![18 => Just("talos"), 1 => Just("kubernetes"), 1 => Just("ichor")];
+    (cps, workers, 1i64..=10, lock, etcd, resume, prop::bool::weighted(0.05), kind).prop_map(
+        |(cps, workers, max_unavailable, lock, etcd, (resume_token, observed_resume), deleting, kind)| Scenario {
+            machines: name_machines(cps.into_iter().chain(workers).collect()),
+            max_unavailable,
+            lock,
+            etcd,
+            resume_token,
+            observed_resume,
+            deleting,
+            kind,
+        },
+    )
+}
+
+const NOW: Timestamp = Timestamp::from_unix_secs(10_000);
+
+fn lease(kind: LockKind) -> Option<LeaseHolder> {
+    let holder = |identity: &str, renewed_at: Timestamp, holder_exists| LeaseHolder {
+        identity: identity.to_owned(),
+        renewed_at,
+        lease_duration: Duration::from_secs(120),
+        holder_exists,
+    };
+    match kind {
+        LockKind::Free => None,
+        LockKind::Ours { age_secs } => Some(holder(US, Timestamp::from_unix_secs(10_000 - age_secs as i64), true)),
+        LockKind::OtherLive => Some(holder(OTHER, Timestamp::from_unix_secs(9_990), true)),
+        LockKind::OtherDeleted => Some(holder(OTHER, Timestamp::from_unix_secs(9_990), false)),
+        LockKind::OtherExpired => Some(holder(OTHER, Timestamp::from_unix_secs(9_000), true)),
+    }
+}
+
+fn operation(s: &Scenario) -> OperationView {
+    OperationView {
+        identity: US.to_owned(),
+        generation: 1,
+        deleting: s.deleting,
+        resume_token: s.resume_token.clone(),
+        spec: OperationSpec {
+            kind: s.kind.to_owned(),
+            target_version: "v1.14.4".to_owned(),
+            max_unavailable: s.max_unavailable,
+        },
+        status: OperationStatus { observed_resume: s.observed_resume.clone(), ..OperationStatus::default() },
+    }
+}
+
+/// Checks every safety property of one decision against its input.
+fn check_safety(
+    machines: &[MachineView],
+    op: &OperationView,
+    lease: Option<&LeaseHolder>,
+    etcd: &EtcdVerdict,
+    d: &Decision,
+) -> Result<(), TestCaseError> {
+    let by_name: BTreeMap<&str, &MachineView> = machines.iter().map(|m| (m.name.as_str(), m)).collect();
+    let ours = lease.is_some_and(|l| l.identity == op.identity);
+    let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
+    let failed = machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }));
+
+    if !ours {
+        prop_assert!(d.start.is_empty() && d.advance.is_empty() && d.stop.is_empty(), "moved without the lock: {d:?}");
+        prop_assert!(!matches!(d.lock, LockAction::Renew | LockAction::Keep | LockAction::Release));
+    }
+    if matches!(d.lock, LockAction::Acquire { .. }) {
+        prop_assert!(d.start.is_empty() && d.advance.is_empty(), "started before the lock was confirmed");
+    }
+    if failed && !resuming {
+        prop_assert!(d.start.is_empty(), "started while paused: {:?}", d.start);
+        prop_assert!(matches!(d.phase, Phase::Paused(_)) || !ours || op.deleting || op.spec.kind != "talos");
+    }
+    if op.deleting || op.spec.kind != "talos" {
+        prop_assert!(d.start.is_empty());
+    }
+
+    for name in &d.start {
+        let m = by_name[name.as_str()];
+        prop_assert!(!m.held, "started held {name}");
+        prop_assert!(m.node_ready, "started NotReady {name}");
+        let startable = match m.progress {
+            MachineProgress::Pending => true,
+            MachineProgress::Failed { .. } => resuming,
+            MachineProgress::InProgress { .. } | MachineProgress::Converged => false,
+        };
+        prop_assert!(startable, "started {name} in {:?}", m.progress);
+    }
+    for name in &d.stop {
+        prop_assert_eq!(
+            &by_name[name.as_str()].progress,
+            &MachineProgress::InProgress { past_upgrade_call: false },
+            "stopped {} past its Upgrade call",
+            name
+        );
+    }
+
+    // Control planes: never a second one.
+    let is_cp = |name: &String| by_name[name.as_str()].role == MachineRole::ControlPlane;
+    let cp_started = d.start.iter().filter(|n| is_cp(n)).count();
+    let cp_busy = machines
+        .iter()
+        .filter(|m| m.role == MachineRole::ControlPlane && matches!(m.progress, MachineProgress::InProgress { .. }))
+        .count();
+    prop_assert!(cp_started <= 1);
+    prop_assert!(cp_busy + cp_started <= 1, "second control plane: busy {cp_busy}, started {cp_started}");
+    if cp_started == 1 {
+        prop_assert_eq!(etcd, &EtcdVerdict::Healthy);
+        prop_assert!(machines.iter().filter(|m| m.role == MachineRole::ControlPlane).all(|m| m.node_ready));
+    }
+
+    // Workers: never over maxUnavailable, counting those already unavailable.
+    let workers_started = d.start.iter().filter(|n| !is_cp(n)).count();
+    if workers_started > 0 {
+        prop_assert_eq!(cp_started + cp_busy, 0, "worker started while a control plane is in progress");
+        let unavailable = machines
+            .iter()
+            .filter(|m| m.role == MachineRole::Worker)
+            .filter(|m| matches!(m.progress, MachineProgress::InProgress { .. }) || !m.node_ready)
+            .count();
+        let max = usize::try_from(op.spec.max_unavailable).unwrap_or(0);
+        prop_assert!(
+            unavailable + workers_started <= max,
+            "{unavailable} unavailable + {workers_started} started > {max}"
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: CASES, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// One decision over any cluster state keeps every safety property.
+    #[test]
+    fn a_single_decision_is_always_safe(s in scenario()) {
+        let op = operation(&s);
+        let lease = lease(s.lock);
+        let config = RolloutConfig::default();
+        let input = RolloutInput {
+            operation: &op,
+            release_talos_version: "v1.14.4",
+            lease: lease.as_ref(),
+            machines: &s.machines,
+            etcd: &s.etcd,
+            config: &config,
+            now: NOW,
+        };
+        let d = decide(&input);
+        check_safety(&s.machines, &op, lease.as_ref(), &s.etcd, &d)?;
+        prop_assert_eq!(&d, &decide(&input), "not deterministic");
+    }
+
+    /// Played forward, with every started machine converging after a while and holds
+    /// lifted at some point, any cluster reaches Completed; safety holds at every step.
+    #[test]
+    fn a_rollout_completes_when_machines_converge_and_holds_lift(
+        s in scenario(),
+        seed in any::<u64>(),
+        lift_holds_at in 0usize..40,
+        recover_at in 0usize..40,
+    ) {
+        run_to_completion(s, seed, lift_holds_at, recover_at)?;
+    }
+}
+
+/// A tiny deterministic generator for the played-forward world (tests only).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_at: usize) -> Result<(), TestCaseError> {
+    // The liveness run starts from a consistent, unfailed, live operation.
+    s.kind = "talos";
+    s.deleting = false;
+    s.resume_token = None;
+    for m in &mut s.machines {
+        if matches!(m.progress, MachineProgress::Failed { .. }) {
+            m.progress = MachineProgress::Pending;
+        }
+    }
+    let mut rng = Rng(seed | 1);
+    let config = RolloutConfig::default();
+    let mut op = operation(&s);
+    let mut lease = lease(s.lock);
+    let mut now = NOW;
+    // Steps left for each in-progress machine before its next stage.
+    let mut timers: BTreeMap<String, u64> = BTreeMap::new();
+    let bound = 50 + 8 * s.machines.len();
+    let index: BTreeMap<String, usize> = s.machines.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
+
+    for step in 0..bound {
+        if step == lift_holds_at {
+            s.machines.iter_mut().for_each(|m| m.held = false);
+        }
+        // Nodes down for reasons of their own come back from `recover_at` on.
+        if step >= recover_at {
+            s.machines
+                .iter_mut()
+                .filter(|m| !matches!(m.progress, MachineProgress::InProgress { .. }))
+                .for_each(|m| m.node_ready = true);
+        }
+        let cps_ready = s.machines.iter().filter(|m| m.role == MachineRole::ControlPlane).all(|m| m.node_ready);
+        let etcd =
+            if cps_ready { EtcdVerdict::Healthy } else { EtcdVerdict::Unhealthy { reason: "member down".into() } };
+        let d = decide(&RolloutInput {
+            operation: &op,
+            release_talos_version: "v1.14.4",
+            lease: lease.as_ref(),
+            machines: &s.machines,
+            etcd: &etcd,
+            config: &config,
+            now,
+        });
+        check_safety(&s.machines, &op, lease.as_ref(), &etcd, &d)?;
+        if d.phase == Phase::Completed {
+            // Every machine converged; a hold put on a machine after it converged holds nothing back.
+            prop_assert!(s.machines.iter().all(|m| m.progress == MachineProgress::Converged));
+            return Ok(());
+        }
+        prop_assert!(!matches!(d.phase, Phase::Paused(_) | Phase::Refused(_)), "{:?}", d.phase);
+
+        match d.lock {
+            LockAction::Acquire { .. } | LockAction::Renew => {
+                lease = Some(LeaseHolder {
+                    identity: US.into(),
+                    renewed_at: now,
+                    lease_duration: config.lease_duration,
+                    holder_exists: true,
+                })
+            }
+            LockAction::Release => lease = None,
+            LockAction::Keep | LockAction::Leave => {}
+        }
+        for name in &d.stop {
+            s.machines[index[name]].progress = MachineProgress::Pending;
+            timers.remove(name);
+        }
+        for name in &d.start {
+            s.machines[index[name]].progress = MachineProgress::InProgress { past_upgrade_call: false };
+            timers.insert(name.clone(), rng.below(3));
+        }
+        for name in &d.advance {
+            let m = &mut s.machines[index[name]];
+            let timer = timers.entry(name.clone()).or_insert(0);
+            if *timer > 0 {
+                *timer -= 1;
+                continue;
+            }
+            *timer = rng.below(3);
+            match m.progress {
+                // The Upgrade call: the node goes down.
+                MachineProgress::InProgress { past_upgrade_call: false } => {
+                    m.progress = MachineProgress::InProgress { past_upgrade_call: true };
+                    m.node_ready = false;
+                }
+                MachineProgress::InProgress { past_upgrade_call: true } if !m.node_ready => m.node_ready = true,
+                MachineProgress::InProgress { past_upgrade_call: true } => m.progress = MachineProgress::Converged,
+                MachineProgress::Pending | MachineProgress::Converged | MachineProgress::Failed { .. } => {}
+            }
+        }
+        if let Some(token) = d.acknowledge_resume {
+            op.status.observed_resume = Some(token);
+        }
+        op.status.phase = d.phase;
+        op.status.observed_generation = Some(op.generation);
+        now = now.saturating_add(Duration::from_secs(10));
+        // The other holder stops renewing: its lease expires within the bound.
+    }
+    Err(TestCaseError::fail(format!("no completion within {bound} steps")))
+}
