@@ -1,3 +1,70 @@
-//! Criterion benchmarks of the Ichor upgrade engine live in `benches/benches/`; this
-//! library only gives the package a target. Run them with `cargo bench -p ichor-benches`.
+//! Fixtures for the Criterion benchmarks in `benches/benches/`; run them with
+//! `cargo bench -p ichor-benches`. Figures and commands are recorded in
+//! `docs/performance.md`.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::time::Duration;
+
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::rollout::{LeaseHolder, MachineProgress, MachineView, OperationStatus, OperationView};
+
+/// The operation identity used by the fixtures.
+pub const IDENTITY: &str = "ops/upgrade/uid";
+
+/// A cluster in mid-rollout: 3 control planes converged, `workers` workers of which the
+/// first third converged, `max_unavailable` in progress, the rest pending, in four order
+/// waves; a few NotReady and held. The engine must look at every machine to decide.
+#[must_use]
+pub fn mid_rollout(workers: usize, max_unavailable: usize) -> Vec<MachineView> {
+    let mut machines: Vec<MachineView> = (1..=3)
+        .map(|i| MachineView {
+            name: format!("cp-{i}"),
+            role: MachineRole::ControlPlane,
+            order_label: None,
+            held: false,
+            node_ready: true,
+            progress: MachineProgress::Converged,
+        })
+        .collect();
+    let converged = workers / 3;
+    for i in 0..workers {
+        let progress = if i < converged {
+            MachineProgress::Converged
+        } else if i < converged + max_unavailable {
+            MachineProgress::InProgress { past_upgrade_call: i % 2 == 0 }
+        } else {
+            MachineProgress::Pending
+        };
+        machines.push(MachineView {
+            name: format!("worker-{}", i + 1),
+            role: MachineRole::Worker,
+            order_label: Some((i * 4 / workers.max(1)).to_string()),
+            held: i % 97 == 96,
+            node_ready: i % 89 != 88,
+            progress,
+        });
+    }
+    machines
+}
+
+/// An operation holding a fresh lock, with `max_unavailable`.
+#[must_use]
+pub fn operation(max_unavailable: i64) -> (OperationView, LeaseHolder) {
+    let op = OperationView {
+        identity: IDENTITY.to_owned(),
+        generation: 1,
+        deleting: false,
+        resume_token: None,
+        spec: OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable },
+        status: OperationStatus::default(),
+    };
+    let lease = LeaseHolder {
+        identity: IDENTITY.to_owned(),
+        renewed_at: Timestamp::from_unix_secs(1_000),
+        lease_duration: Duration::from_secs(120),
+        holder_exists: true,
+    };
+    (op, lease)
+}

@@ -38,3 +38,8 @@ pub mod time;
 pub mod versions;
 
 pub use time::Timestamp;
+
+/// The README's embedding example, compiled and run as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
