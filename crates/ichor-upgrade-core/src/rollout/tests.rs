@@ -556,3 +556,36 @@ fn phase_reasons_are_camel_case_and_distinct() {
         );
     }
 }
+
+#[test]
+fn rule5_held_machines_do_not_block_later_waves_or_the_workers() {
+    let d = Fixture::cluster(2, 2)
+        .all_control_planes_converged()
+        .progress("cp-2", MachineProgress::Pending)
+        .held("cp-2")
+        .order("worker-1", "1")
+        .order("worker-2", "2")
+        .held("worker-1")
+        .decide();
+    assert_eq!(d.start, names(&["worker-2"]), "a held control plane and a held first wave are skipped");
+    assert_eq!(d.held, names(&["cp-2", "worker-1"]));
+}
+
+#[test]
+fn rule6_a_paused_operation_keeps_renewing_its_lock() {
+    let d = Fixture::cluster(2, 0).failed("cp-1", "A/B fallback").now(at(1050)).decide();
+    assert!(matches!(d.phase, Phase::Paused(_)));
+    assert_eq!(d.lock, LockAction::Renew, "no other operation may take over a half-done cluster");
+    assert_eq!(d.recheck_at, Some(at(1090)));
+}
+
+#[test]
+fn rule9_a_spec_made_invalid_mid_way_winds_down_before_releasing() {
+    let d = Fixture::cluster(2, 2).kind("kubernetes").in_progress("cp-1", true).decide();
+    assert!(matches!(d.phase, Phase::Refused(Refusal::UnsupportedKind { .. })));
+    assert_eq!(d.advance, names(&["cp-1"]), "a machine past its call is still observed to the end");
+    assert_eq!(d.lock, LockAction::Keep);
+    assert!(d.start.is_empty());
+    let d = Fixture::cluster(2, 2).kind("kubernetes").in_progress("worker-1", false).decide();
+    assert_eq!(d.stop, names(&["worker-1"]));
+}
