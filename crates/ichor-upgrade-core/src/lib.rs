@@ -32,9 +32,12 @@
 #![warn(missing_docs)]
 
 pub mod conditions;
+pub mod evacuation;
 pub mod operation;
 pub mod rollout;
+pub mod talos_step;
 pub mod time;
+pub mod upgrade_marker;
 pub mod versions;
 
 pub use time::Timestamp;

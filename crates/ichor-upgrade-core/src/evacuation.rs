@@ -1,0 +1,173 @@
+//! Where a machine's storage evacuation stands, from the `StorageEvacuation` condition and
+//! what the storage backend reports. One definition, used by the upgrade step and by node
+//! removal.
+//!
+//! `StorageEvacuation` is `True` from the write that started the evacuation (its transition
+//! time is the timeout clock, surviving restarts) until the evacuation ends, when it turns
+//! `False` with storage scheduling re-enabled.
+
+use std::time::Duration;
+
+use crate::conditions::{ConditionStatus, Conditions};
+use crate::time::Timestamp;
+
+/// The condition type that marks an evacuation.
+pub const STORAGE_EVACUATION: &str = "StorageEvacuation";
+
+/// Condition reasons of [`STORAGE_EVACUATION`], one source for drivers and tests.
+pub mod reason {
+    /// `True`: scheduling disabled and replicas asked to move.
+    pub const EVACUATING: &str = "Evacuating";
+    /// `True`: the backend reports no replica left on the node.
+    pub const EVACUATED: &str = "Evacuated";
+    /// `False`: the evacuation ended and scheduling is back on.
+    pub const ENDED: &str = "Ended";
+    /// `False`: the evacuation timed out; scheduling is back on.
+    pub const TIMED_OUT: &str = "TimedOut";
+}
+
+/// What storage says about one node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StorageObservation {
+    /// The storage objects whose selector selects the node; empty means nothing to evacuate.
+    pub selected_by: Vec<String>,
+    /// Replicas still on the node, as the backend reports; `None` when not asked (the
+    /// driver asks whenever the node is selected or an evacuation is open).
+    pub replicas_left: Option<u32>,
+}
+
+/// Where an evacuation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvacuationState {
+    /// No storage object selects the node and no evacuation is open.
+    NothingToEvacuate,
+    /// Storage selects the node; no evacuation is open: begin one.
+    NotStarted,
+    /// Open, replicas remain, within the timeout.
+    InProgress {
+        /// Replicas left, if known.
+        replicas_left: Option<u32>,
+        /// When it times out.
+        deadline: Timestamp,
+    },
+    /// Open, and the backend reports no replica left.
+    Evacuated,
+    /// Open, replicas remain, and the timeout has passed.
+    TimedOut {
+        /// Replicas left, if known.
+        replicas_left: Option<u32>,
+    },
+}
+
+impl EvacuationState {
+    /// Whether an evacuation is open (storage scheduling is off on the node).
+    #[must_use]
+    pub fn is_open(self) -> bool {
+        match self {
+            Self::InProgress { .. } | Self::Evacuated | Self::TimedOut { .. } => true,
+            Self::NothingToEvacuate | Self::NotStarted => false,
+        }
+    }
+}
+
+/// Derives where the evacuation stands. A transition time in the future (clock skew) counts
+/// as now: the timeout never fires early and nothing panics.
+#[must_use]
+pub fn evacuation_state(
+    conditions: &Conditions,
+    storage: &StorageObservation,
+    timeout: Duration,
+    now: Timestamp,
+) -> EvacuationState {
+    let open = conditions.get(STORAGE_EVACUATION).filter(|c| c.status == ConditionStatus::True);
+    match open {
+        None if storage.selected_by.is_empty() => EvacuationState::NothingToEvacuate,
+        None => EvacuationState::NotStarted,
+        Some(_) if storage.replicas_left == Some(0) => EvacuationState::Evacuated,
+        Some(condition) => {
+            let started = condition.last_transition_time.min(now);
+            if now.saturating_since(started) >= timeout {
+                EvacuationState::TimedOut { replicas_left: storage.replicas_left }
+            } else {
+                EvacuationState::InProgress {
+                    replicas_left: storage.replicas_left,
+                    deadline: started.saturating_add(timeout),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conditions::ConditionUpdate;
+
+    const TIMEOUT: Duration = Duration::from_secs(600);
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_unix_secs(secs)
+    }
+
+    fn open_since(secs: i64) -> Conditions {
+        let mut c = Conditions::new();
+        c.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, ""), at(secs));
+        c
+    }
+
+    fn selected(replicas_left: Option<u32>) -> StorageObservation {
+        StorageObservation { selected_by: vec!["longhorn".into()], replicas_left }
+    }
+
+    #[test]
+    fn no_storage_object_selecting_means_nothing_to_evacuate() {
+        let s = evacuation_state(&Conditions::new(), &StorageObservation::default(), TIMEOUT, at(0));
+        assert_eq!(s, EvacuationState::NothingToEvacuate);
+        assert!(!s.is_open());
+    }
+
+    #[test]
+    fn a_selected_node_without_an_open_evacuation_is_not_started() {
+        let s = evacuation_state(&Conditions::new(), &selected(Some(4)), TIMEOUT, at(0));
+        assert_eq!(s, EvacuationState::NotStarted);
+        let mut ended = open_since(0);
+        ended.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::False, reason::ENDED, ""), at(5));
+        assert_eq!(evacuation_state(&ended, &selected(Some(4)), TIMEOUT, at(9)), EvacuationState::NotStarted);
+    }
+
+    #[test]
+    fn an_open_evacuation_runs_until_no_replica_is_left() {
+        let s = evacuation_state(&open_since(100), &selected(Some(3)), TIMEOUT, at(200));
+        assert_eq!(s, EvacuationState::InProgress { replicas_left: Some(3), deadline: at(700) });
+        assert!(s.is_open());
+        assert_eq!(
+            evacuation_state(&open_since(100), &selected(Some(0)), TIMEOUT, at(200)),
+            EvacuationState::Evacuated
+        );
+    }
+
+    #[test]
+    fn the_timeout_counts_from_the_transition_time() {
+        let s = evacuation_state(&open_since(100), &selected(Some(1)), TIMEOUT, at(700));
+        assert_eq!(s, EvacuationState::TimedOut { replicas_left: Some(1) });
+        let evacuated_late = evacuation_state(&open_since(100), &selected(Some(0)), TIMEOUT, at(9_999));
+        assert_eq!(evacuated_late, EvacuationState::Evacuated, "done is done, even after the timeout");
+    }
+
+    #[test]
+    fn a_transition_time_in_the_future_is_treated_as_now() {
+        let s = evacuation_state(&open_since(5_000), &selected(Some(2)), TIMEOUT, at(100));
+        assert_eq!(s, EvacuationState::InProgress { replicas_left: Some(2), deadline: at(700) });
+    }
+
+    #[test]
+    fn an_open_evacuation_stays_open_when_the_selector_stops_selecting() {
+        let s = evacuation_state(
+            &open_since(0),
+            &StorageObservation { selected_by: vec![], replicas_left: Some(2) },
+            TIMEOUT,
+            at(1),
+        );
+        assert!(s.is_open(), "scheduling was turned off; only ending the evacuation turns it back on");
+    }
+}

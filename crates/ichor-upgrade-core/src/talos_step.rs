@@ -1,0 +1,618 @@
+//! The Talos upgrade executor's step (ADR 0043): for one machine, from what was observed,
+//! exactly one [`Action`].
+//!
+//! # Calling protocol
+//! The driver observes the machine (its Node, the Talos API's answer, the `TalosUpgrade`
+//! and `StorageEvacuation` conditions, storage, and on a control plane past its Upgrade
+//! call its etcd membership), calls [`step`] with `now`, carries out the one action, and
+//! observes again before the next step. Calling twice on the same observation gives the
+//! same action, so a driver restarted at any instant resumes where it was.
+//!
+//! # The Upgrade call and the crash window
+//! ADR 0043 sets `TalosUpgrade` after the acknowledged call; a controller killed between
+//! the acknowledgement and that write would not know the call was made. So the driver
+//! writes an intent first ([`Action::Upgrade`]): `TalosUpgrade=Unknown` with the
+//! [`UpgradeMarker`], then the call, then `True` on the acknowledgement. An intent found
+//! later is reconciled against the node, never re-sent blindly (see
+//! `docs/decisions/0003-upgrade-intent.md`):
+//! - the boot ID changed: the call was acknowledged; the version then tells an upgrade
+//!   from an A/B fallback, which is a failure, never converged;
+//! - the node's Talos stage shows an upgrade under way: acknowledged, wait;
+//! - neither, before the call's deadline: a call may still be in flight, wait;
+//! - neither, after the deadline: gRPC carried the deadline to the node, so no call made
+//!   under this intent can be acknowledged any more; the call is made again.
+//!
+//! Terminal results: [`Action::Converged`] (nothing left to do) and [`Action::Fail`] /
+//! [`Action::FailEndingEvacuation`] (the operation pauses; a person resumes).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::conditions::{ConditionStatus, Conditions};
+use crate::evacuation::{EvacuationState, StorageObservation, evacuation_state};
+use crate::operation::MachineRole;
+use crate::time::Timestamp;
+use crate::upgrade_marker::{MarkerError, TALOS_UPGRADE, UpgradeMarker, is_valid_boot_id};
+use crate::versions::{
+    KubernetesVersion, PairingRefusal, PathRefusal, TalosVersion, check_kubernetes_pairing, check_upgrade_path,
+};
+
+/// The Image Factory that builds installer images.
+pub const FACTORY: &str = "factory.talos.dev";
+
+/// The installer image for a platform, schematic and version:
+/// `factory.talos.dev/<platform>-installer/<schematic>:<version>`.
+#[must_use]
+pub fn installer_image(platform: &str, schematic: &str, version: &TalosVersion) -> String {
+    format!("{FACTORY}/{platform}-installer/{schematic}:{version}")
+}
+
+/// The machine being upgraded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineSpec {
+    /// The machine's name.
+    pub name: String,
+    /// Its role.
+    pub role: MachineRole,
+}
+
+/// What the machine is upgraded to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeTarget {
+    /// The target Talos version.
+    pub version: TalosVersion,
+    /// The cluster spec's schematic ID, if it names one.
+    pub schematic: Option<String>,
+    /// The Image Factory platform, such as `metal` or `aws`.
+    pub platform: String,
+    /// The cluster's Kubernetes version, as written.
+    pub kubernetes_version: String,
+}
+
+/// The machine's Node, as Kubernetes reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeObservation {
+    /// Whether the Node is Ready.
+    pub ready: bool,
+    /// `status.nodeInfo.osImage`, such as `Talos (v1.14.3)`.
+    pub os_image: String,
+    /// `status.nodeInfo.bootID`.
+    pub boot_id: String,
+    /// The `extensions.talos.dev/schematic` annotation, if set.
+    pub schematic: Option<String>,
+}
+
+/// A Talos machine stage (`MachineStatuses.runtime.talos.dev`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineStage {
+    /// Booting.
+    Booting,
+    /// Installing.
+    Installing,
+    /// In maintenance mode.
+    Maintenance,
+    /// Running.
+    Running,
+    /// Rebooting.
+    Rebooting,
+    /// Shutting down.
+    ShuttingDown,
+    /// Resetting.
+    Resetting,
+    /// Running an upgrade sequence.
+    Upgrading,
+    /// A stage this build does not know.
+    Unknown,
+}
+
+impl MachineStage {
+    /// Whether the stage shows an upgrade under way or its reboot.
+    #[must_use]
+    pub fn shows_upgrade(self) -> bool {
+        match self {
+            Self::Upgrading | Self::Installing | Self::Rebooting | Self::ShuttingDown => true,
+            Self::Booting | Self::Maintenance | Self::Running | Self::Resetting | Self::Unknown => false,
+        }
+    }
+}
+
+/// What the Talos API said when the driver asked the machine's stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TalosObservation {
+    /// It answered.
+    Answered {
+        /// The machine's stage.
+        stage: MachineStage,
+    },
+    /// It could not be reached (dial or transport error, or the call's bound passed).
+    Unreachable {
+        /// The error, for the status.
+        error: String,
+    },
+    /// It answered with an error.
+    Error {
+        /// The error, for the status.
+        error: String,
+    },
+}
+
+/// A control plane's etcd membership, from the member list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdMembership {
+    /// A voting member.
+    Voter,
+    /// A learner, not yet voting.
+    Learner,
+    /// Not in the member list.
+    Absent,
+    /// The member list could not be read.
+    Unknown {
+        /// Why.
+        error: String,
+    },
+}
+
+/// The step's bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepTimeouts {
+    /// How long an evacuation may take before the operation pauses.
+    pub evacuation: Duration,
+    /// The Upgrade call's own bound (the node pulls and checks the installer before it
+    /// answers); also how long an unconfirmed intent is waited on.
+    pub upgrade_call: Duration,
+    /// How long after the Upgrade call the machine may take to come back verified.
+    pub verify: Duration,
+}
+
+impl Default for StepTimeouts {
+    fn default() -> Self {
+        Self {
+            evacuation: Duration::from_secs(30 * 60),
+            upgrade_call: Duration::from_secs(10 * 60),
+            verify: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// Everything [`step`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInput<'a> {
+    /// The machine.
+    pub machine: &'a MachineSpec,
+    /// The target.
+    pub target: &'a UpgradeTarget,
+    /// Its Node, if it exists.
+    pub node: Option<&'a NodeObservation>,
+    /// The Talos API's answer.
+    pub talos: &'a TalosObservation,
+    /// The machine's conditions (`TalosUpgrade`, `StorageEvacuation`).
+    pub conditions: &'a Conditions,
+    /// Storage's view of the node.
+    pub storage: &'a StorageObservation,
+    /// On a control plane, its etcd membership; `None` when not gathered.
+    pub etcd_member: Option<&'a EtcdMembership>,
+    /// The bounds.
+    pub timeouts: &'a StepTimeouts,
+    /// The current time.
+    pub now: Timestamp,
+}
+
+/// The one thing to do for a machine.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// The machine is on the target, verified, with no upgrade in flight and no
+    /// evacuation open. Nothing to write.
+    Converged,
+    /// Verification passed: write `TalosUpgrade=False/Converged`, closing the upgrade;
+    /// the next observation gives [`Action::Converged`].
+    RecordConverged,
+    /// Nothing to do yet. Observe again when something changes or at `recheck_at`.
+    Wait {
+        /// Why.
+        reason: MachineWait,
+        /// When to look again at the latest, if a deadline is known.
+        recheck_at: Option<Timestamp>,
+    },
+    /// Disable storage scheduling on the node, ask the backend to move its replicas, write
+    /// `StorageEvacuation=True/Evacuating`.
+    BeginEvacuation,
+    /// Re-enable storage scheduling and write `StorageEvacuation=False/Ended`.
+    EndEvacuation,
+    /// Write `TalosUpgrade=Unknown/UpgradeIntent` with the marker; if that write is
+    /// confirmed, call Upgrade with `image` (neither force nor preserve) under its own
+    /// bound; on the acknowledgement write `TalosUpgrade=True/UpgradeRequested` with the
+    /// same marker. An answered error: `TalosUpgrade=False/UpgradeRefused` and a failure.
+    /// A transport error or the bound passing: leave the intent for the next observation.
+    Upgrade {
+        /// The installer image.
+        image: String,
+        /// What `TalosUpgrade` records.
+        marker: UpgradeMarker,
+    },
+    /// The machine failed: the operation pauses.
+    Fail(MachineFailure),
+    /// The evacuation timed out: re-enable storage scheduling, write
+    /// `StorageEvacuation=False/TimedOut`, then fail; never proceed.
+    FailEndingEvacuation(MachineFailure),
+}
+
+/// Why a machine waits. Transient: the step moves on by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MachineWait {
+    /// The Node does not exist (yet, or while it re-registers).
+    NodeMissing,
+    /// The Node is not Ready.
+    NodeNotReady,
+    /// Kubelet has not reported a usable boot ID; a reboot could not be detected.
+    BootIdUnknown,
+    /// Replicas are still moving off the node.
+    Evacuating {
+        /// Replicas left, if known.
+        replicas_left: Option<u32>,
+    },
+    /// The Talos API did not answer (before the call: the call cannot be made).
+    TalosApiUnreachable,
+    /// The machine is busy with something else (a stage other than Running).
+    MachineBusy {
+        /// Its stage.
+        stage: MachineStage,
+    },
+    /// After the call: the Talos API does not answer; the node is rebooting.
+    Rebooting,
+    /// After the acknowledged call: the boot ID has not changed yet.
+    NotRebootedYet,
+    /// An unconfirmed intent, and the node shows the upgrade under way: it was acknowledged.
+    UpgradeUnderWay,
+    /// An unconfirmed intent, before the call's deadline: a call may still be in flight.
+    IntentUnconfirmed,
+    /// After the reboot, on a control plane: its etcd member is missing.
+    EtcdMemberMissing,
+    /// After the reboot, on a control plane: its etcd member is still a learner.
+    EtcdMemberLearner,
+    /// After the reboot, on a control plane: the member list could not be read.
+    EtcdMemberUnknown,
+}
+
+impl MachineWait {
+    /// The CamelCase reason users see.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NodeMissing => "NodeMissing",
+            Self::NodeNotReady => "NodeNotReady",
+            Self::BootIdUnknown => "BootIdUnknown",
+            Self::Evacuating { .. } => "Evacuating",
+            Self::TalosApiUnreachable => "TalosApiUnreachable",
+            Self::MachineBusy { .. } => "MachineBusy",
+            Self::Rebooting => "Rebooting",
+            Self::NotRebootedYet => "NotRebootedYet",
+            Self::UpgradeUnderWay => "UpgradeUnderWay",
+            Self::IntentUnconfirmed => "IntentUnconfirmed",
+            Self::EtcdMemberMissing => "EtcdMemberMissing",
+            Self::EtcdMemberLearner => "EtcdMemberLearner",
+            Self::EtcdMemberUnknown => "EtcdMemberUnknown",
+        }
+    }
+}
+
+/// Why a machine failed. The operation pauses until a person resumes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MachineFailure {
+    /// The Node's osImage is not `Talos (vX.Y.Z)`.
+    #[error("node status.nodeInfo.osImage: {0}")]
+    BadOsImage(String),
+    /// The cluster's Kubernetes version does not parse.
+    #[error("cluster Kubernetes version: {0}")]
+    BadKubernetesVersion(String),
+    /// The upgrade path is refused.
+    #[error("upgrade path refused: {0}")]
+    UpgradePath(PathRefusal),
+    /// The Kubernetes version does not run on the target.
+    #[error("Kubernetes pairing refused: {0}")]
+    KubernetesPairing(PairingRefusal),
+    /// Neither the cluster spec nor the Node names a schematic.
+    #[error(
+        "no schematic: the cluster spec names none and the Node has no extensions.talos.dev/schematic annotation; the vanilla schematic is never assumed"
+    )]
+    NoSchematic,
+    /// The schematic or platform cannot form an installer image reference.
+    #[error("installer image: {0}")]
+    BadImageReference(String),
+    /// The evacuation did not finish in time.
+    #[error("storage evacuation timed out after {timeout:?} with {} replicas left", replicas_left.map_or("unknown".to_owned(), |n| n.to_string()))]
+    EvacuationTimedOut {
+        /// Replicas left, if known.
+        replicas_left: Option<u32>,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The `TalosUpgrade` message is not a marker.
+    #[error("{0}")]
+    GarbledMarker(MarkerError),
+    /// `TalosUpgrade` records an upgrade in flight to another version.
+    #[error(
+        "TalosUpgrade records an unfinished upgrade to {recorded}, not {target}; a person must look at this machine"
+    )]
+    MarkerForOtherTarget {
+        /// The marker's target.
+        recorded: TalosVersion,
+        /// This operation's target.
+        target: TalosVersion,
+    },
+    /// The node rebooted on a version other than the target: the A/B slot fell back.
+    #[error("A/B fallback: the node rebooted (boot ID {before} -> {after}) into {booted}, not {target}; not retried")]
+    AbFallback {
+        /// The version it booted.
+        booted: TalosVersion,
+        /// The target.
+        target: TalosVersion,
+        /// Boot ID before the call.
+        before: String,
+        /// Boot ID now.
+        after: String,
+    },
+    /// The Talos API answered with an error before the call.
+    #[error("Talos API error: {0}")]
+    TalosApi(String),
+    /// The node refused the Upgrade call (set by the driver).
+    #[error("the Upgrade call was refused: {0}")]
+    UpgradeRefused(String),
+    /// The Upgrade call outlived its own bound; the node did not start an upgrade (set by
+    /// the driver).
+    #[error("the Upgrade call did not answer within its bound of {0:?}")]
+    UpgradeCallTimedOut(Duration),
+    /// The machine was not verified on the target within the verify bound.
+    #[error("not verified on {target} within {timeout:?} of the Upgrade call: {waiting}")]
+    NotVerifiedInTime {
+        /// The target.
+        target: TalosVersion,
+        /// The bound.
+        timeout: Duration,
+        /// What it was still waiting for.
+        waiting: &'static str,
+    },
+}
+
+impl MachineFailure {
+    /// The CamelCase reason users see.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::BadOsImage(_) => "BadOsImage",
+            Self::BadKubernetesVersion(_) => "BadKubernetesVersion",
+            Self::UpgradePath(_) => "UpgradePathRefused",
+            Self::KubernetesPairing(_) => "KubernetesPairingRefused",
+            Self::NoSchematic => "NoSchematic",
+            Self::BadImageReference(_) => "BadImageReference",
+            Self::EvacuationTimedOut { .. } => "EvacuationTimedOut",
+            Self::GarbledMarker(_) => "GarbledUpgradeMarker",
+            Self::MarkerForOtherTarget { .. } => "UpgradeMarkerForOtherTarget",
+            Self::AbFallback { .. } => "AbFallback",
+            Self::TalosApi(_) => "TalosApiError",
+            Self::UpgradeRefused(_) => "UpgradeRefused",
+            Self::UpgradeCallTimedOut(_) => "UpgradeCallTimedOut",
+            Self::NotVerifiedInTime { .. } => "NotVerifiedInTime",
+        }
+    }
+}
+
+impl fmt::Display for MachineWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NodeMissing => f.write_str("the Node does not exist"),
+            Self::NodeNotReady => f.write_str("the Node is not Ready"),
+            Self::BootIdUnknown => f.write_str("the Node reports no usable boot ID"),
+            Self::Evacuating { replicas_left: Some(n) } => write!(f, "evacuating storage: {n} replicas left"),
+            Self::Evacuating { replicas_left: None } => f.write_str("evacuating storage"),
+            Self::TalosApiUnreachable => f.write_str("the Talos API does not answer"),
+            Self::MachineBusy { stage } => write!(f, "the machine is busy ({stage:?})"),
+            Self::Rebooting => f.write_str("rebooting: the Talos API does not answer"),
+            Self::NotRebootedYet => f.write_str("the Upgrade call was acknowledged; the node has not rebooted yet"),
+            Self::UpgradeUnderWay => f.write_str("the node shows the upgrade under way"),
+            Self::IntentUnconfirmed => f.write_str("an Upgrade call may still be in flight; waiting for its deadline"),
+            Self::EtcdMemberMissing => f.write_str("the etcd member is not in the member list yet"),
+            Self::EtcdMemberLearner => f.write_str("the etcd member is still a learner"),
+            Self::EtcdMemberUnknown => f.write_str("the etcd member list could not be read"),
+        }
+    }
+}
+
+/// Decides the one action for a machine. Pure: the same input gives the same action.
+pub fn step(input: &StepInput<'_>) -> Action {
+    let in_flight = input.conditions.get(TALOS_UPGRADE).filter(|c| c.status != ConditionStatus::False);
+    let Some(condition) = in_flight else { return before_call(input) };
+    let marker = match UpgradeMarker::parse(&condition.message) {
+        Ok(marker) => marker,
+        Err(e) => return Action::Fail(MachineFailure::GarbledMarker(e)),
+    };
+    if marker.target != input.target.version {
+        return Action::Fail(MachineFailure::MarkerForOtherTarget {
+            recorded: marker.target,
+            target: input.target.version.clone(),
+        });
+    }
+    let since = condition.last_transition_time.min(input.now);
+    let acknowledged = condition.status == ConditionStatus::True;
+    after_call(input, &marker, acknowledged, since)
+}
+
+fn wait(reason: MachineWait, recheck_at: Option<Timestamp>) -> Action {
+    Action::Wait { reason, recheck_at }
+}
+
+/// No upgrade in flight: check, evacuate, then call.
+fn before_call(input: &StepInput<'_>) -> Action {
+    let target = &input.target.version;
+    let Some(node) = input.node else { return wait(MachineWait::NodeMissing, None) };
+    let version = match TalosVersion::from_os_image(&node.os_image) {
+        Ok(v) => v,
+        Err(e) => return Action::Fail(MachineFailure::BadOsImage(e.to_string())),
+    };
+    let evacuation = evacuation_state(input.conditions, input.storage, input.timeouts.evacuation, input.now);
+    if &version == target {
+        return if evacuation.is_open() { Action::EndEvacuation } else { Action::Converged };
+    }
+    if let Err(refusal) = check_upgrade_path(&version, target) {
+        return Action::Fail(MachineFailure::UpgradePath(refusal));
+    }
+    let kubernetes = match KubernetesVersion::parse(&input.target.kubernetes_version) {
+        Ok(k) => k,
+        Err(e) => return Action::Fail(MachineFailure::BadKubernetesVersion(e.to_string())),
+    };
+    if let Err(refusal) = check_kubernetes_pairing(target, &kubernetes) {
+        return Action::Fail(MachineFailure::KubernetesPairing(refusal));
+    }
+    let image = match image_for(input.target, node) {
+        Ok(image) => image,
+        Err(problem) => return Action::Fail(problem.into()),
+    };
+    if !node.ready {
+        return wait(MachineWait::NodeNotReady, None);
+    }
+    match evacuation {
+        EvacuationState::NotStarted => return Action::BeginEvacuation,
+        EvacuationState::InProgress { replicas_left, deadline } => {
+            return wait(MachineWait::Evacuating { replicas_left }, Some(deadline));
+        }
+        EvacuationState::TimedOut { replicas_left } => {
+            return Action::FailEndingEvacuation(MachineFailure::EvacuationTimedOut {
+                replicas_left,
+                timeout: input.timeouts.evacuation,
+            });
+        }
+        EvacuationState::Evacuated | EvacuationState::NothingToEvacuate => {}
+    }
+    match input.talos {
+        TalosObservation::Answered { stage: MachineStage::Running } => {}
+        TalosObservation::Answered { stage } => return wait(MachineWait::MachineBusy { stage: *stage }, None),
+        TalosObservation::Unreachable { .. } => return wait(MachineWait::TalosApiUnreachable, None),
+        TalosObservation::Error { error } => return Action::Fail(MachineFailure::TalosApi(error.clone())),
+    }
+    if !is_valid_boot_id(&node.boot_id) {
+        return wait(MachineWait::BootIdUnknown, None);
+    }
+    Action::Upgrade { image, marker: marker_for(input, &node.boot_id) }
+}
+
+fn marker_for(input: &StepInput<'_>, boot_id: &str) -> UpgradeMarker {
+    UpgradeMarker {
+        target: input.target.version.clone(),
+        boot_id: boot_id.to_owned(),
+        call_deadline: input.now.saturating_add(input.timeouts.upgrade_call),
+    }
+}
+
+/// Why no installer image can be named.
+enum ImageProblem {
+    NoSchematic,
+    Bad(String),
+}
+
+impl From<ImageProblem> for MachineFailure {
+    fn from(problem: ImageProblem) -> Self {
+        match problem {
+            ImageProblem::NoSchematic => Self::NoSchematic,
+            ImageProblem::Bad(text) => Self::BadImageReference(text),
+        }
+    }
+}
+
+/// The installer image, from the cluster's schematic or else the node's own.
+fn image_for(target: &UpgradeTarget, node: &NodeObservation) -> Result<String, ImageProblem> {
+    let schematic = target.schematic.as_deref().or(node.schematic.as_deref()).ok_or(ImageProblem::NoSchematic)?;
+    if schematic.len() != 64 || !schematic.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+        return Err(ImageProblem::Bad(format!("schematic {schematic:?} is not a 64-character lowercase hex ID")));
+    }
+    let platform = &target.platform;
+    if platform.is_empty() || !platform.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        return Err(ImageProblem::Bad(format!("platform {platform:?} is not a factory platform name")));
+    }
+    Ok(installer_image(platform, schematic, &target.version))
+}
+
+/// An upgrade in flight (intent or acknowledged) for this target.
+fn after_call(input: &StepInput<'_>, marker: &UpgradeMarker, acknowledged: bool, since: Timestamp) -> Action {
+    let target = &input.target.version;
+    let verify_deadline = since.saturating_add(input.timeouts.verify);
+    let timed_out = input.now >= verify_deadline;
+    let waiting = |reason: MachineWait, what: &'static str| {
+        if timed_out {
+            Action::Fail(MachineFailure::NotVerifiedInTime {
+                target: target.clone(),
+                timeout: input.timeouts.verify,
+                waiting: what,
+            })
+        } else {
+            wait(reason, Some(verify_deadline))
+        }
+    };
+    let stage = match input.talos {
+        TalosObservation::Answered { stage } => *stage,
+        TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {
+            return waiting(MachineWait::Rebooting, "the Talos API to answer");
+        }
+    };
+    let Some(node) = input.node else { return waiting(MachineWait::NodeMissing, "the Node to exist") };
+    if node.boot_id == marker.boot_id || !is_valid_boot_id(&node.boot_id) {
+        if acknowledged {
+            return waiting(MachineWait::NotRebootedYet, "the node to reboot");
+        }
+        if stage.shows_upgrade() {
+            return waiting(MachineWait::UpgradeUnderWay, "the node to reboot");
+        }
+        if input.now < marker.call_deadline {
+            return wait(MachineWait::IntentUnconfirmed, Some(marker.call_deadline));
+        }
+        // The deadline passed with no sign of the call on the node: it was never
+        // acknowledged, and can no longer be. Make it (again), with a fresh deadline.
+        let image = match image_for(input.target, node) {
+            Ok(image) => image,
+            Err(problem) => return Action::Fail(problem.into()),
+        };
+        return Action::Upgrade { image, marker: marker_for(input, &marker.boot_id) };
+    }
+    let booted = match TalosVersion::from_os_image(&node.os_image) {
+        Ok(v) => v,
+        Err(e) => return Action::Fail(MachineFailure::BadOsImage(e.to_string())),
+    };
+    if &booted != target {
+        return Action::Fail(MachineFailure::AbFallback {
+            booted,
+            target: target.clone(),
+            before: marker.boot_id.clone(),
+            after: node.boot_id.clone(),
+        });
+    }
+    if !node.ready {
+        return waiting(MachineWait::NodeNotReady, "the Node to be Ready");
+    }
+    if input.machine.role == MachineRole::ControlPlane {
+        match input.etcd_member {
+            Some(EtcdMembership::Voter) => {}
+            Some(EtcdMembership::Learner) => {
+                return waiting(MachineWait::EtcdMemberLearner, "etcd to promote the member");
+            }
+            Some(EtcdMembership::Absent) => return waiting(MachineWait::EtcdMemberMissing, "the etcd member"),
+            Some(EtcdMembership::Unknown { .. }) | None => {
+                return waiting(MachineWait::EtcdMemberUnknown, "the etcd member list");
+            }
+        }
+    }
+    let evacuation = evacuation_state(input.conditions, input.storage, input.timeouts.evacuation, input.now);
+    if evacuation.is_open() {
+        return Action::EndEvacuation;
+    }
+    Action::RecordConverged
+}
+
+/// Whether the machine's conditions show an Upgrade call made, or possibly made: such a
+/// machine is never interrupted by a hold, a pause or a deletion.
+#[must_use]
+pub fn past_upgrade_call(conditions: &Conditions) -> bool {
+    conditions.get(TALOS_UPGRADE).is_some_and(|c| c.status != ConditionStatus::False)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,520 @@
+//! One test per row of DESIGN §4's table, per bad input of §9 that the executor sees, and
+//! per case of the crash window.
+
+use super::*;
+use crate::conditions::ConditionUpdate;
+use crate::evacuation::{STORAGE_EVACUATION, reason as evac};
+use crate::upgrade_marker::reason as upgrade;
+
+const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+const BOOT_BEFORE: &str = "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11";
+const BOOT_AFTER: &str = "7e2d9c40-13b1-4c8f-8d7e-52a0c6f1e3b2";
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_unix_secs(secs)
+}
+
+fn v(text: &str) -> TalosVersion {
+    TalosVersion::parse(text).unwrap()
+}
+
+/// One machine's observation, built up by chaining; starts as a Ready worker on v1.14.3
+/// with a schematic, no storage, nothing in flight, at t=1000.
+#[derive(Clone)]
+struct Observed {
+    machine: MachineSpec,
+    target: UpgradeTarget,
+    node: Option<NodeObservation>,
+    talos: TalosObservation,
+    conditions: Conditions,
+    storage: StorageObservation,
+    etcd_member: Option<EtcdMembership>,
+    timeouts: StepTimeouts,
+    now: Timestamp,
+}
+
+impl Observed {
+    fn fixture() -> Self {
+        Self {
+            machine: MachineSpec { name: "worker-1".into(), role: MachineRole::Worker },
+            target: UpgradeTarget {
+                version: v("v1.14.4"),
+                schematic: None,
+                platform: "metal".into(),
+                kubernetes_version: "1.34.1".into(),
+            },
+            node: Some(NodeObservation {
+                ready: true,
+                os_image: "Talos (v1.14.3)".into(),
+                boot_id: BOOT_BEFORE.into(),
+                schematic: Some(SCHEMATIC.into()),
+            }),
+            talos: TalosObservation::Answered { stage: MachineStage::Running },
+            conditions: Conditions::new(),
+            storage: StorageObservation::default(),
+            etcd_member: None,
+            timeouts: StepTimeouts::default(),
+            now: at(1000),
+        }
+    }
+
+    fn control_plane(mut self) -> Self {
+        self.machine.role = MachineRole::ControlPlane;
+        self.etcd_member = Some(EtcdMembership::Voter);
+        self
+    }
+
+    fn node(mut self, change: impl FnOnce(&mut NodeObservation)) -> Self {
+        change(self.node.as_mut().expect("node present"));
+        self
+    }
+
+    fn os_image(self, text: &str) -> Self {
+        self.node(|n| n.os_image = text.into())
+    }
+
+    fn not_ready(self) -> Self {
+        self.node(|n| n.ready = false)
+    }
+
+    fn no_node(mut self) -> Self {
+        self.node = None;
+        self
+    }
+
+    fn talos(mut self, talos: TalosObservation) -> Self {
+        self.talos = talos;
+        self
+    }
+
+    fn unreachable(self) -> Self {
+        self.talos(TalosObservation::Unreachable {
+            error: "dial tcp 10.0.0.21:50000: connect: connection refused".into(),
+        })
+    }
+
+    fn stage(self, stage: MachineStage) -> Self {
+        self.talos(TalosObservation::Answered { stage })
+    }
+
+    fn now(mut self, now: Timestamp) -> Self {
+        self.now = now;
+        self
+    }
+
+    fn condition(
+        mut self,
+        type_: &str,
+        status: ConditionStatus,
+        reason: &str,
+        message: &str,
+        since: Timestamp,
+    ) -> Self {
+        self.conditions.upsert(ConditionUpdate::new(type_, status, reason, message), since);
+        self
+    }
+
+    fn marker(&self, boot_id: &str, target: &str, deadline: Timestamp) -> String {
+        UpgradeMarker { target: v(target), boot_id: boot_id.into(), call_deadline: deadline }.to_string()
+    }
+
+    /// `TalosUpgrade=True` from an acknowledged call made at t=900.
+    fn upgrade_acknowledged(self) -> Self {
+        let message = self.marker(BOOT_BEFORE, "v1.14.4", at(1500));
+        self.condition(TALOS_UPGRADE, ConditionStatus::True, upgrade::UPGRADE_REQUESTED, &message, at(900))
+    }
+
+    /// `TalosUpgrade=Unknown`: an intent written at t=900, call deadline t=1500.
+    fn upgrade_intent(self) -> Self {
+        let message = self.marker(BOOT_BEFORE, "v1.14.4", at(1500));
+        self.condition(TALOS_UPGRADE, ConditionStatus::Unknown, upgrade::UPGRADE_INTENT, &message, at(900))
+    }
+
+    /// The node came back with a new boot ID, Ready, on `version`.
+    fn rebooted_into(self, version: &str) -> Self {
+        let image = format!("Talos ({version})");
+        self.node(|n| {
+            n.boot_id = BOOT_AFTER.into();
+            n.os_image = image;
+        })
+    }
+
+    fn storage(mut self, replicas_left: Option<u32>) -> Self {
+        self.storage = StorageObservation { selected_by: vec!["longhorn".into()], replicas_left };
+        self
+    }
+
+    fn evacuating_since(self, since: Timestamp) -> Self {
+        self.condition(STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, "", since)
+    }
+
+    fn step(&self) -> Action {
+        step(&StepInput {
+            machine: &self.machine,
+            target: &self.target,
+            node: self.node.as_ref(),
+            talos: &self.talos,
+            conditions: &self.conditions,
+            storage: &self.storage,
+            etcd_member: self.etcd_member.as_ref(),
+            timeouts: &self.timeouts,
+            now: self.now,
+        })
+    }
+}
+
+fn expected_upgrade(boot_id: &str, now: Timestamp) -> Action {
+    Action::Upgrade {
+        image: format!("factory.talos.dev/metal-installer/{SCHEMATIC}:v1.14.4"),
+        marker: UpgradeMarker {
+            target: v("v1.14.4"),
+            boot_id: boot_id.into(),
+            call_deadline: now.saturating_add(Duration::from_secs(600)),
+        },
+    }
+}
+
+// Row: no TalosUpgrade, node already on target.
+
+#[test]
+fn row_already_on_target_converges_without_a_call() {
+    assert_eq!(Observed::fixture().os_image("Talos (v1.14.4)").step(), Action::Converged);
+}
+
+#[test]
+fn row_already_on_target_ends_an_open_evacuation_first() {
+    let o = Observed::fixture().os_image("Talos (v1.14.4)").storage(Some(0)).evacuating_since(at(900));
+    assert_eq!(o.step(), Action::EndEvacuation);
+}
+
+// Row: path or Kubernetes pairing invalid.
+
+#[test]
+fn row_a_skipped_minor_fails_naming_the_path() {
+    let action = Observed::fixture().os_image("Talos (v1.12.9)").step();
+    let Action::Fail(failure) = action else { panic!("{action:?}") };
+    assert_eq!(failure.reason(), "UpgradePathRefused");
+    assert!(failure.to_string().contains("v1.13"), "{failure}");
+}
+
+#[test]
+fn row_a_downgrade_fails() {
+    let action = Observed::fixture().os_image("Talos (v1.14.5)").step();
+    assert!(matches!(action, Action::Fail(MachineFailure::UpgradePath(PathRefusal::Downgrade { .. }))), "{action:?}");
+}
+
+#[test]
+fn row_kubernetes_outside_the_targets_range_fails_naming_the_range() {
+    let mut o = Observed::fixture();
+    o.target.kubernetes_version = "1.31.4".into();
+    let Action::Fail(failure) = o.step() else { panic!() };
+    assert_eq!(failure.reason(), "KubernetesPairingRefused");
+    assert!(failure.to_string().contains("1.32.0 to 1.37.x"), "{failure}");
+}
+
+// Row: node not Ready before the call.
+
+#[test]
+fn row_a_node_not_ready_before_the_call_waits() {
+    assert_eq!(
+        Observed::fixture().not_ready().step(),
+        Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None }
+    );
+}
+
+// Rows: storage selects the node.
+
+#[test]
+fn row_storage_selecting_the_node_begins_an_evacuation() {
+    assert_eq!(Observed::fixture().storage(Some(5)).step(), Action::BeginEvacuation);
+}
+
+#[test]
+fn row_an_evacuation_in_progress_is_awaited_until_its_deadline() {
+    let o = Observed::fixture().storage(Some(2)).evacuating_since(at(500));
+    assert_eq!(
+        o.step(),
+        Action::Wait { reason: MachineWait::Evacuating { replicas_left: Some(2) }, recheck_at: Some(at(500 + 1800)) }
+    );
+}
+
+#[test]
+fn row_an_evacuation_past_its_timeout_fails_and_ends_the_evacuation_never_proceeds() {
+    let o = Observed::fixture().storage(Some(2)).evacuating_since(at(500)).now(at(2300));
+    let action = o.step();
+    assert_eq!(
+        action,
+        Action::FailEndingEvacuation(MachineFailure::EvacuationTimedOut {
+            replicas_left: Some(2),
+            timeout: Duration::from_secs(1800)
+        })
+    );
+}
+
+// Row: evacuated, or nothing to evacuate: the call.
+
+#[test]
+fn row_nothing_to_evacuate_calls_upgrade_with_the_factory_image() {
+    assert_eq!(Observed::fixture().step(), expected_upgrade(BOOT_BEFORE, at(1000)));
+}
+
+#[test]
+fn row_evacuated_calls_upgrade() {
+    let o = Observed::fixture().storage(Some(0)).evacuating_since(at(500));
+    assert_eq!(o.step(), expected_upgrade(BOOT_BEFORE, at(1000)));
+}
+
+#[test]
+fn row_the_cluster_schematic_wins_over_the_nodes_and_the_platform_is_used() {
+    let mut o = Observed::fixture();
+    o.target.schematic = Some("a".repeat(64));
+    o.target.platform = "aws".into();
+    let Action::Upgrade { image, .. } = o.step() else { panic!() };
+    assert_eq!(image, format!("factory.talos.dev/aws-installer/{}:v1.14.4", "a".repeat(64)));
+}
+
+#[test]
+fn row_a_busy_machine_or_unreachable_api_is_not_called() {
+    assert_eq!(
+        Observed::fixture().stage(MachineStage::Upgrading).step(),
+        Action::Wait { reason: MachineWait::MachineBusy { stage: MachineStage::Upgrading }, recheck_at: None }
+    );
+    assert_eq!(
+        Observed::fixture().unreachable().step(),
+        Action::Wait { reason: MachineWait::TalosApiUnreachable, recheck_at: None }
+    );
+    let answered = Observed::fixture().talos(TalosObservation::Error { error: "PermissionDenied".into() }).step();
+    assert!(matches!(answered, Action::Fail(MachineFailure::TalosApi(_))));
+}
+
+// Rows after the call.
+
+#[test]
+fn row_after_the_call_a_dial_error_is_still_rebooting() {
+    let o = Observed::fixture().upgrade_acknowledged().unreachable();
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(900 + 1800)) });
+    let rpc = Observed::fixture().upgrade_acknowledged().talos(TalosObservation::Error { error: "Unavailable".into() });
+    assert_eq!(rpc.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(2700)) });
+}
+
+#[test]
+fn row_after_the_call_an_unchanged_boot_id_is_not_rebooted_yet() {
+    let o = Observed::fixture().upgrade_acknowledged().stage(MachineStage::Upgrading);
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::NotRebootedYet, recheck_at: Some(at(2700)) });
+}
+
+#[test]
+fn row_a_changed_boot_id_on_another_version_is_an_ab_fallback_failure() {
+    let o = Observed::fixture().upgrade_acknowledged().rebooted_into("v1.14.3");
+    let action = o.step();
+    assert_eq!(
+        action,
+        Action::Fail(MachineFailure::AbFallback {
+            booted: v("v1.14.3"),
+            target: v("v1.14.4"),
+            before: BOOT_BEFORE.into(),
+            after: BOOT_AFTER.into()
+        })
+    );
+    let Action::Fail(failure) = action else { unreachable!() };
+    assert_eq!(failure.reason(), "AbFallback");
+}
+
+#[test]
+fn row_on_target_waits_for_ready() {
+    let o = Observed::fixture().upgrade_acknowledged().rebooted_into("v1.14.4").not_ready();
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: Some(at(2700)) });
+}
+
+#[test]
+fn row_on_target_a_control_plane_waits_for_its_etcd_member() {
+    let base = Observed::fixture().control_plane().upgrade_acknowledged().rebooted_into("v1.14.4");
+    for (membership, reason) in [
+        (Some(EtcdMembership::Absent), MachineWait::EtcdMemberMissing),
+        (Some(EtcdMembership::Learner), MachineWait::EtcdMemberLearner),
+        (Some(EtcdMembership::Unknown { error: "timeout".into() }), MachineWait::EtcdMemberUnknown),
+        (None, MachineWait::EtcdMemberUnknown),
+    ] {
+        let mut o = base.clone();
+        o.etcd_member = membership;
+        assert_eq!(o.step(), Action::Wait { reason, recheck_at: Some(at(2700)) });
+    }
+    assert_eq!(base.step(), Action::RecordConverged);
+}
+
+#[test]
+fn row_verified_ends_the_evacuation_then_records_convergence() {
+    let o =
+        Observed::fixture().storage(Some(0)).evacuating_since(at(500)).upgrade_acknowledged().rebooted_into("v1.14.4");
+    assert_eq!(o.step(), Action::EndEvacuation, "scheduling comes back only after verification");
+    let ended = o.condition(STORAGE_EVACUATION, ConditionStatus::False, evac::ENDED, "", at(1000));
+    assert_eq!(ended.step(), Action::RecordConverged);
+    let recorded = ended.condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, "", at(1001));
+    assert_eq!(recorded.step(), Action::Converged);
+}
+
+#[test]
+fn row_a_worker_needs_no_etcd_member() {
+    let o = Observed::fixture().upgrade_acknowledged().rebooted_into("v1.14.4");
+    assert_eq!(o.step(), Action::RecordConverged);
+}
+
+#[test]
+fn a_machine_not_verified_within_its_bound_fails() {
+    let o = Observed::fixture().upgrade_acknowledged().unreachable().now(at(2700));
+    let Action::Fail(failure) = o.step() else { panic!() };
+    assert_eq!(failure.reason(), "NotVerifiedInTime");
+}
+
+// The crash window: an intent without a recorded acknowledgement.
+
+#[test]
+fn crash_window_an_intent_with_a_new_boot_id_was_acknowledged_and_is_verified() {
+    let o = Observed::fixture().upgrade_intent().rebooted_into("v1.14.4");
+    assert_eq!(o.step(), Action::RecordConverged, "no second call");
+}
+
+#[test]
+fn crash_window_an_intent_with_a_new_boot_id_on_the_old_version_is_never_missed_as_a_fallback() {
+    let o = Observed::fixture().upgrade_intent().rebooted_into("v1.14.3");
+    assert!(matches!(o.step(), Action::Fail(MachineFailure::AbFallback { .. })));
+}
+
+#[test]
+fn crash_window_an_intent_with_the_upgrade_under_way_waits() {
+    let o = Observed::fixture().upgrade_intent().stage(MachineStage::Upgrading);
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::UpgradeUnderWay, recheck_at: Some(at(2700)) });
+    let rebooting = Observed::fixture().upgrade_intent().unreachable();
+    assert_eq!(rebooting.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(2700)) });
+}
+
+#[test]
+fn crash_window_an_unconfirmed_intent_waits_for_the_calls_deadline() {
+    let o = Observed::fixture().upgrade_intent().now(at(1499));
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::IntentUnconfirmed, recheck_at: Some(at(1500)) });
+}
+
+#[test]
+fn crash_window_after_the_deadline_with_no_sign_of_the_call_it_is_made_again() {
+    let o = Observed::fixture().upgrade_intent().now(at(1500));
+    assert_eq!(o.step(), expected_upgrade(BOOT_BEFORE, at(1500)));
+}
+
+// Bad input (DESIGN §9).
+
+#[test]
+fn bad_input_unparseable_os_images_fail_naming_the_field_and_text() {
+    for image in ["", "Talos (banana)", "Ubuntu 24.04.1 LTS"] {
+        let Action::Fail(failure) = Observed::fixture().os_image(image).step() else { panic!("{image:?}") };
+        assert_eq!(failure.reason(), "BadOsImage");
+        let text = failure.to_string();
+        assert!(text.starts_with("node status.nodeInfo.osImage: ") && text.contains(&format!("{image:?}")), "{text}");
+    }
+    let after = Observed::fixture().upgrade_acknowledged().rebooted_into("v1.14.4").os_image("Talos (v1.14)");
+    assert!(matches!(after.step(), Action::Fail(MachineFailure::BadOsImage(_))));
+}
+
+#[test]
+fn bad_input_a_garbled_marker_fails_with_the_text_and_never_calls() {
+    for status in [ConditionStatus::True, ConditionStatus::Unknown] {
+        let o = Observed::fixture().condition(
+            TALOS_UPGRADE,
+            status,
+            "UpgradeRequested",
+            "Upgrade request received",
+            at(900),
+        );
+        let Action::Fail(failure) = o.step() else { panic!() };
+        assert_eq!(failure.reason(), "GarbledUpgradeMarker");
+        assert!(failure.to_string().contains("\"Upgrade request received\""), "{failure}");
+    }
+}
+
+#[test]
+fn bad_input_a_marker_for_another_target_is_never_mistaken_for_this_one() {
+    let o = Observed::fixture();
+    let message = o.marker(BOOT_BEFORE, "v1.14.3", at(1500));
+    let o = o
+        .condition(TALOS_UPGRADE, ConditionStatus::True, upgrade::UPGRADE_REQUESTED, &message, at(900))
+        .rebooted_into("v1.14.4");
+    assert_eq!(
+        o.step(),
+        Action::Fail(MachineFailure::MarkerForOtherTarget { recorded: v("v1.14.3"), target: v("v1.14.4") })
+    );
+}
+
+#[test]
+fn bad_input_a_closed_marker_from_an_earlier_operation_is_ignored() {
+    let o = Observed::fixture();
+    let message = o.marker(BOOT_BEFORE, "v1.14.3", at(1500));
+    let o = o.condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, &message, at(100));
+    assert_eq!(o.step(), expected_upgrade(BOOT_BEFORE, at(1000)));
+}
+
+#[test]
+fn bad_input_transition_times_in_the_future_are_treated_as_now() {
+    let evacuating = Observed::fixture().storage(Some(3)).evacuating_since(at(9_000));
+    assert_eq!(
+        evacuating.step(),
+        Action::Wait { reason: MachineWait::Evacuating { replicas_left: Some(3) }, recheck_at: Some(at(2800)) }
+    );
+    let o = Observed::fixture();
+    let message = o.marker(BOOT_BEFORE, "v1.14.4", at(9_600));
+    let o = o
+        .condition(TALOS_UPGRADE, ConditionStatus::True, upgrade::UPGRADE_REQUESTED, &message, at(9_000))
+        .unreachable();
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(2800)) });
+}
+
+#[test]
+fn bad_input_no_schematic_anywhere_fails_before_any_call() {
+    let o = Observed::fixture().node(|n| n.schematic = None);
+    assert_eq!(o.step(), Action::Fail(MachineFailure::NoSchematic));
+    let o = Observed::fixture().node(|n| n.schematic = None).storage(Some(3));
+    assert_eq!(o.step(), Action::Fail(MachineFailure::NoSchematic), "not even an evacuation");
+}
+
+#[test]
+fn bad_input_malformed_schematic_or_platform_fails() {
+    let o = Observed::fixture().node(|n| n.schematic = Some("not-a-schematic".into()));
+    assert!(matches!(o.step(), Action::Fail(MachineFailure::BadImageReference(_))));
+    let mut o = Observed::fixture();
+    o.target.platform = "Metal/../x".into();
+    assert!(matches!(o.step(), Action::Fail(MachineFailure::BadImageReference(_))));
+}
+
+#[test]
+fn bad_input_missing_boot_id_waits_rather_than_calling() {
+    let o = Observed::fixture().node(|n| n.boot_id = String::new());
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::BootIdUnknown, recheck_at: None });
+}
+
+#[test]
+fn a_missing_node_waits() {
+    assert_eq!(
+        Observed::fixture().no_node().step(),
+        Action::Wait { reason: MachineWait::NodeMissing, recheck_at: None }
+    );
+}
+
+#[test]
+fn past_upgrade_call_is_true_for_intents_and_acknowledgements_only() {
+    assert!(!past_upgrade_call(&Conditions::new()));
+    assert!(past_upgrade_call(&Observed::fixture().upgrade_intent().conditions));
+    assert!(past_upgrade_call(&Observed::fixture().upgrade_acknowledged().conditions));
+    let closed = Observed::fixture().condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, "", at(1));
+    assert!(!past_upgrade_call(&closed.conditions));
+}
+
+#[test]
+fn reasons_are_camel_case() {
+    let failures = [
+        MachineFailure::NoSchematic,
+        MachineFailure::UpgradeCallTimedOut(Duration::from_secs(600)),
+        MachineFailure::UpgradeRefused("x".into()),
+    ];
+    for f in failures {
+        assert!(f.reason().chars().all(|c| c.is_ascii_alphanumeric()));
+    }
+    assert_eq!(MachineWait::Rebooting.reason(), "Rebooting");
+}
