@@ -1,17 +1,22 @@
 //! Storage evacuation, shared by upgrades and node removal.
 //!
 //! A `TalosStorage` object names the nodes whose storage must be evacuated before they go
-//! down, by a Kubernetes label selector. This crate says which storage objects select a
-//! node ([`selection`]); as the engine grows it also holds the `StorageApi` trait and the
-//! single definition of starting and ending an evacuation, called by both the upgrade and
-//! the removal drivers.
+//! down, by a Kubernetes label selector ([`selection`]). [`StorageApi`] is the seam to the
+//! storage system; [`evacuate_machine`] and [`end_machine_evacuation`] are the one
+//! definition of starting and ending an evacuation, called by both the upgrade and the
+//! removal drivers; [`observe_storage`] gathers what the pure step needs.
 //!
 //! # What this crate must not do
 //! It talks to no storage system directly (backends live in `ichor-adapters`) and keeps no
-//! state: the `StorageEvacuation` condition is the resume marker and timeout clock.
+//! state: the `StorageEvacuation` condition is the resume marker and the timeout clock.
+//! Where an evacuation stands is decided by `ichor_upgrade_core::evacuation`, not here.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod api;
+pub mod evacuate;
 pub mod selection;
 
+pub use api::{ConditionStore, ConditionWriteError, Labels, StorageApi, StorageError};
+pub use evacuate::{EvacuationEnd, EvacuationError, end_machine_evacuation, evacuate_machine, observe_storage};
 pub use selection::{LabelSelector, SelectorError, StorageObject, selecting};

@@ -1,9 +1,10 @@
 //! The Talos upgrade executor's drivers.
 //!
-//! This crate holds the IO seams the drivers call (the clock here; the Talos and
-//! Kubernetes APIs as the executor grows) and the drivers themselves: each pass re-reads
-//! the world, calls a pure step of `ichor-upgrade-core`, carries out the one action it
-//! returns and writes conditions.
+//! This crate holds the IO seams the drivers call ([`TalosApi`], [`KubeApi`], [`Clock`];
+//! storage's seam is `ichor_storage::StorageApi`) and the drivers: [`advance_machine`]
+//! takes one machine one step (ADR 0043), and [`reconcile`] runs one pass of one operation
+//! through the rollout engine. Each pass re-reads the world, calls a pure function of
+//! `ichor-upgrade-core`, carries out what it returned and writes conditions and status.
 //!
 //! # What this crate must not do
 //! It makes no decision of its own: every choice lives in `ichor-upgrade-core`. It keeps no
@@ -13,6 +14,16 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod advance;
 pub mod clock;
+pub mod config;
+pub mod kube_api;
+pub mod reconcile;
+pub mod talos_api;
 
+pub use advance::{AdvanceError, Executor, advance_machine};
 pub use clock::Clock;
+pub use config::ExecutorConfig;
+pub use kube_api::{KubeApi, KubeError};
+pub use reconcile::reconcile;
+pub use talos_api::{TalosApi, TalosError};

@@ -32,9 +32,11 @@
 #![warn(missing_docs)]
 
 pub mod conditions;
+pub mod etcd_gate;
 pub mod evacuation;
 pub mod operation;
 pub mod rollout;
+pub mod status;
 pub mod talos_step;
 pub mod time;
 pub mod upgrade_marker;

@@ -25,13 +25,14 @@
 //! generation; a pause lasts while a machine's failure is recorded, until a new value of
 //! the resume annotation arrives; a refusal lasts while the spec is invalid.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::operation::{MachineRole, OperationSpec, Refusal, ValidSpec};
+use crate::status::MachineRecord;
 use crate::time::Timestamp;
 
 /// How the engine keeps its cluster lock.
@@ -128,6 +129,9 @@ pub struct OperationStatus {
     /// The last resume token acted upon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_resume: Option<String>,
+    /// What this operation knows of each machine it started (see [`crate::status`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub machines: BTreeMap<String, MachineRecord>,
 }
 
 /// One operation as observed.

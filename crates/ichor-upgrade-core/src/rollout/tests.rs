@@ -228,7 +228,12 @@ fn rule1_the_lock_is_released_on_completion_and_completion_is_sticky() {
     assert_eq!((d.lock.clone(), d.phase.clone()), (LockAction::Release, Phase::Completed));
     assert_eq!(d.recheck_at, None);
 
-    let done = OperationStatus { phase: Phase::Completed, observed_generation: Some(1), observed_resume: None };
+    let done = OperationStatus {
+        phase: Phase::Completed,
+        observed_generation: Some(1),
+        observed_resume: None,
+        ..OperationStatus::default()
+    };
     let after = Fixture::cluster(1, 1).no_lease().status(done.clone()).decide();
     assert_eq!((after.lock, after.phase), (LockAction::Leave, Phase::Completed), "no re-acquire loop");
 

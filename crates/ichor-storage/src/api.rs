@@ -1,0 +1,70 @@
+//! The IO seams of evacuation: the storage backend, and where machine conditions are written.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use ichor_upgrade_core::conditions::Conditions;
+
+use crate::selection::StorageObject;
+
+/// A storage backend's error. Says whether it is transient (wait and retry) or a failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("storage backend: {message}")]
+pub struct StorageError {
+    /// What went wrong.
+    pub message: String,
+    /// Whether retrying later can succeed (the backend was unreachable or busy).
+    pub transient: bool,
+}
+
+impl StorageError {
+    /// A transient error.
+    #[must_use]
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self { message: message.into(), transient: true }
+    }
+
+    /// A failure: retrying will not help.
+    #[must_use]
+    pub fn failure(message: impl Into<String>) -> Self {
+        Self { message: message.into(), transient: false }
+    }
+}
+
+/// A storage system that keeps replicas on nodes (Longhorn, for one).
+#[cfg_attr(test, mockall::automock)]
+#[async_trait]
+pub trait StorageApi: Send + Sync {
+    /// The cluster's storage objects (`TalosStorage`).
+    async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
+    /// Turns storage scheduling on the node on or off. Idempotent.
+    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
+    /// Asks the backend to move the node's replicas elsewhere. Idempotent.
+    async fn request_evacuation(&self, node: &str) -> Result<(), StorageError>;
+    /// How many replicas are still on the node.
+    async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
+}
+
+/// A failed write of a machine's conditions.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("writing conditions of machine {machine}: {message}")]
+pub struct ConditionWriteError {
+    /// The machine.
+    pub machine: String,
+    /// What went wrong.
+    pub message: String,
+    /// Whether retrying later can succeed (unreachable, a conflict).
+    pub transient: bool,
+}
+
+/// Where a machine's conditions live (the `TalosMachine` status, through its status
+/// subresource). Implemented by the Kubernetes adapter and the simulated cluster.
+#[cfg_attr(test, mockall::automock)]
+#[async_trait]
+pub trait ConditionStore: Send + Sync {
+    /// Replaces the machine's conditions with these.
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
+}
+
+/// A node's labels, by key.
+pub type Labels = BTreeMap<String, String>;

@@ -1,0 +1,240 @@
+//! The one definition of starting and ending an evacuation, called by both the upgrade
+//! driver and the removal driver.
+//!
+//! Each function does its backend calls first and writes `StorageEvacuation` last, so a
+//! crash in between leaves the condition as it was and the next pass repeats the
+//! (idempotent) calls. The condition's transition time is the timeout clock.
+
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, StorageObservation, reason};
+
+use crate::api::{ConditionStore, ConditionWriteError, Labels, StorageApi, StorageError};
+use crate::selection::selecting;
+
+/// Why an evacuation step could not be carried out.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EvacuationError {
+    /// The storage backend failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A storage object's selector cannot be evaluated.
+    #[error("TalosStorage {name}: {error}")]
+    Selector {
+        /// The storage object.
+        name: String,
+        /// What is wrong with its selector.
+        error: crate::selection::SelectorError,
+    },
+    /// The condition could not be written.
+    #[error(transparent)]
+    Write(#[from] ConditionWriteError),
+}
+
+impl EvacuationError {
+    /// Whether waiting and retrying can succeed.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Storage(e) => e.transient,
+            Self::Write(e) => e.transient,
+            Self::Selector { .. } => false,
+        }
+    }
+}
+
+/// How an evacuation ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvacuationEnd {
+    /// The node was verified (upgrade) or is gone (removal): scheduling back on.
+    Ended,
+    /// The timeout passed: scheduling back on, and the caller fails or retries.
+    TimedOut,
+}
+
+/// What storage says about a node: which storage objects select it and, when one does or
+/// an evacuation is open, how many replicas are left on it.
+///
+/// # Errors
+/// The backend's error, or a selector that cannot be evaluated.
+pub async fn observe_storage(
+    storage: &dyn StorageApi,
+    node: &str,
+    labels: &Labels,
+    conditions: &Conditions,
+) -> Result<StorageObservation, EvacuationError> {
+    let objects = storage.storage_objects().await?;
+    let selected_by = selecting(&objects, labels)
+        .map_err(|(name, error)| EvacuationError::Selector { name, error })?
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    let open = conditions.is_true(STORAGE_EVACUATION);
+    let replicas_left = if selected_by.is_empty() && !open { None } else { Some(storage.replicas_on(node).await?) };
+    Ok(StorageObservation { selected_by, replicas_left })
+}
+
+/// Starts evacuating a node: storage scheduling off, replicas asked to move, then
+/// `StorageEvacuation=True/Evacuating` written (its transition time starts the clock).
+///
+/// # Errors
+/// The first call or write that failed; nothing after it was done.
+pub async fn evacuate_machine(
+    storage: &dyn StorageApi,
+    store: &dyn ConditionStore,
+    machine: &str,
+    node: &str,
+    conditions: &Conditions,
+    now: Timestamp,
+) -> Result<(), EvacuationError> {
+    storage.set_scheduling(node, false).await?;
+    storage.request_evacuation(node).await?;
+    let mut next = conditions.clone();
+    let message = format!("storage scheduling disabled on {node}; replicas asked to move");
+    next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message), now);
+    store.write_conditions(machine, &next).await?;
+    Ok(())
+}
+
+/// Ends an evacuation: storage scheduling back on, then `StorageEvacuation=False` written
+/// with the reason of `end`.
+///
+/// # Errors
+/// The first call or write that failed; nothing after it was done.
+pub async fn end_machine_evacuation(
+    storage: &dyn StorageApi,
+    store: &dyn ConditionStore,
+    machine: &str,
+    node: &str,
+    conditions: &Conditions,
+    end: EvacuationEnd,
+    now: Timestamp,
+) -> Result<(), EvacuationError> {
+    storage.set_scheduling(node, true).await?;
+    let (why, message) = match end {
+        EvacuationEnd::Ended => (reason::ENDED, format!("storage scheduling re-enabled on {node}")),
+        EvacuationEnd::TimedOut => {
+            (reason::TIMED_OUT, format!("evacuation timed out; storage scheduling re-enabled on {node}"))
+        }
+    };
+    let mut next = conditions.clone();
+    next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::False, why, message), now);
+    store.write_conditions(machine, &next).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use mockall::Sequence;
+    use mockall::predicate::eq;
+
+    use super::*;
+    use crate::api::{MockConditionStore, MockStorageApi};
+    use crate::selection::{LabelSelector, StorageObject};
+
+    fn now() -> Timestamp {
+        Timestamp::from_unix_secs(1_000)
+    }
+
+    fn worker_labels() -> Labels {
+        [("storage".to_owned(), "longhorn".to_owned())].into()
+    }
+
+    fn longhorn() -> StorageObject {
+        StorageObject {
+            name: "longhorn".into(),
+            node_selector: LabelSelector { match_labels: worker_labels(), ..LabelSelector::default() },
+        }
+    }
+
+    #[tokio::test]
+    async fn evacuation_disables_scheduling_asks_the_backend_then_writes_the_condition() {
+        let mut seq = Sequence::new();
+        let mut storage = MockStorageApi::new();
+        let mut store = MockConditionStore::new();
+        storage
+            .expect_set_scheduling()
+            .with(eq("worker-1"), eq(false))
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(|_, _| Ok(()));
+        storage.expect_request_evacuation().with(eq("worker-1")).times(1).in_sequence(&mut seq).returning(|_| Ok(()));
+        store
+            .expect_write_conditions()
+            .withf(|machine, c| {
+                let cond = c.get(STORAGE_EVACUATION).unwrap();
+                machine == "m-1"
+                    && cond.status == ConditionStatus::True
+                    && cond.reason == reason::EVACUATING
+                    && cond.last_transition_time == Timestamp::from_unix_secs(1_000)
+            })
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(|_, _| Ok(()));
+        evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_backend_failure_writes_nothing() {
+        let mut storage = MockStorageApi::new();
+        let store = MockConditionStore::new();
+        storage.expect_set_scheduling().returning(|_, _| Err(StorageError::transient("connection refused")));
+        let err = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap_err();
+        assert!(err.is_transient());
+    }
+
+    #[tokio::test]
+    async fn ending_re_enables_scheduling_before_closing_the_condition() {
+        let mut seq = Sequence::new();
+        let mut storage = MockStorageApi::new();
+        let mut store = MockConditionStore::new();
+        storage
+            .expect_set_scheduling()
+            .with(eq("worker-1"), eq(true))
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(|_, _| Ok(()));
+        store
+            .expect_write_conditions()
+            .withf(|_, c| {
+                let cond = c.get(STORAGE_EVACUATION).unwrap();
+                cond.status == ConditionStatus::False && cond.reason == reason::TIMED_OUT
+            })
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(|_, _| Ok(()));
+        end_machine_evacuation(&storage, &store, "m-1", "worker-1", &Conditions::new(), EvacuationEnd::TimedOut, now())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn observing_asks_for_replicas_only_when_selected_or_open() {
+        let mut storage = MockStorageApi::new();
+        storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+        storage.expect_replicas_on().with(eq("worker-1")).times(1).returning(|_| Ok(3));
+        let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new()).await.unwrap();
+        assert_eq!(seen, StorageObservation { selected_by: vec!["longhorn".into()], replicas_left: Some(3) });
+
+        let mut storage = MockStorageApi::new();
+        storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+        storage.expect_replicas_on().never();
+        let seen = observe_storage(&storage, "cp-1", &Labels::new(), &Conditions::new()).await.unwrap();
+        assert_eq!(seen, StorageObservation::default(), "no storage object selects it: nothing to evacuate");
+    }
+
+    #[tokio::test]
+    async fn a_broken_selector_is_a_failure_not_nothing_to_evacuate() {
+        let mut storage = MockStorageApi::new();
+        let mut broken = longhorn();
+        broken.node_selector.match_expressions.push(crate::selection::LabelSelectorRequirement {
+            key: "k".into(),
+            operator: "Gt".into(),
+            values: vec!["1".into()],
+        });
+        storage.expect_storage_objects().returning(move || Ok(vec![broken.clone()]));
+        let err = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new()).await.unwrap_err();
+        assert!(matches!(err, EvacuationError::Selector { ref name, .. } if name == "longhorn"));
+        assert!(!err.is_transient());
+    }
+}

@@ -1,0 +1,473 @@
+//! `advance_machine`: one pass of the Talos executor over one machine.
+//!
+//! It reads the world (the node name, the Node, the Talos stage, storage, on a control
+//! plane past its call the etcd member list), calls the pure
+//! [`step`](ichor_upgrade_core::talos_step::step), carries out its one action, writes the
+//! machine's conditions, and says what came of it. It keeps nothing between passes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use ichor_storage::{
+    ConditionWriteError, EvacuationEnd, EvacuationError, StorageApi, end_machine_evacuation, evacuate_machine,
+    observe_storage,
+};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::StorageObservation;
+use ichor_upgrade_core::operation::{MachineRole, OperationKind};
+use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::talos_step::{
+    Action, EtcdMembership, MachineFailure, MachineSpec, NodeObservation, StepInput, TalosObservation, UpgradeTarget,
+    past_upgrade_call, step,
+};
+use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
+
+use crate::clock::Clock;
+use crate::config::ExecutorConfig;
+use crate::kube_api::{KubeApi, KubeError, MachineInfo, NodeInfo};
+use crate::talos_api::{TalosApi, TalosError, UpgradeRequest};
+
+/// The Node annotation Talos writes with the node's schematic ID.
+pub const SCHEMATIC_ANNOTATION: &str = "extensions.talos.dev/schematic";
+
+/// The seams a driver works through, and its configuration.
+#[derive(Clone, Copy)]
+pub struct Executor<'a> {
+    /// The Talos API.
+    pub talos: &'a dyn TalosApi,
+    /// The Kubernetes API.
+    pub kube: &'a dyn KubeApi,
+    /// The storage backend.
+    pub storage: &'a dyn StorageApi,
+    /// The clock.
+    pub clock: &'a dyn Clock,
+    /// Bounds and timing.
+    pub config: &'a ExecutorConfig,
+}
+
+/// A call that outlived its bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} did not answer within {bound:?}")]
+pub struct CallTimedOut {
+    /// The call.
+    pub call: &'static str,
+    /// Its bound.
+    pub bound: Duration,
+}
+
+/// A Talos API call that failed or outlived its bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TalosCallError {
+    /// The API failed.
+    #[error(transparent)]
+    Api(#[from] TalosError),
+    /// The bound passed.
+    #[error(transparent)]
+    TimedOut(#[from] CallTimedOut),
+}
+
+impl TalosCallError {
+    /// Whether the node could not be reached (including an ordinary call's bound passing).
+    #[must_use]
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Self::Api(e) => e.is_unreachable(),
+            Self::TimedOut(_) => true,
+        }
+    }
+}
+
+/// A Kubernetes API call that failed or outlived its bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeCallError {
+    /// The API failed.
+    #[error(transparent)]
+    Api(#[from] KubeError),
+    /// The bound passed.
+    #[error(transparent)]
+    TimedOut(#[from] CallTimedOut),
+}
+
+impl KubeCallError {
+    /// Whether waiting and retrying can succeed.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Api(e) => e.is_transient(),
+            Self::TimedOut(_) => true,
+        }
+    }
+}
+
+/// Why a pass over a machine could not be carried out. Each error says whether it is
+/// transient (the machine waits and the pass is retried) or a failure (the operation
+/// pauses); that one method decides, nothing parses the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdvanceError {
+    /// The operation's kind is not `talos`; it is never run as a Talos upgrade.
+    #[error("operation kind {0:?} is not supported: only \"talos\" operations are executed")]
+    UnsupportedKind(String),
+    /// The node name could not be read from Talos's Nodename resource.
+    #[error("reading the node name of machine {machine} from Talos: {source}")]
+    ResolveNodename {
+        /// The machine.
+        machine: String,
+        /// The cause.
+        #[source]
+        source: TalosCallError,
+    },
+    /// The Node could not be read.
+    #[error("reading Node {node}: {source}")]
+    ReadNode {
+        /// The Node.
+        node: String,
+        /// The cause.
+        #[source]
+        source: KubeCallError,
+    },
+    /// Storage could not be observed, or an evacuation step failed.
+    #[error("storage for {node}: {source}")]
+    Storage {
+        /// The Node.
+        node: String,
+        /// The cause.
+        #[source]
+        source: EvacuationError,
+    },
+    /// A storage call outlived its bound.
+    #[error("storage for {node}: {source}")]
+    StorageTimedOut {
+        /// The Node.
+        node: String,
+        /// The bound that passed.
+        #[source]
+        source: CallTimedOut,
+    },
+    /// The machine's conditions could not be written.
+    #[error(transparent)]
+    PatchConditions(#[from] ConditionWriteError),
+}
+
+impl AdvanceError {
+    /// Whether waiting and retrying can succeed.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::UnsupportedKind(_) => false,
+            Self::ResolveNodename { source, .. } => source.is_unreachable(),
+            Self::ReadNode { source, .. } => source.is_transient(),
+            Self::Storage { source, .. } => source.is_transient(),
+            Self::StorageTimedOut { .. } => true,
+            Self::PatchConditions(e) => e.transient,
+        }
+    }
+
+    /// The CamelCase reason users see.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::UnsupportedKind(_) => "UnsupportedKind",
+            Self::ResolveNodename { .. } => "ResolveNodename",
+            Self::ReadNode { .. } => "ReadNode",
+            Self::Storage { .. } | Self::StorageTimedOut { .. } => "Storage",
+            Self::PatchConditions(_) => "PatchConditions",
+        }
+    }
+
+    /// What the rollout engine makes of it: a wait when transient, else a failure.
+    #[must_use]
+    pub fn outcome(&self) -> MachineOutcome {
+        if self.is_transient() {
+            MachineOutcome::Waiting { reason: self.reason().to_owned(), message: self.to_string(), recheck_at: None }
+        } else {
+            MachineOutcome::Failed { reason: self.reason().to_owned(), message: self.to_string() }
+        }
+    }
+}
+
+/// Runs `call` under `bound`.
+async fn bounded<T>(call: &'static str, bound: Duration, future: impl Future<Output = T>) -> Result<T, CallTimedOut> {
+    tokio::time::timeout(bound, future).await.map_err(|_| CallTimedOut { call, bound })
+}
+
+/// How a machine's progress reads from its own conditions: whether an Upgrade call was
+/// made or may have been.
+#[must_use]
+pub fn machine_past_upgrade_call(machine: &MachineInfo) -> bool {
+    past_upgrade_call(&machine.conditions)
+}
+
+/// One pass over one machine: observe, step, carry out the one action.
+///
+/// # Errors
+/// [`AdvanceError::UnsupportedKind`] for any kind but `talos`, before anything is read;
+/// otherwise an observation or a write that failed (see [`AdvanceError::is_transient`]).
+pub async fn advance_machine(
+    ex: &Executor<'_>,
+    kind: &str,
+    machine: &MachineInfo,
+    target: &UpgradeTarget,
+) -> Result<MachineOutcome, AdvanceError> {
+    if kind != OperationKind::TALOS {
+        return Err(AdvanceError::UnsupportedKind(kind.to_owned()));
+    }
+    let bound = ex.config.call_timeout;
+    let node_name = node_name(ex, machine).await?;
+    let node = bounded("read Node", bound, ex.kube.node(&node_name))
+        .await
+        .map_err(KubeCallError::from)
+        .and_then(|r| r.map_err(KubeCallError::from))
+        .map_err(|source| AdvanceError::ReadNode { node: node_name.clone(), source })?;
+    let talos = match bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await {
+        Ok(Ok(stage)) => TalosObservation::Answered { stage },
+        Ok(Err(e)) if e.is_unreachable() => TalosObservation::Unreachable { error: e.to_string() },
+        Ok(Err(e)) => TalosObservation::Error { error: e.to_string() },
+        Err(timed_out) => TalosObservation::Unreachable { error: timed_out.to_string() },
+    };
+    let labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
+    let storage = observe(ex, &node_name, &labels, &machine.conditions).await?;
+    let etcd_member = if machine.role == MachineRole::ControlPlane && past_upgrade_call(&machine.conditions) {
+        Some(etcd_membership(ex, &machine.address, &node_name).await)
+    } else {
+        None
+    };
+    let observation = node.as_ref().map(node_observation);
+    let spec = MachineSpec { name: machine.name.clone(), role: machine.role };
+    let action = step(&StepInput {
+        machine: &spec,
+        target,
+        node: observation.as_ref(),
+        talos: &talos,
+        conditions: &machine.conditions,
+        storage: &storage,
+        etcd_member: etcd_member.as_ref(),
+        timeouts: &ex.config.step,
+        now: ex.clock.now(),
+    });
+    tracing::debug!(machine = %machine.name, ?action, "step");
+    carry_out(ex, machine, &node_name, node.as_ref(), action).await
+}
+
+async fn node_name(ex: &Executor<'_>, machine: &MachineInfo) -> Result<String, AdvanceError> {
+    if let Some(hostname) = machine.hostname.as_deref().filter(|h| !h.is_empty()) {
+        return Ok(hostname.to_owned());
+    }
+    bounded("read Nodename", ex.config.call_timeout, ex.talos.nodename(&machine.address))
+        .await
+        .map_err(TalosCallError::from)
+        .and_then(|r| r.map_err(TalosCallError::from))
+        .map_err(|source| AdvanceError::ResolveNodename { machine: machine.name.clone(), source })
+}
+
+fn node_observation(node: &NodeInfo) -> NodeObservation {
+    NodeObservation {
+        ready: node.ready,
+        os_image: node.os_image.clone(),
+        boot_id: node.boot_id.clone(),
+        schematic: node.annotations.get(SCHEMATIC_ANNOTATION).cloned(),
+    }
+}
+
+async fn observe(
+    ex: &Executor<'_>,
+    node: &str,
+    labels: &ichor_storage::Labels,
+    conditions: &Conditions,
+) -> Result<StorageObservation, AdvanceError> {
+    bounded("observe storage", ex.config.call_timeout, observe_storage(ex.storage, node, labels, conditions))
+        .await
+        .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
+        .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source })
+}
+
+async fn etcd_membership(ex: &Executor<'_>, address: &str, node_name: &str) -> EtcdMembership {
+    match bounded("etcd members", ex.config.call_timeout, ex.talos.etcd_members(address)).await {
+        Ok(Ok(members)) => match members.iter().find(|m| m.hostname == node_name) {
+            Some(m) if m.is_learner => EtcdMembership::Learner,
+            Some(_) => EtcdMembership::Voter,
+            None => EtcdMembership::Absent,
+        },
+        Ok(Err(e)) => EtcdMembership::Unknown { error: e.to_string() },
+        Err(timed_out) => EtcdMembership::Unknown { error: timed_out.to_string() },
+    }
+}
+
+async fn write_talos_upgrade(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &mut Conditions,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+) -> Result<(), AdvanceError> {
+    conditions.upsert(ConditionUpdate::new(TALOS_UPGRADE, status, reason, message), ex.clock.now());
+    ex.kube.write_conditions(&machine.name, conditions).await?;
+    Ok(())
+}
+
+fn failed(failure: &MachineFailure) -> MachineOutcome {
+    MachineOutcome::Failed { reason: failure.reason().to_owned(), message: failure.to_string() }
+}
+
+async fn carry_out(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    node_name: &str,
+    node: Option<&NodeInfo>,
+    action: Action,
+) -> Result<MachineOutcome, AdvanceError> {
+    let bound = ex.config.call_timeout;
+    let storage_error = |source| AdvanceError::Storage { node: node_name.to_owned(), source };
+    let storage_timeout = |source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source };
+    match action {
+        Action::Converged => Ok(MachineOutcome::Converged),
+        Action::RecordConverged => {
+            let boot = node.map_or("", |n| n.boot_id.as_str());
+            let mut conditions = machine.conditions.clone();
+            let message = format!("verified on the target; boot ID {boot}");
+            write_talos_upgrade(
+                ex,
+                machine,
+                &mut conditions,
+                ConditionStatus::False,
+                upgrade_reason::CONVERGED,
+                message,
+            )
+            .await?;
+            Ok(MachineOutcome::Converged)
+        }
+        Action::Wait { reason, recheck_at } => {
+            Ok(MachineOutcome::Waiting { reason: reason.reason().to_owned(), message: reason.to_string(), recheck_at })
+        }
+        Action::BeginEvacuation => {
+            let now = ex.clock.now();
+            let evacuation = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
+            bounded("begin evacuation", bound, evacuation).await.map_err(storage_timeout)?.map_err(storage_error)?;
+            Ok(MachineOutcome::Progressed { action: "BeginEvacuation" })
+        }
+        Action::EndEvacuation => {
+            end_evacuation(ex, machine, node_name, EvacuationEnd::Ended).await?;
+            Ok(MachineOutcome::Progressed { action: "EndEvacuation" })
+        }
+        Action::FailEndingEvacuation(failure) => {
+            end_evacuation(ex, machine, node_name, EvacuationEnd::TimedOut).await?;
+            Ok(failed(&failure))
+        }
+        Action::Fail(failure) => Ok(failed(&failure)),
+        Action::Upgrade { image, marker } => call_upgrade(ex, machine, image, &marker).await,
+    }
+}
+
+/// Ends the machine's evacuation through the shared definition.
+///
+/// # Errors
+/// The storage call or condition write that failed, or its bound passing.
+pub async fn end_evacuation(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    node_name: &str,
+    end: EvacuationEnd,
+) -> Result<(), AdvanceError> {
+    let now = ex.clock.now();
+    let ending = end_machine_evacuation(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, end, now);
+    bounded("end evacuation", ex.config.call_timeout, ending)
+        .await
+        .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
+        .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source })
+}
+
+/// The intent, the call under its own bound, then the acknowledgement.
+async fn call_upgrade(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    image: String,
+    marker: &UpgradeMarker,
+) -> Result<MachineOutcome, AdvanceError> {
+    let mut conditions = machine.conditions.clone();
+    let intent = marker.to_string();
+    write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::Unknown, upgrade_reason::UPGRADE_INTENT, intent)
+        .await?;
+    let bound = ex.config.step.upgrade_call;
+    let request = UpgradeRequest { image };
+    tracing::info!(machine = %machine.name, image = %request.image, "calling Upgrade");
+    match bounded("Upgrade", bound, ex.talos.upgrade(&machine.address, &request)).await {
+        Ok(Ok(ack)) => {
+            tracing::info!(machine = %machine.name, actor = %ack.actor_id, "Upgrade acknowledged");
+            let message = marker.to_string();
+            write_talos_upgrade(
+                ex,
+                machine,
+                &mut conditions,
+                ConditionStatus::True,
+                upgrade_reason::UPGRADE_REQUESTED,
+                message,
+            )
+            .await?;
+            Ok(MachineOutcome::Progressed { action: "UpgradeRequested" })
+        }
+        Ok(Err(e)) if e.is_unreachable() => {
+            // The call may or may not have reached the node: the intent stays, and the
+            // step reconciles it against the node (boot ID, stage, the call's deadline).
+            Ok(MachineOutcome::Waiting {
+                reason: "IntentUnconfirmed".to_owned(),
+                message: format!("the Upgrade call broke off ({e}); its outcome is read from the node"),
+                recheck_at: Some(marker.call_deadline),
+            })
+        }
+        Ok(Err(e)) => {
+            let failure = MachineFailure::UpgradeRefused(e.to_string());
+            let message = failure.to_string();
+            write_talos_upgrade(
+                ex,
+                machine,
+                &mut conditions,
+                ConditionStatus::False,
+                upgrade_reason::UPGRADE_REFUSED,
+                message,
+            )
+            .await?;
+            Ok(failed(&failure))
+        }
+        Err(timed_out) => {
+            // gRPC carried the deadline to the node, which abandoned the call: nothing
+            // was started. Close the intent and pause.
+            let failure = MachineFailure::UpgradeCallTimedOut(timed_out.bound);
+            let message = failure.to_string();
+            write_talos_upgrade(
+                ex,
+                machine,
+                &mut conditions,
+                ConditionStatus::False,
+                upgrade_reason::UPGRADE_REFUSED,
+                message,
+            )
+            .await?;
+            Ok(failed(&failure))
+        }
+    }
+}
+
+/// Closes what a failed attempt left on a machine so that a resume retries it afresh:
+/// `TalosUpgrade=False/Retry` when an upgrade was recorded in flight.
+///
+/// # Errors
+/// The condition write that failed.
+pub async fn reset_for_retry(ex: &Executor<'_>, machine: &MachineInfo) -> Result<(), AdvanceError> {
+    if !past_upgrade_call(&machine.conditions) {
+        return Ok(());
+    }
+    let mut conditions = machine.conditions.clone();
+    let message = "a person resumed the operation; the failed attempt is closed".to_owned();
+    write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::False, upgrade_reason::RETRY, message).await
+}
+
+/// The time a machine's outcome asks to be looked at again, if any.
+#[must_use]
+pub fn outcome_recheck(outcome: &MachineOutcome, now: Timestamp) -> Option<Timestamp> {
+    match outcome {
+        MachineOutcome::Progressed { .. } => Some(now),
+        MachineOutcome::Waiting { recheck_at, .. } => *recheck_at,
+        MachineOutcome::Converged | MachineOutcome::Failed { .. } => None,
+    }
+}

@@ -1,0 +1,191 @@
+//! The Kubernetes API, as far as the executor needs it: Nodes, the Talos custom resources,
+//! the cluster's Lease and Events. The real implementation is kube-rs in `ichor-adapters`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ichor_storage::ConditionStore;
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::rollout::OperationStatus;
+
+/// A failed Kubernetes API call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeError {
+    /// The API server could not be reached, or answered 5xx or 429.
+    #[error("API server unreachable: {0}")]
+    Unreachable(String),
+    /// A write lost a race (409 Conflict, a stale resourceVersion).
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The object does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// Refused: forbidden, invalid, or anything retrying will not fix.
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+impl KubeError {
+    /// Whether waiting and retrying can succeed.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Unreachable(_) | Self::Conflict(_) => true,
+            Self::NotFound(_) | Self::Refused(_) => false,
+        }
+    }
+}
+
+/// Labels or annotations, by key.
+pub type Metadata = BTreeMap<String, String>;
+
+/// A Node as the executor reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Its name.
+    pub name: String,
+    /// Whether its Ready condition is True.
+    pub ready: bool,
+    /// `status.nodeInfo.osImage`.
+    pub os_image: String,
+    /// `status.nodeInfo.bootID`.
+    pub boot_id: String,
+    /// Its labels.
+    pub labels: Metadata,
+    /// Its annotations.
+    pub annotations: Metadata,
+}
+
+/// A `TalosMachine`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineInfo {
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: MachineRole,
+    /// `spec.hostname`, when set; else the node name comes from Talos's Nodename resource.
+    pub hostname: Option<String>,
+    /// The address the Talos API routes to.
+    pub address: String,
+    /// Its labels.
+    pub labels: Metadata,
+    /// Its annotations.
+    pub annotations: Metadata,
+    /// Its conditions (`TalosUpgrade`, `StorageEvacuation`).
+    pub conditions: Conditions,
+}
+
+/// A `TalosCluster`, as far as an upgrade needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterInfo {
+    /// Its name.
+    pub name: String,
+    /// The release set's Talos version.
+    pub release_talos_version: String,
+    /// The cluster's Kubernetes version.
+    pub kubernetes_version: String,
+    /// The schematic ID the spec names, if any.
+    pub schematic: Option<String>,
+    /// The Image Factory platform.
+    pub platform: String,
+}
+
+/// A `TalosOperation`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationInfo {
+    /// Its name.
+    pub name: String,
+    /// The identity it writes into the cluster's Lease (unique per object).
+    pub identity: String,
+    /// The cluster it operates on.
+    pub cluster: String,
+    /// `metadata.generation`.
+    pub generation: i64,
+    /// Whether its deletion timestamp is set.
+    pub deleting: bool,
+    /// Its annotations.
+    pub annotations: Metadata,
+    /// Its spec.
+    pub spec: OperationSpec,
+    /// Its status.
+    pub status: OperationStatus,
+}
+
+/// The cluster's Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseInfo {
+    /// The holder's identity, if held.
+    pub holder: Option<String>,
+    /// When it was last acquired or renewed.
+    pub renewed_at: Timestamp,
+    /// Its duration.
+    pub duration: Duration,
+    /// Its resourceVersion, the precondition of the next write.
+    pub resource_version: String,
+}
+
+/// A write of the cluster's Lease, made only if the Lease is still at
+/// `expected_resource_version` (`None`: only if no Lease exists).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseWrite {
+    /// The new holder, or `None` to release.
+    pub holder: Option<String>,
+    /// The acquire or renew time.
+    pub renewed_at: Timestamp,
+    /// The duration.
+    pub duration: Duration,
+    /// The precondition.
+    pub expected_resource_version: Option<String>,
+}
+
+/// An Event's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Something normal happened.
+    Normal,
+    /// Something a person should look at.
+    Warning,
+}
+
+/// An Event about an operation or a machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// `TalosOperation` or `TalosMachine`.
+    pub kind: &'static str,
+    /// The object's name.
+    pub name: String,
+    /// Its type.
+    pub type_: EventType,
+    /// CamelCase reason.
+    pub reason: String,
+    /// The message.
+    pub message: String,
+}
+
+/// What the executor asks of the Kubernetes API.
+#[async_trait]
+pub trait KubeApi: ConditionStore {
+    /// A Node, if it exists.
+    async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError>;
+    /// An operation, if it exists.
+    async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError>;
+    /// Whether the operation with this Lease identity still exists.
+    async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
+    /// A cluster.
+    async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError>;
+    /// The machines of a cluster.
+    async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError>;
+    /// The cluster's Lease, if one exists.
+    async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError>;
+    /// Writes the cluster's Lease under its precondition ([`KubeError::Conflict`] if lost).
+    async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError>;
+    /// Writes an operation's status (status subresource).
+    async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError>;
+    /// Removes the operation's finalizer, letting its deletion complete.
+    async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError>;
+    /// Records an Event.
+    async fn event(&self, event: &Event) -> Result<(), KubeError>;
+}

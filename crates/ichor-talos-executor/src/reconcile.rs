@@ -1,0 +1,367 @@
+//! `reconcile`: one pass of one operation. It observes the operation, its cluster, the
+//! Lease and every machine, asks the rollout engine, carries out the decision (the lock
+//! first, then resets, stops and machine steps), and writes the operation's status. It
+//! holds no state between calls: call it again at the returned time, or when something
+//! changes.
+
+use std::collections::BTreeMap;
+
+use futures::future::join_all;
+use ichor_storage::EvacuationEnd;
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::etcd_gate::{self, ControlPlaneReport, Member};
+use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
+use ichor_upgrade_core::rollout::{
+    Decision, EtcdVerdict, LeaseHolder, LockAction, MachineView, OperationView, Phase, RolloutInput, decide,
+};
+use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::talos_step::UpgradeTarget;
+use ichor_upgrade_core::versions::TalosVersion;
+
+use crate::advance::{
+    AdvanceError, Executor, KubeCallError, advance_machine, end_evacuation, machine_past_upgrade_call, outcome_recheck,
+    reset_for_retry,
+};
+use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
+
+/// What one pass came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileOutcome {
+    /// The operation's phase after the pass.
+    pub phase: Phase,
+    /// When to reconcile again at the latest; `None` when only a change can move it.
+    pub requeue_at: Option<Timestamp>,
+    /// The operation is gone, or was finalized in this pass.
+    pub finished: bool,
+}
+
+/// Why a pass could not be carried out. Machine-level trouble never lands here: it is a
+/// machine's wait or failure in the status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReconcileError {
+    /// The operation could not be read.
+    #[error("reading operation {name}: {source}")]
+    ReadOperation {
+        /// The operation.
+        name: String,
+        /// The cause.
+        #[source]
+        source: KubeCallError,
+    },
+    /// The cluster, its machines or its Lease could not be read.
+    #[error("reading cluster {cluster}: {source}")]
+    ReadCluster {
+        /// The cluster.
+        cluster: String,
+        /// The cause.
+        #[source]
+        source: KubeCallError,
+    },
+    /// The Lease could not be written (a lost race is a conflict: transient).
+    #[error("writing the Lease of cluster {cluster}: {source}")]
+    WriteLease {
+        /// The cluster.
+        cluster: String,
+        /// The cause.
+        #[source]
+        source: KubeCallError,
+    },
+    /// The operation's status or finalizer could not be written.
+    #[error("writing operation {name}: {source}")]
+    WriteOperation {
+        /// The operation.
+        name: String,
+        /// The cause.
+        #[source]
+        source: KubeCallError,
+    },
+}
+
+impl ReconcileError {
+    /// Whether waiting and retrying can succeed.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::ReadOperation { source, .. }
+            | Self::ReadCluster { source, .. }
+            | Self::WriteLease { source, .. }
+            | Self::WriteOperation { source, .. } => source.is_transient(),
+        }
+    }
+}
+
+async fn kube_call<T>(
+    ex: &Executor<'_>,
+    call: &'static str,
+    future: impl Future<Output = Result<T, KubeError>>,
+) -> Result<T, KubeCallError> {
+    match tokio::time::timeout(ex.config.call_timeout, future).await {
+        Ok(result) => result.map_err(KubeCallError::from),
+        Err(_) => Err(crate::advance::CallTimedOut { call, bound: ex.config.call_timeout }.into()),
+    }
+}
+
+/// A machine with its Node, as observed in this pass.
+struct Observed {
+    machine: MachineInfo,
+    node_name: Option<String>,
+    node: Option<NodeInfo>,
+}
+
+/// One pass of the operation `name`.
+///
+/// # Errors
+/// A [`ReconcileError`] when the operation, its cluster or its Lease could not be read or
+/// written; nothing after the failed call was done.
+pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome, ReconcileError> {
+    let read_op = |source| ReconcileError::ReadOperation { name: name.to_owned(), source };
+    let Some(op) = kube_call(ex, "read operation", ex.kube.operation(name)).await.map_err(read_op)? else {
+        return Ok(ReconcileOutcome { phase: Phase::Completed, requeue_at: None, finished: true });
+    };
+    let read_cluster = |source| ReconcileError::ReadCluster { cluster: op.cluster.clone(), source };
+    let cluster = kube_call(ex, "read cluster", ex.kube.cluster(&op.cluster)).await.map_err(read_cluster)?;
+    let machines = kube_call(ex, "list machines", ex.kube.machines(&op.cluster)).await.map_err(read_cluster)?;
+    let lease = kube_call(ex, "read Lease", ex.kube.lease(&op.cluster)).await.map_err(read_cluster)?;
+    let holder = match lease.as_ref().and_then(|l| l.holder.clone().map(|h| (h, l))) {
+        Some((identity, l)) => {
+            let exists = identity == op.identity
+                || kube_call(ex, "read Lease holder", ex.kube.operation_exists(&identity))
+                    .await
+                    .map_err(read_cluster)?;
+            Some(LeaseHolder { identity, renewed_at: l.renewed_at, lease_duration: l.duration, holder_exists: exists })
+        }
+        None => None,
+    };
+
+    let observed = observe_machines(ex, machines).await;
+    let status = op.status.clone().for_generation(op.generation);
+    let views: Vec<MachineView> = observed
+        .iter()
+        .map(|o| {
+            let held = o.machine.annotations.contains_key(HOLD_ANNOTATION)
+                || o.node.as_ref().is_some_and(|n| n.annotations.contains_key(HOLD_ANNOTATION));
+            MachineView {
+                name: o.machine.name.clone(),
+                role: o.machine.role,
+                order_label: o.machine.labels.get(ORDER_LABEL).cloned(),
+                held,
+                node_ready: o.node.as_ref().is_some_and(|n| n.ready),
+                progress: status.progress_of(&o.machine.name, machine_past_upgrade_call(&o.machine)),
+            }
+        })
+        .collect();
+    let view = OperationView {
+        identity: op.identity.clone(),
+        generation: op.generation,
+        deleting: op.deleting,
+        resume_token: op.annotations.get(RESUME_ANNOTATION).cloned(),
+        spec: op.spec.clone(),
+        status: status.clone(),
+    };
+    let now = ex.clock.now();
+    let decide_with = |etcd: &EtcdVerdict| {
+        decide(&RolloutInput {
+            operation: &view,
+            release_talos_version: &cluster.release_talos_version,
+            lease: holder.as_ref(),
+            machines: &views,
+            etcd,
+            config: &ex.config.rollout,
+            now,
+        })
+    };
+    let mut decision = decide_with(&EtcdVerdict::NotChecked);
+    if decision.check_etcd {
+        let verdict = gather_etcd_gate(ex, &observed).await;
+        decision = decide_with(&verdict);
+    }
+
+    write_lock(ex, &op.cluster, &op.identity, lease.as_ref(), &decision, now).await?;
+    if matches!(decision.lock, LockAction::Acquire { .. }) {
+        let next = status.next(op.generation, &decision, &[]);
+        write_status(ex, name, &next).await?;
+        return Ok(ReconcileOutcome { phase: next.phase, requeue_at: decision.recheck_at, finished: false });
+    }
+
+    let by_name: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.machine.name.as_str(), o)).collect();
+    let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
+    for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
+        if let Err(e) = reset_for_retry(ex, &machine.machine).await {
+            outcomes.push((machine.machine.name.clone(), e.outcome()));
+        }
+    }
+    for machine in decision.stop.iter().filter_map(|n| by_name.get(n.as_str())) {
+        if let Err(e) = stop_machine(ex, machine).await {
+            outcomes.push((machine.machine.name.clone(), e.outcome()));
+        }
+    }
+    let target = upgrade_target(&cluster);
+    let moving: Vec<&Observed> =
+        decision.start.iter().chain(&decision.advance).filter_map(|n| by_name.get(n.as_str()).copied()).collect();
+    let advanced = join_all(moving.iter().map(|o| async {
+        let outcome = match &target {
+            Ok(target) => advance_machine(ex, &op.spec.kind, &o.machine, target).await.unwrap_or_else(|e| e.outcome()),
+            Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
+        };
+        (o.machine.name.clone(), outcome)
+    }))
+    .await;
+    outcomes.extend(advanced);
+
+    let next = status.next(op.generation, &decision, &outcomes);
+    emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
+    write_status(ex, name, &next).await?;
+    if decision.finalized {
+        let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
+        kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
+    }
+    let requeue_at =
+        outcomes.iter().map(|(_, o)| outcome_recheck(o, now)).fold(decision.recheck_at, Timestamp::min_opt);
+    Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
+}
+
+/// The target every machine is upgraded to: the release set's version (the engine has
+/// already refused any other) and the cluster's image settings.
+fn upgrade_target(cluster: &ClusterInfo) -> Result<UpgradeTarget, String> {
+    let version = TalosVersion::parse(&cluster.release_talos_version).map_err(|e| e.to_string())?;
+    Ok(UpgradeTarget {
+        version,
+        schematic: cluster.schematic.clone(),
+        platform: cluster.platform.clone(),
+        kubernetes_version: cluster.kubernetes_version.clone(),
+    })
+}
+
+/// Reads each machine's Node. A machine whose node name or Node cannot be read counts as
+/// not Ready: the engine then neither starts it nor counts on it.
+async fn observe_machines(ex: &Executor<'_>, machines: Vec<MachineInfo>) -> Vec<Observed> {
+    join_all(machines.into_iter().map(|machine| async move {
+        let node_name = match machine.hostname.clone().filter(|h| !h.is_empty()) {
+            Some(hostname) => Some(hostname),
+            None => tokio::time::timeout(ex.config.call_timeout, ex.talos.nodename(&machine.address))
+                .await
+                .ok()
+                .and_then(Result::ok),
+        };
+        let node = match &node_name {
+            Some(n) => kube_call(ex, "read Node", ex.kube.node(n)).await.ok().flatten(),
+            None => None,
+        };
+        Observed { machine, node_name, node }
+    }))
+    .await
+}
+
+/// Gathers the etcd gate from every control plane.
+async fn gather_etcd_gate(ex: &Executor<'_>, observed: &[Observed]) -> EtcdVerdict {
+    let control_planes: Vec<&Observed> =
+        observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane).collect();
+    let reports = join_all(control_planes.iter().map(|o| async {
+        let node = o.node_name.clone().unwrap_or_else(|| o.machine.name.clone());
+        let members =
+            match tokio::time::timeout(ex.config.call_timeout, ex.talos.etcd_members(&o.machine.address)).await {
+                Ok(Ok(members)) => Ok(members
+                    .into_iter()
+                    .map(|m| Member { id: m.id, name: m.hostname, is_learner: m.is_learner })
+                    .collect()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {:?}", ex.config.call_timeout)),
+            };
+        ControlPlaneReport { node, members }
+    }))
+    .await;
+    etcd_gate::verdict(&reports)
+}
+
+/// Writes the Lease as the decision says, under the observed resourceVersion.
+async fn write_lock(
+    ex: &Executor<'_>,
+    cluster: &str,
+    identity: &str,
+    lease: Option<&LeaseInfo>,
+    decision: &Decision,
+    now: Timestamp,
+) -> Result<(), ReconcileError> {
+    let holder = match decision.lock {
+        LockAction::Acquire { .. } | LockAction::Renew => Some(identity.to_owned()),
+        LockAction::Release => None,
+        LockAction::Keep | LockAction::Leave => return Ok(()),
+    };
+    let write = LeaseWrite {
+        holder,
+        renewed_at: now,
+        duration: ex.config.rollout.lease_duration,
+        expected_resource_version: lease.map(|l| l.resource_version.clone()),
+    };
+    kube_call(ex, "write Lease", ex.kube.write_lease(cluster, &write))
+        .await
+        .map_err(|source| ReconcileError::WriteLease { cluster: cluster.to_owned(), source })
+}
+
+/// A machine interrupted before its Upgrade call: its evacuation, if open, is ended.
+async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceError> {
+    if !o.machine.conditions.is_true(STORAGE_EVACUATION) {
+        return Ok(());
+    }
+    let node = o.node_name.clone().unwrap_or_else(|| o.machine.name.clone());
+    end_evacuation(ex, &o.machine, &node, EvacuationEnd::Ended).await
+}
+
+async fn write_status(
+    ex: &Executor<'_>,
+    name: &str,
+    status: &ichor_upgrade_core::rollout::OperationStatus,
+) -> Result<(), ReconcileError> {
+    kube_call(ex, "write operation status", ex.kube.write_operation_status(name, status))
+        .await
+        .map_err(|source| ReconcileError::WriteOperation { name: name.to_owned(), source })
+}
+
+/// Events are best effort: a failed Event never fails the pass.
+async fn emit_events(
+    ex: &Executor<'_>,
+    operation: &str,
+    before: &Phase,
+    after: &Phase,
+    decision: &Decision,
+    outcomes: &[(String, MachineOutcome)],
+) {
+    let mut events = Vec::new();
+    for warning in &decision.warnings {
+        events.push(Event {
+            kind: "TalosOperation",
+            name: operation.to_owned(),
+            type_: EventType::Warning,
+            reason: warning.reason().to_owned(),
+            message: warning.to_string(),
+        });
+    }
+    for (machine, outcome) in outcomes {
+        let (type_, reason, message) = match outcome {
+            MachineOutcome::Failed { reason, message } => (EventType::Warning, reason.clone(), message.clone()),
+            MachineOutcome::Progressed { action } => (EventType::Normal, (*action).to_owned(), String::new()),
+            MachineOutcome::Converged => (EventType::Normal, "Converged".to_owned(), "on the target".to_owned()),
+            MachineOutcome::Waiting { .. } => continue,
+        };
+        events.push(Event { kind: "TalosMachine", name: machine.clone(), type_, reason, message });
+    }
+    if before.reason() != after.reason() {
+        let type_ = match after {
+            Phase::Paused(_) | Phase::Refused(_) => EventType::Warning,
+            Phase::Pending | Phase::Progressing | Phase::Waiting(_) | Phase::Completed => EventType::Normal,
+        };
+        events.push(Event {
+            kind: "TalosOperation",
+            name: operation.to_owned(),
+            type_,
+            reason: after.reason().to_owned(),
+            message: after.to_string(),
+        });
+    }
+    for event in events {
+        if let Err(e) = kube_call(ex, "record Event", ex.kube.event(&event)).await {
+            tracing::warn!(reason = %event.reason, error = %e, "could not record an Event");
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The Talos machine API, as far as the executor needs it.
+//!
+//! Every method names the machine to reach by `node`: the address the Talos API routes to
+//! (apid's `node` metadata key). The real implementation is a tonic client over mutual TLS
+//! in `ichor-adapters`; the simulated cluster implements it too.
+
+use async_trait::async_trait;
+use ichor_upgrade_core::talos_step::MachineStage;
+
+/// A failed Talos API call, classified the way the executor acts on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TalosError {
+    /// No connection could be made: the request never reached the node.
+    #[error("dial: {0}")]
+    Dial(String),
+    /// The connection broke during the call: the node may or may not have received it.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// The API answered with an error (a gRPC status, or `metadata.error` in the reply).
+    #[error("{code}: {message}")]
+    Answered {
+        /// The gRPC status code's name, such as `FailedPrecondition`.
+        code: String,
+        /// The message.
+        message: String,
+    },
+}
+
+impl TalosError {
+    /// Whether the node could not be reached (a dial or transport error): after an Upgrade
+    /// call this means "still rebooting".
+    #[must_use]
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Self::Dial(_) | Self::Transport(_) => true,
+            Self::Answered { .. } => false,
+        }
+    }
+}
+
+/// The legacy `MachineService.Upgrade` request. It has no `force` and no `preserve`: the
+/// executor never sets them, so the node runs its own etcd pre-check and nothing is wiped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeRequest {
+    /// The installer image.
+    pub image: String,
+}
+
+/// The node's acknowledgement of an Upgrade call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeAck {
+    /// The acknowledgement text (`Upgrade request received`).
+    pub ack: String,
+    /// The actor ID the node gave the upgrade.
+    pub actor_id: String,
+}
+
+/// One etcd member, from `EtcdMemberList`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdMember {
+    /// The member ID.
+    pub id: u64,
+    /// The member's name: the node's short hostname.
+    pub hostname: String,
+    /// Whether it is a learner.
+    pub is_learner: bool,
+}
+
+/// What the executor asks of the Talos API.
+#[async_trait]
+pub trait TalosApi: Send + Sync {
+    /// The node's Kubernetes node name, from its `Nodenames.kubernetes.talos.dev` resource.
+    async fn nodename(&self, node: &str) -> Result<String, TalosError>;
+    /// The machine's stage, from its `MachineStatuses.runtime.talos.dev` resource.
+    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError>;
+    /// `MachineService.Upgrade`. Blocks while the node pulls and checks the installer.
+    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
+    /// The etcd member list, as the node sees it.
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
+}

@@ -1,0 +1,143 @@
+//! The engine's own etcd gate (DESIGN §3 rule 3), as a pure verdict over what every
+//! control plane reported.
+//!
+//! Talos's pre-upgrade check refuses only a two-member cluster and looks at neither
+//! learners nor alarms, so the engine decides itself. This verdict covers the member
+//! lists: one member per control plane, every list readable and the same on every node,
+//! no learner. Statuses (errors, one agreed leader) and alarms join it with the real
+//! Talos adapter.
+
+use std::collections::BTreeSet;
+
+use crate::rollout::EtcdVerdict;
+
+/// One etcd member as a control plane lists it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Member {
+    /// The member ID.
+    pub id: u64,
+    /// The member's name (the node's hostname).
+    pub name: String,
+    /// Whether it is a learner.
+    pub is_learner: bool,
+}
+
+/// What one control plane reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneReport {
+    /// The control plane's node name (its etcd member's name).
+    pub node: String,
+    /// Its member list, or why it could not be read.
+    pub members: Result<Vec<Member>, String>,
+}
+
+/// The gate's verdict: [`EtcdVerdict::Healthy`] only when every control plane answered,
+/// all lists agree, every control plane has exactly one member, there is no other member
+/// and none is a learner. Otherwise [`EtcdVerdict::Unhealthy`] naming the first problem.
+#[must_use]
+pub fn verdict(reports: &[ControlPlaneReport]) -> EtcdVerdict {
+    let unhealthy = |reason: String| EtcdVerdict::Unhealthy { reason };
+    let Some(first) = reports.first() else {
+        return unhealthy("no control plane to ask".to_owned());
+    };
+    let mut reference: Option<(&str, BTreeSet<&Member>)> = None;
+    for report in reports {
+        let members = match &report.members {
+            Ok(members) => members.iter().collect::<BTreeSet<_>>(),
+            Err(error) => return unhealthy(format!("{}: member list unreadable: {error}", report.node)),
+        };
+        match &reference {
+            None => reference = Some((report.node.as_str(), members)),
+            Some((node, seen)) if *seen != members => {
+                return unhealthy(format!("member lists differ between {node} and {}", report.node));
+            }
+            Some(_) => {}
+        }
+    }
+    let (_, members) = reference.unwrap_or((first.node.as_str(), BTreeSet::new()));
+    if let Some(learner) = members.iter().find(|m| m.is_learner) {
+        return unhealthy(format!("member {} ({:016x}) is a learner", learner.name, learner.id));
+    }
+    for report in reports {
+        let count = members.iter().filter(|m| m.name == report.node).count();
+        if count != 1 {
+            return unhealthy(format!("control plane {} has {count} etcd members, not one", report.node));
+        }
+    }
+    if members.len() != reports.len() {
+        return unhealthy(format!("{} etcd members for {} control planes", members.len(), reports.len()));
+    }
+    EtcdVerdict::Healthy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, name: &str) -> Member {
+        Member { id, name: name.into(), is_learner: false }
+    }
+
+    fn healthy_three() -> Vec<ControlPlaneReport> {
+        let members = vec![member(1, "cp-1"), member(2, "cp-2"), member(3, "cp-3")];
+        ["cp-1", "cp-2", "cp-3"]
+            .iter()
+            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(members.clone()) })
+            .collect()
+    }
+
+    #[test]
+    fn one_voting_member_per_control_plane_everywhere_is_healthy() {
+        assert_eq!(verdict(&healthy_three()), EtcdVerdict::Healthy);
+    }
+
+    #[test]
+    fn an_unreadable_list_fails_naming_the_node() {
+        let mut reports = healthy_three();
+        reports[1].members = Err("connection refused".into());
+        assert_eq!(
+            verdict(&reports),
+            EtcdVerdict::Unhealthy { reason: "cp-2: member list unreadable: connection refused".into() }
+        );
+    }
+
+    #[test]
+    fn a_learner_fails() {
+        let mut reports = healthy_three();
+        for r in &mut reports {
+            r.members.as_mut().unwrap()[2].is_learner = true;
+        }
+        let EtcdVerdict::Unhealthy { reason } = verdict(&reports) else { panic!() };
+        assert!(reason.contains("cp-3") && reason.contains("learner"), "{reason}");
+    }
+
+    #[test]
+    fn a_missing_or_extra_member_fails() {
+        let two = vec![member(1, "cp-1"), member(2, "cp-2")];
+        let reports: Vec<_> = ["cp-1", "cp-2", "cp-3"]
+            .iter()
+            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(two.clone()) })
+            .collect();
+        assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("cp-3 has 0")));
+        let four = vec![member(1, "cp-1"), member(2, "cp-2"), member(3, "cp-3"), member(4, "old-cp")];
+        let reports: Vec<_> = ["cp-1", "cp-2", "cp-3"]
+            .iter()
+            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(four.clone()) })
+            .collect();
+        assert!(
+            matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("4 etcd members for 3"))
+        );
+    }
+
+    #[test]
+    fn lists_that_disagree_fail() {
+        let mut reports = healthy_three();
+        reports[2].members.as_mut().unwrap()[0].id = 99;
+        assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("differ")));
+    }
+
+    #[test]
+    fn no_control_plane_is_not_healthy() {
+        assert!(matches!(verdict(&[]), EtcdVerdict::Unhealthy { .. }));
+    }
+}

@@ -1,0 +1,238 @@
+//! The operation's status between passes: what it knows of each machine it started, how
+//! that becomes the rollout engine's [`MachineProgress`], and the next status from a
+//! decision and the machines' outcomes. Pure, so the reconcile driver only moves data.
+
+use serde::{Deserialize, Serialize};
+
+use crate::rollout::{Decision, FailedMachine, MachineProgress, OperationStatus, PauseReason, Phase};
+use crate::time::Timestamp;
+
+/// Where a started machine stands, as the operation records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordState {
+    /// Started, not converged.
+    InProgress,
+    /// Verified on the target.
+    Converged,
+    /// Failed; the operation is paused.
+    Failed,
+}
+
+/// One machine's entry in the operation's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineRecord {
+    /// Where it stands.
+    pub state: RecordState,
+    /// The last CamelCase reason (a wait, a failure, an action).
+    pub reason: String,
+    /// The last message.
+    pub message: String,
+    /// When it asked to be looked at again, if it is waiting on a deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recheck_at: Option<Timestamp>,
+}
+
+/// What advancing one machine one step came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MachineOutcome {
+    /// An action was carried out (a write or a call); observe again at once.
+    Progressed {
+        /// The action's CamelCase name.
+        action: &'static str,
+    },
+    /// Nothing to do until something changes or `recheck_at`.
+    Waiting {
+        /// CamelCase reason.
+        reason: String,
+        /// Why, for people.
+        message: String,
+        /// When to look again at the latest.
+        recheck_at: Option<Timestamp>,
+    },
+    /// On the target and verified.
+    Converged,
+    /// Failed: the operation pauses.
+    Failed {
+        /// CamelCase reason.
+        reason: String,
+        /// Why, for people.
+        message: String,
+    },
+}
+
+impl OperationStatus {
+    /// The engine's view of a machine: its record, or, with none, whether its conditions
+    /// show an Upgrade call in flight (left by an earlier operation or controller); such a
+    /// machine is observed to the end, never treated as not started.
+    #[must_use]
+    pub fn progress_of(&self, machine: &str, past_upgrade_call: bool) -> MachineProgress {
+        match self.machines.get(machine).map(|r| (r.state, r)) {
+            Some((RecordState::Converged, _)) => MachineProgress::Converged,
+            Some((RecordState::Failed, record)) => MachineProgress::Failed { reason: record.message.clone() },
+            Some((RecordState::InProgress, _)) => MachineProgress::InProgress { past_upgrade_call },
+            None if past_upgrade_call => MachineProgress::InProgress { past_upgrade_call: true },
+            None => MachineProgress::Pending,
+        }
+    }
+
+    /// The status to read for `generation`: when the spec changed since the status was
+    /// written, converged records no longer prove anything and are dropped (the executor
+    /// re-verifies each machine, at no cost for one already on the target).
+    #[must_use]
+    pub fn for_generation(mut self, generation: i64) -> Self {
+        if self.observed_generation.is_some_and(|g| g != generation) {
+            self.machines.retain(|_, r| r.state != RecordState::Converged);
+        }
+        self
+    }
+
+    /// The status after carrying out `decision`, with the outcome of each machine advanced.
+    /// A failure among the outcomes pauses at once, naming every failed machine.
+    #[must_use]
+    pub fn next(&self, generation: i64, decision: &Decision, outcomes: &[(String, MachineOutcome)]) -> Self {
+        let mut next = self.clone().for_generation(generation);
+        next.observed_generation = Some(generation);
+        if let Some(token) = &decision.acknowledge_resume {
+            next.observed_resume = Some(token.clone());
+        }
+        for name in decision.retry.iter().chain(&decision.stop) {
+            next.machines.remove(name);
+        }
+        for (name, outcome) in outcomes {
+            let record = match outcome {
+                MachineOutcome::Progressed { action } => MachineRecord {
+                    state: RecordState::InProgress,
+                    reason: (*action).to_owned(),
+                    message: String::new(),
+                    recheck_at: None,
+                },
+                MachineOutcome::Waiting { reason, message, recheck_at } => MachineRecord {
+                    state: RecordState::InProgress,
+                    reason: reason.clone(),
+                    message: message.clone(),
+                    recheck_at: *recheck_at,
+                },
+                MachineOutcome::Converged => MachineRecord {
+                    state: RecordState::Converged,
+                    reason: "Converged".to_owned(),
+                    message: String::new(),
+                    recheck_at: None,
+                },
+                MachineOutcome::Failed { reason, message } => MachineRecord {
+                    state: RecordState::Failed,
+                    reason: reason.clone(),
+                    message: message.clone(),
+                    recheck_at: None,
+                },
+            };
+            next.machines.insert(name.clone(), record);
+        }
+        let failed: Vec<FailedMachine> = next
+            .machines
+            .iter()
+            .filter(|(_, r)| r.state == RecordState::Failed)
+            .map(|(name, r)| FailedMachine { name: name.clone(), reason: r.message.clone() })
+            .collect();
+        let newly_failed = outcomes.iter().any(|(_, o)| matches!(o, MachineOutcome::Failed { .. }));
+        next.phase = if newly_failed {
+            Phase::Paused(PauseReason::MachineFailed { machines: failed })
+        } else {
+            decision.phase.clone()
+        };
+        next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::LockAction;
+
+    fn record(state: RecordState) -> MachineRecord {
+        MachineRecord { state, reason: "R".into(), message: "m".into(), recheck_at: None }
+    }
+
+    fn decision(phase: Phase) -> Decision {
+        Decision {
+            lock: LockAction::Keep,
+            retry: vec![],
+            start: vec![],
+            advance: vec![],
+            stop: vec![],
+            phase,
+            held: vec![],
+            warnings: vec![],
+            acknowledge_resume: None,
+            check_etcd: false,
+            finalized: false,
+            recheck_at: None,
+        }
+    }
+
+    #[test]
+    fn progress_comes_from_the_record_or_the_machines_conditions() {
+        let mut status = OperationStatus::default();
+        status.machines.insert("a".into(), record(RecordState::Converged));
+        status.machines.insert("b".into(), record(RecordState::Failed));
+        status.machines.insert("c".into(), record(RecordState::InProgress));
+        assert_eq!(status.progress_of("a", false), MachineProgress::Converged);
+        assert_eq!(status.progress_of("b", true), MachineProgress::Failed { reason: "m".into() });
+        assert_eq!(status.progress_of("c", true), MachineProgress::InProgress { past_upgrade_call: true });
+        assert_eq!(status.progress_of("d", false), MachineProgress::Pending);
+        assert_eq!(
+            status.progress_of("d", true),
+            MachineProgress::InProgress { past_upgrade_call: true },
+            "a call in flight from an earlier controller is observed, not ignored"
+        );
+    }
+
+    #[test]
+    fn a_new_generation_drops_converged_records_only() {
+        let mut status = OperationStatus { observed_generation: Some(1), ..OperationStatus::default() };
+        status.machines.insert("a".into(), record(RecordState::Converged));
+        status.machines.insert("b".into(), record(RecordState::InProgress));
+        let same = status.clone().for_generation(1);
+        assert_eq!(same.machines.len(), 2);
+        let next = status.for_generation(2);
+        assert_eq!(next.machines.keys().collect::<Vec<_>>(), vec!["b"]);
+    }
+
+    #[test]
+    fn outcomes_are_recorded_and_a_failure_pauses_at_once() {
+        let status = OperationStatus::default();
+        let outcomes = vec![
+            ("a".to_owned(), MachineOutcome::Converged),
+            (
+                "b".to_owned(),
+                MachineOutcome::Waiting { reason: "Rebooting".into(), message: "m".into(), recheck_at: None },
+            ),
+            ("c".to_owned(), MachineOutcome::Failed { reason: "AbFallback".into(), message: "booted v1.14.3".into() }),
+        ];
+        let next = status.next(3, &decision(Phase::Progressing), &outcomes);
+        assert_eq!(next.observed_generation, Some(3));
+        assert_eq!(next.machines["a"].state, RecordState::Converged);
+        assert_eq!(next.machines["b"].state, RecordState::InProgress);
+        assert_eq!(
+            next.phase,
+            Phase::Paused(PauseReason::MachineFailed {
+                machines: vec![FailedMachine { name: "c".into(), reason: "booted v1.14.3".into() }]
+            })
+        );
+    }
+
+    #[test]
+    fn retry_and_stop_clear_records_and_a_resume_is_remembered() {
+        let mut status = OperationStatus::default();
+        status.machines.insert("failed".into(), record(RecordState::Failed));
+        status.machines.insert("stopped".into(), record(RecordState::InProgress));
+        let mut d = decision(Phase::Progressing);
+        d.retry = vec!["failed".into()];
+        d.stop = vec!["stopped".into()];
+        d.acknowledge_resume = Some("t1".into());
+        let next = status.next(1, &d, &[]);
+        assert!(next.machines.is_empty());
+        assert_eq!(next.observed_resume.as_deref(), Some("t1"));
+        assert_eq!(next.phase, Phase::Progressing);
+    }
+}
