@@ -1,0 +1,557 @@
+//! mockall tests of `advance_machine`: one per action the step can return, and the call
+//! bounds. Time is tokio's paused clock, so bounds are exact and nothing sleeps for real.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
+use ichor_talos_executor::advance::{AdvanceError, Executor, advance_machine};
+use ichor_talos_executor::kube_api::{
+    ClusterInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+};
+use ichor_talos_executor::talos_api::{EtcdMember, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_talos_executor::{Clock, ExecutorConfig};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::rollout::OperationStatus;
+use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
+use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade};
+use ichor_upgrade_core::versions::TalosVersion;
+use mockall::mock;
+use mockall::predicate::eq;
+
+const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+const BOOT_BEFORE: &str = "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11";
+const BOOT_AFTER: &str = "7e2d9c40-13b1-4c8f-8d7e-52a0c6f1e3b2";
+const NOW: Timestamp = Timestamp::from_unix_secs(1_000);
+
+mock! {
+    Talos {}
+    #[async_trait]
+    impl TalosApi for Talos {
+        async fn nodename(&self, node: &str) -> Result<String, TalosError>;
+        async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError>;
+        async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
+        async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
+    }
+}
+
+mock! {
+    Kube {}
+    #[async_trait]
+    impl ConditionStore for Kube {
+        async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
+    }
+    #[async_trait]
+    impl KubeApi for Kube {
+        async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError>;
+        async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError>;
+        async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
+        async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError>;
+        async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError>;
+        async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError>;
+        async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError>;
+        async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError>;
+        async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError>;
+        async fn event(&self, event: &Event) -> Result<(), KubeError>;
+    }
+}
+
+mock! {
+    Storage {}
+    #[async_trait]
+    impl StorageApi for Storage {
+        async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
+        async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
+        async fn request_evacuation(&self, node: &str) -> Result<(), StorageError>;
+        async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
+    }
+}
+
+struct FixedClock;
+
+impl Clock for FixedClock {
+    fn now(&self) -> Timestamp {
+        NOW
+    }
+}
+
+/// A Talos API whose Upgrade and stage calls take a while before answering as the mock says.
+struct Slow {
+    inner: MockTalos,
+    upgrade_takes: Duration,
+    stage_takes: Duration,
+}
+
+#[async_trait]
+impl TalosApi for Slow {
+    async fn nodename(&self, node: &str) -> Result<String, TalosError> {
+        self.inner.nodename(node).await
+    }
+    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
+        tokio::time::sleep(self.stage_takes).await;
+        self.inner.machine_stage(node).await
+    }
+    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        tokio::time::sleep(self.upgrade_takes).await;
+        self.inner.upgrade(node, request).await
+    }
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        self.inner.etcd_members(node).await
+    }
+}
+
+fn target() -> UpgradeTarget {
+    UpgradeTarget {
+        version: TalosVersion::parse("v1.14.4").unwrap(),
+        schematic: None,
+        platform: "metal".into(),
+        kubernetes_version: "1.34.1".into(),
+    }
+}
+
+fn machine(role: MachineRole) -> MachineInfo {
+    MachineInfo {
+        name: "m-worker-1".into(),
+        role,
+        hostname: Some("worker-1".into()),
+        address: "10.0.0.21".into(),
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        conditions: Conditions::new(),
+    }
+}
+
+fn node(os_image: &str, boot_id: &str, ready: bool) -> NodeInfo {
+    NodeInfo {
+        name: "worker-1".into(),
+        ready,
+        os_image: os_image.into(),
+        boot_id: boot_id.into(),
+        labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
+        annotations: [("extensions.talos.dev/schematic".to_owned(), SCHEMATIC.to_owned())].into(),
+    }
+}
+
+fn marker(boot_id: &str) -> String {
+    UpgradeMarker {
+        target: TalosVersion::parse("v1.14.4").unwrap(),
+        boot_id: boot_id.into(),
+        call_deadline: NOW.saturating_add(Duration::from_secs(600)),
+    }
+    .to_string()
+}
+
+fn with_condition(
+    mut m: MachineInfo,
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: &str,
+) -> MachineInfo {
+    m.conditions.upsert(ConditionUpdate::new(type_, status, reason, message), Timestamp::from_unix_secs(900));
+    m
+}
+
+/// Mocks for a node in a given state; writes are captured.
+struct World {
+    talos: MockTalos,
+    kube: MockKube,
+    storage: MockStorage,
+    writes: Arc<Mutex<Vec<Conditions>>>,
+}
+
+impl World {
+    fn new(node_info: Option<NodeInfo>, stage: Result<MachineStage, TalosError>) -> Self {
+        let mut talos = MockTalos::new();
+        talos.expect_machine_stage().with(eq("10.0.0.21")).returning(move |_| stage.clone());
+        let mut kube = MockKube::new();
+        kube.expect_node().with(eq("worker-1")).returning(move |_| Ok(node_info.clone()));
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let captured = Arc::clone(&writes);
+        kube.expect_write_conditions().returning(move |machine, conditions| {
+            assert_eq!(machine, "m-worker-1");
+            captured.lock().unwrap().push(conditions.clone());
+            Ok(())
+        });
+        let mut storage = MockStorage::new();
+        storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+        Self { talos, kube, storage, writes }
+    }
+
+    /// Status and reason of `type_` in each write, in order.
+    fn written_of(&self, type_: &str) -> Vec<(ConditionStatus, String)> {
+        self.writes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let condition = c.get(type_).unwrap_or_else(|| panic!("a write without {type_}"));
+                (condition.status, condition.reason.clone())
+            })
+            .collect()
+    }
+
+    /// `TalosUpgrade` in each write.
+    fn written(&self) -> Vec<(ConditionStatus, String)> {
+        self.written_of(TALOS_UPGRADE)
+    }
+}
+
+async fn run(
+    talos: &dyn TalosApi,
+    world: &World,
+    m: &MachineInfo,
+    config: &ExecutorConfig,
+) -> Result<MachineOutcome, AdvanceError> {
+    let ex = Executor { talos, kube: &world.kube, storage: &world.storage, clock: &FixedClock, config };
+    advance_machine(&ex, "talos", m, &target()).await
+}
+
+#[tokio::test]
+async fn kinds_other_than_talos_are_errors_and_touch_nothing() {
+    let (talos, kube, storage) = (MockTalos::new(), MockKube::new(), MockStorage::new());
+    let config = ExecutorConfig::default();
+    let ex = Executor { talos: &talos, kube: &kube, storage: &storage, clock: &FixedClock, config: &config };
+    for kind in ["kubernetes", "ichor"] {
+        let err = advance_machine(&ex, kind, &machine(MachineRole::Worker), &target()).await.unwrap_err();
+        assert_eq!(err, AdvanceError::UnsupportedKind(kind.into()));
+        assert!(!err.is_transient());
+    }
+}
+
+#[tokio::test]
+async fn already_on_target_converges_with_no_write_and_no_call() {
+    let world = World::new(Some(node("Talos (v1.14.4)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Converged);
+    assert!(world.written().is_empty());
+}
+
+#[tokio::test]
+async fn the_upgrade_call_writes_the_intent_calls_with_the_factory_image_then_records_the_ack() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let writes = Arc::clone(&world.writes);
+    world
+        .talos
+        .expect_upgrade()
+        .withf(|node, request| {
+            node == "10.0.0.21" && request.image == format!("factory.talos.dev/metal-installer/{SCHEMATIC}:v1.14.4")
+        })
+        .times(1)
+        .returning(move |_, _| {
+            let intent = writes.lock().unwrap().last().cloned().expect("intent written before the call");
+            let c = intent.get(TALOS_UPGRADE).unwrap();
+            assert_eq!((c.status, c.reason.as_str()), (ConditionStatus::Unknown, upgrade::UPGRADE_INTENT));
+            Ok(UpgradeAck { ack: "Upgrade request received".into(), actor_id: "a-1".into() })
+        });
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "UpgradeRequested" });
+    assert_eq!(
+        world.written(),
+        vec![
+            (ConditionStatus::Unknown, upgrade::UPGRADE_INTENT.to_owned()),
+            (ConditionStatus::True, upgrade::UPGRADE_REQUESTED.to_owned())
+        ]
+    );
+    let last = world.writes.lock().unwrap().last().unwrap().get(TALOS_UPGRADE).unwrap().message.clone();
+    assert_eq!(UpgradeMarker::parse(&last).unwrap().boot_id, BOOT_BEFORE, "the boot ID read just before the call");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upgrade_call_longer_than_the_short_bound_is_not_failed_by_it() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let mut inner = MockTalos::new();
+    inner.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    inner.expect_upgrade().times(1).returning(|_, _| Ok(UpgradeAck { ack: "ok".into(), actor_id: "a".into() }));
+    world.talos = MockTalos::new();
+    let slow = Slow { inner, upgrade_takes: Duration::from_secs(4 * 60), stage_takes: Duration::ZERO };
+    let outcome = run(&slow, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "UpgradeRequested" }, "4 minutes > 15 s, < 10 minutes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upgrade_call_past_its_own_bound_pauses_with_the_node_untouched() {
+    let world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let mut inner = MockTalos::new();
+    inner.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    inner.expect_upgrade().never();
+    let slow = Slow { inner, upgrade_takes: Duration::from_secs(11 * 60), stage_takes: Duration::ZERO };
+    let outcome = run(&slow, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    let MachineOutcome::Failed { reason, message } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(reason, "UpgradeCallTimedOut");
+    assert!(message.contains("600s"), "{message}");
+    assert_eq!(
+        world.written(),
+        vec![
+            (ConditionStatus::Unknown, upgrade::UPGRADE_INTENT.to_owned()),
+            (ConditionStatus::False, upgrade::UPGRADE_REFUSED.to_owned())
+        ],
+        "the intent is closed: nothing is in flight"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_bounds_are_configuration() {
+    let world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let mut inner = MockTalos::new();
+    inner.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    inner.expect_upgrade().never();
+    let slow = Slow { inner, upgrade_takes: Duration::from_secs(61), stage_takes: Duration::ZERO };
+    let config = ExecutorConfig::default().with_upgrade_call_timeout(Duration::from_secs(60));
+    let outcome = run(&slow, &world, &machine(MachineRole::Worker), &config).await.unwrap();
+    assert!(matches!(outcome, MachineOutcome::Failed { ref reason, .. } if reason == "UpgradeCallTimedOut"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ordinary_call_past_the_short_bound_is_unreachable_not_a_failure() {
+    let world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let mut inner = MockTalos::new();
+    inner.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    inner.expect_upgrade().never();
+    let slow = Slow { inner, upgrade_takes: Duration::ZERO, stage_takes: Duration::from_secs(16) };
+    let outcome = run(&slow, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "TalosApiUnreachable"),
+        "{outcome:?}"
+    );
+    let config = ExecutorConfig::default().with_call_timeout(Duration::from_secs(20));
+    let world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let mut inner = MockTalos::new();
+    inner.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    inner.expect_upgrade().times(1).returning(|_, _| Ok(UpgradeAck { ack: "ok".into(), actor_id: "a".into() }));
+    let slow = Slow { inner, upgrade_takes: Duration::ZERO, stage_takes: Duration::from_secs(16) };
+    let outcome = run(&slow, &world, &machine(MachineRole::Worker), &config).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "UpgradeRequested" }, "a 20 s bound lets 16 s pass");
+}
+
+#[tokio::test]
+async fn an_answered_upgrade_error_closes_the_intent_and_fails() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.talos.expect_upgrade().times(1).returning(|_, _| {
+        Err(TalosError::Answered { code: "Unknown".into(), message: "failed to pull installer image".into() })
+    });
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(outcome, MachineOutcome::Failed { ref reason, ref message } if reason == "UpgradeRefused" && message.contains("pull"))
+    );
+    assert_eq!(world.written().last().unwrap(), &(ConditionStatus::False, upgrade::UPGRADE_REFUSED.to_owned()));
+}
+
+#[tokio::test]
+async fn a_transport_error_during_the_call_leaves_the_intent_for_the_node_to_settle() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.talos.expect_upgrade().times(1).returning(|_, _| Err(TalosError::Transport("stream reset".into())));
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(outcome, MachineOutcome::Waiting { ref reason, recheck_at: Some(_), .. } if reason == "IntentUnconfirmed")
+    );
+    assert_eq!(world.written(), vec![(ConditionStatus::Unknown, upgrade::UPGRADE_INTENT.to_owned())]);
+}
+
+#[tokio::test]
+async fn dial_errors_after_the_call_count_as_rebooting() {
+    let world = World::new(
+        Some(node("Talos (v1.14.3)", BOOT_BEFORE, false)),
+        Err(TalosError::Dial("connect: connection refused".into())),
+    );
+    let m = with_condition(
+        machine(MachineRole::Worker),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        upgrade::UPGRADE_REQUESTED,
+        &marker(BOOT_BEFORE),
+    );
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "Rebooting"), "{outcome:?}");
+    assert!(world.written().is_empty());
+}
+
+#[tokio::test]
+async fn an_ab_fallback_fails_and_is_never_converged() {
+    let world = World::new(Some(node("Talos (v1.14.3)", BOOT_AFTER, true)), Ok(MachineStage::Running));
+    let m = with_condition(
+        machine(MachineRole::Worker),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        upgrade::UPGRADE_REQUESTED,
+        &marker(BOOT_BEFORE),
+    );
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert!(matches!(outcome, MachineOutcome::Failed { ref reason, .. } if reason == "AbFallback"));
+    assert!(world.written().is_empty());
+}
+
+#[tokio::test]
+async fn a_verified_control_plane_records_convergence() {
+    let mut world = World::new(Some(node("Talos (v1.14.4)", BOOT_AFTER, true)), Ok(MachineStage::Running));
+    world
+        .talos
+        .expect_etcd_members()
+        .times(1)
+        .returning(|_| Ok(vec![EtcdMember { id: 7, hostname: "worker-1".into(), is_learner: false }]));
+    let m = with_condition(
+        machine(MachineRole::ControlPlane),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        upgrade::UPGRADE_REQUESTED,
+        &marker(BOOT_BEFORE),
+    );
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Converged);
+    assert_eq!(world.written(), vec![(ConditionStatus::False, upgrade::CONVERGED.to_owned())]);
+}
+
+#[tokio::test]
+async fn a_control_plane_whose_member_is_a_learner_waits() {
+    let mut world = World::new(Some(node("Talos (v1.14.4)", BOOT_AFTER, true)), Ok(MachineStage::Running));
+    world
+        .talos
+        .expect_etcd_members()
+        .returning(|_| Ok(vec![EtcdMember { id: 7, hostname: "worker-1".into(), is_learner: true }]));
+    let m = with_condition(
+        machine(MachineRole::ControlPlane),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        upgrade::UPGRADE_REQUESTED,
+        &marker(BOOT_BEFORE),
+    );
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "EtcdMemberLearner"));
+}
+
+fn longhorn() -> StorageObject {
+    StorageObject {
+        name: "longhorn".into(),
+        node_selector: ichor_storage::LabelSelector {
+            match_labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
+            ..Default::default()
+        },
+    }
+}
+
+#[tokio::test]
+async fn storage_selecting_the_node_begins_an_evacuation_before_any_call() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+    world.storage.expect_replicas_on().returning(|_| Ok(4));
+    world.storage.expect_set_scheduling().with(eq("worker-1"), eq(false)).times(1).returning(|_, _| Ok(()));
+    world.storage.expect_request_evacuation().with(eq("worker-1")).times(1).returning(|_| Ok(()));
+    world.talos.expect_upgrade().never();
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "BeginEvacuation" });
+    assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::True, evac::EVACUATING.to_owned())]);
+}
+
+#[tokio::test]
+async fn an_evacuation_past_its_timeout_re_enables_scheduling_and_fails() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+    world.storage.expect_replicas_on().returning(|_| Ok(2));
+    world.storage.expect_set_scheduling().with(eq("worker-1"), eq(true)).times(1).returning(|_, _| Ok(()));
+    world.talos.expect_upgrade().never();
+    let mut m = machine(MachineRole::Worker);
+    m.conditions.upsert(
+        ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, ""),
+        Timestamp::from_unix_secs(-1_000),
+    );
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert!(matches!(outcome, MachineOutcome::Failed { ref reason, .. } if reason == "EvacuationTimedOut"));
+    assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::False, evac::TIMED_OUT.to_owned())]);
+}
+
+#[tokio::test]
+async fn a_verified_machine_gets_storage_scheduling_back_before_it_converges() {
+    let mut world = World::new(Some(node("Talos (v1.14.4)", BOOT_AFTER, true)), Ok(MachineStage::Running));
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+    world.storage.expect_replicas_on().returning(|_| Ok(0));
+    world.storage.expect_set_scheduling().with(eq("worker-1"), eq(true)).times(1).returning(|_, _| Ok(()));
+    let m = with_condition(
+        machine(MachineRole::Worker),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        upgrade::UPGRADE_REQUESTED,
+        &marker(BOOT_BEFORE),
+    );
+    let m = with_condition(m, STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, "");
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "EndEvacuation" });
+    assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::False, evac::ENDED.to_owned())]);
+    assert_eq!(world.written(), vec![(ConditionStatus::True, upgrade::UPGRADE_REQUESTED.to_owned())], "still open");
+}
+
+#[tokio::test]
+async fn the_node_name_comes_from_talos_when_the_hostname_is_unset() {
+    let mut world = World::new(Some(node("Talos (v1.14.4)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.talos.expect_nodename().with(eq("10.0.0.21")).times(1).returning(|_| Ok("worker-1".into()));
+    let mut m = machine(MachineRole::Worker);
+    m.hostname = None;
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Converged);
+}
+
+#[tokio::test]
+async fn an_unreadable_nodename_is_transient_when_unreachable_and_a_failure_when_answered() {
+    let mut world = World::new(None, Ok(MachineStage::Running));
+    world.talos.expect_nodename().returning(|_| Err(TalosError::Dial("refused".into())));
+    let mut m = machine(MachineRole::Worker);
+    m.hostname = None;
+    let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
+    assert!(err.is_transient());
+    assert!(matches!(err.outcome(), MachineOutcome::Waiting { .. }));
+
+    let mut world = World::new(None, Ok(MachineStage::Running));
+    world
+        .talos
+        .expect_nodename()
+        .returning(|_| Err(TalosError::Answered { code: "PermissionDenied".into(), message: "not allowed".into() }));
+    let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
+    assert!(!err.is_transient());
+    assert!(matches!(err.outcome(), MachineOutcome::Failed { .. }));
+}
+
+#[tokio::test]
+async fn a_kubernetes_read_error_is_typed_and_classified() {
+    let mut world = World::new(None, Ok(MachineStage::Running));
+    world.kube = MockKube::new();
+    world.kube.expect_node().returning(|_| Err(KubeError::Unreachable("connection refused".into())));
+    let err = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap_err();
+    assert!(matches!(err, AdvanceError::ReadNode { .. }));
+    assert!(err.is_transient());
+}
+
+#[tokio::test]
+async fn bad_input_a_node_without_schematic_fails_before_any_call() {
+    let mut n = node("Talos (v1.14.3)", BOOT_BEFORE, true);
+    n.annotations.clear();
+    let mut world = World::new(Some(n), Ok(MachineStage::Running));
+    world.talos.expect_upgrade().never();
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(matches!(outcome, MachineOutcome::Failed { ref reason, .. } if reason == "NoSchematic"));
+    assert!(world.written().is_empty());
+}
+
+#[tokio::test]
+async fn bad_input_a_garbled_marker_fails_and_never_calls() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.talos.expect_upgrade().never();
+    let m = with_condition(
+        machine(MachineRole::Worker),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        "UpgradeRequested",
+        "garbage",
+    );
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(outcome, MachineOutcome::Failed { ref reason, ref message } if reason == "GarbledUpgradeMarker" && message.contains("\"garbage\""))
+    );
+}
