@@ -14,6 +14,7 @@ use ichor_storage::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::etcd_gate::member_of;
 use ichor_upgrade_core::evacuation::StorageObservation;
 use ichor_upgrade_core::operation::{MachineRole, OperationKind};
 use ichor_upgrade_core::status::MachineOutcome;
@@ -227,7 +228,7 @@ pub async fn advance_machine(
     };
     let labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
     let storage = observe(ex, &node_name, &labels, &machine.conditions).await?;
-    let etcd_member = if machine.role == MachineRole::ControlPlane && past_upgrade_call(&machine.conditions) {
+    let etcd_member = if machine.role == MachineRole::ControlPlane {
         Some(etcd_membership(ex, &machine.address, &node_name).await)
     } else {
         None
@@ -283,7 +284,7 @@ async fn observe(
 
 async fn etcd_membership(ex: &Executor<'_>, address: &str, node_name: &str) -> EtcdMembership {
     match bounded("etcd members", ex.config.call_timeout, ex.talos.etcd_members(address)).await {
-        Ok(Ok(members)) => match members.iter().find(|m| m.hostname == node_name) {
+        Ok(Ok(members)) => match members.iter().find(|m| member_of(&m.hostname, node_name)) {
             Some(m) if m.is_learner => EtcdMembership::Learner,
             Some(_) => EtcdMembership::Voter,
             None => EtcdMembership::Absent,
@@ -302,8 +303,24 @@ async fn write_talos_upgrade(
     message: String,
 ) -> Result<(), AdvanceError> {
     conditions.upsert(ConditionUpdate::new(TALOS_UPGRADE, status, reason, message), ex.clock.now());
-    ex.kube.write_conditions(&machine.name, conditions).await?;
-    Ok(())
+    write_conditions(ex, machine, conditions).await
+}
+
+/// Writes the machine's conditions under the ordinary call bound.
+async fn write_conditions(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &Conditions,
+) -> Result<(), AdvanceError> {
+    let bound = ex.config.call_timeout;
+    match tokio::time::timeout(bound, ex.kube.write_conditions(&machine.name, conditions)).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(AdvanceError::PatchConditions(ConditionWriteError {
+            machine: machine.name.clone(),
+            message: CallTimedOut { call: "write conditions", bound }.to_string(),
+            transient: true,
+        })),
+    }
 }
 
 fn failed(failure: &MachineFailure) -> MachineOutcome {
@@ -377,33 +394,30 @@ pub async fn end_evacuation(
         .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source })
 }
 
-/// The intent, the call under its own bound, then the acknowledgement.
+/// The intent, the call under what is left of its own bound, then the acknowledgement.
 async fn call_upgrade(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     image: String,
     marker: &UpgradeMarker,
 ) -> Result<MachineOutcome, AdvanceError> {
+    // A new intent starts a new clock: its transition time is when this call was decided,
+    // not when an earlier, void intent was written.
     let mut conditions = machine.conditions.clone();
+    conditions.remove(TALOS_UPGRADE);
     let intent = marker.to_string();
     write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::Unknown, upgrade_reason::UPGRADE_INTENT, intent)
         .await?;
-    let bound = ex.config.step.upgrade_call;
-    let request = UpgradeRequest { image };
+    // The call must end by the recorded deadline, whatever the intent's write took.
+    let left = marker.call_deadline.saturating_since(ex.clock.now()).min(ex.config.step.upgrade_call);
+    let request = UpgradeRequest { image, timeout: left };
     tracing::info!(machine = %machine.name, image = %request.image, "calling Upgrade");
-    match bounded("Upgrade", bound, ex.talos.upgrade(&machine.address, &request)).await {
+    match bounded("Upgrade", left, ex.talos.upgrade(&machine.address, &request)).await {
         Ok(Ok(ack)) => {
             tracing::info!(machine = %machine.name, actor = %ack.actor_id, "Upgrade acknowledged");
             let message = marker.to_string();
-            write_talos_upgrade(
-                ex,
-                machine,
-                &mut conditions,
-                ConditionStatus::True,
-                upgrade_reason::UPGRADE_REQUESTED,
-                message,
-            )
-            .await?;
+            let reason = upgrade_reason::UPGRADE_REQUESTED;
+            write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::True, reason, message).await?;
             Ok(MachineOutcome::Progressed { action: "UpgradeRequested" })
         }
         Ok(Err(e)) if e.is_unreachable() => {
@@ -418,43 +432,36 @@ async fn call_upgrade(
         Ok(Err(e)) => {
             let failure = MachineFailure::UpgradeRefused(e.to_string());
             let message = failure.to_string();
-            write_talos_upgrade(
-                ex,
-                machine,
-                &mut conditions,
-                ConditionStatus::False,
-                upgrade_reason::UPGRADE_REFUSED,
-                message,
-            )
-            .await?;
+            let reason = upgrade_reason::UPGRADE_REFUSED;
+            write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::False, reason, message).await?;
             Ok(failed(&failure))
         }
-        Err(timed_out) => {
-            // gRPC carried the deadline to the node, which abandoned the call: nothing
-            // was started. Close the intent and pause.
-            let failure = MachineFailure::UpgradeCallTimedOut(timed_out.bound);
-            let message = failure.to_string();
-            write_talos_upgrade(
-                ex,
-                machine,
-                &mut conditions,
-                ConditionStatus::False,
-                upgrade_reason::UPGRADE_REFUSED,
-                message,
-            )
-            .await?;
-            Ok(failed(&failure))
-        }
+        // The node abandoned the call at the propagated deadline: nothing was started.
+        // The intent stays, so that an acknowledgement at the very edge, and its reboot,
+        // would still be recognised; the operation pauses.
+        Err(timed_out) => Ok(failed(&MachineFailure::UpgradeCallTimedOut(timed_out.bound))),
     }
 }
 
 /// Closes what a failed attempt left on a machine so that a resume retries it afresh:
-/// `TalosUpgrade=False/Retry` when an upgrade was recorded in flight.
+/// `TalosUpgrade=False/Retry` when an upgrade was recorded in flight. An unconfirmed intent
+/// for this very target is left as it is: only the node can say whether that call was
+/// acknowledged, and the step reads it (so a reboot into the old version is still an A/B
+/// fallback, and with no sign of the call after its deadline the call is made again).
 ///
 /// # Errors
 /// The condition write that failed.
-pub async fn reset_for_retry(ex: &Executor<'_>, machine: &MachineInfo) -> Result<(), AdvanceError> {
-    if !past_upgrade_call(&machine.conditions) {
+pub async fn reset_for_retry(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    target: &UpgradeTarget,
+) -> Result<(), AdvanceError> {
+    let Some(marker) = machine.conditions.get(TALOS_UPGRADE).filter(|c| c.status != ConditionStatus::False) else {
+        return Ok(());
+    };
+    let unconfirmed_for_target = marker.status == ConditionStatus::Unknown
+        && UpgradeMarker::parse(&marker.message).is_ok_and(|m| m.target == target.version);
+    if unconfirmed_for_target {
         return Ok(());
     }
     let mut conditions = machine.conditions.clone();

@@ -185,10 +185,13 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
     }
 
     let by_name: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.machine.name.as_str(), o)).collect();
+    let target = upgrade_target(&cluster);
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
-    for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
-        if let Err(e) = reset_for_retry(ex, &machine.machine).await {
-            outcomes.push((machine.machine.name.clone(), e.outcome()));
+    if let Ok(target) = &target {
+        for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
+            if let Err(e) = reset_for_retry(ex, &machine.machine, target).await {
+                outcomes.push((machine.machine.name.clone(), e.outcome()));
+            }
         }
     }
     for machine in decision.stop.iter().filter_map(|n| by_name.get(n.as_str())) {
@@ -196,9 +199,15 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
             outcomes.push((machine.machine.name.clone(), e.outcome()));
         }
     }
-    let target = upgrade_target(&cluster);
-    let moving: Vec<&Observed> =
-        decision.start.iter().chain(&decision.advance).filter_map(|n| by_name.get(n.as_str()).copied()).collect();
+    // A machine reset for a retry is stepped from the next observation, not from the
+    // conditions read before the reset.
+    let moving: Vec<&Observed> = decision
+        .start
+        .iter()
+        .chain(&decision.advance)
+        .filter(|n| !decision.retry.contains(n))
+        .filter_map(|n| by_name.get(n.as_str()).copied())
+        .collect();
     let advanced = join_all(moving.iter().map(|o| async {
         let outcome = match &target {
             Ok(target) => advance_machine(ex, &op.spec.kind, &o.machine, target).await.unwrap_or_else(|e| e.outcome()),
@@ -216,8 +225,12 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
         kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
     }
-    let requeue_at =
-        outcomes.iter().map(|(_, o)| outcome_recheck(o, now)).fold(decision.recheck_at, Timestamp::min_opt);
+    // A machine reset for a retry was not stepped: observe again at once.
+    let retried = (!decision.retry.is_empty()).then_some(now);
+    let requeue_at = outcomes
+        .iter()
+        .map(|(_, o)| outcome_recheck(o, now))
+        .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
 }
 

@@ -44,6 +44,10 @@ impl TalosError {
 pub struct UpgradeRequest {
     /// The installer image.
     pub image: String,
+    /// The time left until the call's recorded deadline. Implementations send it as the
+    /// gRPC deadline, so that the node abandons the call when the caller does: the
+    /// `TalosUpgrade` intent relies on no call being acknowledged after its deadline.
+    pub timeout: std::time::Duration,
 }
 
 /// The node's acknowledgement of an Upgrade call.

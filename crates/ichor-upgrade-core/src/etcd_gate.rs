@@ -11,6 +11,13 @@ use std::collections::BTreeSet;
 
 use crate::rollout::EtcdVerdict;
 
+/// Whether an etcd member's name belongs to a node: Talos names members after the node's
+/// short hostname, while the node name may be the full name (kubelet `registerWithFQDN`).
+#[must_use]
+pub fn member_of(member_name: &str, node_name: &str) -> bool {
+    member_name == node_name || node_name.split('.').next() == Some(member_name)
+}
+
 /// One etcd member as a control plane lists it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Member {
@@ -59,7 +66,7 @@ pub fn verdict(reports: &[ControlPlaneReport]) -> EtcdVerdict {
         return unhealthy(format!("member {} ({:016x}) is a learner", learner.name, learner.id));
     }
     for report in reports {
-        let count = members.iter().filter(|m| m.name == report.node).count();
+        let count = members.iter().filter(|m| member_of(&m.name, &report.node)).count();
         if count != 1 {
             return unhealthy(format!("control plane {} has {count} etcd members, not one", report.node));
         }
@@ -134,6 +141,20 @@ mod tests {
         let mut reports = healthy_three();
         reports[2].members.as_mut().unwrap()[0].id = 99;
         assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("differ")));
+    }
+
+    #[test]
+    fn members_are_matched_by_short_hostname() {
+        assert!(member_of("cp-1", "cp-1"));
+        assert!(member_of("cp-1", "cp-1.example.internal"));
+        assert!(!member_of("cp-1", "cp-10"));
+        assert!(!member_of("cp-1.example.internal", "cp-1"));
+        let members = vec![member(1, "cp-1"), member(2, "cp-2")];
+        let reports: Vec<_> = ["cp-1.lan", "cp-2.lan"]
+            .iter()
+            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(members.clone()) })
+            .collect();
+        assert_eq!(verdict(&reports), EtcdVerdict::Healthy);
     }
 
     #[test]

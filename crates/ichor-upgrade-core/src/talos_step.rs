@@ -20,7 +20,8 @@
 //! - the node's Talos stage shows an upgrade under way: acknowledged, wait;
 //! - neither, before the call's deadline: a call may still be in flight, wait;
 //! - neither, after the deadline: gRPC carried the deadline to the node, so no call made
-//!   under this intent can be acknowledged any more; the call is made again.
+//!   under this intent can be acknowledged any more; the intent is void and the step
+//!   decides as if there were none (every pre-call check again, then the call).
 //!
 //! Terminal results: [`Action::Converged`] (nothing left to do) and [`Action::Fail`] /
 //! [`Action::FailEndingEvacuation`] (the operation pauses; a person resumes).
@@ -224,7 +225,9 @@ pub enum Action {
     /// confirmed, call Upgrade with `image` (neither force nor preserve) under its own
     /// bound; on the acknowledgement write `TalosUpgrade=True/UpgradeRequested` with the
     /// same marker. An answered error: `TalosUpgrade=False/UpgradeRefused` and a failure.
-    /// A transport error or the bound passing: leave the intent for the next observation.
+    /// A transport error: leave the intent for the next observation. The bound passing:
+    /// leave the intent and fail (the node abandoned the call at the propagated deadline;
+    /// if it acknowledged at the very edge, the intent still catches its reboot).
     Upgrade {
         /// The installer image.
         image: String,
@@ -333,13 +336,15 @@ pub enum MachineFailure {
     GarbledMarker(MarkerError),
     /// `TalosUpgrade` records an upgrade in flight to another version.
     #[error(
-        "TalosUpgrade records an unfinished upgrade to {recorded}, not {target}; a person must look at this machine"
+        "TalosUpgrade {text:?} records an unfinished upgrade to {recorded}, not {target}; a person must look at this machine"
     )]
     MarkerForOtherTarget {
         /// The marker's target.
         recorded: TalosVersion,
         /// This operation's target.
         target: TalosVersion,
+        /// The condition's message as found.
+        text: String,
     },
     /// The node rebooted on a version other than the target: the A/B slot fell back.
     #[error("A/B fallback: the node rebooted (boot ID {before} -> {after}) into {booted}, not {target}; not retried")]
@@ -431,6 +436,7 @@ pub fn step(input: &StepInput<'_>) -> Action {
         return Action::Fail(MachineFailure::MarkerForOtherTarget {
             recorded: marker.target,
             target: input.target.version.clone(),
+            text: condition.message.clone(),
         });
     }
     let since = condition.last_transition_time.min(input.now);
@@ -452,6 +458,13 @@ fn before_call(input: &StepInput<'_>) -> Action {
     };
     let evacuation = evacuation_state(input.conditions, input.storage, input.timeouts.evacuation, input.now);
     if &version == target {
+        // Verified like an upgraded machine: Ready, and on a control plane a voting member.
+        if !node.ready {
+            return wait(MachineWait::NodeNotReady, None);
+        }
+        if let Some(reason) = etcd_wait(input) {
+            return wait(reason, None);
+        }
         return if evacuation.is_open() { Action::EndEvacuation } else { Action::Converged };
     }
     if let Err(refusal) = check_upgrade_path(&version, target) {
@@ -562,16 +575,16 @@ fn after_call(input: &StepInput<'_>, marker: &UpgradeMarker, acknowledged: bool,
         if stage.shows_upgrade() {
             return waiting(MachineWait::UpgradeUnderWay, "the node to reboot");
         }
-        if input.now < marker.call_deadline {
-            return wait(MachineWait::IntentUnconfirmed, Some(marker.call_deadline));
+        // A genuine marker's deadline is at most one call bound after its intent was
+        // written; a later one (garbled, or a clock far off) is not waited on beyond that.
+        let call_deadline = marker.call_deadline.min(since.saturating_add(input.timeouts.upgrade_call));
+        if input.now < call_deadline {
+            return wait(MachineWait::IntentUnconfirmed, Some(call_deadline));
         }
         // The deadline passed with no sign of the call on the node: it was never
-        // acknowledged, and can no longer be. Make it (again), with a fresh deadline.
-        let image = match image_for(input.target, node) {
-            Ok(image) => image,
-            Err(problem) => return Action::Fail(problem.into()),
-        };
-        return Action::Upgrade { image, marker: marker_for(input, &marker.boot_id) };
+        // acknowledged, and can no longer be. The intent is void; decide as if there were
+        // none, with every pre-call check (the call is made again only if they all pass).
+        return before_call(input);
     }
     let booted = match TalosVersion::from_os_image(&node.os_image) {
         Ok(v) => v,
@@ -588,23 +601,27 @@ fn after_call(input: &StepInput<'_>, marker: &UpgradeMarker, acknowledged: bool,
     if !node.ready {
         return waiting(MachineWait::NodeNotReady, "the Node to be Ready");
     }
-    if input.machine.role == MachineRole::ControlPlane {
-        match input.etcd_member {
-            Some(EtcdMembership::Voter) => {}
-            Some(EtcdMembership::Learner) => {
-                return waiting(MachineWait::EtcdMemberLearner, "etcd to promote the member");
-            }
-            Some(EtcdMembership::Absent) => return waiting(MachineWait::EtcdMemberMissing, "the etcd member"),
-            Some(EtcdMembership::Unknown { .. }) | None => {
-                return waiting(MachineWait::EtcdMemberUnknown, "the etcd member list");
-            }
-        }
+    if let Some(reason) = etcd_wait(input) {
+        return waiting(reason, "a voting etcd member");
     }
     let evacuation = evacuation_state(input.conditions, input.storage, input.timeouts.evacuation, input.now);
     if evacuation.is_open() {
         return Action::EndEvacuation;
     }
     Action::RecordConverged
+}
+
+/// On a control plane, what its etcd membership still waits for, if anything.
+fn etcd_wait(input: &StepInput<'_>) -> Option<MachineWait> {
+    if input.machine.role != MachineRole::ControlPlane {
+        return None;
+    }
+    match input.etcd_member {
+        Some(EtcdMembership::Voter) => None,
+        Some(EtcdMembership::Learner) => Some(MachineWait::EtcdMemberLearner),
+        Some(EtcdMembership::Absent) => Some(MachineWait::EtcdMemberMissing),
+        Some(EtcdMembership::Unknown { .. }) | None => Some(MachineWait::EtcdMemberUnknown),
+    }
 }
 
 /// Whether the machine's conditions show an Upgrade call made, or possibly made: such a

@@ -182,6 +182,19 @@ fn row_already_on_target_converges_without_a_call() {
 }
 
 #[test]
+fn row_already_on_target_is_still_verified_ready_and_in_etcd() {
+    let on_target = Observed::fixture().os_image("Talos (v1.14.4)");
+    assert_eq!(
+        on_target.clone().not_ready().step(),
+        Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None }
+    );
+    let mut cp = on_target.control_plane();
+    assert_eq!(cp.step(), Action::Converged);
+    cp.etcd_member = Some(EtcdMembership::Learner);
+    assert_eq!(cp.step(), Action::Wait { reason: MachineWait::EtcdMemberLearner, recheck_at: None });
+}
+
+#[test]
 fn row_already_on_target_ends_an_open_evacuation_first() {
     let o = Observed::fixture().os_image("Talos (v1.14.4)").storage(Some(0)).evacuating_since(at(900));
     assert_eq!(o.step(), Action::EndEvacuation);
@@ -400,6 +413,26 @@ fn crash_window_after_the_deadline_with_no_sign_of_the_call_it_is_made_again() {
     assert_eq!(o.step(), expected_upgrade(BOOT_BEFORE, at(1500)));
 }
 
+#[test]
+fn crash_window_a_void_intent_passes_every_pre_call_check_again() {
+    let base = Observed::fixture().upgrade_intent().now(at(1500));
+    assert_eq!(base.clone().not_ready().step(), Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None });
+    assert_eq!(
+        base.clone().stage(MachineStage::Maintenance).step(),
+        Action::Wait { reason: MachineWait::MachineBusy { stage: MachineStage::Maintenance }, recheck_at: None }
+    );
+    assert_eq!(base.storage(Some(3)).step(), Action::BeginEvacuation);
+}
+
+#[test]
+fn crash_window_a_deadline_beyond_one_call_bound_is_not_waited_on() {
+    let o = Observed::fixture();
+    let message = o.marker(BOOT_BEFORE, "v1.14.4", at(999_999));
+    let o = o.condition(TALOS_UPGRADE, ConditionStatus::Unknown, upgrade::UPGRADE_INTENT, &message, at(900));
+    assert_eq!(o.clone().step(), Action::Wait { reason: MachineWait::IntentUnconfirmed, recheck_at: Some(at(1500)) });
+    assert_eq!(o.now(at(1500)).step(), expected_upgrade(BOOT_BEFORE, at(1500)));
+}
+
 // Bad input (DESIGN §9).
 
 #[test]
@@ -437,10 +470,11 @@ fn bad_input_a_marker_for_another_target_is_never_mistaken_for_this_one() {
     let o = o
         .condition(TALOS_UPGRADE, ConditionStatus::True, upgrade::UPGRADE_REQUESTED, &message, at(900))
         .rebooted_into("v1.14.4");
-    assert_eq!(
-        o.step(),
-        Action::Fail(MachineFailure::MarkerForOtherTarget { recorded: v("v1.14.3"), target: v("v1.14.4") })
+    let Action::Fail(failure) = o.step() else { panic!() };
+    assert!(
+        matches!(&failure, MachineFailure::MarkerForOtherTarget { recorded, target, .. } if *recorded == v("v1.14.3") && *target == v("v1.14.4"))
     );
+    assert!(failure.to_string().contains(&format!("{message:?}")), "the text is quoted: {failure}");
 }
 
 #[test]

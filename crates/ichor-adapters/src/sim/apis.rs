@@ -1,0 +1,362 @@
+//! The simulated cluster behind the engine's traits: the Talos API, the Kubernetes API,
+//! the storage backend and the clock. Every call is counted, can be refused by an API
+//! outage, and can kill the controller (the controller-crash fault).
+
+use async_trait::async_trait;
+use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
+use ichor_talos_executor::Clock;
+use ichor_talos_executor::kube_api::{
+    ClusterInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+};
+use ichor_talos_executor::talos_api::{EtcdMember, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
+use ichor_upgrade_core::rollout::{OperationStatus, Phase};
+use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
+use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
+use ichor_upgrade_core::versions::TalosVersion;
+
+use super::SimCluster;
+use super::config::secs;
+use super::trace::TraceKind;
+use super::world::{EtcdMember as SimMember, Evacuation, Gate, NodePhase, UpgradeRecord, World};
+
+fn refused_talos() -> TalosError {
+    TalosError::Dial("connect: connection refused".to_owned())
+}
+
+fn killed_talos() -> TalosError {
+    TalosError::Transport("the controller was killed".to_owned())
+}
+
+fn refused_kube() -> KubeError {
+    KubeError::Unreachable("connection refused".to_owned())
+}
+
+impl SimCluster {
+    /// Runs a Talos call against the node at `address`.
+    fn talos<T>(
+        &self,
+        address: &str,
+        f: impl FnOnce(&mut World, usize) -> Result<T, TalosError>,
+    ) -> Result<T, TalosError> {
+        let mut w = self.lock();
+        let killed = match w.enter() {
+            Gate::Refuse => return Err(refused_talos()),
+            Gate::Go { killed } => killed,
+        };
+        w.counters.talos_calls += 1;
+        let result = match w.node_index_by_address(address) {
+            Some(i) if w.nodes[i].reachable() => f(&mut w, i),
+            Some(_) | None => Err(refused_talos()),
+        };
+        w.measure();
+        if killed { Err(killed_talos()) } else { result }
+    }
+
+    /// Runs a Kubernetes call; `write` counts it as a write.
+    fn kube<T>(&self, write: bool, f: impl FnOnce(&mut World) -> Result<T, KubeError>) -> Result<T, KubeError> {
+        let mut w = self.lock();
+        let killed = match w.enter() {
+            Gate::Refuse => return Err(refused_kube()),
+            Gate::Go { killed } => killed,
+        };
+        let result = f(&mut w);
+        if write && result.is_ok() {
+            w.counters.kube_writes += 1;
+        }
+        if killed { Err(KubeError::Unreachable("the controller was killed".to_owned())) } else { result }
+    }
+}
+
+#[async_trait]
+impl TalosApi for SimCluster {
+    async fn nodename(&self, node: &str) -> Result<String, TalosError> {
+        self.talos(node, |w, i| Ok(w.nodes[i].name.clone()))
+    }
+
+    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
+        self.talos(node, |w, i| {
+            Ok(match w.nodes[i].phase {
+                NodePhase::Running => MachineStage::Running,
+                NodePhase::Installing { .. } => MachineStage::Upgrading,
+                NodePhase::Booting { .. } => MachineStage::Booting,
+                NodePhase::Rebooting { .. } => MachineStage::Rebooting,
+            })
+        })
+    }
+
+    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        self.talos(node, |w, i| {
+            let answered = |code: &str, message: String| TalosError::Answered { code: code.to_owned(), message };
+            if w.nodes[i].phase != NodePhase::Running {
+                return Err(answered("FailedPrecondition", "another upgrade is already in progress".to_owned()));
+            }
+            let prefix = format!("{FACTORY}/{}-installer/", w.config.platform);
+            let Some((_, tag)) = request.image.strip_prefix(&prefix).and_then(|rest| rest.rsplit_once(':')) else {
+                return Err(answered("InvalidArgument", format!("failed to pull installer image {}", request.image)));
+            };
+            let Ok(version) = TalosVersion::parse(tag) else {
+                return Err(answered("InvalidArgument", format!("failed to pull installer image {}", request.image)));
+            };
+            let node = &mut w.nodes[i];
+            let into = if node.falls_back { node.version.clone() } else { version };
+            node.falls_back = false;
+            let until = w.now.saturating_add(secs(node.drawn.install));
+            node.phase = NodePhase::Installing { until, into };
+            let record = UpgradeRecord { node: node.name.clone(), boot_id: node.boot_id.clone(), at: w.now };
+            w.upgrades.push(record);
+            w.counters.upgrade_calls += 1;
+            w.record(i, TraceKind::UpgradeCall);
+            w.record(i, TraceKind::Drain);
+            Ok(UpgradeAck {
+                ack: "Upgrade request received".to_owned(),
+                actor_id: format!("actor-{}", w.counters.upgrade_calls),
+            })
+        })
+    }
+
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        self.talos(node, |w, i| {
+            match w.nodes[i].etcd {
+                None => {
+                    return Err(TalosError::Answered {
+                        code: "FailedPrecondition".to_owned(),
+                        message: "etcd is only available on control plane nodes".to_owned(),
+                    });
+                }
+                Some(SimMember::Missing) => {
+                    return Err(TalosError::Answered {
+                        code: "Unavailable".to_owned(),
+                        message: "etcd is not running".to_owned(),
+                    });
+                }
+                Some(SimMember::Voter | SimMember::Learner { .. }) => {}
+            }
+            Ok(w.nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| !n.removed)
+                .filter_map(|(k, n)| match n.etcd {
+                    Some(SimMember::Voter) => Some((k, n, false)),
+                    Some(SimMember::Learner { .. }) => Some((k, n, true)),
+                    Some(SimMember::Missing) | None => None,
+                })
+                .map(|(k, n, is_learner)| EtcdMember { id: 0x1000 + k as u64, hostname: n.name.clone(), is_learner })
+                .collect())
+        })
+    }
+}
+
+#[async_trait]
+impl ConditionStore for SimCluster {
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+        self.kube(true, |w| {
+            let Some(i) = w.node_index(machine) else {
+                return Err(KubeError::NotFound(format!("TalosMachine {machine}")));
+            };
+            let before = w.conditions.get(machine).and_then(|c| c.get(TALOS_UPGRADE).cloned());
+            let after = conditions.get(TALOS_UPGRADE);
+            let converged =
+                after.is_some_and(|c| c.status == ConditionStatus::False && c.reason == upgrade_reason::CONVERGED);
+            if converged && before.as_ref() != after {
+                w.record(i, TraceKind::Converged);
+            }
+            w.conditions.insert(machine.to_owned(), conditions.clone());
+            Ok(())
+        })
+        .map_err(|e| ConditionWriteError {
+            machine: machine.to_owned(),
+            transient: e.is_transient(),
+            message: e.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl KubeApi for SimCluster {
+    async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
+        self.kube(false, |w| {
+            Ok(w.node(name).map(|n| NodeInfo {
+                name: n.name.clone(),
+                ready: n.ready,
+                os_image: n.version.os_image(),
+                boot_id: n.boot_id.clone(),
+                labels: n.labels.clone(),
+                annotations: n.annotations.clone(),
+            }))
+        })
+    }
+
+    async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
+        self.kube(false, |w| Ok(w.operations.get(name).filter(|o| !o.finalized).map(|o| o.info.clone())))
+    }
+
+    async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
+        self.kube(false, |w| Ok(w.operations.values().any(|o| o.info.identity == identity && !o.finalized)))
+    }
+
+    async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
+        self.kube(false, |w| {
+            if name == w.cluster.name {
+                Ok(w.cluster.clone())
+            } else {
+                Err(KubeError::NotFound(format!("TalosCluster {name}")))
+            }
+        })
+    }
+
+    async fn machines(&self, _cluster: &str) -> Result<Vec<MachineInfo>, KubeError> {
+        self.kube(false, |w| {
+            Ok(w.nodes
+                .iter()
+                .filter(|n| !n.removed)
+                .map(|n| MachineInfo {
+                    name: n.name.clone(),
+                    role: n.role,
+                    hostname: Some(n.name.clone()),
+                    address: n.address.clone(),
+                    labels: w.machine_labels.get(&n.name).cloned().unwrap_or_default(),
+                    annotations: w.machine_annotations.get(&n.name).cloned().unwrap_or_default(),
+                    conditions: w.conditions.get(&n.name).cloned().unwrap_or_default(),
+                })
+                .collect())
+        })
+    }
+
+    async fn lease(&self, _cluster: &str) -> Result<Option<LeaseInfo>, KubeError> {
+        self.kube(false, |w| Ok(w.lease.clone()))
+    }
+
+    async fn write_lease(&self, _cluster: &str, write: &LeaseWrite) -> Result<(), KubeError> {
+        self.kube(true, |w| {
+            let current = w.lease.as_ref().map(|l| l.resource_version.clone());
+            if current != write.expected_resource_version {
+                return Err(KubeError::Conflict("the Lease changed since it was read".to_owned()));
+            }
+            w.lease_version += 1;
+            w.lease = Some(LeaseInfo {
+                holder: write.holder.clone(),
+                renewed_at: write.renewed_at,
+                duration: write.duration,
+                resource_version: w.lease_version.to_string(),
+            });
+            Ok(())
+        })
+    }
+
+    async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError> {
+        self.kube(true, |w| {
+            let Some(before) = w.operations.get(name).map(|o| o.info.status.clone()) else {
+                return Err(KubeError::NotFound(format!("TalosOperation {name}")));
+            };
+            trace_status_change(w, &before, status);
+            if let Some(op) = w.operations.get_mut(name) {
+                op.info.status = status.clone();
+            }
+            Ok(())
+        })
+    }
+
+    async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError> {
+        self.kube(true, |w| match w.operations.get_mut(name) {
+            Some(op) => {
+                op.finalized = true;
+                Ok(())
+            }
+            None => Err(KubeError::NotFound(format!("TalosOperation {name}"))),
+        })
+    }
+
+    async fn event(&self, event: &Event) -> Result<(), KubeError> {
+        self.kube(true, |w| {
+            w.events.push(event.clone());
+            Ok(())
+        })
+    }
+}
+
+/// Failures, pauses and resumes as the operation's status records them.
+fn trace_status_change(w: &mut World, before: &OperationStatus, after: &OperationStatus) {
+    let failed = |s: &OperationStatus, name: &str| s.machines.get(name).is_some_and(|r| r.state == RecordState::Failed);
+    let newly_failed: Vec<String> =
+        after.machines.keys().filter(|name| failed(after, name) && !failed(before, name)).cloned().collect();
+    for name in &newly_failed {
+        if let Some(i) = w.node_index(name) {
+            w.record(i, TraceKind::Failed);
+        }
+    }
+    let paused = |p: &Phase| matches!(p, Phase::Paused(_));
+    let subject = after.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone());
+    let subject = subject
+        .or_else(|| before.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone()));
+    let Some(i) = subject.and_then(|n| w.node_index(&n)) else { return };
+    if paused(&after.phase) && !paused(&before.phase) {
+        w.record(i, TraceKind::Paused);
+    } else if paused(&before.phase) && !paused(&after.phase) {
+        w.record(i, TraceKind::Resumed);
+    }
+}
+
+#[async_trait]
+impl StorageApi for SimCluster {
+    async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
+        self.kube(false, |w| Ok(w.storage_objects.clone())).map_err(storage_error)
+    }
+
+    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
+        self.kube(true, |w| {
+            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
+            w.nodes[i].scheduling = enabled;
+            if enabled && w.nodes[i].evacuation.take().is_some() {
+                w.record(i, TraceKind::EvacuationEnd);
+            }
+            Ok(())
+        })
+        .map_err(storage_error)
+    }
+
+    async fn request_evacuation(&self, node: &str) -> Result<(), StorageError> {
+        self.kube(true, |w| {
+            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
+            if w.nodes[i].evacuation.is_some() {
+                return Ok(());
+            }
+            let n = &w.nodes[i];
+            let next_move_at = if n.stuck || n.replicas == 0 {
+                None
+            } else {
+                let k = n.drawn.replica_moves.len().saturating_sub(n.replicas as usize);
+                Some(w.now.saturating_add(secs(n.drawn.replica_moves.get(k).copied().unwrap_or(10))))
+            };
+            let empty = n.replicas == 0;
+            w.nodes[i].evacuation = Some(Evacuation { next_move_at });
+            w.record(i, TraceKind::EvacuationStart);
+            if empty {
+                w.record(i, TraceKind::Evacuated);
+            }
+            Ok(())
+        })
+        .map_err(storage_error)
+    }
+
+    async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
+        self.kube(false, |w| {
+            w.node_index(node)
+                .map(|i| w.nodes[i].replicas)
+                .ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))
+        })
+        .map_err(storage_error)
+    }
+}
+
+fn storage_error(e: KubeError) -> StorageError {
+    StorageError { transient: e.is_transient(), message: e.to_string() }
+}
+
+impl Clock for SimCluster {
+    fn now(&self) -> Timestamp {
+        self.lock().now
+    }
+}

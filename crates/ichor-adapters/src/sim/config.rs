@@ -1,0 +1,168 @@
+//! What a simulated cluster looks like and which faults it has.
+
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use ichor_upgrade_core::versions::TalosVersion;
+
+/// A fault the simulated world can have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// One node falls back to its old version after its upgrade reboot.
+    AbFallback,
+    /// The controller is killed at random points and restarted with nothing in memory.
+    ControllerCrash,
+    /// The Kubernetes and Talos APIs refuse calls for a while.
+    ApiOutage,
+    /// One node's replicas never move.
+    EvacuationStuck,
+    /// Reboot times have a long tail.
+    SlowReboot,
+    /// A PodDisruptionBudget blocks evictions for a while.
+    PdbBlocked,
+    /// A control plane's etcd member rejoins late, as a learner first.
+    EtcdLag,
+    /// A worker is NotReady before the rollout starts and recovers later.
+    NotReady,
+}
+
+impl Fault {
+    /// Every fault, in the order the command line lists them.
+    pub const ALL: [Self; 8] = [
+        Self::AbFallback,
+        Self::ControllerCrash,
+        Self::ApiOutage,
+        Self::EvacuationStuck,
+        Self::SlowReboot,
+        Self::PdbBlocked,
+        Self::EtcdLag,
+        Self::NotReady,
+    ];
+
+    /// The name on the command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AbFallback => "ab-fallback",
+            Self::ControllerCrash => "controller-crash",
+            Self::ApiOutage => "api-outage",
+            Self::EvacuationStuck => "evacuation-stuck",
+            Self::SlowReboot => "slow-reboot",
+            Self::PdbBlocked => "pdb-blocked",
+            Self::EtcdLag => "etcd-lag",
+            Self::NotReady => "not-ready",
+        }
+    }
+
+    /// The fault of that name.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// Durations the world draws from, in whole seconds, uniformly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durations {
+    /// From the acknowledged Upgrade call to the reboot: pull, install, drain.
+    pub install: RangeInclusive<u64>,
+    /// The reboot itself: the node and its Talos API are gone.
+    pub reboot: RangeInclusive<u64>,
+    /// From boot to the Node being Ready.
+    pub ready: RangeInclusive<u64>,
+    /// Moving one replica off a node.
+    pub replica_move: RangeInclusive<u64>,
+}
+
+impl Default for Durations {
+    fn default() -> Self {
+        Self { install: 40..=90, reboot: 60..=150, ready: 15..=45, replica_move: 5..=20 }
+    }
+}
+
+/// A simulated cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SimConfig {
+    /// How many control planes (`cp-1`, `cp-2`, ...).
+    pub control_planes: usize,
+    /// How many workers (`worker-1`, ...).
+    pub workers: usize,
+    /// The version every node runs at the start.
+    pub from: TalosVersion,
+    /// The release set's version, the target.
+    pub to: TalosVersion,
+    /// The cluster's Kubernetes version.
+    pub kubernetes: String,
+    /// Whether the workers carry storage replicas (and a `TalosStorage` selects them).
+    pub storage_on_workers: bool,
+    /// Replicas on each storage node at the start.
+    pub replicas_per_node: u32,
+    /// The run's seed.
+    pub seed: u64,
+    /// The faults.
+    pub faults: Vec<Fault>,
+    /// The durations drawn from.
+    pub durations: Durations,
+    /// The Image Factory platform.
+    pub platform: String,
+}
+
+impl SimConfig {
+    /// A cluster of `control_planes` + `workers` on `from`, upgraded to `to`.
+    #[must_use]
+    pub fn new(control_planes: usize, workers: usize, from: TalosVersion, to: TalosVersion) -> Self {
+        Self {
+            control_planes,
+            workers,
+            from,
+            to,
+            kubernetes: "1.34.1".to_owned(),
+            storage_on_workers: true,
+            replicas_per_node: 4,
+            seed: 1,
+            faults: Vec::new(),
+            durations: Durations::default(),
+            platform: "metal".to_owned(),
+        }
+    }
+
+    /// The same cluster with a seed.
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The same cluster with faults.
+    #[must_use]
+    pub fn with_faults(mut self, faults: impl IntoIterator<Item = Fault>) -> Self {
+        self.faults = faults.into_iter().collect();
+        self
+    }
+
+    /// The same cluster with storage on the workers or not.
+    #[must_use]
+    pub fn with_storage(mut self, storage_on_workers: bool) -> Self {
+        self.storage_on_workers = storage_on_workers;
+        self
+    }
+
+    /// The same cluster with another Kubernetes version.
+    #[must_use]
+    pub fn with_kubernetes(mut self, kubernetes: impl Into<String>) -> Self {
+        self.kubernetes = kubernetes.into();
+        self
+    }
+
+    /// Whether the fault is on.
+    #[must_use]
+    pub fn has(&self, fault: Fault) -> bool {
+        self.faults.contains(&fault)
+    }
+}
+
+/// Converts whole seconds to a duration.
+pub(crate) fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}

@@ -1,0 +1,112 @@
+//! The controller loop on the simulated cluster: reconcile, then move virtual time to the
+//! next change of the world or the requested recheck, whichever is first. Never a poll
+//! interval. Under the controller-crash fault, the controller is killed at random calls
+//! and restarted with nothing in memory.
+
+use std::time::Duration;
+
+use ichor_talos_executor::ExecutorConfig;
+use ichor_talos_executor::advance::Executor;
+use ichor_talos_executor::reconcile::reconcile;
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::rollout::Phase;
+use ichor_upgrade_core::status::RecordState;
+
+use super::SimCluster;
+use super::config::Fault;
+use super::trace::{TraceEvent, TraceKind};
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The operation completed.
+    Completed,
+    /// The operation paused, with nothing left in flight.
+    Paused,
+    /// The operation was refused.
+    Refused,
+    /// Nothing more will happen and the operation is not finished (a wait with no end).
+    Stalled(Phase),
+    /// The pass bound was reached: a livelock.
+    PassBound,
+}
+
+/// After a failed pass (an outage), the controller retries after this long, as a
+/// controller's error backoff would.
+const ERROR_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Runs operation `name` to its end, at most `max_passes` reconciles. `on_pass` sees the
+/// world after each pass.
+pub async fn run_operation(
+    sim: &SimCluster,
+    name: &str,
+    config: &ExecutorConfig,
+    max_passes: usize,
+    mut on_pass: impl FnMut(&SimCluster),
+) -> RunEnd {
+    let crashes = sim.with_world(|w| w.config.has(Fault::ControllerCrash));
+    for _ in 0..max_passes {
+        if crashes {
+            sim.with_world(|w| {
+                if w.rng.chance(0.25) {
+                    let after = w.rng.in_range(1..=40);
+                    let before = w.rng.chance(0.5);
+                    w.arm_crash(after, before);
+                }
+            });
+        }
+        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config };
+        let result = reconcile(&ex, name).await;
+        let restarted = sim.with_world(|w| {
+            let restarted = w.take_restart();
+            if restarted {
+                let t = w.now.saturating_since(w.start).as_secs_f64();
+                w.trace.push(TraceEvent {
+                    t,
+                    node: "controller".to_owned(),
+                    role: "controller",
+                    event: TraceKind::ControllerRestart,
+                    version: None,
+                    boot_id: None,
+                });
+            }
+            restarted
+        });
+        on_pass(sim);
+        if restarted {
+            continue;
+        }
+        let now = sim.now();
+        let requeue = match result {
+            Ok(outcome) => {
+                if let Some(end) = finished(sim, name, &outcome.phase) {
+                    return end;
+                }
+                outcome.requeue_at
+            }
+            Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
+        };
+        let world_change = sim.with_world(|w| w.next_event_at());
+        match Timestamp::min_opt(requeue, world_change) {
+            Some(t) if t > now => sim.with_world(|w| w.advance_to(t)),
+            Some(_) => {}
+            None => return RunEnd::Stalled(sim.with_world(|w| w.operations[name].info.status.phase.clone())),
+        }
+    }
+    RunEnd::PassBound
+}
+
+/// Whether the run is over: completed, refused, or paused with nothing in flight.
+fn finished(sim: &SimCluster, name: &str, phase: &Phase) -> Option<RunEnd> {
+    match phase {
+        Phase::Completed => Some(RunEnd::Completed),
+        Phase::Refused(_) => Some(RunEnd::Refused),
+        Phase::Paused(_) => sim.with_world(|w| {
+            let upgrading = w.nodes.iter().any(|n| !n.removed && n.upgrading());
+            let in_flight =
+                w.operations[name].info.status.machines.values().any(|r| r.state == RecordState::InProgress);
+            (!upgrading && !in_flight).then_some(RunEnd::Paused)
+        }),
+        Phase::Pending | Phase::Progressing | Phase::Waiting(_) => None,
+    }
+}

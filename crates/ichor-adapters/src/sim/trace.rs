@@ -1,0 +1,63 @@
+//! What happened in the simulated world, in time order: one record per change of the
+//! world (never the engine's intentions).
+
+use serde::Serialize;
+
+/// A kind of change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TraceKind {
+    /// The node acknowledged an Upgrade call.
+    UpgradeCall,
+    /// The node went down to reboot.
+    RebootStart,
+    /// The node booted (with the version it booted).
+    RebootEnd,
+    /// The Node turned Ready.
+    Ready,
+    /// The Node turned NotReady.
+    NotReady,
+    /// Storage scheduling off and replicas asked to move.
+    EvacuationStart,
+    /// No replica left on the node.
+    Evacuated,
+    /// Storage scheduling back on.
+    EvacuationEnd,
+    /// The node was drained.
+    Drain,
+    /// The node's etcd member left the member list.
+    EtcdMemberMissing,
+    /// The node's etcd member is a voter again.
+    EtcdMemberBack,
+    /// The machine was recorded converged.
+    Converged,
+    /// The machine was recorded failed.
+    Failed,
+    /// The operation paused.
+    Paused,
+    /// The operation resumed.
+    Resumed,
+    /// The controller was killed and restarted.
+    ControllerRestart,
+    /// The node was removed from the cluster.
+    Removed,
+}
+
+/// One record of the trace.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceEvent {
+    /// Virtual seconds since the start.
+    pub t: f64,
+    /// The node.
+    pub node: String,
+    /// `control-plane` or `worker`.
+    pub role: &'static str,
+    /// What happened.
+    pub event: TraceKind,
+    /// The node's Talos version, where known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The node's boot ID, where it matters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+}

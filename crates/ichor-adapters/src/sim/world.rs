@@ -1,0 +1,629 @@
+//! The simulated world's state and how it changes with virtual time.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ichor_storage::{LabelSelector, StorageObject};
+use ichor_talos_executor::kube_api::{ClusterInfo, Event, LeaseInfo, Metadata, OperationInfo};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::versions::TalosVersion;
+
+use super::config::{Fault, SimConfig, secs};
+use super::rng::Rng;
+use super::trace::{TraceEvent, TraceKind};
+
+/// The label that puts a node under the workers' `TalosStorage`.
+pub const STORAGE_LABEL: &str = "storage.ichor.dev/replicas";
+
+/// Where a node is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePhase {
+    /// Up and serving.
+    Running,
+    /// Acknowledged an Upgrade: pulling, installing and draining until `until`, then rebooting.
+    Installing {
+        /// When it reboots.
+        until: Timestamp,
+        /// The version it will boot.
+        into: TalosVersion,
+    },
+    /// Rebooting: gone until `until`.
+    Rebooting {
+        /// When it has booted.
+        until: Timestamp,
+        /// The version it boots.
+        into: TalosVersion,
+    },
+    /// Booted; the Node is Ready at `ready_at`.
+    Booting {
+        /// When the Node turns Ready.
+        ready_at: Timestamp,
+    },
+}
+
+/// A control plane's etcd member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtcdMember {
+    /// A voting member.
+    Voter,
+    /// Rejoined as a learner; promoted at `until`.
+    Learner {
+        /// When it is promoted.
+        until: Timestamp,
+    },
+    /// Not in the member list (its node is down).
+    Missing,
+}
+
+/// The durations one node draws for its upgrade, fixed at the start so that runs with and
+/// without faults of the controller are comparable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drawn {
+    /// Install, seconds.
+    pub install: u64,
+    /// Reboot, seconds.
+    pub reboot: u64,
+    /// Boot to Ready, seconds.
+    pub ready: u64,
+    /// Each replica's move, seconds.
+    pub replica_moves: Vec<u64>,
+}
+
+impl Drawn {
+    /// The node's own time: its evacuation plus its upgrade and reboot until Ready.
+    #[must_use]
+    pub fn machine_time(&self) -> Duration {
+        secs(self.replica_moves.iter().sum::<u64>() + self.install + self.reboot + self.ready)
+    }
+}
+
+/// A storage evacuation under way on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evacuation {
+    /// When the next replica has moved; `None` when stuck.
+    pub next_move_at: Option<Timestamp>,
+}
+
+/// One simulated machine and its Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimNode {
+    /// Node and machine name: `cp-1`, `worker-1`.
+    pub name: String,
+    /// Its role.
+    pub role: MachineRole,
+    /// The Talos API address.
+    pub address: String,
+    /// The Talos version it runs.
+    pub version: TalosVersion,
+    /// The kernel's boot ID.
+    pub boot_id: String,
+    /// Whether the Node is Ready.
+    pub ready: bool,
+    /// Its phase.
+    pub phase: NodePhase,
+    /// NotReady for a reason of its own until then.
+    pub not_ready_until: Option<Timestamp>,
+    /// Falls back to its old version after its next upgrade reboot.
+    pub falls_back: bool,
+    /// Its etcd member, on a control plane.
+    pub etcd: Option<EtcdMember>,
+    /// Rejoins etcd as a learner for this long after its reboot.
+    pub etcd_lag: Option<Duration>,
+    /// Node labels.
+    pub labels: Metadata,
+    /// Node annotations.
+    pub annotations: Metadata,
+    /// Storage replicas on it.
+    pub replicas: u32,
+    /// Whether storage may schedule replicas on it.
+    pub scheduling: bool,
+    /// An evacuation under way.
+    pub evacuation: Option<Evacuation>,
+    /// Its replicas never move.
+    pub stuck: bool,
+    /// Its drawn durations.
+    pub drawn: Drawn,
+    /// Whether it was removed from the cluster.
+    pub removed: bool,
+}
+
+impl SimNode {
+    /// Whether its Talos API answers.
+    #[must_use]
+    pub fn reachable(&self) -> bool {
+        !self.removed && !matches!(self.phase, NodePhase::Rebooting { .. })
+    }
+
+    /// Whether it is down because of an upgrade (draining, rebooting, booting).
+    #[must_use]
+    pub fn upgrading(&self) -> bool {
+        !matches!(self.phase, NodePhase::Running)
+    }
+}
+
+/// An operation object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimOperation {
+    /// What the APIs return for it.
+    pub info: OperationInfo,
+    /// Whether its finalizer was removed after deletion.
+    pub finalized: bool,
+}
+
+/// An acknowledged Upgrade call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeRecord {
+    /// The node.
+    pub node: String,
+    /// Its boot ID when the call was acknowledged.
+    pub boot_id: String,
+    /// When.
+    pub at: Timestamp,
+}
+
+/// The controller-crash fault's state: calls are numbered; the call numbered `crash_at`
+/// kills the controller, before or after its effect; every call after it fails until the
+/// runner restarts the controller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CrashState {
+    /// Calls made so far.
+    pub calls: u64,
+    /// The call that kills the controller.
+    pub crash_at: Option<u64>,
+    /// Whether it dies before the call takes effect.
+    pub before_effect: bool,
+    /// Whether the controller is dead.
+    pub dead: bool,
+}
+
+/// Counters over a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Writes to the Kubernetes API.
+    pub kube_writes: u64,
+    /// Calls to the Talos API.
+    pub talos_calls: u64,
+    /// Acknowledged Upgrade calls.
+    pub upgrade_calls: u64,
+    /// Most control planes down at once.
+    pub max_control_planes_down: usize,
+    /// Most workers down at once because of upgrades.
+    pub max_workers_down: usize,
+    /// Fewest voting etcd members at once, if any control plane exists.
+    pub min_etcd_voters: Option<usize>,
+    /// Controller restarts.
+    pub restarts: u64,
+}
+
+/// How an API call may proceed.
+pub(crate) enum Gate {
+    /// Refuse it: no effect.
+    Refuse,
+    /// Carry it out; if `killed`, fail it afterwards (the controller died after its effect).
+    Go { killed: bool },
+}
+
+/// The whole simulated world.
+#[derive(Debug)]
+pub struct World {
+    /// The configuration.
+    pub config: SimConfig,
+    /// Virtual now.
+    pub now: Timestamp,
+    /// When the run started.
+    pub start: Timestamp,
+    pub(crate) rng: Rng,
+    /// The nodes.
+    pub nodes: Vec<SimNode>,
+    /// Each machine's conditions.
+    pub conditions: BTreeMap<String, Conditions>,
+    /// Each machine's annotations.
+    pub machine_annotations: BTreeMap<String, Metadata>,
+    /// Each machine's labels.
+    pub machine_labels: BTreeMap<String, Metadata>,
+    /// The cluster.
+    pub cluster: ClusterInfo,
+    /// Operations by name.
+    pub operations: BTreeMap<String, SimOperation>,
+    /// The cluster's Lease.
+    pub lease: Option<LeaseInfo>,
+    pub(crate) lease_version: u64,
+    /// The storage objects.
+    pub storage_objects: Vec<StorageObject>,
+    /// Events recorded.
+    pub events: Vec<Event>,
+    /// The trace.
+    pub trace: Vec<TraceEvent>,
+    /// Counters.
+    pub counters: Counters,
+    /// Acknowledged Upgrade calls.
+    pub upgrades: Vec<UpgradeRecord>,
+    /// The crash fault's state.
+    pub crash: CrashState,
+    /// When the APIs refuse calls: from, until.
+    pub outage: Option<(Timestamp, Timestamp)>,
+    /// Evictions are blocked until then (a PodDisruptionBudget).
+    pub pdb_blocked_until: Option<Timestamp>,
+}
+
+/// The cluster's name in the simulation.
+pub const CLUSTER: &str = "sim";
+
+impl World {
+    /// A fresh world from its configuration.
+    #[must_use]
+    pub fn new(config: SimConfig) -> Self {
+        let mut rng = Rng::new(config.seed);
+        let start = Timestamp::from_unix_secs(1_767_225_600); // 2026-01-01T00:00:00Z
+        let mut nodes = Vec::new();
+        let roles = (1..=config.control_planes)
+            .map(|i| (format!("cp-{i}"), MachineRole::ControlPlane))
+            .chain((1..=config.workers).map(|i| (format!("worker-{i}"), MachineRole::Worker)));
+        for (index, (name, role)) in roles.enumerate() {
+            let d = &config.durations;
+            let storage = role == MachineRole::Worker && config.storage_on_workers;
+            let replicas = if storage { config.replicas_per_node } else { 0 };
+            let slow = config.has(Fault::SlowReboot) && rng.chance(0.15);
+            let reboot = rng.in_range(d.reboot.clone()) * if slow { rng.in_range(3..=8) } else { 1 };
+            let drawn = Drawn {
+                install: rng.in_range(d.install.clone()),
+                reboot,
+                ready: rng.in_range(d.ready.clone()),
+                replica_moves: (0..replicas).map(|_| rng.in_range(d.replica_move.clone())).collect(),
+            };
+            let mut labels = Metadata::new();
+            if storage {
+                labels.insert(STORAGE_LABEL.to_owned(), "true".to_owned());
+            }
+            let mut annotations = Metadata::new();
+            annotations.insert(
+                "extensions.talos.dev/schematic".to_owned(),
+                "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba".to_owned(),
+            );
+            nodes.push(SimNode {
+                name,
+                role,
+                address: format!("10.5.0.{}", index + 2),
+                version: config.from.clone(),
+                boot_id: rng.boot_id(),
+                ready: true,
+                phase: NodePhase::Running,
+                not_ready_until: None,
+                falls_back: false,
+                etcd: (role == MachineRole::ControlPlane).then_some(EtcdMember::Voter),
+                etcd_lag: None,
+                labels,
+                annotations,
+                replicas,
+                scheduling: true,
+                evacuation: None,
+                stuck: false,
+                drawn,
+                removed: false,
+            });
+        }
+        let mut world = Self {
+            cluster: ClusterInfo {
+                name: CLUSTER.to_owned(),
+                release_talos_version: config.to.to_string(),
+                kubernetes_version: config.kubernetes.clone(),
+                schematic: None,
+                platform: config.platform.clone(),
+            },
+            conditions: nodes.iter().map(|n| (n.name.clone(), Conditions::new())).collect(),
+            machine_annotations: nodes.iter().map(|n| (n.name.clone(), Metadata::new())).collect(),
+            machine_labels: nodes.iter().map(|n| (n.name.clone(), Metadata::new())).collect(),
+            storage_objects: if config.storage_on_workers {
+                vec![StorageObject {
+                    name: "replicated".to_owned(),
+                    node_selector: LabelSelector {
+                        match_labels: [(STORAGE_LABEL.to_owned(), "true".to_owned())].into(),
+                        ..LabelSelector::default()
+                    },
+                }]
+            } else {
+                Vec::new()
+            },
+            config,
+            now: start,
+            start,
+            rng,
+            nodes,
+            operations: BTreeMap::new(),
+            lease: None,
+            lease_version: 0,
+            events: Vec::new(),
+            trace: Vec::new(),
+            counters: Counters::default(),
+            upgrades: Vec::new(),
+            crash: CrashState::default(),
+            outage: None,
+            pdb_blocked_until: None,
+        };
+        world.place_faults();
+        world.measure();
+        world
+    }
+
+    /// Puts each configured fault of the world on a node or a time window.
+    fn place_faults(&mut self) {
+        let workers: Vec<usize> = self.indices(MachineRole::Worker);
+        let cps: Vec<usize> = self.indices(MachineRole::ControlPlane);
+        let all: Vec<usize> = (0..self.nodes.len()).collect();
+        if self.config.has(Fault::AbFallback)
+            && let Some(i) = self.pick(&all)
+        {
+            self.nodes[i].falls_back = true;
+        }
+        let storage_nodes: Vec<usize> = all.iter().copied().filter(|&i| self.nodes[i].replicas > 0).collect();
+        if self.config.has(Fault::EvacuationStuck)
+            && let Some(i) = self.pick(&storage_nodes)
+        {
+            self.nodes[i].stuck = true;
+        }
+        if self.config.has(Fault::EtcdLag)
+            && let Some(i) = self.pick(&cps)
+        {
+            self.nodes[i].etcd_lag = Some(secs(self.rng.in_range(60..=240)));
+        }
+        if self.config.has(Fault::NotReady)
+            && let Some(i) = self.pick(&workers)
+        {
+            let until = self.now.saturating_add(secs(self.rng.in_range(300..=900)));
+            self.nodes[i].ready = false;
+            self.nodes[i].not_ready_until = Some(until);
+        }
+        if self.config.has(Fault::ApiOutage) {
+            let from = self.now.saturating_add(secs(self.rng.in_range(60..=600)));
+            self.outage = Some((from, from.saturating_add(secs(self.rng.in_range(60..=180)))));
+        }
+        if self.config.has(Fault::PdbBlocked) {
+            self.pdb_blocked_until = Some(self.now.saturating_add(secs(self.rng.in_range(120..=600))));
+        }
+    }
+
+    fn indices(&self, role: MachineRole) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&i| self.nodes[i].role == role).collect()
+    }
+
+    fn pick(&mut self, from: &[usize]) -> Option<usize> {
+        if from.is_empty() {
+            return None;
+        }
+        let k = self.rng.in_range(0..=(from.len() as u64 - 1));
+        Some(from[usize::try_from(k).unwrap_or(0)])
+    }
+
+    /// The node of this name.
+    #[must_use]
+    pub fn node(&self, name: &str) -> Option<&SimNode> {
+        self.nodes.iter().find(|n| n.name == name && !n.removed)
+    }
+
+    pub(crate) fn node_index_by_address(&self, address: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.address == address && !n.removed)
+    }
+
+    pub(crate) fn node_index(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name && !n.removed)
+    }
+
+    /// Records a trace event about node `i`.
+    pub(crate) fn record(&mut self, i: usize, kind: TraceKind) {
+        let node = &self.nodes[i];
+        let (version, boot_id) = match kind {
+            TraceKind::RebootEnd | TraceKind::UpgradeCall | TraceKind::Converged | TraceKind::Failed => {
+                (Some(node.version.to_string()), Some(node.boot_id.clone()))
+            }
+            _ => (Some(node.version.to_string()), None),
+        };
+        self.trace.push(TraceEvent {
+            t: self.now.saturating_since(self.start).as_secs_f64(),
+            node: node.name.clone(),
+            role: node.role.as_str(),
+            event: kind,
+            version,
+            boot_id,
+        });
+    }
+
+    /// The earliest time something changes by itself, if anything will.
+    #[must_use]
+    pub fn next_event_at(&self) -> Option<Timestamp> {
+        let mut next: Option<Timestamp> = None;
+        let mut consider = |t: Option<Timestamp>| next = Timestamp::min_opt(next, t);
+        for n in self.nodes.iter().filter(|n| !n.removed) {
+            consider(match &n.phase {
+                NodePhase::Running => None,
+                NodePhase::Installing { until, .. } | NodePhase::Rebooting { until, .. } => Some(*until),
+                NodePhase::Booting { ready_at } => Some(*ready_at),
+            });
+            consider(n.not_ready_until);
+            if let Some(EtcdMember::Learner { until }) = n.etcd {
+                consider(Some(until));
+            }
+            consider(n.evacuation.as_ref().and_then(|e| e.next_move_at));
+        }
+        if let Some((from, until)) = self.outage {
+            consider(Some(if self.now < from { from } else { until }).filter(|t| *t > self.now));
+        }
+        consider(self.pdb_blocked_until.filter(|t| *t > self.now));
+        next
+    }
+
+    /// Moves virtual time forward to `t`, applying every change due on the way, in order.
+    pub fn advance_to(&mut self, t: Timestamp) {
+        while let Some(next) = self.next_event_at().filter(|next| *next <= t) {
+            self.now = self.now.max(next);
+            self.apply_due();
+        }
+        self.now = self.now.max(t);
+        self.apply_due();
+    }
+
+    fn apply_due(&mut self) {
+        let now = self.now;
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].removed {
+                continue;
+            }
+            self.apply_node(i, now);
+        }
+        if self.outage.is_some_and(|(_, until)| now >= until) {
+            self.outage = None;
+        }
+        if self.pdb_blocked_until.is_some_and(|t| now >= t) {
+            self.pdb_blocked_until = None;
+        }
+        self.measure();
+    }
+
+    fn apply_node(&mut self, i: usize, now: Timestamp) {
+        if self.nodes[i].not_ready_until.is_some_and(|t| now >= t) {
+            self.nodes[i].not_ready_until = None;
+            if matches!(self.nodes[i].phase, NodePhase::Running) {
+                self.nodes[i].ready = true;
+                self.record(i, TraceKind::Ready);
+            }
+        }
+        match self.nodes[i].phase.clone() {
+            NodePhase::Installing { until, into } if now >= until => {
+                let reboot = secs(self.nodes[i].drawn.reboot);
+                self.nodes[i].phase = NodePhase::Rebooting { until: until.saturating_add(reboot), into };
+                self.nodes[i].ready = false;
+                self.record(i, TraceKind::RebootStart);
+                self.record(i, TraceKind::NotReady);
+                if self.nodes[i].etcd.is_some() {
+                    self.nodes[i].etcd = Some(EtcdMember::Missing);
+                    self.record(i, TraceKind::EtcdMemberMissing);
+                }
+                self.apply_node(i, now);
+            }
+            NodePhase::Rebooting { until, into } if now >= until => {
+                let ready = secs(self.nodes[i].drawn.ready);
+                self.nodes[i].version = into;
+                self.nodes[i].boot_id = self.rng.boot_id();
+                self.nodes[i].phase = NodePhase::Booting { ready_at: until.saturating_add(ready) };
+                self.record(i, TraceKind::RebootEnd);
+                self.apply_node(i, now);
+            }
+            NodePhase::Booting { ready_at } if now >= ready_at => {
+                self.nodes[i].phase = NodePhase::Running;
+                if self.nodes[i].not_ready_until.is_none() {
+                    self.nodes[i].ready = true;
+                    self.record(i, TraceKind::Ready);
+                }
+                if self.nodes[i].etcd.is_some() {
+                    match self.nodes[i].etcd_lag.take() {
+                        Some(lag) => {
+                            self.nodes[i].etcd = Some(EtcdMember::Learner { until: ready_at.saturating_add(lag) })
+                        }
+                        None => {
+                            self.nodes[i].etcd = Some(EtcdMember::Voter);
+                            self.record(i, TraceKind::EtcdMemberBack);
+                        }
+                    }
+                }
+            }
+            NodePhase::Running
+            | NodePhase::Installing { .. }
+            | NodePhase::Rebooting { .. }
+            | NodePhase::Booting { .. } => {}
+        }
+        if let Some(EtcdMember::Learner { until }) = self.nodes[i].etcd
+            && now >= until
+        {
+            self.nodes[i].etcd = Some(EtcdMember::Voter);
+            self.record(i, TraceKind::EtcdMemberBack);
+        }
+        self.move_replicas(i, now);
+    }
+
+    fn move_replicas(&mut self, i: usize, now: Timestamp) {
+        loop {
+            let Some(at) = self.nodes[i].evacuation.as_ref().and_then(|e| e.next_move_at) else { return };
+            if now < at || self.nodes[i].replicas == 0 {
+                return;
+            }
+            self.nodes[i].replicas -= 1;
+            let left = self.nodes[i].replicas;
+            let next = if left == 0 {
+                self.record(i, TraceKind::Evacuated);
+                None
+            } else {
+                let k = self.nodes[i].drawn.replica_moves.len().saturating_sub(left as usize);
+                let step = self.nodes[i].drawn.replica_moves.get(k).copied().unwrap_or(10);
+                Some(at.saturating_add(secs(step)))
+            };
+            if let Some(e) = self.nodes[i].evacuation.as_mut() {
+                e.next_move_at = next;
+            }
+        }
+    }
+
+    /// Updates the maxima of nodes down and the minimum of etcd voters.
+    pub(crate) fn measure(&mut self) {
+        let down = |role: MachineRole| {
+            self.nodes
+                .iter()
+                .filter(|n| {
+                    !n.removed && n.role == role && (n.upgrading() || (role == MachineRole::ControlPlane && !n.ready))
+                })
+                .count()
+        };
+        let (cps, workers) = (down(MachineRole::ControlPlane), down(MachineRole::Worker));
+        let voters = self.nodes.iter().filter(|n| !n.removed && n.etcd == Some(EtcdMember::Voter)).count();
+        let c = &mut self.counters;
+        c.max_control_planes_down = c.max_control_planes_down.max(cps);
+        c.max_workers_down = c.max_workers_down.max(workers);
+        if self.nodes.iter().any(|n| n.etcd.is_some()) {
+            c.min_etcd_voters = Some(c.min_etcd_voters.map_or(voters, |m| m.min(voters)));
+        }
+    }
+
+    /// Whether the APIs refuse calls now.
+    #[must_use]
+    pub fn in_outage(&self) -> bool {
+        self.outage.is_some_and(|(from, until)| self.now >= from && self.now < until)
+    }
+
+    /// Counts a call and says whether it may take effect (see [`CrashState`]).
+    pub(crate) fn enter(&mut self) -> Gate {
+        let crash = &mut self.crash;
+        if crash.dead {
+            return Gate::Refuse;
+        }
+        crash.calls += 1;
+        if crash.crash_at == Some(crash.calls) {
+            crash.crash_at = None;
+            crash.dead = true;
+            if crash.before_effect {
+                return Gate::Refuse;
+            }
+            return Gate::Go { killed: true };
+        }
+        if self.in_outage() {
+            return Gate::Refuse;
+        }
+        Gate::Go { killed: false }
+    }
+
+    /// Arms a crash `after` calls from now, before or after that call's effect.
+    pub fn arm_crash(&mut self, after: u64, before_effect: bool) {
+        self.crash.crash_at = Some(self.crash.calls + after.max(1));
+        self.crash.before_effect = before_effect;
+    }
+
+    /// If the controller died, restarts it and says so.
+    pub fn take_restart(&mut self) -> bool {
+        if !self.crash.dead {
+            self.crash.crash_at = None;
+            return false;
+        }
+        self.crash.dead = false;
+        self.counters.restarts += 1;
+        true
+    }
+}
