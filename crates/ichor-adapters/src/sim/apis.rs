@@ -88,6 +88,11 @@ impl TalosApi for SimCluster {
     }
 
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        self.with_world(|w| {
+            if let Some(before_effect) = w.crash.on_next_upgrade.take() {
+                w.arm_crash(1, before_effect);
+            }
+        });
         self.talos(node, |w, i| {
             let answered = |code: &str, message: String| TalosError::Answered { code: code.to_owned(), message };
             if w.nodes[i].phase != NodePhase::Running {

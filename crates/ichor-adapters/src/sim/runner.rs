@@ -48,9 +48,9 @@ pub async fn run_operation(
     for _ in 0..max_passes {
         if crashes {
             sim.with_world(|w| {
-                if w.rng.chance(0.25) {
-                    let after = w.rng.in_range(1..=40);
-                    let before = w.rng.chance(0.5);
+                if w.crash.crash_at.is_none() && w.crash_rng.chance(0.25) {
+                    let after = w.crash_rng.in_range(1..=40);
+                    let before = w.crash_rng.chance(0.5);
                     w.arm_crash(after, before);
                 }
             });

@@ -176,6 +176,9 @@ pub struct CrashState {
     pub before_effect: bool,
     /// Whether the controller is dead.
     pub dead: bool,
+    /// Kill the controller at the next Upgrade call: before its effect (`true`, the call
+    /// never reaches the node) or after it (`false`, the acknowledgement is lost).
+    pub on_next_upgrade: Option<bool>,
 }
 
 /// Counters over a run.
@@ -215,6 +218,9 @@ pub struct World {
     /// When the run started.
     pub start: Timestamp,
     pub(crate) rng: Rng,
+    /// Where the controller-crash fault strikes: a stream of its own, so that a run with
+    /// crashes draws the same world as the same seed without them.
+    pub(crate) crash_rng: Rng,
     /// The nodes.
     pub nodes: Vec<SimNode>,
     /// Each machine's conditions.
@@ -326,6 +332,7 @@ impl World {
             } else {
                 Vec::new()
             },
+            crash_rng: Rng::new(config.seed ^ 0x00c0_ffee_dead_beef),
             config,
             now: start,
             start,
@@ -616,10 +623,10 @@ impl World {
         self.crash.before_effect = before_effect;
     }
 
-    /// If the controller died, restarts it and says so.
+    /// If the controller died, restarts it and says so. A crash armed for a later call
+    /// stays armed.
     pub fn take_restart(&mut self) -> bool {
         if !self.crash.dead {
-            self.crash.crash_at = None;
             return false;
         }
         self.crash.dead = false;

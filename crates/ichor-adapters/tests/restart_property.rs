@@ -1,0 +1,128 @@
+//! The restart property (issue 3): a controller killed at random points, between
+//! observing, calling and writing, and restarted with nothing in memory, reaches the same
+//! end as one never killed, and never has a second Upgrade call acknowledged for a machine
+//! on the same boot. Upgrades that succeed and A/B fallbacks both.
+
+use std::collections::BTreeMap;
+
+use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::operation::OperationSpec;
+use ichor_upgrade_core::versions::TalosVersion;
+use proptest::prelude::*;
+
+/// What a run ends with, to compare runs with and without restarts.
+#[derive(Debug, PartialEq, Eq)]
+struct Ending {
+    end: RunEnd,
+    versions: BTreeMap<String, String>,
+    failed: Vec<String>,
+}
+
+fn config(control_planes: usize, workers: usize, seed: u64, fallback: bool, storage: bool, crash: bool) -> SimConfig {
+    let from = TalosVersion::parse("v1.14.3").unwrap();
+    let to = TalosVersion::parse("v1.14.4").unwrap();
+    let mut faults = Vec::new();
+    if fallback {
+        faults.push(Fault::AbFallback);
+    }
+    if crash {
+        faults.push(Fault::ControllerCrash);
+    }
+    SimConfig::new(control_planes, workers, from, to).with_seed(seed).with_storage(storage).with_faults(faults)
+}
+
+fn run(config: SimConfig, max_unavailable: i64) -> (Ending, SimCluster) {
+    let sim = SimCluster::new(config);
+    sim.create_operation(
+        "upgrade",
+        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable },
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 20_000, |_| {}));
+    let ending = sim.with_world(|w| Ending {
+        end,
+        versions: w.nodes.iter().map(|n| (n.name.clone(), n.version.to_string())).collect(),
+        failed: w.trace.iter().filter(|e| e.event == TraceKind::Failed).map(|e| e.node.clone()).collect(),
+    });
+    (ending, sim)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_controller_killed_anywhere_ends_as_one_never_killed(
+        control_planes in 1usize..=3,
+        workers in 0usize..=3,
+        max_unavailable in 1i64..=2,
+        seed in any::<u64>(),
+        fallback in any::<bool>(),
+        storage in any::<bool>(),
+    ) {
+        let (reference, _) = run(config(control_planes, workers, seed, fallback, storage, false), max_unavailable);
+        prop_assert!(matches!(reference.end, RunEnd::Completed | RunEnd::Paused), "reference: {:?}", reference.end);
+        let (crashed, sim) = run(config(control_planes, workers, seed, fallback, storage, true), max_unavailable);
+        let replay = format!(
+            "replay: cargo run --example rollout -- --control-planes {control_planes} --workers {workers} \
+             --max-unavailable {max_unavailable} --seed {seed} --faults controller-crash{}",
+            if fallback { ",ab-fallback" } else { "" }
+        );
+        prop_assert_eq!(&crashed, &reference, "{}", replay);
+        sim.with_world(|w| -> Result<(), TestCaseError> {
+            let mut per_boot: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+            for u in &w.upgrades {
+                *per_boot.entry((u.node.as_str(), u.boot_id.as_str())).or_default() += 1;
+            }
+            for ((node, boot), calls) in per_boot {
+                prop_assert_eq!(calls, 1, "{} got {} acknowledged Upgrade calls on boot {}; {}", node, calls, boot, replay);
+            }
+            prop_assert!(w.counters.max_control_planes_down <= 1, "{}", replay);
+            prop_assert!(w.counters.max_workers_down <= max_unavailable as usize, "{}", replay);
+            Ok(())
+        })?;
+    }
+}
+
+#[test]
+fn the_crash_fault_really_kills_the_controller() {
+    let (ending, sim) = run(config(3, 3, 11, false, true, true), 1);
+    assert_eq!(ending.end, RunEnd::Completed);
+    let restarts = sim.with_world(|w| w.counters.restarts);
+    assert!(restarts > 5, "only {restarts} restarts: the property would prove little");
+}
+
+/// Kills the controller at the first Upgrade call, before or after its effect.
+fn killed_at_the_upgrade_call(before_effect: bool) -> SimCluster {
+    let sim = SimCluster::new(config(1, 0, 5, false, false, false));
+    sim.with_world(|w| w.crash.on_next_upgrade = Some(before_effect));
+    sim.create_operation(
+        "upgrade",
+        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1 },
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+    sim
+}
+
+#[test]
+fn killed_after_the_acknowledgement_the_call_is_never_sent_again() {
+    let sim = killed_at_the_upgrade_call(false);
+    sim.with_world(|w| {
+        assert_eq!(w.counters.restarts, 1);
+        assert_eq!(w.upgrades.len(), 1, "the lost acknowledgement is read from the node");
+        assert_eq!(w.nodes[0].version.to_string(), "v1.14.4");
+    });
+}
+
+#[test]
+fn killed_before_the_call_reached_the_node_it_is_made_once_after_its_deadline() {
+    let sim = killed_at_the_upgrade_call(true);
+    sim.with_world(|w| {
+        assert_eq!(w.counters.restarts, 1);
+        assert_eq!(w.upgrades.len(), 1);
+        let waited = w.upgrades[0].at.saturating_since(w.start);
+        assert!(waited >= std::time::Duration::from_secs(600), "called again only after the deadline: {waited:?}");
+    });
+}

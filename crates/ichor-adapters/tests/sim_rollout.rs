@@ -1,0 +1,111 @@
+//! Whole rollouts on the simulated cluster through the real rollout engine and drivers.
+
+use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::conditions::ConditionStatus;
+use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
+use ichor_upgrade_core::operation::{OperationSpec, RESUME_ANNOTATION};
+use ichor_upgrade_core::versions::TalosVersion;
+
+fn v(text: &str) -> TalosVersion {
+    TalosVersion::parse(text).unwrap()
+}
+
+fn spec(max_unavailable: i64) -> OperationSpec {
+    OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable }
+}
+
+async fn run(sim: &SimCluster) -> RunEnd {
+    run_operation(sim, "upgrade", &ExecutorConfig::default(), 5_000, |_| {}).await
+}
+
+#[tokio::test]
+async fn a_fault_free_rollout_completes_with_every_node_on_target_one_control_plane_at_a_time() {
+    let sim = SimCluster::new(SimConfig::new(3, 5, v("v1.14.3"), v("v1.14.4")).with_seed(42));
+    sim.create_operation("upgrade", spec(2));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.with_world(|w| {
+        for n in &w.nodes {
+            assert_eq!(n.version, v("v1.14.4"), "{}", n.name);
+            assert!(n.ready && n.scheduling, "{} ready and schedulable", n.name);
+        }
+        assert_eq!(w.counters.upgrade_calls, 8, "one acknowledged call per machine");
+        assert_eq!(w.counters.max_control_planes_down, 1);
+        assert!(w.counters.max_workers_down <= 2);
+        assert_eq!(w.counters.min_etcd_voters, Some(2), "quorum kept");
+        assert!(w.lease.as_ref().is_some_and(|l| l.holder.is_none()), "the lock is released");
+        for (name, c) in &w.conditions {
+            if let Some(e) = c.get(STORAGE_EVACUATION) {
+                assert_eq!(e.status, ConditionStatus::False, "{name}: evacuation ended");
+            }
+        }
+    });
+}
+
+#[tokio::test]
+async fn storage_is_evacuated_before_each_worker_upgrade_and_restored_after_it_is_ready() {
+    let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(7));
+    sim.create_operation("upgrade", spec(1));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.with_world(|w| {
+        for worker in ["worker-1", "worker-2", "worker-3"] {
+            let events: Vec<TraceKind> = w.trace.iter().filter(|e| e.node == worker).map(|e| e.event).collect();
+            let at = |k: TraceKind| events.iter().position(|e| *e == k).unwrap_or_else(|| panic!("{worker}: no {k:?}"));
+            assert!(at(TraceKind::Evacuated) < at(TraceKind::UpgradeCall), "{worker}: {events:?}");
+            let last_ready = events.iter().rposition(|e| *e == TraceKind::Ready).unwrap();
+            assert!(last_ready < at(TraceKind::EvacuationEnd), "{worker}: scheduling back only after Ready");
+        }
+    });
+}
+
+#[tokio::test]
+async fn an_ab_fallback_pauses_and_is_never_converged() {
+    let sim =
+        SimCluster::new(SimConfig::new(3, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3).with_faults([Fault::AbFallback]));
+    sim.create_operation("upgrade", spec(1));
+    assert_eq!(run(&sim).await, RunEnd::Paused);
+    sim.with_world(|w| {
+        let fallen = w.nodes.iter().find(|n| w.trace.iter().any(|e| e.node == n.name && e.event == TraceKind::Failed));
+        let fallen = fallen.expect("a failed node");
+        assert_eq!(fallen.version, v("v1.14.3"));
+        assert!(!w.trace.iter().any(|e| e.node == fallen.name && e.event == TraceKind::Converged));
+        assert_eq!(w.upgrades.iter().filter(|u| u.node == fallen.name).count(), 1, "never re-sent by itself");
+    });
+}
+
+#[tokio::test]
+async fn a_resume_after_a_fallback_retries_that_machine_and_completes() {
+    let sim =
+        SimCluster::new(SimConfig::new(3, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3).with_faults([Fault::AbFallback]));
+    sim.create_operation("upgrade", spec(1));
+    assert_eq!(run(&sim).await, RunEnd::Paused);
+    sim.annotate_operation("upgrade", RESUME_ANNOTATION, "2026-11-29T16:00:00Z");
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.with_world(|w| assert!(w.nodes.iter().all(|n| n.version == v("v1.14.4"))));
+}
+
+#[tokio::test]
+async fn a_stuck_evacuation_pauses_with_scheduling_back_on() {
+    let sim = SimCluster::new(
+        SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(5).with_faults([Fault::EvacuationStuck]),
+    );
+    sim.create_operation("upgrade", spec(1));
+    assert_eq!(run(&sim).await, RunEnd::Paused);
+    sim.with_world(|w| {
+        let stuck = w.nodes.iter().find(|n| n.stuck).unwrap();
+        assert!(stuck.scheduling, "scheduling re-enabled after the timeout");
+        assert_eq!(stuck.version, v("v1.14.3"), "never upgraded with replicas on it");
+        assert!(!w.upgrades.iter().any(|u| u.node == stuck.name));
+    });
+}
+
+#[tokio::test]
+async fn other_kinds_are_refused_and_nothing_is_touched() {
+    let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")));
+    sim.create_operation("upgrade", OperationSpec { kind: "kubernetes".into(), ..spec(1) });
+    assert_eq!(run(&sim).await, RunEnd::Refused);
+    sim.with_world(|w| {
+        assert_eq!(w.counters.upgrade_calls, 0);
+        assert!(w.lease.is_none());
+    });
+}
