@@ -444,24 +444,14 @@ async fn call_upgrade(
 }
 
 /// Closes what a failed attempt left on a machine so that a resume retries it afresh:
-/// `TalosUpgrade=False/Retry` when an upgrade was recorded in flight. An unconfirmed intent
-/// for this very target is left as it is: only the node can say whether that call was
-/// acknowledged, and the step reads it (so a reboot into the old version is still an A/B
-/// fallback, and with no sign of the call after its deadline the call is made again).
+/// `TalosUpgrade=False/Retry` whenever an upgrade is recorded in flight. The person's resume
+/// is the decision; the retry then starts from the node as it is (a node still installing
+/// or rebooting is waited for by the pre-call checks, never called again).
 ///
 /// # Errors
 /// The condition write that failed.
-pub async fn reset_for_retry(
-    ex: &Executor<'_>,
-    machine: &MachineInfo,
-    target: &UpgradeTarget,
-) -> Result<(), AdvanceError> {
-    let Some(marker) = machine.conditions.get(TALOS_UPGRADE).filter(|c| c.status != ConditionStatus::False) else {
-        return Ok(());
-    };
-    let unconfirmed_for_target = marker.status == ConditionStatus::Unknown
-        && UpgradeMarker::parse(&marker.message).is_ok_and(|m| m.target == target.version);
-    if unconfirmed_for_target {
+pub async fn reset_for_retry(ex: &Executor<'_>, machine: &MachineInfo) -> Result<(), AdvanceError> {
+    if !past_upgrade_call(&machine.conditions) {
         return Ok(());
     }
     let mut conditions = machine.conditions.clone();

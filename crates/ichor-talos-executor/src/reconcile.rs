@@ -187,11 +187,9 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
     let by_name: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.machine.name.as_str(), o)).collect();
     let target = upgrade_target(&cluster);
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
-    if let Ok(target) = &target {
-        for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
-            if let Err(e) = reset_for_retry(ex, &machine.machine, target).await {
-                outcomes.push((machine.machine.name.clone(), e.outcome()));
-            }
+    for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
+        if let Err(e) = reset_for_retry(ex, &machine.machine).await {
+            outcomes.push((machine.machine.name.clone(), e.outcome()));
         }
     }
     for machine in decision.stop.iter().filter_map(|n| by_name.get(n.as_str())) {
