@@ -76,7 +76,7 @@ fn run(config: SimConfig, max_unavailable: i64) -> (Ending, SimCluster) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1_000, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: std::env::var("RESTART_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn a_controller_killed_anywhere_ends_as_one_never_killed(
