@@ -14,12 +14,11 @@ use ichor_storage::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
-use ichor_upgrade_core::etcd_gate::member_of;
 use ichor_upgrade_core::evacuation::StorageObservation;
 use ichor_upgrade_core::operation::{MachineRole, OperationKind};
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{
-    Action, EtcdMembership, MachineFailure, MachineSpec, NodeObservation, StepInput, TalosObservation, UpgradeTarget,
+    Action, MachineFailure, MachineSpec, NodeObservation, StepInput, TalosObservation, UpgradeTarget,
     past_upgrade_call, step,
 };
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
@@ -148,6 +147,24 @@ pub enum AdvanceError {
     /// The machine's conditions could not be written.
     #[error(transparent)]
     PatchConditions(#[from] ConditionWriteError),
+    /// A Kubernetes call of a step failed (cordon, eviction, Node deletion).
+    #[error("{call}: {source}")]
+    KubeCall {
+        /// The call.
+        call: &'static str,
+        /// The cause.
+        #[source]
+        source: KubeCallError,
+    },
+    /// A Talos call of a step failed (leaving etcd, the reset).
+    #[error("{call}: {source}")]
+    TalosCall {
+        /// The call.
+        call: &'static str,
+        /// The cause.
+        #[source]
+        source: TalosCallError,
+    },
 }
 
 impl AdvanceError {
@@ -161,6 +178,8 @@ impl AdvanceError {
             Self::Storage { source, .. } => source.is_transient(),
             Self::StorageTimedOut { .. } => true,
             Self::PatchConditions(e) => e.transient,
+            Self::KubeCall { source, .. } => source.is_transient(),
+            Self::TalosCall { source, .. } => source.is_unreachable(),
         }
     }
 
@@ -173,6 +192,8 @@ impl AdvanceError {
             Self::ReadNode { .. } => "ReadNode",
             Self::Storage { .. } | Self::StorageTimedOut { .. } => "Storage",
             Self::PatchConditions(_) => "PatchConditions",
+            Self::KubeCall { .. } => "KubeCall",
+            Self::TalosCall { .. } => "TalosCall",
         }
     }
 
@@ -188,7 +209,11 @@ impl AdvanceError {
 }
 
 /// Runs `call` under `bound`.
-async fn bounded<T>(call: &'static str, bound: Duration, future: impl Future<Output = T>) -> Result<T, CallTimedOut> {
+pub(crate) async fn bounded<T>(
+    call: &'static str,
+    bound: Duration,
+    future: impl Future<Output = T>,
+) -> Result<T, CallTimedOut> {
     tokio::time::timeout(bound, future).await.map_err(|_| CallTimedOut { call, bound })
 }
 
@@ -229,7 +254,7 @@ pub async fn advance_machine(
     let labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
     let storage = observe(ex, &node_name, &labels, &machine.conditions).await?;
     let etcd_member = if machine.role == MachineRole::ControlPlane {
-        Some(etcd_membership(ex, &machine.address, &node_name).await)
+        Some(crate::etcd::membership(ex, &[machine.address.as_str()], &node_name).await)
     } else {
         None
     };
@@ -250,7 +275,7 @@ pub async fn advance_machine(
     carry_out(ex, machine, &node_name, node.as_ref(), action).await
 }
 
-async fn node_name(ex: &Executor<'_>, machine: &MachineInfo) -> Result<String, AdvanceError> {
+pub(crate) async fn node_name(ex: &Executor<'_>, machine: &MachineInfo) -> Result<String, AdvanceError> {
     if let Some(hostname) = machine.hostname.as_deref().filter(|h| !h.is_empty()) {
         return Ok(hostname.to_owned());
     }
@@ -261,7 +286,7 @@ async fn node_name(ex: &Executor<'_>, machine: &MachineInfo) -> Result<String, A
         .map_err(|source| AdvanceError::ResolveNodename { machine: machine.name.clone(), source })
 }
 
-fn node_observation(node: &NodeInfo) -> NodeObservation {
+pub(crate) fn node_observation(node: &NodeInfo) -> NodeObservation {
     NodeObservation {
         ready: node.ready,
         os_image: node.os_image.clone(),
@@ -270,7 +295,7 @@ fn node_observation(node: &NodeInfo) -> NodeObservation {
     }
 }
 
-async fn observe(
+pub(crate) async fn observe(
     ex: &Executor<'_>,
     node: &str,
     labels: &ichor_storage::Labels,
@@ -280,18 +305,6 @@ async fn observe(
         .await
         .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
         .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source })
-}
-
-async fn etcd_membership(ex: &Executor<'_>, address: &str, node_name: &str) -> EtcdMembership {
-    match bounded("etcd members", ex.config.call_timeout, ex.talos.etcd_members(address)).await {
-        Ok(Ok(members)) => match members.iter().find(|m| member_of(&m.hostname, node_name)) {
-            Some(m) if m.is_learner => EtcdMembership::Learner,
-            Some(_) => EtcdMembership::Voter,
-            None => EtcdMembership::Absent,
-        },
-        Ok(Err(e)) => EtcdMembership::Unknown { error: e.to_string() },
-        Err(timed_out) => EtcdMembership::Unknown { error: timed_out.to_string() },
-    }
 }
 
 async fn write_talos_upgrade(
@@ -307,7 +320,7 @@ async fn write_talos_upgrade(
 }
 
 /// Writes the machine's conditions under the ordinary call bound.
-async fn write_conditions(
+pub(crate) async fn write_conditions(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     conditions: &Conditions,
@@ -323,7 +336,7 @@ async fn write_conditions(
     }
 }
 
-fn failed(failure: &MachineFailure) -> MachineOutcome {
+pub(crate) fn failed(failure: &MachineFailure) -> MachineOutcome {
     MachineOutcome::Failed { reason: failure.reason().to_owned(), message: failure.to_string() }
 }
 

@@ -49,6 +49,8 @@ pub struct NodeInfo {
     pub name: String,
     /// Whether its Ready condition is True.
     pub ready: bool,
+    /// `spec.unschedulable` (cordoned).
+    pub unschedulable: bool,
     /// `status.nodeInfo.osImage`.
     pub os_image: String,
     /// `status.nodeInfo.bootID`.
@@ -165,6 +167,33 @@ pub struct Event {
     pub message: String,
 }
 
+/// A pod on a node, as the drain needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodInfo {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The kinds of its controller owner references (`ReplicaSet`, `DaemonSet`, ...).
+    pub owner_kinds: Vec<String>,
+    /// A mirror (static) pod: annotation `kubernetes.io/config.mirror`.
+    pub mirror: bool,
+    /// Its deletion timestamp is set.
+    pub terminating: bool,
+}
+
+/// What an eviction came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    /// The pod is being evicted (or was already gone).
+    Evicted,
+    /// A PodDisruptionBudget refused it for now (HTTP 429): try again later.
+    Blocked {
+        /// The API server's message.
+        message: String,
+    },
+}
+
 /// What the executor asks of the Kubernetes API.
 #[async_trait]
 pub trait KubeApi: ConditionStore {
@@ -188,4 +217,14 @@ pub trait KubeApi: ConditionStore {
     async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError>;
     /// Records an Event.
     async fn event(&self, event: &Event) -> Result<(), KubeError>;
+    /// One machine, if it exists.
+    async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError>;
+    /// Cordons a Node (`spec.unschedulable=true`).
+    async fn cordon(&self, node: &str) -> Result<(), KubeError>;
+    /// The pods scheduled on a Node.
+    async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
+    /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
+    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
+    /// Deletes a Node object.
+    async fn delete_node(&self, node: &str) -> Result<(), KubeError>;
 }

@@ -17,8 +17,10 @@
 pub mod advance;
 pub mod clock;
 pub mod config;
+pub mod etcd;
 pub mod kube_api;
 pub mod reconcile;
+pub mod removal;
 pub mod talos_api;
 
 pub use advance::{AdvanceError, Executor, advance_machine};

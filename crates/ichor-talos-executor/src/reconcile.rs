@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use futures::future::join_all;
 use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::etcd_gate::{self, ControlPlaneReport, Member};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::rollout::{
@@ -23,6 +22,7 @@ use crate::advance::{
     AdvanceError, Executor, KubeCallError, advance_machine, end_evacuation, machine_past_upgrade_call, outcome_recheck,
     reset_for_retry,
 };
+use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
 
 /// What one pass came to.
@@ -266,23 +266,15 @@ async fn observe_machines(ex: &Executor<'_>, machines: Vec<MachineInfo>) -> Vec<
 
 /// Gathers the etcd gate from every control plane.
 async fn gather_etcd_gate(ex: &Executor<'_>, observed: &[Observed]) -> EtcdVerdict {
-    let control_planes: Vec<&Observed> =
-        observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane).collect();
-    let reports = join_all(control_planes.iter().map(|o| async {
-        let node = o.node_name.clone().unwrap_or_else(|| o.machine.name.clone());
-        let members =
-            match tokio::time::timeout(ex.config.call_timeout, ex.talos.etcd_members(&o.machine.address)).await {
-                Ok(Ok(members)) => Ok(members
-                    .into_iter()
-                    .map(|m| Member { id: m.id, name: m.hostname, is_learner: m.is_learner })
-                    .collect()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("no answer within {:?}", ex.config.call_timeout)),
-            };
-        ControlPlaneReport { node, members }
-    }))
-    .await;
-    etcd_gate::verdict(&reports)
+    let control_planes: Vec<ControlPlane> = observed
+        .iter()
+        .filter(|o| o.machine.role == MachineRole::ControlPlane)
+        .map(|o| ControlPlane {
+            address: o.machine.address.clone(),
+            node: o.node_name.clone().unwrap_or_else(|| o.machine.name.clone()),
+        })
+        .collect();
+    etcd::gate(ex, &control_planes).await
 }
 
 /// Writes the Lease as the decision says, under the observed resourceVersion.

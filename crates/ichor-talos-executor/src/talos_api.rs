@@ -70,6 +70,16 @@ pub struct EtcdMember {
     pub is_learner: bool,
 }
 
+/// A `MachineService.Reset` request, as node removal sends it: graceful (the node leaves
+/// etcd itself and stops its services in order), and powered off afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResetRequest {
+    /// Graceful: cordon, drain and leave etcd before wiping.
+    pub graceful: bool,
+    /// Reboot after the reset (false: power off).
+    pub reboot: bool,
+}
+
 /// What the executor asks of the Talos API.
 #[async_trait]
 pub trait TalosApi: Send + Sync {
@@ -81,4 +91,8 @@ pub trait TalosApi: Send + Sync {
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
     /// The etcd member list, as the node sees it.
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
+    /// `EtcdLeaveCluster`: the node's etcd member leaves the cluster.
+    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
+    /// `Reset`: the node wipes itself.
+    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
 }

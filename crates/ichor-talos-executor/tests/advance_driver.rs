@@ -6,80 +6,27 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
+use ichor_storage::StorageObject;
+use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::{AdvanceError, Executor, advance_machine};
-use ichor_talos_executor::kube_api::{
-    ClusterInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
-};
-use ichor_talos_executor::talos_api::{EtcdMember, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
-use ichor_talos_executor::{Clock, ExecutorConfig};
+use ichor_talos_executor::kube_api::{KubeError, MachineInfo, NodeInfo};
+use ichor_talos_executor::talos_api::{EtcdMember, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
 use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade};
 use ichor_upgrade_core::versions::TalosVersion;
-use mockall::mock;
 use mockall::predicate::eq;
+
+mod support;
+use support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 
 const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
 const BOOT_BEFORE: &str = "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11";
 const BOOT_AFTER: &str = "7e2d9c40-13b1-4c8f-8d7e-52a0c6f1e3b2";
-const NOW: Timestamp = Timestamp::from_unix_secs(1_000);
-
-mock! {
-    Talos {}
-    #[async_trait]
-    impl TalosApi for Talos {
-        async fn nodename(&self, node: &str) -> Result<String, TalosError>;
-        async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError>;
-        async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
-        async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
-    }
-}
-
-mock! {
-    Kube {}
-    #[async_trait]
-    impl ConditionStore for Kube {
-        async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
-    }
-    #[async_trait]
-    impl KubeApi for Kube {
-        async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError>;
-        async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError>;
-        async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
-        async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError>;
-        async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError>;
-        async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError>;
-        async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError>;
-        async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError>;
-        async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError>;
-        async fn event(&self, event: &Event) -> Result<(), KubeError>;
-    }
-}
-
-mock! {
-    Storage {}
-    #[async_trait]
-    impl StorageApi for Storage {
-        async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
-        async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
-        async fn request_evacuation(&self, node: &str) -> Result<(), StorageError>;
-        async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
-    }
-}
-
-struct FixedClock;
-
-impl Clock for FixedClock {
-    fn now(&self) -> Timestamp {
-        NOW
-    }
-}
 
 /// A Talos API whose Upgrade and stage calls take a while before answering as the mock says.
 struct Slow {
@@ -103,6 +50,12 @@ impl TalosApi for Slow {
     }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.inner.etcd_members(node).await
+    }
+    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
+        self.inner.etcd_leave_cluster(node).await
+    }
+    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
+        self.inner.reset(node, request).await
     }
 }
 
@@ -131,6 +84,7 @@ fn node(os_image: &str, boot_id: &str, ready: bool) -> NodeInfo {
     NodeInfo {
         name: "worker-1".into(),
         ready,
+        unschedulable: false,
         os_image: os_image.into(),
         boot_id: boot_id.into(),
         labels: [("storage".to_owned(), "longhorn".to_owned())].into(),

@@ -35,6 +35,7 @@ pub mod conditions;
 pub mod etcd_gate;
 pub mod evacuation;
 pub mod operation;
+pub mod removal_step;
 pub mod rollout;
 pub mod status;
 pub mod talos_step;

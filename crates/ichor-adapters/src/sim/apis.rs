@@ -6,9 +6,10 @@ use async_trait::async_trait;
 use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::Clock;
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+    PodInfo,
 };
-use ichor_talos_executor::talos_api::{EtcdMember, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_talos_executor::talos_api::{EtcdMember, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
@@ -82,7 +83,8 @@ impl TalosApi for SimCluster {
                 NodePhase::Running => MachineStage::Running,
                 NodePhase::Installing { .. } => MachineStage::Upgrading,
                 NodePhase::Booting { .. } => MachineStage::Booting,
-                NodePhase::Rebooting { .. } => MachineStage::Rebooting,
+                NodePhase::Rebooting { .. } | NodePhase::PoweredOff => MachineStage::Rebooting,
+                NodePhase::Resetting { .. } => MachineStage::Resetting,
             })
         })
     }
@@ -152,13 +154,47 @@ impl TalosApi for SimCluster {
                 .collect())
         })
     }
+
+    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
+        self.talos(node, |w, i| match w.nodes[i].etcd {
+            Some(SimMember::Voter | SimMember::Learner { .. }) => {
+                w.nodes[i].etcd = None;
+                w.record(i, TraceKind::EtcdMemberMissing);
+                Ok(())
+            }
+            Some(SimMember::Missing) | None => Err(TalosError::Answered {
+                code: "FailedPrecondition".to_owned(),
+                message: "etcd is not running on this node".to_owned(),
+            }),
+        })
+    }
+
+    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
+        self.talos(node, |w, i| {
+            if !request.graceful || request.reboot {
+                return Err(TalosError::Answered {
+                    code: "InvalidArgument".to_owned(),
+                    message: "the simulation only models a graceful reset that powers off".to_owned(),
+                });
+            }
+            if let NodePhase::Resetting { .. } = w.nodes[i].phase {
+                return Err(TalosError::Answered {
+                    code: "FailedPrecondition".to_owned(),
+                    message: "locked".to_owned(),
+                });
+            }
+            let until = w.now.saturating_add(secs(30));
+            w.nodes[i].phase = NodePhase::Resetting { until };
+            Ok(())
+        })
+    }
 }
 
 #[async_trait]
 impl ConditionStore for SimCluster {
     async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
         self.kube(true, |w| {
-            let Some(i) = w.node_index(machine) else {
+            let Some(i) = w.nodes.iter().position(|n| n.name == machine) else {
                 return Err(KubeError::NotFound(format!("TalosMachine {machine}")));
             };
             let before = w.conditions.get(machine).and_then(|c| c.get(TALOS_UPGRADE).cloned());
@@ -186,6 +222,7 @@ impl KubeApi for SimCluster {
             Ok(w.node(name).map(|n| NodeInfo {
                 name: n.name.clone(),
                 ready: n.ready,
+                unschedulable: n.unschedulable || n.upgrading(),
                 os_image: n.version.os_image(),
                 boot_id: n.boot_id.clone(),
                 labels: n.labels.clone(),
@@ -213,20 +250,67 @@ impl KubeApi for SimCluster {
     }
 
     async fn machines(&self, _cluster: &str) -> Result<Vec<MachineInfo>, KubeError> {
+        self.kube(false, |w| Ok(w.nodes.iter().filter(|n| !n.removed).map(|n| machine_info(w, n)).collect()))
+    }
+
+    async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
+        self.kube(false, |w| Ok(w.nodes.iter().find(|n| n.name == name).map(|n| machine_info(w, n))))
+    }
+
+    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+        self.kube(true, |w| {
+            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+            w.nodes[i].unschedulable = true;
+            Ok(())
+        })
+    }
+
+    async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.kube(false, |w| {
-            Ok(w.nodes
+            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+            Ok(w.nodes[i]
+                .pods
                 .iter()
-                .filter(|n| !n.removed)
-                .map(|n| MachineInfo {
-                    name: n.name.clone(),
-                    role: n.role,
-                    hostname: Some(n.name.clone()),
-                    address: n.address.clone(),
-                    labels: w.machine_labels.get(&n.name).cloned().unwrap_or_default(),
-                    annotations: w.machine_annotations.get(&n.name).cloned().unwrap_or_default(),
-                    conditions: w.conditions.get(&n.name).cloned().unwrap_or_default(),
+                .map(|p| PodInfo {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    owner_kinds: vec![if p.daemonset { "DaemonSet" } else { "ReplicaSet" }.to_owned()],
+                    mirror: p.mirror,
+                    terminating: p.terminating_until.is_some(),
                 })
                 .collect())
+        })
+    }
+
+    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
+        self.kube(true, |w| {
+            let blocked = w.pdb_blocked_until.is_some_and(|t| w.now < t);
+            let now = w.now;
+            let found = w.nodes.iter().enumerate().find_map(|(i, n)| {
+                n.pods.iter().position(|p| p.namespace == namespace && p.name == name).map(|k| (i, k))
+            });
+            let Some((i, k)) = found else { return Ok(Eviction::Evicted) };
+            let pod = &mut w.nodes[i].pods[k];
+            if pod.budgeted && blocked {
+                return Ok(Eviction::Blocked {
+                    message: "Cannot evict pod as it would violate the pod's disruption budget.".to_owned(),
+                });
+            }
+            let first = pod.terminating_until.is_none();
+            pod.terminating_until.get_or_insert(now.saturating_add(secs(10)));
+            if first && w.nodes[i].pods.iter().filter(|p| p.terminating_until.is_some()).count() == 1 {
+                w.record(i, TraceKind::Drain);
+            }
+            Ok(Eviction::Evicted)
+        })
+    }
+
+    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
+        self.kube(true, |w| {
+            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+            w.nodes[i].removed = true;
+            w.record(i, TraceKind::Removed);
+            Ok(())
         })
     }
 
@@ -312,7 +396,7 @@ impl StorageApi for SimCluster {
 
     async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
         self.kube(true, |w| {
-            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
+            let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
             w.nodes[i].scheduling = enabled;
             if enabled && w.nodes[i].evacuation.take().is_some() {
                 w.record(i, TraceKind::EvacuationEnd);
@@ -324,7 +408,7 @@ impl StorageApi for SimCluster {
 
     async fn request_evacuation(&self, node: &str) -> Result<(), StorageError> {
         self.kube(true, |w| {
-            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
+            let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
             if w.nodes[i].evacuation.is_some() {
                 return Ok(());
             }
@@ -348,7 +432,7 @@ impl StorageApi for SimCluster {
 
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
         self.kube(false, |w| {
-            w.node_index(node)
+            w.storage_node(node)
                 .map(|i| w.nodes[i].replicas)
                 .ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))
         })
@@ -363,5 +447,17 @@ fn storage_error(e: KubeError) -> StorageError {
 impl Clock for SimCluster {
     fn now(&self) -> Timestamp {
         self.lock().now
+    }
+}
+
+fn machine_info(w: &World, n: &super::world::SimNode) -> MachineInfo {
+    MachineInfo {
+        name: n.name.clone(),
+        role: n.role,
+        hostname: Some(n.name.clone()),
+        address: n.address.clone(),
+        labels: w.machine_labels.get(&n.name).cloned().unwrap_or_default(),
+        annotations: w.machine_annotations.get(&n.name).cloned().unwrap_or_default(),
+        conditions: w.conditions.get(&n.name).cloned().unwrap_or_default(),
     }
 }

@@ -7,9 +7,14 @@ use std::time::Duration;
 
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
+use ichor_talos_executor::etcd::ControlPlane;
+use ichor_talos_executor::kube_api::KubeApi;
 use ichor_talos_executor::reconcile::reconcile;
+use ichor_talos_executor::removal::remove_machine;
 use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::rollout::Phase;
+use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::status::RecordState;
 
 use super::SimCluster;
@@ -91,6 +96,44 @@ pub async fn run_operation(
             Some(t) if t > now => sim.with_world(|w| w.advance_to(t)),
             Some(_) => {}
             None => return RunEnd::Stalled(sim.with_world(|w| w.operations[name].info.status.phase.clone())),
+        }
+    }
+    RunEnd::PassBound
+}
+
+/// Removes machine `name` through the removal path, at most `max_passes` passes. Ends
+/// `Completed` when the Node is deleted, `Paused` when the removal failed.
+pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, max_passes: usize) -> RunEnd {
+    for _ in 0..max_passes {
+        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config };
+        let now = sim.now();
+        let outcome = match sim.machine(name).await {
+            Ok(Some(machine)) => {
+                let control_planes: Vec<ControlPlane> = sim.with_world(|w| {
+                    w.nodes
+                        .iter()
+                        .filter(|n| n.role == MachineRole::ControlPlane && !n.removed)
+                        .map(|n| ControlPlane { address: n.address.clone(), node: n.name.clone() })
+                        .collect()
+                });
+                remove_machine(&ex, &machine, &control_planes).await.unwrap_or_else(|e| e.outcome())
+            }
+            Ok(None) => return RunEnd::Stalled(Phase::Pending),
+            Err(_) => {
+                MachineOutcome::Waiting { reason: "ApiUnreachable".into(), message: String::new(), recheck_at: None }
+            }
+        };
+        let requeue = match outcome {
+            MachineOutcome::Converged => return RunEnd::Completed,
+            MachineOutcome::Failed { .. } => return RunEnd::Paused,
+            MachineOutcome::Progressed { .. } => Some(now),
+            MachineOutcome::Waiting { recheck_at, .. } => recheck_at.or(Some(now.saturating_add(ERROR_BACKOFF))),
+        };
+        let world_change = sim.with_world(|w| w.next_event_at());
+        match Timestamp::min_opt(requeue, world_change) {
+            Some(t) if t > now => sim.with_world(|w| w.advance_to(t)),
+            Some(_) => {}
+            None => return RunEnd::Stalled(Phase::Pending),
         }
     }
     RunEnd::PassBound

@@ -41,6 +41,30 @@ pub enum NodePhase {
         /// When the Node turns Ready.
         ready_at: Timestamp,
     },
+    /// Resetting (wiping itself) until `until`, then powered off.
+    Resetting {
+        /// When it powers off.
+        until: Timestamp,
+    },
+    /// Reset and powered off: gone for good.
+    PoweredOff,
+}
+
+/// A pod on a simulated node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Owned by a DaemonSet (the drain skips it).
+    pub daemonset: bool,
+    /// A mirror (static) pod (the drain skips it).
+    pub mirror: bool,
+    /// Covered by the PodDisruptionBudget that the pdb-blocked fault blocks.
+    pub budgeted: bool,
+    /// Evicted: gone at this time.
+    pub terminating_until: Option<Timestamp>,
 }
 
 /// A control plane's etcd member.
@@ -125,21 +149,25 @@ pub struct SimNode {
     pub stuck: bool,
     /// Its drawn durations.
     pub drawn: Drawn,
-    /// Whether it was removed from the cluster.
+    /// Whether its Node object was deleted.
     pub removed: bool,
+    /// `spec.unschedulable`.
+    pub unschedulable: bool,
+    /// Its pods.
+    pub pods: Vec<SimPod>,
 }
 
 impl SimNode {
     /// Whether its Talos API answers.
     #[must_use]
     pub fn reachable(&self) -> bool {
-        !self.removed && !matches!(self.phase, NodePhase::Rebooting { .. })
+        !matches!(self.phase, NodePhase::Rebooting { .. } | NodePhase::PoweredOff)
     }
 
     /// Whether it is down because of an upgrade (draining, rebooting, booting).
     #[must_use]
     pub fn upgrading(&self) -> bool {
-        !matches!(self.phase, NodePhase::Running)
+        matches!(self.phase, NodePhase::Installing { .. } | NodePhase::Rebooting { .. } | NodePhase::Booting { .. })
     }
 }
 
@@ -288,6 +316,24 @@ impl World {
                 "extensions.talos.dev/schematic".to_owned(),
                 "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba".to_owned(),
             );
+            let pod = |namespace: &str, name: String, daemonset, mirror, budgeted| SimPod {
+                namespace: namespace.to_owned(),
+                name,
+                daemonset,
+                mirror,
+                budgeted,
+                terminating_until: None,
+            };
+            let mut pods = vec![pod("kube-system", format!("cilium-{index}"), true, false, false)];
+            match role {
+                MachineRole::ControlPlane => {
+                    pods.push(pod("kube-system", format!("kube-apiserver-{name}"), false, true, false));
+                }
+                MachineRole::Worker => {
+                    pods.push(pod("billing", format!("invoice-api-{index}"), false, false, true));
+                    pods.push(pod("billing", format!("invoice-worker-{index}"), false, false, false));
+                }
+            }
             nodes.push(SimNode {
                 name,
                 role,
@@ -308,6 +354,8 @@ impl World {
                 stuck: false,
                 drawn,
                 removed: false,
+                unschedulable: false,
+                pods,
             });
         }
         let mut world = Self {
@@ -410,7 +458,12 @@ impl World {
     }
 
     pub(crate) fn node_index_by_address(&self, address: &str) -> Option<usize> {
-        self.nodes.iter().position(|n| n.address == address && !n.removed)
+        self.nodes.iter().position(|n| n.address == address)
+    }
+
+    /// The storage system's node of this name: it outlives the Kubernetes Node object.
+    pub(crate) fn storage_node(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
     }
 
     pub(crate) fn node_index(&self, name: &str) -> Option<usize> {
@@ -443,10 +496,15 @@ impl World {
         let mut consider = |t: Option<Timestamp>| next = Timestamp::min_opt(next, t);
         for n in self.nodes.iter().filter(|n| !n.removed) {
             consider(match &n.phase {
-                NodePhase::Running => None,
-                NodePhase::Installing { until, .. } | NodePhase::Rebooting { until, .. } => Some(*until),
+                NodePhase::Running | NodePhase::PoweredOff => None,
+                NodePhase::Installing { until, .. }
+                | NodePhase::Rebooting { until, .. }
+                | NodePhase::Resetting { until } => Some(*until),
                 NodePhase::Booting { ready_at } => Some(*ready_at),
             });
+            for pod in &n.pods {
+                consider(pod.terminating_until);
+            }
             consider(n.not_ready_until);
             if let Some(EtcdMember::Learner { until }) = n.etcd {
                 consider(Some(until));
@@ -534,11 +592,20 @@ impl World {
                     }
                 }
             }
+            NodePhase::Resetting { until } if now >= until => {
+                self.nodes[i].phase = NodePhase::PoweredOff;
+                self.nodes[i].ready = false;
+                self.nodes[i].etcd = None;
+                self.record(i, TraceKind::NotReady);
+            }
             NodePhase::Running
             | NodePhase::Installing { .. }
             | NodePhase::Rebooting { .. }
-            | NodePhase::Booting { .. } => {}
+            | NodePhase::Booting { .. }
+            | NodePhase::Resetting { .. }
+            | NodePhase::PoweredOff => {}
         }
+        self.nodes[i].pods.retain(|p| p.terminating_until.is_none_or(|t| now < t));
         if let Some(EtcdMember::Learner { until }) = self.nodes[i].etcd
             && now >= until
         {

@@ -1,0 +1,92 @@
+//! Node removal on the simulated cluster: evacuation (the upgrade's own), cordon, drain
+//! through the Eviction API, leaving etcd, reset, Node deletion.
+
+use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_removal};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_talos_executor::kube_api::EventType;
+use ichor_upgrade_core::conditions::ConditionStatus;
+use ichor_upgrade_core::removal_step::{NODE_REMOVAL, reason};
+use ichor_upgrade_core::versions::TalosVersion;
+
+fn cluster(control_planes: usize, workers: usize, faults: &[Fault]) -> SimCluster {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    SimCluster::new(
+        SimConfig::new(control_planes, workers, v("v1.14.3"), v("v1.14.4")).with_seed(9).with_faults(faults.to_vec()),
+    )
+}
+
+async fn remove(sim: &SimCluster, node: &str, max_passes: usize) -> RunEnd {
+    run_removal(sim, node, &ExecutorConfig::default(), max_passes).await
+}
+
+fn events_of(sim: &SimCluster, node: &str) -> Vec<TraceKind> {
+    sim.with_world(|w| w.trace.iter().filter(|e| e.node == node).map(|e| e.event).collect())
+}
+
+fn position(events: &[TraceKind], kind: TraceKind) -> usize {
+    events.iter().position(|e| *e == kind).unwrap_or_else(|| panic!("no {kind:?} in {events:?}"))
+}
+
+#[tokio::test]
+async fn a_worker_is_evacuated_cordoned_drained_reset_and_deleted_in_that_order() {
+    let sim = cluster(1, 3, &[]);
+    assert_eq!(remove(&sim, "worker-2", 500).await, RunEnd::Completed);
+    let events = events_of(&sim, "worker-2");
+    assert!(position(&events, TraceKind::Evacuated) < position(&events, TraceKind::Drain), "{events:?}");
+    assert!(position(&events, TraceKind::Drain) < position(&events, TraceKind::NotReady), "{events:?}");
+    assert_eq!(events.last(), Some(&TraceKind::Removed));
+    sim.with_world(|w| {
+        let node = w.nodes.iter().find(|n| n.name == "worker-2").unwrap();
+        assert!(node.removed && node.unschedulable);
+        assert!(node.pods.iter().all(|p| p.daemonset), "only the DaemonSet pod is left: {:?}", node.pods);
+        let removal = w.conditions["worker-2"].get(NODE_REMOVAL).unwrap();
+        assert_eq!((removal.status, removal.reason.as_str()), (ConditionStatus::True, reason::REMOVED));
+        assert!(w.nodes.iter().filter(|n| n.name != "worker-2").all(|n| !n.removed && n.ready));
+    });
+}
+
+#[tokio::test]
+async fn a_control_plane_leaves_etcd_and_the_others_keep_quorum() {
+    let sim = cluster(3, 1, &[]);
+    assert_eq!(remove(&sim, "cp-3", 500).await, RunEnd::Completed);
+    let events = events_of(&sim, "cp-3");
+    assert!(position(&events, TraceKind::EtcdMemberMissing) < position(&events, TraceKind::NotReady), "{events:?}");
+    sim.with_world(|w| {
+        let voters = w.nodes.iter().filter(|n| n.etcd.is_some()).count();
+        assert_eq!(voters, 2);
+        let cp3 = w.nodes.iter().find(|n| n.name == "cp-3").unwrap();
+        assert!(cp3.pods.iter().any(|p| p.mirror), "the mirror pod is never evicted");
+    });
+}
+
+#[tokio::test]
+async fn a_pod_disruption_budget_makes_the_drain_wait_not_fail() {
+    let sim = cluster(1, 2, &[Fault::PdbBlocked]);
+    let blocked_until = sim.with_world(|w| w.pdb_blocked_until.unwrap());
+    assert_eq!(remove(&sim, "worker-1", 500).await, RunEnd::Completed);
+    sim.with_world(|w| {
+        let removed_at = w.trace.iter().find(|e| e.node == "worker-1" && e.event == TraceKind::Removed).unwrap().t;
+        let blocked_for = blocked_until.saturating_since(w.start).as_secs_f64();
+        assert!(removed_at >= blocked_for, "the budgeted pod was evicted only once the budget allowed it");
+    });
+}
+
+#[tokio::test]
+async fn a_removal_side_timeout_re_enables_scheduling_warns_and_retries_never_draining() {
+    let sim = cluster(1, 2, &[Fault::EvacuationStuck]);
+    let stuck = sim.with_world(|w| w.nodes.iter().find(|n| n.stuck).unwrap().name.clone());
+    let end = remove(&sim, &stuck, 400).await;
+    assert_eq!(end, RunEnd::PassBound, "a stuck evacuation never lets the removal go on");
+    let events = events_of(&sim, &stuck);
+    let starts = events.iter().filter(|e| **e == TraceKind::EvacuationStart).count();
+    let ends = events.iter().filter(|e| **e == TraceKind::EvacuationEnd).count();
+    assert!(starts >= 2 && ends >= 1, "retried with scheduling back on in between: {events:?}");
+    assert!(!events.contains(&TraceKind::Drain) && !events.contains(&TraceKind::Removed), "{events:?}");
+    sim.with_world(|w| {
+        let warnings: Vec<_> =
+            w.events.iter().filter(|e| e.type_ == EventType::Warning && e.reason == "EvacuationTimedOut").collect();
+        assert!(!warnings.is_empty());
+        let node = w.nodes.iter().find(|n| n.name == stuck).unwrap();
+        assert!(!node.unschedulable, "never cordoned while the evacuation was open");
+    });
+}

@@ -1,0 +1,248 @@
+//! `remove_machine`: one pass of node removal over one machine, beside the upgrade's
+//! `advance_machine`, with the same evacuation (`ichor_storage::evacuate_machine` and
+//! `end_machine_evacuation`).
+//!
+//! It reads the world (the node name, the Node and its pods, the Talos stage, storage, on a
+//! control plane the etcd membership and gate as the other control planes see them),
+//! calls the pure [`removal_step`], carries out its one action and writes conditions.
+
+use ichor_storage::{EvacuationEnd, evacuate_machine};
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::StorageObservation;
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::removal_step::{
+    NODE_REMOVAL, PodRef, RemovalAction, RemovalInput, RemovalNode, reason as removal_reason, removal_step,
+};
+use ichor_upgrade_core::rollout::EtcdVerdict;
+use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::talos_step::{MachineSpec, TalosObservation};
+
+use crate::advance::{
+    AdvanceError, Executor, KubeCallError, TalosCallError, bounded, end_evacuation, node_name, observe,
+    write_conditions,
+};
+use crate::etcd::{self, ControlPlane};
+use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, PodInfo};
+use crate::talos_api::{ResetRequest, TalosError};
+
+/// Whether the drain evicts this pod: not a DaemonSet's, not a mirror (static) pod.
+#[must_use]
+pub fn drains(pod: &PodInfo) -> bool {
+    !pod.mirror && !pod.owner_kinds.iter().any(|k| k == "DaemonSet")
+}
+
+async fn kube<T>(
+    ex: &Executor<'_>,
+    call: &'static str,
+    future: impl Future<Output = Result<T, KubeError>>,
+) -> Result<T, AdvanceError> {
+    bounded(call, ex.config.call_timeout, future)
+        .await
+        .map_err(KubeCallError::from)
+        .and_then(|r| r.map_err(KubeCallError::from))
+        .map_err(|source| AdvanceError::KubeCall { call, source })
+}
+
+async fn talos<T>(
+    ex: &Executor<'_>,
+    call: &'static str,
+    future: impl Future<Output = Result<T, TalosError>>,
+) -> Result<T, AdvanceError> {
+    bounded(call, ex.config.call_timeout, future)
+        .await
+        .map_err(TalosCallError::from)
+        .and_then(|r| r.map_err(TalosCallError::from))
+        .map_err(|source| AdvanceError::TalosCall { call, source })
+}
+
+/// One pass of removing `machine`. `control_planes` are the cluster's control planes
+/// (this machine included if it is one): etcd is read through the others, and a control
+/// plane leaves etcd only while the gate over all of them passes.
+///
+/// # Errors
+/// An observation or a write that failed (see [`AdvanceError::is_transient`]).
+pub async fn remove_machine(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    control_planes: &[ControlPlane],
+) -> Result<MachineOutcome, AdvanceError> {
+    let node_name = node_name(ex, machine).await?;
+    let node = kube(ex, "read Node", ex.kube.node(&node_name)).await?;
+    let removal_node = match &node {
+        Some(n) => {
+            let pods = kube(ex, "list pods", ex.kube.pods_on(&node_name)).await?;
+            let (terminating, live): (Vec<&PodInfo>, Vec<&PodInfo>) =
+                pods.iter().filter(|p| drains(p)).partition(|p| p.terminating);
+            Some(RemovalNode {
+                ready: n.ready,
+                unschedulable: n.unschedulable,
+                evictable: live
+                    .iter()
+                    .map(|p| PodRef { namespace: p.namespace.clone(), name: p.name.clone() })
+                    .collect(),
+                terminating: terminating.len(),
+            })
+        }
+        None => None,
+    };
+    let talos_seen =
+        match bounded("machine stage", ex.config.call_timeout, ex.talos.machine_stage(&machine.address)).await {
+            Ok(Ok(stage)) => TalosObservation::Answered { stage },
+            Ok(Err(e)) if e.is_unreachable() => TalosObservation::Unreachable { error: e.to_string() },
+            Ok(Err(e)) => TalosObservation::Error { error: e.to_string() },
+            Err(timed_out) => TalosObservation::Unreachable { error: timed_out.to_string() },
+        };
+    // A Node already deleted needs nothing from storage (the step only says Removed), and
+    // the backend may have forgotten the node by then.
+    let storage = match &node {
+        Some(n) => observe(ex, &node_name, &n.labels, &machine.conditions).await?,
+        None => StorageObservation::default(),
+    };
+    let (etcd_member, etcd_gate) = if machine.role == MachineRole::ControlPlane && node.is_some() {
+        let others: Vec<&str> =
+            control_planes.iter().filter(|cp| cp.address != machine.address).map(|cp| cp.address.as_str()).collect();
+        let membership = etcd::membership(ex, &others, &node_name).await;
+        (Some(membership), etcd::gate(ex, control_planes).await)
+    } else {
+        (None, EtcdVerdict::NotChecked)
+    };
+    let spec = MachineSpec { name: machine.name.clone(), role: machine.role };
+    let action = removal_step(&RemovalInput {
+        machine: &spec,
+        node: removal_node.as_ref(),
+        conditions: &machine.conditions,
+        storage: &storage,
+        talos: &talos_seen,
+        etcd_member: etcd_member.as_ref(),
+        etcd_gate: &etcd_gate,
+        timeouts: &ex.config.step,
+        now: ex.clock.now(),
+    });
+    tracing::debug!(machine = %machine.name, ?action, "removal step");
+    carry_out(ex, machine, &node_name, action).await
+}
+
+async fn write_removal(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &mut Conditions,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+) -> Result<(), AdvanceError> {
+    conditions.upsert(ConditionUpdate::new(NODE_REMOVAL, status, reason, message), ex.clock.now());
+    write_conditions(ex, machine, conditions).await
+}
+
+async fn carry_out(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    node_name: &str,
+    action: RemovalAction,
+) -> Result<MachineOutcome, AdvanceError> {
+    let progressed = |action| Ok(MachineOutcome::Progressed { action });
+    match action {
+        RemovalAction::Removed => {
+            let done = machine.conditions.get(NODE_REMOVAL).is_some_and(|c| c.reason == removal_reason::REMOVED);
+            if !done {
+                let mut conditions = machine.conditions.clone();
+                let message = format!("Node {node_name} deleted");
+                write_removal(ex, machine, &mut conditions, ConditionStatus::True, removal_reason::REMOVED, message)
+                    .await?;
+            }
+            Ok(MachineOutcome::Converged)
+        }
+        RemovalAction::Wait { reason, recheck_at } => {
+            Ok(MachineOutcome::Waiting { reason: reason.reason().to_owned(), message: reason.to_string(), recheck_at })
+        }
+        RemovalAction::BeginEvacuation => {
+            let now = ex.clock.now();
+            let evacuation = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
+            bounded("begin evacuation", ex.config.call_timeout, evacuation)
+                .await
+                .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
+                .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source })?;
+            progressed("BeginEvacuation")
+        }
+        RemovalAction::RestartEvacuation => {
+            end_evacuation(ex, machine, node_name, EvacuationEnd::TimedOut).await?;
+            let event = Event {
+                kind: "TalosMachine",
+                name: machine.name.clone(),
+                type_: EventType::Warning,
+                reason: "EvacuationTimedOut".to_owned(),
+                message: format!(
+                    "storage evacuation of {node_name} timed out; scheduling re-enabled; the removal stops and the evacuation starts again"
+                ),
+            };
+            if let Err(e) = kube(ex, "record Event", ex.kube.event(&event)).await {
+                tracing::warn!(error = %e, "could not record an Event");
+            }
+            Ok(MachineOutcome::Waiting {
+                reason: "EvacuationRestarted".to_owned(),
+                message: event.message,
+                recheck_at: Some(ex.clock.now()),
+            })
+        }
+        RemovalAction::Cordon => {
+            kube(ex, "cordon", ex.kube.cordon(node_name)).await?;
+            progressed("Cordon")
+        }
+        RemovalAction::Evict { pods } => {
+            let mut blocked = Vec::new();
+            for pod in &pods {
+                match kube(ex, "evict", ex.kube.evict(&pod.namespace, &pod.name)).await? {
+                    Eviction::Evicted => {}
+                    Eviction::Blocked { message } => blocked.push(format!("{pod}: {message}")),
+                }
+            }
+            if blocked.is_empty() {
+                progressed("Drain")
+            } else {
+                Ok(MachineOutcome::Waiting {
+                    reason: "EvictionBlocked".to_owned(),
+                    message: format!("a PodDisruptionBudget blocks evictions: {}", blocked.join("; ")),
+                    recheck_at: None,
+                })
+            }
+        }
+        RemovalAction::LeaveEtcd => {
+            talos(ex, "leave etcd", ex.talos.etcd_leave_cluster(&machine.address)).await?;
+            progressed("LeaveEtcd")
+        }
+        RemovalAction::Reset => {
+            let mut conditions = machine.conditions.clone();
+            conditions.remove(NODE_REMOVAL);
+            let intent = format!("graceful reset of {node_name} asked for");
+            let reason = removal_reason::RESET_REQUESTED;
+            write_removal(ex, machine, &mut conditions, ConditionStatus::Unknown, reason, intent).await?;
+            let request = ResetRequest { graceful: true, reboot: false };
+            match talos(ex, "reset", ex.talos.reset(&machine.address, &request)).await {
+                Ok(()) => {
+                    let message = format!("graceful reset of {node_name} acknowledged");
+                    write_removal(ex, machine, &mut conditions, ConditionStatus::True, reason, message).await?;
+                    progressed("Reset")
+                }
+                // Unreachable: the intent stays, and the step settles it from the node.
+                Err(e) if e.is_transient() => Ok(e.outcome()),
+                Err(e) => {
+                    let message = format!("the reset was refused: {e}");
+                    write_removal(
+                        ex,
+                        machine,
+                        &mut conditions,
+                        ConditionStatus::False,
+                        "ResetRefused",
+                        message.clone(),
+                    )
+                    .await?;
+                    Ok(MachineOutcome::Failed { reason: "ResetRefused".to_owned(), message })
+                }
+            }
+        }
+        RemovalAction::DeleteNode => {
+            kube(ex, "delete Node", ex.kube.delete_node(node_name)).await?;
+            progressed("DeleteNode")
+        }
+    }
+}

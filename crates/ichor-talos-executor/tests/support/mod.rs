@@ -1,0 +1,81 @@
+//! mockall doubles of the drivers' seams, shared by the driver tests.
+#![allow(dead_code, unreachable_pub)]
+
+use async_trait::async_trait;
+use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
+use ichor_talos_executor::Clock;
+use ichor_talos_executor::kube_api::{
+    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+    PodInfo,
+};
+use ichor_talos_executor::talos_api::{EtcdMember, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::rollout::OperationStatus;
+use ichor_upgrade_core::talos_step::MachineStage;
+use mockall::mock;
+
+/// The fixed "now" of the driver tests.
+pub const NOW: Timestamp = Timestamp::from_unix_secs(1_000);
+
+mock! {
+    /// The Talos API.
+    pub Talos {}
+    #[async_trait]
+    impl TalosApi for Talos {
+        async fn nodename(&self, node: &str) -> Result<String, TalosError>;
+        async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError>;
+        async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
+        async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
+        async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
+        async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
+    }
+}
+
+mock! {
+    /// The Kubernetes API.
+    pub Kube {}
+    #[async_trait]
+    impl ConditionStore for Kube {
+        async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
+    }
+    #[async_trait]
+    impl KubeApi for Kube {
+        async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError>;
+        async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError>;
+        async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
+        async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError>;
+        async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError>;
+        async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError>;
+        async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError>;
+        async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError>;
+        async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError>;
+        async fn event(&self, event: &Event) -> Result<(), KubeError>;
+        async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError>;
+        async fn cordon(&self, node: &str) -> Result<(), KubeError>;
+        async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
+        async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
+        async fn delete_node(&self, node: &str) -> Result<(), KubeError>;
+    }
+}
+
+mock! {
+    /// The storage backend.
+    pub Storage {}
+    #[async_trait]
+    impl StorageApi for Storage {
+        async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
+        async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
+        async fn request_evacuation(&self, node: &str) -> Result<(), StorageError>;
+        async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
+    }
+}
+
+/// A clock that always reads [`NOW`].
+pub struct FixedClock;
+
+impl Clock for FixedClock {
+    fn now(&self) -> Timestamp {
+        NOW
+    }
+}
