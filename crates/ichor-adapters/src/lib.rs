@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod longhorn;
 pub mod sim;
 
 pub use clock::SystemClock;
