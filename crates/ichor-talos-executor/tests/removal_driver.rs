@@ -1,0 +1,229 @@
+//! mockall tests of `remove_machine`: each removal action and its error handling.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use ichor_storage::{LabelSelector, StorageObject};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_talos_executor::advance::Executor;
+use ichor_talos_executor::etcd::ControlPlane;
+use ichor_talos_executor::kube_api::{EventType, Eviction, MachineInfo, NodeInfo, PodInfo};
+use ichor_talos_executor::removal::remove_machine;
+use ichor_talos_executor::talos_api::{EtcdMember, TalosError};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::removal_step::{NODE_REMOVAL, reason};
+use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::talos_step::MachineStage;
+use mockall::predicate::eq;
+
+mod support;
+use support::{FixedClock, MockKube, MockStorage, MockTalos};
+
+fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
+    MachineInfo {
+        name: name.into(),
+        role,
+        hostname: Some(name.into()),
+        address: address.into(),
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        conditions: Conditions::new(),
+    }
+}
+
+fn node(name: &str, unschedulable: bool) -> NodeInfo {
+    NodeInfo {
+        name: name.into(),
+        ready: true,
+        unschedulable,
+        os_image: "Talos (v1.14.3)".into(),
+        boot_id: "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11".into(),
+        labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
+        annotations: BTreeMap::new(),
+    }
+}
+
+fn pod(name: &str, owner: &str, mirror: bool) -> PodInfo {
+    PodInfo { namespace: "apps".into(), name: name.into(), owner_kinds: vec![owner.into()], mirror, terminating: false }
+}
+
+struct World {
+    talos: MockTalos,
+    kube: MockKube,
+    storage: MockStorage,
+    writes: Arc<Mutex<Vec<Conditions>>>,
+}
+
+impl World {
+    /// A Node `worker-2` with these pods, no storage selecting it, Talos answering Running.
+    fn new(node_info: Option<NodeInfo>, pods: Vec<PodInfo>) -> Self {
+        let mut talos = MockTalos::new();
+        talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+        let mut kube = MockKube::new();
+        kube.expect_node().returning(move |_| Ok(node_info.clone()));
+        kube.expect_pods_on().returning(move |_| Ok(pods.clone()));
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let captured = Arc::clone(&writes);
+        kube.expect_write_conditions().returning(move |_, c| {
+            captured.lock().unwrap().push(c.clone());
+            Ok(())
+        });
+        let mut storage = MockStorage::new();
+        storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+        Self { talos, kube, storage, writes }
+    }
+
+    async fn remove(&self, m: &MachineInfo, control_planes: &[ControlPlane]) -> MachineOutcome {
+        let config = ExecutorConfig::default();
+        let ex = Executor {
+            talos: &self.talos,
+            kube: &self.kube,
+            storage: &self.storage,
+            clock: &FixedClock,
+            config: &config,
+        };
+        remove_machine(&ex, m, control_planes).await.unwrap()
+    }
+
+    fn written(&self, type_: &str) -> Vec<(ConditionStatus, String)> {
+        self.writes.lock().unwrap().iter().filter_map(|c| c.get(type_)).map(|c| (c.status, c.reason.clone())).collect()
+    }
+}
+
+#[tokio::test]
+async fn an_uncordoned_node_is_cordoned_first() {
+    let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
+    world.kube.expect_cordon().with(eq("worker-2")).times(1).returning(|_| Ok(()));
+    world.kube.expect_evict().never();
+    let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "Cordon" });
+}
+
+#[tokio::test]
+async fn the_drain_evicts_only_what_it_should_and_a_429_is_a_wait() {
+    let pods = vec![
+        pod("api-1", "ReplicaSet", false),
+        pod("cilium-x", "DaemonSet", false),
+        pod("static-web", "Node", true),
+        pod("db-0", "StatefulSet", false),
+    ];
+    let mut world = World::new(Some(node("worker-2", true)), pods);
+    world.kube.expect_evict().with(eq("apps"), eq("api-1")).times(1).returning(|_, _| Ok(Eviction::Evicted));
+    world.kube.expect_evict().with(eq("apps"), eq("db-0")).times(1).returning(|_, _| {
+        Ok(Eviction::Blocked { message: "Cannot evict pod as it would violate the pod's disruption budget.".into() })
+    });
+    let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
+    let MachineOutcome::Waiting { reason, message, .. } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(reason, "EvictionBlocked");
+    assert!(message.contains("apps/db-0") && message.contains("disruption budget"), "{message}");
+}
+
+#[tokio::test]
+async fn the_reset_writes_its_intent_first_then_the_acknowledgement() {
+    let mut world = World::new(Some(node("worker-2", true)), vec![pod("cilium-x", "DaemonSet", false)]);
+    let writes = Arc::clone(&world.writes);
+    world
+        .talos
+        .expect_reset()
+        .withf(|node, request| node == "10.0.0.22" && request.graceful && !request.reboot)
+        .times(1)
+        .returning(move |_, _| {
+            let intent = writes.lock().unwrap().last().cloned().expect("intent before the reset");
+            assert_eq!(intent.get(NODE_REMOVAL).unwrap().status, ConditionStatus::Unknown);
+            Ok(())
+        });
+    let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "Reset" });
+    assert_eq!(
+        world.written(NODE_REMOVAL),
+        vec![
+            (ConditionStatus::Unknown, reason::RESET_REQUESTED.to_owned()),
+            (ConditionStatus::True, reason::RESET_REQUESTED.to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_refused_reset_closes_the_intent_and_fails() {
+    let mut world = World::new(Some(node("worker-2", true)), vec![]);
+    world
+        .talos
+        .expect_reset()
+        .returning(|_, _| Err(TalosError::Answered { code: "PermissionDenied".into(), message: "not admin".into() }));
+    let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
+    assert!(matches!(outcome, MachineOutcome::Failed { ref reason, .. } if reason == "ResetRefused"));
+    assert_eq!(world.written(NODE_REMOVAL).last().unwrap().0, ConditionStatus::False);
+}
+
+#[tokio::test]
+async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain() {
+    let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| {
+        Ok(vec![StorageObject {
+            name: "longhorn".into(),
+            node_selector: LabelSelector {
+                match_labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
+                ..LabelSelector::default()
+            },
+        }])
+    });
+    world.storage.expect_replicas_on().returning(|_| Ok(2));
+    world.storage.expect_set_scheduling().with(eq("worker-2"), eq(true)).times(1).returning(|_, _| Ok(()));
+    world.kube.expect_cordon().never();
+    world.kube.expect_evict().never();
+    world
+        .kube
+        .expect_event()
+        .withf(|e| e.type_ == EventType::Warning && e.reason == "EvacuationTimedOut" && e.name == "worker-2")
+        .times(1)
+        .returning(|_| Ok(()));
+    let mut m = machine("worker-2", MachineRole::Worker, "10.0.0.22");
+    m.conditions.upsert(
+        ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, ""),
+        Timestamp::from_unix_secs(-5_000),
+    );
+    let outcome = world.remove(&m, &[]).await;
+    assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "EvacuationRestarted"));
+    assert_eq!(world.written(STORAGE_EVACUATION), vec![(ConditionStatus::False, evac::TIMED_OUT.to_owned())]);
+}
+
+fn cps() -> Vec<ControlPlane> {
+    (1..=3).map(|i| ControlPlane { address: format!("10.0.0.1{i}"), node: format!("cp-{i}") }).collect()
+}
+
+fn members() -> Vec<EtcdMember> {
+    (1..=3).map(|i| EtcdMember { id: i, hostname: format!("cp-{i}"), is_learner: false }).collect()
+}
+
+#[tokio::test]
+async fn a_control_plane_leaves_etcd_through_talos_when_the_gate_passes() {
+    let mut world = World::new(Some(node("cp-3", true)), vec![pod("kube-apiserver-cp-3", "Node", true)]);
+    world.talos.expect_etcd_members().returning(|_| Ok(members()));
+    world.talos.expect_etcd_leave_cluster().with(eq("10.0.0.13")).times(1).returning(|_| Ok(()));
+    let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "LeaveEtcd" });
+}
+
+#[tokio::test]
+async fn a_control_plane_does_not_leave_while_another_is_unreachable() {
+    let mut world = World::new(Some(node("cp-3", true)), vec![]);
+    world.talos.expect_etcd_members().with(eq("10.0.0.11")).returning(|_| Err(TalosError::Dial("refused".into())));
+    world.talos.expect_etcd_members().returning(|_| Ok(members()));
+    world.talos.expect_etcd_leave_cluster().never();
+    let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
+    assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "EtcdUnhealthy"), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn a_deleted_node_is_recorded_removed_without_asking_storage() {
+    let mut world = World::new(None, vec![]);
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().never();
+    let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
+    assert_eq!(outcome, MachineOutcome::Converged);
+    assert_eq!(world.written(NODE_REMOVAL), vec![(ConditionStatus::True, reason::REMOVED.to_owned())]);
+}
