@@ -472,12 +472,13 @@ pub async fn reset_for_retry(ex: &Executor<'_>, machine: &MachineInfo) -> Result
     write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::False, upgrade_reason::RETRY, message).await
 }
 
-/// The time a machine's outcome asks to be looked at again, if any.
+/// The time a machine's outcome asks the operation to be looked at again, if any. A
+/// machine that progressed, converged or failed changes what the rollout engine decides
+/// (the next machine may start, or the operation pauses): at once.
 #[must_use]
 pub fn outcome_recheck(outcome: &MachineOutcome, now: Timestamp) -> Option<Timestamp> {
     match outcome {
-        MachineOutcome::Progressed { .. } => Some(now),
+        MachineOutcome::Progressed { .. } | MachineOutcome::Converged | MachineOutcome::Failed { .. } => Some(now),
         MachineOutcome::Waiting { recheck_at, .. } => *recheck_at,
-        MachineOutcome::Converged | MachineOutcome::Failed { .. } => None,
     }
 }

@@ -84,3 +84,57 @@ impl SimCluster {
         self.lock().now
     }
 }
+
+/// What a run came to, in the numbers `cargo run --example rollout -- --json` prints.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Report {
+    /// Nodes in the cluster.
+    pub nodes: usize,
+    /// Nodes on the target version.
+    pub on_target: usize,
+    /// Acknowledged Upgrade calls.
+    pub upgrade_calls: u64,
+    /// Most control planes down at once.
+    pub max_control_planes_down: usize,
+    /// Most workers down at once because of upgrades.
+    pub max_workers_down: usize,
+    /// Virtual seconds from the start to now.
+    pub makespan_s: f64,
+    /// The physical bound from the drawn durations: control planes in series, workers
+    /// `max_unavailable` at a time (the longer of the longest worker and the workers'
+    /// total over `max_unavailable`), each machine's time being its evacuation plus its
+    /// upgrade and reboot until Ready.
+    pub lower_bound_s: f64,
+    /// Writes to the Kubernetes API.
+    pub kube_writes: u64,
+    /// Calls to the Talos API.
+    pub talos_calls: u64,
+}
+
+impl SimCluster {
+    /// The run's numbers so far, for a rollout at `max_unavailable`.
+    #[must_use]
+    pub fn report(&self, max_unavailable: usize) -> Report {
+        self.with_world(|w| {
+            let time =
+                |role| w.nodes.iter().filter(move |n| n.role == role).map(|n| n.drawn.machine_time().as_secs_f64());
+            let control_planes: f64 = time(ichor_upgrade_core::operation::MachineRole::ControlPlane).sum();
+            let workers: Vec<f64> = time(ichor_upgrade_core::operation::MachineRole::Worker).collect();
+            let longest = workers.iter().copied().fold(0.0, f64::max);
+            let total: f64 = workers.iter().sum();
+            #[allow(clippy::cast_precision_loss)]
+            let spread = total / max_unavailable.max(1) as f64;
+            Report {
+                nodes: w.nodes.len(),
+                on_target: w.nodes.iter().filter(|n| n.version == w.config.to).count(),
+                upgrade_calls: w.counters.upgrade_calls,
+                max_control_planes_down: w.counters.max_control_planes_down,
+                max_workers_down: w.counters.max_workers_down,
+                makespan_s: w.now.saturating_since(w.start).as_secs_f64(),
+                lower_bound_s: control_planes + longest.max(spread),
+                kube_writes: w.counters.kube_writes,
+                talos_calls: w.counters.talos_calls,
+            }
+        })
+    }
+}

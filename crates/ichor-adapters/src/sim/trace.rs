@@ -43,6 +43,32 @@ pub enum TraceKind {
     Removed,
 }
 
+impl TraceKind {
+    /// The name the trace file uses, such as `upgrade-call`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::UpgradeCall => "upgrade-call",
+            Self::RebootStart => "reboot-start",
+            Self::RebootEnd => "reboot-end",
+            Self::Ready => "ready",
+            Self::NotReady => "not-ready",
+            Self::EvacuationStart => "evacuation-start",
+            Self::Evacuated => "evacuated",
+            Self::EvacuationEnd => "evacuation-end",
+            Self::Drain => "drain",
+            Self::EtcdMemberMissing => "etcd-member-missing",
+            Self::EtcdMemberBack => "etcd-member-back",
+            Self::Converged => "converged",
+            Self::Failed => "failed",
+            Self::Paused => "paused",
+            Self::Resumed => "resumed",
+            Self::ControllerRestart => "controller-restart",
+            Self::Removed => "removed",
+        }
+    }
+}
+
 /// One record of the trace.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TraceEvent {
@@ -60,4 +86,18 @@ pub struct TraceEvent {
     /// The node's boot ID, where it matters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_serialized_names() {
+        for kind in
+            [TraceKind::UpgradeCall, TraceKind::EtcdMemberMissing, TraceKind::ControllerRestart, TraceKind::Removed]
+        {
+            assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::Value::String(kind.name().to_owned()));
+        }
+    }
 }

@@ -473,19 +473,13 @@ impl World {
     /// Records a trace event about node `i`.
     pub(crate) fn record(&mut self, i: usize, kind: TraceKind) {
         let node = &self.nodes[i];
-        let (version, boot_id) = match kind {
-            TraceKind::RebootEnd | TraceKind::UpgradeCall | TraceKind::Converged | TraceKind::Failed => {
-                (Some(node.version.to_string()), Some(node.boot_id.clone()))
-            }
-            _ => (Some(node.version.to_string()), None),
-        };
         self.trace.push(TraceEvent {
             t: self.now.saturating_since(self.start).as_secs_f64(),
             node: node.name.clone(),
             role: node.role.as_str(),
             event: kind,
-            version,
-            boot_id,
+            version: Some(node.version.to_string()),
+            boot_id: Some(node.boot_id.clone()),
         });
     }
 

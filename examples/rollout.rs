@@ -1,0 +1,286 @@
+//! The main job: a rolling Talos upgrade (or a node removal) of a simulated cluster
+//! through the real rollout engine and drivers, with live progress in virtual time.
+//!
+//! ```text
+//! cargo run --example rollout -- [--control-planes N] [--workers N] [--max-unavailable N]
+//!     [--seed N] [--from V] [--to V] [--kubernetes V] [--faults LIST]
+//!     [--operation upgrade|remove] [--node NAME] [--trace FILE] [--json]
+//! ```
+//! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
+//! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
+//! of a fault. Exit 1: paused or failed for another reason. Exit 2: bad arguments, named.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use ichor_adapters::sim::{Fault, Report, RunEnd, SimCluster, SimConfig, TraceEvent, run_operation, run_removal};
+use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, parse_args};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::operation::OperationSpec;
+use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
+
+/// Exit code: paused or failed because of a fault.
+const EXIT_FAULT: i32 = 4;
+/// Exit code: paused or failed for another reason.
+const EXIT_NOT_COMPLETED: i32 = 1;
+/// The most passes of the controller before the run counts as a livelock.
+const MAX_PASSES: usize = 200_000;
+
+/// What to run on the simulated cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Operation {
+    /// Upgrade every machine to `--to`.
+    Upgrade,
+    /// Remove the machine `--node`.
+    Remove,
+}
+
+/// Roll a simulated Talos cluster to a new version (or remove a node) with the real engine.
+#[derive(Debug, Parser)]
+#[command(name = "rollout")]
+struct Args {
+    /// Control planes (cp-1, cp-2, ...).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    control_planes: u16,
+    /// Workers (worker-1, ...).
+    #[arg(long, default_value_t = 5)]
+    workers: u16,
+    /// How many workers may be unavailable at once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    max_unavailable: u32,
+    /// The simulation's seed: the same seed replays the same run.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The version every node runs at the start.
+    #[arg(long, default_value = "v1.14.3", value_parser = TalosVersion::parse)]
+    from: TalosVersion,
+    /// The release set's version, the target.
+    #[arg(long, default_value = "v1.14.4", value_parser = TalosVersion::parse)]
+    to: TalosVersion,
+    /// The cluster's Kubernetes version.
+    #[arg(long, default_value = "1.34.1", value_parser = KubernetesVersion::parse)]
+    kubernetes: KubernetesVersion,
+    /// Faults, comma-separated: ab-fallback, controller-crash, api-outage, evacuation-stuck,
+    /// slow-reboot, pdb-blocked, etcd-lag, not-ready.
+    #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
+    faults: Vec<Fault>,
+    /// Upgrade the cluster, or remove one node.
+    #[arg(long, value_enum, default_value_t = Operation::Upgrade)]
+    operation: Operation,
+    /// The node to remove (with --operation remove).
+    #[arg(long)]
+    node: Option<String>,
+    /// Write the world's events as JSON lines to this file.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Print a final JSON object instead of the summary (progress goes to standard error).
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_fault(text: &str) -> Result<Fault, String> {
+    Fault::from_name(text).ok_or_else(|| {
+        let known: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown fault {text:?}; known: {}", known.join(", "))
+    })
+}
+
+fn bad_argument(message: &str) -> ! {
+    println!("error: {message}");
+    std::process::exit(EXIT_BAD_ARGUMENT)
+}
+
+fn main() {
+    let args: Args = parse_args();
+    let control_planes = usize::from(args.control_planes);
+    let workers = usize::from(args.workers);
+    match (args.operation, &args.node) {
+        (Operation::Remove, None) => bad_argument("--operation remove needs --node NAME"),
+        (Operation::Upgrade, Some(_)) => bad_argument("--node is only for --operation remove"),
+        (Operation::Remove, Some(node)) => {
+            let exists = node
+                .strip_prefix("cp-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .is_some_and(|n| (1..=control_planes).contains(&n))
+                || node
+                    .strip_prefix("worker-")
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .is_some_and(|n| (1..=workers).contains(&n));
+            if !exists {
+                bad_argument(&format!(
+                    "--node: no node {node:?} in a cluster of {control_planes} control planes and {workers} workers"
+                ));
+            }
+            if node.starts_with("cp-") && control_planes == 1 {
+                bad_argument("--node: the only control plane cannot be removed");
+            }
+        }
+        (Operation::Upgrade, None) => {}
+    }
+    let trace_file = args.trace.as_ref().map(|path| match File::create(path) {
+        Ok(file) => file,
+        Err(e) => bad_argument(&format!("--trace {}: {e}", path.display())),
+    });
+    let config = SimConfig::new(control_planes, workers, args.from.clone(), args.to.clone())
+        .with_seed(args.seed)
+        .with_kubernetes(args.kubernetes.to_string())
+        .with_faults(args.faults.clone());
+    let sim = SimCluster::new(config);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a tokio runtime");
+    let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
+    let executor = ExecutorConfig::default();
+    let end = match (args.operation, &args.node) {
+        (Operation::Remove, Some(node)) => {
+            progress.header(&format!("removing {node} from {control_planes} control planes + {workers} workers"));
+            let end = runtime.block_on(run_removal(&sim, node, &executor, MAX_PASSES));
+            progress.show(&sim);
+            end
+        }
+        _ => {
+            progress.header(&format!(
+                "upgrading {control_planes} control planes + {workers} workers from {} to {} (maxUnavailable {}, seed {})",
+                args.from, args.to, args.max_unavailable, args.seed
+            ));
+            let spec = OperationSpec {
+                kind: "talos".into(),
+                target_version: args.to.to_string(),
+                max_unavailable: i64::from(args.max_unavailable),
+            };
+            sim.create_operation("upgrade", spec);
+            runtime.block_on(run_operation(&sim, "upgrade", &executor, MAX_PASSES, |sim| progress.show(sim)))
+        }
+    };
+    if let Some(file) = trace_file
+        && let Err(e) = write_trace(file, &sim)
+    {
+        eprintln!("error: writing the trace: {e}");
+        std::process::exit(EXIT_NOT_COMPLETED);
+    }
+    let report = sim.report(args.max_unavailable as usize);
+    let outcome = match end {
+        RunEnd::Completed => "completed",
+        RunEnd::Paused => "paused",
+        RunEnd::Refused | RunEnd::Stalled(_) | RunEnd::PassBound => "failed",
+    };
+    if args.json {
+        println!("{}", json_summary(outcome, &report));
+    } else {
+        print_summary(outcome, &end, &report, &sim);
+    }
+    let code = match end {
+        RunEnd::Completed => EXIT_OK,
+        _ if !args.faults.is_empty() => EXIT_FAULT,
+        _ => EXIT_NOT_COMPLETED,
+    };
+    std::process::exit(code);
+}
+
+fn write_trace(file: File, sim: &SimCluster) -> std::io::Result<()> {
+    let mut out = BufWriter::new(file);
+    let trace: Vec<TraceEvent> = sim.with_world(|w| w.trace.clone());
+    for event in &trace {
+        serde_json::to_writer(&mut out, event)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
+fn json_summary(outcome: &str, r: &Report) -> serde_json::Value {
+    serde_json::json!({
+        "outcome": outcome,
+        "nodes": r.nodes,
+        "on_target": r.on_target,
+        "upgrade_calls": r.upgrade_calls,
+        "max_control_planes_down": r.max_control_planes_down,
+        "max_workers_down": r.max_workers_down,
+        "makespan_s": r.makespan_s,
+        "lower_bound_s": r.lower_bound_s,
+        "kube_writes": r.kube_writes,
+        "talos_calls": r.talos_calls,
+    })
+}
+
+fn clock(seconds: f64) -> String {
+    let s = seconds.max(0.0) as u64;
+    format!("{:02}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+}
+
+fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster) {
+    let restarts = sim.with_world(|w| w.counters.restarts);
+    println!();
+    println!(
+        "outcome: {outcome}{}",
+        if let RunEnd::Stalled(phase) = end { format!(" ({phase})") } else { String::new() }
+    );
+    println!("nodes on target: {}/{}", r.on_target, r.nodes);
+    println!("acknowledged Upgrade calls: {}", r.upgrade_calls);
+    println!("most control planes down at once: {}", r.max_control_planes_down);
+    println!("most workers down at once: {}", r.max_workers_down);
+    println!(
+        "makespan: {} (lower bound {}, ratio {:.3})",
+        clock(r.makespan_s),
+        clock(r.lower_bound_s),
+        if r.lower_bound_s > 0.0 { r.makespan_s / r.lower_bound_s } else { 0.0 }
+    );
+    println!("Kubernetes writes: {}, Talos calls: {}, controller restarts: {restarts}", r.kube_writes, r.talos_calls);
+}
+
+/// Live progress: one line per change of the world, and a progress bar.
+struct Progress {
+    to_stderr: bool,
+    tty: bool,
+    shown: usize,
+    nodes: usize,
+    target: String,
+    last_bar: Option<usize>,
+}
+
+impl Progress {
+    fn new(to_stderr: bool, nodes: usize, target: String) -> Self {
+        let tty = if to_stderr { std::io::stderr().is_terminal() } else { std::io::stdout().is_terminal() };
+        Self { to_stderr, tty, shown: 0, nodes, target, last_bar: None }
+    }
+
+    fn line(&self, text: &str) {
+        if self.to_stderr {
+            eprintln!("{text}");
+        } else {
+            println!("{text}");
+        }
+    }
+
+    fn header(&self, text: &str) {
+        self.line(text);
+    }
+
+    fn show(&mut self, sim: &SimCluster) {
+        let (events, on_target, now) = sim.with_world(|w| {
+            let new: Vec<TraceEvent> = w.trace[self.shown.min(w.trace.len())..].to_vec();
+            let on_target = w.nodes.iter().filter(|n| n.version.to_string() == self.target).count();
+            (new, on_target, w.now.saturating_since(w.start).as_secs_f64())
+        });
+        self.shown += events.len();
+        for e in &events {
+            let detail = match e.event {
+                ichor_adapters::sim::TraceKind::RebootEnd => format!(" into {}", e.version.as_deref().unwrap_or("?")),
+                _ => String::new(),
+            };
+            self.line(&format!("[{}] {:<10} {}{detail}", clock(e.t), e.node, e.event.name()));
+        }
+        if self.last_bar != Some(on_target) || (self.tty && !events.is_empty()) {
+            self.last_bar = Some(on_target);
+            let width = 30;
+            let filled = on_target * width / self.nodes.max(1);
+            self.line(&format!(
+                "[{}] [{}{}] {on_target}/{} on {}",
+                clock(now),
+                "#".repeat(filled),
+                "-".repeat(width - filled),
+                self.nodes,
+                self.target
+            ));
+        }
+    }
+}
