@@ -90,3 +90,11 @@ async fn a_removal_side_timeout_re_enables_scheduling_warns_and_retries_never_dr
         assert!(!node.unschedulable, "never cordoned while the evacuation was open");
     });
 }
+
+#[tokio::test]
+async fn a_machine_without_hostname_is_removed_though_the_reset_node_cannot_say_its_name() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let sim = SimCluster::new(SimConfig::new(1, 2, v("v1.14.3"), v("v1.14.4")).with_seed(9).with_hostnames(false));
+    assert_eq!(remove(&sim, "worker-1", 500).await, RunEnd::Completed);
+    assert_eq!(events_of(&sim, "worker-1").last(), Some(&TraceKind::Removed));
+}

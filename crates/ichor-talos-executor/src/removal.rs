@@ -25,6 +25,17 @@ use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, PodInfo};
 use crate::talos_api::{ResetRequest, TalosError};
 
+/// How the reset's intent records the node name, as the message's last word.
+const NODE_KEY: &str = "node=";
+
+/// The node name a reset's intent recorded, if any.
+#[must_use]
+pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
+    let message = &conditions.get(NODE_REMOVAL)?.message;
+    let name = message.rsplit(' ').next()?.strip_prefix(NODE_KEY)?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
 /// Whether the drain evicts this pod: not a DaemonSet's, not a mirror (static) pod.
 #[must_use]
 pub fn drains(pod: &PodInfo) -> bool {
@@ -66,7 +77,11 @@ pub async fn remove_machine(
     machine: &MachineInfo,
     control_planes: &[ControlPlane],
 ) -> Result<MachineOutcome, AdvanceError> {
-    let node_name = node_name(ex, machine).await?;
+    // After the reset the node is off and cannot say its name: the reset's intent recorded it.
+    let node_name = match node_name(ex, machine).await {
+        Ok(name) => name,
+        Err(e) => recorded_node_name(&machine.conditions).ok_or(e)?,
+    };
     let node = kube(ex, "read Node", ex.kube.node(&node_name)).await?;
     let removal_node = match &node {
         Some(n) => {
@@ -213,13 +228,13 @@ async fn carry_out(
         RemovalAction::Reset => {
             let mut conditions = machine.conditions.clone();
             conditions.remove(NODE_REMOVAL);
-            let intent = format!("graceful reset of {node_name} asked for");
+            let intent = format!("graceful reset asked for; {NODE_KEY}{node_name}");
             let reason = removal_reason::RESET_REQUESTED;
             write_removal(ex, machine, &mut conditions, ConditionStatus::Unknown, reason, intent).await?;
             let request = ResetRequest { graceful: true, reboot: false };
             match talos(ex, "reset", ex.talos.reset(&machine.address, &request)).await {
                 Ok(()) => {
-                    let message = format!("graceful reset of {node_name} acknowledged");
+                    let message = format!("graceful reset acknowledged; {NODE_KEY}{node_name}");
                     write_removal(ex, machine, &mut conditions, ConditionStatus::True, reason, message).await?;
                     progressed("Reset")
                 }

@@ -100,6 +100,16 @@ impl TalosApi for SimCluster {
             if w.nodes[i].phase != NodePhase::Running {
                 return Err(answered("FailedPrecondition", "another upgrade is already in progress".to_owned()));
             }
+            // Talos's legacy pre-check (force and preserve unset, a control plane): a
+            // two-member etcd cluster cannot lose a member and keep quorum.
+            let members =
+                w.nodes.iter().filter(|n| matches!(n.etcd, Some(SimMember::Voter | SimMember::Learner { .. }))).count();
+            if w.nodes[i].etcd.is_some() && members == 2 {
+                return Err(answered(
+                    "FailedPrecondition",
+                    "etcd member count (2) is insufficient to maintain quorum".to_owned(),
+                ));
+            }
             let prefix = format!("{FACTORY}/{}-installer/", w.config.platform);
             let Some((_, tag)) = request.image.strip_prefix(&prefix).and_then(|rest| rest.rsplit_once(':')) else {
                 return Err(answered("InvalidArgument", format!("failed to pull installer image {}", request.image)));
@@ -454,7 +464,7 @@ fn machine_info(w: &World, n: &super::world::SimNode) -> MachineInfo {
     MachineInfo {
         name: n.name.clone(),
         role: n.role,
-        hostname: Some(n.name.clone()),
+        hostname: w.config.hostnames.then(|| n.name.clone()),
         address: n.address.clone(),
         labels: w.machine_labels.get(&n.name).cloned().unwrap_or_default(),
         annotations: w.machine_annotations.get(&n.name).cloned().unwrap_or_default(),

@@ -106,6 +106,9 @@ pub struct SimConfig {
     pub durations: Durations,
     /// The Image Factory platform.
     pub platform: String,
+    /// Whether machines carry `spec.hostname`; without it the node name is read from the
+    /// node's Nodename resource through the Talos API.
+    pub hostnames: bool,
 }
 
 impl SimConfig {
@@ -124,6 +127,7 @@ impl SimConfig {
             faults: Vec::new(),
             durations: Durations::default(),
             platform: "metal".to_owned(),
+            hostnames: true,
         }
     }
 
@@ -152,6 +156,13 @@ impl SimConfig {
     #[must_use]
     pub fn with_kubernetes(mut self, kubernetes: impl Into<String>) -> Self {
         self.kubernetes = kubernetes.into();
+        self
+    }
+
+    /// The same cluster with or without `spec.hostname` on its machines.
+    #[must_use]
+    pub fn with_hostnames(mut self, hostnames: bool) -> Self {
+        self.hostnames = hostnames;
         self
     }
 

@@ -1,0 +1,110 @@
+//! Every invariant of DESIGN §8 over random simulated rollouts: 1 to 5 control planes, 0 to
+//! 60 workers, random maxUnavailable, seeds and fault sets; each run bounded in passes, and
+//! each failure printing the command that replays it.
+//!
+//! - never two control-plane nodes down at once; etcd never below quorum (from three
+//!   control planes: one cannot keep quorum through its own reboot, and Talos refuses to
+//!   upgrade a control plane of a two-member cluster);
+//! - never more than maxUnavailable workers down because of the upgrade;
+//! - never an Upgrade call while the node's evacuation is under way;
+//! - after an evacuation timeout, no further machine starts and scheduling is back on;
+//! - a completed operation leaves every node on the target, Ready, schedulable, with
+//!   storage scheduling on;
+//! - an A/B fallback is always a failure, never converged;
+//! - a fault-free run always completes.
+
+use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::operation::OperationSpec;
+use ichor_upgrade_core::versions::TalosVersion;
+use proptest::prelude::*;
+
+const TARGET: &str = "v1.14.4";
+
+fn faults() -> impl Strategy<Value = Vec<Fault>> {
+    prop::collection::vec(prop::bool::weighted(0.2), Fault::ALL.len())
+        .prop_map(|on| Fault::ALL.iter().zip(on).filter(|(_, on)| *on).map(|(f, _)| *f).collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_design_invariant_holds(
+        control_planes in 1usize..=5,
+        workers in 0usize..=60,
+        max_unavailable in 1i64..=6,
+        seed in any::<u64>(),
+        faults in faults(),
+    ) {
+        let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+        let replay = format!(
+            "replay: cargo run --example rollout -- --control-planes {control_planes} --workers {workers} \
+             --max-unavailable {max_unavailable} --seed {seed}{}",
+            if names.is_empty() { String::new() } else { format!(" --faults {}", names.join(",")) }
+        );
+        let v = |t: &str| TalosVersion::parse(t).unwrap();
+        let sim = SimCluster::new(SimConfig::new(control_planes, workers, v("v1.14.3"), v(TARGET)).with_seed(seed).with_faults(faults.clone()));
+        sim.create_operation("upgrade", OperationSpec { kind: "talos".into(), target_version: TARGET.into(), max_unavailable });
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 50_000, |_| {}));
+        prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused), "{:?}\n{}", end, replay);
+
+        sim.with_world(|w| -> Result<(), TestCaseError> {
+            let c = &w.counters;
+            prop_assert!(c.max_control_planes_down <= 1, "{} control planes down at once\n{}", c.max_control_planes_down, replay);
+            if control_planes >= 3 {
+                let quorum = control_planes / 2 + 1;
+                prop_assert!(c.min_etcd_voters.unwrap_or(0) >= quorum, "etcd fell to {:?} voters of {}\n{}", c.min_etcd_voters, control_planes, replay);
+            }
+            prop_assert!(c.max_workers_down <= max_unavailable as usize, "{} workers down, max {}\n{}", c.max_workers_down, max_unavailable, replay);
+
+            for node in &w.nodes {
+                let events: Vec<_> = w.trace.iter().filter(|e| e.node == node.name).collect();
+                let mut evacuating = false;
+                for e in &events {
+                    prop_assert!(!(e.event == TraceKind::UpgradeCall && evacuating), "{} called while evacuating\n{}", node.name, replay);
+                    match e.event {
+                        TraceKind::EvacuationStart => evacuating = true,
+                        TraceKind::Evacuated | TraceKind::EvacuationEnd => evacuating = false,
+                        _ => {}
+                    }
+                }
+                let converged = events.iter().any(|e| e.event == TraceKind::Converged);
+                prop_assert!(!converged || node.version.to_string() == TARGET, "{} converged on {}\n{}", node.name, node.version, replay);
+                let fell_back = events.iter().any(|e| e.event == TraceKind::RebootEnd && e.version.as_deref() != Some(TARGET));
+                if fell_back {
+                    prop_assert!(!converged, "an A/B fallback on {} was converged\n{}", node.name, replay);
+                    prop_assert!(events.iter().any(|e| e.event == TraceKind::Failed), "an A/B fallback on {} was not reported\n{}", node.name, replay);
+                }
+            }
+
+            let stuck = w.nodes.iter().find(|n| n.stuck);
+            let timed_out = stuck.and_then(|n| w.trace.iter().find(|e| e.node == n.name && e.event == TraceKind::Failed).map(|e| (n, e.t)));
+            if let Some((stuck, at)) = timed_out {
+                prop_assert!(stuck.scheduling, "scheduling left off on {}\n{}", stuck.name, replay);
+                prop_assert!(
+                    !w.trace.iter().any(|e| e.t > at && e.node != stuck.name && matches!(e.event, TraceKind::EvacuationStart | TraceKind::UpgradeCall)),
+                    "a machine started after the evacuation timeout\n{}", replay
+                );
+            }
+
+            if end == RunEnd::Completed {
+                for n in &w.nodes {
+                    prop_assert_eq!(n.version.to_string(), TARGET, "{}\n{}", n.name, replay);
+                    prop_assert!(n.ready && !n.upgrading() && !n.unschedulable && n.scheduling, "{} left unready, cordoned or unschedulable\n{}", n.name, replay);
+                }
+                prop_assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "lock not released\n{}", replay);
+            }
+            let harmless = faults.iter().all(|f| matches!(f, Fault::ControllerCrash | Fault::ApiOutage | Fault::SlowReboot | Fault::PdbBlocked | Fault::EtcdLag | Fault::NotReady));
+            if harmless && control_planes != 2 {
+                prop_assert_eq!(&end, &RunEnd::Completed, "a run without a failing fault must complete\n{}", replay);
+            }
+            if control_planes == 2 {
+                prop_assert_eq!(&end, &RunEnd::Paused, "two control planes cannot be upgraded without losing quorum\n{}", replay);
+                prop_assert_eq!(c.max_control_planes_down, 0, "{}", replay);
+            }
+            Ok(())
+        })?;
+    }
+}
