@@ -33,7 +33,7 @@ use crate::conditions::{ConditionStatus, Conditions};
 use crate::evacuation::{EvacuationState, StorageObservation, evacuation_state};
 use crate::operation::MachineRole;
 use crate::time::Timestamp;
-use crate::upgrade_marker::{MarkerError, TALOS_UPGRADE, UpgradeMarker, is_valid_boot_id};
+use crate::upgrade_marker::{MarkerError, MarkerRef, TALOS_UPGRADE, UpgradeMarker, is_valid_boot_id};
 use crate::versions::{
     KubernetesVersion, PairingRefusal, PathRefusal, TalosVersion, check_kubernetes_pairing, check_upgrade_path,
 };
@@ -428,7 +428,7 @@ impl fmt::Display for MachineWait {
 pub fn step(input: &StepInput<'_>) -> Action {
     let in_flight = input.conditions.get(TALOS_UPGRADE).filter(|c| c.status != ConditionStatus::False);
     let Some(condition) = in_flight else { return before_call(input) };
-    let marker = match UpgradeMarker::parse(&condition.message) {
+    let marker = match MarkerRef::parse(&condition.message) {
         Ok(marker) => marker,
         Err(e) => return Action::Fail(MachineFailure::GarbledMarker(e)),
     };
@@ -546,7 +546,7 @@ fn image_for(target: &UpgradeTarget, node: &NodeObservation) -> Result<String, I
 }
 
 /// An upgrade in flight (intent or acknowledged) for this target.
-fn after_call(input: &StepInput<'_>, marker: &UpgradeMarker, acknowledged: bool, since: Timestamp) -> Action {
+fn after_call(input: &StepInput<'_>, marker: &MarkerRef<'_>, acknowledged: bool, since: Timestamp) -> Action {
     let target = &input.target.version;
     let verify_deadline = since.saturating_add(input.timeouts.verify);
     let timed_out = input.now >= verify_deadline;
@@ -594,7 +594,7 @@ fn after_call(input: &StepInput<'_>, marker: &UpgradeMarker, acknowledged: bool,
         return Action::Fail(MachineFailure::AbFallback {
             booted,
             target: target.clone(),
-            before: marker.boot_id.clone(),
+            before: marker.boot_id.to_owned(),
             after: node.boot_id.clone(),
         });
     }

@@ -69,12 +69,46 @@ pub fn is_valid_boot_id(boot_id: &str) -> bool {
     (1..=64).contains(&boot_id.len()) && boot_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
+/// A marker read in place from a message, without copying it (the step reads one on every
+/// observation of a machine in flight).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkerRef<'a> {
+    /// The version the call asked for.
+    pub target: TalosVersion,
+    /// The node's boot ID read just before the call.
+    pub boot_id: &'a str,
+    /// When the call's bound ends.
+    pub call_deadline: Timestamp,
+}
+
+impl MarkerRef<'_> {
+    /// An owned copy.
+    #[must_use]
+    pub fn to_marker(&self) -> UpgradeMarker {
+        UpgradeMarker {
+            target: self.target.clone(),
+            boot_id: self.boot_id.to_owned(),
+            call_deadline: self.call_deadline,
+        }
+    }
+}
+
 impl UpgradeMarker {
     /// Parses a `TalosUpgrade` message.
     ///
     /// # Errors
     /// A [`MarkerError`] quoting the text, for anything but the exact format.
     pub fn parse(text: &str) -> Result<Self, MarkerError> {
+        MarkerRef::parse(text).map(|m| m.to_marker())
+    }
+}
+
+impl<'a> MarkerRef<'a> {
+    /// Parses a `TalosUpgrade` message in place.
+    ///
+    /// # Errors
+    /// A [`MarkerError`] quoting the text, for anything but the exact format.
+    pub fn parse(text: &'a str) -> Result<Self, MarkerError> {
         let fail = |problem: &str| MarkerError { text: text.to_owned(), problem: problem.to_owned() };
         let mut fields = text.split(' ');
         if fields.next() != Some(PREFIX) {
@@ -100,7 +134,7 @@ impl UpgradeMarker {
         if fields.next().is_some() {
             return Err(fail("there is text after call-deadline-ms"));
         }
-        Ok(Self { target, boot_id: boot_id.to_owned(), call_deadline: Timestamp::from_unix_millis(deadline) })
+        Ok(Self { target, boot_id, call_deadline: Timestamp::from_unix_millis(deadline) })
     }
 }
 

@@ -105,6 +105,10 @@ pub struct Report {
     /// total over `max_unavailable`), each machine's time being its evacuation plus its
     /// upgrade and reboot until Ready.
     pub lower_bound_s: f64,
+    /// What an ideal scheduler would take on the same durations and in the same order
+    /// (control planes in series; each worker started the instant a slot frees): the
+    /// measure of the engine's own overhead.
+    pub ideal_s: f64,
     /// Writes to the Kubernetes API.
     pub kube_writes: u64,
     /// Calls to the Talos API.
@@ -124,7 +128,19 @@ impl SimCluster {
             let total: f64 = workers.iter().sum();
             #[allow(clippy::cast_precision_loss)]
             let spread = total / max_unavailable.max(1) as f64;
+            // The engine's order: by name within a role (no order labels in the simulation).
+            let mut ordered: Vec<&world::SimNode> =
+                w.nodes.iter().filter(|n| n.role == ichor_upgrade_core::operation::MachineRole::Worker).collect();
+            ordered.sort_by(|a, b| a.name.cmp(&b.name));
+            let mut slots = vec![0.0_f64; max_unavailable.max(1)];
+            for node in ordered {
+                let (k, free_at) =
+                    slots.iter().copied().enumerate().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((0, 0.0));
+                slots[k] = free_at + node.drawn.machine_time().as_secs_f64();
+            }
+            let ideal_workers = slots.iter().copied().fold(0.0, f64::max);
             Report {
+                ideal_s: control_planes + ideal_workers,
                 nodes: w.nodes.len(),
                 on_target: w.nodes.iter().filter(|n| n.version == w.config.to).count(),
                 upgrade_calls: w.counters.upgrade_calls,
