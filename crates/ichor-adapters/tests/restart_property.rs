@@ -89,7 +89,10 @@ proptest! {
     ) {
         let (reference, reference_sim) = run(config(control_planes, workers, seed, fallback, storage, false), max_unavailable);
         prop_assert!(matches!(reference.end, RunEnd::Completed | RunEnd::Paused), "reference: {:?}", reference.end);
-        prop_assert_eq!(reference.end == RunEnd::Completed, !fallback, "a fault-free run completes; a fallback pauses");
+        // A fault-free run completes; a fallback pauses, and so does a two-member etcd
+        // cluster (Talos refuses to upgrade a control plane that would cost quorum).
+        let completes = !fallback && control_planes != 2;
+        prop_assert_eq!(reference.end == RunEnd::Completed, completes, "end {:?}", reference.end);
         no_node_half_done(&reference_sim, &reference.failed)?;
         let (crashed, sim) = run(config(control_planes, workers, seed, fallback, storage, true), max_unavailable);
         let replay = format!(
