@@ -307,6 +307,17 @@ pub(crate) async fn observe(
         .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source })
 }
 
+/// Sets one condition in `conditions` and writes them all (under the ordinary bound).
+pub(crate) async fn write_condition(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &mut Conditions,
+    update: ConditionUpdate,
+) -> Result<(), AdvanceError> {
+    conditions.upsert(update, ex.clock.now());
+    write_conditions(ex, machine, conditions).await
+}
+
 async fn write_talos_upgrade(
     ex: &Executor<'_>,
     machine: &MachineInfo,
@@ -315,8 +326,7 @@ async fn write_talos_upgrade(
     reason: &str,
     message: String,
 ) -> Result<(), AdvanceError> {
-    conditions.upsert(ConditionUpdate::new(TALOS_UPGRADE, status, reason, message), ex.clock.now());
-    write_conditions(ex, machine, conditions).await
+    write_condition(ex, machine, conditions, ConditionUpdate::new(TALOS_UPGRADE, status, reason, message)).await
 }
 
 /// Writes the machine's conditions under the ordinary call bound.
@@ -347,9 +357,6 @@ async fn carry_out(
     node: Option<&NodeInfo>,
     action: Action,
 ) -> Result<MachineOutcome, AdvanceError> {
-    let bound = ex.config.call_timeout;
-    let storage_error = |source| AdvanceError::Storage { node: node_name.to_owned(), source };
-    let storage_timeout = |source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source };
     match action {
         Action::Converged => Ok(MachineOutcome::Converged),
         Action::RecordConverged => {
@@ -371,9 +378,7 @@ async fn carry_out(
             Ok(MachineOutcome::Waiting { reason: reason.reason().to_owned(), message: reason.to_string(), recheck_at })
         }
         Action::BeginEvacuation => {
-            let now = ex.clock.now();
-            let evacuation = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
-            bounded("begin evacuation", bound, evacuation).await.map_err(storage_timeout)?.map_err(storage_error)?;
+            begin_evacuation(ex, machine, node_name).await?;
             Ok(MachineOutcome::Progressed { action: "BeginEvacuation" })
         }
         Action::EndEvacuation => {
@@ -387,6 +392,19 @@ async fn carry_out(
         Action::Fail(failure) => Ok(failed(&failure)),
         Action::Upgrade { image, marker } => call_upgrade(ex, machine, image, &marker).await,
     }
+}
+
+/// Begins the machine's evacuation through the shared definition.
+///
+/// # Errors
+/// The storage call or condition write that failed, or its bound passing.
+pub async fn begin_evacuation(ex: &Executor<'_>, machine: &MachineInfo, node_name: &str) -> Result<(), AdvanceError> {
+    let now = ex.clock.now();
+    let beginning = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
+    bounded("begin evacuation", ex.config.call_timeout, beginning)
+        .await
+        .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
+        .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source })
 }
 
 /// Ends the machine's evacuation through the shared definition.

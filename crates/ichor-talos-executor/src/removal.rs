@@ -6,7 +6,7 @@
 //! control plane the etcd membership and gate as the other control planes see them),
 //! calls the pure [`removal_step`], carries out its one action and writes conditions.
 
-use ichor_storage::{EvacuationEnd, evacuate_machine};
+use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::StorageObservation;
 use ichor_upgrade_core::operation::MachineRole;
@@ -18,8 +18,8 @@ use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{MachineSpec, TalosObservation};
 
 use crate::advance::{
-    AdvanceError, Executor, KubeCallError, TalosCallError, bounded, end_evacuation, node_name, observe,
-    write_conditions,
+    AdvanceError, Executor, KubeCallError, TalosCallError, begin_evacuation, bounded, end_evacuation, node_name,
+    observe, write_condition,
 };
 use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, PodInfo};
@@ -145,8 +145,7 @@ async fn write_removal(
     reason: &str,
     message: String,
 ) -> Result<(), AdvanceError> {
-    conditions.upsert(ConditionUpdate::new(NODE_REMOVAL, status, reason, message), ex.clock.now());
-    write_conditions(ex, machine, conditions).await
+    write_condition(ex, machine, conditions, ConditionUpdate::new(NODE_REMOVAL, status, reason, message)).await
 }
 
 async fn carry_out(
@@ -171,12 +170,7 @@ async fn carry_out(
             Ok(MachineOutcome::Waiting { reason: reason.reason().to_owned(), message: reason.to_string(), recheck_at })
         }
         RemovalAction::BeginEvacuation => {
-            let now = ex.clock.now();
-            let evacuation = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
-            bounded("begin evacuation", ex.config.call_timeout, evacuation)
-                .await
-                .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
-                .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source })?;
+            begin_evacuation(ex, machine, node_name).await?;
             progressed("BeginEvacuation")
         }
         RemovalAction::RestartEvacuation => {
