@@ -1,0 +1,371 @@
+//! Strict parsing of a Talos client configuration (`talosconfig`).
+//!
+//! A talosconfig is YAML: `context` names the current context, `contexts` maps names to
+//! `endpoints` (apid addresses, port 50000 when none is given), optional default `nodes`,
+//! and the mutual-TLS material `ca`, `crt` and `key`, each base64 of PEM. [`parse`] turns it
+//! into a [`TalosContext`] ready for a TLS client, or says exactly what is wrong: a missing
+//! context, endpoint, certificate or key, or PEM that does not parse. Nothing here opens a
+//! connection, and no connection should be attempted without everything mutual TLS needs.
+//!
+//! # What this crate must not do
+//! No IO, no network: it parses text it is given. Reading the file is the caller's.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use base64::Engine;
+use serde::Deserialize;
+
+/// apid's port, appended to endpoints given without one.
+pub const APID_PORT: u16 = 50000;
+
+/// What the caller may override on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Use this context instead of the file's current one.
+    pub context: Option<String>,
+    /// Use these endpoints instead of the context's.
+    pub endpoints: Vec<String>,
+    /// Use these nodes instead of the context's.
+    pub nodes: Vec<String>,
+}
+
+/// An apid endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// Port.
+    pub port: u16,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// One context, complete and checked.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TalosContext {
+    /// The context's name.
+    pub name: String,
+    /// The endpoints, at least one.
+    pub endpoints: Vec<Endpoint>,
+    /// The default target nodes (may be empty).
+    pub nodes: Vec<String>,
+    /// The CA certificate(s), PEM.
+    pub ca_pem: String,
+    /// The client certificate, PEM.
+    pub crt_pem: String,
+    /// The client key, PEM.
+    pub key_pem: String,
+}
+
+impl fmt::Debug for TalosContext {
+    /// Never prints the key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TalosContext")
+            .field("name", &self.name)
+            .field("endpoints", &self.endpoints)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What is wrong with a talosconfig. Each names the context and field concerned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// Not YAML of the talosconfig shape.
+    #[error("talosconfig does not parse: {0}")]
+    Syntax(String),
+    /// No context was chosen and the file names no current one.
+    #[error("talosconfig names no current context and none was given")]
+    NoContext,
+    /// The chosen context does not exist.
+    #[error("talosconfig has no context {name:?} (it has: {known})")]
+    UnknownContext {
+        /// The name asked for.
+        name: String,
+        /// The names it has.
+        known: String,
+    },
+    /// The context has no endpoint.
+    #[error("talosconfig context {context:?} has no endpoints")]
+    NoEndpoints {
+        /// The context.
+        context: String,
+    },
+    /// An endpoint is not `HOST[:PORT]`.
+    #[error("talosconfig context {context:?}: endpoint {endpoint:?} is not HOST[:PORT]")]
+    BadEndpoint {
+        /// The context.
+        context: String,
+        /// The endpoint as written.
+        endpoint: String,
+    },
+    /// `ca`, `crt` or `key` is missing or empty.
+    #[error("talosconfig context {context:?} has no {field} (mutual TLS needs ca, crt and key)")]
+    MissingField {
+        /// The context.
+        context: String,
+        /// `ca`, `crt` or `key`.
+        field: &'static str,
+    },
+    /// `ca`, `crt` or `key` is not base64.
+    #[error("talosconfig context {context:?}: {field} is not base64: {message}")]
+    NotBase64 {
+        /// The context.
+        context: String,
+        /// The field.
+        field: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// `ca`, `crt` or `key` decodes to something that is not PEM of the expected kind.
+    #[error("talosconfig context {context:?}: {field} is not PEM: {message}")]
+    BadPem {
+        /// The context.
+        context: String,
+        /// The field.
+        field: &'static str,
+        /// Why.
+        message: String,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    context: Option<String>,
+    #[serde(default)]
+    contexts: BTreeMap<String, RawContext>,
+}
+
+#[derive(Deserialize)]
+struct RawContext {
+    #[serde(default)]
+    endpoints: Vec<String>,
+    #[serde(default)]
+    nodes: Vec<String>,
+    #[serde(default)]
+    ca: Option<String>,
+    #[serde(default)]
+    crt: Option<String>,
+    #[serde(default)]
+    key: Option<String>,
+}
+
+/// Parses a talosconfig and picks its context (the override's, else the current one),
+/// with endpoints and nodes overridden when given.
+///
+/// # Errors
+/// A [`ConfigError`] naming what is wrong.
+pub fn parse(text: &str, overrides: &Overrides) -> Result<TalosContext, ConfigError> {
+    let raw: RawConfig = serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    let name = overrides.context.clone().or(raw.context.filter(|c| !c.is_empty())).ok_or(ConfigError::NoContext)?;
+    let Some(context) = raw.contexts.get(&name) else {
+        let known = raw.contexts.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+        return Err(ConfigError::UnknownContext { name, known });
+    };
+    let endpoints = if overrides.endpoints.is_empty() { &context.endpoints } else { &overrides.endpoints };
+    if endpoints.is_empty() {
+        return Err(ConfigError::NoEndpoints { context: name });
+    }
+    let endpoints = endpoints
+        .iter()
+        .map(|e| {
+            parse_endpoint(e).ok_or_else(|| ConfigError::BadEndpoint { context: name.clone(), endpoint: e.clone() })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let ca_pem = pem_field(&name, "ca", context.ca.as_deref(), &["CERTIFICATE"])?;
+    let crt_pem = pem_field(&name, "crt", context.crt.as_deref(), &["CERTIFICATE"])?;
+    let key_pem = pem_field(
+        &name,
+        "key",
+        context.key.as_deref(),
+        &["PRIVATE KEY", "ED25519 PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"],
+    )?;
+    let nodes = if overrides.nodes.is_empty() { context.nodes.clone() } else { overrides.nodes.clone() };
+    Ok(TalosContext { name, endpoints, nodes, ca_pem, crt_pem, key_pem })
+}
+
+/// `HOST`, `HOST:PORT`, `[V6]` or `[V6]:PORT`; a bare IPv6 address is taken whole.
+fn parse_endpoint(text: &str) -> Option<Endpoint> {
+    let text = text.trim();
+    let text = text.strip_prefix("https://").unwrap_or(text);
+    if text.is_empty() || text.contains(char::is_whitespace) || text.contains('/') {
+        return None;
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        let port = match after {
+            "" => APID_PORT,
+            _ => after.strip_prefix(':')?.parse().ok()?,
+        };
+        return (!host.is_empty()).then(|| Endpoint { host: host.to_owned(), port });
+    }
+    match text.matches(':').count() {
+        0 => Some(Endpoint { host: text.to_owned(), port: APID_PORT }),
+        1 => {
+            let (host, port) = text.split_once(':')?;
+            (!host.is_empty()).then_some(())?;
+            Some(Endpoint { host: host.to_owned(), port: port.parse().ok()? })
+        }
+        _ => Some(Endpoint { host: text.to_owned(), port: APID_PORT }),
+    }
+}
+
+/// Decodes a base64 field and checks that it holds PEM blocks of an expected tag.
+fn pem_field(context: &str, field: &'static str, value: Option<&str>, tags: &[&str]) -> Result<String, ConfigError> {
+    let value = value.map(str::trim).filter(|v| !v.is_empty());
+    let Some(value) = value else {
+        return Err(ConfigError::MissingField { context: context.to_owned(), field });
+    };
+    let bytes = base64::engine::general_purpose::STANDARD.decode(value).map_err(|e| ConfigError::NotBase64 {
+        context: context.to_owned(),
+        field,
+        message: e.to_string(),
+    })?;
+    let bad = |message: String| ConfigError::BadPem { context: context.to_owned(), field, message };
+    let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".to_owned()))?;
+    let blocks = pem::parse_many(&text).map_err(|e| bad(e.to_string()))?;
+    if blocks.is_empty() {
+        return Err(bad("no PEM block".to_owned()));
+    }
+    if let Some(block) = blocks.iter().find(|b| !tags.contains(&b.tag())) {
+        return Err(bad(format!("a {:?} block where {} was expected", block.tag(), tags.join(" or "))));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b64(text: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(text)
+    }
+
+    fn pem(tag: &str) -> String {
+        format!(
+            "-----BEGIN {tag}-----\nMCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n-----END {tag}-----\n"
+        )
+    }
+
+    fn config(ca: &str, crt: &str, key: &str, endpoints: &str) -> String {
+        format!(
+            "context: prod\ncontexts:\n  prod:\n    endpoints: {endpoints}\n    nodes: [10.5.0.2, 10.5.0.3]\n    ca: {ca}\n    crt: {crt}\n    key: {key}\n  lab:\n    endpoints: [192.168.1.10]\n"
+        )
+    }
+
+    fn good() -> String {
+        config(
+            &b64(&pem("CERTIFICATE")),
+            &b64(&pem("CERTIFICATE")),
+            &b64(&pem("ED25519 PRIVATE KEY")),
+            "[10.5.0.2, \"[fd00::2]:50001\"]",
+        )
+    }
+
+    #[test]
+    fn a_complete_context_parses_with_default_ports() {
+        let c = parse(&good(), &Overrides::default()).unwrap();
+        assert_eq!(c.name, "prod");
+        assert_eq!(
+            c.endpoints,
+            vec![Endpoint { host: "10.5.0.2".into(), port: 50000 }, Endpoint { host: "fd00::2".into(), port: 50001 }]
+        );
+        assert_eq!(c.endpoints[1].to_string(), "[fd00::2]:50001");
+        assert_eq!(c.nodes, vec!["10.5.0.2", "10.5.0.3"]);
+        assert!(c.key_pem.contains("ED25519 PRIVATE KEY"));
+        assert!(!format!("{c:?}").contains("PRIVATE"), "Debug never prints the key");
+    }
+
+    #[test]
+    fn overrides_pick_the_context_endpoints_and_nodes() {
+        let o =
+            Overrides { context: None, endpoints: vec!["cp.example.com:6443".into()], nodes: vec!["10.5.0.9".into()] };
+        let c = parse(&good(), &o).unwrap();
+        assert_eq!(c.endpoints, vec![Endpoint { host: "cp.example.com".into(), port: 6443 }]);
+        assert_eq!(c.nodes, vec!["10.5.0.9"]);
+    }
+
+    #[test]
+    fn a_missing_context_is_named() {
+        let no_current = good().replace("context: prod\n", "");
+        assert_eq!(parse(&no_current, &Overrides::default()), Err(ConfigError::NoContext));
+        let o = Overrides { context: Some("staging".into()), ..Overrides::default() };
+        assert_eq!(
+            parse(&good(), &o),
+            Err(ConfigError::UnknownContext { name: "staging".into(), known: "lab, prod".into() })
+        );
+    }
+
+    #[test]
+    fn a_context_without_endpoints_or_tls_material_is_refused_naming_what_is_missing() {
+        let o = Overrides { context: Some("lab".into()), ..Overrides::default() };
+        assert_eq!(parse(&good(), &o), Err(ConfigError::MissingField { context: "lab".into(), field: "ca" }));
+        let no_endpoints = good().replace("endpoints: [10.5.0.2, \"[fd00::2]:50001\"]", "endpoints: []");
+        assert_eq!(
+            parse(&no_endpoints, &Overrides::default()),
+            Err(ConfigError::NoEndpoints { context: "prod".into() })
+        );
+        for field in ["crt", "key"] {
+            let text = good()
+                .lines()
+                .filter(|l| !l.trim_start().starts_with(&format!("{field}:")))
+                .collect::<Vec<_>>()
+                .join("\n");
+            assert_eq!(
+                parse(&text, &Overrides::default()),
+                Err(ConfigError::MissingField {
+                    context: "prod".into(),
+                    field: if field == "crt" { "crt" } else { "key" }
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn pem_that_does_not_parse_is_refused_naming_the_field() {
+        let not_base64 = config("not*base64!", &b64(&pem("CERTIFICATE")), &b64(&pem("PRIVATE KEY")), "[10.5.0.2]");
+        assert!(matches!(parse(&not_base64, &Overrides::default()), Err(ConfigError::NotBase64 { field: "ca", .. })));
+        let not_pem = config(&b64(&pem("CERTIFICATE")), &b64("hello"), &b64(&pem("PRIVATE KEY")), "[10.5.0.2]");
+        assert!(matches!(parse(&not_pem, &Overrides::default()), Err(ConfigError::BadPem { field: "crt", .. })));
+        let truncated = config(
+            &b64(&pem("CERTIFICATE")),
+            &b64(&pem("CERTIFICATE")),
+            &b64("-----BEGIN PRIVATE KEY-----\nMCow"),
+            "[10.5.0.2]",
+        );
+        assert!(matches!(parse(&truncated, &Overrides::default()), Err(ConfigError::BadPem { field: "key", .. })));
+        let swapped =
+            config(&b64(&pem("CERTIFICATE")), &b64(&pem("PRIVATE KEY")), &b64(&pem("PRIVATE KEY")), "[10.5.0.2]");
+        let err = parse(&swapped, &Overrides::default()).unwrap_err();
+        assert!(matches!(err, ConfigError::BadPem { field: "crt", .. }), "{err}");
+    }
+
+    #[test]
+    fn malformed_endpoints_and_yaml_are_refused() {
+        for endpoint in ["\"10.5.0.2:port\"", "\"http://x/y\"", "\"a b\"", "\"[fd00::2\"", "\":50000\""] {
+            let text = config(
+                &b64(&pem("CERTIFICATE")),
+                &b64(&pem("CERTIFICATE")),
+                &b64(&pem("PRIVATE KEY")),
+                &format!("[{endpoint}]"),
+            );
+            assert!(matches!(parse(&text, &Overrides::default()), Err(ConfigError::BadEndpoint { .. })), "{endpoint}");
+        }
+        assert!(matches!(parse("contexts: [", &Overrides::default()), Err(ConfigError::Syntax(_))));
+        assert!(matches!(parse("bogus: 1", &Overrides::default()), Err(ConfigError::Syntax(_))));
+        assert!(matches!(parse("", &Overrides::default()), Err(ConfigError::Syntax(_) | ConfigError::NoContext)));
+    }
+}
