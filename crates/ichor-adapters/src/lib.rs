@@ -14,5 +14,6 @@
 pub mod clock;
 pub mod longhorn;
 pub mod sim;
+pub mod talos;
 
 pub use clock::SystemClock;
