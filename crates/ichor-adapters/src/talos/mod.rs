@@ -1,5 +1,9 @@
 //! The Talos machine API: Ichor's own wire-compatible proto subset (`proto/talos/`),
-//! compiled at build time through protox.
+//! compiled at build time through protox, and [`TalosClient`], `TalosApi` over it.
+
+pub mod client;
+
+pub use client::{ClientError, TalosClient};
 
 /// Generated from `proto/talos/*.proto`.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, clippy::use_self)]
