@@ -138,12 +138,26 @@ impl MachineService for Talos {
         Ok(Response::new(pb::EtcdMemberListResponse { messages: vec![members] }))
     }
 
-    async fn etcd_status(&self, _: Request<()>) -> Result<Response<pb::EtcdStatusResponse>, Status> {
-        Err(Status::unimplemented("not used yet"))
+    async fn etcd_status(&self, request: Request<()>) -> Result<Response<pb::EtcdStatusResponse>, Status> {
+        self.note(&request);
+        let member_status = pb::EtcdMemberStatus {
+            member_id: 2,
+            leader: 1,
+            errors: vec!["slow fdatasync".into()],
+            is_learner: false,
+            ..pb::EtcdMemberStatus::default()
+        };
+        Ok(Response::new(pb::EtcdStatusResponse {
+            messages: vec![pb::EtcdStatus { metadata: None, member_status: Some(member_status) }],
+        }))
     }
 
-    async fn etcd_alarm_list(&self, _: Request<()>) -> Result<Response<pb::EtcdAlarmListResponse>, Status> {
-        Err(Status::unimplemented("not used yet"))
+    async fn etcd_alarm_list(&self, request: Request<()>) -> Result<Response<pb::EtcdAlarmListResponse>, Status> {
+        self.note(&request);
+        let alarm = pb::EtcdMemberAlarm { member_id: 3, alarm: pb::etcd_member_alarm::AlarmType::Nospace as i32 };
+        Ok(Response::new(pb::EtcdAlarmListResponse {
+            messages: vec![pb::EtcdAlarm { metadata: None, member_alarms: vec![alarm] }],
+        }))
     }
 
     type EtcdSnapshotStream = tokio_stream::Iter<std::vec::IntoIter<Result<Data, Status>>>;
@@ -301,6 +315,16 @@ async fn a_slow_upgrade_is_cut_at_its_deadline() {
         matches!(&err, TalosError::Answered { code, .. } if code == "DeadlineExceeded") || err.is_unreachable(),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn etcd_status_and_alarms_are_read_for_the_gate() {
+    let f = Fixture::start(Behaviour::default()).await;
+    let client = f.client();
+    let status = client.etcd_status("10.5.0.3").await.unwrap();
+    assert_eq!((status.member_id, status.leader, status.errors.clone()), (2, 1, vec!["slow fdatasync".to_owned()]));
+    let alarms = client.etcd_alarms("10.5.0.3").await.unwrap();
+    assert_eq!(alarms, vec![ichor_talos_executor::talos_api::EtcdAlarm { member_id: 3, kind: 1 }]);
 }
 
 #[tokio::test]

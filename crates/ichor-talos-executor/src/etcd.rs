@@ -44,13 +44,24 @@ pub async fn membership(ex: &Executor<'_>, ask: &[&str], node_name: &str) -> Etc
     EtcdMembership::Unknown { error: last_error }
 }
 
-/// The etcd gate's verdict over these control planes, each asked for its member list.
+/// Runs one etcd read under the ordinary bound, with its error as text for the verdict.
+async fn read<T>(ex: &Executor<'_>, future: impl Future<Output = Result<T, crate::TalosError>>) -> Result<T, String> {
+    match tokio::time::timeout(ex.config.call_timeout, future).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {:?}", ex.config.call_timeout)),
+    }
+}
+
+/// The etcd gate's verdict over these control planes, each asked for its member list, its
+/// own member's status and the alarms.
 pub async fn gate(ex: &Executor<'_>, control_planes: &[ControlPlane]) -> EtcdVerdict {
     let reports = join_all(control_planes.iter().map(|cp| async {
         let members = members(ex, &cp.address).await.map(|list| {
             list.into_iter().map(|m| Member { id: m.id, name: m.hostname, is_learner: m.is_learner }).collect()
         });
-        ControlPlaneReport { node: cp.node.clone(), members }
+        let status = read(ex, ex.talos.etcd_status(&cp.address)).await;
+        let alarms = read(ex, ex.talos.etcd_alarms(&cp.address)).await;
+        ControlPlaneReport { node: cp.node.clone(), members, status, alarms }
     }))
     .await;
     etcd_gate::verdict(&reports)

@@ -5,6 +5,7 @@
 //! in `ichor-adapters`; the simulated cluster implements it too.
 
 use async_trait::async_trait;
+pub use ichor_upgrade_core::etcd_gate::{Alarm as EtcdAlarm, MemberStatus as EtcdStatus};
 use ichor_upgrade_core::talos_step::MachineStage;
 
 /// A failed Talos API call, classified the way the executor acts on it.
@@ -91,6 +92,10 @@ pub trait TalosApi: Send + Sync {
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
     /// The etcd member list, as the node sees it.
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
+    /// `EtcdStatus`: the node's own etcd member's status.
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError>;
+    /// `EtcdAlarmList`: the etcd cluster's alarms, as the node reports them.
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError>;
     /// `EtcdLeaveCluster`: the node's etcd member leaves the cluster.
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
     /// `Reset`: the node wipes itself.

@@ -10,7 +10,9 @@ use ichor_storage::StorageObject;
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::{AdvanceError, Executor, advance_machine};
 use ichor_talos_executor::kube_api::{KubeError, MachineInfo, NodeInfo};
-use ichor_talos_executor::talos_api::{EtcdMember, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
@@ -50,6 +52,12 @@ impl TalosApi for Slow {
     }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.inner.etcd_members(node).await
+    }
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        self.inner.etcd_status(node).await
+    }
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        self.inner.etcd_alarms(node).await
     }
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
         self.inner.etcd_leave_cluster(node).await

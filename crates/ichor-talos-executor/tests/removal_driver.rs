@@ -9,7 +9,7 @@ use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::etcd::ControlPlane;
 use ichor_talos_executor::kube_api::{EventType, Eviction, MachineInfo, NodeInfo, PodInfo};
 use ichor_talos_executor::removal::remove_machine;
-use ichor_talos_executor::talos_api::{EtcdMember, TalosError};
+use ichor_talos_executor::talos_api::{EtcdMember, EtcdStatus, TalosError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
@@ -195,6 +195,11 @@ fn cps() -> Vec<ControlPlane> {
     (1..=3).map(|i| ControlPlane { address: format!("10.0.0.1{i}"), node: format!("cp-{i}") }).collect()
 }
 
+fn status(node: &str) -> EtcdStatus {
+    let id = node.chars().last().and_then(|c| c.to_digit(10)).map_or(0, u64::from);
+    EtcdStatus { member_id: id, leader: 1, errors: vec![], is_learner: false }
+}
+
 fn members() -> Vec<EtcdMember> {
     (1..=3).map(|i| EtcdMember { id: i, hostname: format!("cp-{i}"), is_learner: false }).collect()
 }
@@ -203,6 +208,8 @@ fn members() -> Vec<EtcdMember> {
 async fn a_control_plane_leaves_etcd_through_talos_when_the_gate_passes() {
     let mut world = World::new(Some(node("cp-3", true)), vec![pod("kube-apiserver-cp-3", "Node", true)]);
     world.talos.expect_etcd_members().returning(|_| Ok(members()));
+    world.talos.expect_etcd_status().returning(|node| Ok(status(node)));
+    world.talos.expect_etcd_alarms().returning(|_| Ok(vec![]));
     world.talos.expect_etcd_leave_cluster().with(eq("10.0.0.13")).times(1).returning(|_| Ok(()));
     let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
     assert_eq!(outcome, MachineOutcome::Progressed { action: "LeaveEtcd" });
@@ -213,6 +220,8 @@ async fn a_control_plane_does_not_leave_while_another_is_unreachable() {
     let mut world = World::new(Some(node("cp-3", true)), vec![]);
     world.talos.expect_etcd_members().with(eq("10.0.0.11")).returning(|_| Err(TalosError::Dial("refused".into())));
     world.talos.expect_etcd_members().returning(|_| Ok(members()));
+    world.talos.expect_etcd_status().returning(|node| Ok(status(node)));
+    world.talos.expect_etcd_alarms().returning(|_| Ok(vec![]));
     world.talos.expect_etcd_leave_cluster().never();
     let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
     assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "EtcdUnhealthy"), "{outcome:?}");

@@ -2,10 +2,10 @@
 //! control plane reported.
 //!
 //! Talos's pre-upgrade check refuses only a two-member cluster and looks at neither
-//! learners nor alarms, so the engine decides itself. This verdict covers the member
-//! lists: one member per control plane, every list readable and the same on every node,
-//! no learner. Statuses (errors, one agreed leader) and alarms join it with the real
-//! Talos adapter.
+//! learners nor alarms, so the engine decides itself, from what every control plane
+//! reports: its member list (readable, the same on every node, one member per control
+//! plane, no learner), its own member's status (answering, no errors, not a learner, one
+//! leader agreed by all) and the cluster's alarms (none).
 
 use std::collections::BTreeSet;
 
@@ -29,6 +29,28 @@ pub struct Member {
     pub is_learner: bool,
 }
 
+/// One member's status, as `EtcdStatus` on its node reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MemberStatus {
+    /// The member's ID.
+    pub member_id: u64,
+    /// The leader it follows (0: none).
+    pub leader: u64,
+    /// Errors the member reports.
+    pub errors: Vec<String>,
+    /// Whether it is a learner.
+    pub is_learner: bool,
+}
+
+/// An etcd alarm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Alarm {
+    /// The member it names.
+    pub member_id: u64,
+    /// `NOSPACE` (1), `CORRUPT` (2), or another code; `NONE` (0) is no alarm.
+    pub kind: i32,
+}
+
 /// What one control plane reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlPlaneReport {
@@ -36,6 +58,10 @@ pub struct ControlPlaneReport {
     pub node: String,
     /// Its member list, or why it could not be read.
     pub members: Result<Vec<Member>, String>,
+    /// Its own member's status, or why it could not be read.
+    pub status: Result<MemberStatus, String>,
+    /// The alarms it reports (etcd alarms are cluster-wide), or why they could not be read.
+    pub alarms: Result<Vec<Alarm>, String>,
 }
 
 /// The gate's verdict: [`EtcdVerdict::Healthy`] only when every control plane answered,
@@ -74,6 +100,45 @@ pub fn verdict(reports: &[ControlPlaneReport]) -> EtcdVerdict {
     if members.len() != reports.len() {
         return unhealthy(format!("{} etcd members for {} control planes", members.len(), reports.len()));
     }
+    let mut leader: Option<(u64, &str)> = None;
+    for report in reports {
+        let status = match &report.status {
+            Ok(status) => status,
+            Err(error) => return unhealthy(format!("{}: status unreadable: {error}", report.node)),
+        };
+        if let Some(error) = status.errors.first() {
+            return unhealthy(format!("{}: member reports an error: {error}", report.node));
+        }
+        if status.is_learner {
+            return unhealthy(format!("{}: member is a learner", report.node));
+        }
+        if status.leader == 0 {
+            return unhealthy(format!("{}: member has no leader", report.node));
+        }
+        match leader {
+            None => leader = Some((status.leader, report.node.as_str())),
+            Some((agreed, first)) if agreed != status.leader => {
+                return unhealthy(format!(
+                    "no agreed leader: {first} follows {agreed:016x}, {} follows {:016x}",
+                    report.node, status.leader
+                ));
+            }
+            Some(_) => {}
+        }
+        match &report.alarms {
+            Ok(alarms) => {
+                if let Some(alarm) = alarms.iter().find(|a| a.kind != 0) {
+                    let kind = match alarm.kind {
+                        1 => "NOSPACE".to_owned(),
+                        2 => "CORRUPT".to_owned(),
+                        other => format!("alarm {other}"),
+                    };
+                    return unhealthy(format!("{kind} alarm on member {:016x}", alarm.member_id));
+                }
+            }
+            Err(error) => return unhealthy(format!("{}: alarms unreadable: {error}", report.node)),
+        }
+    }
     EtcdVerdict::Healthy
 }
 
@@ -85,12 +150,19 @@ mod tests {
         Member { id, name: name.into(), is_learner: false }
     }
 
+    fn report(node: &str, members: Vec<Member>) -> ControlPlaneReport {
+        let id = members.iter().find(|m| m.name == node).map_or(0, |m| m.id);
+        ControlPlaneReport {
+            node: node.into(),
+            members: Ok(members),
+            status: Ok(MemberStatus { member_id: id, leader: 1, errors: vec![], is_learner: false }),
+            alarms: Ok(vec![]),
+        }
+    }
+
     fn healthy_three() -> Vec<ControlPlaneReport> {
         let members = vec![member(1, "cp-1"), member(2, "cp-2"), member(3, "cp-3")];
-        ["cp-1", "cp-2", "cp-3"]
-            .iter()
-            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(members.clone()) })
-            .collect()
+        ["cp-1", "cp-2", "cp-3"].iter().map(|n| report(n, members.clone())).collect()
     }
 
     #[test]
@@ -121,16 +193,10 @@ mod tests {
     #[test]
     fn a_missing_or_extra_member_fails() {
         let two = vec![member(1, "cp-1"), member(2, "cp-2")];
-        let reports: Vec<_> = ["cp-1", "cp-2", "cp-3"]
-            .iter()
-            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(two.clone()) })
-            .collect();
+        let reports: Vec<_> = ["cp-1", "cp-2", "cp-3"].iter().map(|n| report(n, two.clone())).collect();
         assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("cp-3 has 0")));
         let four = vec![member(1, "cp-1"), member(2, "cp-2"), member(3, "cp-3"), member(4, "old-cp")];
-        let reports: Vec<_> = ["cp-1", "cp-2", "cp-3"]
-            .iter()
-            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(four.clone()) })
-            .collect();
+        let reports: Vec<_> = ["cp-1", "cp-2", "cp-3"].iter().map(|n| report(n, four.clone())).collect();
         assert!(
             matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("4 etcd members for 3"))
         );
@@ -150,11 +216,40 @@ mod tests {
         assert!(!member_of("cp-1", "cp-10"));
         assert!(!member_of("cp-1.example.internal", "cp-1"));
         let members = vec![member(1, "cp-1"), member(2, "cp-2")];
-        let reports: Vec<_> = ["cp-1.lan", "cp-2.lan"]
-            .iter()
-            .map(|n| ControlPlaneReport { node: (*n).into(), members: Ok(members.clone()) })
-            .collect();
+        let reports: Vec<_> = ["cp-1.lan", "cp-2.lan"].iter().map(|n| report(n, members.clone())).collect();
         assert_eq!(verdict(&reports), EtcdVerdict::Healthy);
+    }
+
+    #[test]
+    fn a_member_with_errors_no_leader_or_a_disagreeing_leader_fails() {
+        let mut reports = healthy_three();
+        reports[0].status.as_mut().unwrap().errors.push("slow disk".into());
+        assert!(
+            matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("cp-1") && reason.contains("slow disk"))
+        );
+        let mut reports = healthy_three();
+        reports[1].status.as_mut().unwrap().leader = 0;
+        assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("no leader")));
+        let mut reports = healthy_three();
+        reports[2].status.as_mut().unwrap().leader = 2;
+        assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("no agreed leader")));
+        let mut reports = healthy_three();
+        reports[1].status = Err("timeout".into());
+        assert!(
+            matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("cp-2: status unreadable"))
+        );
+    }
+
+    #[test]
+    fn any_alarm_fails() {
+        let mut reports = healthy_three();
+        reports[0].alarms = Ok(vec![Alarm { member_id: 3, kind: 1 }]);
+        assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("NOSPACE")));
+        let mut reports = healthy_three();
+        reports[0].alarms = Ok(vec![Alarm { member_id: 3, kind: 0 }]);
+        assert_eq!(verdict(&reports), EtcdVerdict::Healthy, "NONE is no alarm");
+        reports[2].alarms = Err("refused".into());
+        assert!(matches!(verdict(&reports), EtcdVerdict::Unhealthy { .. }));
     }
 
     #[test]

@@ -9,7 +9,9 @@ use ichor_talos_executor::kube_api::{
     ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
     PodInfo,
 };
-use ichor_talos_executor::talos_api::{EtcdMember, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
@@ -162,6 +164,33 @@ impl TalosApi for SimCluster {
                 })
                 .map(|(k, n, is_learner)| EtcdMember { id: 0x1000 + k as u64, hostname: n.name.clone(), is_learner })
                 .collect())
+        })
+    }
+
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        self.talos(node, |w, i| {
+            let is_learner = match w.nodes[i].etcd {
+                Some(SimMember::Voter) => false,
+                Some(SimMember::Learner { .. }) => true,
+                Some(SimMember::Missing) | None => {
+                    return Err(TalosError::Answered {
+                        code: "Unavailable".to_owned(),
+                        message: "etcd is not running".to_owned(),
+                    });
+                }
+            };
+            // The leader is the first voting member: every member agrees on it.
+            let leader = w.nodes.iter().position(|n| n.etcd == Some(SimMember::Voter)).map_or(0, |k| 0x1000 + k as u64);
+            Ok(EtcdStatus { member_id: 0x1000 + i as u64, leader, errors: Vec::new(), is_learner })
+        })
+    }
+
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        self.talos(node, |w, i| match w.nodes[i].etcd {
+            Some(SimMember::Voter | SimMember::Learner { .. }) => Ok(Vec::new()),
+            Some(SimMember::Missing) | None => {
+                Err(TalosError::Answered { code: "Unavailable".to_owned(), message: "etcd is not running".to_owned() })
+            }
         })
     }
 

@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ichor_talos_executor::talos_api::{EtcdMember, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
 use ichor_talosconfig::TalosContext;
 use ichor_upgrade_core::talos_step::MachineStage;
 use prost::Message;
@@ -175,6 +177,26 @@ impl TalosApi for TalosClient {
             .into_iter()
             .map(|m| EtcdMember { id: m.id, hostname: m.hostname, is_learner: m.is_learner })
             .collect())
+    }
+
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        let reply =
+            self.machine.clone().etcd_status(self.request(node, (), None)?).await.map_err(classify)?.into_inner();
+        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
+        let status = first.member_status.ok_or_else(|| answered("Unknown", "no member status".to_owned()))?;
+        Ok(EtcdStatus {
+            member_id: status.member_id,
+            leader: status.leader,
+            errors: status.errors,
+            is_learner: status.is_learner,
+        })
+    }
+
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        let call = self.request(node, (), None)?;
+        let reply = self.machine.clone().etcd_alarm_list(call).await.map_err(classify)?.into_inner();
+        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
+        Ok(first.member_alarms.into_iter().map(|a| EtcdAlarm { member_id: a.member_id, kind: a.alarm }).collect())
     }
 
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {

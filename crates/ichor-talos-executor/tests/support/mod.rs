@@ -8,7 +8,9 @@ use ichor_talos_executor::kube_api::{
     ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
     PodInfo,
 };
-use ichor_talos_executor::talos_api::{EtcdMember, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest};
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::rollout::OperationStatus;
@@ -27,6 +29,8 @@ mock! {
         async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError>;
         async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
         async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
+        async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError>;
+        async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError>;
         async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
         async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
     }
