@@ -109,8 +109,12 @@ impl MachineService for Talos {
         Ok(Response::new(pb::UpgradeResponse { messages: vec![reply] }))
     }
 
-    async fn reboot(&self, _: Request<pb::RebootRequest>) -> Result<Response<pb::RebootResponse>, Status> {
-        Err(Status::unimplemented("not used"))
+    async fn reboot(&self, request: Request<pb::RebootRequest>) -> Result<Response<pb::RebootResponse>, Status> {
+        self.note(&request);
+        assert_eq!(request.get_ref().mode, pb::reboot_request::Mode::Default as i32);
+        Ok(Response::new(pb::RebootResponse {
+            messages: vec![pb::Reboot { metadata: None, actor_id: "actor-r".into() }],
+        }))
     }
 
     async fn reset(&self, request: Request<pb::ResetRequest>) -> Result<Response<pb::ResetResponse>, Status> {
@@ -164,9 +168,12 @@ impl MachineService for Talos {
 
     async fn etcd_snapshot(
         &self,
-        _: Request<pb::EtcdSnapshotRequest>,
+        request: Request<pb::EtcdSnapshotRequest>,
     ) -> Result<Response<Self::EtcdSnapshotStream>, Status> {
-        Err(Status::unimplemented("not used yet"))
+        self.note(&request);
+        let chunk = |bytes: &[u8]| Ok(Data { metadata: None, bytes: bytes.to_vec() });
+        let chunks = vec![chunk(b"etcd "), chunk(b"snapshot "), chunk(b"bytes")];
+        Ok(Response::new(tokio_stream::iter(chunks)))
     }
 
     async fn etcd_leave_cluster(
@@ -328,9 +335,22 @@ async fn etcd_status_and_alarms_are_read_for_the_gate() {
 }
 
 #[tokio::test]
+async fn an_etcd_snapshot_is_streamed_with_its_size_and_checksum() {
+    use sha2::Digest;
+    let f = Fixture::start(Behaviour::default()).await;
+    let mut out = Vec::new();
+    let snapshot = f.client().etcd_snapshot("10.5.0.2", &mut out).await.unwrap();
+    assert_eq!(out, b"etcd snapshot bytes");
+    assert_eq!(snapshot.size, 19);
+    let expected: String = sha2::Sha256::digest(b"etcd snapshot bytes").iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(snapshot.sha256, expected, "the checksum of exactly the bytes written");
+}
+
+#[tokio::test]
 async fn the_reset_is_graceful_and_powers_off() {
     let f = Fixture::start(Behaviour::default()).await;
     f.client().reset("10.5.0.7", &ResetRequest { graceful: true, reboot: false }).await.unwrap();
+    assert_eq!(f.client().reboot("10.5.0.8").await.unwrap(), "actor-r");
     assert_eq!(f.seen.lock().unwrap().resets, vec![pb::ResetRequest { graceful: true, reboot: false }]);
 }
 

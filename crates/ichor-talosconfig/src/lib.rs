@@ -169,7 +169,11 @@ struct RawContext {
 /// # Errors
 /// A [`ConfigError`] naming what is wrong.
 pub fn parse(text: &str, overrides: &Overrides) -> Result<TalosContext, ConfigError> {
-    let raw: RawConfig = serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    let raw: RawConfig = serde_saphyr::from_str(text).map_err(|e| {
+        // The parser's report spans lines (with a source excerpt); its first line says it.
+        let report = e.to_string();
+        ConfigError::Syntax(report.lines().next().unwrap_or_default().trim_start_matches("error: ").to_owned())
+    })?;
     let name = overrides.context.clone().or(raw.context.filter(|c| !c.is_empty())).ok_or(ConfigError::NoContext)?;
     let Some(context) = raw.contexts.get(&name) else {
         let known = raw.contexts.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
@@ -364,7 +368,11 @@ mod tests {
             );
             assert!(matches!(parse(&text, &Overrides::default()), Err(ConfigError::BadEndpoint { .. })), "{endpoint}");
         }
-        assert!(matches!(parse("contexts: [", &Overrides::default()), Err(ConfigError::Syntax(_))));
+        let syntax = parse("contexts: [", &Overrides::default()).unwrap_err();
+        assert!(
+            matches!(&syntax, ConfigError::Syntax(text) if text.contains("line 1") && !text.contains('\n')),
+            "{syntax}"
+        );
         assert!(matches!(parse("bogus: 1", &Overrides::default()), Err(ConfigError::Syntax(_))));
         assert!(matches!(parse("", &Overrides::default()), Err(ConfigError::Syntax(_) | ConfigError::NoContext)));
     }

@@ -22,6 +22,26 @@ use super::proto::machine::{self as pb};
 use super::proto::resource::state_client::StateClient;
 use super::proto::resource::{GetRequest, MachineStatusSpec, NodenameSpec, machine_status_spec::Stage};
 
+/// An etcd snapshot written out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Bytes written.
+    pub size: u64,
+    /// SHA-256 of those bytes, lowercase hex.
+    pub sha256: String,
+}
+
+/// A snapshot that could not be taken or written.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The Talos API failed.
+    #[error(transparent)]
+    Talos(#[from] TalosError),
+    /// Writing the snapshot failed.
+    #[error("writing the snapshot: {0}")]
+    Write(#[from] std::io::Error),
+}
+
 /// A client configuration that cannot make a TLS channel.
 #[derive(Debug, thiserror::Error)]
 #[error("Talos client for {endpoint}: {message}")]
@@ -85,6 +105,43 @@ impl TalosClient {
         let spec =
             reply.resource.and_then(|r| r.spec).ok_or_else(|| answered("Unknown", format!("{kind} {id}: no spec")))?;
         Ok(spec.proto_spec)
+    }
+
+    /// `MachineService.EtcdSnapshot`: streams a consistent snapshot of etcd from the node
+    /// into `out`, returning its size and SHA-256. The stream has no deadline of its own
+    /// beyond the connection's: a large database takes as long as it takes.
+    ///
+    /// # Errors
+    /// The classified API failure, a chunk carrying `metadata.error`, or a failed write.
+    pub async fn etcd_snapshot(&self, node: &str, out: &mut impl std::io::Write) -> Result<Snapshot, SnapshotError> {
+        use sha2::Digest;
+        let mut request = self.request(node, pb::EtcdSnapshotRequest {}, None)?;
+        request.set_timeout(Duration::from_secs(24 * 3600));
+        let mut stream = self.machine.clone().etcd_snapshot(request).await.map_err(classify)?.into_inner();
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
+        while let Some(chunk) = stream.message().await.map_err(classify)? {
+            if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
+                return Err(answered("Unknown", error).into());
+            }
+            hasher.update(&chunk.bytes);
+            out.write_all(&chunk.bytes)?;
+            size += chunk.bytes.len() as u64;
+        }
+        out.flush()?;
+        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Snapshot { size, sha256 })
+    }
+
+    /// `MachineService.Reboot` in the default mode (kexec when prepared); the actor ID.
+    ///
+    /// # Errors
+    /// The classified failure.
+    pub async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        let message = pb::RebootRequest { mode: pb::reboot_request::Mode::Default as i32 };
+        let reply =
+            self.machine.clone().reboot(self.request(node, message, None)?).await.map_err(classify)?.into_inner();
+        Ok(first_reply(reply.messages, |m| m.metadata.as_ref())?.actor_id)
     }
 
     /// `MachineService.Version`: the node's Talos version tag (such as `v1.14.3`).

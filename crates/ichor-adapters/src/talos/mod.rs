@@ -3,7 +3,7 @@
 
 pub mod client;
 
-pub use client::{ClientError, TalosClient};
+pub use client::{ClientError, Snapshot, SnapshotError, TalosClient};
 
 /// Generated from `proto/talos/*.proto`.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, clippy::use_self)]

@@ -1,0 +1,171 @@
+//! A small talosctl for what the engine uses, over the real Talos client.
+//!
+//! ```text
+//! cargo run -q --example talos -- --talosconfig FILE [--context NAME] [--endpoints HOST[:PORT]]
+//!     [--nodes NODE] <command>
+//! ```
+//! Commands: `version`, `upgrade --image REF`, `etcd-members`, `etcd-status`, `etcd-alarms`,
+//! `etcd-snapshot FILE`, `etcd-gate` (over the control planes given with `--nodes A,B,C`).
+//! Prints JSON on stdout. Exit 0: success. Exit 1: an error answered by the API (or no
+//! answer), or a failed gate, with the message. Exit 2: bad input (a talosconfig that is
+//! missing, does not parse, or lacks a context, endpoint, certificate or key, or holds PEM
+//! that does not parse, each named), with no connection attempted.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use ichor_adapters::talos::TalosClient;
+use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, parse_args};
+use ichor_talos_executor::talos_api::{TalosApi, TalosError, UpgradeRequest};
+use ichor_talosconfig::{Overrides, parse};
+use ichor_upgrade_core::etcd_gate::{ControlPlaneReport, Member, verdict};
+use ichor_upgrade_core::rollout::EtcdVerdict;
+use serde_json::{Value, json};
+
+/// Exit code: the API answered with an error, did not answer, or the gate failed.
+const EXIT_FAILED: i32 = 1;
+/// The bound of every call but the Upgrade.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// The Upgrade call's own bound: the node pulls its installer before answering.
+const UPGRADE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Talk to the Talos machine API as the engine does.
+#[derive(Debug, Parser)]
+#[command(name = "talos")]
+struct Args {
+    /// The talosconfig file.
+    #[arg(long)]
+    talosconfig: PathBuf,
+    /// The context to use instead of the file's current one.
+    #[arg(long)]
+    context: Option<String>,
+    /// Endpoints to use instead of the context's (comma-separated HOST[:PORT]).
+    #[arg(long, value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// Target nodes (comma-separated); the first is the target of single-node commands.
+    #[arg(long, value_delimiter = ',')]
+    nodes: Vec<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The node's Talos version.
+    Version,
+    /// Upgrade the node to the installer image (neither force nor preserve).
+    Upgrade {
+        /// The installer image, such as factory.talos.dev/metal-installer/<schematic>:v1.14.4.
+        #[arg(long)]
+        image: String,
+    },
+    /// The etcd member list.
+    EtcdMembers,
+    /// The node's etcd member status.
+    EtcdStatus,
+    /// The etcd alarms.
+    EtcdAlarms,
+    /// Stream an etcd snapshot to FILE.
+    EtcdSnapshot {
+        /// Where to write it.
+        file: PathBuf,
+    },
+    /// The engine's etcd gate over the control planes given with --nodes.
+    EtcdGate,
+}
+
+fn fail(code: i32, message: &str) -> ! {
+    if code == EXIT_BAD_ARGUMENT {
+        println!("error: {message}");
+    } else {
+        println!("{}", json!({ "error": message }));
+    }
+    std::process::exit(code)
+}
+
+fn api<T>(result: Result<T, TalosError>) -> T {
+    result.unwrap_or_else(|e| fail(EXIT_FAILED, &e.to_string()))
+}
+
+fn main() {
+    let args: Args = parse_args();
+    let text = match std::fs::read_to_string(&args.talosconfig) {
+        Ok(text) => text,
+        Err(e) => fail(EXIT_BAD_ARGUMENT, &format!("--talosconfig {}: {e}", args.talosconfig.display())),
+    };
+    let overrides =
+        Overrides { context: args.context.clone(), endpoints: args.endpoints.clone(), nodes: args.nodes.clone() };
+    let context = parse(&text, &overrides)
+        .unwrap_or_else(|e| fail(EXIT_BAD_ARGUMENT, &format!("--talosconfig {}: {e}", args.talosconfig.display())));
+    let client = TalosClient::new(&context, CALL_TIMEOUT).unwrap_or_else(|e| fail(EXIT_BAD_ARGUMENT, &e.to_string()));
+    let node = context.nodes.first().cloned().unwrap_or_default();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    let output = runtime.block_on(run(&client, &node, &context.nodes, args.command));
+    println!("{output}");
+    std::process::exit(EXIT_OK);
+}
+
+async fn run(client: &TalosClient, node: &str, nodes: &[String], command: Command) -> Value {
+    match command {
+        Command::Version => json!({ "node": node, "version": api(client.version(node).await) }),
+        Command::Upgrade { image } => {
+            let ack =
+                api(client.upgrade(node, &UpgradeRequest { image: image.clone(), timeout: UPGRADE_TIMEOUT }).await);
+            json!({ "node": node, "image": image, "ack": ack.ack, "actor_id": ack.actor_id })
+        }
+        Command::EtcdMembers => {
+            let members = api(client.etcd_members(node).await);
+            json!(members
+                .iter()
+                .map(|m| json!({ "id": format!("{:016x}", m.id), "hostname": m.hostname, "is_learner": m.is_learner }))
+                .collect::<Vec<_>>())
+        }
+        Command::EtcdStatus => {
+            let s = api(client.etcd_status(node).await);
+            json!({ "node": node, "member_id": format!("{:016x}", s.member_id), "leader": format!("{:016x}", s.leader),
+                    "is_learner": s.is_learner, "errors": s.errors })
+        }
+        Command::EtcdAlarms => {
+            let alarms = api(client.etcd_alarms(node).await);
+            json!(
+                alarms
+                    .iter()
+                    .map(|a| json!({ "member_id": format!("{:016x}", a.member_id), "alarm": a.kind }))
+                    .collect::<Vec<_>>()
+            )
+        }
+        Command::EtcdSnapshot { file } => {
+            let mut out = match std::fs::File::create(&file) {
+                Ok(out) => std::io::BufWriter::new(out),
+                Err(e) => fail(EXIT_BAD_ARGUMENT, &format!("etcd-snapshot {}: {e}", file.display())),
+            };
+            let snapshot =
+                client.etcd_snapshot(node, &mut out).await.unwrap_or_else(|e| fail(EXIT_FAILED, &e.to_string()));
+            json!({ "file": file, "size": snapshot.size, "sha256": snapshot.sha256 })
+        }
+        Command::EtcdGate => {
+            if nodes.is_empty() {
+                fail(EXIT_BAD_ARGUMENT, "etcd-gate needs the control planes: --nodes A,B,C");
+            }
+            let mut reports = Vec::new();
+            for n in nodes {
+                let name = client.nodename(n).await.unwrap_or_else(|_| n.clone());
+                let members = client.etcd_members(n).await.map_err(|e| e.to_string()).map(|list| {
+                    list.into_iter().map(|m| Member { id: m.id, name: m.hostname, is_learner: m.is_learner }).collect()
+                });
+                let status = client.etcd_status(n).await.map_err(|e| e.to_string());
+                let alarms = client.etcd_alarms(n).await.map_err(|e| e.to_string());
+                reports.push(ControlPlaneReport { node: name, members, status, alarms });
+            }
+            match verdict(&reports) {
+                EtcdVerdict::Healthy => json!({ "healthy": true, "control_planes": nodes }),
+                EtcdVerdict::Unhealthy { reason } => {
+                    println!("{}", json!({ "healthy": false, "reason": reason, "control_planes": nodes }));
+                    std::process::exit(EXIT_FAILED)
+                }
+                EtcdVerdict::NotChecked => unreachable!("the verdict is always checked here"),
+            }
+        }
+    }
+}
