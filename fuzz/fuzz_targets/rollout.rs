@@ -1,0 +1,4 @@
+//! Fuzz target: see `ichor_fuzz_checks::rollout`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ichor_fuzz_checks::rollout(data));
