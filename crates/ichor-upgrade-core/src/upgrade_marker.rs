@@ -121,7 +121,11 @@ impl<'a> MarkerRef<'a> {
                 .and_then(|rest| rest.strip_prefix('='))
                 .ok_or_else(|| fail(&format!("expected {key}=")))
         };
-        let target = TalosVersion::parse(field("target")?).map_err(|e| fail(&e.to_string()))?;
+        let target_text = field("target")?;
+        let target = TalosVersion::parse(target_text).map_err(|e| fail(&e.to_string()))?;
+        if target.to_string() != target_text {
+            return Err(fail("target is not written as vMAJOR.MINOR.PATCH"));
+        }
         let boot_id = field("boot-id")?;
         if !is_valid_boot_id(boot_id) {
             return Err(fail("boot-id is not 1 to 64 letters, digits or dashes"));
@@ -129,6 +133,9 @@ impl<'a> MarkerRef<'a> {
         let deadline_text = field("call-deadline-ms")?;
         if deadline_text.is_empty() || !deadline_text.bytes().all(|b| b.is_ascii_digit()) {
             return Err(fail("call-deadline-ms is not a whole number"));
+        }
+        if deadline_text.len() > 1 && deadline_text.starts_with('0') {
+            return Err(fail("call-deadline-ms has leading zeros"));
         }
         let deadline = deadline_text.parse::<i64>().map_err(|_| fail("call-deadline-ms is out of range"))?;
         if fields.next().is_some() {
@@ -185,6 +192,9 @@ mod tests {
             good.replace("1764412800000", "-1"),
             good.replace("1764412800000", "99999999999999999999"),
             good.replace("1764412800000", ""),
+            // Found by the marker fuzz target: accepted, then formatted differently.
+            good.replace("1764412800000", "0001764412800000"),
+            good.replace("target=v1.14.4", "target=1.14.4"),
             format!("{good} extra"),
             format!("{good} "),
             good.replace(' ', "  "),

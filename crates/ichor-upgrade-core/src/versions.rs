@@ -248,24 +248,42 @@ pub enum PathRefusal {
         to: TalosVersion,
     },
     /// The target skips one or more minor lines.
-    #[error(
-        "{from} -> {to} skips {}; upgrade through the latest patch of {} first (path: {from} -> {} -> {to})",
-        list_minors(through, " and "),
-        list_minors(through, ", then "),
-        through.iter().map(|m| format!("{}.x", m.talos())).collect::<Vec<_>>().join(" -> ")
-    )]
+    #[error("{}", skips_message(from, to, through, *skipped))]
     SkipsMinors {
         /// Current version.
         from: TalosVersion,
         /// Requested target.
         to: TalosVersion,
-        /// The minor lines to go through, in order.
+        /// The minor lines to go through, in order: all of them, or the first
+        /// [`MAX_LISTED_MINORS`] when more are skipped.
         through: Vec<Minor>,
+        /// How many minor lines are skipped in all.
+        skipped: u64,
     },
 }
 
+/// At most this many skipped minor lines are listed in a refusal (a garbled target such as
+/// `v1.13333333314.3` must not make the engine list billions).
+pub const MAX_LISTED_MINORS: u64 = 8;
+
 fn list_minors(minors: &[Minor], separator: &str) -> String {
     minors.iter().map(|m| m.talos()).collect::<Vec<_>>().join(separator)
+}
+
+fn skips_message(from: &TalosVersion, to: &TalosVersion, through: &[Minor], skipped: u64) -> String {
+    let path = through.iter().map(|m| format!("{}.x", m.talos())).collect::<Vec<_>>().join(" -> ");
+    if skipped == through.len() as u64 {
+        format!(
+            "{from} -> {to} skips {}; upgrade through the latest patch of {} first (path: {from} -> {path} -> {to})",
+            list_minors(through, " and "),
+            list_minors(through, ", then ")
+        )
+    } else {
+        format!(
+            "{from} -> {to} skips {skipped} minor lines; upgrade one minor line at a time, through the latest patch of each \
+             (path: {from} -> {path} -> ... -> {to})"
+        )
+    }
 }
 
 /// The upgrade-path rule: same major; the target's minor equal to the current one or the
@@ -288,10 +306,14 @@ pub fn check_upgrade_path(from: &TalosVersion, to: &TalosVersion) -> Result<Upgr
     match target - current {
         0 => Ok(UpgradeStep::WithinMinor),
         1 => Ok(UpgradeStep::NextMinor),
-        _ => Err(PathRefusal::SkipsMinors {
+        gap => Err(PathRefusal::SkipsMinors {
             from: refusal_from(),
             to: refusal_to(),
-            through: (current + 1..target).map(|minor| Minor { major: from.major(), minor }).collect(),
+            through: (current + 1..target)
+                .take(MAX_LISTED_MINORS as usize)
+                .map(|minor| Minor { major: from.major(), minor })
+                .collect(),
+            skipped: gap - 1,
         }),
     }
 }
@@ -520,6 +542,7 @@ mod tests {
                 from: talos("v1.11.2"),
                 to: talos("v1.14.3"),
                 through: vec![Minor { major: 1, minor: 12 }, Minor { major: 1, minor: 13 }],
+                skipped: 2,
             }
         );
         assert_eq!(
@@ -527,6 +550,19 @@ mod tests {
             "v1.11.2 -> v1.14.3 skips v1.12 and v1.13; upgrade through the latest patch of v1.12, then v1.13 first \
              (path: v1.11.2 -> v1.12.x -> v1.13.x -> v1.14.3)"
         );
+    }
+
+    #[test]
+    fn a_huge_minor_is_refused_without_listing_every_minor_between() {
+        // Found by the versions fuzz target: listing them all asked for 213 GB.
+        let refusal = check_upgrade_path(&talos("v1.12.5"), &talos("v1.13333333314.3")).unwrap_err();
+        let PathRefusal::SkipsMinors { through, skipped, .. } = &refusal else { panic!("{refusal:?}") };
+        assert_eq!(*skipped, 13_333_333_301);
+        assert_eq!(through.len() as u64, MAX_LISTED_MINORS);
+        assert_eq!(through[0], Minor { major: 1, minor: 13 });
+        let text = refusal.to_string();
+        assert!(text.contains("skips 13333333301 minor lines") && text.contains("v1.13.x"), "{text}");
+        assert!(text.len() < 400, "{text}");
     }
 
     #[test]
