@@ -7,6 +7,12 @@
 //! context, endpoint, certificate or key, or PEM that does not parse. Nothing here opens a
 //! connection, and no connection should be attempted without everything mutual TLS needs.
 //!
+//! The key is read by what its DER holds, not by its PEM label: Talos writes its default
+//! Ed25519 client key as `ED25519 PRIVATE KEY` around PKCS#8, ECDSA keys as `EC PRIVATE KEY`
+//! (SEC1) and RSA keys as `RSA PRIVATE KEY` (PKCS#1). [`TalosContext::key_pem`] holds it
+//! relabelled with the standard label for its format (`PRIVATE KEY`, `EC PRIVATE KEY` or
+//! `RSA PRIVATE KEY`), which every TLS library reads.
+//!
 //! # What this crate must not do
 //! No IO, no network: it parses text it is given. Reading the file is the caller's.
 #![forbid(unsafe_code)]
@@ -64,7 +70,7 @@ pub struct TalosContext {
     pub ca_pem: String,
     /// The client certificate, PEM.
     pub crt_pem: String,
-    /// The client key, PEM.
+    /// The client key, PEM, labelled by its format (see the crate documentation).
     pub key_pem: String,
 }
 
@@ -151,6 +157,9 @@ struct RawConfig {
 
 #[derive(Deserialize)]
 struct RawContext {
+    /// talosctl's deprecated single endpoint, read as one more endpoint (as talosctl does).
+    #[serde(default)]
+    target: Option<String>,
     #[serde(default)]
     endpoints: Vec<String>,
     #[serde(default)]
@@ -179,7 +188,9 @@ pub fn parse(text: &str, overrides: &Overrides) -> Result<TalosContext, ConfigEr
         let known = raw.contexts.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
         return Err(ConfigError::UnknownContext { name, known });
     };
-    let endpoints = if overrides.endpoints.is_empty() { &context.endpoints } else { &overrides.endpoints };
+    let mut from_file = context.endpoints.clone();
+    from_file.extend(context.target.iter().filter(|t| !t.trim().is_empty()).cloned());
+    let endpoints = if overrides.endpoints.is_empty() { &from_file } else { &overrides.endpoints };
     if endpoints.is_empty() {
         return Err(ConfigError::NoEndpoints { context: name });
     }
@@ -191,12 +202,7 @@ pub fn parse(text: &str, overrides: &Overrides) -> Result<TalosContext, ConfigEr
         .collect::<Result<Vec<_>, _>>()?;
     let ca_pem = pem_field(&name, "ca", context.ca.as_deref(), &["CERTIFICATE"])?;
     let crt_pem = pem_field(&name, "crt", context.crt.as_deref(), &["CERTIFICATE"])?;
-    let key_pem = pem_field(
-        &name,
-        "key",
-        context.key.as_deref(),
-        &["PRIVATE KEY", "ED25519 PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"],
-    )?;
+    let key_pem = key_field(&name, context.key.as_deref())?;
     let nodes = if overrides.nodes.is_empty() { context.nodes.clone() } else { overrides.nodes.clone() };
     Ok(TalosContext { name, endpoints, nodes, ca_pem, crt_pem, key_pem })
 }
@@ -225,6 +231,31 @@ fn parse_endpoint(text: &str) -> Option<Endpoint> {
         }
         _ => Some(Endpoint { host: text.to_owned(), port: APID_PORT }),
     }
+}
+
+/// The labels a client key is found under.
+const KEY_LABELS: [&str; 4] = ["PRIVATE KEY", "ED25519 PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"];
+
+/// Decodes the key field: one PEM block whose DER is a PKCS#8, SEC1 or PKCS#1 private key,
+/// re-encoded under the standard label of that format.
+fn key_field(context: &str, value: Option<&str>) -> Result<String, ConfigError> {
+    use rustls_pki_types::PrivateKeyDer;
+    let text = pem_field(context, "key", value, &KEY_LABELS)?;
+    let bad = |message: String| ConfigError::BadPem { context: context.to_owned(), field: "key", message };
+    let blocks = pem::parse_many(&text).map_err(|e| bad(e.to_string()))?;
+    let [block] = blocks.as_slice() else {
+        return Err(bad(format!("{} PEM blocks where one key was expected", blocks.len())));
+    };
+    let label = match PrivateKeyDer::try_from(block.contents()) {
+        Ok(PrivateKeyDer::Pkcs8(_)) => "PRIVATE KEY",
+        Ok(PrivateKeyDer::Sec1(_)) => "EC PRIVATE KEY",
+        Ok(PrivateKeyDer::Pkcs1(_)) => "RSA PRIVATE KEY",
+        Ok(_) | Err(_) => {
+            return Err(bad(format!("the {:?} block holds no PKCS#8, SEC1 or PKCS#1 private key", block.tag())));
+        }
+    };
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    Ok(pem::encode_config(&pem::Pem::new(label, block.contents()), config))
 }
 
 /// Decodes a base64 field and checks that it holds PEM blocks of an expected tag.
@@ -258,10 +289,46 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode(text)
     }
 
+    /// A PEM block under `tag`. A key tag gets a PKCS#8 Ed25519 key (as Go's
+    /// `MarshalPKCS8PrivateKey` writes it), any other tag a DER public key.
     fn pem(tag: &str) -> String {
+        if tag.ends_with("PRIVATE KEY") {
+            return pem_of(tag, &ED25519_PKCS8);
+        }
         format!(
             "-----BEGIN {tag}-----\nMCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n-----END {tag}-----\n"
         )
+    }
+
+    fn pem_of(tag: &str, der: &[u8]) -> String {
+        pem::encode_config(&pem::Pem::new(tag, der), pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF))
+    }
+
+    /// PKCS#8 v1 of an Ed25519 seed of 32 bytes of 7.
+    const ED25519_PKCS8: [u8; 48] = {
+        let mut der = [7u8; 48];
+        let head = [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+        let mut i = 0;
+        while i < head.len() {
+            der[i] = head[i];
+            i += 1;
+        }
+        der
+    };
+
+    /// The start of a SEC1 `ECPrivateKey` (version 1, a 32-byte key) as Go's
+    /// `MarshalECPrivateKey` writes it.
+    fn sec1() -> Vec<u8> {
+        let mut der = vec![0x30, 0x25, 0x02, 0x01, 0x01, 0x04, 0x20];
+        der.extend([9u8; 32]);
+        der
+    }
+
+    /// The start of a PKCS#1 `RSAPrivateKey` (version 0, then the modulus).
+    fn pkcs1() -> Vec<u8> {
+        let mut der = vec![0x30, 0x0b, 0x02, 0x01, 0x00, 0x02, 0x06];
+        der.extend([0x00, 0xc3, 0x01, 0x02, 0x03, 0x05]);
+        der
     }
 
     fn config(ca: &str, crt: &str, key: &str, endpoints: &str) -> String {
@@ -289,7 +356,7 @@ mod tests {
         );
         assert_eq!(c.endpoints[1].to_string(), "[fd00::2]:50001");
         assert_eq!(c.nodes, vec!["10.5.0.2", "10.5.0.3"]);
-        assert!(c.key_pem.contains("ED25519 PRIVATE KEY"));
+        assert!(c.key_pem.starts_with("-----BEGIN PRIVATE KEY-----"), "relabelled: {}", c.key_pem);
         assert!(!format!("{c:?}").contains("PRIVATE"), "Debug never prints the key");
     }
 
@@ -375,5 +442,53 @@ mod tests {
         );
         assert!(matches!(parse("bogus: 1", &Overrides::default()), Err(ConfigError::Syntax(_))));
         assert!(matches!(parse("", &Overrides::default()), Err(ConfigError::Syntax(_) | ConfigError::NoContext)));
+    }
+
+    fn with_key(key_pem: &str) -> Result<TalosContext, ConfigError> {
+        let text = config(&b64(&pem("CERTIFICATE")), &b64(&pem("CERTIFICATE")), &b64(key_pem), "[10.5.0.2]");
+        parse(&text, &Overrides::default())
+    }
+
+    #[test]
+    fn a_key_is_read_by_its_der_and_relabelled_whatever_its_label() {
+        // Talos's default: PKCS#8 under its own label.
+        let talos = with_key(&pem_of("ED25519 PRIVATE KEY", &ED25519_PKCS8)).unwrap();
+        assert_eq!(talos.key_pem, pem_of("PRIVATE KEY", &ED25519_PKCS8));
+        // ECDSA from Go's MarshalECPrivateKey, and RSA from MarshalPKCS1PrivateKey.
+        assert_eq!(with_key(&pem_of("EC PRIVATE KEY", &sec1())).unwrap().key_pem, pem_of("EC PRIVATE KEY", &sec1()));
+        assert_eq!(
+            with_key(&pem_of("RSA PRIVATE KEY", &pkcs1())).unwrap().key_pem,
+            pem_of("RSA PRIVATE KEY", &pkcs1())
+        );
+        // A label that does not match what the DER holds is corrected, not trusted.
+        assert_eq!(
+            with_key(&pem_of("EC PRIVATE KEY", &ED25519_PKCS8)).unwrap().key_pem,
+            pem_of("PRIVATE KEY", &ED25519_PKCS8)
+        );
+        assert_eq!(with_key(&pem_of("PRIVATE KEY", &sec1())).unwrap().key_pem, pem_of("EC PRIVATE KEY", &sec1()));
+    }
+
+    #[test]
+    fn a_key_that_is_not_a_private_key_or_not_one_block_is_refused_naming_it() {
+        let public = pem("CERTIFICATE").replace("CERTIFICATE", "PRIVATE KEY");
+        let err = with_key(&public).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadPem { field: "key", message, .. } if message.contains("no PKCS#8, SEC1 or PKCS#1")),
+            "{err}"
+        );
+        let two = format!("{}{}", pem("PRIVATE KEY"), pem("PRIVATE KEY"));
+        let err = with_key(&two).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::BadPem { field: "key", message, .. } if message.contains("2 PEM blocks")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn talosctls_deprecated_target_is_one_more_endpoint() {
+        let text = good()
+            .replace("    nodes: [10.5.0.2, 10.5.0.3]\n", "    nodes: [10.5.0.2, 10.5.0.3]\n    target: 10.5.0.9\n");
+        let c = parse(&text, &Overrides::default()).unwrap();
+        assert_eq!(c.endpoints.last(), Some(&Endpoint { host: "10.5.0.9".into(), port: APID_PORT }));
     }
 }
