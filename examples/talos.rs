@@ -7,16 +7,23 @@
 //! Commands: `version`, `upgrade --image REF`, `etcd-members`, `etcd-status`, `etcd-alarms`,
 //! `etcd-snapshot FILE`, `etcd-gate` (over the control planes given with `--nodes A,B,C`).
 //! Prints JSON on stdout. Exit 0: success. Exit 1: an error answered by the API (or no
-//! answer), or a failed gate, with the message. Exit 2: bad input (a talosconfig that is
-//! missing, does not parse, or lacks a context, endpoint, certificate or key, or holds PEM
-//! that does not parse, each named), with no connection attempted.
+//! answer), or a failed gate, with the message and its whole cause ("connection refused",
+//! "invalid peer certificate: UnknownIssuer", "TLS handshake did not complete within 15s").
+//! Exit 2: bad input (a talosconfig that is missing, does not parse, or lacks a context,
+//! endpoint, certificate or key, or holds PEM or a key that does not parse or does not
+//! match its certificate, each named), with no connection attempted.
+//!
+//! Every endpoint of the context is used (the next is tried when one cannot be reached);
+//! connecting, TLS handshake included, ends within 15 s. `etcd-snapshot FILE` writes the
+//! file only whole: a stream that fails leaves no file.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use ichor_adapters::talos::TalosClient;
+use ichor_adapters::talos::{ClientOptions, TalosClient};
 use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, parse_args};
+use ichor_talos_executor::cause::report;
 use ichor_talos_executor::talos_api::{TalosApi, TalosError, UpgradeRequest};
 use ichor_talosconfig::{Overrides, parse};
 use ichor_upgrade_core::etcd_gate::{ControlPlaneReport, Member, verdict};
@@ -25,8 +32,6 @@ use serde_json::{Value, json};
 
 /// Exit code: the API answered with an error, did not answer, or the gate failed.
 const EXIT_FAILED: i32 = 1;
-/// The bound of every call but the Upgrade.
-const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// The Upgrade call's own bound: the node pulls its installer before answering.
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -85,7 +90,7 @@ fn fail(code: i32, message: &str) -> ! {
 }
 
 fn api<T>(result: Result<T, TalosError>) -> T {
-    result.unwrap_or_else(|e| fail(EXIT_FAILED, &e.to_string()))
+    result.unwrap_or_else(|e| fail(EXIT_FAILED, &report(&e)))
 }
 
 fn main() {
@@ -98,9 +103,14 @@ fn main() {
         Overrides { context: args.context.clone(), endpoints: args.endpoints.clone(), nodes: args.nodes.clone() };
     let context = parse(&text, &overrides)
         .unwrap_or_else(|e| fail(EXIT_BAD_ARGUMENT, &format!("--talosconfig {}: {e}", args.talosconfig.display())));
-    let client = TalosClient::new(&context, CALL_TIMEOUT).unwrap_or_else(|e| fail(EXIT_BAD_ARGUMENT, &e.to_string()));
+    let client = TalosClient::new(&context, ClientOptions::default()).unwrap_or_else(|e| {
+        fail(EXIT_BAD_ARGUMENT, &format!("--talosconfig {}: {}", args.talosconfig.display(), report(&e)))
+    });
     let node = context.nodes.first().cloned().unwrap_or_default();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => fail(EXIT_FAILED, &format!("starting the async runtime: {e}")),
+    };
     let output = runtime.block_on(run(&client, &node, &context.nodes, args.command));
     println!("{output}");
     std::process::exit(EXIT_OK);
@@ -136,12 +146,15 @@ async fn run(client: &TalosClient, node: &str, nodes: &[String], command: Comman
             )
         }
         Command::EtcdSnapshot { file } => {
-            let mut out = match std::fs::File::create(&file) {
-                Ok(out) => std::io::BufWriter::new(out),
-                Err(e) => fail(EXIT_BAD_ARGUMENT, &format!("etcd-snapshot {}: {e}", file.display())),
-            };
+            let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            if !dir.is_dir() {
+                fail(
+                    EXIT_BAD_ARGUMENT,
+                    &format!("etcd-snapshot {}: {} is not a directory", file.display(), dir.display()),
+                );
+            }
             let snapshot =
-                client.etcd_snapshot(node, &mut out).await.unwrap_or_else(|e| fail(EXIT_FAILED, &e.to_string()));
+                client.etcd_snapshot_to_file(node, &file).await.unwrap_or_else(|e| fail(EXIT_FAILED, &report(&e)));
             json!({ "file": file, "size": snapshot.size, "sha256": snapshot.sha256 })
         }
         Command::EtcdGate => {
@@ -151,11 +164,11 @@ async fn run(client: &TalosClient, node: &str, nodes: &[String], command: Comman
             let mut reports = Vec::new();
             for n in nodes {
                 let name = client.nodename(n).await.unwrap_or_else(|_| n.clone());
-                let members = client.etcd_members(n).await.map_err(|e| e.to_string()).map(|list| {
+                let members = client.etcd_members(n).await.map_err(|e| report(&e)).map(|list| {
                     list.into_iter().map(|m| Member { id: m.id, name: m.hostname, is_learner: m.is_learner }).collect()
                 });
-                let status = client.etcd_status(n).await.map_err(|e| e.to_string());
-                let alarms = client.etcd_alarms(n).await.map_err(|e| e.to_string());
+                let status = client.etcd_status(n).await.map_err(|e| report(&e));
+                let alarms = client.etcd_alarms(n).await.map_err(|e| report(&e));
                 reports.push(ControlPlaneReport { node: name, members, status, alarms });
             }
             match verdict(&reports) {

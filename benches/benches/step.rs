@@ -38,6 +38,7 @@ fn case(rebooting: bool) -> Case {
             target: target.version.clone(),
             boot_id: "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11".into(),
             call_deadline: Timestamp::from_unix_secs(1_600),
+            node: Some("worker-1".into()),
         };
         conditions.upsert(
             ConditionUpdate::new(TALOS_UPGRADE, ConditionStatus::True, "UpgradeRequested", marker.to_string()),
@@ -48,6 +49,7 @@ fn case(rebooting: bool) -> Case {
         machine: MachineSpec { name: "worker-7".into(), role: MachineRole::Worker },
         target,
         node: NodeObservation {
+            name: "worker-1".into(),
             ready: !rebooting,
             os_image: "Talos (v1.14.3)".into(),
             boot_id: "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11".into(),

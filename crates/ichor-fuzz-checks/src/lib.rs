@@ -65,10 +65,13 @@ pub fn marker(data: &[u8]) {
     if !ichor_upgrade_core::upgrade_marker::is_valid_boot_id(&boot) {
         return;
     }
+    // A node name only when the input holds one that a marker can carry.
+    let node = u.arbitrary::<String>().ok().filter(|n| ichor_upgrade_core::upgrade_marker::is_valid_node_name(n));
     let marker = UpgradeMarker {
         target,
         boot_id: boot,
         call_deadline: ichor_upgrade_core::Timestamp::from_unix_millis(deadline.max(0)),
+        node,
     };
     assert_eq!(UpgradeMarker::parse(&marker.to_string()), Ok(marker));
 }

@@ -47,6 +47,7 @@ fn case(u: &mut Unstructured<'_>) -> Result<Case> {
     let os_images = ["Talos (v1.14.3)", "Talos (v1.14.4)", "Talos (v1.12.0)", "Talos (v1.14.5)", "Talos (banana)", ""];
     let node = if u.ratio(9, 10)? {
         Some(NodeObservation {
+            name: "node-1".to_owned(),
             ready: u.arbitrary()?,
             os_image: pick(u, &os_images)?.to_owned(),
             boot_id: pick(u, &BOOTS)?.to_owned(),
@@ -82,6 +83,7 @@ fn case(u: &mut Unstructured<'_>) -> Result<Case> {
                 },
                 boot_id: pick(u, &BOOTS[..2])?.to_owned(),
                 call_deadline: time(u)?,
+                node: Some("node-1".to_owned()),
             }
             .to_string(),
             2 => "Upgrade request received".to_owned(),

@@ -18,11 +18,12 @@ use ichor_upgrade_core::evacuation::StorageObservation;
 use ichor_upgrade_core::operation::{MachineRole, OperationKind};
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{
-    Action, MachineFailure, MachineSpec, NodeObservation, StepInput, TalosObservation, UpgradeTarget,
-    past_upgrade_call, step,
+    Action, EtcdMembership, MachineFailure, MachineSpec, MachineStage, NodeObservation, StepInput, TalosObservation,
+    UpgradeTarget, past_upgrade_call, recorded_node_name, step,
 };
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
 
+use crate::cause::report;
 use crate::clock::Clock;
 use crate::config::ExecutorConfig;
 use crate::kube_api::{KubeApi, KubeError, MachineInfo, NodeInfo};
@@ -200,10 +201,11 @@ impl AdvanceError {
     /// What the rollout engine makes of it: a wait when transient, else a failure.
     #[must_use]
     pub fn outcome(&self) -> MachineOutcome {
+        let message = report(self);
         if self.is_transient() {
-            MachineOutcome::Waiting { reason: self.reason().to_owned(), message: self.to_string(), recheck_at: None }
+            MachineOutcome::Waiting { reason: self.reason().to_owned(), message, recheck_at: None }
         } else {
-            MachineOutcome::Failed { reason: self.reason().to_owned(), message: self.to_string() }
+            MachineOutcome::Failed { reason: self.reason().to_owned(), message }
         }
     }
 }
@@ -239,24 +241,37 @@ pub async fn advance_machine(
         return Err(AdvanceError::UnsupportedKind(kind.to_owned()));
     }
     let bound = ex.config.call_timeout;
-    let node_name = node_name(ex, machine).await?;
-    let node = bounded("read Node", bound, ex.kube.node(&node_name))
-        .await
-        .map_err(KubeCallError::from)
-        .and_then(|r| r.map_err(KubeCallError::from))
-        .map_err(|source| AdvanceError::ReadNode { node: node_name.clone(), source })?;
-    let talos = match bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await {
-        Ok(Ok(stage)) => TalosObservation::Answered { stage },
-        Ok(Err(e)) if e.is_unreachable() => TalosObservation::Unreachable { error: e.to_string() },
-        Ok(Err(e)) => TalosObservation::Error { error: e.to_string() },
-        Err(timed_out) => TalosObservation::Unreachable { error: timed_out.to_string() },
+    let node_name = match node_name(ex, machine).await {
+        Ok(name) => Some(name),
+        // Past the Upgrade call the machine may be rebooting, and Talos cannot be asked for
+        // its name: the name recorded before the call is used meanwhile. Without one, the
+        // Node is not read this pass; the step then waits, under its verify bound.
+        Err(error) if past_upgrade_call(&machine.conditions) => {
+            tracing::debug!(machine = %machine.name, error = %report(&error), "node name unreadable past the call");
+            recorded_node_name(&machine.conditions)
+        }
+        Err(error) => return Err(error),
     };
+    let node = match &node_name {
+        Some(name) => bounded("read Node", bound, ex.kube.node(name))
+            .await
+            .map_err(KubeCallError::from)
+            .and_then(|r| r.map_err(KubeCallError::from))
+            .map_err(|source| AdvanceError::ReadNode { node: name.clone(), source })?,
+        None => None,
+    };
+    let talos = talos_observation(bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await);
     let labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
-    let storage = observe(ex, &node_name, &labels, &machine.conditions).await?;
-    let etcd_member = if machine.role == MachineRole::ControlPlane {
-        Some(crate::etcd::membership(ex, &[machine.address.as_str()], &node_name).await)
-    } else {
-        None
+    let storage = match &node_name {
+        Some(name) => observe(ex, name, &labels, &machine.conditions).await?,
+        None => StorageObservation::default(),
+    };
+    let etcd_member = match (machine.role, &node_name) {
+        (MachineRole::ControlPlane, Some(name)) => {
+            Some(crate::etcd::membership(ex, &[machine.address.as_str()], name).await)
+        }
+        (MachineRole::ControlPlane, None) => Some(EtcdMembership::Unknown { error: "the node name is unknown".into() }),
+        (MachineRole::Worker, _) => None,
     };
     let observation = node.as_ref().map(node_observation);
     let spec = MachineSpec { name: machine.name.clone(), role: machine.role };
@@ -272,7 +287,17 @@ pub async fn advance_machine(
         now: ex.clock.now(),
     });
     tracing::debug!(machine = %machine.name, ?action, "step");
-    carry_out(ex, machine, &node_name, node.as_ref(), action).await
+    carry_out(ex, machine, node_name.as_deref(), node.as_ref(), action).await
+}
+
+/// What a machine-stage read says, its failure named with its whole cause.
+pub(crate) fn talos_observation(read: Result<Result<MachineStage, TalosError>, CallTimedOut>) -> TalosObservation {
+    match read {
+        Ok(Ok(stage)) => TalosObservation::Answered { stage },
+        Ok(Err(e)) if e.is_unreachable() => TalosObservation::Unreachable { error: report(&e) },
+        Ok(Err(e)) => TalosObservation::Error { error: report(&e) },
+        Err(timed_out) => TalosObservation::Unreachable { error: timed_out.to_string() },
+    }
 }
 
 pub(crate) async fn node_name(ex: &Executor<'_>, machine: &MachineInfo) -> Result<String, AdvanceError> {
@@ -288,6 +313,7 @@ pub(crate) async fn node_name(ex: &Executor<'_>, machine: &MachineInfo) -> Resul
 
 pub(crate) fn node_observation(node: &NodeInfo) -> NodeObservation {
     NodeObservation {
+        name: node.name.clone(),
         ready: node.ready,
         os_image: node.os_image.clone(),
         boot_id: node.boot_id.clone(),
@@ -353,10 +379,17 @@ pub(crate) fn failed(failure: &MachineFailure) -> MachineOutcome {
 async fn carry_out(
     ex: &Executor<'_>,
     machine: &MachineInfo,
-    node_name: &str,
+    node_name: Option<&str>,
     node: Option<&NodeInfo>,
     action: Action,
 ) -> Result<MachineOutcome, AdvanceError> {
+    // Storage is reached by node name; the step asks for it only with the Node observed,
+    // so an unknown name here is a wait, never a guess.
+    let name_unknown = || MachineOutcome::Waiting {
+        reason: "NodeNameUnknown".to_owned(),
+        message: "the node name cannot be read from Talos and none was recorded".to_owned(),
+        recheck_at: None,
+    };
     match action {
         Action::Converged => Ok(MachineOutcome::Converged),
         Action::RecordConverged => {
@@ -378,14 +411,17 @@ async fn carry_out(
             Ok(MachineOutcome::Waiting { reason: reason.reason().to_owned(), message: reason.to_string(), recheck_at })
         }
         Action::BeginEvacuation => {
+            let Some(node_name) = node_name else { return Ok(name_unknown()) };
             begin_evacuation(ex, machine, node_name).await?;
             Ok(MachineOutcome::Progressed { action: "BeginEvacuation" })
         }
         Action::EndEvacuation => {
+            let Some(node_name) = node_name else { return Ok(name_unknown()) };
             end_evacuation(ex, machine, node_name, EvacuationEnd::Ended).await?;
             Ok(MachineOutcome::Progressed { action: "EndEvacuation" })
         }
         Action::FailEndingEvacuation(failure) => {
+            let Some(node_name) = node_name else { return Ok(name_unknown()) };
             end_evacuation(ex, machine, node_name, EvacuationEnd::TimedOut).await?;
             Ok(failed(&failure))
         }
@@ -456,12 +492,12 @@ async fn call_upgrade(
             // step reconciles it against the node (boot ID, stage, the call's deadline).
             Ok(MachineOutcome::Waiting {
                 reason: "IntentUnconfirmed".to_owned(),
-                message: format!("the Upgrade call broke off ({e}); its outcome is read from the node"),
+                message: format!("the Upgrade call broke off ({}); its outcome is read from the node", report(&e)),
                 recheck_at: Some(marker.call_deadline),
             })
         }
         Ok(Err(e)) => {
-            let failure = MachineFailure::UpgradeRefused(e.to_string());
+            let failure = MachineFailure::UpgradeRefused(report(&e));
             let message = failure.to_string();
             let reason = upgrade_reason::UPGRADE_REFUSED;
             write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::False, reason, message).await?;

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod advance;
+pub mod cause;
 pub mod clock;
 pub mod config;
 pub mod etcd;
@@ -24,6 +25,7 @@ pub mod removal;
 pub mod talos_api;
 
 pub use advance::{AdvanceError, Executor, advance_machine};
+pub use cause::{Cause, report};
 pub use clock::Clock;
 pub use config::ExecutorConfig;
 pub use kube_api::{KubeApi, KubeError};

@@ -15,11 +15,11 @@ use ichor_upgrade_core::removal_step::{
 };
 use ichor_upgrade_core::rollout::EtcdVerdict;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{MachineSpec, TalosObservation};
+use ichor_upgrade_core::talos_step::MachineSpec;
 
 use crate::advance::{
     AdvanceError, Executor, KubeCallError, TalosCallError, begin_evacuation, bounded, end_evacuation, node_name,
-    observe, write_condition,
+    observe, talos_observation, write_condition,
 };
 use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, PodInfo};
@@ -100,13 +100,9 @@ pub async fn remove_machine(
         }
         None => None,
     };
-    let talos_seen =
-        match bounded("machine stage", ex.config.call_timeout, ex.talos.machine_stage(&machine.address)).await {
-            Ok(Ok(stage)) => TalosObservation::Answered { stage },
-            Ok(Err(e)) if e.is_unreachable() => TalosObservation::Unreachable { error: e.to_string() },
-            Ok(Err(e)) => TalosObservation::Error { error: e.to_string() },
-            Err(timed_out) => TalosObservation::Unreachable { error: timed_out.to_string() },
-        };
+    let talos_seen = talos_observation(
+        bounded("machine stage", ex.config.call_timeout, ex.talos.machine_stage(&machine.address)).await,
+    );
     // A Node already deleted needs nothing from storage (the step only says Removed), and
     // the backend may have forgotten the node by then.
     let storage = match &node {

@@ -8,15 +8,54 @@ use async_trait::async_trait;
 pub use ichor_upgrade_core::etcd_gate::{Alarm as EtcdAlarm, MemberStatus as EtcdStatus};
 use ichor_upgrade_core::talos_step::MachineStage;
 
-/// A failed Talos API call, classified the way the executor acts on it.
+use crate::cause::Cause;
+
+/// gRPC codes that, answered by the Talos API, mean the node cannot be reached now rather
+/// than that it refused: apid answers `Unavailable` when it cannot dial the node a call is
+/// routed to (a rebooting machine), and `DeadlineExceeded`, `Cancelled` or `Aborted` when
+/// the call did not finish on the node's side.
+pub const UNREACHABLE_CODES: [&str; 4] = ["Unavailable", "DeadlineExceeded", "Cancelled", "Aborted"];
+
+/// A failed Talos API call, classified the way the executor acts on it. The cause is kept
+/// whole behind `source()`; [`report`](crate::cause::report) prints it in one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TalosError {
-    /// No connection could be made: the request never reached the node.
-    #[error("dial: {0}")]
-    Dial(String),
-    /// The connection broke during the call: the node may or may not have received it.
-    #[error("transport: {0}")]
-    Transport(String),
+    /// No connection could be made to the endpoint (no such host, refused, unreachable, or
+    /// no TLS session within the dial bound): the request never left this side.
+    #[error("cannot connect to {endpoint}: {cause}")]
+    Dial {
+        /// The apid endpoint tried (`HOST:PORT`).
+        endpoint: String,
+        /// What went wrong.
+        #[source]
+        cause: Cause,
+    },
+    /// The TLS handshake failed: a certificate refused either way (unknown issuer, expired,
+    /// not for this host), or a protocol mismatch. Waiting does not fix it; a person must.
+    #[error("TLS with {endpoint} failed: {cause}")]
+    Tls {
+        /// The apid endpoint tried.
+        endpoint: String,
+        /// What went wrong.
+        #[source]
+        cause: Cause,
+    },
+    /// The connection broke, or the call's deadline passed on this side, during the call:
+    /// the node may or may not have received it.
+    #[error("the call broke off: {cause}")]
+    Transport {
+        /// What went wrong.
+        #[source]
+        cause: Cause,
+    },
+    /// The API answered that the node cannot be reached now (one of [`UNREACHABLE_CODES`]).
+    #[error("{code}: {message}")]
+    Unreachable {
+        /// The gRPC status code's name.
+        code: String,
+        /// The message.
+        message: String,
+    },
     /// The API answered with an error (a gRPC status, or `metadata.error` in the reply).
     #[error("{code}: {message}")]
     Answered {
@@ -28,13 +67,45 @@ pub enum TalosError {
 }
 
 impl TalosError {
-    /// Whether the node could not be reached (a dial or transport error): after an Upgrade
-    /// call this means "still rebooting".
+    /// No connection to `endpoint`, for `cause`.
+    pub fn dial(endpoint: impl Into<String>, cause: impl Into<String>) -> Self {
+        Self::Dial { endpoint: endpoint.into(), cause: Cause::message(cause) }
+    }
+
+    /// The call broke off, for `cause`.
+    pub fn transport(cause: impl Into<String>) -> Self {
+        Self::Transport { cause: Cause::message(cause) }
+    }
+
+    /// An answer with gRPC status `code` (its name, such as `Unavailable`), classified by
+    /// the code: [`TalosError::Unreachable`] for [`UNREACHABLE_CODES`], else
+    /// [`TalosError::Answered`].
+    pub fn answer(code: &str, message: impl Into<String>) -> Self {
+        let (code, message) = (code.to_owned(), message.into());
+        if UNREACHABLE_CODES.contains(&code.as_str()) {
+            Self::Unreachable { code, message }
+        } else {
+            Self::Answered { code, message }
+        }
+    }
+
+    /// Whether the node could not be reached (no connection, a call broken off, or the API
+    /// saying so): transient; after an Upgrade call it means "still rebooting".
     #[must_use]
     pub fn is_unreachable(&self) -> bool {
         match self {
-            Self::Dial(_) | Self::Transport(_) => true,
-            Self::Answered { .. } => false,
+            Self::Dial { .. } | Self::Transport { .. } | Self::Unreachable { .. } => true,
+            Self::Tls { .. } | Self::Answered { .. } => false,
+        }
+    }
+
+    /// Whether the request certainly never reached the API, so that it may be sent through
+    /// another endpoint.
+    #[must_use]
+    pub fn never_sent(&self) -> bool {
+        match self {
+            Self::Dial { .. } | Self::Tls { .. } => true,
+            Self::Transport { .. } | Self::Unreachable { .. } | Self::Answered { .. } => false,
         }
     }
 }

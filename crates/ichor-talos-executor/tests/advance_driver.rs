@@ -105,6 +105,7 @@ fn marker(boot_id: &str) -> String {
         target: TalosVersion::parse("v1.14.4").unwrap(),
         boot_id: boot_id.into(),
         call_deadline: NOW.saturating_add(Duration::from_secs(600)),
+        node: Some("worker-1".into()),
     }
     .to_string()
 }
@@ -307,7 +308,7 @@ async fn an_answered_upgrade_error_closes_the_intent_and_fails() {
 #[tokio::test]
 async fn a_transport_error_during_the_call_leaves_the_intent_for_the_node_to_settle() {
     let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
-    world.talos.expect_upgrade().times(1).returning(|_, _| Err(TalosError::Transport("stream reset".into())));
+    world.talos.expect_upgrade().times(1).returning(|_, _| Err(TalosError::transport("stream reset")));
     let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
     assert!(
         matches!(outcome, MachineOutcome::Waiting { ref reason, recheck_at: Some(_), .. } if reason == "IntentUnconfirmed")
@@ -319,7 +320,7 @@ async fn a_transport_error_during_the_call_leaves_the_intent_for_the_node_to_set
 async fn dial_errors_after_the_call_count_as_rebooting() {
     let world = World::new(
         Some(node("Talos (v1.14.3)", BOOT_BEFORE, false)),
-        Err(TalosError::Dial("connect: connection refused".into())),
+        Err(TalosError::dial("10.0.0.21:50000", "connection refused")),
     );
     let m = with_condition(
         machine(MachineRole::Worker),
@@ -462,7 +463,7 @@ async fn the_node_name_comes_from_talos_when_the_hostname_is_unset() {
 #[tokio::test]
 async fn an_unreadable_nodename_is_transient_when_unreachable_and_a_failure_when_answered() {
     let mut world = World::new(None, Ok(MachineStage::Running));
-    world.talos.expect_nodename().returning(|_| Err(TalosError::Dial("refused".into())));
+    world.talos.expect_nodename().returning(|_| Err(TalosError::dial("10.0.0.21:50000", "connection refused")));
     let mut m = machine(MachineRole::Worker);
     m.hostname = None;
     let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
@@ -514,5 +515,123 @@ async fn bad_input_a_garbled_marker_fails_and_never_calls() {
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert!(
         matches!(outcome, MachineOutcome::Failed { ref reason, ref message } if reason == "GarbledUpgradeMarker" && message.contains("\"garbage\""))
+    );
+}
+
+fn tls_refused() -> TalosError {
+    TalosError::Tls {
+        endpoint: "10.0.0.11:50000".into(),
+        cause: ichor_talos_executor::Cause::message("TLS handshake: received fatal alert: CertificateExpired"),
+    }
+}
+
+fn apid_unavailable() -> TalosError {
+    TalosError::answer("Unavailable", "connection error: dial tcp 10.0.0.21:50000: connect: connection refused")
+}
+
+#[tokio::test]
+async fn a_certificate_problem_before_the_call_fails_the_machine_naming_the_cause() {
+    // With spec.hostname: the stage read fails TLS.
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Err(tls_refused()));
+    world.talos.expect_upgrade().never();
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(&outcome, MachineOutcome::Failed { reason, message } if reason == "TalosApiError" && message.contains("CertificateExpired")),
+        "{outcome:?}"
+    );
+    // Without: the node-name read fails TLS; not "still rebooting", a failure with its cause.
+    let mut world = World::new(None, Ok(MachineStage::Running));
+    world.talos.expect_nodename().returning(|_| Err(tls_refused()));
+    let mut m = machine(MachineRole::Worker);
+    m.hostname = None;
+    let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(
+        matches!(err.outcome(), MachineOutcome::Failed { ref message, .. } if message.contains("CertificateExpired")),
+        "{:?}",
+        err.outcome()
+    );
+}
+
+#[tokio::test]
+async fn apids_unavailable_before_the_call_is_a_wait_not_a_failure() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Err(apid_unavailable()));
+    world.talos.expect_upgrade().never();
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "TalosApiUnreachable"),
+        "{outcome:?}"
+    );
+    let mut world = World::new(None, Ok(MachineStage::Running));
+    world.talos.expect_nodename().returning(|_| Err(apid_unavailable()));
+    let mut m = machine(MachineRole::Worker);
+    m.hostname = None;
+    let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_upgrade_answered_unavailable_leaves_the_intent_open() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.talos.expect_upgrade().times(1).returning(|_, _| Err(apid_unavailable()));
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "IntentUnconfirmed"),
+        "the node may have the call: {outcome:?}"
+    );
+    assert_eq!(world.written(), vec![(ConditionStatus::Unknown, upgrade::UPGRADE_INTENT.to_owned())]);
+}
+
+#[tokio::test]
+async fn the_intent_records_the_node_name_read_before_the_call() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.talos.expect_nodename().returning(|_| Ok("worker-1".into()));
+    world.talos.expect_upgrade().times(1).returning(|_, _| Ok(UpgradeAck { ack: "ok".into(), actor_id: "a".into() }));
+    let mut m = machine(MachineRole::Worker);
+    m.hostname = None;
+    run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    let written = world.writes.lock().unwrap().last().unwrap().get(TALOS_UPGRADE).unwrap().message.clone();
+    assert_eq!(UpgradeMarker::parse(&written).unwrap().node.as_deref(), Some("worker-1"), "{written}");
+}
+
+#[tokio::test]
+async fn past_the_call_a_node_name_error_is_rebooting_and_the_recorded_name_is_used() {
+    // Any error reading the name past the call (apid's Unavailable, even an answered one):
+    // a wait, with the Node read under the name recorded before the call.
+    for error in [apid_unavailable(), TalosError::Answered { code: "Internal".into(), message: "booting".into() }] {
+        let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, false)), Err(apid_unavailable()));
+        world.talos.expect_nodename().returning(move |_| Err(error.clone()));
+        world.talos.expect_upgrade().never();
+        let mut m = with_condition(
+            machine(MachineRole::Worker),
+            TALOS_UPGRADE,
+            ConditionStatus::True,
+            upgrade::UPGRADE_REQUESTED,
+            &marker(BOOT_BEFORE),
+        );
+        m.hostname = None;
+        let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+        assert!(matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "Rebooting"), "{outcome:?}");
+        assert!(world.written().is_empty());
+    }
+    // A marker written before names were recorded: no Node read, still a wait, under the
+    // verify bound.
+    let old_marker = UpgradeMarker { node: None, ..UpgradeMarker::parse(&marker(BOOT_BEFORE)).unwrap() }.to_string();
+    let mut world = World::new(None, Err(apid_unavailable()));
+    world.kube = MockKube::new();
+    world.kube.expect_node().never();
+    world.talos.expect_nodename().returning(|_| Err(apid_unavailable()));
+    let mut m = with_condition(
+        machine(MachineRole::ControlPlane),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        upgrade::UPGRADE_REQUESTED,
+        &old_marker,
+    );
+    m.hostname = None;
+    let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
+    assert!(
+        matches!(&outcome, MachineOutcome::Waiting { reason, recheck_at: Some(_), .. } if reason == "Rebooting"),
+        "{outcome:?}"
     );
 }

@@ -218,7 +218,11 @@ async fn a_control_plane_leaves_etcd_through_talos_when_the_gate_passes() {
 #[tokio::test]
 async fn a_control_plane_does_not_leave_while_another_is_unreachable() {
     let mut world = World::new(Some(node("cp-3", true)), vec![]);
-    world.talos.expect_etcd_members().with(eq("10.0.0.11")).returning(|_| Err(TalosError::Dial("refused".into())));
+    world
+        .talos
+        .expect_etcd_members()
+        .with(eq("10.0.0.11"))
+        .returning(|_| Err(TalosError::dial("10.0.0.21:50000", "connection refused")));
     world.talos.expect_etcd_members().returning(|_| Ok(members()));
     world.talos.expect_etcd_status().returning(|node| Ok(status(node)));
     world.talos.expect_etcd_alarms().returning(|_| Ok(vec![]));

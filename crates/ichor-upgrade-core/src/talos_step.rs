@@ -33,7 +33,9 @@ use crate::conditions::{ConditionStatus, Conditions};
 use crate::evacuation::{EvacuationState, StorageObservation, evacuation_state};
 use crate::operation::MachineRole;
 use crate::time::Timestamp;
-use crate::upgrade_marker::{MarkerError, MarkerRef, TALOS_UPGRADE, UpgradeMarker, is_valid_boot_id};
+use crate::upgrade_marker::{
+    MarkerError, MarkerRef, TALOS_UPGRADE, UpgradeMarker, is_valid_boot_id, is_valid_node_name,
+};
 use crate::versions::{
     KubernetesVersion, PairingRefusal, PathRefusal, TalosVersion, check_kubernetes_pairing, check_upgrade_path,
 };
@@ -73,6 +75,8 @@ pub struct UpgradeTarget {
 /// The machine's Node, as Kubernetes reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeObservation {
+    /// The Node's name (recorded in the Upgrade marker).
+    pub name: String,
     /// Whether the Node is Ready.
     pub ready: bool,
     /// `status.nodeInfo.osImage`, such as `Talos (v1.14.3)`.
@@ -514,6 +518,7 @@ fn marker_for(input: &StepInput<'_>, boot_id: &str) -> UpgradeMarker {
         target: input.target.version.clone(),
         boot_id: boot_id.to_owned(),
         call_deadline: input.now.saturating_add(input.timeouts.upgrade_call),
+        node: input.node.map(|n| n.name.clone()).filter(|n| is_valid_node_name(n)),
     }
 }
 
@@ -622,6 +627,14 @@ fn etcd_wait(input: &StepInput<'_>) -> Option<MachineWait> {
         Some(EtcdMembership::Absent) => Some(MachineWait::EtcdMemberMissing),
         Some(EtcdMembership::Unknown { .. }) | None => Some(MachineWait::EtcdMemberUnknown),
     }
+}
+
+/// The node name recorded before the Upgrade call in flight, if any: what the driver uses
+/// while the rebooting machine cannot be asked for its name.
+#[must_use]
+pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
+    let condition = conditions.get(TALOS_UPGRADE).filter(|c| c.status != ConditionStatus::False)?;
+    MarkerRef::parse(&condition.message).ok()?.node.map(str::to_owned)
 }
 
 /// Whether the machine's conditions show an Upgrade call made, or possibly made: such a

@@ -4,14 +4,17 @@
 //! Format, one line, fields in this order and nothing else:
 //!
 //! ```text
-//! talos-upgrade/v1 target=v1.14.4 boot-id=5f1d3a2c-8a0e-4b53-9d55-0b4c9e7f2a61 call-deadline-ms=1764412800000
+//! talos-upgrade/v1 target=v1.14.4 boot-id=5f1d3a2c-8a0e-4b53-9d55-0b4c9e7f2a61 call-deadline-ms=1764412800000 node=worker-7
 //! ```
 //!
 //! - `target`: the Talos version the call asked for;
 //! - `boot-id`: the Node's `status.nodeInfo.bootID` read just before the call;
 //! - `call-deadline-ms`: when the call's own bound ends (Unix milliseconds). gRPC carries the
 //!   deadline to the node, so after it no call made under this marker can still be
-//!   acknowledged.
+//!   acknowledged;
+//! - `node` (optional; markers written before it existed lack it): the Kubernetes node
+//!   name read before the call. While the machine reboots, Talos cannot be asked for it, so
+//!   the name recorded here is used meanwhile.
 //!
 //! Parsing is strict: a message that is not exactly this shape is an error, never a guess.
 
@@ -48,6 +51,8 @@ pub struct UpgradeMarker {
     pub boot_id: String,
     /// When the call's bound ends.
     pub call_deadline: Timestamp,
+    /// The node name read before the call, if recorded.
+    pub node: Option<String>,
 }
 
 /// A `TalosUpgrade` message that is not a marker.
@@ -69,6 +74,18 @@ pub fn is_valid_boot_id(boot_id: &str) -> bool {
     (1..=64).contains(&boot_id.len()) && boot_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
+/// Whether a node name can be written into a marker and read back: a Kubernetes node name
+/// (a DNS subdomain: 1 to 253 lowercase letters, digits, dashes and dots, starting and
+/// ending with a letter or digit).
+#[must_use]
+pub fn is_valid_node_name(name: &str) -> bool {
+    let edge = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    (1..=253).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && edge(name.as_bytes().first())
+        && edge(name.as_bytes().last())
+}
+
 /// A marker read in place from a message, without copying it (the step reads one on every
 /// observation of a machine in flight).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +96,8 @@ pub struct MarkerRef<'a> {
     pub boot_id: &'a str,
     /// When the call's bound ends.
     pub call_deadline: Timestamp,
+    /// The node name read before the call, if recorded.
+    pub node: Option<&'a str>,
 }
 
 impl MarkerRef<'_> {
@@ -89,6 +108,7 @@ impl MarkerRef<'_> {
             target: self.target.clone(),
             boot_id: self.boot_id.to_owned(),
             call_deadline: self.call_deadline,
+            node: self.node.map(str::to_owned),
         }
     }
 }
@@ -138,10 +158,20 @@ impl<'a> MarkerRef<'a> {
             return Err(fail("call-deadline-ms has leading zeros"));
         }
         let deadline = deadline_text.parse::<i64>().map_err(|_| fail("call-deadline-ms is out of range"))?;
+        let node = match fields.next() {
+            None => None,
+            Some(field) => {
+                let name = field.strip_prefix("node=").ok_or_else(|| fail("expected node= after call-deadline-ms"))?;
+                if !is_valid_node_name(name) {
+                    return Err(fail("node is not a Kubernetes node name"));
+                }
+                Some(name)
+            }
+        };
         if fields.next().is_some() {
-            return Err(fail("there is text after call-deadline-ms"));
+            return Err(fail("there is text after the last field"));
         }
-        Ok(Self { target, boot_id, call_deadline: Timestamp::from_unix_millis(deadline) })
+        Ok(Self { target, boot_id, call_deadline: Timestamp::from_unix_millis(deadline), node })
     }
 }
 
@@ -153,7 +183,11 @@ impl fmt::Display for UpgradeMarker {
             self.target,
             self.boot_id,
             self.call_deadline.unix_millis().max(0)
-        )
+        )?;
+        match &self.node {
+            Some(node) => write!(f, " node={node}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -166,6 +200,7 @@ mod tests {
             target: TalosVersion::parse("v1.14.4").unwrap(),
             boot_id: "5f1d3a2c-8a0e-4b53-9d55-0b4c9e7f2a61".into(),
             call_deadline: Timestamp::from_unix_millis(1_764_412_800_000),
+            node: Some("worker-7.example.com".into()),
         }
     }
 
@@ -174,9 +209,17 @@ mod tests {
         let text = marker().to_string();
         assert_eq!(
             text,
-            "talos-upgrade/v1 target=v1.14.4 boot-id=5f1d3a2c-8a0e-4b53-9d55-0b4c9e7f2a61 call-deadline-ms=1764412800000"
+            "talos-upgrade/v1 target=v1.14.4 boot-id=5f1d3a2c-8a0e-4b53-9d55-0b4c9e7f2a61 call-deadline-ms=1764412800000 node=worker-7.example.com"
         );
         assert_eq!(UpgradeMarker::parse(&text), Ok(marker()));
+    }
+
+    #[test]
+    fn a_marker_written_before_the_node_field_still_parses() {
+        let old = "talos-upgrade/v1 target=v1.14.4 boot-id=5f1d3a2c-8a0e-4b53-9d55-0b4c9e7f2a61 call-deadline-ms=1764412800000";
+        let parsed = UpgradeMarker::parse(old).unwrap();
+        assert_eq!(parsed, UpgradeMarker { node: None, ..marker() });
+        assert_eq!(parsed.to_string(), old);
     }
 
     #[test]
@@ -197,6 +240,10 @@ mod tests {
             good.replace("target=v1.14.4", "target=1.14.4"),
             format!("{good} extra"),
             format!("{good} "),
+            good.replace("node=worker-7.example.com", "node="),
+            good.replace("node=worker-7.example.com", "node=Worker-7"),
+            good.replace("node=worker-7.example.com", "node=-worker"),
+            good.replace("node=worker-7.example.com", "nodes=worker-7"),
             good.replace(' ', "  "),
             good.replace("boot-id=5f1d3a2c-8a0e-4b53-9d55-0b4c9e7f2a61", "boot-id="),
         ];

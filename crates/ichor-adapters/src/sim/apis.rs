@@ -25,12 +25,12 @@ use super::config::secs;
 use super::trace::TraceKind;
 use super::world::{EtcdMember as SimMember, Evacuation, Gate, NodePhase, UpgradeRecord, World};
 
-fn refused_talos() -> TalosError {
-    TalosError::Dial("connect: connection refused".to_owned())
+fn refused_talos(address: &str) -> TalosError {
+    TalosError::dial(format!("{address}:50000"), "connection refused")
 }
 
 fn killed_talos() -> TalosError {
-    TalosError::Transport("the controller was killed".to_owned())
+    TalosError::transport("the controller was killed")
 }
 
 fn refused_kube() -> KubeError {
@@ -46,13 +46,13 @@ impl SimCluster {
     ) -> Result<T, TalosError> {
         let mut w = self.lock();
         let killed = match w.enter() {
-            Gate::Refuse => return Err(refused_talos()),
+            Gate::Refuse => return Err(refused_talos(address)),
             Gate::Go { killed } => killed,
         };
         w.counters.talos_calls += 1;
         let result = match w.node_index_by_address(address) {
             Some(i) if w.nodes[i].reachable() => f(&mut w, i),
-            Some(_) | None => Err(refused_talos()),
+            Some(_) | None => Err(refused_talos(address)),
         };
         w.measure();
         if killed { Err(killed_talos()) } else { result }

@@ -1,26 +1,93 @@
 //! `TalosApi` over the Talos machine API: tonic, mutual TLS from a talosconfig, each call
 //! aimed at one node through apid's `node` metadata key.
 //!
-//! Failures are classified as the executor acts on them: no connection (dial) or a broken
-//! one (transport) is [`TalosError::Dial`] / [`TalosError::Transport`]; anything the API
-//! answered, a gRPC status or a reply's `metadata.error`, is [`TalosError::Answered`].
+//! # Endpoints
+//! Every endpoint of the context is used, as talosctl does: a call goes through the first
+//! endpoint that connects, and a call about node X tries the endpoints that are not X first
+//! (X's own apid is down while X reboots). Only a call that certainly never left (no
+//! connection, or a TLS handshake that failed) goes on to the next endpoint: a call that
+//! may have been delivered is never sent twice.
+//!
+//! # Bounds
+//! Connecting (name resolution, TCP, TLS, the server's first frame) ends within the dial
+//! bound; then each call has its own bound, sent as its gRPC deadline and kept on this side
+//! as well. The etcd snapshot stream has a bound of its own.
+//!
+//! # Classification
+//! As the executor acts on failures (see [`TalosError`]): no connection is
+//! [`TalosError::Dial`], a failed handshake [`TalosError::Tls`] (not transient), a call
+//! broken off [`TalosError::Transport`], apid's `Unavailable` and its kin
+//! [`TalosError::Unreachable`], and any other answer [`TalosError::Answered`]. The cause is
+//! kept whole behind `source()`.
 
+use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ichor_talos_executor::cause::{Cause, report};
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
-use ichor_talosconfig::TalosContext;
+use ichor_talosconfig::{Endpoint, TalosContext};
 use ichor_upgrade_core::talos_step::MachineStage;
 use prost::Message;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 
+use super::connect::{ConnectError, Connector, TlsMaterialError, client_tls};
 use super::proto::common::Metadata;
 use super::proto::machine::machine_service_client::MachineServiceClient;
 use super::proto::machine::{self as pb};
 use super::proto::resource::state_client::StateClient;
 use super::proto::resource::{GetRequest, MachineStatusSpec, NodenameSpec, machine_status_spec::Stage};
+
+/// The client's bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// How long connecting to one endpoint may take, TLS handshake included (default 15 s,
+    /// the engine's dial bound).
+    pub dial_timeout: Duration,
+    /// The bound of a call whose request carries none of its own (default 15 s).
+    pub call_timeout: Duration,
+    /// The bound of a whole etcd snapshot stream (default 30 minutes: etcd's largest
+    /// recommended database, 8 GiB, at about 5 MiB/s).
+    pub snapshot_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            dial_timeout: Duration::from_secs(15),
+            call_timeout: Duration::from_secs(15),
+            snapshot_timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+impl ClientOptions {
+    /// These options with another call bound.
+    #[must_use]
+    pub fn with_call_timeout(mut self, bound: Duration) -> Self {
+        self.call_timeout = bound;
+        self
+    }
+
+    /// These options with another dial bound.
+    #[must_use]
+    pub fn with_dial_timeout(mut self, bound: Duration) -> Self {
+        self.dial_timeout = bound;
+        self
+    }
+
+    /// These options with another snapshot bound.
+    #[must_use]
+    pub fn with_snapshot_timeout(mut self, bound: Duration) -> Self {
+        self.snapshot_timeout = bound;
+        self
+    }
+}
 
 /// An etcd snapshot written out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,97 +107,224 @@ pub enum SnapshotError {
     /// Writing the snapshot failed.
     #[error("writing the snapshot: {0}")]
     Write(#[from] std::io::Error),
+    /// The stream did not end within its bound.
+    #[error("the snapshot stream did not end within {0:?}")]
+    TimedOut(Duration),
 }
 
-/// A client configuration that cannot make a TLS channel.
+/// A talosconfig context that cannot make a client: found before any connection.
 #[derive(Debug, thiserror::Error)]
-#[error("Talos client for {endpoint}: {message}")]
+#[error("talosconfig context {context:?}: {source}")]
 pub struct ClientError {
-    /// The endpoint.
-    pub endpoint: String,
+    /// The context.
+    pub context: String,
     /// What is wrong.
-    pub message: String,
+    #[source]
+    pub source: TlsMaterialError,
 }
 
-/// The Talos machine API through one apid endpoint.
-#[derive(Clone, Debug)]
+/// The Talos machine API through a context's apid endpoints.
+#[derive(Clone)]
 pub struct TalosClient {
-    machine: MachineServiceClient<Channel>,
-    state: StateClient<Channel>,
-    /// The bound of a call whose own request carries none.
-    call_timeout: Duration,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<Endpoint>,
+    tls: Arc<rustls::ClientConfig>,
+    options: ClientOptions,
+    /// One channel per endpoint, made on first use (a channel needs a running Tokio
+    /// runtime, which a client built in `main` does not have yet) and dropped when its
+    /// connection fails, so that the next call connects afresh.
+    channels: Mutex<Vec<Option<Channel>>>,
+}
+
+impl std::fmt::Debug for TalosClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TalosClient")
+            .field("endpoints", &self.inner.endpoints)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TalosClient {
-    /// A client of the context's first endpoint, with its mutual-TLS material. The channel
-    /// connects on the first call.
+    /// A client of the context's endpoints with its mutual-TLS material. Nothing connects
+    /// until the first call, and this needs no Tokio runtime.
     ///
     /// # Errors
-    /// A [`ClientError`] when the endpoint or the TLS material cannot form a channel.
-    pub fn new(context: &TalosContext, call_timeout: Duration) -> Result<Self, ClientError> {
-        let endpoint = context.endpoints.first().ok_or_else(|| ClientError {
-            endpoint: String::new(),
-            message: "the context has no endpoint".to_owned(),
-        })?;
-        let fail = |message: String| ClientError { endpoint: endpoint.to_string(), message };
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&context.ca_pem))
-            .identity(Identity::from_pem(&context.crt_pem, &context.key_pem))
-            .domain_name(endpoint.host.clone());
-        let channel = Endpoint::from_shared(format!("https://{endpoint}"))
-            .map_err(|e| fail(e.to_string()))?
-            .connect_timeout(call_timeout)
-            .tls_config(tls)
-            .map_err(|e| fail(e.to_string()))?
-            .connect_lazy();
-        Ok(Self { machine: MachineServiceClient::new(channel.clone()), state: StateClient::new(channel), call_timeout })
+    /// A [`ClientError`] when the TLS material cannot form a client identity (a key that
+    /// does not belong to the certificate, a key type TLS cannot use).
+    pub fn new(context: &TalosContext, options: ClientOptions) -> Result<Self, ClientError> {
+        let tls = client_tls(context).map_err(|source| ClientError { context: context.name.clone(), source })?;
+        let channels = Mutex::new(vec![None; context.endpoints.len()]);
+        Ok(Self { inner: Arc::new(Inner { endpoints: context.endpoints.clone(), tls, options, channels }) })
     }
 
-    fn request<T>(&self, node: &str, message: T, timeout: Option<Duration>) -> Result<tonic::Request<T>, TalosError> {
-        let mut request = tonic::Request::new(message);
-        if !node.is_empty() {
-            let value = node.parse().map_err(|_| TalosError::Answered {
-                code: "InvalidArgument".to_owned(),
-                message: format!("node {node:?} cannot be sent as gRPC metadata"),
-            })?;
-            request.metadata_mut().insert("node", value);
+    /// The endpoints in the order a call about `node` tries them: those that are not the
+    /// node itself first, in the context's order.
+    fn order(&self, node: &str) -> Vec<usize> {
+        let node = node.trim_start_matches('[').trim_end_matches(']');
+        let (others, itself): (Vec<usize>, Vec<usize>) =
+            (0..self.inner.endpoints.len()).partition(|&i| self.inner.endpoints[i].host != node);
+        others.into_iter().chain(itself).collect()
+    }
+
+    fn channel(&self, index: usize) -> Channel {
+        let mut channels = self.inner.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        channels[index]
+            .get_or_insert_with(|| {
+                let endpoint = &self.inner.endpoints[index];
+                let connector = Connector {
+                    endpoint: endpoint.clone(),
+                    tls: Arc::clone(&self.inner.tls),
+                    bound: self.inner.options.dial_timeout,
+                };
+                // The channel's own URI only names the connection; TLS is the connector's.
+                // Requests carry the https origin apid expects.
+                let origin = format!("https://{endpoint}").parse().expect("HOST:PORT forms a URI");
+                tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+                    .expect("HOST:PORT forms a URI")
+                    .origin(origin)
+                    .connect_with_connector_lazy(connector)
+            })
+            .clone()
+    }
+
+    fn forget(&self, index: usize) {
+        let mut channels = self.inner.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        channels[index] = None;
+    }
+
+    /// Runs `call` through the endpoints for `node` until one connects; a call that may
+    /// have been delivered is not sent again. The whole call, connecting included, ends
+    /// within the dial bound plus `bound`.
+    async fn call<T, F, Fut>(&self, node: &str, bound: Duration, call: F) -> Result<T, TalosError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
+        let mut failed: Vec<TalosError> = Vec::new();
+        for index in self.order(node) {
+            let endpoint = self.inner.endpoints[index].to_string();
+            let limit = self.inner.options.dial_timeout + bound;
+            let error = match tokio::time::timeout(limit, call(self.channel(index))).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(status)) => classify(&status, &endpoint),
+                Err(_) => TalosError::Transport { cause: Cause::message(format!("no answer within {limit:?}")) },
+            };
+            if matches!(error, TalosError::Dial { .. } | TalosError::Tls { .. } | TalosError::Transport { .. }) {
+                self.forget(index);
+            }
+            if !error.never_sent() {
+                return Err(error);
+            }
+            tracing::debug!(%endpoint, error = %report(&error), "endpoint failed; trying the next");
+            failed.push(error);
         }
-        request.set_timeout(timeout.unwrap_or(self.call_timeout));
-        Ok(request)
+        Err(no_endpoint(failed))
     }
 
     async fn get(&self, node: &str, namespace: &str, kind: &str, id: &str) -> Result<Vec<u8>, TalosError> {
         let get = GetRequest { namespace: namespace.to_owned(), r#type: kind.to_owned(), id: id.to_owned() };
-        let reply = self.state.clone().get(self.request(node, get, None)?).await.map_err(classify)?.into_inner();
-        let spec =
-            reply.resource.and_then(|r| r.spec).ok_or_else(|| answered("Unknown", format!("{kind} {id}: no spec")))?;
+        let target = target(node)?;
+        let bound = self.inner.options.call_timeout;
+        let reply = self
+            .call(node, bound, |channel| {
+                let request = request(target.as_ref(), get.clone(), bound);
+                async move { StateClient::new(channel).get(request).await }
+            })
+            .await?;
+        let spec = reply
+            .into_inner()
+            .resource
+            .and_then(|r| r.spec)
+            .ok_or_else(|| answered("Unknown", format!("{kind} {id}: no spec")))?;
         Ok(spec.proto_spec)
     }
 
-    /// `MachineService.EtcdSnapshot`: streams a consistent snapshot of etcd from the node
-    /// into `out`, returning its size and SHA-256. The stream has no deadline of its own
-    /// beyond the connection's: a large database takes as long as it takes.
+    /// A unary `MachineService` call under the ordinary bound, or `timeout` when given.
+    async fn machine<Req, Resp, F, Fut>(
+        &self,
+        node: &str,
+        message: Req,
+        timeout: Option<Duration>,
+        call: F,
+    ) -> Result<Resp, TalosError>
+    where
+        Req: Clone,
+        F: Fn(MachineServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let target = target(node)?;
+        let bound = timeout.unwrap_or(self.inner.options.call_timeout);
+        let reply = self
+            .call(node, bound, |channel| {
+                call(MachineServiceClient::new(channel), request(target.as_ref(), message.clone(), bound))
+            })
+            .await?;
+        Ok(reply.into_inner())
+    }
+
+    /// `MachineService.EtcdSnapshot` into `out`: a consistent snapshot of etcd from the
+    /// node, with its size and SHA-256. The stream ends within the snapshot bound
+    /// ([`ClientOptions::snapshot_timeout`]). On an error `out` may hold part of it: use
+    /// [`TalosClient::etcd_snapshot_to_file`] for a file that is either whole or absent.
     ///
     /// # Errors
-    /// The classified API failure, a chunk carrying `metadata.error`, or a failed write.
+    /// The classified API failure, a chunk carrying `metadata.error`, a failed write, or
+    /// the bound passing.
     pub async fn etcd_snapshot(&self, node: &str, out: &mut impl std::io::Write) -> Result<Snapshot, SnapshotError> {
         use sha2::Digest;
-        let mut request = self.request(node, pb::EtcdSnapshotRequest {}, None)?;
-        request.set_timeout(Duration::from_secs(24 * 3600));
-        let mut stream = self.machine.clone().etcd_snapshot(request).await.map_err(classify)?.into_inner();
-        let mut hasher = sha2::Sha256::new();
-        let mut size = 0u64;
-        while let Some(chunk) = stream.message().await.map_err(classify)? {
-            if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
-                return Err(answered("Unknown", error).into());
+        let bound = self.inner.options.snapshot_timeout;
+        let target = target(node)?;
+        let streaming = async {
+            let response = self
+                .call(node, bound, |channel| {
+                    let request = request(target.as_ref(), pb::EtcdSnapshotRequest {}, bound);
+                    async move { MachineServiceClient::new(channel).etcd_snapshot(request).await }
+                })
+                .await?;
+            let mut stream = response.into_inner();
+            let mut hasher = sha2::Sha256::new();
+            let mut size = 0u64;
+            while let Some(chunk) = stream.message().await.map_err(|status| classify(&status, "the snapshot stream"))? {
+                if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
+                    return Err(answered("Unknown", error).into());
+                }
+                hasher.update(&chunk.bytes);
+                out.write_all(&chunk.bytes)?;
+                size += chunk.bytes.len() as u64;
             }
-            hasher.update(&chunk.bytes);
-            out.write_all(&chunk.bytes)?;
-            size += chunk.bytes.len() as u64;
-        }
-        out.flush()?;
-        let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Snapshot { size, sha256 })
+            out.flush()?;
+            let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+            Ok(Snapshot { size, sha256 })
+        };
+        tokio::time::timeout(self.inner.options.dial_timeout + bound, streaming)
+            .await
+            .unwrap_or(Err(SnapshotError::TimedOut(bound)))
+    }
+
+    /// [`TalosClient::etcd_snapshot`] into the file at `path`, which appears only whole:
+    /// the stream goes to a temporary file beside it, synced to disk, renamed into place
+    /// once the stream ended cleanly; on any failure the temporary file is removed and
+    /// `path` is untouched.
+    ///
+    /// # Errors
+    /// As [`TalosClient::etcd_snapshot`], and a failure to create, sync or rename the file.
+    pub async fn etcd_snapshot_to_file(&self, node: &str, path: &Path) -> Result<Snapshot, SnapshotError> {
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            Some(_) | None => Path::new("."),
+        };
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let partial = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".partial").tempfile_in(dir)?;
+        let mut out = std::io::BufWriter::new(partial);
+        let snapshot = self.etcd_snapshot(node, &mut out).await?;
+        let partial = out.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+        partial.as_file().sync_all()?;
+        partial.persist(path).map_err(|e| e.error)?;
+        Ok(snapshot)
     }
 
     /// `MachineService.Reboot` in the default mode (kexec when prepared); the actor ID.
@@ -139,8 +333,7 @@ impl TalosClient {
     /// The classified failure.
     pub async fn reboot(&self, node: &str) -> Result<String, TalosError> {
         let message = pb::RebootRequest { mode: pb::reboot_request::Mode::Default as i32 };
-        let reply =
-            self.machine.clone().reboot(self.request(node, message, None)?).await.map_err(classify)?.into_inner();
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.reboot(r).await }).await?;
         Ok(first_reply(reply.messages, |m| m.metadata.as_ref())?.actor_id)
     }
 
@@ -149,38 +342,78 @@ impl TalosClient {
     /// # Errors
     /// The classified failure.
     pub async fn version(&self, node: &str) -> Result<String, TalosError> {
-        let reply = self.machine.clone().version(self.request(node, (), None)?).await.map_err(classify)?.into_inner();
+        let reply = self.machine(node, (), None, |mut c, r| async move { c.version(r).await }).await?;
         let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
         Ok(first.version.map(|v| v.tag).unwrap_or_default())
     }
+}
+
+/// The `node` metadata value that routes a call to `node` through apid; none for an empty
+/// name (the endpoint's own node).
+fn target(node: &str) -> Result<Option<tonic::metadata::AsciiMetadataValue>, TalosError> {
+    if node.is_empty() {
+        return Ok(None);
+    }
+    node.parse().map(Some).map_err(|_| TalosError::Answered {
+        code: "InvalidArgument".to_owned(),
+        message: format!("node {node:?} cannot be sent as gRPC metadata"),
+    })
+}
+
+/// A request for `target` with `timeout` as its gRPC deadline.
+fn request<T>(
+    target: Option<&tonic::metadata::AsciiMetadataValue>,
+    message: T,
+    timeout: Duration,
+) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(node) = target {
+        request.metadata_mut().insert("node", node.clone());
+    }
+    request.set_timeout(timeout);
+    request
 }
 
 fn answered(code: &str, message: String) -> TalosError {
     TalosError::Answered { code: code.to_owned(), message }
 }
 
-/// Classifies a failed call: a transport error underneath is a dial or transport failure;
-/// anything else was answered by the API.
-fn classify(status: tonic::Status) -> TalosError {
-    let mut source = std::error::Error::source(&status);
-    while let Some(error) = source {
-        if let Some(transport) = error.downcast_ref::<tonic::transport::Error>() {
-            let text = format!("{transport}: {}", status.message());
-            return if status.code() == tonic::Code::Unavailable {
-                TalosError::Dial(text)
-            } else {
-                TalosError::Transport(text)
-            };
+/// Classifies a failed call. A status the server sent carries no source: it is an answer,
+/// classified by its code. A status made on this side carries the failure underneath: a
+/// failed connection ([`ConnectError`]: dial or TLS, never sent), or a call that broke off.
+fn classify(status: &tonic::Status, endpoint: &str) -> TalosError {
+    let Some(source) = std::error::Error::source(status) else {
+        return TalosError::answer(&format!("{:?}", status.code()), status.message());
+    };
+    let connect = std::iter::successors(Some(source), |e| e.source()).find_map(|e| e.downcast_ref::<ConnectError>());
+    match connect {
+        Some(error) if error.is_tls() => {
+            TalosError::Tls { endpoint: endpoint.to_owned(), cause: Cause::capture(error) }
         }
-        if error.downcast_ref::<std::io::Error>().is_some() {
-            return TalosError::Transport(format!("{error}: {}", status.message()));
-        }
-        source = error.source();
+        Some(error) => TalosError::Dial { endpoint: endpoint.to_owned(), cause: Cause::capture(error) },
+        None => TalosError::Transport { cause: Cause::capture(source) },
     }
-    if status.code() == tonic::Code::Cancelled {
-        return TalosError::Transport(status.message().to_owned());
+}
+
+/// The failure of a call that no endpoint took: a TLS failure first (it needs a person,
+/// and is likely the same for every endpoint), else every endpoint's reason.
+fn no_endpoint(mut failed: Vec<TalosError>) -> TalosError {
+    if let Some(tls) = failed.iter().position(|e| matches!(e, TalosError::Tls { .. })) {
+        return failed.swap_remove(tls);
     }
-    answered(&format!("{:?}", status.code()), status.message().to_owned())
+    if failed.len() == 1 {
+        return failed.remove(0);
+    }
+    let endpoints = failed
+        .iter()
+        .filter_map(|e| match e {
+            TalosError::Dial { endpoint, .. } => Some(endpoint.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let causes = failed.iter().map(|e| report(e)).collect::<Vec<_>>().join("; ");
+    TalosError::Dial { endpoint: endpoints, cause: Cause::message(causes) }
 }
 
 /// The first reply of a multi-node envelope, with its `metadata.error` treated as an error.
@@ -219,15 +452,15 @@ impl TalosApi for TalosClient {
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
         // Neither force nor preserve; the call's remaining bound travels as its deadline.
         let message = pb::UpgradeRequest { image: request.image.clone(), ..pb::UpgradeRequest::default() };
-        let call = self.request(node, message, Some(request.timeout))?;
-        let reply = self.machine.clone().upgrade(call).await.map_err(classify)?.into_inner();
+        let reply =
+            self.machine(node, message, Some(request.timeout), |mut c, r| async move { c.upgrade(r).await }).await?;
         let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
         Ok(UpgradeAck { ack: first.ack, actor_id: first.actor_id })
     }
 
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
-        let call = self.request(node, pb::EtcdMemberListRequest { query_local: false }, None)?;
-        let reply = self.machine.clone().etcd_member_list(call).await.map_err(classify)?.into_inner();
+        let message = pb::EtcdMemberListRequest { query_local: false };
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.etcd_member_list(r).await }).await?;
         let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
         Ok(first
             .members
@@ -237,8 +470,7 @@ impl TalosApi for TalosClient {
     }
 
     async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
-        let reply =
-            self.machine.clone().etcd_status(self.request(node, (), None)?).await.map_err(classify)?.into_inner();
+        let reply = self.machine(node, (), None, |mut c, r| async move { c.etcd_status(r).await }).await?;
         let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
         let status = first.member_status.ok_or_else(|| answered("Unknown", "no member status".to_owned()))?;
         Ok(EtcdStatus {
@@ -250,22 +482,63 @@ impl TalosApi for TalosClient {
     }
 
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
-        let call = self.request(node, (), None)?;
-        let reply = self.machine.clone().etcd_alarm_list(call).await.map_err(classify)?.into_inner();
+        let reply = self.machine(node, (), None, |mut c, r| async move { c.etcd_alarm_list(r).await }).await?;
         let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
         Ok(first.member_alarms.into_iter().map(|a| EtcdAlarm { member_id: a.member_id, kind: a.alarm }).collect())
     }
 
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        let call = self.request(node, pb::EtcdLeaveClusterRequest {}, None)?;
-        let reply = self.machine.clone().etcd_leave_cluster(call).await.map_err(classify)?.into_inner();
+        let message = pb::EtcdLeaveClusterRequest {};
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.etcd_leave_cluster(r).await }).await?;
         first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
     }
 
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
         let message = pb::ResetRequest { graceful: request.graceful, reboot: request.reboot };
-        let reply =
-            self.machine.clone().reset(self.request(node, message, None)?).await.map_err(classify)?.into_inner();
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.reset(r).await }).await?;
         first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_the_server_sent_is_an_answer_classified_by_its_code() {
+        let unavailable =
+            tonic::Status::unavailable("connection error: dial tcp 10.5.0.3:50000: connect: connection refused");
+        let e = classify(&unavailable, "10.5.0.2:50000");
+        assert!(matches!(&e, TalosError::Unreachable { code, .. } if code == "Unavailable"), "{e:?}");
+        assert!(e.is_unreachable() && !e.never_sent());
+        for code in [tonic::Code::DeadlineExceeded, tonic::Code::Cancelled, tonic::Code::Aborted] {
+            assert!(classify(&tonic::Status::new(code, "x"), "e").is_unreachable(), "{code:?}");
+        }
+        let refused = classify(&tonic::Status::failed_precondition("locked"), "e");
+        assert_eq!(refused, TalosError::Answered { code: "FailedPrecondition".into(), message: "locked".into() });
+        assert!(!refused.is_unreachable());
+    }
+
+    #[test]
+    fn a_status_made_on_this_side_keeps_its_cause() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        let connect =
+            ConnectError::Tcp { addr: "127.0.0.1:1".parse().unwrap(), summary: "connection refused", source: refused };
+        let status = tonic::Status::from_error(Box::new(tonic::ConnectError(Box::new(connect))));
+        let e = classify(&status, "127.0.0.1:1");
+        assert!(matches!(e, TalosError::Dial { .. }) && e.never_sent(), "{e:?}");
+        let line = report(&e);
+        assert!(line.contains("connection refused") && line.contains("os error 111"), "{line}");
+    }
+
+    #[test]
+    fn several_endpoints_that_failed_are_all_named_and_tls_wins() {
+        let dial = |endpoint: &str| TalosError::dial(endpoint, "connection refused");
+        let both = no_endpoint(vec![dial("a:1"), dial("b:2")]);
+        assert!(matches!(&both, TalosError::Dial { endpoint, .. } if endpoint == "a:1, b:2"), "{both:?}");
+        assert!(report(&both).contains("b:2: connection refused"), "{}", report(&both));
+        let tls =
+            TalosError::Tls { endpoint: "b:2".into(), cause: Cause::message("received fatal alert: BadCertificate") };
+        assert_eq!(no_endpoint(vec![dial("a:1"), tls.clone()]), tls);
     }
 }

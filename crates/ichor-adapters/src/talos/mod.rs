@@ -2,8 +2,10 @@
 //! compiled at build time through protox, and [`TalosClient`], `TalosApi` over it.
 
 pub mod client;
+pub mod connect;
 
-pub use client::{ClientError, Snapshot, SnapshotError, TalosClient};
+pub use client::{ClientError, ClientOptions, Snapshot, SnapshotError, TalosClient};
+pub use connect::{ConnectError, TlsMaterialError};
 
 /// Generated from `proto/talos/*.proto`.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic, clippy::use_self)]

@@ -44,6 +44,7 @@ impl Observed {
                 kubernetes_version: "1.34.1".into(),
             },
             node: Some(NodeObservation {
+                name: "cp-1".into(),
                 ready: true,
                 os_image: "Talos (v1.14.3)".into(),
                 boot_id: BOOT_BEFORE.into(),
@@ -115,7 +116,8 @@ impl Observed {
     }
 
     fn marker(&self, boot_id: &str, target: &str, deadline: Timestamp) -> String {
-        UpgradeMarker { target: v(target), boot_id: boot_id.into(), call_deadline: deadline }.to_string()
+        UpgradeMarker { target: v(target), boot_id: boot_id.into(), call_deadline: deadline, node: Some("cp-1".into()) }
+            .to_string()
     }
 
     /// `TalosUpgrade=True` from an acknowledged call made at t=900.
@@ -170,6 +172,7 @@ fn expected_upgrade(boot_id: &str, now: Timestamp) -> Action {
             target: v("v1.14.4"),
             boot_id: boot_id.into(),
             call_deadline: now.saturating_add(Duration::from_secs(600)),
+            node: Some("cp-1".into()),
         },
     }
 }
