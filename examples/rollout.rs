@@ -9,14 +9,19 @@
 //! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
 //! of a fault. Exit 1: paused or failed for another reason. Exit 2: bad arguments, named.
+//! Exit 3: refused at planning (a version two minors behind, a Kubernetes version the
+//! target does not run, two control planes), nothing touched. Every failure, pause, wait
+//! and refusal is printed with its reason, in the output, the trace and the JSON summary.
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-use ichor_adapters::sim::{Fault, Report, RunEnd, SimCluster, SimConfig, TraceEvent, run_operation, run_removal};
-use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, parse_args};
+use ichor_adapters::sim::{
+    Fault, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
+};
+use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, parse_args};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
@@ -63,7 +68,7 @@ struct Args {
     #[arg(long, default_value = "1.34.1", value_parser = KubernetesVersion::parse)]
     kubernetes: KubernetesVersion,
     /// Faults, comma-separated: ab-fallback, controller-crash, api-outage, evacuation-stuck,
-    /// slow-reboot, pdb-blocked, etcd-lag, not-ready.
+    /// slow-reboot, pdb-blocked, etcd-lag, not-ready, call-lost, control-plane-not-ready.
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<Fault>,
     /// Upgrade the cluster, or remove one node.
@@ -162,15 +167,18 @@ fn main() {
     let outcome = match end {
         RunEnd::Completed => "completed",
         RunEnd::Paused => "paused",
-        RunEnd::Refused | RunEnd::Stalled(_) | RunEnd::PassBound => "failed",
+        RunEnd::Refused => "refused",
+        RunEnd::Stalled(_) | RunEnd::PassBound => "failed",
     };
+    let why = Why::of(&sim, &end);
     if args.json {
-        println!("{}", json_summary(outcome, &report));
+        println!("{}", json_summary(outcome, &report, &why));
     } else {
-        print_summary(outcome, &end, &report, &sim);
+        print_summary(outcome, &end, &report, &sim, &why);
     }
     let code = match end {
         RunEnd::Completed => EXIT_OK,
+        RunEnd::Refused => EXIT_REFUSED,
         _ if !args.faults.is_empty() => EXIT_FAULT,
         _ => EXIT_NOT_COMPLETED,
     };
@@ -187,9 +195,49 @@ fn write_trace(file: File, sim: &SimCluster) -> std::io::Result<()> {
     out.flush()
 }
 
-fn json_summary(outcome: &str, r: &Report) -> serde_json::Value {
+/// Why the run ended as it did: the operation's last reason, and each failed machine's.
+struct Why {
+    /// The CamelCase reason of the operation's phase, or of the removal's last outcome.
+    reason: String,
+    /// What it says, for people.
+    message: String,
+    /// Each failed machine: its node, reason and message.
+    failed: Vec<(String, String, String)>,
+}
+
+impl Why {
+    fn of(sim: &SimCluster, end: &RunEnd) -> Self {
+        sim.with_world(|w| {
+            let failed: Vec<(String, String, String)> = w
+                .trace
+                .iter()
+                .filter(|e| e.event == TraceKind::Failed)
+                .map(|e| (e.node.clone(), e.reason.clone().unwrap_or_default(), e.message.clone().unwrap_or_default()))
+                .collect();
+            let (reason, message) = match w.operations.values().next() {
+                Some(op) => (op.info.status.phase.reason().to_owned(), op.info.status.phase.to_string()),
+                None => match (end, failed.first()) {
+                    (RunEnd::Completed, _) => ("Removed".to_owned(), "the node was removed".to_owned()),
+                    (_, Some((_, reason, message))) => (reason.clone(), message.clone()),
+                    (_, None) => ("Stalled".to_owned(), format!("{end:?}")),
+                },
+            };
+            Self { reason, message, failed }
+        })
+    }
+}
+
+fn json_summary(outcome: &str, r: &Report, why: &Why) -> serde_json::Value {
+    let failed: Vec<serde_json::Value> = why
+        .failed
+        .iter()
+        .map(|(node, reason, message)| serde_json::json!({ "node": node, "reason": reason, "message": message }))
+        .collect();
     serde_json::json!({
         "outcome": outcome,
+        "reason": why.reason,
+        "message": why.message,
+        "failed": failed,
         "nodes": r.nodes,
         "on_target": r.on_target,
         "upgrade_calls": r.upgrade_calls,
@@ -207,13 +255,19 @@ fn clock(seconds: f64) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
 }
 
-fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster) {
+fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why: &Why) {
     let restarts = sim.with_world(|w| w.counters.restarts);
     println!();
     println!(
         "outcome: {outcome}{}",
         if let RunEnd::Stalled(phase) = end { format!(" ({phase})") } else { String::new() }
     );
+    if *end != RunEnd::Completed {
+        println!("reason: {}: {}", why.reason, why.message);
+    }
+    for (node, reason, message) in &why.failed {
+        println!("failed: {node}: {reason}: {message}");
+    }
     println!("nodes on target: {}/{}", r.on_target, r.nodes);
     println!("acknowledged Upgrade calls: {}", r.upgrade_calls);
     println!("most control planes down at once: {}", r.max_control_planes_down);
@@ -263,8 +317,10 @@ impl Progress {
         });
         self.shown += events.len();
         for e in &events {
-            let detail = match e.event {
-                ichor_adapters::sim::TraceKind::RebootEnd => format!(" into {}", e.version.as_deref().unwrap_or("?")),
+            let detail = match (e.event, &e.reason, &e.message) {
+                (TraceKind::RebootEnd, _, _) => format!(" into {}", e.version.as_deref().unwrap_or("?")),
+                (_, Some(reason), Some(message)) => format!(": {reason}: {message}"),
+                (_, Some(reason), None) => format!(": {reason}"),
                 _ => String::new(),
             };
             self.line(&format!("[{}] {:<10} {}{detail}", clock(e.t), e.node, e.event.name()));

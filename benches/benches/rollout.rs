@@ -19,6 +19,7 @@ fn rollout_decision(c: &mut Criterion) {
                 decide(black_box(&RolloutInput {
                     operation: &op,
                     release_talos_version: "v1.14.4",
+                    kubernetes_version: "1.34.1",
                     lease: Some(&lease),
                     machines: cluster,
                     etcd: &EtcdVerdict::Healthy,

@@ -73,6 +73,7 @@ fn decide(c: &Case) -> ichor_upgrade_core::talos_step::Action {
         conditions: &c.conditions,
         storage: &c.storage,
         etcd_member: None,
+        authority: &ichor_upgrade_core::rollout::CallAuthority::Granted,
         timeouts: &c.timeouts,
         now: Timestamp::from_unix_secs(1_200),
     })

@@ -25,6 +25,7 @@ pub fn mid_rollout(workers: usize, max_unavailable: usize) -> Vec<MachineView> {
             order_label: None,
             held: false,
             node_ready: true,
+            os_image: Some("Talos (v1.14.4)".to_owned()),
             progress: MachineProgress::Converged,
         })
         .collect();
@@ -43,6 +44,7 @@ pub fn mid_rollout(workers: usize, max_unavailable: usize) -> Vec<MachineView> {
             order_label: Some((i * 4 / workers.max(1)).to_string()),
             held: i % 97 == 96,
             node_ready: i % 89 != 88,
+            os_image: Some("Talos (v1.14.3)".to_owned()),
             progress,
         });
     }

@@ -109,3 +109,72 @@ async fn other_kinds_are_refused_and_nothing_is_touched() {
         assert!(w.lease.is_none());
     });
 }
+
+/// Review finding 1, in a world: cp-1's Upgrade call is lost on the wire (its intent stays
+/// unconfirmed), and cp-2 goes NotReady for reasons of its own before cp-1's intent goes
+/// void. The void intent is closed and cp-1 is not called again until cp-2 is back: the
+/// call needs the gate passed in the same pass. Before the fix it was called at once.
+#[tokio::test]
+async fn a_void_intent_is_not_called_again_while_another_control_plane_is_down() {
+    let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(11));
+    let start = sim.now();
+    let (down_from, down_for) = (start.saturating_add(std::time::Duration::from_secs(300)), 1200);
+    sim.with_world(|w| {
+        w.nodes[0].loses_next_call = true;
+        w.nodes[1].not_ready_at = Some((down_from, std::time::Duration::from_secs(down_for)));
+    });
+    sim.create_operation("upgrade", spec(1));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.with_world(|w| {
+        let t = |node: &str, kind: TraceKind| {
+            w.trace.iter().filter(|e| e.node == node && e.event == kind).map(|e| e.t).collect::<Vec<_>>()
+        };
+        assert_eq!(t("cp-1", TraceKind::CallLost).len(), 1, "the first call was lost");
+        let calls = t("cp-1", TraceKind::UpgradeCall);
+        assert_eq!(calls.len(), 1, "one acknowledged call: {calls:?}");
+        let cp2_ready = t("cp-2", TraceKind::Ready);
+        let back = cp2_ready.first().copied().expect("cp-2 came back");
+        assert!(back >= 1500.0, "cp-2 was down from 300 s to 1500 s: {back}");
+        assert!(calls[0] >= back, "cp-1 was called at {} s, while cp-2 was down until {back} s", calls[0]);
+        let closed = w.conditions["cp-1"].get(ichor_upgrade_core::upgrade_marker::TALOS_UPGRADE).is_some();
+        assert!(closed);
+        assert_eq!(w.counters.max_control_planes_down, 1);
+    });
+}
+
+/// Review finding 5: a resume whose reset of the failed machine fails (the API server
+/// does not answer that write) is not carried out half: the machine stays failed and the
+/// resume token unacknowledged, so the next pass resumes again; before the fix the machine
+/// was recorded in progress and advanced with its old marker, no retry, no gate.
+#[tokio::test]
+async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
+    use ichor_talos_executor::advance::Executor;
+    use ichor_talos_executor::reconcile::{ReconcileError, reconcile};
+    use ichor_upgrade_core::status::RecordState;
+
+    let sim =
+        SimCluster::new(SimConfig::new(3, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3).with_faults([Fault::AbFallback]));
+    sim.create_operation("upgrade", spec(1));
+    assert_eq!(run(&sim).await, RunEnd::Paused);
+    let failed = sim.with_world(|w| {
+        let status = &w.operations["upgrade"].info.status;
+        status.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone()).unwrap()
+    });
+    sim.annotate_operation("upgrade", RESUME_ANNOTATION, "2026-11-30T10:00:00Z");
+    sim.with_world(|w| w.failing_condition_writes = 1);
+    let config = ExecutorConfig::default();
+    let ex = Executor { talos: &sim, kube: &sim, storage: &sim, clock: &sim, config: &config };
+    let err = reconcile(&ex, "upgrade").await.unwrap_err();
+    assert!(matches!(err, ReconcileError::RetryReset { ref machine, .. } if *machine == failed), "{err:?}");
+    assert!(err.is_transient());
+    sim.with_world(|w| {
+        let status = &w.operations["upgrade"].info.status;
+        assert_eq!(status.machines[&failed].state, RecordState::Failed, "still failed");
+        assert_eq!(status.observed_resume, None, "the resume is not acknowledged");
+    });
+    assert_eq!(run(&sim).await, RunEnd::Completed, "the next pass resumes");
+    sim.with_world(|w| {
+        assert_eq!(w.operations["upgrade"].info.status.observed_resume.as_deref(), Some("2026-11-30T10:00:00Z"));
+        assert!(w.nodes.iter().all(|n| n.version == v("v1.14.4")));
+    });
+}

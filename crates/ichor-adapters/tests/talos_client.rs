@@ -325,3 +325,12 @@ fn a_key_that_is_not_the_certificates_is_refused_before_any_connection() {
     let err = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), options()).unwrap_err();
     assert!(report(&err).contains("crt/key"), "{}", report(&err));
 }
+
+#[tokio::test]
+async fn an_etcd_member_is_removed_by_id_through_another_control_plane() {
+    let c = Cluster::start(KeyKind::Ed25519, Behaviour::default());
+    bounded(c.client.etcd_remove_member("10.5.0.2", 0x3c2b_9f01_aa10_0001)).await.unwrap();
+    let seen = c.apid.seen();
+    assert_eq!(seen.removed_members, vec![0x3c2b_9f01_aa10_0001], "the uint64 ID on the wire");
+    assert_eq!(seen.calls, vec![("EtcdRemoveMemberByID", "10.5.0.2".to_owned())]);
+}

@@ -6,8 +6,8 @@ use arbitrary::{Result, Unstructured};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{
-    EtcdVerdict, LeaseHolder, MachineProgress, MachineView, OperationStatus, OperationView, RolloutConfig,
-    RolloutInput, decide,
+    CallAuthority, EtcdVerdict, LeaseHolder, MachineProgress, MachineView, OperationStatus, OperationView, Phase,
+    RolloutConfig, RolloutInput, decide,
 };
 
 fn cluster(u: &mut Unstructured<'_>) -> Result<Vec<MachineView>> {
@@ -42,6 +42,7 @@ fn cluster(u: &mut Unstructured<'_>) -> Result<Vec<MachineView>> {
             order_label,
             held: u.ratio(1, 10)?,
             node_ready: u.ratio(9, 10)?,
+            os_image: Some("Talos (v1.14.3)".to_owned()),
             progress,
         });
     }
@@ -50,15 +51,32 @@ fn cluster(u: &mut Unstructured<'_>) -> Result<Vec<MachineView>> {
 
 /// One decision over an arbitrary cluster: never a second control plane, never over
 /// maxUnavailable counting workers already unavailable, never a start while paused or
-/// without the lock.
+/// without the lock, never an Upgrade call authorised against the rules, and nothing at
+/// all when planning refuses.
 pub fn rollout(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let Ok(machines) = cluster(&mut u) else { return };
+    let Ok(mut machines) = cluster(&mut u) else { return };
     let (Ok(max), Ok(lock), Ok(verdict), Ok(resume)) =
         (u.int_in_range(-1i64..=8), u.int_in_range(0u8..=4), u.int_in_range(0u8..=2), u.int_in_range(0u8..=2))
     else {
         return;
     };
+    // What planning sees, read last so that older corpus entries decode as before.
+    let mut kubernetes = "1.34.1";
+    match u.int_in_range(0u8..=3).unwrap_or(0) {
+        1 => {
+            if let Some(m) = machines.last_mut() {
+                m.os_image = Some("Talos (v1.12.5)".to_owned());
+            }
+        }
+        2 => kubernetes = "1.31.0",
+        3 => {
+            if let Some(m) = machines.first_mut() {
+                m.os_image = None;
+            }
+        }
+        _ => {}
+    }
     let identity = "ns/op/uid";
     let lease = match lock {
         0 => None,
@@ -107,6 +125,7 @@ pub fn rollout(data: &[u8]) {
     let input = RolloutInput {
         operation: &op,
         release_talos_version: "v1.14.4",
+        kubernetes_version: kubernetes,
         lease: lease.as_ref(),
         machines: &machines,
         etcd: &etcd,
@@ -139,5 +158,28 @@ pub fn rollout(data: &[u8]) {
             .filter(|m| matches!(m.progress, MachineProgress::InProgress { .. }) || !m.node_ready)
             .count();
         assert!(unavailable + workers_started <= usize::try_from(max).unwrap_or(0), "over maxUnavailable");
+    }
+    if matches!(d.phase, Phase::Refused(_)) {
+        assert!(d.start.is_empty(), "started while refused");
+    }
+    let moved: Vec<&String> = d.start.iter().chain(&d.advance).collect();
+    assert_eq!(d.authority.len(), moved.len(), "every machine moved carries its authority");
+    let cp_not_ready: Vec<&str> = machines
+        .iter()
+        .filter(|m| m.role == MachineRole::ControlPlane && !m.node_ready)
+        .map(|m| m.name.as_str())
+        .collect();
+    for name in moved {
+        let m = find(name);
+        if d.authority.get(name) != Some(&CallAuthority::Granted) {
+            continue;
+        }
+        assert!(ours && !op.deleting && !m.held, "a call authorised without the lock, or for a held machine");
+        let paused = machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }));
+        assert!(!paused || resuming, "a call authorised while paused");
+        if m.role == MachineRole::ControlPlane {
+            assert_eq!(etcd, EtcdVerdict::Healthy, "a control plane's call authorised without the gate");
+            assert!(cp_not_ready.iter().all(|n| *n == m.name), "a control plane's call authorised with another down");
+        }
     }
 }

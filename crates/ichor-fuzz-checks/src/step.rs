@@ -7,6 +7,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state};
 use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::talos_step::{
     Action, EtcdMembership, MachineSpec, MachineStage, NodeObservation, StepInput, StepTimeouts, TalosObservation,
     UpgradeTarget, step as decide,
@@ -133,6 +134,13 @@ fn case(u: &mut Unstructured<'_>) -> Result<Case> {
 pub fn step(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok(c) = case(&mut u) else { return };
+    // Read last, so that older corpus entries decode as before (and mostly grant).
+    let authority = match u.int_in_range(0u8..=3).unwrap_or(0) {
+        1 => CallAuthority::NeedsEtcdGate,
+        2 => CallAuthority::Denied(CallDenied::Paused),
+        3 => CallAuthority::Denied(CallDenied::ControlPlaneNotReady { nodes: vec!["other".to_owned()] }),
+        _ => CallAuthority::Granted,
+    };
     let input = StepInput {
         machine: &c.machine,
         target: &c.target,
@@ -141,6 +149,7 @@ pub fn step(data: &[u8]) {
         conditions: &c.conditions,
         storage: &c.storage,
         etcd_member: c.etcd_member.as_ref(),
+        authority: &authority,
         timeouts: &c.timeouts,
         now: c.now,
     };
@@ -150,6 +159,7 @@ pub fn step(data: &[u8]) {
     let marker = c.conditions.get(TALOS_UPGRADE).filter(|m| m.status != ConditionStatus::False);
     let parsed = marker.and_then(|m| UpgradeMarker::parse(&m.message).ok()).filter(|m| m.target == c.target.version);
     if let Action::Upgrade { .. } = action {
+        assert_eq!(authority, CallAuthority::Granted, "an Upgrade call without the authority of this pass");
         let acknowledged = marker.is_some_and(|m| m.status == ConditionStatus::True);
         assert!(!(acknowledged && parsed.is_some()), "an Upgrade call for an acknowledged one");
         assert!(marker.is_none() || parsed.is_some(), "an Upgrade call past a garbled or foreign marker");

@@ -16,6 +16,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::StorageObservation;
 use ichor_upgrade_core::operation::{MachineRole, OperationKind};
+use ichor_upgrade_core::rollout::CallAuthority;
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{
     Action, EtcdMembership, MachineFailure, MachineSpec, MachineStage, NodeObservation, StepInput, TalosObservation,
@@ -118,6 +119,13 @@ pub enum AdvanceError {
         #[source]
         source: TalosCallError,
     },
+    /// The machine's node name is unknown (Talos cannot be asked for it and none was
+    /// recorded), and what is to be done needs it: a wait, never a guess.
+    #[error("the node name of machine {machine} is unknown: Talos cannot be asked for it and none was recorded")]
+    NodeNameUnknown {
+        /// The machine.
+        machine: String,
+    },
     /// The Node could not be read.
     #[error("reading Node {node}: {source}")]
     ReadNode {
@@ -175,6 +183,7 @@ impl AdvanceError {
         match self {
             Self::UnsupportedKind(_) => false,
             Self::ResolveNodename { source, .. } => source.is_unreachable(),
+            Self::NodeNameUnknown { .. } => true,
             Self::ReadNode { source, .. } => source.is_transient(),
             Self::Storage { source, .. } => source.is_transient(),
             Self::StorageTimedOut { .. } => true,
@@ -190,6 +199,7 @@ impl AdvanceError {
         match self {
             Self::UnsupportedKind(_) => "UnsupportedKind",
             Self::ResolveNodename { .. } => "ResolveNodename",
+            Self::NodeNameUnknown { .. } => "NodeNameUnknown",
             Self::ReadNode { .. } => "ReadNode",
             Self::Storage { .. } | Self::StorageTimedOut { .. } => "Storage",
             Self::PatchConditions(_) => "PatchConditions",
@@ -226,7 +236,10 @@ pub fn machine_past_upgrade_call(machine: &MachineInfo) -> bool {
     past_upgrade_call(&machine.conditions)
 }
 
-/// One pass over one machine: observe, step, carry out the one action.
+/// One pass over one machine: observe, step, carry out the one action. `authority` is
+/// whether its Upgrade call may go out in this pass, as the rollout engine computed it in
+/// this same pass ([`Decision::authority`](ichor_upgrade_core::rollout::Decision::authority)):
+/// without [`CallAuthority::Granted`] no Upgrade call is made, first or repeated.
 ///
 /// # Errors
 /// [`AdvanceError::UnsupportedKind`] for any kind but `talos`, before anything is read;
@@ -236,6 +249,7 @@ pub async fn advance_machine(
     kind: &str,
     machine: &MachineInfo,
     target: &UpgradeTarget,
+    authority: &CallAuthority,
 ) -> Result<MachineOutcome, AdvanceError> {
     if kind != OperationKind::TALOS {
         return Err(AdvanceError::UnsupportedKind(kind.to_owned()));
@@ -283,6 +297,7 @@ pub async fn advance_machine(
         conditions: &machine.conditions,
         storage: &storage,
         etcd_member: etcd_member.as_ref(),
+        authority,
         timeouts: &ex.config.step,
         now: ex.clock.now(),
     });
@@ -426,6 +441,14 @@ async fn carry_out(
             Ok(failed(&failure))
         }
         Action::Fail(failure) => Ok(failed(&failure)),
+        Action::CloseVoidIntent => {
+            let mut conditions = machine.conditions.clone();
+            let marker = conditions.get(TALOS_UPGRADE).map(|c| c.message.clone()).unwrap_or_default();
+            let message = format!("void: no sign of the call on the node by its deadline; {marker}");
+            let reason = upgrade_reason::INTENT_VOID;
+            write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::False, reason, message).await?;
+            Ok(MachineOutcome::Progressed { action: "CloseVoidIntent" })
+        }
         Action::Upgrade { image, marker } => call_upgrade(ex, machine, image, &marker).await,
     }
 }

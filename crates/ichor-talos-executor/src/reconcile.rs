@@ -12,10 +12,11 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::rollout::{
-    Decision, EtcdVerdict, LeaseHolder, LockAction, MachineView, OperationView, Phase, RolloutInput, decide,
+    CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineView, OperationView, Phase,
+    RolloutInput, call_authority, decide,
 };
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::UpgradeTarget;
+use ichor_upgrade_core::talos_step::{MachineWait, UpgradeTarget};
 use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::advance::{
@@ -76,6 +77,17 @@ pub enum ReconcileError {
         #[source]
         source: KubeCallError,
     },
+    /// A resume could not be carried out: what a failed machine's attempt left could not
+    /// be closed. The resume is not acknowledged and the machine stays failed, so that the
+    /// next pass tries again; nothing else was done in this pass.
+    #[error("resuming: closing the failed attempt of machine {machine}: {source}")]
+    RetryReset {
+        /// The machine.
+        machine: String,
+        /// The cause.
+        #[source]
+        source: AdvanceError,
+    },
 }
 
 impl ReconcileError {
@@ -87,6 +99,7 @@ impl ReconcileError {
             | Self::ReadCluster { source, .. }
             | Self::WriteLease { source, .. }
             | Self::WriteOperation { source, .. } => source.is_transient(),
+            Self::RetryReset { source, .. } => source.is_transient(),
         }
     }
 }
@@ -147,6 +160,7 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
                 order_label: o.machine.labels.get(ORDER_LABEL).cloned(),
                 held,
                 node_ready: o.node.as_ref().is_some_and(|n| n.ready),
+                os_image: o.node.as_ref().map(|n| n.os_image.clone()),
                 progress: status.progress_of(&o.machine.name, machine_past_upgrade_call(&o.machine)),
             }
         })
@@ -160,21 +174,22 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         status: status.clone(),
     };
     let now = ex.clock.now();
-    let decide_with = |etcd: &EtcdVerdict| {
-        decide(&RolloutInput {
-            operation: &view,
-            release_talos_version: &cluster.release_talos_version,
-            lease: holder.as_ref(),
-            machines: &views,
-            etcd,
-            config: &ex.config.rollout,
-            now,
-        })
+    let input = RolloutInput {
+        operation: &view,
+        release_talos_version: &cluster.release_talos_version,
+        kubernetes_version: &cluster.kubernetes_version,
+        lease: holder.as_ref(),
+        machines: &views,
+        etcd: &EtcdVerdict::NotChecked,
+        config: &ex.config.rollout,
+        now,
     };
-    let mut decision = decide_with(&EtcdVerdict::NotChecked);
+    let mut verdict = None;
+    let mut decision = decide(&input);
     if decision.check_etcd {
-        let verdict = gather_etcd_gate(ex, &observed).await;
-        decision = decide_with(&verdict);
+        let gathered = gather_etcd_gate(ex, &observed).await;
+        decision = decide(&RolloutInput { etcd: &gathered, ..input });
+        verdict = Some(gathered);
     }
 
     write_lock(ex, &op.cluster, &op.identity, lease.as_ref(), &decision, now).await?;
@@ -188,9 +203,11 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
     let target = upgrade_target(&cluster);
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
     for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
-        if let Err(e) = reset_for_retry(ex, &machine.machine).await {
-            outcomes.push((machine.machine.name.clone(), e.outcome()));
-        }
+        // A resume is carried out whole or not at all: a machine whose failed attempt
+        // could not be closed must not be advanced with its old marker as if resumed.
+        reset_for_retry(ex, &machine.machine)
+            .await
+            .map_err(|source| ReconcileError::RetryReset { machine: machine.machine.name.clone(), source })?;
     }
     for machine in decision.stop.iter().filter_map(|n| by_name.get(n.as_str())) {
         if let Err(e) = stop_machine(ex, machine).await {
@@ -206,14 +223,56 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         .filter(|n| !decision.retry.contains(n))
         .filter_map(|n| by_name.get(n.as_str()).copied())
         .collect();
-    let advanced = join_all(moving.iter().map(|o| async {
-        let outcome = match &target {
-            Ok(target) => advance_machine(ex, &op.spec.kind, &o.machine, target).await.unwrap_or_else(|e| e.outcome()),
-            Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
-        };
-        (o.machine.name.clone(), outcome)
+    let advance = |o: &Observed, authority: CallAuthority| {
+        let target = &target;
+        let kind = &op.spec.kind;
+        let machine = o.machine.clone();
+        async move {
+            let outcome = match target {
+                Ok(target) => {
+                    advance_machine(ex, kind, &machine, target, &authority).await.unwrap_or_else(|e| e.outcome())
+                }
+                Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
+            };
+            (machine.name, outcome)
+        }
+    };
+    let denied = CallAuthority::Denied(CallDenied::NotInCluster);
+    let mut advanced = join_all(moving.iter().map(|o| {
+        let authority = decision.authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
+        advance(o, authority)
     }))
     .await;
+    // A control plane ready for its Upgrade call waits for the etcd gate, gathered now (once
+    // per pass, only when a call is due) and asked again for its authority: the call goes
+    // out only on a gate passed in this same pass.
+    let gate_due = MachineWait::EtcdGateNotChecked.reason();
+    let needs_gate: Vec<usize> = advanced
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, outcome))| matches!(outcome, MachineOutcome::Waiting { reason, .. } if reason == gate_due))
+        .map(|(i, _)| i)
+        .collect();
+    if !needs_gate.is_empty() {
+        let gathered = match verdict.take() {
+            Some(verdict) => verdict,
+            None => gather_etcd_gate(ex, &observed).await,
+        };
+        let rollout_input = RolloutInput { etcd: &gathered, ..input };
+        for i in needs_gate {
+            let name = advanced[i].0.clone();
+            let authority = match call_authority(&rollout_input, &name) {
+                // Still not gathered cannot happen with a verdict; never call on it.
+                CallAuthority::NeedsEtcdGate => CallAuthority::Denied(CallDenied::EtcdUnhealthy {
+                    reason: "the etcd gate could not be gathered".to_owned(),
+                }),
+                authority => authority,
+            };
+            if let Some(o) = by_name.get(name.as_str()) {
+                advanced[i] = advance(o, authority).await;
+            }
+        }
+    }
     outcomes.extend(advanced);
 
     let next = status.next(op.generation, &decision, &outcomes);
@@ -264,16 +323,18 @@ async fn observe_machines(ex: &Executor<'_>, machines: Vec<MachineInfo>) -> Vec<
     .await
 }
 
-/// Gathers the etcd gate from every control plane.
+/// Gathers the etcd gate from every control plane. A control plane whose node name is
+/// unknown cannot be matched to its member: the gate fails, naming it, rather than guess.
 async fn gather_etcd_gate(ex: &Executor<'_>, observed: &[Observed]) -> EtcdVerdict {
-    let control_planes: Vec<ControlPlane> = observed
-        .iter()
-        .filter(|o| o.machine.role == MachineRole::ControlPlane)
-        .map(|o| ControlPlane {
-            address: o.machine.address.clone(),
-            node: o.node_name.clone().unwrap_or_else(|| o.machine.name.clone()),
-        })
-        .collect();
+    let mut control_planes = Vec::new();
+    for o in observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane) {
+        let Some(node) = o.node_name.clone() else {
+            return EtcdVerdict::Unhealthy {
+                reason: format!("the node name of control plane {} is unknown", o.machine.name),
+            };
+        };
+        control_planes.push(ControlPlane { address: o.machine.address.clone(), node });
+    }
     etcd::gate(ex, &control_planes).await
 }
 
@@ -302,13 +363,17 @@ async fn write_lock(
         .map_err(|source| ReconcileError::WriteLease { cluster: cluster.to_owned(), source })
 }
 
-/// A machine interrupted before its Upgrade call: its evacuation, if open, is ended.
+/// A machine interrupted before its Upgrade call: its evacuation, if open, is ended. Storage
+/// knows the node by its name: when that is unknown this waits, never ending the
+/// evacuation of a guessed name (which would leave the real node unschedulable).
 async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceError> {
     if !o.machine.conditions.is_true(STORAGE_EVACUATION) {
         return Ok(());
     }
-    let node = o.node_name.clone().unwrap_or_else(|| o.machine.name.clone());
-    end_evacuation(ex, &o.machine, &node, EvacuationEnd::Ended).await
+    let Some(node) = &o.node_name else {
+        return Err(AdvanceError::NodeNameUnknown { machine: o.machine.name.clone() });
+    };
+    end_evacuation(ex, &o.machine, node, EvacuationEnd::Ended).await
 }
 
 async fn write_status(

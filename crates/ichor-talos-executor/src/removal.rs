@@ -15,7 +15,7 @@ use ichor_upgrade_core::removal_step::{
 };
 use ichor_upgrade_core::rollout::EtcdVerdict;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::MachineSpec;
+use ichor_upgrade_core::talos_step::{EtcdMembership, MachineSpec};
 
 use crate::advance::{
     AdvanceError, Executor, KubeCallError, TalosCallError, begin_evacuation, bounded, end_evacuation, node_name,
@@ -109,11 +109,17 @@ pub async fn remove_machine(
         Some(n) => observe(ex, &node_name, &n.labels, &machine.conditions).await?,
         None => StorageObservation::default(),
     };
-    let (etcd_member, etcd_gate) = if machine.role == MachineRole::ControlPlane && node.is_some() {
+    // A control plane's member is read through the others, whether or not its Node is
+    // still there: it is not Removed while the others still list it.
+    let (member, etcd_gate) = if machine.role == MachineRole::ControlPlane {
         let others: Vec<&str> =
             control_planes.iter().filter(|cp| cp.address != machine.address).map(|cp| cp.address.as_str()).collect();
-        let membership = etcd::membership(ex, &others, &node_name).await;
-        (Some(membership), etcd::gate(ex, control_planes).await)
+        let member = etcd::member(ex, &others, &node_name).await;
+        let gate = match member.state {
+            EtcdMembership::Voter | EtcdMembership::Learner => etcd::health(ex, control_planes).await,
+            EtcdMembership::Absent | EtcdMembership::Unknown { .. } => EtcdVerdict::NotChecked,
+        };
+        (Some(member), gate)
     } else {
         (None, EtcdVerdict::NotChecked)
     };
@@ -124,13 +130,15 @@ pub async fn remove_machine(
         conditions: &machine.conditions,
         storage: &storage,
         talos: &talos_seen,
-        etcd_member: etcd_member.as_ref(),
+        etcd_member: member.as_ref().map(|m| &m.state),
+        etcd_member_id: member.as_ref().and_then(|m| m.id),
         etcd_gate: &etcd_gate,
         timeouts: &ex.config.step,
         now: ex.clock.now(),
     });
     tracing::debug!(machine = %machine.name, ?action, "removal step");
-    carry_out(ex, machine, &node_name, action).await
+    let asked = member.and_then(|m| m.answered_by);
+    carry_out(ex, machine, &node_name, asked.as_deref(), action).await
 }
 
 async fn write_removal(
@@ -144,10 +152,13 @@ async fn write_removal(
     write_condition(ex, machine, conditions, ConditionUpdate::new(NODE_REMOVAL, status, reason, message)).await
 }
 
+/// Carries out one removal action; `etcd_peer` is the control plane that listed the etcd
+/// members in this pass (it is asked to remove a member by ID).
 async fn carry_out(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     node_name: &str,
+    etcd_peer: Option<&str>,
     action: RemovalAction,
 ) -> Result<MachineOutcome, AdvanceError> {
     let progressed = |action| Ok(MachineOutcome::Progressed { action });
@@ -214,6 +225,18 @@ async fn carry_out(
         RemovalAction::LeaveEtcd => {
             talos(ex, "leave etcd", ex.talos.etcd_leave_cluster(&machine.address)).await?;
             progressed("LeaveEtcd")
+        }
+        RemovalAction::RemoveEtcdMember { member_id } => {
+            // The step asks for this only with the member read in this pass, so a peer answered.
+            let Some(peer) = etcd_peer else {
+                return Ok(MachineOutcome::Waiting {
+                    reason: "EtcdMemberUnknown".to_owned(),
+                    message: "no control plane listed the etcd members in this pass".to_owned(),
+                    recheck_at: None,
+                });
+            };
+            talos(ex, "remove etcd member", ex.talos.etcd_remove_member(peer, member_id)).await?;
+            progressed("RemoveEtcdMember")
         }
         RemovalAction::Reset => {
             let mut conditions = machine.conditions.clone();

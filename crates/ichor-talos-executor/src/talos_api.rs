@@ -169,6 +169,9 @@ pub trait TalosApi: Send + Sync {
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError>;
     /// `EtcdLeaveCluster`: the node's etcd member leaves the cluster.
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
+    /// `EtcdRemoveMemberByID`, asked of `node` (another control plane): removes the member
+    /// of a control plane that can no longer leave by itself.
+    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError>;
     /// `Reset`: the node wipes itself.
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
 }

@@ -17,6 +17,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
 use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade};
@@ -61,6 +62,9 @@ impl TalosApi for Slow {
     }
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
         self.inner.etcd_leave_cluster(node).await
+    }
+    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+        self.inner.etcd_remove_member(node, member_id).await
     }
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
         self.inner.reset(node, request).await
@@ -173,7 +177,7 @@ async fn run(
     config: &ExecutorConfig,
 ) -> Result<MachineOutcome, AdvanceError> {
     let ex = Executor { talos, kube: &world.kube, storage: &world.storage, clock: &FixedClock, config };
-    advance_machine(&ex, "talos", m, &target()).await
+    advance_machine(&ex, "talos", m, &target(), &CallAuthority::Granted).await
 }
 
 #[tokio::test]
@@ -182,7 +186,9 @@ async fn kinds_other_than_talos_are_errors_and_touch_nothing() {
     let config = ExecutorConfig::default();
     let ex = Executor { talos: &talos, kube: &kube, storage: &storage, clock: &FixedClock, config: &config };
     for kind in ["kubernetes", "ichor"] {
-        let err = advance_machine(&ex, kind, &machine(MachineRole::Worker), &target()).await.unwrap_err();
+        let err = advance_machine(&ex, kind, &machine(MachineRole::Worker), &target(), &CallAuthority::Granted)
+            .await
+            .unwrap_err();
         assert_eq!(err, AdvanceError::UnsupportedKind(kind.into()));
         assert!(!err.is_transient());
     }
@@ -634,4 +640,49 @@ async fn past_the_call_a_node_name_error_is_rebooting_and_the_recorded_name_is_u
         matches!(&outcome, MachineOutcome::Waiting { reason, recheck_at: Some(_), .. } if reason == "Rebooting"),
         "{outcome:?}"
     );
+}
+
+#[tokio::test]
+async fn no_upgrade_call_goes_out_without_the_authority_of_this_pass() {
+    let denied = CallDenied::ControlPlaneNotReady { nodes: vec!["cp-2".into()] };
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.talos.expect_upgrade().never();
+    world
+        .talos
+        .expect_etcd_members()
+        .returning(|_| Ok(vec![EtcdMember { id: 1, hostname: "worker-1".into(), is_learner: false }]));
+    let ex = Executor {
+        talos: &world.talos,
+        kube: &world.kube,
+        storage: &world.storage,
+        clock: &FixedClock,
+        config: &ExecutorConfig::default(),
+    };
+    // A control plane whose intent went void (deadline passed, no sign of the call) while
+    // another control plane went NotReady: the review saw the call made again.
+    let void = with_condition(
+        machine(MachineRole::ControlPlane),
+        TALOS_UPGRADE,
+        ConditionStatus::Unknown,
+        upgrade::UPGRADE_INTENT,
+        &marker(BOOT_BEFORE).replace("call-deadline-ms=1600000", "call-deadline-ms=950000"),
+    );
+    // The void intent is closed first (whatever the authority); then nothing is called
+    // without the authority of the pass.
+    let outcome =
+        advance_machine(&ex, "talos", &void, &target(), &CallAuthority::Denied(denied.clone())).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "CloseVoidIntent" });
+    assert_eq!(world.written(), vec![(ConditionStatus::False, upgrade::INTENT_VOID.to_owned())]);
+    let closed = MachineInfo { conditions: world.writes.lock().unwrap()[0].clone(), ..void };
+    let outcome = advance_machine(&ex, "talos", &closed, &target(), &CallAuthority::Denied(denied)).await.unwrap();
+    assert!(
+        matches!(&outcome, MachineOutcome::Waiting { reason, message, .. } if reason == "CallNotAuthorised" && message.contains("cp-2")),
+        "{outcome:?}"
+    );
+    let outcome = advance_machine(&ex, "talos", &closed, &target(), &CallAuthority::NeedsEtcdGate).await.unwrap();
+    assert!(
+        matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "EtcdGateNotChecked"),
+        "{outcome:?}"
+    );
+    assert_eq!(world.written().len(), 1, "no intent written without the authority");
 }

@@ -240,3 +240,39 @@ async fn a_deleted_node_is_recorded_removed_without_asking_storage() {
     assert_eq!(outcome, MachineOutcome::Converged);
     assert_eq!(world.written(NODE_REMOVAL), vec![(ConditionStatus::True, reason::REMOVED.to_owned())]);
 }
+
+#[tokio::test]
+async fn a_control_plane_whose_node_is_gone_is_not_removed_while_its_member_votes() {
+    // The Node object of cp-3 is gone and cp-3 is down (its Talos API refuses), but the
+    // other control planes still list its member: before the fix this reported Removed.
+    let mut world = World::new(None, vec![]);
+    world.talos = MockTalos::new();
+    world
+        .talos
+        .expect_machine_stage()
+        .with(eq("10.0.0.13"))
+        .returning(|_| Err(TalosError::dial("10.0.0.13:50000", "connection refused")));
+    let down = || TalosError::dial("10.0.0.13:50000", "connection refused");
+    world.talos.expect_etcd_members().with(eq("10.0.0.13")).returning(move |_| Err(down()));
+    world.talos.expect_etcd_members().returning(|_| Ok(members()));
+    world.talos.expect_etcd_status().with(eq("10.0.0.13")).returning(move |_| Err(down()));
+    world.talos.expect_etcd_status().returning(|node| Ok(status(node)));
+    world.talos.expect_etcd_alarms().with(eq("10.0.0.13")).returning(move |_| Err(down()));
+    world.talos.expect_etcd_alarms().returning(|_| Ok(vec![]));
+    world.talos.expect_etcd_leave_cluster().never();
+    world.talos.expect_etcd_remove_member().with(eq("10.0.0.11"), eq(3)).times(1).returning(|_, _| Ok(()));
+    let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "RemoveEtcdMember" });
+    assert!(world.written(NODE_REMOVAL).is_empty(), "not recorded removed");
+
+    // Once the member is gone from the list: removed.
+    let mut world = World::new(None, vec![]);
+    world
+        .talos
+        .expect_etcd_members()
+        .returning(|_| Ok(members().into_iter().filter(|m| m.hostname != "cp-3").collect()));
+    world.talos.expect_etcd_remove_member().never();
+    let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
+    assert_eq!(outcome, MachineOutcome::Converged);
+    assert_eq!(world.written(NODE_REMOVAL), vec![(ConditionStatus::True, reason::REMOVED.to_owned())]);
+}

@@ -73,6 +73,8 @@ pub struct Seen {
     pub upgrade_deadlines: Vec<Option<String>>,
     /// The Reset requests.
     pub resets: Vec<pb::ResetRequest>,
+    /// The member IDs asked to be removed.
+    pub removed_members: Vec<u64>,
 }
 
 impl Seen {
@@ -213,6 +215,15 @@ impl MachineService for Talos {
         self.route("EtcdLeaveCluster", &request)?;
         let metadata = Some(Metadata { error: "etcd is not running on this node".into(), ..Metadata::default() });
         Ok(Response::new(pb::EtcdLeaveClusterResponse { messages: vec![pb::EtcdLeaveCluster { metadata }] }))
+    }
+
+    async fn etcd_remove_member_by_id(
+        &self,
+        request: Request<pb::EtcdRemoveMemberByIdRequest>,
+    ) -> Result<Response<pb::EtcdRemoveMemberByIdResponse>, Status> {
+        self.route("EtcdRemoveMemberByID", &request)?;
+        self.seen.lock().unwrap().removed_members.push(request.get_ref().member_id);
+        Ok(Response::new(pb::EtcdRemoveMemberByIdResponse { messages: vec![pb::EtcdRemoveMemberById::default()] }))
     }
 }
 

@@ -64,11 +64,27 @@ pub struct ControlPlaneReport {
     pub alarms: Result<Vec<Alarm>, String>,
 }
 
-/// The gate's verdict: [`EtcdVerdict::Healthy`] only when every control plane answered,
-/// all lists agree, every control plane has exactly one member, there is no other member
-/// and none is a learner. Otherwise [`EtcdVerdict::Unhealthy`] naming the first problem.
+/// The gate before a control plane reboots: [`health`], and not exactly two members (a
+/// two-member cluster loses quorum when either member reboots, and Talos's own check is
+/// not on every path). Otherwise [`EtcdVerdict::Unhealthy`] naming the first problem.
 #[must_use]
 pub fn verdict(reports: &[ControlPlaneReport]) -> EtcdVerdict {
+    match health(reports) {
+        EtcdVerdict::Healthy if reports.len() == 2 => EtcdVerdict::Unhealthy {
+            reason: "a two-member etcd cluster loses quorum when either member reboots".to_owned(),
+        },
+        verdict => verdict,
+    }
+}
+
+/// Whether etcd is healthy: every control plane answered, all lists agree, every control
+/// plane has exactly one member, there is no other member and none is a learner, every
+/// member reports no error and follows one agreed leader, and there is no alarm. This is
+/// what a member's leaving needs (a two-member cluster may shrink to one: that costs no
+/// quorum); a reboot needs [`verdict`]. Otherwise [`EtcdVerdict::Unhealthy`] naming the
+/// first problem.
+#[must_use]
+pub fn health(reports: &[ControlPlaneReport]) -> EtcdVerdict {
     let unhealthy = |reason: String| EtcdVerdict::Unhealthy { reason };
     let Some(first) = reports.first() else {
         return unhealthy("no control plane to ask".to_owned());
@@ -215,9 +231,21 @@ mod tests {
         assert!(member_of("cp-1", "cp-1.example.internal"));
         assert!(!member_of("cp-1", "cp-10"));
         assert!(!member_of("cp-1.example.internal", "cp-1"));
-        let members = vec![member(1, "cp-1"), member(2, "cp-2")];
-        let reports: Vec<_> = ["cp-1.lan", "cp-2.lan"].iter().map(|n| report(n, members.clone())).collect();
+        let members = vec![member(1, "cp-1"), member(2, "cp-2"), member(3, "cp-3")];
+        let reports: Vec<_> = ["cp-1.lan", "cp-2.lan", "cp-3.lan"].iter().map(|n| report(n, members.clone())).collect();
         assert_eq!(verdict(&reports), EtcdVerdict::Healthy);
+    }
+
+    #[test]
+    fn two_members_fail_however_healthy_each_is() {
+        let members = vec![member(1, "cp-1"), member(2, "cp-2")];
+        let reports: Vec<_> = ["cp-1", "cp-2"].iter().map(|n| report(n, members.clone())).collect();
+        assert!(
+            matches!(verdict(&reports), EtcdVerdict::Unhealthy { reason } if reason.contains("two-member") && reason.contains("quorum"))
+        );
+        let one: Vec<_> = ["cp-1"].iter().map(|n| report(n, vec![member(1, "cp-1")])).collect();
+        assert_eq!(verdict(&one), EtcdVerdict::Healthy, "a single member has no quorum to lose to another");
+        assert_eq!(health(&reports), EtcdVerdict::Healthy, "healthy enough for one member to leave");
     }
 
     #[test]

@@ -111,6 +111,77 @@ pub enum Refusal {
         /// The value as written.
         value: i64,
     },
+    /// Planning, before any machine started, found the cluster cannot be taken to the
+    /// target as it stands. Nothing was touched.
+    #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Unplannable {
+        /// Every problem found, at least one.
+        problems: Vec<PlanProblem>,
+    },
+}
+
+/// A problem planning finds before any machine starts (DESIGN §9: refused at planning,
+/// naming the reason; nothing touched).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum PlanProblem {
+    /// These machines cannot go to the target in one step.
+    #[error("{}: {refusal}", machines.join(", "))]
+    UpgradePath {
+        /// The machines, all with the same refusal.
+        machines: Vec<String>,
+        /// The refusal, naming the path to take.
+        refusal: String,
+    },
+    /// A machine's Node reports an osImage that is not `Talos (vX.Y.Z)`.
+    #[error("{machine}: node status.nodeInfo.osImage: {error}")]
+    BadOsImage {
+        /// The machine.
+        machine: String,
+        /// The parse error, quoting the text.
+        error: String,
+    },
+    /// The cluster's Kubernetes version does not parse.
+    #[error("the cluster's Kubernetes version: {error}")]
+    BadKubernetesVersion {
+        /// The parse error, quoting the text.
+        error: String,
+    },
+    /// The cluster's Kubernetes version does not run on the target.
+    #[error("Kubernetes pairing refused: {refusal}")]
+    KubernetesPairing {
+        /// The refusal, naming the supported range.
+        refusal: String,
+    },
+    /// Exactly two control planes: rebooting either loses etcd quorum.
+    #[error(
+        "two control planes ({}): a two-member etcd cluster loses quorum when either reboots; add a third control plane (or remove one) first",
+        machines.join(", ")
+    )]
+    TwoControlPlanes {
+        /// The two.
+        machines: Vec<String>,
+    },
+    /// Machine names that appear more than once.
+    #[error("duplicate machine names: {}", names.join(", "))]
+    DuplicateMachineNames {
+        /// The names.
+        names: Vec<String>,
+    },
+}
+
+impl PlanProblem {
+    /// The CamelCase reason users see.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::UpgradePath { .. } => "UpgradePathRefused",
+            Self::BadOsImage { .. } => "BadOsImage",
+            Self::BadKubernetesVersion { .. } => "BadKubernetesVersion",
+            Self::KubernetesPairing { .. } => "KubernetesPairingRefused",
+            Self::TwoControlPlanes { .. } => "TwoControlPlanes",
+            Self::DuplicateMachineNames { .. } => "DuplicateMachineNames",
+        }
+    }
 }
 
 impl Refusal {
@@ -123,6 +194,7 @@ impl Refusal {
             Self::InvalidReleaseVersion { .. } => "InvalidReleaseVersion",
             Self::TargetNotReleaseSet { .. } => "TargetNotReleaseSet",
             Self::InvalidMaxUnavailable { .. } => "InvalidMaxUnavailable",
+            Self::Unplannable { problems } => problems.first().map_or("Unplannable", PlanProblem::reason),
         }
     }
 }

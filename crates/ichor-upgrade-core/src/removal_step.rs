@@ -22,7 +22,7 @@ use crate::conditions::{ConditionStatus, Conditions};
 use crate::evacuation::{EvacuationState, StorageObservation, evacuation_state};
 use crate::operation::MachineRole;
 use crate::rollout::EtcdVerdict;
-use crate::talos_step::{EtcdMembership, MachineSpec, StepTimeouts, TalosObservation};
+use crate::talos_step::{EtcdMembership, MachineSpec, MachineStage, StepTimeouts, TalosObservation};
 use crate::time::Timestamp;
 
 /// The condition type that marks a removal's progress.
@@ -78,8 +78,10 @@ pub struct RemovalInput<'a> {
     pub storage: &'a StorageObservation,
     /// What the Talos API said.
     pub talos: &'a TalosObservation,
-    /// On a control plane, its etcd membership.
+    /// On a control plane, its etcd membership, read through the other control planes.
     pub etcd_member: Option<&'a EtcdMembership>,
+    /// On a control plane still in the member list, its member ID.
+    pub etcd_member_id: Option<u64>,
     /// On a control plane, the etcd gate over the others: a member leaves only while the
     /// cluster is healthy, so that leaving never costs quorum.
     pub etcd_gate: &'a EtcdVerdict,
@@ -117,6 +119,12 @@ pub enum RemovalAction {
     },
     /// `EtcdLeaveCluster` on the node.
     LeaveEtcd,
+    /// `EtcdRemoveMemberByID` through another control plane: the member of a control plane
+    /// whose Node is gone and whose Talos API does not answer, so it cannot leave itself.
+    RemoveEtcdMember {
+        /// The member's ID.
+        member_id: u64,
+    },
     /// Write `NodeRemoval=Unknown/ResetRequested` (the intent), then a graceful `Reset`
     /// through the Talos API, then `NodeRemoval=True/ResetRequested` on the acknowledgement.
     Reset,
@@ -149,6 +157,10 @@ pub enum RemovalWait {
         /// How many.
         terminating: usize,
     },
+    /// The reset was only intended, and the node shows no sign of it (not `Resetting`): the
+    /// Node is not deleted on a guess; the reset is asked for again once the node answers
+    /// after the call bound.
+    ResetUnconfirmed,
 }
 
 impl RemovalWait {
@@ -162,6 +174,7 @@ impl RemovalWait {
             Self::TalosApiUnreachable => "TalosApiUnreachable",
             Self::ResetUnderWay => "ResetUnderWay",
             Self::DrainUnderWay { .. } => "DrainUnderWay",
+            Self::ResetUnconfirmed => "ResetUnconfirmed",
         }
     }
 }
@@ -176,6 +189,9 @@ impl fmt::Display for RemovalWait {
             Self::TalosApiUnreachable => f.write_str("the Talos API does not answer"),
             Self::ResetUnderWay => f.write_str("the reset was asked for; waiting for kubelet to stop"),
             Self::DrainUnderWay { terminating } => write!(f, "draining: {terminating} pods still terminating"),
+            Self::ResetUnconfirmed => f.write_str(
+                "the reset was asked for but is not confirmed and the node does not show it; waiting to ask again",
+            ),
         }
     }
 }
@@ -183,20 +199,29 @@ impl fmt::Display for RemovalWait {
 /// Decides the one removal action. Pure: the same input gives the same action.
 pub fn removal_step(input: &RemovalInput<'_>) -> RemovalAction {
     let removal = input.conditions.get(NODE_REMOVAL).filter(|c| c.status != ConditionStatus::False);
-    let Some(node) = input.node else { return RemovalAction::Removed };
+    let Some(node) = input.node else { return node_gone(input) };
     if let Some(removal) = removal {
-        if !node.ready {
-            return RemovalAction::DeleteNode;
-        }
         let since = removal.last_transition_time.min(input.now);
         let deadline = since.saturating_add(input.timeouts.upgrade_call);
-        let unconfirmed = removal.status == ConditionStatus::Unknown;
-        let running =
-            matches!(input.talos, TalosObservation::Answered { stage: crate::talos_step::MachineStage::Running });
-        if unconfirmed && running && input.now >= deadline {
+        let acknowledged = removal.status == ConditionStatus::True;
+        let stage = match input.talos {
+            TalosObservation::Answered { stage } => Some(*stage),
+            TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => None,
+        };
+        // The Node goes only once the reset is known to have reached the node: its
+        // acknowledgement, or the node seen resetting. A NotReady Node alone (a partition
+        // does that too) proves nothing.
+        if !node.ready && (acknowledged || stage == Some(MachineStage::Resetting)) {
+            return RemovalAction::DeleteNode;
+        }
+        if acknowledged || stage == Some(MachineStage::Resetting) {
+            return RemovalAction::Wait { reason: RemovalWait::ResetUnderWay, recheck_at: None };
+        }
+        if stage == Some(MachineStage::Running) && input.now >= deadline {
             return RemovalAction::Reset;
         }
-        return RemovalAction::Wait { reason: RemovalWait::ResetUnderWay, recheck_at: unconfirmed.then_some(deadline) };
+        let reason = if node.ready { RemovalWait::ResetUnderWay } else { RemovalWait::ResetUnconfirmed };
+        return RemovalAction::Wait { reason, recheck_at: Some(deadline) };
     }
     match evacuation_state(input.conditions, input.storage, input.timeouts.evacuation, input.now) {
         EvacuationState::NotStarted => return RemovalAction::BeginEvacuation,
@@ -223,19 +248,7 @@ pub fn removal_step(input: &RemovalInput<'_>) -> RemovalAction {
     }
     if input.machine.role == MachineRole::ControlPlane {
         match input.etcd_member {
-            Some(EtcdMembership::Voter | EtcdMembership::Learner) => {
-                return match input.etcd_gate {
-                    EtcdVerdict::Healthy => RemovalAction::LeaveEtcd,
-                    EtcdVerdict::Unhealthy { reason } => RemovalAction::Wait {
-                        reason: RemovalWait::EtcdUnhealthy { reason: reason.clone() },
-                        recheck_at: None,
-                    },
-                    EtcdVerdict::NotChecked => RemovalAction::Wait {
-                        reason: RemovalWait::EtcdUnhealthy { reason: "not checked".to_owned() },
-                        recheck_at: None,
-                    },
-                };
-            }
+            Some(EtcdMembership::Voter | EtcdMembership::Learner) => return leave_etcd(input),
             Some(EtcdMembership::Absent) => {}
             Some(EtcdMembership::Unknown { .. }) | None => {
                 return RemovalAction::Wait { reason: RemovalWait::EtcdMemberUnknown, recheck_at: None };
@@ -250,12 +263,46 @@ pub fn removal_step(input: &RemovalInput<'_>) -> RemovalAction {
     }
 }
 
+/// The Node is gone. A worker is removed. A control plane is removed only once its etcd
+/// member is absent from the list the other control planes give: a machine still running
+/// leaves by itself (while the gate passes); one that does not answer is removed by its ID.
+fn node_gone(input: &RemovalInput<'_>) -> RemovalAction {
+    if input.machine.role != MachineRole::ControlPlane {
+        return RemovalAction::Removed;
+    }
+    let unknown = RemovalAction::Wait { reason: RemovalWait::EtcdMemberUnknown, recheck_at: None };
+    match input.etcd_member {
+        Some(EtcdMembership::Absent) => RemovalAction::Removed,
+        Some(EtcdMembership::Voter | EtcdMembership::Learner) => match input.talos {
+            TalosObservation::Answered { .. } => leave_etcd(input),
+            TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => match input.etcd_member_id {
+                Some(member_id) => RemovalAction::RemoveEtcdMember { member_id },
+                None => unknown,
+            },
+        },
+        Some(EtcdMembership::Unknown { .. }) | None => unknown,
+    }
+}
+
+/// `LeaveEtcd` while the gate passes, else a wait naming why.
+fn leave_etcd(input: &RemovalInput<'_>) -> RemovalAction {
+    match input.etcd_gate {
+        EtcdVerdict::Healthy => RemovalAction::LeaveEtcd,
+        EtcdVerdict::Unhealthy { reason } => {
+            RemovalAction::Wait { reason: RemovalWait::EtcdUnhealthy { reason: reason.clone() }, recheck_at: None }
+        }
+        EtcdVerdict::NotChecked => RemovalAction::Wait {
+            reason: RemovalWait::EtcdUnhealthy { reason: "not checked".to_owned() },
+            recheck_at: None,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::conditions::ConditionUpdate;
     use crate::evacuation::{STORAGE_EVACUATION, reason as evac};
-    use crate::talos_step::MachineStage;
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_unix_secs(secs)
@@ -270,6 +317,7 @@ mod tests {
         storage: StorageObservation,
         talos: TalosObservation,
         etcd_member: Option<EtcdMembership>,
+        etcd_member_id: Option<u64>,
         etcd_gate: EtcdVerdict,
         timeouts: StepTimeouts,
         now: Timestamp,
@@ -293,6 +341,7 @@ mod tests {
                 storage: StorageObservation::default(),
                 talos: TalosObservation::Answered { stage: MachineStage::Running },
                 etcd_member: None,
+                etcd_member_id: None,
                 etcd_gate: EtcdVerdict::Healthy,
                 timeouts: StepTimeouts::default(),
                 now: at(1000),
@@ -331,6 +380,7 @@ mod tests {
                 storage: &self.storage,
                 talos: &self.talos,
                 etcd_member: self.etcd_member.as_ref(),
+                etcd_member_id: self.etcd_member_id,
                 etcd_gate: &self.etcd_gate,
                 timeouts: &self.timeouts,
                 now: self.now,
@@ -414,7 +464,7 @@ mod tests {
         late.now = at(1600);
         assert_eq!(late.step(), RemovalAction::Reset);
         late.talos = TalosObservation::Answered { stage: MachineStage::Resetting };
-        assert_eq!(late.step(), RemovalAction::Wait { reason: RemovalWait::ResetUnderWay, recheck_at: Some(at(1600)) });
+        assert_eq!(late.step(), RemovalAction::Wait { reason: RemovalWait::ResetUnderWay, recheck_at: None });
         let acknowledged = intent.condition(NODE_REMOVAL, ConditionStatus::True, reason::RESET_REQUESTED, at(1001));
         let mut acknowledged = acknowledged;
         acknowledged.now = at(99_999);
@@ -468,5 +518,54 @@ mod tests {
         let mut o = Removing::fixture();
         o.node = None;
         assert_eq!(o.step(), RemovalAction::Removed);
+    }
+
+    #[test]
+    fn an_intended_reset_and_a_not_ready_node_do_not_delete_the_node() {
+        // A partition makes the Node NotReady and the Talos API unreachable: the review saw
+        // the Node deleted on that alone.
+        let mut partitioned = Removing::fixture().cordoned_and_drained().condition(
+            NODE_REMOVAL,
+            ConditionStatus::Unknown,
+            reason::RESET_REQUESTED,
+            at(1000),
+        );
+        partitioned.node.as_mut().unwrap().ready = false;
+        partitioned.talos = TalosObservation::Unreachable { error: "i/o timeout".into() };
+        assert_eq!(
+            partitioned.step(),
+            RemovalAction::Wait { reason: RemovalWait::ResetUnconfirmed, recheck_at: Some(at(1600)) }
+        );
+        // Back, still Running, after the call bound: the reset is asked for again.
+        let mut back = partitioned.clone();
+        back.now = at(1600);
+        back.talos = TalosObservation::Answered { stage: MachineStage::Running };
+        assert_eq!(back.step(), RemovalAction::Reset);
+        // Seen resetting: the reset reached it; the Node goes once kubelet stopped.
+        let mut resetting = partitioned;
+        resetting.talos = TalosObservation::Answered { stage: MachineStage::Resetting };
+        assert_eq!(resetting.step(), RemovalAction::DeleteNode);
+    }
+
+    #[test]
+    fn a_control_plane_whose_node_is_gone_is_removed_only_once_its_member_is_gone() {
+        let mut gone = Removing::fixture().control_plane();
+        gone.node = None;
+        gone.etcd_member_id = Some(0x3c2b);
+        // Still a voter, its Talos API gone: removed by ID through another control plane.
+        gone.talos = TalosObservation::Unreachable { error: "refused".into() };
+        assert_eq!(gone.step(), RemovalAction::RemoveEtcdMember { member_id: 0x3c2b });
+        // Still running Talos: it leaves by itself, while the gate passes.
+        let mut alive = gone.clone();
+        alive.talos = TalosObservation::Answered { stage: MachineStage::Running };
+        assert_eq!(alive.step(), RemovalAction::LeaveEtcd);
+        alive.etcd_gate = EtcdVerdict::Unhealthy { reason: "cp-3: status unreadable".into() };
+        assert!(matches!(alive.step(), RemovalAction::Wait { reason: RemovalWait::EtcdUnhealthy { .. }, .. }));
+        let mut unknown = gone.clone();
+        unknown.etcd_member = Some(EtcdMembership::Unknown { error: "timeout".into() });
+        assert_eq!(unknown.step(), RemovalAction::Wait { reason: RemovalWait::EtcdMemberUnknown, recheck_at: None });
+        let mut absent = gone;
+        absent.etcd_member = Some(EtcdMembership::Absent);
+        assert_eq!(absent.step(), RemovalAction::Removed);
     }
 }

@@ -31,9 +31,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::operation::{MachineRole, OperationSpec, Refusal, ValidSpec};
+use crate::operation::{MachineRole, OperationSpec, PlanProblem, Refusal, ValidSpec};
 use crate::status::MachineRecord;
 use crate::time::Timestamp;
+use crate::versions::{KubernetesVersion, TalosVersion, check_kubernetes_pairing, check_upgrade_path};
 
 /// How the engine keeps its cluster lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +114,9 @@ pub struct MachineView {
     pub held: bool,
     /// Whether its Node is Ready.
     pub node_ready: bool,
+    /// Its Node's `status.nodeInfo.osImage`, when the Node was read (planning checks every
+    /// machine's version against the target before any machine starts).
+    pub os_image: Option<String>,
     /// Its progress in this operation.
     pub progress: MachineProgress,
 }
@@ -159,6 +163,8 @@ pub struct RolloutInput<'a> {
     pub operation: &'a OperationView,
     /// The release set's Talos version, as written.
     pub release_talos_version: &'a str,
+    /// The cluster's Kubernetes version, as written.
+    pub kubernetes_version: &'a str,
     /// The cluster's Lease, if one exists with a holder.
     pub lease: Option<&'a LeaseHolder>,
     /// Every machine of the cluster.
@@ -378,6 +384,81 @@ impl fmt::Display for Warning {
     }
 }
 
+/// Whether a machine's Upgrade call, first or repeated, may go out in this pass (DESIGN §3
+/// rule 3). Computed in the same pass as the call, never carried over: a machine in
+/// progress is not exempt, and neither is the re-call of a void intent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallAuthority {
+    /// The call may go out.
+    Granted,
+    /// A control plane's call needs the etcd gate, not gathered in this pass: gather it and
+    /// authorise again with [`call_authority`] before the call.
+    NeedsEtcdGate,
+    /// The call may not go out now; the machine waits.
+    Denied(CallDenied),
+}
+
+/// Why a machine's Upgrade call may not go out in this pass.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CallDenied {
+    /// This operation does not hold the cluster lock.
+    LockNotHeld,
+    /// The machine, or its Node, is held.
+    Held,
+    /// The operation is paused after a failure.
+    Paused,
+    /// The operation is being deleted.
+    Deleting,
+    /// The operation is refused.
+    Refused,
+    /// The machine is not in this operation's cluster.
+    NotInCluster,
+    /// Another control plane's Node is not Ready.
+    ControlPlaneNotReady {
+        /// The control planes that are not Ready.
+        nodes: Vec<String>,
+    },
+    /// The etcd gate fails.
+    EtcdUnhealthy {
+        /// What fails.
+        reason: String,
+    },
+}
+
+impl CallDenied {
+    /// The CamelCase reason users see.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::LockNotHeld => "LockNotHeld",
+            Self::Held => "Held",
+            Self::Paused => "OperationPaused",
+            Self::Deleting => "OperationDeleting",
+            Self::Refused => "OperationRefused",
+            Self::NotInCluster => "NotInCluster",
+            Self::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
+            Self::EtcdUnhealthy { .. } => "EtcdUnhealthy",
+        }
+    }
+}
+
+impl fmt::Display for CallDenied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::LockNotHeld => f.write_str("the operation does not hold the cluster lock"),
+            Self::Held => f.write_str("the machine is held"),
+            Self::Paused => f.write_str("the operation is paused"),
+            Self::Deleting => f.write_str("the operation is being deleted"),
+            Self::Refused => f.write_str("the operation is refused"),
+            Self::NotInCluster => f.write_str("the machine is not in the operation's cluster"),
+            Self::ControlPlaneNotReady { nodes } => {
+                write!(f, "control-plane nodes not Ready: {}", nodes.join(", "))
+            }
+            Self::EtcdUnhealthy { reason } => write!(f, "the etcd gate fails: {reason}"),
+        }
+    }
+}
+
 /// The engine's decision for one pass. Plain data; the caller carries it out.
 #[must_use]
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -405,6 +486,10 @@ pub struct Decision {
     pub acknowledge_resume: Option<String>,
     /// A control plane waits only for the etcd gate: gather it and decide again.
     pub check_etcd: bool,
+    /// For each machine in [`Decision::start`] and [`Decision::advance`], whether its
+    /// Upgrade call may go out in this pass. The executor's step makes no call without
+    /// [`CallAuthority::Granted`].
+    pub authority: BTreeMap<String, CallAuthority>,
     /// The operation is being deleted and nothing of it is left: remove its finalizer.
     pub finalized: bool,
     /// When to decide again at the latest, if nothing changes before.
@@ -424,9 +509,19 @@ impl Decision {
             warnings: Vec::new(),
             acknowledge_resume: None,
             check_etcd: false,
+            authority: BTreeMap::new(),
             finalized: false,
             recheck_at: None,
         }
+    }
+
+    /// Fills [`Decision::authority`] for every machine it starts or advances.
+    fn authorise(mut self, input: &RolloutInput<'_>) -> Self {
+        let authoriser = Authoriser::new(input);
+        let authority =
+            self.start.iter().chain(&self.advance).map(|name| (name.clone(), authoriser.authority(name))).collect();
+        self.authority = authority;
+        self
     }
 
     /// Whether this decision starts or keeps advancing any machine.
@@ -438,6 +533,10 @@ impl Decision {
 
 /// Decides one pass of one operation. Pure: the same input gives the same decision.
 pub fn decide(input: &RolloutInput<'_>) -> Decision {
+    decide_unauthorised(input).authorise(input)
+}
+
+fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     let op = input.operation;
     let lock = LockState::observe(input);
 
@@ -445,6 +544,9 @@ pub fn decide(input: &RolloutInput<'_>) -> Decision {
         Ok(spec) => spec,
         Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
     };
+    if let Some(refusal) = plan_refusal(input, &spec) {
+        return wind_down(input, &lock, Phase::Refused(refusal));
+    }
     if op.deleting {
         return wind_down(input, &lock, Phase::Waiting(WaitReason::WindingDown { machines: Vec::new() }));
     }
@@ -471,6 +573,128 @@ pub fn decide(input: &RolloutInput<'_>) -> Decision {
         d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(renewed_at.saturating_add(input.config.renew_after)));
     }
     d
+}
+
+/// Whether `machine`'s Upgrade call may go out in this pass: for any machine, this
+/// operation holds the lock, is neither refused, paused nor being deleted, and the machine
+/// is not held; for a control plane, also every other control-plane Node is Ready and the
+/// etcd gate passed in this pass ([`RolloutInput::etcd`]). Pure; [`decide`] fills
+/// [`Decision::authority`] with it, and a caller that gathers the gate later in the same
+/// pass asks again with the verdict.
+#[must_use]
+pub fn call_authority(input: &RolloutInput<'_>, machine: &str) -> CallAuthority {
+    Authoriser::new(input).authority(machine)
+}
+
+/// What authorises calls in a pass, computed once for all its machines.
+struct Authoriser<'a> {
+    input: &'a RolloutInput<'a>,
+    /// Why no call at all may go out, if so.
+    operation_denied: Option<CallDenied>,
+    /// The control planes whose Nodes are not Ready.
+    control_planes_not_ready: Vec<&'a str>,
+    /// The machines by name.
+    by_name: BTreeMap<&'a str, &'a MachineView>,
+}
+
+impl<'a> Authoriser<'a> {
+    fn new(input: &'a RolloutInput<'a>) -> Self {
+        let op = input.operation;
+        let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
+        let operation_denied = if !matches!(LockState::observe(input), LockState::Ours { .. }) {
+            Some(CallDenied::LockNotHeld)
+        } else if op.deleting {
+            Some(CallDenied::Deleting)
+        } else if op.spec.validate(input.release_talos_version).is_ok_and(|spec| plan_refusal(input, &spec).is_none()) {
+            let failed = input.machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }));
+            (!resuming && failed).then_some(CallDenied::Paused)
+        } else {
+            Some(CallDenied::Refused)
+        };
+        let control_planes_not_ready = input
+            .machines
+            .iter()
+            .filter(|m| m.role == MachineRole::ControlPlane && !m.node_ready)
+            .map(|m| m.name.as_str())
+            .collect();
+        let by_name = input.machines.iter().map(|m| (m.name.as_str(), m)).collect();
+        Self { input, operation_denied, control_planes_not_ready, by_name }
+    }
+
+    fn authority(&self, machine: &str) -> CallAuthority {
+        if let Some(denied) = &self.operation_denied {
+            return CallAuthority::Denied(denied.clone());
+        }
+        let Some(m) = self.by_name.get(machine) else {
+            return CallAuthority::Denied(CallDenied::NotInCluster);
+        };
+        if m.held {
+            return CallAuthority::Denied(CallDenied::Held);
+        }
+        if m.role == MachineRole::Worker {
+            return CallAuthority::Granted;
+        }
+        let others: Vec<String> =
+            self.control_planes_not_ready.iter().filter(|n| **n != m.name).map(|n| (*n).to_owned()).collect();
+        if !others.is_empty() {
+            return CallAuthority::Denied(CallDenied::ControlPlaneNotReady { nodes: others });
+        }
+        match self.input.etcd {
+            EtcdVerdict::Healthy => CallAuthority::Granted,
+            EtcdVerdict::Unhealthy { reason } => {
+                CallAuthority::Denied(CallDenied::EtcdUnhealthy { reason: reason.clone() })
+            }
+            EtcdVerdict::NotChecked => CallAuthority::NeedsEtcdGate,
+        }
+    }
+}
+
+/// Planning, before any machine of this operation has started: every problem that would
+/// stop the rollout part way, found up front so that nothing is touched (DESIGN §9):
+/// duplicate machine names, exactly two control planes, a Kubernetes version the target
+/// does not run, and each machine's version against the target (the upgrade path). A
+/// machine whose Node could not be read is checked when it starts.
+fn plan_refusal(input: &RolloutInput<'_>, spec: &ValidSpec) -> Option<Refusal> {
+    let started = !input.operation.status.machines.is_empty()
+        || input.machines.iter().any(|m| !matches!(m.progress, MachineProgress::Pending));
+    if started {
+        return None;
+    }
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    let duplicates: BTreeSet<&str> =
+        input.machines.iter().map(|m| m.name.as_str()).filter(|name| !seen.insert(*name)).collect();
+    if !duplicates.is_empty() {
+        problems
+            .push(PlanProblem::DuplicateMachineNames { names: duplicates.into_iter().map(str::to_owned).collect() });
+    }
+    let control_planes: Vec<String> =
+        input.machines.iter().filter(|m| m.role == MachineRole::ControlPlane).map(|m| m.name.clone()).collect();
+    if control_planes.len() == 2 {
+        problems.push(PlanProblem::TwoControlPlanes { machines: control_planes });
+    }
+    match KubernetesVersion::parse(input.kubernetes_version) {
+        Ok(kubernetes) => {
+            if let Err(refusal) = check_kubernetes_pairing(&spec.target, &kubernetes) {
+                problems.push(PlanProblem::KubernetesPairing { refusal: refusal.to_string() });
+            }
+        }
+        Err(e) => problems.push(PlanProblem::BadKubernetesVersion { error: e.to_string() }),
+    }
+    let mut by_refusal: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for m in input.machines {
+        let Some(os_image) = &m.os_image else { continue };
+        match TalosVersion::from_os_image(os_image) {
+            Ok(version) => {
+                if let Err(refusal) = check_upgrade_path(&version, &spec.target) {
+                    by_refusal.entry(refusal.to_string()).or_default().push(m.name.clone());
+                }
+            }
+            Err(e) => problems.push(PlanProblem::BadOsImage { machine: m.name.clone(), error: e.to_string() }),
+        }
+    }
+    problems.extend(by_refusal.into_iter().map(|(refusal, machines)| PlanProblem::UpgradePath { machines, refusal }));
+    (!problems.is_empty()).then_some(Refusal::Unplannable { problems })
 }
 
 /// The cluster lock as this operation sees it.

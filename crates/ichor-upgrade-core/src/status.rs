@@ -165,6 +165,7 @@ mod tests {
             warnings: vec![],
             acknowledge_resume: None,
             check_etcd: false,
+            authority: std::collections::BTreeMap::new(),
             finalized: false,
             recheck_at: None,
         }

@@ -20,8 +20,11 @@
 //! - the node's Talos stage shows an upgrade under way: acknowledged, wait;
 //! - neither, before the call's deadline: a call may still be in flight, wait;
 //! - neither, after the deadline: gRPC carried the deadline to the node, so no call made
-//!   under this intent can be acknowledged any more; the intent is void and the step
-//!   decides as if there were none (every pre-call check again, then the call).
+//!   under this intent can be acknowledged any more; the intent is void and is closed
+//!   ([`Action::CloseVoidIntent`]). The next observation decides as if there were none:
+//!   every pre-call check again, and the call only with the authority of that pass. Until
+//!   it is closed, the engine counts the machine as past its call (never interrupted); once
+//!   closed, a pause, a hold or a deletion stops it like any machine before its call.
 //!
 //! Terminal results: [`Action::Converged`] (nothing left to do) and [`Action::Fail`] /
 //! [`Action::FailEndingEvacuation`] (the operation pauses; a person resumes).
@@ -32,6 +35,7 @@ use std::time::Duration;
 use crate::conditions::{ConditionStatus, Conditions};
 use crate::evacuation::{EvacuationState, StorageObservation, evacuation_state};
 use crate::operation::MachineRole;
+use crate::rollout::{CallAuthority, CallDenied};
 use crate::time::Timestamp;
 use crate::upgrade_marker::{
     MarkerError, MarkerRef, TALOS_UPGRADE, UpgradeMarker, is_valid_boot_id, is_valid_node_name,
@@ -197,6 +201,10 @@ pub struct StepInput<'a> {
     pub storage: &'a StorageObservation,
     /// On a control plane, its etcd membership; `None` when not gathered.
     pub etcd_member: Option<&'a EtcdMembership>,
+    /// Whether an Upgrade call may go out in this pass, as the rollout engine computed it
+    /// in this same pass ([`crate::rollout::call_authority`]). Without
+    /// [`CallAuthority::Granted`] the step never returns [`Action::Upgrade`].
+    pub authority: &'a CallAuthority,
     /// The bounds.
     pub timeouts: &'a StepTimeouts,
     /// The current time.
@@ -238,6 +246,10 @@ pub enum Action {
         /// What `TalosUpgrade` records.
         marker: UpgradeMarker,
     },
+    /// The intent's call can no longer be acknowledged (its deadline passed with no sign of
+    /// it on the node): write `TalosUpgrade=False/IntentVoid`. The next observation decides
+    /// as if there had been no intent.
+    CloseVoidIntent,
     /// The machine failed: the operation pauses.
     Fail(MachineFailure),
     /// The evacuation timed out: re-enable storage scheduling, write
@@ -280,6 +292,11 @@ pub enum MachineWait {
     EtcdMemberLearner,
     /// After the reboot, on a control plane: the member list could not be read.
     EtcdMemberUnknown,
+    /// Ready for the Upgrade call, but it is not authorised in this pass.
+    CallNotAuthorised(CallDenied),
+    /// Ready for the Upgrade call of a control plane; the etcd gate is to be gathered in
+    /// this pass before it may go out.
+    EtcdGateNotChecked,
 }
 
 impl MachineWait {
@@ -300,6 +317,8 @@ impl MachineWait {
             Self::EtcdMemberMissing => "EtcdMemberMissing",
             Self::EtcdMemberLearner => "EtcdMemberLearner",
             Self::EtcdMemberUnknown => "EtcdMemberUnknown",
+            Self::CallNotAuthorised(_) => "CallNotAuthorised",
+            Self::EtcdGateNotChecked => "EtcdGateNotChecked",
         }
     }
 }
@@ -424,6 +443,8 @@ impl fmt::Display for MachineWait {
             Self::EtcdMemberMissing => f.write_str("the etcd member is not in the member list yet"),
             Self::EtcdMemberLearner => f.write_str("the etcd member is still a learner"),
             Self::EtcdMemberUnknown => f.write_str("the etcd member list could not be read"),
+            Self::CallNotAuthorised(denied) => write!(f, "the Upgrade call waits: {denied}"),
+            Self::EtcdGateNotChecked => f.write_str("the Upgrade call waits for the etcd gate"),
         }
     }
 }
@@ -485,32 +506,49 @@ fn before_call(input: &StepInput<'_>) -> Action {
         Ok(image) => image,
         Err(problem) => return Action::Fail(problem.into()),
     };
+    // An evacuation past its timeout fails whatever else the node is doing: it is never
+    // left open behind a wait.
+    if let EvacuationState::TimedOut { replicas_left } = evacuation {
+        return Action::FailEndingEvacuation(MachineFailure::EvacuationTimedOut {
+            replicas_left,
+            timeout: input.timeouts.evacuation,
+        });
+    }
+    let evacuation_deadline = match evacuation {
+        EvacuationState::InProgress { deadline, .. } => Some(deadline),
+        EvacuationState::NotStarted
+        | EvacuationState::Evacuated
+        | EvacuationState::NothingToEvacuate
+        | EvacuationState::TimedOut { .. } => None,
+    };
     if !node.ready {
-        return wait(MachineWait::NodeNotReady, None);
+        return wait(MachineWait::NodeNotReady, evacuation_deadline);
+    }
+    // Everything the call needs from the node is checked before storage is touched: an
+    // evacuation never begins on a machine that could not then be called.
+    match input.talos {
+        TalosObservation::Answered { stage: MachineStage::Running } => {}
+        TalosObservation::Answered { stage } => {
+            return wait(MachineWait::MachineBusy { stage: *stage }, evacuation_deadline);
+        }
+        TalosObservation::Unreachable { .. } => return wait(MachineWait::TalosApiUnreachable, evacuation_deadline),
+        TalosObservation::Error { error } => return Action::Fail(MachineFailure::TalosApi(error.clone())),
+    }
+    if !is_valid_boot_id(&node.boot_id) {
+        return wait(MachineWait::BootIdUnknown, evacuation_deadline);
     }
     match evacuation {
         EvacuationState::NotStarted => return Action::BeginEvacuation,
         EvacuationState::InProgress { replicas_left, deadline } => {
             return wait(MachineWait::Evacuating { replicas_left }, Some(deadline));
         }
-        EvacuationState::TimedOut { replicas_left } => {
-            return Action::FailEndingEvacuation(MachineFailure::EvacuationTimedOut {
-                replicas_left,
-                timeout: input.timeouts.evacuation,
-            });
-        }
-        EvacuationState::Evacuated | EvacuationState::NothingToEvacuate => {}
+        EvacuationState::Evacuated | EvacuationState::NothingToEvacuate | EvacuationState::TimedOut { .. } => {}
     }
-    match input.talos {
-        TalosObservation::Answered { stage: MachineStage::Running } => {}
-        TalosObservation::Answered { stage } => return wait(MachineWait::MachineBusy { stage: *stage }, None),
-        TalosObservation::Unreachable { .. } => return wait(MachineWait::TalosApiUnreachable, None),
-        TalosObservation::Error { error } => return Action::Fail(MachineFailure::TalosApi(error.clone())),
+    match input.authority {
+        CallAuthority::Granted => Action::Upgrade { image, marker: marker_for(input, &node.boot_id) },
+        CallAuthority::NeedsEtcdGate => wait(MachineWait::EtcdGateNotChecked, None),
+        CallAuthority::Denied(denied) => wait(MachineWait::CallNotAuthorised(denied.clone()), None),
     }
-    if !is_valid_boot_id(&node.boot_id) {
-        return wait(MachineWait::BootIdUnknown, None);
-    }
-    Action::Upgrade { image, marker: marker_for(input, &node.boot_id) }
 }
 
 fn marker_for(input: &StepInput<'_>, boot_id: &str) -> UpgradeMarker {
@@ -587,9 +625,10 @@ fn after_call(input: &StepInput<'_>, marker: &MarkerRef<'_>, acknowledged: bool,
             return wait(MachineWait::IntentUnconfirmed, Some(call_deadline));
         }
         // The deadline passed with no sign of the call on the node: it was never
-        // acknowledged, and can no longer be. The intent is void; decide as if there were
-        // none, with every pre-call check (the call is made again only if they all pass).
-        return before_call(input);
+        // acknowledged, and can no longer be. The intent is void: close it, and decide the
+        // next time as if there were none (every pre-call check, and the call only with
+        // that pass's authority).
+        return Action::CloseVoidIntent;
     }
     let booted = match TalosVersion::from_os_image(&node.os_image) {
         Ok(v) => v,

@@ -38,6 +38,9 @@ pub mod reason {
     pub const UPGRADE_REFUSED: &str = "UpgradeRefused";
     /// `False`: a person resumed the operation; the failed attempt is closed.
     pub const RETRY: &str = "Retry";
+    /// `False`: the intent's deadline passed with no sign of the call on the node; it can
+    /// no longer be acknowledged.
+    pub const INTENT_VOID: &str = "IntentVoid";
 }
 
 const PREFIX: &str = "talos-upgrade/v1";

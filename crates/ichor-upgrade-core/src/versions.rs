@@ -106,6 +106,10 @@ impl TalosVersion {
         let Some(inner) = os_image.strip_prefix("Talos (").and_then(|rest| rest.strip_suffix(')')) else {
             return Err(VersionError::new(kind, os_image, "it is not of the form \"Talos (vX.Y.Z)\""));
         };
+        // Talos always writes the `v`; a version without it is not Talos's own text.
+        if !inner.starts_with('v') {
+            return Err(VersionError::new(kind, os_image, "the version lacks its leading \"v\""));
+        }
         parse_semver(kind, inner).map(Self).map_err(|e| VersionError { text: os_image.to_owned(), ..e })
     }
 
@@ -491,6 +495,8 @@ mod tests {
             "talos (v1.14.3)",
             "Talos (v1.14.3) ",
             "Talos ()",
+            "Talos (1.14.4)",
+            "Talos (vv1.14.4)",
         ] {
             let err = TalosVersion::from_os_image(bad).unwrap_err();
             assert_eq!(err.kind, VersionKind::OsImage, "{bad:?}");

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec, Refusal};
 use ichor_upgrade_core::rollout::{
-    Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView, OperationStatus, OperationView,
-    Phase, RolloutConfig, RolloutInput, decide,
+    CallAuthority, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView, OperationStatus,
+    OperationView, Phase, RolloutConfig, RolloutInput, decide,
 };
 use proptest::prelude::*;
 
@@ -82,7 +82,15 @@ fn name_machines(raw: Vec<(MachineRole, Option<String>, bool, bool, MachineProgr
                 }
                 cp_in_progress = true;
             }
-            MachineView { name, role, order_label, held, node_ready, progress }
+            MachineView {
+                name,
+                role,
+                order_label,
+                held,
+                node_ready,
+                os_image: Some("Talos (v1.14.3)".into()),
+                progress,
+            }
         })
         .collect()
 }
@@ -205,6 +213,28 @@ fn check_safety(
         );
     }
 
+    // Rule 3: every machine moved carries its authority, and a call is authorised only by
+    // the rules, computed in this pass.
+    let moved: Vec<&String> = d.start.iter().chain(&d.advance).collect();
+    prop_assert_eq!(d.authority.len(), moved.len(), "every machine moved carries its authority");
+    for name in moved {
+        let m = by_name[name.as_str()];
+        if d.authority.get(name) != Some(&CallAuthority::Granted) {
+            continue;
+        }
+        prop_assert!(ours && !op.deleting && op.spec.kind == "talos", "{name}: a call authorised out of the operation");
+        prop_assert!(!m.held, "{name}: a call authorised for a held machine");
+        prop_assert!(!failed || resuming, "{name}: a call authorised while paused");
+        if m.role == MachineRole::ControlPlane {
+            prop_assert_eq!(etcd, &EtcdVerdict::Healthy, "{}: a call authorised without the gate", name);
+            let others_ready = machines
+                .iter()
+                .filter(|o| o.role == MachineRole::ControlPlane && o.name != m.name)
+                .all(|o| o.node_ready);
+            prop_assert!(others_ready, "{name}: a call authorised with another control plane down");
+        }
+    }
+
     // Control planes: never a second one.
     let is_cp = |name: &String| by_name[name.as_str()].role == MachineRole::ControlPlane;
     let cp_started = d.start.iter().filter(|n| is_cp(n)).count();
@@ -249,6 +279,7 @@ proptest! {
         let input = RolloutInput {
             operation: &op,
             release_talos_version: "v1.14.4",
+            kubernetes_version: "1.34.1",
             lease: lease.as_ref(),
             machines: &s.machines,
             etcd: &s.etcd,
@@ -309,11 +340,12 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
         if step == lift_holds_at {
             s.machines.iter_mut().for_each(|m| m.held = false);
         }
-        // Nodes down for reasons of their own come back from `recover_at` on.
+        // Nodes down for reasons of their own (not past an Upgrade call) come back from
+        // `recover_at` on.
         if step >= recover_at {
             s.machines
                 .iter_mut()
-                .filter(|m| !matches!(m.progress, MachineProgress::InProgress { .. }))
+                .filter(|m| !matches!(m.progress, MachineProgress::InProgress { past_upgrade_call: true }))
                 .for_each(|m| m.node_ready = true);
         }
         let cps_ready = s.machines.iter().filter(|m| m.role == MachineRole::ControlPlane).all(|m| m.node_ready);
@@ -322,6 +354,7 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
         let d = decide(&RolloutInput {
             operation: &op,
             release_talos_version: "v1.14.4",
+            kubernetes_version: "1.34.1",
             lease: lease.as_ref(),
             machines: &s.machines,
             etcd: &etcd,
@@ -329,6 +362,13 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
             now,
         });
         check_safety(&s.machines, &op, lease.as_ref(), &etcd, &d)?;
+        if let Phase::Refused(Refusal::Unplannable { problems }) = &d.phase {
+            // Planning refuses a cluster of exactly two control planes before anything starts.
+            let cps = s.machines.iter().filter(|m| m.role == MachineRole::ControlPlane).count();
+            prop_assert!(cps == 2 && step == 0, "refused at planning: {problems:?}");
+            prop_assert!(d.start.is_empty() && d.advance.is_empty());
+            return Ok(());
+        }
         if d.phase == Phase::Completed {
             // Every machine converged; a hold put on a machine after it converged holds nothing back.
             prop_assert!(s.machines.iter().all(|m| m.progress == MachineProgress::Converged));
@@ -365,14 +405,19 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
             }
             *timer = rng.below(3);
             match m.progress {
-                // The Upgrade call: the node goes down.
-                MachineProgress::InProgress { past_upgrade_call: false } => {
+                // The Upgrade call, only with this pass's authority: the node goes down.
+                MachineProgress::InProgress { past_upgrade_call: false }
+                    if d.authority.get(name) == Some(&CallAuthority::Granted) =>
+                {
                     m.progress = MachineProgress::InProgress { past_upgrade_call: true };
                     m.node_ready = false;
                 }
                 MachineProgress::InProgress { past_upgrade_call: true } if !m.node_ready => m.node_ready = true,
                 MachineProgress::InProgress { past_upgrade_call: true } => m.progress = MachineProgress::Converged,
-                MachineProgress::Pending | MachineProgress::Converged | MachineProgress::Failed { .. } => {}
+                MachineProgress::InProgress { past_upgrade_call: false }
+                | MachineProgress::Pending
+                | MachineProgress::Converged
+                | MachineProgress::Failed { .. } => {}
             }
         }
         if let Some(token) = d.acknowledge_resume {

@@ -119,6 +119,12 @@ impl TalosApi for SimCluster {
             let Ok(version) = TalosVersion::parse(tag) else {
                 return Err(answered("InvalidArgument", format!("failed to pull installer image {}", request.image)));
             };
+            if w.nodes[i].loses_next_call {
+                // The call-lost fault: the stream breaks before the request reaches the node.
+                w.nodes[i].loses_next_call = false;
+                w.record(i, TraceKind::CallLost);
+                return Err(TalosError::transport("stream reset before the request was delivered"));
+            }
             let node = &mut w.nodes[i];
             let into = if node.falls_back { node.version.clone() } else { version };
             node.falls_back = false;
@@ -208,6 +214,21 @@ impl TalosApi for SimCluster {
         })
     }
 
+    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+        self.talos(node, |w, i| {
+            if !matches!(w.nodes[i].etcd, Some(SimMember::Voter | SimMember::Learner { .. })) {
+                return Err(TalosError::answer("FailedPrecondition", "etcd is not running on this node"));
+            }
+            let index = member_id.checked_sub(0x1000).and_then(|k| usize::try_from(k).ok());
+            let Some(k) = index.filter(|&k| k < w.nodes.len() && w.nodes[k].etcd.is_some()) else {
+                return Err(TalosError::answer("NotFound", format!("etcd member {member_id:016x} not found")));
+            };
+            w.nodes[k].etcd = None;
+            w.record(k, TraceKind::EtcdMemberMissing);
+            Ok(())
+        })
+    }
+
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
         self.talos(node, |w, i| {
             if !request.graceful || request.reboot {
@@ -236,6 +257,10 @@ impl ConditionStore for SimCluster {
             let Some(i) = w.nodes.iter().position(|n| n.name == machine) else {
                 return Err(KubeError::NotFound(format!("TalosMachine {machine}")));
             };
+            if w.failing_condition_writes > 0 {
+                w.failing_condition_writes -= 1;
+                return Err(KubeError::Unreachable("the API server did not answer".to_owned()));
+            }
             let before = w.conditions.get(machine).and_then(|c| c.get(TALOS_UPGRADE).cloned());
             let after = conditions.get(TALOS_UPGRADE);
             let converged =
@@ -405,25 +430,43 @@ impl KubeApi for SimCluster {
     }
 }
 
-/// Failures, pauses and resumes as the operation's status records them.
+/// Failures, pauses, resumes, refusals and new reasons to wait, as the operation's status
+/// records them, each with its reason and message.
 fn trace_status_change(w: &mut World, before: &OperationStatus, after: &OperationStatus) {
     let failed = |s: &OperationStatus, name: &str| s.machines.get(name).is_some_and(|r| r.state == RecordState::Failed);
-    let newly_failed: Vec<String> =
-        after.machines.keys().filter(|name| failed(after, name) && !failed(before, name)).cloned().collect();
-    for name in &newly_failed {
-        if let Some(i) = w.node_index(name) {
-            w.record(i, TraceKind::Failed);
+    let newly_failed: Vec<(String, String, String)> = after
+        .machines
+        .iter()
+        .filter(|(name, _)| failed(after, name) && !failed(before, name))
+        .map(|(name, r)| (name.clone(), r.reason.clone(), r.message.clone()))
+        .collect();
+    for (name, reason, message) in newly_failed {
+        if let Some(i) = w.node_index(&name) {
+            w.record_why(i, TraceKind::Failed, Some((reason, message)));
         }
     }
+    let why = (after.phase.reason().to_owned(), after.phase.to_string());
     let paused = |p: &Phase| matches!(p, Phase::Paused(_));
     let subject = after.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone());
     let subject = subject
         .or_else(|| before.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone()));
-    let Some(i) = subject.and_then(|n| w.node_index(&n)) else { return };
-    if paused(&after.phase) && !paused(&before.phase) {
-        w.record(i, TraceKind::Paused);
-    } else if paused(&before.phase) && !paused(&after.phase) {
-        w.record(i, TraceKind::Resumed);
+    if let Some(i) = subject.and_then(|n| w.node_index(&n)) {
+        if paused(&after.phase) && !paused(&before.phase) {
+            w.record_why(i, TraceKind::Paused, Some(why.clone()));
+        } else if paused(&before.phase) && !paused(&after.phase) {
+            w.record_why(i, TraceKind::Resumed, Some(why.clone()));
+        }
+    }
+    let changed = before.phase.reason() != after.phase.reason();
+    match &after.phase {
+        Phase::Refused(_) if changed => w.record_operation(TraceKind::Refused, &why.0, why.1),
+        Phase::Waiting(_) if changed => w.record_operation(TraceKind::Waiting, &why.0, why.1),
+        Phase::Refused(_)
+        | Phase::Waiting(_)
+        | Phase::Pending
+        | Phase::Progressing
+        | Phase::Paused(_)
+        | Phase::Completed => {}
     }
 }
 

@@ -24,11 +24,17 @@ pub enum Fault {
     EtcdLag,
     /// A worker is NotReady before the rollout starts and recovers later.
     NotReady,
+    /// One node's first Upgrade call breaks off on the wire before it reaches the node: the
+    /// engine is left with an unconfirmed intent, void once its deadline passes.
+    CallLost,
+    /// A control plane's Node goes NotReady for a while during the rollout, for reasons of
+    /// its own (a kubelet or network hiccup), not because of the upgrade.
+    ControlPlaneNotReady,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -37,6 +43,8 @@ impl Fault {
         Self::PdbBlocked,
         Self::EtcdLag,
         Self::NotReady,
+        Self::CallLost,
+        Self::ControlPlaneNotReady,
     ];
 
     /// The name on the command line.
@@ -51,6 +59,8 @@ impl Fault {
             Self::PdbBlocked => "pdb-blocked",
             Self::EtcdLag => "etcd-lag",
             Self::NotReady => "not-ready",
+            Self::CallLost => "call-lost",
+            Self::ControlPlaneNotReady => "control-plane-not-ready",
         }
     }
 

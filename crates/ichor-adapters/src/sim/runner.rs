@@ -73,6 +73,8 @@ pub async fn run_operation(
                     event: TraceKind::ControllerRestart,
                     version: None,
                     boot_id: None,
+                    reason: None,
+                    message: None,
                 });
             }
             restarted
@@ -125,7 +127,14 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
         };
         let requeue = match outcome {
             MachineOutcome::Converged => return RunEnd::Completed,
-            MachineOutcome::Failed { .. } => return RunEnd::Paused,
+            MachineOutcome::Failed { reason, message } => {
+                sim.with_world(|w| {
+                    if let Some(i) = w.node_index(name).or_else(|| w.storage_node(name)) {
+                        w.record_why(i, TraceKind::Failed, Some((reason, message)));
+                    }
+                });
+                return RunEnd::Paused;
+            }
             MachineOutcome::Progressed { .. } => Some(now),
             MachineOutcome::Waiting { recheck_at, .. } => recheck_at.or(Some(now.saturating_add(ERROR_BACKOFF))),
         };

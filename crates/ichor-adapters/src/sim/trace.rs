@@ -1,5 +1,6 @@
 //! What happened in the simulated world, in time order: one record per change of the
-//! world (never the engine's intentions).
+//! world, and per change of what the operation's status says (a failure, a pause, a
+//! refusal, a new reason to wait), each of those with its reason.
 
 use serde::Serialize;
 
@@ -41,6 +42,13 @@ pub enum TraceKind {
     ControllerRestart,
     /// The node was removed from the cluster.
     Removed,
+    /// An Upgrade call broke off on the wire before it reached the node (the call-lost
+    /// fault): the engine's intent stays unconfirmed.
+    CallLost,
+    /// The operation waits, for a reason new since the last record.
+    Waiting,
+    /// The operation was refused (at planning, or its spec): nothing was touched.
+    Refused,
 }
 
 impl TraceKind {
@@ -65,6 +73,9 @@ impl TraceKind {
             Self::Resumed => "resumed",
             Self::ControllerRestart => "controller-restart",
             Self::Removed => "removed",
+            Self::CallLost => "call-lost",
+            Self::Waiting => "waiting",
+            Self::Refused => "refused",
         }
     }
 }
@@ -86,6 +97,13 @@ pub struct TraceEvent {
     /// The node's boot ID, where it matters.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// Why, for failures, pauses, waits and refusals: the CamelCase reason the status
+    /// and Events carry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The message for people, with the reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[cfg(test)]
@@ -94,9 +112,15 @@ mod tests {
 
     #[test]
     fn names_are_the_serialized_names() {
-        for kind in
-            [TraceKind::UpgradeCall, TraceKind::EtcdMemberMissing, TraceKind::ControllerRestart, TraceKind::Removed]
-        {
+        for kind in [
+            TraceKind::UpgradeCall,
+            TraceKind::EtcdMemberMissing,
+            TraceKind::ControllerRestart,
+            TraceKind::Removed,
+            TraceKind::CallLost,
+            TraceKind::Waiting,
+            TraceKind::Refused,
+        ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::Value::String(kind.name().to_owned()));
         }
     }

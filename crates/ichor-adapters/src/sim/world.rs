@@ -129,6 +129,11 @@ pub struct SimNode {
     pub phase: NodePhase,
     /// NotReady for a reason of its own until then.
     pub not_ready_until: Option<Timestamp>,
+    /// Goes NotReady for a reason of its own at `.0`, for `.1` (the
+    /// control-plane-not-ready fault).
+    pub not_ready_at: Option<(Timestamp, Duration)>,
+    /// Its next Upgrade call breaks off before reaching it (the call-lost fault).
+    pub loses_next_call: bool,
     /// Falls back to its old version after its next upgrade reboot.
     pub falls_back: bool,
     /// Its etcd member, on a control plane.
@@ -280,6 +285,9 @@ pub struct World {
     pub outage: Option<(Timestamp, Timestamp)>,
     /// Evictions are blocked until then (a PodDisruptionBudget).
     pub pdb_blocked_until: Option<Timestamp>,
+    /// The next this many writes of a machine's conditions fail as if the API server were
+    /// unreachable (tests set it to fail one write at a chosen moment).
+    pub failing_condition_writes: u32,
 }
 
 /// The cluster's name in the simulation.
@@ -343,6 +351,8 @@ impl World {
                 ready: true,
                 phase: NodePhase::Running,
                 not_ready_until: None,
+                not_ready_at: None,
+                loses_next_call: false,
                 falls_back: false,
                 etcd: (role == MachineRole::ControlPlane).then_some(EtcdMember::Voter),
                 etcd_lag: None,
@@ -396,6 +406,7 @@ impl World {
             crash: CrashState::default(),
             outage: None,
             pdb_blocked_until: None,
+            failing_condition_writes: 0,
         };
         world.place_faults();
         world.measure();
@@ -429,6 +440,20 @@ impl World {
             let until = self.now.saturating_add(secs(self.rng.in_range(300..=900)));
             self.nodes[i].ready = false;
             self.nodes[i].not_ready_until = Some(until);
+        }
+        // A control plane's lost call is the dangerous one (its re-call needs the gate
+        // again): half the time the fault picks one.
+        if self.config.has(Fault::CallLost) {
+            let among = if self.rng.chance(0.5) && !cps.is_empty() { cps.clone() } else { all.clone() };
+            if let Some(i) = self.pick(&among) {
+                self.nodes[i].loses_next_call = true;
+            }
+        }
+        if self.config.has(Fault::ControlPlaneNotReady)
+            && let Some(i) = self.pick(&cps)
+        {
+            let at = self.now.saturating_add(secs(self.rng.in_range(60..=1800)));
+            self.nodes[i].not_ready_at = Some((at, secs(self.rng.in_range(120..=900))));
         }
         if self.config.has(Fault::ApiOutage) {
             let from = self.now.saturating_add(secs(self.rng.in_range(60..=600)));
@@ -472,7 +497,13 @@ impl World {
 
     /// Records a trace event about node `i`.
     pub(crate) fn record(&mut self, i: usize, kind: TraceKind) {
+        self.record_why(i, kind, None);
+    }
+
+    /// Records a trace event about node `i`, with its reason and message.
+    pub(crate) fn record_why(&mut self, i: usize, kind: TraceKind, why: Option<(String, String)>) {
         let node = &self.nodes[i];
+        let (reason, message) = why.map_or((None, None), |(r, m)| (Some(r), Some(m)));
         self.trace.push(TraceEvent {
             t: self.now.saturating_since(self.start).as_secs_f64(),
             node: node.name.clone(),
@@ -480,6 +511,22 @@ impl World {
             event: kind,
             version: Some(node.version.to_string()),
             boot_id: Some(node.boot_id.clone()),
+            reason,
+            message,
+        });
+    }
+
+    /// Records a trace event about the operation itself, with its reason and message.
+    pub(crate) fn record_operation(&mut self, kind: TraceKind, reason: &str, message: String) {
+        self.trace.push(TraceEvent {
+            t: self.now.saturating_since(self.start).as_secs_f64(),
+            node: "operation".to_owned(),
+            role: "operation",
+            event: kind,
+            version: None,
+            boot_id: None,
+            reason: Some(reason.to_owned()),
+            message: Some(message),
         });
     }
 
@@ -500,6 +547,7 @@ impl World {
                 consider(pod.terminating_until);
             }
             consider(n.not_ready_until);
+            consider(n.not_ready_at.map(|(at, _)| at));
             if let Some(EtcdMember::Learner { until }) = n.etcd {
                 consider(Some(until));
             }
@@ -540,6 +588,15 @@ impl World {
     }
 
     fn apply_node(&mut self, i: usize, now: Timestamp) {
+        if let Some((at, lasting)) = self.nodes[i].not_ready_at.filter(|(at, _)| now >= *at) {
+            self.nodes[i].not_ready_at = None;
+            let until = at.saturating_add(lasting);
+            self.nodes[i].not_ready_until = Some(self.nodes[i].not_ready_until.map_or(until, |t| t.max(until)));
+            if self.nodes[i].ready {
+                self.nodes[i].ready = false;
+                self.record(i, TraceKind::NotReady);
+            }
+        }
         if self.nodes[i].not_ready_until.is_some_and(|t| now >= t) {
             self.nodes[i].not_ready_until = None;
             if matches!(self.nodes[i].phase, NodePhase::Running) {
@@ -633,11 +690,16 @@ impl World {
 
     /// Updates the maxima of nodes down and the minimum of etcd voters.
     pub(crate) fn measure(&mut self) {
+        // Down because of the operation: upgrading, or (a control plane) NotReady other than
+        // for a reason of its own; a node the world takes down by itself is not the engine's.
         let down = |role: MachineRole| {
             self.nodes
                 .iter()
                 .filter(|n| {
-                    !n.removed && n.role == role && (n.upgrading() || (role == MachineRole::ControlPlane && !n.ready))
+                    !n.removed
+                        && n.role == role
+                        && (n.upgrading()
+                            || (role == MachineRole::ControlPlane && !n.ready && n.not_ready_until.is_none()))
                 })
                 .count()
         };

@@ -493,6 +493,13 @@ impl TalosApi for TalosClient {
         first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
     }
 
+    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+        let message = pb::EtcdRemoveMemberByIdRequest { member_id };
+        let reply =
+            self.machine(node, message, None, |mut c, r| async move { c.etcd_remove_member_by_id(r).await }).await?;
+        first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
+    }
+
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
         let message = pb::ResetRequest { graceful: request.graceful, reboot: request.reboot };
         let reply = self.machine(node, message, None, |mut c, r| async move { c.reset(r).await }).await?;

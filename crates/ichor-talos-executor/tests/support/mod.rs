@@ -32,6 +32,7 @@ mock! {
         async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError>;
         async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError>;
         async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
+        async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError>;
         async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
     }
 }

@@ -15,6 +15,7 @@ fn at(secs: i64) -> Timestamp {
 struct Fixture {
     op: OperationView,
     release: String,
+    kubernetes: String,
     lease: Option<LeaseHolder>,
     machines: Vec<MachineView>,
     etcd: EtcdVerdict,
@@ -32,6 +33,7 @@ impl Fixture {
             order_label: None,
             held: false,
             node_ready: true,
+            os_image: Some("Talos (v1.14.3)".into()),
             progress: MachineProgress::Pending,
         };
         let machines = (1..=cps)
@@ -48,6 +50,7 @@ impl Fixture {
                 status: OperationStatus::default(),
             },
             release: "v1.14.4".into(),
+            kubernetes: "1.34.1".into(),
             lease: Some(LeaseHolder {
                 identity: US.into(),
                 renewed_at: at(1000),
@@ -166,6 +169,7 @@ impl Fixture {
         decide(&RolloutInput {
             operation: &self.op,
             release_talos_version: &self.release,
+            kubernetes_version: &self.kubernetes,
             lease: self.lease.as_ref(),
             machines: &self.machines,
             etcd: &self.etcd,
@@ -392,10 +396,10 @@ fn rule4_a_not_ready_worker_is_skipped_and_waited_for() {
 
 #[test]
 fn rule5_a_held_machine_is_not_started_and_blocks_completion() {
-    let d = Fixture::cluster(2, 1).held("cp-1").decide();
+    let d = Fixture::cluster(3, 1).held("cp-1").decide();
     assert_eq!(d.start, names(&["cp-2"]));
     assert_eq!(d.held, names(&["cp-1"]));
-    let d = Fixture::cluster(2, 1).held("cp-1").converged(&["cp-2", "worker-1"]).decide();
+    let d = Fixture::cluster(3, 1).held("cp-1").converged(&["cp-2", "cp-3", "worker-1"]).decide();
     assert_eq!(d.phase, Phase::Waiting(WaitReason::Held { machines: names(&["cp-1"]) }));
     assert_eq!(d.lock, LockAction::Keep, "not complete, so the lock is kept");
 }
@@ -464,9 +468,9 @@ fn rule6_a_resumed_machine_that_cannot_start_yet_is_still_reset() {
 #[test]
 fn rule7_transient_trouble_waits_and_says_why() {
     let cases = [
-        Fixture::cluster(2, 0).lease(OTHER, at(1000), true),
-        Fixture::cluster(2, 0).not_ready("cp-2"),
-        Fixture::cluster(2, 0).etcd(EtcdVerdict::Unhealthy { reason: "alarm NOSPACE on member 1".into() }),
+        Fixture::cluster(3, 0).lease(OTHER, at(1000), true),
+        Fixture::cluster(3, 0).not_ready("cp-2"),
+        Fixture::cluster(3, 0).etcd(EtcdVerdict::Unhealthy { reason: "alarm NOSPACE on member 1".into() }),
         Fixture::cluster(1, 2).all_control_planes_converged().not_ready("worker-1").not_ready("worker-2"),
     ];
     for case in cases {
@@ -593,4 +597,131 @@ fn rule9_a_spec_made_invalid_mid_way_winds_down_before_releasing() {
     assert!(d.start.is_empty());
     let d = Fixture::cluster(2, 2).kind("kubernetes").in_progress("worker-1", false).decide();
     assert_eq!(d.stop, names(&["worker-1"]));
+}
+
+// Rule 3, review finding 1: every machine the decision moves carries the authority for its
+// Upgrade call, computed in this pass.
+
+fn authority(d: &Decision, name: &str) -> CallAuthority {
+    d.authority.get(name).cloned().unwrap_or_else(|| panic!("no authority for {name}: {d:?}"))
+}
+
+#[test]
+fn a_started_control_plane_is_authorised_by_the_gate_gathered_for_it() {
+    let d = Fixture::cluster(3, 1).decide();
+    assert_eq!(d.start, names(&["cp-1"]));
+    assert_eq!(authority(&d, "cp-1"), CallAuthority::Granted);
+}
+
+#[test]
+fn an_advancing_control_plane_needs_the_gate_again_and_every_other_control_plane_ready() {
+    let going = Fixture::cluster(3, 1).in_progress("cp-1", true);
+    assert_eq!(authority(&going.clone().etcd(EtcdVerdict::NotChecked).decide(), "cp-1"), CallAuthority::NeedsEtcdGate);
+    let d = going.clone().not_ready("cp-2").decide();
+    assert_eq!(d.advance, names(&["cp-1"]), "observed to the end");
+    assert_eq!(
+        authority(&d, "cp-1"),
+        CallAuthority::Denied(CallDenied::ControlPlaneNotReady { nodes: names(&["cp-2"]) })
+    );
+    let unhealthy = going.clone().etcd(EtcdVerdict::Unhealthy { reason: "NOSPACE".into() }).decide();
+    assert_eq!(
+        authority(&unhealthy, "cp-1"),
+        CallAuthority::Denied(CallDenied::EtcdUnhealthy { reason: "NOSPACE".into() })
+    );
+    // Its own Node NotReady (it is rebooting) does not deny it: the step checks that.
+    assert_eq!(authority(&going.not_ready("cp-1").decide(), "cp-1"), CallAuthority::Granted);
+}
+
+#[test]
+fn a_paused_deleting_or_held_operation_authorises_no_call() {
+    let paused =
+        Fixture::cluster(3, 2).all_control_planes_converged().in_progress("worker-1", true).failed("worker-2", "x");
+    let d = paused.decide();
+    assert_eq!(d.advance, names(&["worker-1"]));
+    assert_eq!(authority(&d, "worker-1"), CallAuthority::Denied(CallDenied::Paused));
+    let deleting = Fixture::cluster(3, 1).all_control_planes_converged().in_progress("worker-1", true).deleting();
+    assert_eq!(authority(&deleting.decide(), "worker-1"), CallAuthority::Denied(CallDenied::Deleting));
+    let held = Fixture::cluster(3, 1).all_control_planes_converged().in_progress("worker-1", true).held("worker-1");
+    assert_eq!(authority(&held.decide(), "worker-1"), CallAuthority::Denied(CallDenied::Held));
+    let refused = Fixture::cluster(3, 1).all_control_planes_converged().in_progress("worker-1", true).kind("ichor");
+    assert_eq!(authority(&refused.decide(), "worker-1"), CallAuthority::Denied(CallDenied::Refused));
+}
+
+#[test]
+fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
+    let f = Fixture::cluster(3, 0).in_progress("cp-1", true).etcd(EtcdVerdict::Healthy);
+    let input = RolloutInput {
+        operation: &f.op,
+        release_talos_version: &f.release,
+        kubernetes_version: &f.kubernetes,
+        lease: f.lease.as_ref(),
+        machines: &f.machines,
+        etcd: &f.etcd,
+        config: &f.config,
+        now: f.now,
+    };
+    assert_eq!(call_authority(&input, "cp-1"), CallAuthority::Granted);
+    assert_eq!(call_authority(&input, "cp-9"), CallAuthority::Denied(CallDenied::NotInCluster));
+    let not_ours = Fixture::cluster(3, 0).lease(OTHER, at(1000), true);
+    let input = RolloutInput { operation: &not_ours.op, lease: not_ours.lease.as_ref(), ..input };
+    assert_eq!(call_authority(&input, "cp-1"), CallAuthority::Denied(CallDenied::LockNotHeld));
+}
+
+// Refusals at planning (review, "Refusals at planning"): before any machine starts, every
+// problem that would stop the rollout part way.
+
+fn refusal_of(d: &Decision) -> &Refusal {
+    let Phase::Refused(refusal) = &d.phase else { panic!("not refused: {:?}", d.phase) };
+    refusal
+}
+
+#[test]
+fn planning_refuses_machines_that_cannot_reach_the_target_naming_each_and_the_path() {
+    let f = Fixture::cluster(3, 2)
+        .with("worker-1", |m| m.os_image = Some("Talos (v1.12.5)".into()))
+        .with("worker-2", |m| m.os_image = Some("Talos (v1.12.5)".into()));
+    let d = f.clone().no_lease().decide();
+    assert!(d.start.is_empty() && d.advance.is_empty());
+    assert_eq!(d.lock, LockAction::Leave, "the lock is not even taken");
+    let refusal = refusal_of(&d);
+    assert_eq!(refusal.reason(), "UpgradePathRefused");
+    let text = refusal.to_string();
+    assert!(text.contains("worker-1, worker-2") && text.contains("v1.13"), "{text}");
+    // With the lock already taken, it is released; nothing starts.
+    let d = f.decide();
+    assert_eq!(d.lock, LockAction::Release);
+    assert!(d.start.is_empty());
+}
+
+#[test]
+fn planning_refuses_two_control_planes_duplicate_names_and_a_bad_pairing() {
+    let two = Fixture::cluster(2, 3).decide();
+    assert_eq!(refusal_of(&two).reason(), "TwoControlPlanes");
+    assert!(refusal_of(&two).to_string().contains("quorum"));
+    let mut dup = Fixture::cluster(3, 2);
+    dup.machines[4].name = "worker-1".into();
+    assert_eq!(refusal_of(&dup.decide()).reason(), "DuplicateMachineNames");
+    let mut k8s = Fixture::cluster(3, 1);
+    k8s.kubernetes = "1.31.4".into();
+    let d = k8s.decide();
+    assert_eq!(refusal_of(&d).reason(), "KubernetesPairingRefused");
+    assert!(refusal_of(&d).to_string().contains("1.32.0 to 1.37.x"), "{}", refusal_of(&d));
+    let bad = Fixture::cluster(3, 1).with("worker-1", |m| m.os_image = Some("Talos (1.14.3)".into())).decide();
+    assert_eq!(refusal_of(&bad).reason(), "BadOsImage");
+    // Every problem is named, not only the first.
+    let mut all = Fixture::cluster(2, 1).with("worker-1", |m| m.os_image = Some("Talos (v1.12.5)".into()));
+    all.kubernetes = "1.31.4".into();
+    let Refusal::Unplannable { problems } = refusal_of(&all.decide()).clone() else { panic!() };
+    assert_eq!(problems.len(), 3, "{problems:?}");
+}
+
+#[test]
+fn planning_skips_unread_nodes_and_does_not_apply_once_machines_started() {
+    let unread = Fixture::cluster(3, 1).with("worker-1", |m| m.os_image = None).decide();
+    assert_eq!(unread.start, names(&["cp-1"]), "an unread Node is checked when its machine starts");
+    let started = Fixture::cluster(3, 1)
+        .converged(&["cp-1"])
+        .with("worker-1", |m| m.os_image = Some("Talos (v1.12.5)".into()))
+        .decide();
+    assert!(matches!(started.phase, Phase::Progressing), "{:?}", started.phase);
 }

@@ -29,6 +29,7 @@ struct Observed {
     conditions: Conditions,
     storage: StorageObservation,
     etcd_member: Option<EtcdMembership>,
+    authority: CallAuthority,
     timeouts: StepTimeouts,
     now: Timestamp,
 }
@@ -54,9 +55,22 @@ impl Observed {
             conditions: Conditions::new(),
             storage: StorageObservation::default(),
             etcd_member: None,
+            authority: CallAuthority::Granted,
             timeouts: StepTimeouts::default(),
             now: at(1000),
         }
+    }
+
+    /// The void intent closed, as the driver writes it.
+    fn void_intent_closed(self) -> Self {
+        let message = self.conditions.get(TALOS_UPGRADE).map(|c| c.message.clone()).unwrap_or_default();
+        let now = self.now;
+        self.condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::INTENT_VOID, &message, now)
+    }
+
+    fn authority(mut self, authority: CallAuthority) -> Self {
+        self.authority = authority;
+        self
     }
 
     fn control_plane(mut self) -> Self {
@@ -159,6 +173,7 @@ impl Observed {
             conditions: &self.conditions,
             storage: &self.storage,
             etcd_member: self.etcd_member.as_ref(),
+            authority: &self.authority,
             timeouts: &self.timeouts,
             now: self.now,
         })
@@ -411,14 +426,17 @@ fn crash_window_an_unconfirmed_intent_waits_for_the_calls_deadline() {
 }
 
 #[test]
-fn crash_window_after_the_deadline_with_no_sign_of_the_call_it_is_made_again() {
+fn crash_window_after_the_deadline_with_no_sign_of_the_call_it_is_closed_then_made_again() {
     let o = Observed::fixture().upgrade_intent().now(at(1500));
-    assert_eq!(o.step(), expected_upgrade(BOOT_BEFORE, at(1500)));
+    assert_eq!(o.step(), Action::CloseVoidIntent);
+    assert_eq!(o.clone().not_ready().step(), Action::CloseVoidIntent, "void whatever else the node does");
+    let closed = o.void_intent_closed();
+    assert_eq!(closed.step(), expected_upgrade(BOOT_BEFORE, at(1500)));
 }
 
 #[test]
 fn crash_window_a_void_intent_passes_every_pre_call_check_again() {
-    let base = Observed::fixture().upgrade_intent().now(at(1500));
+    let base = Observed::fixture().upgrade_intent().now(at(1500)).void_intent_closed();
     assert_eq!(base.clone().not_ready().step(), Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None });
     assert_eq!(
         base.clone().stage(MachineStage::Maintenance).step(),
@@ -433,7 +451,7 @@ fn crash_window_a_deadline_beyond_one_call_bound_is_not_waited_on() {
     let message = o.marker(BOOT_BEFORE, "v1.14.4", at(999_999));
     let o = o.condition(TALOS_UPGRADE, ConditionStatus::Unknown, upgrade::UPGRADE_INTENT, &message, at(900));
     assert_eq!(o.clone().step(), Action::Wait { reason: MachineWait::IntentUnconfirmed, recheck_at: Some(at(1500)) });
-    assert_eq!(o.now(at(1500)).step(), expected_upgrade(BOOT_BEFORE, at(1500)));
+    assert_eq!(o.now(at(1500)).step(), Action::CloseVoidIntent);
 }
 
 // Bad input (DESIGN §9).
@@ -554,4 +572,85 @@ fn reasons_are_camel_case() {
         assert!(f.reason().chars().all(|c| c.is_ascii_alphanumeric()));
     }
     assert_eq!(MachineWait::Rebooting.reason(), "Rebooting");
+}
+
+// DESIGN §3 rule 3: no Upgrade call, first or repeated, without an authorisation computed
+// in the same pass.
+
+#[test]
+fn no_first_call_without_authority() {
+    let ready = Observed::fixture();
+    assert_eq!(ready.step(), expected_upgrade(BOOT_BEFORE, at(1000)));
+    for denied in [
+        CallDenied::Held,
+        CallDenied::Paused,
+        CallDenied::Deleting,
+        CallDenied::ControlPlaneNotReady { nodes: vec!["cp-2".into()] },
+        CallDenied::EtcdUnhealthy { reason: "NOSPACE alarm".into() },
+    ] {
+        let action = ready.clone().authority(CallAuthority::Denied(denied.clone())).step();
+        assert_eq!(action, Action::Wait { reason: MachineWait::CallNotAuthorised(denied), recheck_at: None });
+    }
+    assert_eq!(
+        ready.authority(CallAuthority::NeedsEtcdGate).step(),
+        Action::Wait { reason: MachineWait::EtcdGateNotChecked, recheck_at: None }
+    );
+}
+
+#[test]
+fn a_void_intent_is_not_called_again_without_authority() {
+    // The review's case: cp-1's intent is void (deadline passed, no sign of the call) while
+    // cp-2 is NotReady: before the fix the step returned Upgrade.
+    let void = Observed::fixture().control_plane().upgrade_intent().now(at(1600));
+    assert_eq!(void.step(), Action::CloseVoidIntent);
+    let void = void.void_intent_closed();
+    assert_eq!(void.step(), expected_upgrade(BOOT_BEFORE, at(1600)), "with authority it is called again");
+    let denied = CallDenied::ControlPlaneNotReady { nodes: vec!["cp-2".into()] };
+    let action = void.clone().authority(CallAuthority::Denied(denied.clone())).step();
+    assert_eq!(action, Action::Wait { reason: MachineWait::CallNotAuthorised(denied), recheck_at: None });
+    assert!(matches!(
+        void.authority(CallAuthority::NeedsEtcdGate).step(),
+        Action::Wait { reason: MachineWait::EtcdGateNotChecked, .. }
+    ));
+}
+
+#[test]
+fn authority_does_not_stop_a_machine_past_its_acknowledged_call() {
+    let rebooting = Observed::fixture().upgrade_acknowledged().unreachable();
+    let denied = rebooting.clone().authority(CallAuthority::Denied(CallDenied::Paused));
+    assert_eq!(denied.step(), rebooting.step(), "observed to the end, whatever the authority");
+    let verified = Observed::fixture().upgrade_acknowledged().rebooted_into("v1.14.4");
+    assert_eq!(verified.authority(CallAuthority::Denied(CallDenied::Held)).step(), Action::RecordConverged);
+}
+
+// Review finding 7: an open evacuation never waits past its timeout, and none begins on a
+// machine that could not then be called.
+
+#[test]
+fn an_evacuation_past_its_timeout_fails_even_on_a_not_ready_node() {
+    // Open for 2 h against a 30 min bound, the node NotReady: before the fix, Wait(NodeNotReady).
+    let o = Observed::fixture().storage(Some(2)).evacuating_since(at(1000)).now(at(1000 + 7200)).not_ready();
+    assert!(
+        matches!(o.step(), Action::FailEndingEvacuation(MachineFailure::EvacuationTimedOut { .. })),
+        "{:?}",
+        o.step()
+    );
+}
+
+#[test]
+fn no_evacuation_begins_on_a_machine_that_could_not_be_called() {
+    let selected = Observed::fixture().storage(Some(3));
+    assert_eq!(selected.step(), Action::BeginEvacuation);
+    let no_boot_id = selected.clone().node(|n| n.boot_id = String::new());
+    assert_eq!(no_boot_id.step(), Action::Wait { reason: MachineWait::BootIdUnknown, recheck_at: None });
+    let busy = selected.clone().stage(MachineStage::Upgrading);
+    assert!(matches!(busy.step(), Action::Wait { reason: MachineWait::MachineBusy { .. }, .. }));
+    let unreachable = selected.unreachable();
+    assert!(matches!(unreachable.step(), Action::Wait { reason: MachineWait::TalosApiUnreachable, .. }));
+}
+
+#[test]
+fn waits_during_an_open_evacuation_recheck_at_its_deadline() {
+    let o = Observed::fixture().storage(Some(2)).evacuating_since(at(900)).node(|n| n.boot_id = String::new());
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::BootIdUnknown, recheck_at: Some(at(900 + 1800)) });
 }

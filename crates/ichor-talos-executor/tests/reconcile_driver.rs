@@ -1,0 +1,130 @@
+//! mockall tests of `reconcile` where a world of its own cannot show the defect: machines
+//! whose names are not their node names.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ichor_talos_executor::ExecutorConfig;
+use ichor_talos_executor::advance::Executor;
+use ichor_talos_executor::kube_api::{ClusterInfo, LeaseInfo, MachineInfo, NodeInfo, OperationInfo};
+use ichor_talos_executor::reconcile::reconcile;
+use ichor_talos_executor::talos_api::TalosError;
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::rollout::{OperationStatus, PauseReason, Phase};
+use ichor_upgrade_core::status::{MachineRecord, RecordState};
+use ichor_upgrade_core::talos_step::MachineStage;
+use mockall::predicate::eq;
+
+mod support;
+use support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
+
+const IDENTITY: &str = "default/upgrade/uid-1";
+
+fn record(state: RecordState, reason: &str) -> MachineRecord {
+    MachineRecord { state, reason: reason.into(), message: "m".into(), recheck_at: None }
+}
+
+fn worker(name: &str, hostname: Option<&str>, address: &str, conditions: Conditions) -> MachineInfo {
+    MachineInfo {
+        name: name.into(),
+        role: MachineRole::Worker,
+        hostname: hostname.map(str::to_owned),
+        address: address.into(),
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        conditions,
+    }
+}
+
+/// Review finding 6: a paused operation stops a machine that began evacuating, but its node
+/// name cannot be read (no `spec.hostname`, Talos unreachable). Storage knows the node by
+/// its node name, not the machine's: ending the evacuation of the machine's name (which
+/// Longhorn answers NotFound, read as success) would leave the real node unschedulable for
+/// good. It waits instead.
+#[tokio::test]
+async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
+    let mut evacuating = Conditions::new();
+    evacuating.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, ""), NOW);
+    let machines = vec![
+        worker("m-failed", Some("node-a"), "10.0.0.21", Conditions::new()),
+        worker("m-evacuating", None, "10.0.0.22", evacuating),
+    ];
+    let mut status = OperationStatus {
+        phase: Phase::Paused(PauseReason::MachineFailed { machines: vec![] }),
+        observed_generation: Some(1),
+        ..OperationStatus::default()
+    };
+    status.machines.insert("m-failed".into(), record(RecordState::Failed, "AbFallback"));
+    status.machines.insert("m-evacuating".into(), record(RecordState::InProgress, "Evacuating"));
+    let operation = OperationInfo {
+        name: "upgrade".into(),
+        identity: IDENTITY.into(),
+        cluster: "prod".into(),
+        generation: 1,
+        deleting: false,
+        annotations: BTreeMap::new(),
+        spec: OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 2 },
+        status,
+    };
+
+    let mut kube = MockKube::new();
+    kube.expect_operation().with(eq("upgrade")).returning(move |_| Ok(Some(operation.clone())));
+    kube.expect_cluster().returning(|_| {
+        Ok(ClusterInfo {
+            name: "prod".into(),
+            release_talos_version: "v1.14.4".into(),
+            kubernetes_version: "1.34.1".into(),
+            schematic: None,
+            platform: "metal".into(),
+        })
+    });
+    kube.expect_machines().returning(move |_| Ok(machines.clone()));
+    kube.expect_lease().returning(|_| {
+        Ok(Some(LeaseInfo {
+            holder: Some(IDENTITY.into()),
+            renewed_at: NOW,
+            duration: Duration::from_secs(120),
+            resource_version: "7".into(),
+        }))
+    });
+    kube.expect_node().with(eq("node-a")).returning(|_| {
+        Ok(Some(NodeInfo {
+            name: "node-a".into(),
+            ready: true,
+            unschedulable: false,
+            os_image: "Talos (v1.14.3)".into(),
+            boot_id: "b".into(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+        }))
+    });
+    kube.expect_write_conditions().never();
+    let written = Arc::new(Mutex::new(Vec::new()));
+    let captured = Arc::clone(&written);
+    kube.expect_write_operation_status().returning(move |_, s| {
+        captured.lock().unwrap().push(s.clone());
+        Ok(())
+    });
+    kube.expect_event().returning(|_| Ok(()));
+    let mut talos = MockTalos::new();
+    talos
+        .expect_nodename()
+        .with(eq("10.0.0.22"))
+        .returning(|_| Err(TalosError::dial("10.0.0.22:50000", "connection refused")));
+    talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    let mut storage = MockStorage::new();
+    storage.expect_set_scheduling().never();
+    storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+
+    let config = ExecutorConfig::default();
+    let ex = Executor { talos: &talos, kube: &kube, storage: &storage, clock: &FixedClock, config: &config };
+    let outcome = reconcile(&ex, "upgrade").await.unwrap();
+    assert!(matches!(outcome.phase, Phase::Paused(_)), "{:?}", outcome.phase);
+    let status = written.lock().unwrap().last().cloned().expect("a status write");
+    let stopping = &status.machines["m-evacuating"];
+    assert_eq!(stopping.state, RecordState::InProgress, "still to be stopped: {stopping:?}");
+    assert_eq!(stopping.reason, "NodeNameUnknown");
+}

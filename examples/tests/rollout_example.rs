@@ -1,0 +1,94 @@
+//! The main job run as a user runs it: the built `rollout` binary, as a process. Its
+//! command line and exit codes are a contract: 0 completed, 1 paused or failed otherwise,
+//! 2 bad arguments, 3 refused at planning (nothing touched), 4 paused or failed because of
+//! a fault; and every failure, pause, wait and refusal names its reason.
+
+use std::process::{Command, Output};
+
+use ichor_testkit::example_binary;
+use serde_json::Value;
+
+fn rollout(args: &[&str]) -> Output {
+    Command::new(example_binary("rollout")).args(args).output().expect("the example runs")
+}
+
+fn summary(output: &Output) -> Value {
+    let text = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn trace(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn the_main_job_completes_with_no_arguments() {
+    let output = rollout(&[]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("outcome: completed"));
+}
+
+#[test]
+fn a_version_two_minors_behind_is_refused_at_planning_with_its_reason_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_file = dir.path().join("trace.jsonl");
+    let output = rollout(&["--from", "v1.12.0", "--to", "v1.14.4", "--trace", trace_file.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("outcome: refused"), "{text}");
+    assert!(text.contains("reason: UpgradePathRefused") && text.contains("v1.13"), "{text}");
+    let refused: Vec<Value> = trace(&trace_file).into_iter().filter(|e| e["event"] == "refused").collect();
+    assert_eq!(refused.len(), 1, "one refusal in the trace");
+    assert_eq!(refused[0]["reason"], "UpgradePathRefused");
+
+    let output = rollout(&["--from", "v1.12.0", "--to", "v1.14.4", "--json"]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let json = summary(&output);
+    assert_eq!(json["outcome"], "refused");
+    assert_eq!(json["reason"], "UpgradePathRefused");
+    assert_eq!(json["upgrade_calls"], 0, "nothing touched");
+    assert!(json["message"].as_str().unwrap().contains("cp-1"), "{json}");
+}
+
+#[test]
+fn two_control_planes_are_refused_at_planning() {
+    let output = rollout(&["--control-planes", "2", "--json"]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert_eq!(summary(&output)["reason"], "TwoControlPlanes");
+}
+
+#[test]
+fn a_failure_names_its_machine_and_reason_in_the_output_the_trace_and_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_file = dir.path().join("trace.jsonl");
+    let args = ["--faults", "ab-fallback", "--seed", "3"];
+    let output = rollout(&[&args[..], &["--trace", trace_file.to_str().unwrap()]].concat());
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("reason: MachineFailed"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("failed: ") && l.contains(": AbFallback: ")), "{text}");
+    let events = trace(&trace_file);
+    let failed: Vec<&Value> = events.iter().filter(|e| e["event"] == "failed").collect();
+    assert!(!failed.is_empty() && failed.iter().all(|e| e["reason"] == "AbFallback"), "{failed:?}");
+    assert!(events.iter().any(|e| e["event"] == "paused" && e["reason"] == "MachineFailed"));
+
+    let output = rollout(&[&args[..], &["--json"]].concat());
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    let json = summary(&output);
+    assert_eq!(json["outcome"], "paused");
+    assert_eq!(json["reason"], "MachineFailed");
+    let failed = json["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{json}");
+    assert_eq!(failed[0]["reason"], "AbFallback");
+    assert!(
+        failed[0]["node"].as_str().unwrap().starts_with("worker-")
+            || failed[0]["node"].as_str().unwrap().starts_with("cp-")
+    );
+}
+
+#[test]
+fn bad_arguments_are_exit_2_naming_them() {
+    let output = rollout(&["--faults", "banana"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("banana"));
+}
