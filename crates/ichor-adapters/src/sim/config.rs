@@ -28,7 +28,8 @@ pub enum Fault {
     /// engine is left with an unconfirmed intent, void once its deadline passes.
     CallLost,
     /// A control plane's Node goes NotReady for a while during the rollout, for reasons of
-    /// its own (a kubelet or network hiccup), not because of the upgrade.
+    /// its own (a kubelet or network hiccup), not because of the upgrade: one not upgraded
+    /// yet, so that the other control planes' calls must wait for it.
     ControlPlaneNotReady,
 }
 

@@ -589,6 +589,17 @@ impl World {
 
     fn apply_node(&mut self, i: usize, now: Timestamp) {
         if let Some((at, lasting)) = self.nodes[i].not_ready_at.filter(|(at, _)| now >= *at) {
+            // A hiccup of a healthy node not yet upgraded (another control plane's call must
+            // then wait for it). One already upgraded is spared: on top of its own reboot and
+            // verification it would only test the verify bound, not the engine's gate.
+            if self.nodes[i].version != self.config.from {
+                self.nodes[i].not_ready_at = None;
+                return self.apply_node_rest(i, now);
+            }
+            if self.nodes[i].phase != NodePhase::Running || !self.nodes[i].ready {
+                self.nodes[i].not_ready_at = Some((now.saturating_add(secs(60)), lasting));
+                return self.apply_node_rest(i, now);
+            }
             self.nodes[i].not_ready_at = None;
             let until = at.saturating_add(lasting);
             self.nodes[i].not_ready_until = Some(self.nodes[i].not_ready_until.map_or(until, |t| t.max(until)));
@@ -597,6 +608,10 @@ impl World {
                 self.record(i, TraceKind::NotReady);
             }
         }
+        self.apply_node_rest(i, now);
+    }
+
+    fn apply_node_rest(&mut self, i: usize, now: Timestamp) {
         if self.nodes[i].not_ready_until.is_some_and(|t| now >= t) {
             self.nodes[i].not_ready_until = None;
             if matches!(self.nodes[i].phase, NodePhase::Running) {
