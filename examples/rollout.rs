@@ -152,6 +152,7 @@ fn main() {
                 kind: "talos".into(),
                 target_version: args.to.to_string(),
                 max_unavailable: i64::from(args.max_unavailable),
+                machine: None,
             };
             sim.create_operation("upgrade", spec);
             runtime.block_on(run_operation(&sim, "upgrade", &executor, MAX_PASSES, |sim| progress.show(sim)))

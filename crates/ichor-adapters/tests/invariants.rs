@@ -50,7 +50,7 @@ proptest! {
         );
         let v = |t: &str| TalosVersion::parse(t).unwrap();
         let sim = SimCluster::new(SimConfig::new(control_planes, workers, v("v1.14.3"), v(TARGET)).with_seed(seed).with_faults(faults.clone()));
-        sim.create_operation("upgrade", OperationSpec { kind: "talos".into(), target_version: TARGET.into(), max_unavailable });
+        sim.create_operation("upgrade", OperationSpec { kind: "talos".into(), target_version: TARGET.into(), max_unavailable, machine: None });
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 50_000, |_| {}));
         if control_planes == 2 {

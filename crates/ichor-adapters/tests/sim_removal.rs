@@ -98,3 +98,45 @@ async fn a_machine_without_hostname_is_removed_though_the_reset_node_cannot_say_
     assert_eq!(remove(&sim, "worker-1", 500).await, RunEnd::Completed);
     assert_eq!(events_of(&sim, "worker-1").last(), Some(&TraceKind::Removed));
 }
+
+/// Issue 12: a removal is an operation (`kind: remove`) holding the cluster's lock, so a
+/// removal and an upgrade never run at once; an upgrade after it no longer counts the
+/// removed machine.
+#[tokio::test]
+async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
+    use ichor_adapters::sim::run_operation;
+    use ichor_upgrade_core::operation::OperationSpec;
+    use ichor_upgrade_core::rollout::{Phase, WaitReason};
+
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let sim = cluster(3, 3, &[]);
+    let remove = OperationSpec {
+        kind: "remove".into(),
+        target_version: String::new(),
+        max_unavailable: 1,
+        machine: Some("worker-2".into()),
+    };
+    sim.create_operation("remove-worker-2", remove);
+    let upgrade =
+        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1, machine: None };
+    sim.create_operation("upgrade", upgrade);
+    let config = ExecutorConfig::default();
+    // The removal takes the lock first; the upgrade's first pass finds it held.
+    let first = run_operation(&sim, "remove-worker-2", &config, 1, |_| {}).await;
+    assert_eq!(first, RunEnd::PassBound, "one pass: the lock is taken");
+    let _ = run_operation(&sim, "upgrade", &config, 1, |_| {}).await;
+    sim.with_world(|w| {
+        let phase = &w.operations["upgrade"].info.status.phase;
+        assert!(
+            matches!(phase, Phase::Waiting(WaitReason::LockHeld { holder }) if holder.contains("remove-worker-2")),
+            "{phase:?}"
+        );
+    });
+    assert_eq!(run_operation(&sim, "remove-worker-2", &config, 2_000, |_| {}).await, RunEnd::Completed);
+    assert_eq!(run_operation(&sim, "upgrade", &config, 5_000, |_| {}).await, RunEnd::Completed);
+    sim.with_world(|w| {
+        assert!(w.nodes.iter().any(|n| n.name == "worker-2" && n.removed));
+        assert!(w.nodes.iter().filter(|n| !n.removed).all(|n| n.version == v("v1.14.4")));
+        assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "released");
+    });
+}

@@ -12,7 +12,7 @@ fn v(text: &str) -> TalosVersion {
 }
 
 fn spec(max_unavailable: i64) -> OperationSpec {
-    OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable }
+    OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable, machine: None }
 }
 
 async fn run(sim: &SimCluster) -> RunEnd {

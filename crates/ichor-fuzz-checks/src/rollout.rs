@@ -115,7 +115,12 @@ pub fn rollout(data: &[u8]) {
         generation: 1,
         deleting: false,
         resume_token: (resume > 0).then(|| "t".to_owned()),
-        spec: OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: max },
+        spec: OperationSpec {
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable: max,
+            machine: None,
+        },
         status: OperationStatus {
             observed_resume: (resume == 2).then(|| "t".to_owned()),
             ..OperationStatus::default()

@@ -11,6 +11,7 @@ use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
+use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
     CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineView, OperationView, Phase,
     RolloutInput, call_authority, decide,
@@ -25,6 +26,7 @@ use crate::advance::{
 };
 use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
+use crate::removal::remove_machine;
 
 /// What one pass came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +149,9 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         None => None,
     };
 
+    let removal = op.spec.is_removal();
+    // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
+    let machines = machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
     let observed = observe_machines(ex, machines).await;
     let status = op.status.clone().for_generation(op.generation);
     let views: Vec<MachineView> = observed
@@ -161,7 +166,7 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
                 held,
                 node_ready: o.node.as_ref().is_some_and(|n| n.ready),
                 os_image: o.node.as_ref().map(|n| n.os_image.clone()),
-                progress: status.progress_of(&o.machine.name, machine_past_upgrade_call(&o.machine)),
+                progress: status.progress_of(&o.machine.name, past_the_point_of_no_return(removal, &o.machine)),
             }
         })
         .collect();
@@ -223,12 +228,19 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         .filter(|n| !decision.retry.contains(n))
         .filter_map(|n| by_name.get(n.as_str()).copied())
         .collect();
+    let control_planes: Vec<ControlPlane> = observed
+        .iter()
+        .filter(|o| o.machine.role == MachineRole::ControlPlane)
+        .filter_map(|o| o.node_name.clone().map(|node| ControlPlane { address: o.machine.address.clone(), node }))
+        .collect();
+    let control_planes = &control_planes;
     let advance = |o: &Observed, authority: CallAuthority| {
         let target = &target;
         let kind = &op.spec.kind;
         let machine = o.machine.clone();
         async move {
             let outcome = match target {
+                _ if removal => remove_machine(ex, &machine, control_planes).await.unwrap_or_else(|e| e.outcome()),
                 Ok(target) => {
                     advance_machine(ex, kind, &machine, target, &authority).await.unwrap_or_else(|e| e.outcome())
                 }
@@ -289,6 +301,12 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         .map(|(_, o)| outcome_recheck(o, now))
         .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
+}
+
+/// Whether a machine is past the point where it may be interrupted: for an upgrade, its
+/// Upgrade call made (or possibly made); for a removal, its reset asked for.
+fn past_the_point_of_no_return(removal: bool, machine: &MachineInfo) -> bool {
+    if removal { past_reset(&machine.conditions) } else { machine_past_upgrade_call(machine) }
 }
 
 /// The target every machine is upgraded to: the release set's version (the engine has

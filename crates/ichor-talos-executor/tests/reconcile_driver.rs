@@ -66,7 +66,12 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
         generation: 1,
         deleting: false,
         annotations: BTreeMap::new(),
-        spec: OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 2 },
+        spec: OperationSpec {
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable: 2,
+            machine: None,
+        },
         status,
     };
 

@@ -36,17 +36,22 @@ impl MachineRole {
     }
 }
 
-/// The kinds of operation this engine runs. Only [`OperationKind::Talos`] exists: other
+/// The kinds of operation this engine runs: an upgrade ([`OperationKind::Talos`]) and a
+/// machine's removal ([`OperationKind::Remove`]), both under the cluster's lock. Other
 /// kinds are refused by [`OperationSpec::validate`], never run as a Talos upgrade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperationKind {
     /// Upgrade the Talos OS of every machine of a cluster.
     Talos,
+    /// Remove one machine from the cluster (`spec.machine`).
+    Remove,
 }
 
 impl OperationKind {
-    /// The kind as written in a spec.
+    /// The upgrade's kind as written in a spec.
     pub const TALOS: &'static str = "talos";
+    /// The removal's kind as written in a spec.
+    pub const REMOVE: &'static str = "remove";
 }
 
 /// An operation's spec as written by a person or a tool; validated, never trusted.
@@ -59,6 +64,9 @@ pub struct OperationSpec {
     pub target_version: String,
     /// How many workers may be unavailable at once (at least 1).
     pub max_unavailable: i64,
+    /// For `remove`: the machine to remove.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
 }
 
 /// A spec that passed validation.
@@ -75,13 +83,22 @@ pub struct ValidSpec {
 /// Why an operation is refused. A refusal touches nothing: no lock, no machine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum Refusal {
-    /// The kind is not `talos`.
+    /// The kind is neither `talos` nor `remove`.
     #[error(
-        "operation kind {kind:?} is not supported: only \"talos\" operations run here, and no other kind is ever run as a Talos upgrade"
+        "operation kind {kind:?} is not supported: only \"talos\" (upgrade) and \"remove\" operations run here, and no other kind is ever run as a Talos upgrade"
     )]
     UnsupportedKind {
         /// The kind as written.
         kind: String,
+    },
+    /// A removal without `spec.machine`.
+    #[error("spec.machine is required for an operation of kind \"remove\"")]
+    MissingMachine,
+    /// A removal of a machine the cluster does not have.
+    #[error("spec.machine {machine:?} is not a machine of the cluster")]
+    UnknownMachine {
+        /// The machine as written.
+        machine: String,
     },
     /// `spec.targetVersion` is not a Talos version.
     #[error("spec.targetVersion: {error}")]
@@ -190,6 +207,8 @@ impl Refusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::UnsupportedKind { .. } => "UnsupportedKind",
+            Self::MissingMachine => "MissingMachine",
+            Self::UnknownMachine { .. } => "UnknownMachine",
             Self::InvalidTarget { .. } => "InvalidTargetVersion",
             Self::InvalidReleaseVersion { .. } => "InvalidReleaseVersion",
             Self::TargetNotReleaseSet { .. } => "TargetNotReleaseSet",
@@ -200,6 +219,24 @@ impl Refusal {
 }
 
 impl OperationSpec {
+    /// Whether this is a removal (`kind: remove`).
+    #[must_use]
+    pub fn is_removal(&self) -> bool {
+        self.kind == OperationKind::REMOVE
+    }
+
+    /// Validates a removal's spec: kind `remove` naming the machine to remove.
+    ///
+    /// # Errors
+    /// [`Refusal::UnsupportedKind`] for another kind, [`Refusal::MissingMachine`] without a
+    /// machine.
+    pub fn validate_removal(&self) -> Result<&str, Refusal> {
+        if !self.is_removal() {
+            return Err(Refusal::UnsupportedKind { kind: self.kind.clone() });
+        }
+        self.machine.as_deref().filter(|m| !m.is_empty()).ok_or(Refusal::MissingMachine)
+    }
+
     /// Validates the spec against the release set's Talos version (DESIGN §3 rules 9 and
     /// 10, §9): the kind must be `talos`, the target a Talos version equal to the release
     /// set's, and `maxUnavailable` at least 1.
@@ -207,6 +244,10 @@ impl OperationSpec {
     /// # Errors
     /// The first [`Refusal`] found, in that order.
     pub fn validate(&self, release_talos_version: &str) -> Result<ValidSpec, Refusal> {
+        if self.kind == OperationKind::REMOVE {
+            // A removal is valid on its own terms (see `validate_removal`), never as an upgrade.
+            return Err(Refusal::UnsupportedKind { kind: self.kind.clone() });
+        }
         let kind = match self.kind.as_str() {
             OperationKind::TALOS => OperationKind::Talos,
             other => return Err(Refusal::UnsupportedKind { kind: other.to_owned() }),
@@ -231,7 +272,7 @@ mod tests {
     use super::*;
 
     fn spec(kind: &str, target: &str, max_unavailable: i64) -> OperationSpec {
-        OperationSpec { kind: kind.into(), target_version: target.into(), max_unavailable }
+        OperationSpec { kind: kind.into(), target_version: target.into(), max_unavailable, machine: None }
     }
 
     #[test]
@@ -265,6 +306,16 @@ mod tests {
         assert_eq!(refusal.reason(), "InvalidTargetVersion");
         let text = refusal.to_string();
         assert!(text.starts_with("spec.targetVersion: ") && text.contains("\"v1.14\""), "{text}");
+    }
+
+    #[test]
+    fn a_removal_names_its_machine_and_is_never_an_upgrade() {
+        let mut removal = spec("remove", "", 1);
+        assert_eq!(removal.validate_removal(), Err(Refusal::MissingMachine));
+        removal.machine = Some("worker-2".into());
+        assert_eq!(removal.validate_removal(), Ok("worker-2"));
+        assert!(matches!(removal.validate("v1.14.4"), Err(Refusal::UnsupportedKind { .. })));
+        assert!(matches!(spec("talos", "v1.14.4", 1).validate_removal(), Err(Refusal::UnsupportedKind { .. })));
     }
 
     #[test]

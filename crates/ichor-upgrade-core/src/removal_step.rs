@@ -196,6 +196,20 @@ impl fmt::Display for RemovalWait {
     }
 }
 
+/// Whether the machine's conditions show it removed (`NodeRemoval=True/Removed`): an
+/// upgrade no longer counts it among the cluster's machines.
+#[must_use]
+pub fn is_removed(conditions: &Conditions) -> bool {
+    conditions.get(NODE_REMOVAL).is_some_and(|c| c.status == ConditionStatus::True && c.reason == reason::REMOVED)
+}
+
+/// Whether the machine's reset was asked for (or may have been): like an Upgrade call, a
+/// removal past it is never interrupted, only observed to its end.
+#[must_use]
+pub fn past_reset(conditions: &Conditions) -> bool {
+    conditions.get(NODE_REMOVAL).is_some_and(|c| c.status != ConditionStatus::False)
+}
+
 /// Decides the one removal action. Pure: the same input gives the same action.
 pub fn removal_step(input: &RemovalInput<'_>) -> RemovalAction {
     let removal = input.conditions.get(NODE_REMOVAL).filter(|c| c.status != ConditionStatus::False);

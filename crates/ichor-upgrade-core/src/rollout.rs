@@ -536,15 +536,38 @@ pub fn decide(input: &RolloutInput<'_>) -> Decision {
     decide_unauthorised(input).authorise(input)
 }
 
+/// What an operation is to do, once its spec has been read.
+enum Plan<'a> {
+    /// Upgrade every machine to the target.
+    Upgrade(ValidSpec),
+    /// Remove this machine.
+    Remove(&'a str),
+}
+
 fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     let op = input.operation;
     let lock = LockState::observe(input);
 
-    let spec = match op.spec.validate(input.release_talos_version) {
-        Ok(spec) => spec,
-        Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
+    let plan_of = if op.spec.is_removal() {
+        match op.spec.validate_removal() {
+            Ok(machine) => Plan::Remove(machine),
+            Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
+        }
+    } else {
+        let spec = match op.spec.validate(input.release_talos_version) {
+            Ok(spec) => spec,
+            Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
+        };
+        if let Some(refusal) = plan_refusal(input, &spec) {
+            return wind_down(input, &lock, Phase::Refused(refusal));
+        }
+        Plan::Upgrade(spec)
     };
-    if let Some(refusal) = plan_refusal(input, &spec) {
+    if let Plan::Remove(machine) = plan_of
+        && !input.machines.iter().any(|m| m.name == machine)
+        && !op.status.machines.contains_key(machine)
+    {
+        let refusal = Refusal::UnknownMachine { machine: machine.to_owned() };
         return wind_down(input, &lock, Phase::Refused(refusal));
     }
     if op.deleting {
@@ -568,9 +591,44 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     let renew = input.now.saturating_since(renewed_at) >= input.config.renew_after;
     let (action, renewed_at) = if renew { (LockAction::Renew, input.now) } else { (LockAction::Keep, renewed_at) };
 
-    let mut d = plan(input, &spec, action);
+    let mut d = match plan_of {
+        Plan::Upgrade(spec) => plan(input, &spec, action),
+        Plan::Remove(machine) => plan_removal(input, machine, action),
+    };
     if d.lock != LockAction::Release {
         d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(renewed_at.saturating_add(input.config.renew_after)));
+    }
+    d
+}
+
+/// A removal under the cluster's lock: the one machine is started, advanced until it is
+/// removed (then the lock is released), paused on its failure and retried on a resume. Its
+/// own step guards etcd (a member leaves only while etcd is healthy).
+fn plan_removal(input: &RolloutInput<'_>, machine: &str, lock: LockAction) -> Decision {
+    let op = input.operation;
+    let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
+    let progress = input.machines.iter().find(|m| m.name == machine).map(|m| &m.progress);
+    // A machine gone from the cluster after its removal was recorded converged.
+    let progress = progress.unwrap_or(&MachineProgress::Converged);
+    let mut d = Decision::new(lock, Phase::Progressing);
+    if resuming {
+        d.acknowledge_resume.clone_from(&op.resume_token);
+    }
+    match progress {
+        MachineProgress::Converged => {
+            d.lock = LockAction::Release;
+            d.phase = Phase::Completed;
+        }
+        MachineProgress::Failed { reason } if !resuming => {
+            let failed = vec![FailedMachine { name: machine.to_owned(), reason: reason.clone() }];
+            d.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
+        }
+        MachineProgress::Failed { .. } => {
+            d.retry.push(machine.to_owned());
+            d.start.push(machine.to_owned());
+        }
+        MachineProgress::Pending => d.start.push(machine.to_owned()),
+        MachineProgress::InProgress { .. } => d.advance.push(machine.to_owned()),
     }
     d
 }

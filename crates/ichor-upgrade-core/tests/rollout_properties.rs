@@ -160,6 +160,7 @@ fn operation(s: &Scenario) -> OperationView {
             kind: s.kind.to_owned(),
             target_version: "v1.14.4".to_owned(),
             max_unavailable: s.max_unavailable,
+            machine: None,
         },
         status: OperationStatus { observed_resume: s.observed_resume.clone(), ..OperationStatus::default() },
     }

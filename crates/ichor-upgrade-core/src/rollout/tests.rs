@@ -46,7 +46,12 @@ impl Fixture {
                 generation: 1,
                 deleting: false,
                 resume_token: None,
-                spec: OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1 },
+                spec: OperationSpec {
+                    kind: "talos".into(),
+                    target_version: "v1.14.4".into(),
+                    max_unavailable: 1,
+                    machine: None,
+                },
                 status: OperationStatus::default(),
             },
             release: "v1.14.4".into(),
@@ -724,4 +729,52 @@ fn planning_skips_unread_nodes_and_does_not_apply_once_machines_started() {
         .with("worker-1", |m| m.os_image = Some("Talos (v1.12.5)".into()))
         .decide();
     assert!(matches!(started.phase, Phase::Progressing), "{:?}", started.phase);
+}
+
+// Removal under the lock (issue 12): kind `remove` holds the cluster's lock like an upgrade.
+
+fn removal(f: Fixture, machine: Option<&str>) -> Fixture {
+    let mut f = f;
+    f.op.spec = OperationSpec {
+        kind: "remove".into(),
+        target_version: String::new(),
+        max_unavailable: 1,
+        machine: machine.map(str::to_owned),
+    };
+    f
+}
+
+#[test]
+fn a_removal_takes_the_lock_then_removes_its_one_machine_then_releases() {
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).no_lease().decide();
+    assert_eq!(d.lock, LockAction::Acquire { takeover_from: None });
+    assert!(d.start.is_empty());
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).decide();
+    assert_eq!((d.start.clone(), d.phase.clone()), (names(&["worker-2"]), Phase::Progressing));
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).in_progress("worker-2", false).decide();
+    assert_eq!(d.advance, names(&["worker-2"]));
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).converged(&["worker-2"]).decide();
+    assert_eq!((d.lock, d.phase), (LockAction::Release, Phase::Completed));
+}
+
+#[test]
+fn a_removal_waits_for_an_upgrade_holding_the_lock_and_pauses_on_failure() {
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).lease(OTHER, at(1000), true).decide();
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::LockHeld { holder: OTHER.into() }));
+    assert!(d.start.is_empty());
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).failed("worker-2", "ResetRefused").decide();
+    assert!(matches!(d.phase, Phase::Paused(_)), "{:?}", d.phase);
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).failed("worker-2", "x").resume("t").decide();
+    assert_eq!((d.retry.clone(), d.start.clone()), (names(&["worker-2"]), names(&["worker-2"])));
+}
+
+#[test]
+fn a_removal_without_a_machine_or_of_an_unknown_one_is_refused() {
+    let d = removal(Fixture::cluster(3, 2), None).decide();
+    assert_eq!(d.phase, Phase::Refused(Refusal::MissingMachine));
+    let d = removal(Fixture::cluster(3, 2), Some("worker-9")).decide();
+    assert_eq!(d.phase, Phase::Refused(Refusal::UnknownMachine { machine: "worker-9".into() }));
+    // Two control planes are no reason to refuse a removal (it is how one gets to three or one).
+    let d = removal(Fixture::cluster(2, 1), Some("cp-2")).decide();
+    assert_eq!(d.start, names(&["cp-2"]));
 }
