@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod kubernetes;
 pub mod longhorn;
 pub mod sim;
 pub mod talos;

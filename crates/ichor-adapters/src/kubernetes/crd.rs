@@ -1,0 +1,268 @@
+//! Ichor's custom resources, `ichor.dev/v1alpha1`, derived from these types: the schema,
+//! the printer columns and the status subresource all come from here, and
+//! `deploy/crds.yaml` is generated from them ([`crate::kubernetes::manifests`]).
+//!
+//! | kind | what it is |
+//! | --- | --- |
+//! | [`TalosCluster`] | a Talos cluster: the release set's Talos version (the only allowed target), its Kubernetes version, the Image Factory platform and schematic, and the Secret with its talosconfig |
+//! | [`TalosMachine`] | one machine of a cluster: its role, its Talos API address, its hostname; its conditions are where an upgrade's progress lives |
+//! | [`TalosOperation`] | an upgrade of a cluster to a version (`kind: talos`), or a machine's removal (`kind: remove`) |
+//! | [`TalosStorage`] | which nodes carry storage to evacuate before they go down |
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group.
+pub const GROUP: &str = "ichor.dev";
+/// The version.
+pub const VERSION: &str = "v1alpha1";
+
+/// A Talos cluster.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ichor.dev",
+    version = "v1alpha1",
+    kind = "TalosCluster",
+    doc = "A Talos cluster: the release set's Talos version, its Kubernetes version, the Image Factory settings and its talosconfig Secret.",
+    plural = "talosclusters",
+    shortname = "tcl",
+    category = "ichor",
+    namespaced,
+    status = "TalosClusterStatus",
+    printcolumn = r#"{"name":"Talos","type":"string","jsonPath":".spec.talosVersion"}"#,
+    printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosClusterSpec {
+    /// The release set's Talos version, such as `v1.14.4`: the only version an operation
+    /// may roll the cluster to.
+    #[schemars(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$"))]
+    pub talos_version: String,
+    /// The cluster's Kubernetes version, such as `1.34.1`.
+    #[schemars(regex(pattern = r"^v?[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$"))]
+    pub kubernetes_version: String,
+    /// The Image Factory platform of the installer image, such as `metal` or `aws`.
+    #[serde(default = "default_platform")]
+    #[schemars(regex(pattern = r"^[a-z0-9-]+$"))]
+    pub platform: String,
+    /// The Image Factory schematic ID; without it, each node's own
+    /// (`extensions.talos.dev/schematic`) is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9a-f]{64}$"))]
+    pub schematic: Option<String>,
+    /// The name of a Secret in the same namespace with key `talosconfig`: the talosconfig
+    /// the engine reaches the Talos API with.
+    #[schemars(length(min = 1))]
+    pub talosconfig_secret: String,
+}
+
+fn default_platform() -> String {
+    "metal".to_owned()
+}
+
+/// What the engine last saw of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosClusterStatus {
+    /// Conditions about the cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A machine's role.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Runs etcd and the control plane.
+    Controlplane,
+    /// Runs workloads.
+    Worker,
+}
+
+/// A machine of a Talos cluster.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ichor.dev",
+    version = "v1alpha1",
+    kind = "TalosMachine",
+    doc = "A machine of a Talos cluster; its conditions hold an upgrade's or a removal's progress.",
+    plural = "talosmachines",
+    shortname = "tm",
+    category = "ichor",
+    namespaced,
+    status = "TalosMachineStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.role"}"#,
+    printcolumn = r#"{"name":"Address","type":"string","jsonPath":".spec.address"}"#,
+    printcolumn = r#"{"name":"Upgrade","type":"string","jsonPath":".status.conditions[?(@.type==\"TalosUpgrade\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosMachineSpec {
+    /// The `TalosCluster` it belongs to, in the same namespace.
+    #[schemars(length(min = 1))]
+    pub cluster: String,
+    /// `controlplane` or `worker`.
+    pub role: Role,
+    /// The address the Talos API routes to (apid's `node`), usually the node's IP.
+    #[schemars(length(min = 1))]
+    pub address: String,
+    /// The Kubernetes node name; without it, the node's Nodename resource is read through
+    /// the Talos API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+/// A machine's progress: its conditions (`TalosUpgrade`, `StorageEvacuation`,
+/// `NodeRemoval`), which a restarted controller resumes from.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosMachineStatus {
+    /// Its conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// An operation on a cluster: an upgrade (`kind: talos`) or a machine's removal
+/// (`kind: remove`). Other kinds are refused, never run as an upgrade.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ichor.dev",
+    version = "v1alpha1",
+    kind = "TalosOperation",
+    doc = "An operation on a Talos cluster: an upgrade (kind talos) or a machine's removal (kind remove), under the cluster's lock.",
+    plural = "talosoperations",
+    shortname = "top",
+    category = "ichor",
+    namespaced,
+    status = "TalosOperationStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster"}"#,
+    printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress"}"#,
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetVersion"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosOperationSpec {
+    /// The `TalosCluster` it operates on, in the same namespace.
+    #[schemars(length(min = 1))]
+    pub cluster: String,
+    /// `talos` (upgrade every machine to `targetVersion`) or `remove` (remove `machine`).
+    /// Anything else is refused with a Warning Event.
+    #[schemars(length(min = 1))]
+    pub kind: String,
+    /// For `talos`: the version to upgrade to; it must be the cluster's `talosVersion`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub target_version: String,
+    /// For `talos`: how many workers may be unavailable at once (at least 1).
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable: i64,
+    /// For `remove`: the `TalosMachine` to remove.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// Counts of the machines an operation concerns.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineCounts {
+    /// Every machine the operation concerns.
+    pub total: i64,
+    /// On the target (or removed), verified.
+    pub converged: i64,
+    /// Started and not yet converged.
+    pub in_progress: i64,
+    /// Failed: the operation is paused.
+    pub failed: i64,
+}
+
+/// Where an operation stands.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosOperationStatus {
+    /// `Pending`, `Progressing`, `Waiting`, `Paused`, `Completed` or `Refused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The CamelCase reason of the phase (the same as its Events').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What the phase means now, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The generation the phase was decided from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Converged machines out of all, such as `3/8`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    /// Machine counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machines: Option<MachineCounts>,
+    /// `Completed`, `Paused` and `Refused`, each True or False.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The engine's own state between passes (its phase, the resume token acted upon, and
+    /// a record per started machine); read back on every pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserved_object")]
+    pub engine: Option<serde_json::Value>,
+}
+
+/// An object whose fields the API server keeps as written.
+fn preserved_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true })
+}
+
+/// Which nodes carry storage: those its selector selects are evacuated before they go
+/// down, through the storage backend (Longhorn).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ichor.dev",
+    version = "v1alpha1",
+    kind = "TalosStorage",
+    doc = "Which nodes carry storage to evacuate before they go down.",
+    plural = "talosstorages",
+    shortname = "tst",
+    category = "ichor",
+    namespaced,
+    status = "TalosStorageStatus",
+    printcolumn = r#"{"name":"Backend","type":"string","jsonPath":".spec.backend"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosStorageSpec {
+    /// The storage system: `longhorn`.
+    #[serde(default = "default_backend")]
+    #[schemars(regex(pattern = r"^longhorn$"))]
+    pub backend: String,
+    /// The nodes it selects (by their labels). An empty selector selects every node.
+    #[serde(default)]
+    pub node_selector: LabelSelector,
+}
+
+fn default_backend() -> String {
+    "longhorn".to_owned()
+}
+
+/// What the engine last saw of a storage object.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TalosStorageStatus {
+    /// Conditions about it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
