@@ -4,6 +4,8 @@
 //!   Talos's own key label, or ECDSA);
 //! - [`apid`]: a Talos API stand-in over mutual TLS on loopback;
 //! - [`net`]: peers that stall, and ports that refuse;
+//! - [`kube`]: tests against a real Kubernetes API server (`ICHOR_TEST_KUBECONFIG`), each
+//!   in a namespace of its own;
 //! - [`example_binary`]: the path of an example binary, to run it as a user does.
 //!
 //! # What this crate must not do
@@ -13,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod apid;
+pub mod kube;
 pub mod net;
 pub mod pki;
 

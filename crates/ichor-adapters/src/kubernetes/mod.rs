@@ -1,5 +1,22 @@
 //! The Kubernetes half of the engine: Ichor's custom resources ([`crd`]), the manifests
-//! generated from them ([`manifests`]), and `KubeApi` on kube-rs.
+//! generated from them ([`manifests`]), `KubeApi` on kube-rs ([`client`]) and the mapping
+//! of kube-rs errors ([`errors`]).
 
+pub mod client;
 pub mod crd;
+pub mod errors;
 pub mod manifests;
+
+pub use client::{Counters, KubeCluster, Stores, WatchStreams, watch};
+
+/// A client for the engine: kube-rs's own retry of 429, 503 and 504 is off. The engine
+/// decides what a refusal means (a 429 from the Eviction API is a PodDisruptionBudget
+/// saying no, a wait the engine reports), and every call has its own bound; a client that
+/// retries for minutes behind the engine's back would hide both.
+///
+/// # Errors
+/// The kube-rs error when no client can be built from `config`.
+pub fn client(mut config: ::kube::Config) -> Result<::kube::Client, ::kube::Error> {
+    config.default_retry = false;
+    ::kube::Client::try_from(config)
+}

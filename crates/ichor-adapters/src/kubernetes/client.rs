@@ -1,0 +1,831 @@
+//! `KubeApi` on kube-rs.
+//!
+//! Reads come from reflector stores fed by watches ([`watch`]): no GET per object per
+//! pass. Writes go through the status subresource with server-side apply (field manager
+//! [`FIELD_MANAGER`]), only when the applied content differs from what the store holds,
+//! and each under the `resourceVersion` the caller's view of the object was read at: a
+//! store that lags behind the engine's own last write (a watch event not delivered yet)
+//! makes the next write fail with `Conflict`, a wait, rather than act on a stale view. So a
+//! stale read can never lead to a second Upgrade call: the intent write before the call
+//! would conflict.
+//!
+//! The cluster's Lease is read fresh on every pass and written under its resourceVersion:
+//! a lost race is a `Conflict`. Events go through kube-runtime's `events::Recorder`
+//! (`events.k8s.io/v1`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use ichor_storage::{ConditionStore, ConditionWriteError};
+use ichor_talos_executor::kube_api::{
+    ClusterInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, Metadata,
+    NodeInfo, OperationInfo, PodInfo,
+};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::rollout::{OperationStatus, Phase};
+use ichor_upgrade_core::status::RecordState;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff;
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::crd::{
+    MachineCounts, Role, TalosCluster, TalosMachine, TalosMachineStatus, TalosOperation, TalosOperationStatus,
+    TalosStorage,
+};
+use super::errors::kube_error;
+
+/// The field manager of every write.
+pub const FIELD_MANAGER: &str = "ichor";
+/// The finalizer on operations: a deleted operation winds down (machines past their call
+/// are observed to the end) and releases the cluster's lock before it goes.
+pub const FINALIZER: &str = "ichor.dev/lock";
+/// The prefix of a cluster's Lease name: `ichor-cluster-<cluster>`.
+pub const LEASE_PREFIX: &str = "ichor-cluster-";
+
+/// The reflector stores a pass reads.
+#[derive(Clone)]
+pub struct Stores {
+    /// `TalosOperation`s.
+    pub operations: Store<TalosOperation>,
+    /// `TalosMachine`s.
+    pub machines: Store<TalosMachine>,
+    /// `TalosCluster`s.
+    pub clusters: Store<TalosCluster>,
+    /// Nodes.
+    pub nodes: Store<Node>,
+}
+
+/// The watch streams that feed [`Stores`], each yielding the objects it touched (to map to
+/// the operations they concern). They must be polled for the stores to fill.
+pub struct WatchStreams {
+    /// `TalosOperation`s.
+    pub operations: BoxStream<'static, Result<TalosOperation, watcher::Error>>,
+    /// `TalosMachine`s.
+    pub machines: BoxStream<'static, Result<TalosMachine, watcher::Error>>,
+    /// `TalosCluster`s.
+    pub clusters: BoxStream<'static, Result<TalosCluster, watcher::Error>>,
+    /// Nodes.
+    pub nodes: BoxStream<'static, Result<Node, watcher::Error>>,
+    /// `TalosStorage`s (no store: the storage backend lists them).
+    pub storages: BoxStream<'static, Result<TalosStorage, watcher::Error>>,
+}
+
+/// Watches of everything a pass reads, in `namespace` (every namespace with `None`; Nodes
+/// are cluster-wide), with their stores.
+#[must_use]
+pub fn watch(client: &Client, namespace: Option<&str>) -> (Stores, WatchStreams) {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    fn reflect<K>(api: Api<K>) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects()
+            .boxed();
+        (store, stream)
+    }
+    let (operations, operation_stream) = reflect(api::<TalosOperation>(client, namespace));
+    let (machines, machine_stream) = reflect(api::<TalosMachine>(client, namespace));
+    let (clusters, cluster_stream) = reflect(api::<TalosCluster>(client, namespace));
+    let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
+    let storages = watcher(api::<TalosStorage>(client, namespace), watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .boxed();
+    let stores = Stores { operations, machines, clusters, nodes };
+    let streams = WatchStreams {
+        operations: operation_stream,
+        machines: machine_stream,
+        clusters: cluster_stream,
+        nodes: node_stream,
+        storages,
+    };
+    (stores, streams)
+}
+
+impl Stores {
+    /// Watches in `namespace` with tasks of their own draining the streams, once every
+    /// store has its first list (for a `KubeCluster` outside a controller).
+    ///
+    /// # Errors
+    /// A [`KubeError`] when a store did not fill within `bound`.
+    pub async fn spawn(client: &Client, namespace: Option<&str>, bound: Duration) -> Result<Self, KubeError> {
+        let (stores, streams) = watch(client, namespace);
+        fn drain<K: Send + 'static>(stream: BoxStream<'static, Result<K, watcher::Error>>) {
+            tokio::spawn(stream.for_each(|event| async move {
+                if let Err(e) = event {
+                    tracing::debug!(error = %e, "watch error; retried with backoff");
+                }
+            }));
+        }
+        drain(streams.operations);
+        drain(streams.machines);
+        drain(streams.clusters);
+        drain(streams.nodes);
+        drain(streams.storages);
+        stores.ready(bound).await?;
+        Ok(stores)
+    }
+
+    /// Waits until every store has its first list.
+    ///
+    /// # Errors
+    /// [`KubeError::Unreachable`] when that takes longer than `bound`.
+    pub async fn ready(&self, bound: Duration) -> Result<(), KubeError> {
+        let all = async {
+            self.operations.wait_until_ready().await.ok();
+            self.machines.wait_until_ready().await.ok();
+            self.clusters.wait_until_ready().await.ok();
+            self.nodes.wait_until_ready().await.ok();
+        };
+        tokio::time::timeout(bound, all)
+            .await
+            .map_err(|_| KubeError::Unreachable(format!("the watches did not list within {bound:?}")))
+    }
+}
+
+/// Calls made, for the operator's metrics (and to show that only the leader writes).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Writes (status, conditions, Lease, cordon, evictions, deletions, finalizers).
+    pub writes: AtomicU64,
+    /// Events recorded.
+    pub events: AtomicU64,
+    /// Reads that went to the API server rather than a store.
+    pub reads: AtomicU64,
+}
+
+/// `KubeApi` over one namespace of a Kubernetes cluster.
+#[derive(Clone)]
+pub struct KubeCluster {
+    client: Client,
+    namespace: String,
+    stores: Stores,
+    recorder: Recorder,
+    /// The resourceVersion each object's view was handed out at, or written at last: the
+    /// precondition of the next write.
+    versions: Arc<Mutex<HashMap<(&'static str, String), String>>>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for KubeCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeCluster").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+const OPERATION: &str = "TalosOperation";
+const MACHINE: &str = "TalosMachine";
+
+impl KubeCluster {
+    /// The cluster in `namespace`, reading from `stores`, recording Events as `reporter`.
+    #[must_use]
+    pub fn new(client: Client, namespace: &str, stores: Stores, reporter: Reporter, counters: Arc<Counters>) -> Self {
+        let recorder = Recorder::new(client.clone(), reporter);
+        Self { client, namespace: namespace.to_owned(), stores, recorder, versions: Arc::default(), counters }
+    }
+
+    /// The namespace.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The stores it reads.
+    #[must_use]
+    pub fn stores(&self) -> &Stores {
+        &self.stores
+    }
+
+    /// The calls made so far.
+    #[must_use]
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    fn remember(&self, kind: &'static str, name: &str, version: Option<String>) {
+        let mut versions = self.versions.lock().unwrap_or_else(PoisonError::into_inner);
+        match version {
+            Some(v) => versions.insert((kind, name.to_owned()), v),
+            None => versions.remove(&(kind, name.to_owned())),
+        };
+    }
+
+    fn version(&self, kind: &'static str, name: &str) -> Option<String> {
+        let versions = self.versions.lock().unwrap_or_else(PoisonError::into_inner);
+        versions.get(&(kind, name.to_owned())).cloned()
+    }
+
+    fn operations(&self) -> Api<TalosOperation> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn machines_api(&self) -> Api<TalosMachine> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn stored_operation(&self, name: &str) -> Option<Arc<TalosOperation>> {
+        self.stores.operations.get(&ObjectRef::new(name).within(&self.namespace))
+    }
+
+    fn stored_machine(&self, name: &str) -> Option<Arc<TalosMachine>> {
+        self.stores.machines.get(&ObjectRef::new(name).within(&self.namespace))
+    }
+
+    fn wrote(&self) {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds the operation's finalizer if it lacks it and is not being deleted, so that its
+    /// deletion winds down and releases the cluster's lock first.
+    ///
+    /// # Errors
+    /// The write that failed.
+    pub async fn ensure_finalizer(&self, name: &str) -> Result<(), KubeError> {
+        let Some(op) = self.stored_operation(name) else { return Ok(()) };
+        if op.meta().deletion_timestamp.is_some() || op.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let mut finalizers = op.finalizers().to_vec();
+        finalizers.push(FINALIZER.to_owned());
+        let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": op.resource_version() } });
+        self.wrote();
+        self.operations()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| kube_error(&format!("add finalizer to TalosOperation {name}"), &e))
+    }
+
+    async fn apply_status<K>(
+        &self,
+        api: &Api<K>,
+        kind: &'static str,
+        name: &str,
+        status: serde_json::Value,
+    ) -> Result<(), KubeError>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let mut metadata = json!({ "name": name });
+        if let Some(version) = self.version(kind, name) {
+            metadata["resourceVersion"] = json!(version);
+        }
+        let patch = json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "metadata": metadata,
+            "status": status,
+        });
+        self.wrote();
+        let written = api
+            .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+            .await
+            .map_err(|e| kube_error(&format!("apply {kind} {name} status"), &e))?;
+        self.remember(kind, name, written.resource_version());
+        Ok(())
+    }
+}
+
+/// A `metav1.Time`, which has whole seconds on the wire: the instant is truncated here, so
+/// that what is written reads back equal (and "write only when changed" holds).
+fn timestamp_to_time(t: Timestamp) -> Time {
+    let seconds = t.unix_millis().div_euclid(1000);
+    Time(jiff::Timestamp::from_second(seconds).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
+}
+
+fn time_to_timestamp(t: &Time) -> Timestamp {
+    Timestamp::from_unix_millis(t.0.as_millisecond())
+}
+
+fn status_text(status: ConditionStatus) -> &'static str {
+    match status {
+        ConditionStatus::True => "True",
+        ConditionStatus::False => "False",
+        ConditionStatus::Unknown => "Unknown",
+    }
+}
+
+/// The engine's conditions as `metav1.Condition`s.
+#[must_use]
+pub fn to_kube_conditions(conditions: &Conditions) -> Vec<Condition> {
+    conditions
+        .iter()
+        .map(|c| Condition {
+            type_: c.type_.clone(),
+            status: status_text(c.status).to_owned(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            last_transition_time: timestamp_to_time(c.last_transition_time),
+            observed_generation: c.observed_generation,
+        })
+        .collect()
+}
+
+/// `metav1.Condition`s as the engine's (an unknown status reads as `Unknown`).
+#[must_use]
+pub fn from_kube_conditions(conditions: &[Condition]) -> Conditions {
+    let list: Vec<CoreCondition> = conditions
+        .iter()
+        .map(|c| CoreCondition {
+            type_: c.type_.clone(),
+            status: match c.status.as_str() {
+                "True" => ConditionStatus::True,
+                "False" => ConditionStatus::False,
+                _ => ConditionStatus::Unknown,
+            },
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            last_transition_time: time_to_timestamp(&c.last_transition_time),
+            observed_generation: c.observed_generation,
+        })
+        .collect();
+    serde_json::from_value(serde_json::to_value(list).unwrap_or_default()).unwrap_or_default()
+}
+
+fn metadata_map(map: &std::collections::BTreeMap<String, String>) -> Metadata {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+fn node_info(node: &Node) -> NodeInfo {
+    let status = node.status.as_ref();
+    let info = status.and_then(|s| s.node_info.as_ref());
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True");
+    NodeInfo {
+        name: node.name_any(),
+        ready,
+        unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+        os_image: info.map(|i| i.os_image.clone()).unwrap_or_default(),
+        boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
+        labels: metadata_map(node.labels()),
+        annotations: metadata_map(node.annotations()),
+    }
+}
+
+fn machine_info(machine: &TalosMachine) -> MachineInfo {
+    MachineInfo {
+        name: machine.name_any(),
+        role: match machine.spec.role {
+            Role::Controlplane => MachineRole::ControlPlane,
+            Role::Worker => MachineRole::Worker,
+        },
+        hostname: machine.spec.hostname.clone().filter(|h| !h.is_empty()),
+        address: machine.spec.address.clone(),
+        labels: metadata_map(machine.labels()),
+        annotations: metadata_map(machine.annotations()),
+        conditions: machine.status.as_ref().map(|s| from_kube_conditions(&s.conditions)).unwrap_or_default(),
+    }
+}
+
+/// The engine's status kept in an operation's status (`status.engine`); a missing or
+/// unreadable one reads as new (machines past their call are still found from their own
+/// conditions).
+fn engine_status(op: &TalosOperation) -> OperationStatus {
+    let engine = op.status.as_ref().and_then(|s| s.engine.clone());
+    match engine.map(serde_json::from_value::<OperationStatus>) {
+        Some(Ok(status)) => status,
+        Some(Err(e)) => {
+            tracing::warn!(operation = %op.name_any(), error = %e, "status.engine does not parse; read as new");
+            OperationStatus::default()
+        }
+        None => OperationStatus::default(),
+    }
+}
+
+/// An operation's status for people and `kubectl`, from the engine's.
+fn operation_status(
+    engine: &OperationStatus,
+    machines_total: usize,
+    previous: Option<&TalosOperationStatus>,
+    now: Timestamp,
+) -> TalosOperationStatus {
+    let count = |state: RecordState| engine.machines.values().filter(|r| r.state == state).count();
+    let converged = count(RecordState::Converged);
+    let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let phase = &engine.phase;
+    let phase_name = match phase {
+        Phase::Waiting(_) => "Waiting",
+        other => other.name(),
+    };
+    let flag = |type_: &str, on: bool| {
+        let status = if on { "True" } else { "False" };
+        let kept = previous
+            .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+            .filter(|c| c.status == status && c.reason == phase.reason())
+            .map(|c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: phase.reason().to_owned(),
+            message: phase.to_string(),
+            last_transition_time: kept.unwrap_or_else(|| timestamp_to_time(now)),
+            observed_generation: engine.observed_generation,
+        }
+    };
+    TalosOperationStatus {
+        phase: Some(phase_name.to_owned()),
+        reason: Some(phase.reason().to_owned()),
+        message: Some(phase.to_string()),
+        observed_generation: engine.observed_generation,
+        progress: Some(format!("{converged}/{machines_total}")),
+        machines: Some(MachineCounts {
+            total: as_i64(machines_total),
+            converged: as_i64(converged),
+            in_progress: as_i64(count(RecordState::InProgress)),
+            failed: as_i64(count(RecordState::Failed)),
+        }),
+        conditions: vec![
+            flag("Completed", matches!(phase, Phase::Completed)),
+            flag("Paused", matches!(phase, Phase::Paused(_))),
+            flag("Refused", matches!(phase, Phase::Refused(_))),
+        ],
+        engine: serde_json::to_value(engine).ok(),
+    }
+}
+
+/// The same status but for the transition times (which `operation_status` carries over).
+fn same_status(a: &TalosOperationStatus, b: &TalosOperationStatus) -> bool {
+    let strip = |s: &TalosOperationStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+fn lease_info(lease: &Lease) -> LeaseInfo {
+    let spec = lease.spec.as_ref();
+    let renewed = spec.and_then(|s| s.renew_time.as_ref().or(s.acquire_time.as_ref()));
+    LeaseInfo {
+        holder: spec.and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty()),
+        renewed_at: renewed.map_or(Timestamp::EPOCH, |t| Timestamp::from_unix_millis(t.0.as_millisecond())),
+        duration: Duration::from_secs(
+            spec.and_then(|s| s.lease_duration_seconds).and_then(|s| u64::try_from(s).ok()).unwrap_or(0),
+        ),
+        resource_version: lease.resource_version().unwrap_or_default(),
+    }
+}
+
+#[async_trait]
+impl ConditionStore for KubeCluster {
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+        let failed = |e: KubeError| ConditionWriteError {
+            machine: machine.to_owned(),
+            transient: e.is_transient(),
+            message: e.to_string(),
+        };
+        let desired = to_kube_conditions(conditions);
+        let current = self.stored_machine(machine).and_then(|m| m.status.clone()).unwrap_or_default();
+        if current.conditions == desired
+            && self.version(MACHINE, machine) == self.stored_machine(machine).and_then(|m| m.resource_version())
+        {
+            return Ok(());
+        }
+        let status = serde_json::to_value(TalosMachineStatus { conditions: desired }).unwrap_or_default();
+        self.apply_status(&self.machines_api(), MACHINE, machine, status).await.map_err(failed)
+    }
+}
+
+#[async_trait]
+impl KubeApi for KubeCluster {
+    async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
+        Ok(self.stores.nodes.get(&ObjectRef::new(name)).map(|n| node_info(&n)))
+    }
+
+    async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
+        let Some(op) = self.stored_operation(name) else { return Ok(None) };
+        self.remember(OPERATION, name, op.resource_version());
+        Ok(Some(OperationInfo {
+            name: op.name_any(),
+            identity: format!("{}/{}/{}", self.namespace, op.name_any(), op.uid().unwrap_or_default()),
+            cluster: op.spec.cluster.clone(),
+            generation: op.meta().generation.unwrap_or(0),
+            deleting: op.meta().deletion_timestamp.is_some(),
+            annotations: metadata_map(op.annotations()),
+            spec: OperationSpec {
+                kind: op.spec.kind.clone(),
+                target_version: op.spec.target_version.clone(),
+                max_unavailable: op.spec.max_unavailable,
+                machine: op.spec.machine.clone(),
+            },
+            status: engine_status(&op),
+        }))
+    }
+
+    async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
+        let mut parts = identity.splitn(3, '/');
+        let (Some(namespace), Some(name), Some(uid)) = (parts.next(), parts.next(), parts.next()) else {
+            return Ok(false);
+        };
+        let stored = self.stores.operations.get(&ObjectRef::new(name).within(namespace));
+        if stored.as_ref().is_some_and(|op| op.uid().as_deref() == Some(uid)) {
+            return Ok(true);
+        }
+        // Not (or not yet) in the store: ask the API server, never take a live lock over.
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let api: Api<TalosOperation> = Api::namespaced(self.client.clone(), namespace);
+        match api.get_opt(name).await {
+            Ok(found) => Ok(found.is_some_and(|op| op.uid().as_deref() == Some(uid))),
+            Err(e) => Err(kube_error(&format!("read TalosOperation {namespace}/{name}"), &e)),
+        }
+    }
+
+    async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
+        let cluster = self
+            .stores
+            .clusters
+            .get(&ObjectRef::new(name).within(&self.namespace))
+            .ok_or_else(|| KubeError::NotFound(format!("TalosCluster {}/{name}", self.namespace)))?;
+        Ok(ClusterInfo {
+            name: cluster.name_any(),
+            release_talos_version: cluster.spec.talos_version.clone(),
+            kubernetes_version: cluster.spec.kubernetes_version.clone(),
+            schematic: cluster.spec.schematic.clone(),
+            platform: cluster.spec.platform.clone(),
+        })
+    }
+
+    async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError> {
+        let namespace = self.namespace.clone();
+        let mut machines: Vec<Arc<TalosMachine>> = self
+            .stores
+            .machines
+            .state_filter(|m| m.namespace().as_deref() == Some(namespace.as_str()) && m.spec.cluster == cluster);
+        machines.sort_by_key(|m| m.name_any());
+        Ok(machines
+            .iter()
+            .map(|m| {
+                self.remember(MACHINE, &m.name_any(), m.resource_version());
+                machine_info(m)
+            })
+            .collect())
+    }
+
+    async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = format!("{LEASE_PREFIX}{cluster}");
+        match api.get_opt(&name).await {
+            Ok(lease) => Ok(lease.map(|l| lease_info(&l))),
+            Err(e) => Err(kube_error(&format!("read Lease {name}"), &e)),
+        }
+    }
+
+    async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError> {
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = format!("{LEASE_PREFIX}{cluster}");
+        let renewed = MicroTime(
+            jiff::Timestamp::from_millisecond(write.renewed_at.unix_millis()).unwrap_or(jiff::Timestamp::UNIX_EPOCH),
+        );
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(self.namespace.clone()),
+                resource_version: write.expected_resource_version.clone(),
+                labels: Some([("app.kubernetes.io/managed-by".to_owned(), "ichor".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: write.holder.clone(),
+                lease_duration_seconds: i32::try_from(write.duration.as_secs()).ok(),
+                acquire_time: write.holder.as_ref().map(|_| renewed.clone()),
+                renew_time: write.holder.as_ref().map(|_| renewed.clone()),
+                ..LeaseSpec::default()
+            }),
+        };
+        self.wrote();
+        let result = match &write.expected_resource_version {
+            None => {
+                api.create(
+                    &PostParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PostParams::default() },
+                    &lease,
+                )
+                .await
+            }
+            Some(_) => {
+                api.replace(
+                    &name,
+                    &PostParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PostParams::default() },
+                    &lease,
+                )
+                .await
+            }
+        };
+        match result {
+            Ok(_) => Ok(()),
+            // Created by someone else meanwhile: the race was lost.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.reason == "AlreadyExists" => {
+                Err(KubeError::Conflict(format!("write Lease {name}: {}", status.message)))
+            }
+            Err(e) => Err(kube_error(&format!("write Lease {name}"), &e)),
+        }
+    }
+
+    async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError> {
+        let op = self.stored_operation(name);
+        let previous = op.as_ref().and_then(|o| o.status.clone());
+        let total = match op.as_ref() {
+            Some(op) if op.spec.kind == ichor_upgrade_core::operation::OperationKind::REMOVE => 1,
+            Some(op) => {
+                let namespace = self.namespace.clone();
+                let cluster = op.spec.cluster.clone();
+                self.stores
+                    .machines
+                    .state_filter(|m| m.namespace().as_deref() == Some(namespace.as_str()) && m.spec.cluster == cluster)
+                    .iter()
+                    .filter(|m| !ichor_upgrade_core::removal_step::is_removed(&machine_info(m).conditions))
+                    .count()
+            }
+            None => 0,
+        };
+        let now = Timestamp::from_unix_millis(jiff::Timestamp::now().as_millisecond());
+        let desired = operation_status(status, total, previous.as_ref(), now);
+        let unchanged = previous.as_ref().is_some_and(|p| same_status(p, &desired))
+            && self.version(OPERATION, name) == op.as_ref().and_then(|o| o.resource_version());
+        if unchanged {
+            return Ok(());
+        }
+        let value = serde_json::to_value(&desired).unwrap_or_default();
+        self.apply_status(&self.operations(), OPERATION, name, value).await
+    }
+
+    async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError> {
+        let Some(op) = self.stored_operation(name) else { return Ok(()) };
+        if !op.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        let finalizers: Vec<&String> = op.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+        let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": op.resource_version() } });
+        self.wrote();
+        match self.operations().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(&e, kube::Error::Api(s) if s.code == 404) => Ok(()),
+            Err(e) => Err(kube_error(&format!("remove the finalizer of TalosOperation {name}"), &e)),
+        }
+    }
+
+    async fn event(&self, event: &Event) -> Result<(), KubeError> {
+        let reference = match event.kind {
+            OPERATION => self.stored_operation(&event.name).map(|o| o.object_ref(&())),
+            MACHINE => self.stored_machine(&event.name).map(|m| m.object_ref(&())),
+            _ => None,
+        };
+        let Some(reference) = reference else {
+            return Err(KubeError::NotFound(format!("{} {} for an Event", event.kind, event.name)));
+        };
+        let type_ = match event.type_ {
+            EventType::Normal => KubeEventType::Normal,
+            EventType::Warning => KubeEventType::Warning,
+        };
+        // events.k8s.io caps a note at 1 kB.
+        let note: String = event.message.chars().take(1000).collect();
+        let published = KubeEvent {
+            type_,
+            reason: event.reason.clone(),
+            note: Some(note),
+            action: event.reason.clone(),
+            secondary: None,
+        };
+        self.counters.events.fetch_add(1, Ordering::Relaxed);
+        self.recorder.publish(&published, &reference).await.map_err(|e| kube_error("record an Event", &e))
+    }
+
+    async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
+        Ok(self.stored_machine(name).map(|m| {
+            self.remember(MACHINE, name, m.resource_version());
+            machine_info(&m)
+        }))
+    }
+
+    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        self.wrote();
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&json!({ "spec": { "unschedulable": true } })))
+            .await
+            .map(drop)
+            .map_err(|e| kube_error(&format!("cordon Node {node}"), &e))
+    }
+
+    async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let pods = api
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(|e| kube_error(&format!("list pods on {node}"), &e))?;
+        Ok(pods
+            .items
+            .iter()
+            .map(|pod| PodInfo {
+                namespace: pod.namespace().unwrap_or_default(),
+                name: pod.name_any(),
+                owner_kinds: pod.owner_references().iter().map(|o| o.kind.clone()).collect(),
+                mirror: pod.annotations().contains_key("kubernetes.io/config.mirror"),
+                terminating: pod.meta().deletion_timestamp.is_some(),
+            })
+            .collect())
+    }
+
+    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        self.wrote();
+        match api.evict(name, &EvictParams::default()).await {
+            Ok(_) => Ok(Eviction::Evicted),
+            Err(kube::Error::Api(status)) if status.code == 429 => Ok(Eviction::Blocked { message: status.message }),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Eviction::Evicted),
+            Err(e) => Err(kube_error(&format!("evict pod {namespace}/{name}"), &e)),
+        }
+    }
+
+    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        self.wrote();
+        match api.delete(node, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(&format!("delete Node {node}"), &e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_round_trip_through_metav1_in_whole_seconds() {
+        let mut conditions = Conditions::new();
+        conditions.upsert(
+            ichor_upgrade_core::conditions::ConditionUpdate::new(
+                "TalosUpgrade",
+                ConditionStatus::Unknown,
+                "UpgradeIntent",
+                "m",
+            ),
+            Timestamp::from_unix_millis(1_767_225_600_123),
+        );
+        let kube = to_kube_conditions(&conditions);
+        assert_eq!(kube[0].status, "Unknown");
+        assert_eq!(serde_json::to_value(&kube[0].last_transition_time).unwrap(), "2026-01-01T00:00:00Z");
+        let back = from_kube_conditions(&kube);
+        assert_eq!(back.get("TalosUpgrade").unwrap().last_transition_time, Timestamp::from_unix_secs(1_767_225_600));
+        assert_eq!(to_kube_conditions(&back), kube, "what is read back writes the same");
+    }
+
+    #[test]
+    fn an_operation_status_says_phase_progress_and_keeps_the_engines_state() {
+        let mut engine =
+            OperationStatus { phase: Phase::Progressing, observed_generation: Some(2), ..OperationStatus::default() };
+        engine.machines.insert(
+            "cp-1".into(),
+            ichor_upgrade_core::status::MachineRecord {
+                state: RecordState::Converged,
+                reason: "Converged".into(),
+                message: String::new(),
+                recheck_at: None,
+            },
+        );
+        let now = Timestamp::from_unix_secs(1_000);
+        let status = operation_status(&engine, 8, None, now);
+        assert_eq!(status.phase.as_deref(), Some("Progressing"));
+        assert_eq!(status.progress.as_deref(), Some("1/8"));
+        assert_eq!(status.machines.as_ref().map(|m| m.converged), Some(1));
+        let back: OperationStatus = serde_json::from_value(status.engine.clone().unwrap()).unwrap();
+        assert_eq!(back, engine);
+        // The same again later keeps its transition times: no write.
+        let again = operation_status(&engine, 8, Some(&status), Timestamp::from_unix_secs(2_000));
+        assert_eq!(again, status);
+        assert!(same_status(&again, &status));
+    }
+}

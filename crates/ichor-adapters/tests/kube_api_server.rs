@@ -1,0 +1,358 @@
+//! `KubeCluster` and the CRDs against a real Kubernetes API server (`ICHOR_TEST_KUBECONFIG`;
+//! skipped with one line without it). Each test works in a namespace of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_adapters::kubernetes::crd::{
+    Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec, TalosOperation, TalosOperationSpec,
+};
+use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores};
+use ichor_storage::ConditionStore;
+use ichor_talos_executor::kube_api::{EventType, Eviction, KubeApi, KubeError, LeaseWrite};
+use ichor_testkit::kube::TestNamespace;
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::rollout::{OperationStatus, Phase};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::runtime::events::Reporter;
+use serde_json::json;
+
+const BOUND: Duration = Duration::from_secs(60);
+
+async fn bounded<T>(future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, future).await.expect("the test's own bound")
+}
+
+fn cluster_object(name: &str) -> TalosCluster {
+    TalosCluster::new(
+        name,
+        TalosClusterSpec {
+            talos_version: "v1.14.4".into(),
+            kubernetes_version: "1.34.1".into(),
+            platform: "metal".into(),
+            schematic: None,
+            talosconfig_secret: format!("{name}-talosconfig"),
+        },
+    )
+}
+
+fn machine_object(name: &str, cluster: &str, role: Role) -> TalosMachine {
+    TalosMachine::new(
+        name,
+        TalosMachineSpec { cluster: cluster.into(), role, address: "10.5.0.2".into(), hostname: Some(name.into()) },
+    )
+}
+
+async fn kube_cluster(ns: &TestNamespace) -> KubeCluster {
+    let stores = bounded(Stores::spawn(&ns.client, Some(&ns.name), BOUND)).await.unwrap();
+    KubeCluster::new(ns.client.clone(), &ns.name, stores, Reporter::from("ichor-test"), Arc::new(Counters::default()))
+}
+
+/// Waits until `check` holds (the stores follow the server through watches).
+async fn eventually(mut check: impl FnMut() -> bool) {
+    bounded(async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_crds_validate_what_is_written() {
+    let Some(ns) = TestNamespace::create("crd").await else { return };
+    let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
+    let op = |name: &str, max: i64| {
+        TalosOperation::new(
+            name,
+            TalosOperationSpec {
+                cluster: "prod".into(),
+                kind: "talos".into(),
+                target_version: "v1.14.4".into(),
+                max_unavailable: max,
+                machine: None,
+            },
+        )
+    };
+    let err = ops.create(&PostParams::default(), &op("zero", 0)).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("maxUnavailable")), "{err}");
+    // maxUnavailable defaults to 1 when left out.
+    let raw = json!({
+        "apiVersion": "ichor.dev/v1alpha1", "kind": "TalosOperation", "metadata": { "name": "defaulted" },
+        "spec": { "cluster": "prod", "kind": "talos", "targetVersion": "v1.14.4" }
+    });
+    let created: TalosOperation =
+        ops.create(&PostParams::default(), &serde_json::from_value(raw).unwrap()).await.unwrap();
+    assert_eq!(created.spec.max_unavailable, 1);
+    let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
+    let mut bad = cluster_object("bad");
+    bad.spec.talos_version = "1.14".into();
+    let err = clusters.create(&PostParams::default(), &bad).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("talosVersion")), "{err}");
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn reads_come_from_the_stores_and_conditions_are_applied_only_when_changed() {
+    let Some(ns) = TestNamespace::create("rw").await else { return };
+    let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
+    clusters.create(&PostParams::default(), &cluster_object("prod")).await.unwrap();
+    let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
+    for (name, role) in [("cp-1", Role::Controlplane), ("worker-1", Role::Worker)] {
+        machines.create(&PostParams::default(), &machine_object(name, "prod", role)).await.unwrap();
+    }
+    let kube = kube_cluster(&ns).await;
+    eventually(|| kube.stores().machines.state().len() == 2).await;
+    let cluster = kube.cluster("prod").await.unwrap();
+    assert_eq!((cluster.release_talos_version.as_str(), cluster.platform.as_str()), ("v1.14.4", "metal"));
+    let listed = kube.machines("prod").await.unwrap();
+    assert_eq!(listed.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), vec!["cp-1", "worker-1"]);
+    assert!(matches!(kube.cluster("nope").await, Err(KubeError::NotFound(_))));
+
+    let mut conditions = Conditions::new();
+    conditions.upsert(
+        ConditionUpdate::new("TalosUpgrade", ConditionStatus::Unknown, "UpgradeIntent", "talos-upgrade/v1 ..."),
+        Timestamp::from_unix_secs(1_767_225_600),
+    );
+    kube.write_conditions("worker-1", &conditions).await.unwrap();
+    let written = machines.get_status("worker-1").await.unwrap();
+    let managers: Vec<String> = written.managed_fields().iter().filter_map(|f| f.manager.clone()).collect();
+    assert!(managers.iter().any(|m| m == "ichor"), "{managers:?}");
+    assert_eq!(written.status.as_ref().unwrap().conditions[0].reason, "UpgradeIntent");
+    eventually(|| kube.stores().machines.state().iter().any(|m| m.resource_version() == written.resource_version()))
+        .await;
+    let writes = kube.counters().writes.load(std::sync::atomic::Ordering::Relaxed);
+    kube.machines("prod").await.unwrap();
+    kube.write_conditions("worker-1", &conditions).await.unwrap();
+    assert_eq!(kube.counters().writes.load(std::sync::atomic::Ordering::Relaxed), writes, "unchanged: no write");
+    assert_eq!(machines.get("worker-1").await.unwrap().resource_version(), written.resource_version());
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn a_write_from_a_stale_view_is_a_conflict_never_a_blind_overwrite() {
+    let Some(ns) = TestNamespace::create("stale").await else { return };
+    let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
+    machines.create(&PostParams::default(), &machine_object("worker-1", "prod", Role::Worker)).await.unwrap();
+    let kube = kube_cluster(&ns).await;
+    eventually(|| kube.stores().machines.state().len() == 1).await;
+    let view = kube.machine("worker-1").await.unwrap().unwrap();
+    // Someone (a restarted controller, say) writes after our view was read.
+    let patch = json!({ "metadata": { "labels": { "touched": "yes" } } });
+    machines.patch("worker-1", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let mut conditions = view.conditions.clone();
+    conditions.upsert(
+        ConditionUpdate::new("TalosUpgrade", ConditionStatus::Unknown, "UpgradeIntent", "m"),
+        Timestamp::from_unix_secs(1),
+    );
+    let err = kube.write_conditions("worker-1", &conditions).await.unwrap_err();
+    assert!(err.transient && err.message.contains("409"), "{err:?}");
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn the_cluster_lease_is_taken_renewed_released_and_a_lost_race_is_a_conflict() {
+    let Some(ns) = TestNamespace::create("lease").await else { return };
+    let kube = kube_cluster(&ns).await;
+    assert_eq!(kube.lease("prod").await.unwrap(), None);
+    let at = Timestamp::from_unix_secs(1_767_225_600);
+    let write_at = |holder: Option<&str>, expected: Option<String>, renewed_at: Timestamp| LeaseWrite {
+        holder: holder.map(str::to_owned),
+        renewed_at,
+        duration: Duration::from_secs(120),
+        expected_resource_version: expected,
+    };
+    let write = |holder: Option<&str>, expected: Option<String>| write_at(holder, expected, at);
+    kube.write_lease("prod", &write(Some("ns/op-a/uid-a"), None)).await.unwrap();
+    let lease = kube.lease("prod").await.unwrap().unwrap();
+    assert_eq!(lease.holder.as_deref(), Some("ns/op-a/uid-a"));
+    assert_eq!(
+        (lease.duration, lease.renewed_at),
+        (Duration::from_secs(120), Timestamp::from_unix_secs(1_767_225_600))
+    );
+    // Creating it again, or writing under an old version, loses the race.
+    assert!(matches!(kube.write_lease("prod", &write(Some("ns/op-b/uid-b"), None)).await, Err(KubeError::Conflict(_))));
+    // A renewal (a later time) under the current version.
+    let renewal =
+        write_at(Some("ns/op-a/uid-a"), Some(lease.resource_version.clone()), Timestamp::from_unix_secs(1_767_225_640));
+    kube.write_lease("prod", &renewal).await.unwrap();
+    let stale = kube.write_lease("prod", &write(Some("ns/op-b/uid-b"), Some(lease.resource_version))).await;
+    assert!(matches!(stale, Err(KubeError::Conflict(_))), "{stale:?}");
+    let current = kube.lease("prod").await.unwrap().unwrap();
+    kube.write_lease("prod", &write(None, Some(current.resource_version))).await.unwrap();
+    assert_eq!(kube.lease("prod").await.unwrap().unwrap().holder, None);
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn operation_status_and_events_are_written_for_people_too() {
+    let Some(ns) = TestNamespace::create("status").await else { return };
+    let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
+    let spec = TalosOperationSpec {
+        cluster: "prod".into(),
+        kind: "kubernetes".into(),
+        target_version: "v1.14.4".into(),
+        max_unavailable: 1,
+        machine: None,
+    };
+    let created = ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
+    let kube = kube_cluster(&ns).await;
+    eventually(|| kube.stores().operations.state().len() == 1).await;
+    let info = kube.operation("upgrade").await.unwrap().unwrap();
+    assert_eq!(info.identity, format!("{}/upgrade/{}", ns.name, created.uid().unwrap()));
+    assert!(kube.operation_exists(&info.identity).await.unwrap());
+    assert!(!kube.operation_exists(&format!("{}/upgrade/another-uid", ns.name)).await.unwrap());
+    let refusal = ichor_upgrade_core::operation::OperationSpec {
+        kind: "kubernetes".into(),
+        target_version: "v1.14.4".into(),
+        max_unavailable: 1,
+        machine: None,
+    }
+    .validate("v1.14.4")
+    .unwrap_err();
+    let status =
+        OperationStatus { phase: Phase::Refused(refusal), observed_generation: Some(1), ..OperationStatus::default() };
+    kube.write_operation_status("upgrade", &status).await.unwrap();
+    let read = ops.get_status("upgrade").await.unwrap().status.unwrap();
+    assert_eq!((read.phase.as_deref(), read.reason.as_deref()), (Some("Refused"), Some("UnsupportedKind")));
+    eventually(|| kube.stores().operations.state().iter().any(|o| o.status.is_some())).await;
+    assert_eq!(kube.operation("upgrade").await.unwrap().unwrap().status, status, "the engine's state reads back");
+    let event = ichor_talos_executor::kube_api::Event {
+        kind: "TalosOperation",
+        name: "upgrade".into(),
+        type_: EventType::Warning,
+        reason: "UnsupportedKind".into(),
+        message: "refused: operation kind \"kubernetes\" is not supported".into(),
+    };
+    kube.event(&event).await.unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(ns.client.clone(), &ns.name);
+    let list = events.list(&Default::default()).await.unwrap();
+    assert!(
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("UnsupportedKind") && e.type_.as_deref() == Some("Warning")),
+        "{:?}",
+        list.items
+    );
+    ns.delete().await;
+}
+
+fn pdb_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+        "poddisruptionbudgets",
+    )
+}
+
+#[tokio::test]
+async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
+    let Some(ns) = TestNamespace::create("drain").await else { return };
+    let node_name = format!("{}-node", ns.name);
+    let nodes: Api<Node> = Api::all(ns.client.clone());
+    let node: Node = serde_json::from_value(json!({ "metadata": { "name": node_name } })).unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "invoice-worker", "labels": { "app": "invoice" } },
+        "spec": { "nodeName": node_name, "containers": [{ "name": "c", "image": "registry.invalid/none" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    // A kubelet would report it running and ready.
+    let status = json!({ "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] } });
+    pods.patch_status("invoice-worker", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &pdb_resource());
+    let pdb: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": { "name": "invoice" },
+        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "invoice" } } }
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    // The disruption controller computes the budget.
+    bounded(async {
+        loop {
+            let pdb = pdbs.get("invoice").await.unwrap();
+            if pdb.data["status"]["currentHealthy"] == json!(1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let kube = kube_cluster(&ns).await;
+    kube.cordon(&node_name).await.unwrap();
+    eventually(|| {
+        kube.stores()
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(&node_name))
+            .is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+    })
+    .await;
+    let on_node = kube.pods_on(&node_name).await.unwrap();
+    assert_eq!(on_node.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), vec!["invoice-worker"]);
+    let blocked = kube.evict(&ns.name, "invoice-worker").await.unwrap();
+    assert!(matches!(&blocked, Eviction::Blocked { message } if message.contains("disruption budget")), "{blocked:?}");
+    assert_eq!(kube.evict(&ns.name, "gone").await.unwrap(), Eviction::Evicted, "a pod already gone");
+    kube.delete_node(&node_name).await.unwrap();
+    kube.delete_node(&node_name).await.unwrap();
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn errors_from_a_real_server_map_to_their_kinds() {
+    let Some(ns) = TestNamespace::create("errors").await else { return };
+    let kubeconfig = kube::config::Kubeconfig::read_from(&ns.kubeconfig).unwrap();
+    // A token the server does not know: 401, refused.
+    let mut bad = kubeconfig.clone();
+    for auth in &mut bad.auth_infos {
+        if let Some(info) = auth.auth_info.as_mut() {
+            info.token = Some("not-a-token".to_owned().into());
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(bad, &Default::default()).await.unwrap();
+    let unauthorised = ichor_adapters::kubernetes::client(config).unwrap();
+    let err = Api::<TalosCluster>::namespaced(unauthorised, &ns.name).list(&Default::default()).await.unwrap_err();
+    let mapped = ichor_adapters::kubernetes::errors::kube_error("list", &err);
+    assert!(matches!(mapped, KubeError::Refused(_)), "{mapped:?}");
+    // A server certificate from an authority the kubeconfig does not trust: refused, not
+    // "unreachable" forever.
+    let mut untrusted = kubeconfig.clone();
+    for cluster in &mut untrusted.clusters {
+        if let Some(c) = cluster.cluster.as_mut() {
+            c.certificate_authority = None;
+            c.certificate_authority_data =
+                Some(b64(&ichor_testkit::pki::Ca::new(ichor_testkit::pki::KeyKind::EcdsaP256).cert_pem));
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(untrusted, &Default::default()).await.unwrap();
+    let err = Api::<TalosCluster>::namespaced(ichor_adapters::kubernetes::client(config).unwrap(), &ns.name)
+        .list(&Default::default())
+        .await
+        .unwrap_err();
+    let mapped = ichor_adapters::kubernetes::errors::kube_error("list", &err);
+    assert!(matches!(mapped, KubeError::Refused(_)), "{mapped:?}");
+    // A port nobody listens on: unreachable.
+    let mut closed = kubeconfig;
+    let port = ichor_testkit::net::refused_endpoint();
+    for cluster in &mut closed.clusters {
+        if let Some(c) = cluster.cluster.as_mut() {
+            c.server = Some(format!("https://{port}"));
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(closed, &Default::default()).await.unwrap();
+    let err = Api::<TalosCluster>::namespaced(ichor_adapters::kubernetes::client(config).unwrap(), &ns.name)
+        .list(&Default::default())
+        .await
+        .unwrap_err();
+    let mapped = ichor_adapters::kubernetes::errors::kube_error("list", &err);
+    assert!(matches!(&mapped, KubeError::Unreachable(m) if m.to_lowercase().contains("refused")), "{mapped:?}");
+    ns.delete().await;
+}
+
+fn b64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
