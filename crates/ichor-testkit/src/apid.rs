@@ -248,10 +248,8 @@ impl State for Talos {
 
 /// A running apid stand-in.
 pub struct Apid {
-    addr: SocketAddr,
+    served: Served,
     seen: Arc<Mutex<Seen>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Apid {
@@ -272,44 +270,23 @@ impl Apid {
     /// When no loopback port can be bound.
     #[must_use]
     pub fn start_with(cert_pem: &str, key_pem: &str, client_ca_pem: &str, behaviour: Behaviour) -> Self {
-        let tls = ServerTlsConfig::new()
-            .identity(Identity::from_pem(cert_pem, key_pem))
-            .client_ca_root(Certificate::from_pem(client_ca_pem));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let addr = listener.local_addr().expect("its address");
         let seen = Arc::new(Mutex::new(Seen::default()));
         let talos = Talos { seen: Arc::clone(&seen), behaviour };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
-                Server::builder()
-                    .tls_config(tls)
-                    .expect("server TLS")
-                    .add_service(MachineServiceServer::new(talos.clone()))
-                    .add_service(StateServer::new(talos))
-                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                        stopped.await.ok();
-                    })
-                    .await
-                    .expect("the server runs");
-            });
-        });
-        Self { addr, seen, stop: Some(stop), thread: Some(thread) }
+        let served =
+            serve(cert_pem, key_pem, client_ca_pem, MachineServiceServer::new(talos.clone()), StateServer::new(talos));
+        Self { served, seen }
     }
 
     /// Its address.
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.served.addr
     }
 
     /// `127.0.0.1:PORT`.
     #[must_use]
     pub fn endpoint(&self) -> String {
-        self.addr.to_string()
+        self.served.endpoint()
     }
 
     /// What it saw so far.
@@ -321,13 +298,70 @@ impl Apid {
     }
 }
 
-impl Drop for Apid {
+/// A Talos API served on loopback over mutual TLS (this server's certificate, clients
+/// verified against `client_ca_pem`), on a thread of its own; dropping it stops it.
+pub struct Served {
+    /// Its address.
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Served {
+    /// `127.0.0.1:PORT`.
+    #[must_use]
+    pub fn endpoint(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for Served {
     fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             stop.send(()).ok();
         }
-        // Open client connections may hold the server's graceful shutdown; do not wait
-        // for them: the thread ends with the test process.
         drop(self.thread.take());
     }
+}
+
+/// Serves these Talos API services (any implementation: the stand-in's, or the simulated
+/// fleet's through `ichor_adapters::talos::server`) on a free loopback port.
+///
+/// # Panics
+/// When no loopback port can be bound.
+pub fn serve<M, S>(
+    cert_pem: &str,
+    key_pem: &str,
+    client_ca_pem: &str,
+    machine: MachineServiceServer<M>,
+    state: StateServer<S>,
+) -> Served
+where
+    M: MachineService,
+    S: State,
+{
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert_pem, key_pem))
+        .client_ca_root(Certificate::from_pem(client_ca_pem));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let addr = listener.local_addr().expect("its address");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            Server::builder()
+                .tls_config(tls)
+                .expect("server TLS")
+                .add_service(machine)
+                .add_service(state)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    stopped.await.ok();
+                })
+                .await
+                .expect("the server runs");
+        });
+    });
+    Served { addr, stop: Some(stop), thread: Some(thread) }
 }

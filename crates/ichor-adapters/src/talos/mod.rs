@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod server;
 
 pub use client::{ClientError, ClientOptions, Snapshot, SnapshotError, TalosClient};
 pub use connect::{ConnectError, TlsMaterialError};

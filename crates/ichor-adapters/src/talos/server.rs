@@ -1,0 +1,252 @@
+//! A Talos API (apid) in front of any [`TalosApi`]: the gRPC services of Ichor's proto
+//! subset, each call routed by its `node` metadata to the implementation, its errors
+//! answered as apid answers them (a node it cannot reach: `Unavailable`).
+//!
+//! This is how the simulated fleet ([`crate::sim`] on a real API server) is reached by a
+//! real Talos client: the operator runs exactly as in production, with a talosconfig, over
+//! mutual TLS.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_talos_executor::cause::report;
+use ichor_talos_executor::talos_api::{ResetRequest, TalosApi, TalosError, UpgradeRequest};
+use ichor_upgrade_core::talos_step::MachineStage;
+use prost::Message;
+use tonic::{Code, Request, Response, Status};
+
+use super::proto::common::Data;
+use super::proto::machine::machine_service_server::{MachineService, MachineServiceServer};
+use super::proto::machine::{self as pb};
+use super::proto::resource::state_server::{State, StateServer};
+use super::proto::resource::{
+    GetRequest, GetResponse, MachineStatusSpec, NodenameSpec, Resource, Spec, machine_status_spec::Stage,
+};
+
+/// The services, ready for `tonic::transport::Server::add_service`.
+pub fn services<T: TalosApi + 'static>(api: Arc<T>) -> (MachineServiceServer<Apid<T>>, StateServer<Apid<T>>) {
+    let apid = Apid { api };
+    (MachineServiceServer::new(apid.clone()), StateServer::new(apid))
+}
+
+/// The Talos API services over `T`.
+pub struct Apid<T> {
+    api: Arc<T>,
+}
+
+impl<T> Clone for Apid<T> {
+    fn clone(&self) -> Self {
+        Self { api: Arc::clone(&self.api) }
+    }
+}
+
+/// The node a call is routed to.
+fn node<M>(request: &Request<M>) -> Result<String, Status> {
+    request
+        .metadata()
+        .get("node")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| Status::invalid_argument("a call must name its node (the `node` metadata key)"))
+}
+
+/// The call's gRPC deadline, if it carries one (`grpc-timeout`, such as `540000m`).
+fn deadline<M>(request: &Request<M>) -> Option<Duration> {
+    let text = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (value, unit) = text.split_at(text.len().checked_sub(1)?);
+    let value: u64 = value.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value * 3600),
+        "M" => Duration::from_secs(value * 60),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+/// A failure answered as apid answers it.
+fn status(error: &TalosError) -> Status {
+    match error {
+        TalosError::Dial { .. } | TalosError::Transport { .. } | TalosError::Tls { .. } => {
+            Status::unavailable(format!("connection error: {}", report(error)))
+        }
+        TalosError::Unreachable { code, message } | TalosError::Answered { code, message } => {
+            Status::new(code_of(code), message.clone())
+        }
+    }
+}
+
+fn code_of(name: &str) -> Code {
+    match name {
+        "Cancelled" => Code::Cancelled,
+        "InvalidArgument" => Code::InvalidArgument,
+        "DeadlineExceeded" => Code::DeadlineExceeded,
+        "NotFound" => Code::NotFound,
+        "AlreadyExists" => Code::AlreadyExists,
+        "PermissionDenied" => Code::PermissionDenied,
+        "ResourceExhausted" => Code::ResourceExhausted,
+        "FailedPrecondition" => Code::FailedPrecondition,
+        "Aborted" => Code::Aborted,
+        "OutOfRange" => Code::OutOfRange,
+        "Unimplemented" => Code::Unimplemented,
+        "Internal" => Code::Internal,
+        "Unavailable" => Code::Unavailable,
+        "DataLoss" => Code::DataLoss,
+        "Unauthenticated" => Code::Unauthenticated,
+        _ => Code::Unknown,
+    }
+}
+
+#[tonic::async_trait]
+impl<T: TalosApi + 'static> MachineService for Apid<T> {
+    async fn version(&self, _request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
+        Err(Status::unimplemented("Version is not part of the engine's Talos API"))
+    }
+
+    async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Result<Response<pb::UpgradeResponse>, Status> {
+        let node = node(&request)?;
+        let timeout = deadline(&request).unwrap_or(Duration::from_secs(600));
+        let call = UpgradeRequest { image: request.into_inner().image, timeout };
+        let ack = self.api.upgrade(&node, &call).await.map_err(|e| status(&e))?;
+        let reply = pb::Upgrade { metadata: None, ack: ack.ack, actor_id: ack.actor_id };
+        Ok(Response::new(pb::UpgradeResponse { messages: vec![reply] }))
+    }
+
+    async fn reboot(&self, _request: Request<pb::RebootRequest>) -> Result<Response<pb::RebootResponse>, Status> {
+        Err(Status::unimplemented("Reboot is not part of the engine's Talos API"))
+    }
+
+    async fn reset(&self, request: Request<pb::ResetRequest>) -> Result<Response<pb::ResetResponse>, Status> {
+        let node = node(&request)?;
+        let message = request.into_inner();
+        let call = ResetRequest { graceful: message.graceful, reboot: message.reboot };
+        self.api.reset(&node, &call).await.map_err(|e| status(&e))?;
+        Ok(Response::new(pb::ResetResponse { messages: vec![pb::Reset::default()] }))
+    }
+
+    async fn etcd_member_list(
+        &self,
+        request: Request<pb::EtcdMemberListRequest>,
+    ) -> Result<Response<pb::EtcdMemberListResponse>, Status> {
+        let node = node(&request)?;
+        let members = self.api.etcd_members(&node).await.map_err(|e| status(&e))?;
+        let members = members
+            .into_iter()
+            .map(|m| pb::EtcdMember {
+                id: m.id,
+                hostname: m.hostname,
+                is_learner: m.is_learner,
+                ..pb::EtcdMember::default()
+            })
+            .collect();
+        Ok(Response::new(pb::EtcdMemberListResponse {
+            messages: vec![pb::EtcdMembers { metadata: None, legacy_members: vec![], members }],
+        }))
+    }
+
+    async fn etcd_status(&self, request: Request<()>) -> Result<Response<pb::EtcdStatusResponse>, Status> {
+        let node = node(&request)?;
+        let s = self.api.etcd_status(&node).await.map_err(|e| status(&e))?;
+        let member_status = pb::EtcdMemberStatus {
+            member_id: s.member_id,
+            leader: s.leader,
+            errors: s.errors,
+            is_learner: s.is_learner,
+            ..pb::EtcdMemberStatus::default()
+        };
+        Ok(Response::new(pb::EtcdStatusResponse {
+            messages: vec![pb::EtcdStatus { metadata: None, member_status: Some(member_status) }],
+        }))
+    }
+
+    async fn etcd_alarm_list(&self, request: Request<()>) -> Result<Response<pb::EtcdAlarmListResponse>, Status> {
+        let node = node(&request)?;
+        let alarms = self.api.etcd_alarms(&node).await.map_err(|e| status(&e))?;
+        let member_alarms =
+            alarms.into_iter().map(|a| pb::EtcdMemberAlarm { member_id: a.member_id, alarm: a.kind }).collect();
+        Ok(Response::new(pb::EtcdAlarmListResponse { messages: vec![pb::EtcdAlarm { metadata: None, member_alarms }] }))
+    }
+
+    type EtcdSnapshotStream = tokio_stream::Iter<std::vec::IntoIter<Result<Data, Status>>>;
+
+    async fn etcd_snapshot(
+        &self,
+        _request: Request<pb::EtcdSnapshotRequest>,
+    ) -> Result<Response<Self::EtcdSnapshotStream>, Status> {
+        Err(Status::unimplemented("EtcdSnapshot is not part of the engine's Talos API yet"))
+    }
+
+    async fn etcd_leave_cluster(
+        &self,
+        request: Request<pb::EtcdLeaveClusterRequest>,
+    ) -> Result<Response<pb::EtcdLeaveClusterResponse>, Status> {
+        let node = node(&request)?;
+        self.api.etcd_leave_cluster(&node).await.map_err(|e| status(&e))?;
+        Ok(Response::new(pb::EtcdLeaveClusterResponse { messages: vec![pb::EtcdLeaveCluster { metadata: None }] }))
+    }
+
+    async fn etcd_remove_member_by_id(
+        &self,
+        request: Request<pb::EtcdRemoveMemberByIdRequest>,
+    ) -> Result<Response<pb::EtcdRemoveMemberByIdResponse>, Status> {
+        let node = node(&request)?;
+        let id = request.get_ref().member_id;
+        self.api.etcd_remove_member(&node, id).await.map_err(|e| status(&e))?;
+        Ok(Response::new(pb::EtcdRemoveMemberByIdResponse { messages: vec![pb::EtcdRemoveMemberById::default()] }))
+    }
+}
+
+#[tonic::async_trait]
+impl<T: TalosApi + 'static> State for Apid<T> {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let node = node(&request)?;
+        let get = request.into_inner();
+        let proto_spec = match (get.namespace.as_str(), get.r#type.as_str(), get.id.as_str()) {
+            ("k8s", "Nodenames.kubernetes.talos.dev", "nodename") => {
+                let nodename = self.api.nodename(&node).await.map_err(|e| status(&e))?;
+                NodenameSpec { nodename, ..NodenameSpec::default() }.encode_to_vec()
+            }
+            ("runtime", "MachineStatuses.runtime.talos.dev", "machine") => {
+                let stage = match self.api.machine_stage(&node).await.map_err(|e| status(&e))? {
+                    MachineStage::Booting => Stage::Booting,
+                    MachineStage::Installing => Stage::Installing,
+                    MachineStage::Maintenance => Stage::Maintenance,
+                    MachineStage::Running => Stage::Running,
+                    MachineStage::Rebooting => Stage::Rebooting,
+                    MachineStage::ShuttingDown => Stage::ShuttingDown,
+                    MachineStage::Resetting => Stage::Resetting,
+                    MachineStage::Upgrading => Stage::Upgrading,
+                    MachineStage::Unknown => Stage::Unknown,
+                };
+                MachineStatusSpec { stage: stage as i32, status: None }.encode_to_vec()
+            }
+            (namespace, kind, id) => return Err(Status::not_found(format!("{namespace}/{kind}/{id}"))),
+        };
+        let resource = Resource { metadata: None, spec: Some(Spec { proto_spec, yaml_spec: String::new() }) };
+        Ok(Response::new(GetResponse { resource: Some(resource) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_are_read_from_grpc_timeout() {
+        let mut request = Request::new(());
+        request.set_timeout(Duration::from_secs(540));
+        assert_eq!(deadline(&request), Some(Duration::from_secs(540)));
+        assert_eq!(deadline(&Request::new(())), None);
+    }
+
+    #[test]
+    fn failures_are_answered_as_apid_answers_them() {
+        let refused = TalosError::dial("10.5.0.3:50000", "connection refused");
+        assert_eq!(status(&refused).code(), Code::Unavailable);
+        let locked = TalosError::answer("FailedPrecondition", "locked");
+        assert_eq!((status(&locked).code(), status(&locked).message()), (Code::FailedPrecondition, "locked"));
+    }
+}

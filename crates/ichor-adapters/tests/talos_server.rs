@@ -1,0 +1,58 @@
+//! The Talos API in front of any `TalosApi` (here the simulated cluster), reached by the
+//! real Talos client over mutual TLS: how the simulated fleet is reached by an operator
+//! running as in production.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ichor_adapters::sim::{SimCluster, SimConfig};
+use ichor_adapters::talos::{ClientOptions, TalosClient, server};
+use ichor_talos_executor::talos_api::{TalosApi, TalosError, UpgradeRequest};
+use ichor_talosconfig::{Overrides, parse};
+use ichor_testkit::apid::serve;
+use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
+use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::versions::TalosVersion;
+
+#[tokio::test]
+async fn a_simulated_cluster_answers_the_real_client_as_apid_would() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let sim = Arc::new(SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_storage(false)));
+    let ca = Ca::new(KeyKind::Ed25519);
+    let cert = ca.server(&["127.0.0.1"]);
+    let (machine, state) = server::services(Arc::clone(&sim));
+    let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, machine, state);
+    let admin = ca.admin(Validity::Current);
+    let text = talosconfig("fleet", &[served.endpoint()], &[], &ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
+    let client = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), ClientOptions::default()).unwrap();
+    let worker = "10.5.0.5"; // worker-1: the sim numbers addresses from 10.5.0.2
+    let run = async {
+        assert_eq!(client.nodename(worker).await.unwrap(), "worker-1");
+        assert_eq!(client.machine_stage(worker).await.unwrap(), MachineStage::Running);
+        let members = client.etcd_members("10.5.0.2").await.unwrap();
+        assert_eq!(members.len(), 3);
+        let image = "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.4";
+        let ack = client
+            .upgrade(worker, &UpgradeRequest { image: image.into(), timeout: Duration::from_secs(600) })
+            .await
+            .unwrap();
+        assert_eq!(ack.ack, "Upgrade request received");
+        assert_eq!(client.machine_stage(worker).await.unwrap(), MachineStage::Upgrading);
+        // Another Upgrade on the same node is refused, as Talos refuses it.
+        let again =
+            client.upgrade(worker, &UpgradeRequest { image: image.into(), timeout: Duration::from_secs(600) }).await;
+        assert!(
+            matches!(again, Err(TalosError::Answered { ref code, .. }) if code == "FailedPrecondition"),
+            "{again:?}"
+        );
+        // Rebooting: apid cannot reach it.
+        sim.with_world(|w| {
+            let install = w.node("worker-1").unwrap().drawn.install;
+            let t = w.now.saturating_add(Duration::from_secs(install + 1));
+            w.advance_to(t);
+        });
+        let err = client.machine_stage(worker).await.unwrap_err();
+        assert!(matches!(err, TalosError::Unreachable { ref code, .. } if code == "Unavailable"), "{err:?}");
+    };
+    tokio::time::timeout(Duration::from_secs(30), run).await.expect("the test's own bound");
+}
