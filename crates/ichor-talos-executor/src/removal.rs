@@ -23,6 +23,10 @@ use crate::advance::{
 };
 use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, PodInfo};
+
+/// How soon an eviction a PodDisruptionBudget refused is tried again (`kubectl drain`
+/// retries every 5 s).
+pub const EVICTION_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 use crate::talos_api::{ResetRequest, TalosError};
 
 /// How the reset's intent records the node name, as the message's last word.
@@ -215,10 +219,12 @@ async fn carry_out(
             if blocked.is_empty() {
                 progressed("Drain")
             } else {
+                // Nothing the engine watches says when the budget allows it again (the
+                // budget's pods may be elsewhere): try again at kubectl drain's pace.
                 Ok(MachineOutcome::Waiting {
                     reason: "EvictionBlocked".to_owned(),
                     message: format!("a PodDisruptionBudget blocks evictions: {}", blocked.join("; ")),
-                    recheck_at: None,
+                    recheck_at: Some(ex.clock.now().saturating_add(EVICTION_RETRY)),
                 })
             }
         }

@@ -20,6 +20,7 @@ use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::predicate::eq;
 
 mod support;
+use ichor_talos_executor::Clock;
 use support::{FixedClock, MockKube, MockStorage, MockTalos};
 
 fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
@@ -116,9 +117,12 @@ async fn the_drain_evicts_only_what_it_should_and_a_429_is_a_wait() {
         Ok(Eviction::Blocked { message: "Cannot evict pod as it would violate the pod's disruption budget.".into() })
     });
     let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
-    let MachineOutcome::Waiting { reason, message, .. } = outcome else { panic!("{outcome:?}") };
+    let MachineOutcome::Waiting { reason, message, recheck_at } = outcome else { panic!("{outcome:?}") };
     assert_eq!(reason, "EvictionBlocked");
     assert!(message.contains("apps/db-0") && message.contains("disruption budget"), "{message}");
+    // Nothing watched says when the budget allows it: the wait has its own recheck, or a
+    // controller woken only by watch events would wait for ever.
+    assert_eq!(recheck_at, Some(FixedClock.now().saturating_add(ichor_talos_executor::removal::EVICTION_RETRY)));
 }
 
 #[tokio::test]

@@ -67,6 +67,8 @@ pub struct Stores {
     pub clusters: Store<TalosCluster>,
     /// Nodes.
     pub nodes: Store<Node>,
+    /// How many of the four watches have had their first list.
+    listed: Arc<AtomicU64>,
 }
 
 /// The watch streams that feed [`Stores`], each yielding the objects it touched (to map to
@@ -98,27 +100,38 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Stores, WatchStreams)
             None => Api::all(client.clone()),
         }
     }
-    fn reflect<K>(api: Api<K>) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
+    // Readiness is counted here rather than awaited on the stores: a store's
+    // `wait_until_ready` wakes only its latest waiter, and a controller waits on it too.
+    fn reflect<K>(api: Api<K>, listed: &Arc<AtomicU64>) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
     where
         K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default + Eq + std::hash::Hash + Clone,
     {
         let (store, writer) = reflector::store();
+        let listed = Arc::clone(listed);
+        let mut first = true;
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff()
+            .inspect(move |event| {
+                if first && matches!(event, Ok(watcher::Event::InitDone)) {
+                    first = false;
+                    listed.fetch_add(1, Ordering::Relaxed);
+                }
+            })
             .touched_objects()
             .boxed();
         (store, stream)
     }
-    let (operations, operation_stream) = reflect(api::<TalosOperation>(client, namespace));
-    let (machines, machine_stream) = reflect(api::<TalosMachine>(client, namespace));
-    let (clusters, cluster_stream) = reflect(api::<TalosCluster>(client, namespace));
-    let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()));
+    let listed = Arc::new(AtomicU64::new(0));
+    let (operations, operation_stream) = reflect(api::<TalosOperation>(client, namespace), &listed);
+    let (machines, machine_stream) = reflect(api::<TalosMachine>(client, namespace), &listed);
+    let (clusters, cluster_stream) = reflect(api::<TalosCluster>(client, namespace), &listed);
+    let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()), &listed);
     let storages = watcher(api::<TalosStorage>(client, namespace), watcher::Config::default())
         .default_backoff()
         .touched_objects()
         .boxed();
-    let stores = Stores { operations, machines, clusters, nodes };
+    let stores = Stores { operations, machines, clusters, nodes, listed };
     let streams = WatchStreams {
         operations: operation_stream,
         machines: machine_stream,
@@ -153,16 +166,21 @@ impl Stores {
         Ok(stores)
     }
 
-    /// Waits until every store has its first list.
+    /// Whether every store has its first list.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        self.listed.load(Ordering::Relaxed) >= 4
+    }
+
+    /// Waits until every store has its first list (its watch stream must be polled).
     ///
     /// # Errors
     /// [`KubeError::Unreachable`] when that takes longer than `bound`.
     pub async fn ready(&self, bound: Duration) -> Result<(), KubeError> {
         let all = async {
-            self.operations.wait_until_ready().await.ok();
-            self.machines.wait_until_ready().await.ok();
-            self.clusters.wait_until_ready().await.ok();
-            self.nodes.wait_until_ready().await.ok();
+            while !self.is_ready() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         };
         tokio::time::timeout(bound, all)
             .await

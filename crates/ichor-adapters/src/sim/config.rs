@@ -120,6 +120,29 @@ pub struct SimConfig {
     /// Whether machines carry `spec.hostname`; without it the node name is read from the
     /// node's Nodename resource through the Talos API.
     pub hostnames: bool,
+    /// How nodes are named and addressed.
+    pub naming: Naming,
+}
+
+/// How the simulated nodes are named and addressed: node `i` of a role is
+/// `{prefix}{role}-{i}{suffix}` (`cp`, `worker`) at `{address_prefix}{i + 2}`, counting
+/// every node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Naming {
+    /// Before the role: `demo-` for the simulated fleet's `demo-cp-1`.
+    pub prefix: String,
+    /// After the index: a simulated fleet on a shared API server appends its namespace,
+    /// since Nodes are cluster-wide.
+    pub suffix: String,
+    /// The first three octets and the dot: `10.5.0.` by default. The addresses are only
+    /// names: the simulator is reached through the Talos API's `nodes` metadata.
+    pub address_prefix: String,
+}
+
+impl Default for Naming {
+    fn default() -> Self {
+        Self { prefix: String::new(), suffix: String::new(), address_prefix: "10.5.0.".to_owned() }
+    }
 }
 
 impl SimConfig {
@@ -139,7 +162,15 @@ impl SimConfig {
             durations: Durations::default(),
             platform: "metal".to_owned(),
             hostnames: true,
+            naming: Naming::default(),
         }
+    }
+
+    /// The same cluster with its nodes named and addressed as `naming` says.
+    #[must_use]
+    pub fn with_naming(mut self, naming: Naming) -> Self {
+        self.naming = naming;
+        self
     }
 
     /// The same cluster with a seed.

@@ -24,7 +24,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::rollout::OperationStatus;
 
-pub use config::{Durations, Fault, SimConfig};
+pub use config::{Durations, Fault, Naming, SimConfig};
 pub use runner::{RunEnd, run_operation, run_removal};
 pub use trace::{TraceEvent, TraceKind};
 pub use world::{CLUSTER, SimOperation, World};

@@ -300,9 +300,13 @@ impl World {
         let mut rng = Rng::new(config.seed);
         let start = Timestamp::from_unix_secs(1_767_225_600); // 2026-01-01T00:00:00Z
         let mut nodes = Vec::new();
+        let naming = &config.naming;
         let roles = (1..=config.control_planes)
-            .map(|i| (format!("cp-{i}"), MachineRole::ControlPlane))
-            .chain((1..=config.workers).map(|i| (format!("worker-{i}"), MachineRole::Worker)));
+            .map(|i| (format!("{}cp-{i}{}", naming.prefix, naming.suffix), MachineRole::ControlPlane))
+            .chain(
+                (1..=config.workers)
+                    .map(|i| (format!("{}worker-{i}{}", naming.prefix, naming.suffix), MachineRole::Worker)),
+            );
         for (index, (name, role)) in roles.enumerate() {
             let d = &config.durations;
             let storage = role == MachineRole::Worker && config.storage_on_workers;
@@ -345,7 +349,7 @@ impl World {
             nodes.push(SimNode {
                 name,
                 role,
-                address: format!("10.5.0.{}", index + 2),
+                address: format!("{}{}", naming.address_prefix, index + 2),
                 version: config.from.clone(),
                 boot_id: rng.boot_id(),
                 ready: true,
