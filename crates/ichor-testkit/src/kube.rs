@@ -89,12 +89,76 @@ impl TestNamespace {
     pub async fn delete(self) {
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.client.clone(), &self.name);
         pods.delete_collection(&DeleteParams::default().grace_period(0), &kube::api::ListParams::default()).await.ok();
+        // A simulated fleet's Nodes (cluster-wide, labelled with the namespace), left by a
+        // fleet that was killed rather than stopped.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let fleet = kube::api::ListParams::default().labels(&format!("{FLEET_LABEL}={}", self.name));
+        nodes.delete_collection(&DeleteParams::default(), &fleet).await.ok();
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         if let Err(e) = namespaces.delete(&self.name, &DeleteParams::default()).await {
             eprintln!("deleting namespace {}: {e}", self.name);
         }
     }
 }
+
+impl TestNamespace {
+    /// A kubeconfig for the ServiceAccount `account` of this namespace (created when
+    /// absent), written to `path`: the test server's address and CA, and a token from the
+    /// TokenRequest API (an hour). What the account may do is the caller's binding.
+    ///
+    /// # Panics
+    /// When the server refuses the account or the token.
+    pub async fn service_account_kubeconfig(&self, account: &str, path: &std::path::Path) -> PathBuf {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.name);
+        let object = ServiceAccount {
+            metadata: ObjectMeta { name: Some(account.to_owned()), ..ObjectMeta::default() },
+            ..ServiceAccount::default()
+        };
+        match accounts.create(&PostParams::default(), &object).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => panic!("ServiceAccount {account} refused: {e}"),
+        }
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec { expiration_seconds: Some(3600), ..TokenRequestSpec::default() }),
+            ..TokenRequest::default()
+        };
+        let token = accounts
+            .create_token_request(account, &PostParams::default(), &request)
+            .await
+            .expect("a token for the ServiceAccount")
+            .status
+            .expect("the TokenRequest's status")
+            .token
+            .expect("a token in the TokenRequest's status");
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("the test kubeconfig reads");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("the test kubeconfig is usable");
+        let mut cluster = format!("    server: {}\n", config.cluster_url);
+        if config.accept_invalid_certs {
+            cluster.push_str("    insecure-skip-tls-verify: true\n");
+        }
+        if let Some(roots) = &config.root_cert {
+            let pems: String =
+                roots.iter().map(|der| pem::encode(&pem::Pem::new("CERTIFICATE", der.clone()))).collect();
+            let data = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, pems);
+            cluster.push_str(&format!("    certificate-authority-data: {data}\n"));
+        }
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n{cluster}users:\n- name: {account}\n  user:\n    token: {token}\ncontexts:\n- name: {account}\n  context:\n    cluster: test\n    user: {account}\n    namespace: {}\ncurrent-context: {account}\n",
+            self.name
+        );
+        std::fs::write(path, text).expect("the kubeconfig is written");
+        path.to_owned()
+    }
+}
+
+/// The label a simulated fleet puts on its Nodes, with its namespace (as
+/// `ichor_operator::fleet::FLEET_LABEL`; this crate cannot depend on the operator's).
+pub const FLEET_LABEL: &str = "ichor.dev/simulated-fleet";
 
 /// Applies the four CRDs (creating those missing) and waits until they are established.
 ///

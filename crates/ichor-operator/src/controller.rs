@@ -1,0 +1,487 @@
+//! The controller: a kube-runtime `Controller` over `TalosOperation`s that runs one engine
+//! pass ([`ichor_talos_executor::reconcile`]) per trigger, on the leader only.
+//!
+//! What triggers a pass of an operation: a change of the operation; of a `TalosMachine` or
+//! the `TalosCluster` of its cluster; of a Node one of its machines names (by hostname or
+//! address); of any `TalosStorage`; of a Longhorn node or replica on such a Node (when
+//! Longhorn is installed); the engine's own `requeue_at`; this replica becoming the leader.
+//! All reads come from the stores the watches feed ([`ichor_adapters::kubernetes::watch`]);
+//! a pass costs no GET per object.
+//!
+//! Talos credentials come from the Secret the cluster names (`spec.talosconfigSecret`, key
+//! `talosconfig`), read when first needed and again after [`TALOSCONFIG_TTL`]; they are
+//! never logged. Without usable credentials a pass still runs (refusals and pauses still
+//! happen) and every Talos call fails as unreachable with the reason, which the operation's
+//! status shows as a wait.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use ichor_adapters::clock::SystemClock;
+use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
+use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch};
+use ichor_adapters::longhorn::LonghornStorage;
+use ichor_adapters::talos::client::{ClientOptions, TalosClient};
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
+use ichor_talos_executor::{Clock, Executor, ExecutorConfig, report};
+use ichor_upgrade_core::talos_step::MachineStage;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use crate::leader::leads;
+use crate::metrics::{EngineCalls, Metrics, Operations};
+
+/// How long a cluster's Talos client is used before its Secret is read again.
+pub const TALOSCONFIG_TTL: Duration = Duration::from_secs(60);
+/// How long a pass waits before retrying after an error.
+pub const ERROR_BACKOFF: Duration = Duration::from_secs(5);
+/// The shortest requeue: the engine's `requeue_at` may be now.
+pub const MIN_REQUEUE: Duration = Duration::from_millis(50);
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct OperatorConfig {
+    /// Watch this namespace only (`None`: every namespace).
+    pub namespace: Option<String>,
+    /// This replica's name in Events (`reportingInstance`).
+    pub identity: String,
+    /// The engine's bounds and rollout settings.
+    pub executor: ExecutorConfig,
+    /// The Talos client's bounds.
+    pub talos: ClientOptions,
+    /// Where Longhorn runs.
+    pub longhorn_namespace: String,
+}
+
+/// Whether the operator is ready (its stores listed) and alive (its controller running).
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Every store has its first list.
+    pub ready: AtomicBool,
+    /// The controller loop runs.
+    pub live: AtomicBool,
+}
+
+/// The controller's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// The finalizer could not be added.
+    #[error("adding the finalizer: {0}")]
+    Finalizer(#[source] ichor_talos_executor::KubeError),
+    /// The engine's pass failed.
+    #[error(transparent)]
+    Reconcile(#[from] ichor_talos_executor::reconcile::ReconcileError),
+}
+
+impl ControllerError {
+    fn is_transient(&self) -> bool {
+        match self {
+            Self::Finalizer(e) => e.is_transient(),
+            Self::Reconcile(e) => e.is_transient(),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        use ichor_talos_executor::reconcile::ReconcileError as E;
+        match self {
+            Self::Finalizer(_) => "finalizer",
+            Self::Reconcile(E::ReadOperation { .. }) => "read-operation",
+            Self::Reconcile(E::ReadCluster { .. }) => "read-cluster",
+            Self::Reconcile(E::WriteLease { .. }) => "write-lease",
+            Self::Reconcile(E::WriteOperation { .. }) => "write-operation",
+            Self::Reconcile(E::RetryReset { .. }) => "retry-reset",
+        }
+    }
+}
+
+struct CachedTalos {
+    /// The Secret's resourceVersion the client was built from (`None`: no usable client).
+    version: Option<String>,
+    api: Arc<dyn TalosApi>,
+    fetched: Instant,
+}
+
+/// What every pass shares.
+pub struct Context {
+    client: Client,
+    config: OperatorConfig,
+    stores: Stores,
+    counters: Arc<Counters>,
+    metrics: Arc<Metrics>,
+    leading: tokio::sync::watch::Receiver<Option<Instant>>,
+    storage: LonghornStorage,
+    kubes: Mutex<HashMap<String, KubeCluster>>,
+    talos: tokio::sync::Mutex<HashMap<(String, String), CachedTalos>>,
+}
+
+impl Context {
+    fn kube(&self, namespace: &str) -> KubeCluster {
+        let mut kubes = self.kubes.lock().unwrap_or_else(PoisonError::into_inner);
+        kubes
+            .entry(namespace.to_owned())
+            .or_insert_with(|| {
+                KubeCluster::new(
+                    self.client.clone(),
+                    namespace,
+                    self.stores.clone(),
+                    Reporter { controller: "ichor-operator".to_owned(), instance: Some(self.config.identity.clone()) },
+                    Arc::clone(&self.counters),
+                )
+            })
+            .clone()
+    }
+
+    /// The Talos API of `cluster` in `namespace`, from its Secret.
+    async fn talos(&self, namespace: &str, cluster: &str) -> Arc<dyn TalosApi> {
+        let key = (namespace.to_owned(), cluster.to_owned());
+        let mut cache = self.talos.lock().await;
+        if let Some(entry) = cache.get(&key)
+            && entry.fetched.elapsed() < TALOSCONFIG_TTL
+        {
+            return Arc::clone(&entry.api);
+        }
+        let cached = cache.remove(&key);
+        let entry = self.load_talos(namespace, cluster, cached).await;
+        let api = Arc::clone(&entry.api);
+        cache.insert(key, entry);
+        api
+    }
+
+    async fn load_talos(&self, namespace: &str, cluster: &str, cached: Option<CachedTalos>) -> CachedTalos {
+        let unusable = |why: String| {
+            tracing::warn!(namespace, cluster, reason = %why, "no usable Talos credentials");
+            CachedTalos { version: None, api: Arc::new(NoTalos { why }), fetched: Instant::now() }
+        };
+        let Some(object) = self.stores.clusters.get(&ObjectRef::<TalosCluster>::new(cluster).within(namespace)) else {
+            return unusable(format!("TalosCluster {namespace}/{cluster} not found"));
+        };
+        let secret_name = object.spec.talosconfig_secret.clone();
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let secret = match secrets.get_opt(&secret_name).await {
+            Ok(Some(secret)) => secret,
+            Ok(None) => return unusable(format!("Secret {namespace}/{secret_name} (talosconfigSecret) not found")),
+            Err(e) => return unusable(format!("reading Secret {namespace}/{secret_name}: {e}")),
+        };
+        let version = secret.resource_version();
+        if let Some(cached) = cached
+            && cached.version.is_some()
+            && cached.version == version
+        {
+            // Unchanged: keep the client and its connections.
+            return CachedTalos { fetched: Instant::now(), ..cached };
+        }
+        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get("talosconfig")) else {
+            return unusable(format!("Secret {namespace}/{secret_name} has no key talosconfig"));
+        };
+        let Ok(text) = std::str::from_utf8(&bytes.0) else {
+            return unusable(format!("Secret {namespace}/{secret_name}: talosconfig is not UTF-8"));
+        };
+        let context = match ichor_talosconfig::parse(text, &ichor_talosconfig::Overrides::default()) {
+            Ok(context) => context,
+            Err(e) => return unusable(format!("Secret {namespace}/{secret_name}: talosconfig: {e}")),
+        };
+        match TalosClient::new(&context, self.config.talos.clone()) {
+            Ok(client) => {
+                tracing::info!(namespace, cluster, secret = %secret_name, endpoints = ?context.endpoints.iter().map(ToString::to_string).collect::<Vec<_>>(), "Talos client ready");
+                CachedTalos { version, api: Arc::new(client), fetched: Instant::now() }
+            }
+            Err(e) => unusable(format!("Secret {namespace}/{secret_name}: {}", report(&e))),
+        }
+    }
+}
+
+/// The Talos API of a cluster without usable credentials: every call fails as unreachable,
+/// saying why (a wait in the operation's status, not a failure).
+#[derive(Debug)]
+struct NoTalos {
+    why: String,
+}
+
+impl NoTalos {
+    fn error(&self) -> TalosError {
+        TalosError::dial("talosconfig", self.why.clone())
+    }
+}
+
+#[async_trait]
+impl TalosApi for NoTalos {
+    async fn nodename(&self, _node: &str) -> Result<String, TalosError> {
+        Err(self.error())
+    }
+    async fn machine_stage(&self, _node: &str) -> Result<MachineStage, TalosError> {
+        Err(self.error())
+    }
+    async fn upgrade(&self, _node: &str, _request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        Err(self.error())
+    }
+    async fn etcd_members(&self, _node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        Err(self.error())
+    }
+    async fn etcd_status(&self, _node: &str) -> Result<EtcdStatus, TalosError> {
+        Err(self.error())
+    }
+    async fn etcd_alarms(&self, _node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        Err(self.error())
+    }
+    async fn etcd_leave_cluster(&self, _node: &str) -> Result<(), TalosError> {
+        Err(self.error())
+    }
+    async fn etcd_remove_member(&self, _node: &str, _member_id: u64) -> Result<(), TalosError> {
+        Err(self.error())
+    }
+    async fn reset(&self, _node: &str, _request: &ResetRequest) -> Result<(), TalosError> {
+        Err(self.error())
+    }
+}
+
+async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    if !leads(*ctx.leading.borrow()) {
+        ctx.metrics.pass("skipped");
+        return Ok(Action::await_change());
+    }
+    let namespace = op.namespace().unwrap_or_default();
+    let name = op.name_any();
+    let started = Instant::now();
+    let kube = ctx.kube(&namespace);
+    let result: Result<_, ControllerError> = async {
+        kube.ensure_finalizer(&name).await.map_err(ControllerError::Finalizer)?;
+        let talos = ctx.talos(&namespace, &op.spec.cluster).await;
+        let executor = Executor {
+            talos: talos.as_ref(),
+            kube: &kube,
+            storage: &ctx.storage,
+            clock: &SystemClock,
+            config: &ctx.config.executor,
+        };
+        Ok(ichor_talos_executor::reconcile(&executor, &name).await?)
+    }
+    .await;
+    ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            ctx.metrics.pass("error");
+            ctx.metrics.error(e.kind());
+            return Err(e);
+        }
+    };
+    ctx.metrics.pass("ok");
+    tracing::debug!(%namespace, operation = %name, phase = %outcome.phase, requeue_at = ?outcome.requeue_at, "pass");
+    if outcome.finished {
+        return Ok(Action::await_change());
+    }
+    Ok(match outcome.requeue_at {
+        Some(at) => {
+            let now = SystemClock.now();
+            let wait = Duration::from_millis(u64::try_from(at.unix_millis() - now.unix_millis()).unwrap_or(0));
+            Action::requeue(wait.max(MIN_REQUEUE))
+        }
+        None => Action::await_change(),
+    })
+}
+
+fn error_policy(op: Arc<TalosOperation>, error: &ControllerError, _ctx: Arc<Context>) -> Action {
+    let (namespace, operation) = (op.namespace().unwrap_or_default(), op.name_any());
+    if error.is_transient() {
+        // A conflict (the store behind the engine's own last write), an unreachable API
+        // server: the next watch event or the backoff brings the next pass.
+        tracing::info!(%namespace, %operation, error = %report(error), "pass ended early; retrying");
+    } else {
+        tracing::warn!(%namespace, %operation, error = %report(error), "pass failed; retrying");
+    }
+    Action::requeue(ERROR_BACKOFF)
+}
+
+/// The operations of `cluster` in `namespace`.
+fn operations_of(
+    store: &Store<TalosOperation>,
+    namespace: Option<&str>,
+    cluster: &str,
+) -> Vec<ObjectRef<TalosOperation>> {
+    store
+        .state()
+        .iter()
+        .filter(|op| op.namespace().as_deref() == namespace && op.spec.cluster == cluster)
+        .map(|op| ObjectRef::from_obj(op.as_ref()))
+        .collect()
+}
+
+/// The operations whose machines name the Node `node` (by hostname or address).
+fn operations_on_node(stores: &Stores, node: &str, addresses: &[String]) -> Vec<ObjectRef<TalosOperation>> {
+    let machines = stores.machines.state();
+    let clusters: Vec<(Option<String>, String)> = machines
+        .iter()
+        .filter(|m| m.spec.hostname.as_deref() == Some(node) || addresses.contains(&m.spec.address))
+        .map(|m| (m.namespace(), m.spec.cluster.clone()))
+        .collect();
+    let mut refs: Vec<ObjectRef<TalosOperation>> = clusters
+        .iter()
+        .flat_map(|(namespace, cluster)| operations_of(&stores.operations, namespace.as_deref(), cluster))
+        .collect();
+    refs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    refs.dedup();
+    refs
+}
+
+fn node_addresses(node: &Node) -> Vec<String> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| a.iter().map(|a| a.address.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Longhorn's node and replica kinds, when Longhorn is installed.
+async fn longhorn_resources(client: &Client) -> Option<(ApiResource, ApiResource)> {
+    match client.list_api_group_resources("longhorn.io/v1beta2").await {
+        Ok(list) => {
+            let has = |plural: &str| list.resources.iter().any(|r| r.name == plural);
+            if !(has("nodes") && has("replicas")) {
+                return None;
+            }
+            let resource = |kind: &str, plural: &str| {
+                ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural)
+            };
+            Some((resource("Node", "nodes"), resource("Replica", "replicas")))
+        }
+        Err(_) => None,
+    }
+}
+
+/// Runs the controller until `shutdown` resolves, then lets the passes in flight end.
+///
+/// `leading` says until when this replica leads ([`crate::leader::Leadership::subscribe`]);
+/// passes triggered while it does not are skipped, and every operation is reconciled when
+/// it starts to lead.
+pub async fn run(
+    client: Client,
+    config: OperatorConfig,
+    leading: tokio::sync::watch::Receiver<Option<Instant>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (stores, streams) = watch(&client, config.namespace.as_deref());
+    let counters = Arc::new(Counters::default());
+    metrics.register_collector(EngineCalls(Arc::clone(&counters)));
+    metrics.register_collector(Operations(stores.operations.clone()));
+    let storage = LonghornStorage::new(client.clone(), &config.longhorn_namespace);
+    let longhorn = longhorn_resources(&client).await;
+    if longhorn.is_none() {
+        tracing::info!("Longhorn is not installed (no longhorn.io/v1beta2 nodes and replicas): not watched");
+    }
+
+    // Every operation is reconciled when this replica starts to lead, or leads again after
+    // its leadership lapsed.
+    let (gained_tx, gained_rx) = futures::channel::mpsc::unbounded::<()>();
+    {
+        let leading = leading.clone();
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let mut was = false;
+            loop {
+                let now = leads(*leading.borrow());
+                metrics.leader.set(i64::from(now));
+                if now && !was && gained_tx.unbounded_send(()).is_err() {
+                    return;
+                }
+                was = now;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+    }
+
+    {
+        let stores = stores.clone();
+        let health = Arc::clone(&health);
+        tokio::spawn(async move {
+            while stores.ready(Duration::from_secs(60)).await.is_err() {
+                tracing::warn!("the watches have not listed yet");
+            }
+            health.ready.store(true, Ordering::Relaxed);
+            tracing::info!("watches listed; ready");
+        });
+    }
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config: config.clone(),
+        stores: stores.clone(),
+        counters,
+        metrics,
+        leading,
+        storage,
+        kubes: Mutex::new(HashMap::new()),
+        talos: tokio::sync::Mutex::new(HashMap::new()),
+    });
+
+    let ops = stores.operations.clone();
+    let by_machine = move |m: TalosMachine| operations_of(&ops, m.namespace().as_deref(), &m.spec.cluster);
+    let ops = stores.operations.clone();
+    let by_cluster = move |c: TalosCluster| operations_of(&ops, c.namespace().as_deref(), &c.name_any());
+    let ops = stores.operations.clone();
+    let every =
+        move |_: TalosStorage| ops.state().iter().map(|op| ObjectRef::from_obj(op.as_ref())).collect::<Vec<_>>();
+    let on_node = stores.clone();
+    let by_node = move |n: Node| operations_on_node(&on_node, &n.name_any(), &node_addresses(&n));
+
+    let mut controller = Controller::for_stream(streams.operations, stores.operations.clone())
+        .watches_stream(streams.machines, by_machine)
+        .watches_stream(streams.clusters, by_cluster)
+        .watches_stream(streams.nodes, by_node)
+        .watches_stream(streams.storages, every);
+    if let Some((node_kind, replica_kind)) = longhorn {
+        let namespace = config.longhorn_namespace.clone();
+        let nodes = watcher(
+            Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &node_kind),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .touched_objects();
+        let replicas = watcher(
+            Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &replica_kind),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .touched_objects();
+        let on_node = stores.clone();
+        let by_longhorn_node = move |n: DynamicObject| operations_on_node(&on_node, &n.name_any(), &[]);
+        let on_node = stores.clone();
+        let by_replica = move |r: DynamicObject| {
+            r.labels()
+                .get(ichor_adapters::longhorn::REPLICA_NODE_LABEL)
+                .map(|node| operations_on_node(&on_node, node, &[]))
+                .unwrap_or_default()
+        };
+        controller = controller.watches_stream_with(nodes, by_longhorn_node, node_kind).watches_stream_with(
+            replicas,
+            by_replica,
+            replica_kind,
+        );
+    }
+
+    health.live.store(true, Ordering::Relaxed);
+    controller
+        .reconcile_all_on(gained_rx)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller");
+            }
+        })
+        .await;
+    health.live.store(false, Ordering::Relaxed);
+    tracing::info!("controller stopped");
+}

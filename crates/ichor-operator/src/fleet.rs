@@ -1,0 +1,626 @@
+//! A simulated Talos fleet on a real Kubernetes API server, for trying the operator on any
+//! cluster (kind, k3d) with no Talos machine, and for the end-to-end tests.
+//!
+//! In one namespace it creates (when absent) a `TalosCluster` named `demo` at
+//! [`TARGET`], its `TalosMachine`s (`demo-cp-1..`, `demo-worker-1..`) and a Secret with a
+//! talosconfig; it publishes a Node per machine and keeps each Node's status (`osImage`,
+//! `bootID`, `Ready`) and Lease as a kubelet would; it acts as the kubelet of the pods bound
+//! to those Nodes (they run at once; a pod being deleted is gone at once); and it answers
+//! the Talos API (apid over mutual TLS on a loopback port) from the simulator
+//! ([`ichor_adapters::sim`]). The simulator's virtual durations (install, reboot, Ready)
+//! are divided by the time scale.
+//!
+//! What it must not do: stand in front of real machines, or touch any Node it did not
+//! create. Its Nodes are named `<machine>.<namespace>` (Nodes are cluster-wide), carry the
+//! label [`FLEET_LABEL`] with the namespace and a `NoSchedule` taint so that no real
+//! workload lands on them, and use addresses in 127.1.0.0/24, which route nowhere but
+//! loopback. The fleet's state lives in its process: a fleet restarted in the same
+//! namespace is a new cluster behind old objects (start it in a fresh namespace).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use ichor_adapters::kubernetes::crd::{Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec};
+use ichor_adapters::sim::world::NodePhase;
+use ichor_adapters::sim::{Naming, SimCluster, SimConfig};
+use ichor_adapters::talos::server;
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
+use ichor_testkit::apid::{Served, serve};
+use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::versions::TalosVersion;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Pod, Secret, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use serde_json::json;
+
+/// The cluster's name.
+pub const CLUSTER: &str = "demo";
+/// The version the fleet's machines run at the start.
+pub const FROM: &str = "v1.14.2";
+/// The cluster's `talosVersion`: the release set's, the only target.
+pub const TARGET: &str = "v1.14.3";
+/// The cluster's Kubernetes version.
+pub const KUBERNETES: &str = "1.34.1";
+/// The label on the fleet's Nodes, with its namespace.
+pub const FLEET_LABEL: &str = ichor_testkit::kube::FLEET_LABEL;
+/// The taint on the fleet's Nodes.
+pub const TAINT: &str = "ichor.dev/simulated";
+/// The field manager of the fleet's writes.
+const FIELD_MANAGER: &str = "ichor-fleet";
+/// How often the fleet moves the simulation on and publishes what changed.
+const TICK: Duration = Duration::from_millis(100);
+/// How often a running node's kubelet renews its Lease (the kubelet's default).
+const HEARTBEAT: Duration = Duration::from_secs(10);
+
+/// A fleet's shape and pace.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The namespace of its objects.
+    pub namespace: String,
+    /// Control planes.
+    pub control_planes: usize,
+    /// Workers.
+    pub workers: usize,
+    /// Virtual seconds per wall-clock second.
+    pub time_scale: f64,
+    /// The simulation's seed (drawn durations).
+    pub seed: u64,
+}
+
+/// `3+5`: control planes and workers.
+///
+/// # Errors
+/// What is wrong with the text.
+pub fn parse_shape(text: &str) -> Result<(usize, usize), String> {
+    let (cp, workers) =
+        text.split_once('+').ok_or_else(|| format!("expected CONTROL_PLANES+WORKERS such as 3+5, got {text:?}"))?;
+    let number = |what: &str, s: &str| {
+        s.trim().parse::<usize>().map_err(|_| format!("{what} in {text:?} is not a whole number: {s:?}"))
+    };
+    let (cp, workers) = (number("the control-plane count", cp)?, number("the worker count", workers)?);
+    if cp == 0 {
+        return Err(format!("a cluster needs a control plane: {text:?}"));
+    }
+    if cp + workers > 250 {
+        return Err(format!("at most 250 machines in a simulated fleet (its addresses are one /24): {text:?}"));
+    }
+    Ok((cp, workers))
+}
+
+/// The fleet's failure to start.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// An object could not be written.
+    #[error("writing {what}: {source}")]
+    Write {
+        /// Which.
+        what: String,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Counts the Upgrade calls the fleet receives, by node address, whatever their answer.
+#[derive(Debug)]
+pub struct Counting {
+    sim: Arc<SimCluster>,
+    upgrades: Mutex<BTreeMap<String, u64>>,
+    calls: AtomicU64,
+}
+
+#[async_trait]
+impl TalosApi for Counting {
+    async fn nodename(&self, node: &str) -> Result<String, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.nodename(node).await
+    }
+    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.machine_stage(node).await
+    }
+    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        *self.upgrades.lock().unwrap_or_else(PoisonError::into_inner).entry(node.to_owned()).or_default() += 1;
+        let result = self.sim.upgrade(node, request).await;
+        tracing::info!(node, image = %request.image, acknowledged = result.is_ok(), "fleet: Upgrade call");
+        result
+    }
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.etcd_members(node).await
+    }
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.etcd_status(node).await
+    }
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.etcd_alarms(node).await
+    }
+    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.etcd_leave_cluster(node).await
+    }
+    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.etcd_remove_member(node, member_id).await
+    }
+    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.reset(node, request).await
+    }
+}
+
+/// A running fleet: the simulation, its Talos API and what it received.
+pub struct Fleet {
+    config: FleetConfig,
+    sim: Arc<SimCluster>,
+    talos: Arc<Counting>,
+    served: Served,
+    ca: Ca,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet").field("config", &self.config).field("apid", &self.served.addr).finish_non_exhaustive()
+    }
+}
+
+/// What a node looks like to Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Published {
+    ready: bool,
+    boot_id: String,
+    os_image: String,
+}
+
+impl Fleet {
+    /// A fleet as configured, its Talos API served on a loopback port.
+    ///
+    /// # Panics
+    /// When the fleet's versions do not parse (constants) or no loopback port is free.
+    #[must_use]
+    pub fn new(config: FleetConfig) -> Self {
+        let version = |v: &str| TalosVersion::parse(v).expect("the fleet's versions parse");
+        let sim_config = SimConfig::new(config.control_planes, config.workers, version(FROM), version(TARGET))
+            .with_seed(config.seed)
+            .with_storage(false)
+            .with_kubernetes(KUBERNETES)
+            .with_naming(Naming {
+                prefix: format!("{CLUSTER}-"),
+                suffix: format!(".{}", config.namespace),
+                address_prefix: "127.1.0.".to_owned(),
+            });
+        let sim = Arc::new(SimCluster::new(sim_config));
+        let talos = Arc::new(Counting { sim: Arc::clone(&sim), upgrades: Mutex::default(), calls: AtomicU64::new(0) });
+        let ca = Ca::new(KeyKind::Ed25519);
+        let cert = ca.server(&["127.0.0.1", "localhost"]);
+        let (machine, state) = server::services(Arc::clone(&talos));
+        let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, machine, state);
+        Self { config, sim, talos, served, ca, started: Instant::now() }
+    }
+
+    /// The Talos API's endpoint, `127.0.0.1:PORT`.
+    #[must_use]
+    pub fn endpoint(&self) -> String {
+        self.served.endpoint()
+    }
+
+    /// The simulation.
+    #[must_use]
+    pub fn sim(&self) -> &Arc<SimCluster> {
+        &self.sim
+    }
+
+    /// The metrics of the fleet: Upgrade calls by node, nodes by version, the invariants'
+    /// worst values.
+    #[must_use]
+    pub fn collector(&self) -> FleetMetrics {
+        FleetMetrics { sim: Arc::clone(&self.sim), talos: Arc::clone(&self.talos) }
+    }
+
+    /// The machine name of a node of the fleet (`demo-cp-1` for `demo-cp-1.<namespace>`).
+    fn machine_name<'a>(&self, node: &'a str) -> &'a str {
+        node.strip_suffix(&format!(".{}", self.config.namespace)).unwrap_or(node)
+    }
+
+    /// Creates the fleet's objects (those that exist are left as they are, but for the
+    /// Secret, which names this process's Talos API), then keeps the Nodes and the pods on
+    /// them as kubelets would until `shutdown`; then deletes its Nodes.
+    ///
+    /// # Errors
+    /// A [`FleetError`] when the objects cannot be created.
+    pub async fn run(
+        self,
+        client: Client,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), FleetError> {
+        self.create_objects(&client).await?;
+        tracing::info!(
+            namespace = %self.config.namespace,
+            cluster = CLUSTER,
+            machines = self.config.control_planes + self.config.workers,
+            from = FROM,
+            target = TARGET,
+            time_scale = self.config.time_scale,
+            apid = %self.endpoint(),
+            "simulated fleet up"
+        );
+        let names: Vec<String> = self.sim.with_world(|w| w.nodes.iter().map(|n| n.name.clone()).collect());
+        let kubelet = tokio::spawn(kubelet(client.clone(), names.clone()));
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut published: HashMap<String, Published> = HashMap::new();
+        let mut beat: Option<Instant> = None;
+        let virtual_start = self.sim.now();
+        loop {
+            let elapsed = self.started.elapsed().as_secs_f64() * self.config.time_scale;
+            let now = virtual_start.saturating_add(Duration::from_secs_f64(elapsed));
+            let views: Vec<(String, bool, Published)> = self.sim.with_world(|w| {
+                if now > w.now {
+                    w.advance_to(now);
+                }
+                w.nodes
+                    .iter()
+                    .map(|n| {
+                        let up = matches!(
+                            n.phase,
+                            NodePhase::Running | NodePhase::Installing { .. } | NodePhase::Booting { .. }
+                        );
+                        let view = Published {
+                            ready: n.ready && up,
+                            boot_id: n.boot_id.clone(),
+                            os_image: n.version.os_image(),
+                        };
+                        (n.name.clone(), up, view)
+                    })
+                    .collect()
+            });
+            for (name, _, view) in &views {
+                if published.get(name) != Some(view) {
+                    match publish_status(&client, name, view).await {
+                        Ok(()) => {
+                            tracing::info!(node = %name, ready = view.ready, os_image = %view.os_image, boot_id = %view.boot_id, "fleet: Node status");
+                            published.insert(name.clone(), view.clone());
+                        }
+                        Err(kube::Error::Api(status)) if status.code == 404 => {
+                            // Deleted (a removal): a powered-off machine does not register again.
+                            published.insert(name.clone(), view.clone());
+                        }
+                        Err(e) => tracing::warn!(node = %name, error = %e, "fleet: Node status not written"),
+                    }
+                }
+            }
+            if beat.is_none_or(|b| b.elapsed() >= HEARTBEAT) {
+                beat = Some(Instant::now());
+                for (name, up, _) in &views {
+                    if *up && let Err(e) = heartbeat(&client, name).await {
+                        tracing::debug!(node = %name, error = %e, "fleet: node Lease not renewed");
+                    }
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(TICK) => {}
+                () = &mut shutdown => break,
+            }
+        }
+        kubelet.abort();
+        let nodes: Api<Node> = Api::all(client.clone());
+        for name in &names {
+            nodes.delete(name, &DeleteParams::default()).await.ok();
+        }
+        tracing::info!(namespace = %self.config.namespace, "simulated fleet stopped; its Nodes deleted");
+        Ok(())
+    }
+
+    async fn create_objects(&self, client: &Client) -> Result<(), FleetError> {
+        let ns = &self.config.namespace;
+        let write = |what: String| move |source| FleetError::Write { what, source };
+        let admin = self.ca.admin(Validity::Current);
+        let text =
+            talosconfig(CLUSTER, &[self.endpoint()], &[], &self.ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
+        let secret_name = format!("{CLUSTER}-talosconfig");
+        let secret = json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": { "name": secret_name, "namespace": ns },
+            "type": "Opaque",
+            "stringData": { "talosconfig": text },
+        });
+        Api::<Secret>::namespaced(client.clone(), ns)
+            .patch(&secret_name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&secret))
+            .await
+            .map_err(write(format!("Secret {ns}/{secret_name}")))?;
+
+        let cluster = TalosCluster::new(
+            CLUSTER,
+            TalosClusterSpec {
+                talos_version: TARGET.to_owned(),
+                kubernetes_version: KUBERNETES.to_owned(),
+                platform: "metal".to_owned(),
+                schematic: None,
+                talosconfig_secret: secret_name,
+            },
+        );
+        create_if_absent(&Api::namespaced(client.clone(), ns), &cluster)
+            .await
+            .map_err(write(format!("TalosCluster {ns}/{CLUSTER}")))?;
+
+        let nodes = self.sim.with_world(|w| w.nodes.clone());
+        let machines: Api<TalosMachine> = Api::namespaced(client.clone(), ns);
+        for n in &nodes {
+            let machine = self.machine_name(&n.name).to_owned();
+            let object = TalosMachine::new(
+                &machine,
+                TalosMachineSpec {
+                    cluster: CLUSTER.to_owned(),
+                    role: match n.role {
+                        MachineRole::ControlPlane => Role::Controlplane,
+                        MachineRole::Worker => Role::Worker,
+                    },
+                    address: n.address.clone(),
+                    hostname: Some(n.name.clone()),
+                },
+            );
+            create_if_absent(&machines, &object).await.map_err(write(format!("TalosMachine {ns}/{machine}")))?;
+
+            let mut labels: BTreeMap<String, String> = n.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            labels.insert("kubernetes.io/hostname".to_owned(), n.name.clone());
+            labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
+            labels.insert(FLEET_LABEL.to_owned(), ns.clone());
+            if n.role == MachineRole::ControlPlane {
+                labels.insert("node-role.kubernetes.io/control-plane".to_owned(), String::new());
+            }
+            let node = Node {
+                metadata: ObjectMeta {
+                    name: Some(n.name.clone()),
+                    labels: Some(labels),
+                    annotations: Some(n.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(NodeSpec {
+                    taints: Some(vec![Taint {
+                        key: TAINT.to_owned(),
+                        value: Some("true".to_owned()),
+                        effect: "NoSchedule".to_owned(),
+                        ..Taint::default()
+                    }]),
+                    ..NodeSpec::default()
+                }),
+                status: None,
+            };
+            create_if_absent(&Api::all(client.clone()), &node).await.map_err(write(format!("Node {}", n.name)))?;
+            let addresses = json!({ "status": { "addresses": [
+                { "type": "InternalIP", "address": n.address },
+                { "type": "Hostname", "address": n.name },
+            ] } });
+            Api::<Node>::all(client.clone())
+                .patch_status(&n.name, &PatchParams::default(), &Patch::Merge(&addresses))
+                .await
+                .map_err(write(format!("Node {} addresses", n.name)))?;
+        }
+        Ok(())
+    }
+}
+
+async fn create_if_absent<K>(api: &Api<K>, object: &K) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api
+        .create(&PostParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PostParams::default() }, object)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn now_time() -> Time {
+    Time(jiff::Timestamp::now())
+}
+
+async fn publish_status(client: &Client, name: &str, view: &Published) -> Result<(), kube::Error> {
+    let ready = NodeCondition {
+        type_: "Ready".to_owned(),
+        status: if view.ready { "True" } else { "False" }.to_owned(),
+        reason: Some(if view.ready { "KubeletReady" } else { "KubeletNotReady" }.to_owned()),
+        message: Some(
+            if view.ready { "kubelet is posting ready status" } else { "the machine is rebooting" }.to_owned(),
+        ),
+        last_heartbeat_time: Some(now_time()),
+        last_transition_time: Some(now_time()),
+    };
+    let info = NodeSystemInfo {
+        os_image: view.os_image.clone(),
+        boot_id: view.boot_id.clone(),
+        machine_id: String::new(),
+        system_uuid: String::new(),
+        kernel_version: "6.12.0-talos".to_owned(),
+        container_runtime_version: "containerd://2.1.0".to_owned(),
+        kubelet_version: format!("v{KUBERNETES}"),
+        kube_proxy_version: String::new(),
+        operating_system: "linux".to_owned(),
+        architecture: "amd64".to_owned(),
+        ..NodeSystemInfo::default()
+    };
+    let status = NodeStatus { conditions: Some(vec![ready]), node_info: Some(info), ..NodeStatus::default() };
+    let patch = json!({ "status": status });
+    Api::<Node>::all(client.clone()).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+}
+
+/// Renews the node's Lease in `kube-node-lease`, as its kubelet does.
+async fn heartbeat(client: &Client, name: &str) -> Result<(), kube::Error> {
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some("kube-node-lease".to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(name.to_owned()),
+            lease_duration_seconds: Some(40),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    let mut value = serde_json::to_value(&lease).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".to_owned(), "coordination.k8s.io/v1".into());
+        map.insert("kind".to_owned(), "Lease".into());
+    }
+    Api::<Lease>::namespaced(client.clone(), "kube-node-lease")
+        .patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&value))
+        .await
+        .map(drop)
+}
+
+/// The kubelet of the pods bound to the fleet's nodes: a pod runs and is Ready at once; a
+/// pod being deleted (an eviction) is gone at once.
+async fn kubelet(client: Client, nodes: Vec<String>) {
+    let pods: Api<Pod> = Api::all(client);
+    let stream = watcher(pods.clone(), watcher::Config::default()).default_backoff().applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let Ok(pod) = event else { continue };
+        let on_fleet = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| nodes.contains(n));
+        let (Some(namespace), name) = (pod.namespace(), pod.name_any()) else { continue };
+        if !on_fleet {
+            continue;
+        }
+        let api: Api<Pod> = Api::namespaced(pods.clone().into_client(), &namespace);
+        if pod.metadata.deletion_timestamp.is_some() {
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => tracing::info!(pod = %format!("{namespace}/{name}"), "fleet: pod terminated"),
+                Err(e) => tracing::debug!(pod = %name, error = %e, "fleet: pod not deleted"),
+            }
+            continue;
+        }
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if !running {
+            let now = now_time();
+            let condition = |type_: &str| json!({ "type": type_, "status": "True", "lastTransitionTime": now });
+            let patch = json!({ "status": {
+                "phase": "Running",
+                "startTime": now,
+                "conditions": [condition("Initialized"), condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
+            } });
+            if let Err(e) = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                tracing::debug!(pod = %name, error = %e, "fleet: pod status not written");
+            }
+        }
+    }
+}
+
+/// The fleet's metrics (`ichor_fleet_*`).
+#[derive(Debug)]
+pub struct FleetMetrics {
+    sim: Arc<SimCluster>,
+    talos: Arc<Counting>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabel {
+    node: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: String,
+}
+
+impl Collector for FleetMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let upgrades = self.talos.upgrades.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let (names, versions, counters) = self.sim.with_world(|w| {
+            let names: HashMap<String, String> = w.nodes.iter().map(|n| (n.address.clone(), n.name.clone())).collect();
+            let mut versions: BTreeMap<String, i64> = BTreeMap::new();
+            for n in w.nodes.iter().filter(|n| !matches!(n.phase, NodePhase::PoweredOff)) {
+                *versions.entry(n.version.to_string()).or_default() += 1;
+            }
+            (names, versions, w.counters.clone())
+        });
+        {
+            let mut family = encoder.encode_descriptor(
+                "fleet_upgrade_calls",
+                "Upgrade calls the simulated fleet received, by node, whatever their answer",
+                None,
+                MetricType::Counter,
+            )?;
+            for (address, count) in &upgrades {
+                let node = names.get(address).cloned().unwrap_or_else(|| address.clone());
+                ConstCounter::new(*count).encode(family.encode_family(&NodeLabel { node })?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "fleet_nodes",
+                "Running simulated nodes by Talos version",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (version, count) in versions {
+                ConstGauge::new(count).encode(family.encode_family(&VersionLabel { version })?)?;
+            }
+        }
+        let gauges = [
+            ("fleet_max_control_planes_down", "Most control planes down at once", counters.max_control_planes_down),
+            ("fleet_max_workers_down", "Most workers down at once because of upgrades", counters.max_workers_down),
+            (
+                "fleet_min_etcd_voters",
+                "Fewest voting etcd members at once",
+                counters.min_etcd_voters.unwrap_or_default(),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        let calls = ConstCounter::new(self.talos.calls.load(Ordering::Relaxed));
+        calls.encode(encoder.encode_descriptor(
+            "fleet_talos_calls",
+            "Talos API calls the simulated fleet received",
+            None,
+            calls.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_or_say_what_is_wrong() {
+        assert_eq!(parse_shape("3+5"), Ok((3, 5)));
+        assert_eq!(parse_shape("1+0"), Ok((1, 0)));
+        assert!(parse_shape("3").unwrap_err().contains("CONTROL_PLANES+WORKERS"));
+        assert!(parse_shape("3+x").unwrap_err().contains("worker count"));
+        assert!(parse_shape("0+5").unwrap_err().contains("control plane"));
+        assert!(parse_shape("3+300").unwrap_err().contains("250"));
+    }
+}

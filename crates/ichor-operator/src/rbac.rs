@@ -1,0 +1,322 @@
+//! What the operator may do on the Kubernetes API, as one table, and the manifests made
+//! from it (`deploy/operator.yaml`: a Namespace, a ServiceAccount, the ClusterRole, its
+//! binding and a Deployment of two replicas).
+//!
+//! The table names exactly the verbs the code uses, no wildcards. Two checks keep it
+//! honest: the end-to-end tests run the operator under a ServiceAccount bound to this
+//! ClusterRole (a missing verb is a 403 and a stuck rollout), and they read the requests
+//! it made from `/metrics` ([`crate::requests`]) and fail on any the table does not name.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::requests::Request;
+
+/// One rule of the ClusterRole, with the calls that need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// The API group (`""` for the core group).
+    pub group: &'static str,
+    /// Resources, subresources as `pods/eviction`.
+    pub resources: &'static [&'static str],
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+    /// What in the code needs it.
+    pub why: &'static str,
+}
+
+/// The operator's permissions.
+pub const RULES: &[Rule] = &[
+    Rule {
+        group: "ichor.dev",
+        resources: &["talosoperations"],
+        verbs: &["get", "list", "watch", "patch"],
+        why: "the controller's watch; an operation's existence is read fresh when it may hold a Lease; the finalizer",
+    },
+    Rule {
+        group: "ichor.dev",
+        resources: &["talosoperations/status", "talosmachines/status"],
+        verbs: &["patch"],
+        why: "status and conditions, by server-side apply",
+    },
+    Rule {
+        group: "ichor.dev",
+        resources: &["talosmachines", "talosclusters", "talosstorages"],
+        verbs: &["list", "watch"],
+        why: "the reflector stores; the storage backend lists TalosStorages",
+    },
+    Rule {
+        group: "",
+        resources: &["nodes"],
+        verbs: &["list", "watch", "patch", "delete"],
+        why: "the Node store; cordon before a removal; deleting a removed machine's Node",
+    },
+    Rule { group: "", resources: &["pods"], verbs: &["list"], why: "the pods on a node being drained for removal" },
+    Rule {
+        group: "",
+        resources: &["pods/eviction"],
+        verbs: &["create"],
+        why: "evictions, which PodDisruptionBudgets can refuse",
+    },
+    Rule { group: "", resources: &["secrets"], verbs: &["get"], why: "a cluster's talosconfig" },
+    Rule {
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get", "create", "update", "patch"],
+        why: "the cluster lock (update under resourceVersion) and leader election (patch)",
+    },
+    Rule {
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+        why: "Events and their series",
+    },
+    Rule {
+        group: "longhorn.io",
+        resources: &["nodes"],
+        verbs: &["list", "watch", "patch"],
+        why: "Longhorn's scheduling and eviction switches, watched",
+    },
+    Rule { group: "longhorn.io", resources: &["replicas"], verbs: &["list", "watch"], why: "replicas left on a node" },
+];
+
+/// Whether [`RULES`] allow `request`.
+#[must_use]
+pub fn allows(request: &Request) -> bool {
+    let resource = if request.subresource.is_empty() {
+        request.resource.clone()
+    } else {
+        format!("{}/{}", request.resource, request.subresource)
+    };
+    RULES.iter().any(|rule| {
+        rule.group == request.group
+            && rule.resources.contains(&resource.as_str())
+            && rule.verbs.contains(&request.verb.as_str())
+    })
+}
+
+/// The names the manifests use.
+pub const NAME: &str = "ichor-operator";
+/// The namespace the Deployment runs in.
+pub const NAMESPACE: &str = "ichor-system";
+/// The image the Deployment runs (built from `deploy/Dockerfile`).
+pub const IMAGE: &str = "localhost/ichor-operator:0.1.0";
+/// The port of `/metrics`, `/healthz` and `/readyz` in the Deployment.
+pub const HTTP_PORT: i32 = 8080;
+
+/// The ClusterRole named `name` with [`RULES`].
+#[must_use]
+pub fn cluster_role(name: &str) -> ClusterRole {
+    let rules = RULES
+        .iter()
+        .map(|rule| PolicyRule {
+            api_groups: Some(vec![rule.group.to_owned()]),
+            resources: Some(rule.resources.iter().map(|r| (*r).to_owned()).collect()),
+            verbs: rule.verbs.iter().map(|v| (*v).to_owned()).collect(),
+            ..PolicyRule::default()
+        })
+        .collect();
+    ClusterRole {
+        metadata: ObjectMeta { name: Some(name.to_owned()), labels: Some(labels()), ..ObjectMeta::default() },
+        rules: Some(rules),
+        ..ClusterRole::default()
+    }
+}
+
+/// A ClusterRoleBinding of the ClusterRole `role` to the ServiceAccount `namespace/account`.
+#[must_use]
+pub fn cluster_role_binding(name: &str, role: &str, namespace: &str, account: &str) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: ObjectMeta { name: Some(name.to_owned()), labels: Some(labels()), ..ObjectMeta::default() },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "ClusterRole".to_owned(),
+            name: role.to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: account.to_owned(),
+            namespace: Some(namespace.to_owned()),
+            ..Subject::default()
+        }]),
+    }
+}
+
+fn labels() -> BTreeMap<String, String> {
+    [("app.kubernetes.io/name".to_owned(), NAME.to_owned())].into()
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(labels()),
+        ..ObjectMeta::default()
+    }
+}
+
+fn deployment() -> Deployment {
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("http".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(10),
+        ..Probe::default()
+    };
+    let quantity = |q: &str| Quantity(q.to_owned());
+    let container = Container {
+        name: "operator".to_owned(),
+        image: Some(IMAGE.to_owned()),
+        args: Some(vec![
+            "--log-format".to_owned(),
+            "json".to_owned(),
+            "--listen".to_owned(),
+            format!("0.0.0.0:{HTTP_PORT}"),
+        ]),
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAMESPACE".to_owned(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.namespace".to_owned(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
+            EnvVar {
+                name: "POD_NAME".to_owned(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.name".to_owned(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".to_owned()),
+            container_port: HTTP_PORT,
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(probe("/healthz")),
+        readiness_probe: Some(probe("/readyz")),
+        resources: Some(ResourceRequirements {
+            requests: Some([("cpu".to_owned(), quantity("50m")), ("memory".to_owned(), quantity("64Mi"))].into()),
+            limits: Some([("memory".to_owned(), quantity("256Mi"))].into()),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+    Deployment {
+        metadata: meta(NAME, Some(NAMESPACE)),
+        spec: DeploymentSpec {
+            replicas: Some(2),
+            selector: LabelSelector { match_labels: Some(labels()), ..LabelSelector::default() },
+            // One replica at a time: the other keeps (or takes) the leadership.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(1)),
+                    max_surge: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(labels()), ..ObjectMeta::default() }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NAME.to_owned()),
+                    // Long enough for the reconciles in flight to end and the leadership
+                    // to be handed over (graceful shutdown on SIGTERM).
+                    termination_grace_period_seconds: Some(60),
+                    containers: vec![container],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        },
+        ..Deployment::default()
+    }
+}
+
+/// `deploy/operator.yaml`.
+///
+/// # Panics
+/// Never in practice: the objects are plain data that always serialize.
+#[must_use]
+pub fn operator_yaml() -> String {
+    fn yaml<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> String {
+        let mut value = serde_json::to_value(object).expect("an object serializes");
+        if let Some(map) = value.as_object_mut() {
+            map.insert("apiVersion".to_owned(), T::API_VERSION.into());
+            map.insert("kind".to_owned(), T::KIND.into());
+        }
+        serde_saphyr::to_string(&value).expect("an object serializes to YAML")
+    }
+    let docs = [
+        yaml(&Namespace { metadata: meta(NAMESPACE, None), ..Namespace::default() }),
+        yaml(&ServiceAccount { metadata: meta(NAME, Some(NAMESPACE)), ..ServiceAccount::default() }),
+        yaml(&cluster_role(NAME)),
+        yaml(&cluster_role_binding(NAME, NAME, NAMESPACE, NAME)),
+        yaml(&deployment()),
+    ];
+    format!(
+        "# Generated from crates/ichor-operator/src/rbac.rs; do not edit.\n# Regenerate: ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test manifests\n---\n{}",
+        docs.join("---\n")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(verb: &str, group: &str, resource: &str, subresource: &str) -> Request {
+        Request {
+            verb: verb.to_owned(),
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            subresource: subresource.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_rules_allow_what_they_name_and_nothing_near_it() {
+        assert!(allows(&request("create", "", "pods", "eviction")));
+        assert!(!allows(&request("create", "", "pods", "")), "creating pods is not evicting them");
+        assert!(allows(&request("patch", "ichor.dev", "talosoperations", "status")));
+        assert!(!allows(&request("update", "ichor.dev", "talosoperations", "status")));
+        assert!(!allows(&request("delete", "ichor.dev", "talosoperations", "")));
+        assert!(!allows(&request("list", "", "secrets", "")), "one named Secret at a time");
+        assert!(!allows(&request("patch", "", "nodes", "status")), "the operator never writes a Node's status");
+        assert!(allows(&request("patch", "longhorn.io", "nodes", "")));
+        assert!(!allows(&request("delete", "longhorn.io", "nodes", "")), "a group's nodes are not another's");
+    }
+
+    #[test]
+    fn no_rule_has_a_wildcard() {
+        for rule in RULES {
+            assert!(!rule.group.contains('*'));
+            assert!(rule.resources.iter().chain(rule.verbs).all(|s| !s.contains('*')), "{rule:?}");
+            assert!(!rule.why.is_empty());
+        }
+    }
+}
