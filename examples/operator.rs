@@ -1,0 +1,204 @@
+//! The operator: the engine as a Kubernetes controller over `TalosOperation`s, on a real
+//! cluster, optionally with a simulated Talos fleet on the same API server.
+//!
+//! ```text
+//! cargo run --example operator -- [--kubeconfig FILE] [--namespace NS]
+//!     [--simulate-fleet CP+W [--time-scale N] [--seed N] [--fleet-only]]
+//!     [--listen ADDR] [--log-format text|json] [--identity ID] [--lease-namespace NS]
+//!     [--longhorn-namespace NS]
+//! ```
+//! Without `--kubeconfig` the configuration is inferred as kubectl does (`KUBECONFIG`,
+//! `~/.kube/config`, or the pod's service account). Replicas elect a leader on the Lease
+//! `ichor-operator` (in `--lease-namespace`, else `POD_NAMESPACE`, else the namespace);
+//! only the leader reconciles. `/metrics`, `/healthz` and `/readyz` listen on `--listen`
+//! (default 127.0.0.1:8080). SIGTERM or Ctrl-C: the passes in flight end, the leadership
+//! is handed over, a fleet deletes its Nodes; exit 0.
+//!
+//! `--simulate-fleet 3+5` also runs a simulated fleet in the namespace: a `TalosCluster`
+//! `demo` (Talos v1.14.3), its machines on v1.14.2, their Nodes and a Talos API, with
+//! virtual durations divided by `--time-scale` (default 10). `--fleet-only` runs the fleet
+//! without the controller (to run operators in other processes against it).
+//!
+//! Exit 0: stopped by a signal. Exit 2: bad arguments or an unusable kubeconfig, named.
+//! Exit 1: the endpoints could not listen, or the fleet could not start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use ichor_examples::{EXIT_BAD_ARGUMENT, parse_args};
+use ichor_operator::fleet::parse_shape;
+use ichor_operator::requests::counted_client;
+use ichor_operator::{ElectionConfig, FleetConfig, Metrics, OperatorConfig, Plan};
+use ichor_talos_executor::ExecutorConfig;
+
+/// Exit code: the endpoints could not listen, or the fleet could not start.
+const EXIT_FAILED: i32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Run the Ichor operator (and optionally a simulated Talos fleet) against a Kubernetes API server.
+#[derive(Debug, Parser)]
+#[command(name = "operator")]
+struct Args {
+    /// The kubeconfig to use (default: as kubectl infers it).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Watch this namespace only (default: every namespace); the fleet's namespace.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Also run a simulated fleet of CONTROL_PLANES+WORKERS machines, such as 3+5.
+    #[arg(long, value_name = "CP+W", value_parser = parse_shape)]
+    simulate_fleet: Option<(usize, usize)>,
+    /// Virtual seconds of the simulated fleet per second.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_scale, requires = "simulate_fleet")]
+    time_scale: f64,
+    /// The simulated fleet's seed.
+    #[arg(long, default_value_t = 1, requires = "simulate_fleet")]
+    seed: u64,
+    /// Run only the simulated fleet, no controller.
+    #[arg(long, requires = "simulate_fleet")]
+    fleet_only: bool,
+    /// Where /metrics, /healthz and /readyz listen.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// This replica's identity in the election (default: POD_NAME, else host and process).
+    #[arg(long)]
+    identity: Option<String>,
+    /// The namespace of the leader Lease.
+    #[arg(long)]
+    lease_namespace: Option<String>,
+    /// Where Longhorn runs.
+    #[arg(long, default_value = ichor_adapters::longhorn::DEFAULT_NAMESPACE)]
+    longhorn_namespace: String,
+}
+
+fn parse_scale(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(scale) if scale.is_finite() && scale > 0.0 && scale <= 10_000.0 => Ok(scale),
+        _ => Err(format!("the time scale must be a number above 0 and at most 10000, got {text:?}")),
+    }
+}
+
+fn bad(message: &str) -> ! {
+    println!("error: {message}");
+    std::process::exit(EXIT_BAD_ARGUMENT)
+}
+
+async fn kube_config(path: Option<&PathBuf>) -> Result<kube::Config, String> {
+    match path {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("kubeconfig {}: {}", path.display(), ichor_talos_executor::report(&e)))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("kubeconfig {}: {}", path.display(), ichor_talos_executor::report(&e)))
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| format!("no kubeconfig given and none found: {}", ichor_talos_executor::report(&e))),
+    }
+}
+
+fn identity() -> String {
+    if let Ok(name) = std::env::var("POD_NAME")
+        && !name.is_empty()
+    {
+        return name;
+    }
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "ichor".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+async fn signalled() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            tokio::signal::ctrl_c().await.ok();
+        }
+    }
+}
+
+fn main() {
+    let args: Args = parse_args();
+    ichor_operator::init_logging(args.log_format == LogFormat::Json);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            println!("error: no async runtime: {e}");
+            std::process::exit(EXIT_FAILED);
+        }
+    };
+    let code = runtime.block_on(run(args));
+    std::process::exit(code);
+}
+
+async fn run(args: Args) -> i32 {
+    let config = kube_config(args.kubeconfig.as_ref()).await.unwrap_or_else(|e| bad(&e));
+    let default_namespace = config.default_namespace.clone();
+    let metrics = Arc::new(Metrics::new());
+    let client = counted_client(config, &metrics.requests).unwrap_or_else(|e| bad(&format!("kubeconfig: {e}")));
+    let namespace = args.namespace.clone();
+    let home = namespace.clone().unwrap_or_else(|| default_namespace.clone());
+    let identity = args.identity.clone().unwrap_or_else(identity);
+    let lease_namespace = args
+        .lease_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+        .unwrap_or_else(|| home.clone());
+    let fleet = args.simulate_fleet.map(|(control_planes, workers)| FleetConfig {
+        namespace: home.clone(),
+        control_planes,
+        workers,
+        time_scale: args.time_scale,
+        seed: args.seed,
+    });
+    let operator = (!args.fleet_only).then(|| {
+        let config = OperatorConfig {
+            namespace,
+            identity: identity.clone(),
+            executor: ExecutorConfig::default(),
+            talos: ichor_adapters::talos::ClientOptions::default(),
+            longhorn_namespace: args.longhorn_namespace.clone(),
+        };
+        (config, ElectionConfig::new(&lease_namespace, "ichor-operator", &identity))
+    });
+    tracing::info!(
+        %identity,
+        namespace = args.namespace.as_deref().unwrap_or("(all)"),
+        lease_namespace = %lease_namespace,
+        fleet = fleet.is_some(),
+        controller = operator.is_some(),
+        "starting"
+    );
+    let plan = Plan { operator, fleet, listen: args.listen };
+    match ichor_operator::run(client, plan, metrics, signalled()).await {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %ichor_talos_executor::report(&e), "stopped");
+            println!("error: {}", ichor_talos_executor::report(&e));
+            EXIT_FAILED
+        }
+    }
+}

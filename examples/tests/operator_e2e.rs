@@ -1,0 +1,505 @@
+//! The operator end to end, as processes, on a real Kubernetes API server and the simulated
+//! fleet (`ICHOR_TEST_KUBECONFIG`; skipped with one line without it).
+//!
+//! Each test has a namespace of its own. The fleet runs with the test server's admin
+//! credentials; operators run in processes of their own under a ServiceAccount bound to
+//! the ClusterRole in `deploy/operator.yaml`, and every request they made (read from their
+//! `/metrics`) must be one that role names.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ichor_adapters::kubernetes::crd::{TalosMachine, TalosOperation, TalosOperationSpec};
+use ichor_operator::metrics::sample;
+use ichor_operator::{fleet, rbac};
+use ichor_testkit::example_binary;
+use ichor_testkit::kube::TestNamespace;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Virtual seconds per second: a machine's upgrade (about 2-5 virtual minutes) in 1-2 s.
+const TIME_SCALE: &str = "150";
+/// The most any scenario may take.
+const BOUND: Duration = Duration::from_secs(240);
+
+/// A process of the operator example; killed when dropped, its log printed when the test
+/// failed.
+struct Process {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Process {
+    fn start(name: &str, dir: &Path, kubeconfig: &Path, args: &[&str]) -> Self {
+        let port = free_port();
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(example_binary("operator"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--log-format", "json"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Self { name: name.to_owned(), child, log, port }
+    }
+
+    async fn metrics(&self) -> Option<String> {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.ok()?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await.ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.ok()?;
+        text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+    }
+
+    async fn value(&self, series: &str) -> Option<f64> {
+        sample(&self.metrics().await?, series)
+    }
+
+    fn kill(&mut self) {
+        self.child.kill().ok();
+        self.child.wait().ok();
+    }
+
+    /// SIGTERM, then its exit code.
+    fn terminate(&mut self) -> Option<i32> {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{} did not stop within 60 s of SIGTERM", self.name);
+    }
+
+    fn log_lines(&self) -> Vec<String> {
+        std::fs::File::open(&self.log)
+            .map(|f| BufReader::new(f).lines().map_while(Result::ok).collect())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            let lines = self.log_lines();
+            let tail = &lines[lines.len().saturating_sub(60)..];
+            eprintln!("----- last lines of {} ({})\n{}", self.name, self.log.display(), tail.join("\n"));
+        }
+    }
+}
+
+/// A scenario: its namespace, a temporary directory, and a client.
+struct Scene {
+    ns: TestNamespace,
+    dir: tempfile::TempDir,
+}
+
+impl Scene {
+    async fn new(prefix: &str) -> Option<Self> {
+        let ns = TestNamespace::create(prefix).await?;
+        Some(Self { ns, dir: tempfile::tempdir().unwrap() })
+    }
+
+    fn admin(&self) -> &Path {
+        &self.ns.kubeconfig
+    }
+
+    /// The operator's ServiceAccount, bound to the ClusterRole of `deploy/operator.yaml`.
+    async fn operator_kubeconfig(&self) -> PathBuf {
+        let client = &self.ns.client;
+        let apply = PatchParams::apply("ichor-e2e").force();
+        let role = rbac::cluster_role(rbac::NAME);
+        let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
+        roles.patch(rbac::NAME, &apply, &Patch::Apply(&typed(&role))).await.unwrap();
+        let binding_name = format!("{}-{}", rbac::NAME, self.ns.name);
+        let binding = rbac::cluster_role_binding(&binding_name, rbac::NAME, &self.ns.name, rbac::NAME);
+        let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+        bindings.patch(&binding_name, &apply, &Patch::Apply(&typed(&binding))).await.unwrap();
+        self.ns.service_account_kubeconfig(rbac::NAME, &self.dir.path().join("operator.kubeconfig")).await
+    }
+
+    fn fleet(&self, shape: &str, extra: &[&str]) -> Process {
+        let mut args = vec!["--namespace", &self.ns.name, "--simulate-fleet", shape, "--time-scale", TIME_SCALE];
+        args.extend_from_slice(extra);
+        Process::start("fleet", self.dir.path(), self.admin(), &args)
+    }
+
+    fn operator(&self, name: &str, kubeconfig: &Path, extra: &[&str]) -> Process {
+        let mut args = vec!["--namespace", &self.ns.name];
+        args.extend_from_slice(extra);
+        Process::start(name, self.dir.path(), kubeconfig, &args)
+    }
+
+    async fn create_operation(&self, name: &str, kind: &str, machine: Option<&str>) {
+        let ops: Api<TalosOperation> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
+        let op = TalosOperation::new(
+            name,
+            TalosOperationSpec {
+                cluster: fleet::CLUSTER.into(),
+                kind: kind.into(),
+                target_version: fleet::TARGET.into(),
+                max_unavailable: 1,
+                machine: machine.map(str::to_owned),
+            },
+        );
+        ops.create(&PostParams::default(), &op).await.unwrap();
+    }
+
+    async fn operation(&self, name: &str) -> Option<TalosOperation> {
+        Api::<TalosOperation>::namespaced(self.ns.client.clone(), &self.ns.name).get_opt(name).await.unwrap()
+    }
+
+    async fn phase(&self, name: &str) -> String {
+        self.operation(name).await.and_then(|op| op.status.and_then(|s| s.phase)).unwrap_or_default()
+    }
+
+    /// Waits until the fleet's objects exist.
+    async fn fleet_up(&self, machines: usize) {
+        let api: Api<TalosMachine> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
+        let nodes: Api<Node> = Api::all(self.ns.client.clone());
+        let selector = ListParams::default().labels(&format!("{}={}", fleet::FLEET_LABEL, self.ns.name));
+        eventually("the fleet's machines and Nodes", || async {
+            api.list(&ListParams::default()).await.is_ok_and(|l| l.items.len() == machines)
+                && nodes.list(&selector).await.is_ok_and(|l| {
+                    l.items.len() == machines
+                        && l.items.iter().all(|n| n.status.as_ref().is_some_and(|s| s.node_info.is_some()))
+                })
+        })
+        .await;
+    }
+
+    async fn fleet_nodes(&self) -> Vec<Node> {
+        let nodes: Api<Node> = Api::all(self.ns.client.clone());
+        let selector = ListParams::default().labels(&format!("{}={}", fleet::FLEET_LABEL, self.ns.name));
+        nodes.list(&selector).await.unwrap().items
+    }
+
+    async fn cluster_lease(&self) -> Option<Lease> {
+        let leases: Api<Lease> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
+        leases.get_opt(&format!("ichor-cluster-{}", fleet::CLUSTER)).await.unwrap()
+    }
+
+    async fn end(self) {
+        let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(self.ns.client.clone());
+        bindings.delete(&format!("{}-{}", rbac::NAME, self.ns.name), &Default::default()).await.ok();
+        self.ns.delete().await;
+    }
+}
+
+fn typed<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).unwrap();
+    value["apiVersion"] = T::API_VERSION.into();
+    value["kind"] = T::KIND.into();
+    value
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + BOUND;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {BOUND:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every Node of the fleet on the target and Ready.
+fn all_on_target(nodes: &[Node]) -> bool {
+    nodes.iter().all(|n| {
+        let status = n.status.as_ref();
+        let image = status.and_then(|s| s.node_info.as_ref()).map(|i| i.os_image.clone()).unwrap_or_default();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        image == format!("Talos ({})", fleet::TARGET) && ready
+    })
+}
+
+/// The Upgrade calls the fleet received, by node.
+async fn upgrade_calls(fleet: &Process) -> Vec<(String, f64)> {
+    let text = fleet.metrics().await.expect("the fleet's metrics");
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("ichor_fleet_upgrade_calls_total{node=\"")?;
+            let (node, value) = rest.split_once("\"} ")?;
+            Some((node.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every request the operator made is one the ClusterRole names.
+async fn only_allowed_requests(operator: &Process) {
+    let text = operator.metrics().await.expect("the operator's metrics");
+    let mut seen = 0;
+    for line in text.lines().filter(|l| l.starts_with("ichor_kube_requests_total{")) {
+        let field = |name: &str| {
+            let start = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+            line[start..].split('"').next().unwrap().to_owned()
+        };
+        let request = ichor_operator::requests::Request {
+            verb: field("verb"),
+            group: field("group"),
+            resource: field("resource"),
+            subresource: field("subresource"),
+        };
+        assert!(rbac::allows(&request), "the operator made a request its ClusterRole does not name: {line}");
+        seen += 1;
+    }
+    assert!(seen > 5, "the operator's requests were not counted:\n{text}");
+}
+
+async fn leader(process: &Process) -> bool {
+    process.value("ichor_leader").await == Some(1.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_3_plus_5_upgrade_completes_on_the_simulated_fleet() {
+    let Some(scene) = Scene::new("e2e-upgrade").await else { return };
+    // One process, as a person runs it: the operator and the fleet together.
+    let mut both = scene.fleet("3+5", &[]);
+    scene.fleet_up(8).await;
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+
+    let nodes = scene.fleet_nodes().await;
+    assert_eq!(nodes.len(), 8);
+    assert!(all_on_target(&nodes), "every Node on {} and Ready: {nodes:#?}", fleet::TARGET);
+    let lease = scene.cluster_lease().await.expect("the cluster Lease");
+    let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+    assert!(holder.is_empty(), "the cluster Lease is released, not held by {holder}");
+    let calls = upgrade_calls(&both).await;
+    assert_eq!(calls.len(), 8, "{calls:?}");
+    assert!(calls.iter().all(|(_, n)| *n == 1.0), "one Upgrade call per machine: {calls:?}");
+    assert_eq!(both.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
+    let converged = format!(
+        "ichor_operation_machines{{namespace=\"{}\",operation=\"upgrade\",state=\"converged\"}}",
+        scene.ns.name
+    );
+    assert_eq!(both.value(&converged).await, Some(8.0));
+
+    // SIGTERM: a clean stop, the fleet's Nodes gone.
+    assert_eq!(both.terminate(), Some(0));
+    assert!(scene.fleet_nodes().await.is_empty(), "a stopped fleet deletes its Nodes");
+    scene.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_mid_rollout_resumes_with_no_second_upgrade_call() {
+    let Some(scene) = Scene::new("e2e-kill").await else { return };
+    let fleet = scene.fleet("3+5", &["--fleet-only"]);
+    scene.fleet_up(8).await;
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let mut first = scene.operator("operator-1", &kubeconfig, &["--identity", "replica-a"]);
+    scene.create_operation("upgrade", "talos", None).await;
+    // Kill it right after a second machine's Upgrade call: a machine is past its call and
+    // not converged.
+    eventually("two Upgrade calls", || async {
+        upgrade_calls(&fleet).await.iter().map(|(_, n)| n).sum::<f64>() >= 2.0
+    })
+    .await;
+    only_allowed_requests(&first).await;
+    first.kill();
+    let before = upgrade_calls(&fleet).await;
+
+    // The same pod restarted (same identity): it leads again at once.
+    let second = scene.operator("operator-2", &kubeconfig, &["--identity", "replica-a"]);
+    eventually("the operation completes after the restart", || async { scene.phase("upgrade").await == "Completed" })
+        .await;
+    let calls = upgrade_calls(&fleet).await;
+    assert_eq!(calls.len(), 8, "{calls:?}");
+    assert!(calls.iter().all(|(_, n)| *n == 1.0), "no second Upgrade call (before the kill: {before:?}): {calls:?}");
+    assert!(all_on_target(&scene.fleet_nodes().await));
+    assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
+    only_allowed_requests(&second).await;
+    scene.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
+    let Some(scene) = Scene::new("e2e-replicas").await else { return };
+    let fleet = scene.fleet("3+5", &["--fleet-only"]);
+    scene.fleet_up(8).await;
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let mut a = scene.operator("replica-a", &kubeconfig, &["--identity", "replica-a"]);
+    let mut b = scene.operator("replica-b", &kubeconfig, &["--identity", "replica-b"]);
+    eventually("one replica leads", || async { leader(&a).await || leader(&b).await }).await;
+    let a_leads = leader(&a).await;
+    assert!(a_leads != leader(&b).await, "exactly one leader");
+    let (leading, following) = if a_leads { (&mut a, &mut b) } else { (&mut b, &mut a) };
+
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("three Upgrade calls", || async {
+        upgrade_calls(&fleet).await.iter().map(|(_, n)| n).sum::<f64>() >= 3.0
+    })
+    .await;
+    assert!(leading.value("ichor_kube_writes_total").await.unwrap_or(0.0) > 0.0);
+    assert_eq!(following.value("ichor_kube_writes_total").await, Some(0.0), "the follower wrote");
+    assert_eq!(following.value("ichor_kube_events_total").await, Some(0.0), "the follower recorded Events");
+    assert_eq!(following.value("ichor_reconciles_total{outcome=\"ok\"}").await, None, "the follower reconciled");
+    only_allowed_requests(leading).await;
+    only_allowed_requests(following).await;
+
+    let killed = Instant::now();
+    leading.kill();
+    eventually("the follower takes over", || async { leader(following).await }).await;
+    let takeover = killed.elapsed();
+    eprintln!("takeover {:.1} s after the leader was killed (Lease 15 s, looked at every 2 s)", takeover.as_secs_f64());
+    assert!(takeover < Duration::from_secs(15 + 2 + 3), "takeover took {takeover:?}");
+    eventually("the operation completes under the new leader", || async {
+        scene.phase("upgrade").await == "Completed"
+    })
+    .await;
+    let calls = upgrade_calls(&fleet).await;
+    assert!(calls.len() == 8 && calls.iter().all(|(_, n)| *n == 1.0), "one Upgrade call per machine: {calls:?}");
+    scene.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_held_by_a_deleted_operation_is_taken_over() {
+    let Some(scene) = Scene::new("e2e-takeover").await else { return };
+    // A Lease an operation that no longer exists took an hour ago, for a day.
+    let leases: Api<Lease> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let gone = format!("{}/gone/0b7c5d1e-0000-4000-8000-000000000000", scene.ns.name);
+    let taken = (k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_hours(1)).to_string();
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": { "name": format!("ichor-cluster-{}", fleet::CLUSTER) },
+        "spec": { "holderIdentity": gone, "leaseDurationSeconds": 86_400, "acquireTime": taken, "renewTime": taken },
+    }))
+    .unwrap();
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+
+    let _both = scene.fleet("1+2", &[]);
+    scene.fleet_up(3).await;
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    assert!(all_on_target(&scene.fleet_nodes().await));
+    scene.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_operation_on_the_cluster_waits_naming_the_holder() {
+    let Some(scene) = Scene::new("e2e-second").await else { return };
+    let _both = scene.fleet("1+3", &[]);
+    scene.fleet_up(4).await;
+    scene.create_operation("first", "talos", None).await;
+    eventually("the first operation holds the lock", || async { scene.phase("first").await == "Progressing" }).await;
+    scene.create_operation("second", "talos", None).await;
+    let first_uid = scene.operation("first").await.unwrap().uid().unwrap();
+    eventually("the second waits, naming the holder", || async {
+        let status = scene.operation("second").await.and_then(|op| op.status).unwrap_or_default();
+        status.reason.as_deref() == Some("LockHeld")
+            && status.message.as_deref().is_some_and(|m| m.contains("first") && m.contains(&first_uid))
+    })
+    .await;
+    eventually("both complete, one after the other", || async {
+        scene.phase("first").await == "Completed" && scene.phase("second").await == "Completed"
+    })
+    .await;
+    scene.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pdb_at_zero_holds_a_removal_at_its_eviction_until_it_allows_it() {
+    let Some(scene) = Scene::new("e2e-pdb").await else { return };
+    let fleet = scene.fleet("1+2", &["--fleet-only"]);
+    scene.fleet_up(3).await;
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let operator = scene.operator("operator", &kubeconfig, &[]);
+    let node = format!("{}-worker-2.{}", fleet::CLUSTER, scene.ns.name);
+    let pods: Api<Pod> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "ledger-0", "labels": { "app": "ledger" } },
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{ "key": fleet::TAINT, "operator": "Exists" }],
+            "containers": [{ "name": "ledger", "image": "registry.invalid/ledger:1" }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    // This server serves PodDisruptionBudgets as policy/v1beta1 (policy/v1 came in 1.21).
+    let pdb_kind = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+        "poddisruptionbudgets",
+    );
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(scene.ns.client.clone(), &scene.ns.name, &pdb_kind);
+    let pdb: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "metadata": { "name": "ledger" },
+        "spec": { "maxUnavailable": 0, "selector": { "matchLabels": { "app": "ledger" } } },
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    eventually("the pod runs", || async {
+        pods.get("ledger-0").await.ok().and_then(|p| p.status).and_then(|s| s.phase).as_deref() == Some("Running")
+    })
+    .await;
+
+    scene.create_operation("remove-worker-2", "remove", Some("demo-worker-2")).await;
+    eventually("the removal waits at the eviction", || async {
+        let op = scene.operation("remove-worker-2").await.and_then(|op| op.status).unwrap_or_default();
+        let engine = op.engine.map(|e| e.to_string()).unwrap_or_default();
+        engine.contains("EvictionBlocked") && engine.contains("ledger-0")
+    })
+    .await;
+    // Waiting, not failed: held for a while, the Node still there and the operation not paused.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(scene.fleet_nodes().await.iter().any(|n| n.name_any() == node), "the Node is still there");
+    let phase = scene.phase("remove-worker-2").await;
+    assert!(phase != "Paused" && phase != "Failed" && phase != "Completed", "{phase}");
+    assert!(pods.get_opt("ledger-0").await.unwrap().is_some(), "the guarded pod is still there");
+
+    // The budget lifted: the eviction goes through at the next try and the removal ends.
+    pdbs.delete("ledger", &Default::default()).await.unwrap();
+    eventually("the removal completes", || async { scene.phase("remove-worker-2").await == "Completed" }).await;
+    assert!(!scene.fleet_nodes().await.iter().any(|n| n.name_any() == node), "the Node is deleted");
+    assert!(pods.get_opt("ledger-0").await.unwrap().is_none(), "the pod was evicted");
+    only_allowed_requests(&operator).await;
+    drop(fleet);
+    scene.end().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_kind_is_refused_with_a_warning_event() {
+    let Some(scene) = Scene::new("e2e-kind").await else { return };
+    let both = scene.fleet("1+1", &[]);
+    scene.fleet_up(2).await;
+    scene.create_operation("k8s", "kubernetes", None).await;
+    eventually("the operation is refused", || async { scene.phase("k8s").await == "Refused" }).await;
+    let status = scene.operation("k8s").await.and_then(|op| op.status).unwrap_or_default();
+    assert!(status.message.as_deref().is_some_and(|m| m.contains("kubernetes")), "{status:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    eventually("a Warning Event on the operation", || async {
+        events.list(&ListParams::default()).await.is_ok_and(|l| {
+            l.items.iter().any(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("k8s")
+                    && e.note.as_deref().is_some_and(|n| n.contains("kubernetes"))
+            })
+        })
+    })
+    .await;
+    assert_eq!(both.value("ichor_fleet_talos_calls_total").await, Some(0.0), "nothing was called on the fleet");
+    scene.end().await;
+}
