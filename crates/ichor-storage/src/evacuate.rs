@@ -111,6 +111,16 @@ pub async fn end_machine_evacuation(
     now: Timestamp,
 ) -> Result<(), EvacuationError> {
     storage.set_scheduling(node, true).await?;
+    let next = evacuation_ended(conditions, node, end, now);
+    store.write_conditions(machine, &next).await?;
+    Ok(())
+}
+
+/// The conditions once an evacuation has ended: `StorageEvacuation=False` with the reason
+/// of `end`. For a caller that re-enabled scheduling itself and writes these conditions
+/// together with others, in one write.
+#[must_use]
+pub fn evacuation_ended(conditions: &Conditions, node: &str, end: EvacuationEnd, now: Timestamp) -> Conditions {
     let (why, message) = match end {
         EvacuationEnd::Ended => (reason::ENDED, format!("storage scheduling re-enabled on {node}")),
         EvacuationEnd::TimedOut => {
@@ -119,8 +129,7 @@ pub async fn end_machine_evacuation(
     };
     let mut next = conditions.clone();
     next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::False, why, message), now);
-    store.write_conditions(machine, &next).await?;
-    Ok(())
+    next
 }
 
 #[cfg(test)]

@@ -18,5 +18,7 @@ pub mod evacuate;
 pub mod selection;
 
 pub use api::{ConditionStore, ConditionWriteError, Labels, StorageApi, StorageError};
-pub use evacuate::{EvacuationEnd, EvacuationError, end_machine_evacuation, evacuate_machine, observe_storage};
+pub use evacuate::{
+    EvacuationEnd, EvacuationError, end_machine_evacuation, evacuate_machine, evacuation_ended, observe_storage,
+};
 pub use selection::{LabelSelector, SelectorError, StorageObject, selecting};

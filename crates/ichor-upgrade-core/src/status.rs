@@ -100,6 +100,14 @@ impl OperationStatus {
             next.machines.remove(name);
         }
         for (name, outcome) in outcomes {
+            // A machine under way keeps the record it started with: its waits and steps are
+            // in its own conditions and in the log, not rewritten into the operation's
+            // status at every pass (a write per change of reason would cost the API server
+            // more than the whole upgrade).
+            let under_way = next.machines.get(name).is_some_and(|r| r.state == RecordState::InProgress);
+            if under_way && matches!(outcome, MachineOutcome::Progressed { .. } | MachineOutcome::Waiting { .. }) {
+                continue;
+            }
             let record = match outcome {
                 MachineOutcome::Progressed { action } => MachineRecord {
                     state: RecordState::InProgress,
@@ -107,11 +115,11 @@ impl OperationStatus {
                     message: String::new(),
                     recheck_at: None,
                 },
-                MachineOutcome::Waiting { reason, message, recheck_at } => MachineRecord {
+                MachineOutcome::Waiting { reason, message, .. } => MachineRecord {
                     state: RecordState::InProgress,
                     reason: reason.clone(),
                     message: message.clone(),
-                    recheck_at: *recheck_at,
+                    recheck_at: None,
                 },
                 MachineOutcome::Converged => MachineRecord {
                     state: RecordState::Converged,
@@ -220,6 +228,26 @@ mod tests {
                 machines: vec![FailedMachine { name: "c".into(), reason: "booted v1.14.3".into() }]
             })
         );
+    }
+
+    #[test]
+    fn a_machine_under_way_keeps_its_record_until_it_converges_or_fails() {
+        let status = OperationStatus::default();
+        let started = status.next(
+            1,
+            &decision(Phase::Progressing),
+            &[("a".to_owned(), MachineOutcome::Progressed { action: "BeginEvacuation" })],
+        );
+        assert_eq!(started.machines["a"].reason, "BeginEvacuation");
+        for outcome in [
+            MachineOutcome::Waiting { reason: "Evacuating".into(), message: "2 left".into(), recheck_at: None },
+            MachineOutcome::Progressed { action: "UpgradeRequested" },
+        ] {
+            let next = started.next(1, &decision(Phase::Progressing), &[("a".to_owned(), outcome)]);
+            assert_eq!(next, started, "no status change, so no status write");
+        }
+        let converged = started.next(1, &decision(Phase::Progressing), &[("a".to_owned(), MachineOutcome::Converged)]);
+        assert_eq!(converged.machines["a"].state, RecordState::Converged);
     }
 
     #[test]

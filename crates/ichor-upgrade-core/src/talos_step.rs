@@ -172,6 +172,12 @@ pub struct StepTimeouts {
     pub upgrade_call: Duration,
     /// How long after the Upgrade call the machine may take to come back verified.
     pub verify: Duration,
+    /// How often a wait on something no Kubernetes watch reports is looked at again: the
+    /// Talos API (a busy or unreachable machine before its call), etcd membership, and
+    /// storage replicas moving off. Waits on the Node (Ready, boot ID, osImage) have no
+    /// poll: a watch on Nodes reports them. Default 5 s: one Talos stage read (and, on a
+    /// control plane, one member list) per waiting machine every 5 s.
+    pub poll: Duration,
 }
 
 impl Default for StepTimeouts {
@@ -180,6 +186,7 @@ impl Default for StepTimeouts {
             evacuation: Duration::from_secs(30 * 60),
             upgrade_call: Duration::from_secs(10 * 60),
             verify: Duration::from_secs(30 * 60),
+            poll: Duration::from_secs(5),
         }
     }
 }
@@ -218,8 +225,10 @@ pub enum Action {
     /// The machine is on the target, verified, with no upgrade in flight and no
     /// evacuation open. Nothing to write.
     Converged,
-    /// Verification passed: write `TalosUpgrade=False/Converged`, closing the upgrade;
-    /// the next observation gives [`Action::Converged`].
+    /// Verification passed: end the machine's evacuation if one is open (storage
+    /// scheduling back on) and write `TalosUpgrade=False/Converged` with
+    /// `StorageEvacuation=False/Ended` in one write, closing the upgrade; the next
+    /// observation gives [`Action::Converged`].
     RecordConverged,
     /// Nothing to do yet. Observe again when something changes or at `recheck_at`.
     Wait {
@@ -473,6 +482,24 @@ fn wait(reason: MachineWait, recheck_at: Option<Timestamp>) -> Action {
     Action::Wait { reason, recheck_at }
 }
 
+/// A wait on something no watch reports: looked at again at the next tick of the poll
+/// interval, or at the wait's own deadline if that is sooner. The ticks are on a grid of
+/// the interval (multiples of it since the epoch), so that every machine polling at once
+/// shares one pass instead of each costing its own.
+fn polled(input: &StepInput<'_>, reason: MachineWait, deadline: Option<Timestamp>) -> Action {
+    wait(reason, Timestamp::min_opt(deadline, Some(next_tick(input.now, input.timeouts.poll))))
+}
+
+/// The first multiple of `interval` after `now` (`now` plus the interval if it is zero).
+fn next_tick(now: Timestamp, interval: std::time::Duration) -> Timestamp {
+    let step = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+    if step <= 0 {
+        return now.saturating_add(interval);
+    }
+    let t = now.unix_millis();
+    Timestamp::from_unix_millis(t.div_euclid(step).saturating_add(1).saturating_mul(step))
+}
+
 /// No upgrade in flight: check, evacuate, then call.
 fn before_call(input: &StepInput<'_>) -> Action {
     let target = &input.target.version;
@@ -488,7 +515,7 @@ fn before_call(input: &StepInput<'_>) -> Action {
             return wait(MachineWait::NodeNotReady, None);
         }
         if let Some(reason) = etcd_wait(input) {
-            return wait(reason, None);
+            return polled(input, reason, None);
         }
         return if evacuation.is_open() { Action::EndEvacuation } else { Action::Converged };
     }
@@ -529,9 +556,11 @@ fn before_call(input: &StepInput<'_>) -> Action {
     match input.talos {
         TalosObservation::Answered { stage: MachineStage::Running } => {}
         TalosObservation::Answered { stage } => {
-            return wait(MachineWait::MachineBusy { stage: *stage }, evacuation_deadline);
+            return polled(input, MachineWait::MachineBusy { stage: *stage }, evacuation_deadline);
         }
-        TalosObservation::Unreachable { .. } => return wait(MachineWait::TalosApiUnreachable, evacuation_deadline),
+        TalosObservation::Unreachable { .. } => {
+            return polled(input, MachineWait::TalosApiUnreachable, evacuation_deadline);
+        }
         TalosObservation::Error { error } => return Action::Fail(MachineFailure::TalosApi(error.clone())),
     }
     if !is_valid_boot_id(&node.boot_id) {
@@ -540,14 +569,15 @@ fn before_call(input: &StepInput<'_>) -> Action {
     match evacuation {
         EvacuationState::NotStarted => return Action::BeginEvacuation,
         EvacuationState::InProgress { replicas_left, deadline } => {
-            return wait(MachineWait::Evacuating { replicas_left }, Some(deadline));
+            return polled(input, MachineWait::Evacuating { replicas_left }, Some(deadline));
         }
         EvacuationState::Evacuated | EvacuationState::NothingToEvacuate | EvacuationState::TimedOut { .. } => {}
     }
     match input.authority {
         CallAuthority::Granted => Action::Upgrade { image, marker: marker_for(input, &node.boot_id) },
         CallAuthority::NeedsEtcdGate => wait(MachineWait::EtcdGateNotChecked, None),
-        CallAuthority::Denied(denied) => wait(MachineWait::CallNotAuthorised(denied.clone()), None),
+        // A denial may rest on the etcd gate, which no watch reports.
+        CallAuthority::Denied(denied) => polled(input, MachineWait::CallNotAuthorised(denied.clone()), None),
     }
 }
 
@@ -646,12 +676,13 @@ fn after_call(input: &StepInput<'_>, marker: &MarkerRef<'_>, acknowledged: bool,
         return waiting(MachineWait::NodeNotReady, "the Node to be Ready");
     }
     if let Some(reason) = etcd_wait(input) {
-        return waiting(reason, "a voting etcd member");
+        if timed_out {
+            return waiting(reason, "a voting etcd member");
+        }
+        return polled(input, reason, Some(verify_deadline));
     }
-    let evacuation = evacuation_state(input.conditions, input.storage, input.timeouts.evacuation, input.now);
-    if evacuation.is_open() {
-        return Action::EndEvacuation;
-    }
+    // Storage scheduling comes back only now, after verification, and in the same write as
+    // the convergence.
     Action::RecordConverged
 }
 

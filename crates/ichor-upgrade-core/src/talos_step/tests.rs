@@ -209,7 +209,7 @@ fn row_already_on_target_is_still_verified_ready_and_in_etcd() {
     let mut cp = on_target.control_plane();
     assert_eq!(cp.step(), Action::Converged);
     cp.etcd_member = Some(EtcdMembership::Learner);
-    assert_eq!(cp.step(), Action::Wait { reason: MachineWait::EtcdMemberLearner, recheck_at: None });
+    assert_eq!(cp.step(), Action::Wait { reason: MachineWait::EtcdMemberLearner, recheck_at: Some(at(1005)) });
 }
 
 #[test]
@@ -265,7 +265,7 @@ fn row_an_evacuation_in_progress_is_awaited_until_its_deadline() {
     let o = Observed::fixture().storage(Some(2)).evacuating_since(at(500));
     assert_eq!(
         o.step(),
-        Action::Wait { reason: MachineWait::Evacuating { replicas_left: Some(2) }, recheck_at: Some(at(500 + 1800)) }
+        Action::Wait { reason: MachineWait::Evacuating { replicas_left: Some(2) }, recheck_at: Some(at(1005)) }
     );
 }
 
@@ -308,11 +308,14 @@ fn row_the_cluster_schematic_wins_over_the_nodes_and_the_platform_is_used() {
 fn row_a_busy_machine_or_unreachable_api_is_not_called() {
     assert_eq!(
         Observed::fixture().stage(MachineStage::Upgrading).step(),
-        Action::Wait { reason: MachineWait::MachineBusy { stage: MachineStage::Upgrading }, recheck_at: None }
+        Action::Wait {
+            reason: MachineWait::MachineBusy { stage: MachineStage::Upgrading },
+            recheck_at: Some(at(1005))
+        }
     );
     assert_eq!(
         Observed::fixture().unreachable().step(),
-        Action::Wait { reason: MachineWait::TalosApiUnreachable, recheck_at: None }
+        Action::Wait { reason: MachineWait::TalosApiUnreachable, recheck_at: Some(at(1005)) }
     );
     let answered = Observed::fixture().talos(TalosObservation::Error { error: "PermissionDenied".into() }).step();
     assert!(matches!(answered, Action::Fail(MachineFailure::TalosApi(_))));
@@ -368,7 +371,7 @@ fn row_on_target_a_control_plane_waits_for_its_etcd_member() {
     ] {
         let mut o = base.clone();
         o.etcd_member = membership;
-        assert_eq!(o.step(), Action::Wait { reason, recheck_at: Some(at(2700)) });
+        assert_eq!(o.step(), Action::Wait { reason, recheck_at: Some(at(1005)) });
     }
     assert_eq!(base.step(), Action::RecordConverged);
 }
@@ -377,7 +380,9 @@ fn row_on_target_a_control_plane_waits_for_its_etcd_member() {
 fn row_verified_ends_the_evacuation_then_records_convergence() {
     let o =
         Observed::fixture().storage(Some(0)).evacuating_since(at(500)).upgrade_acknowledged().rebooted_into("v1.14.4");
-    assert_eq!(o.step(), Action::EndEvacuation, "scheduling comes back only after verification");
+    let rebooted_not_ready = o.clone().not_ready();
+    assert!(matches!(rebooted_not_ready.step(), Action::Wait { .. }), "scheduling comes back only after verification");
+    assert_eq!(o.step(), Action::RecordConverged, "the evacuation ends in the same write as the convergence");
     let ended = o.condition(STORAGE_EVACUATION, ConditionStatus::False, evac::ENDED, "", at(1000));
     assert_eq!(ended.step(), Action::RecordConverged);
     let recorded = ended.condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, "", at(1001));
@@ -440,7 +445,10 @@ fn crash_window_a_void_intent_passes_every_pre_call_check_again() {
     assert_eq!(base.clone().not_ready().step(), Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None });
     assert_eq!(
         base.clone().stage(MachineStage::Maintenance).step(),
-        Action::Wait { reason: MachineWait::MachineBusy { stage: MachineStage::Maintenance }, recheck_at: None }
+        Action::Wait {
+            reason: MachineWait::MachineBusy { stage: MachineStage::Maintenance },
+            recheck_at: Some(at(1505))
+        }
     );
     assert_eq!(base.storage(Some(3)).step(), Action::BeginEvacuation);
 }
@@ -511,7 +519,7 @@ fn bad_input_transition_times_in_the_future_are_treated_as_now() {
     let evacuating = Observed::fixture().storage(Some(3)).evacuating_since(at(9_000));
     assert_eq!(
         evacuating.step(),
-        Action::Wait { reason: MachineWait::Evacuating { replicas_left: Some(3) }, recheck_at: Some(at(2800)) }
+        Action::Wait { reason: MachineWait::Evacuating { replicas_left: Some(3) }, recheck_at: Some(at(1005)) }
     );
     let o = Observed::fixture();
     let message = o.marker(BOOT_BEFORE, "v1.14.4", at(9_600));
@@ -589,7 +597,7 @@ fn no_first_call_without_authority() {
         CallDenied::EtcdUnhealthy { reason: "NOSPACE alarm".into() },
     ] {
         let action = ready.clone().authority(CallAuthority::Denied(denied.clone())).step();
-        assert_eq!(action, Action::Wait { reason: MachineWait::CallNotAuthorised(denied), recheck_at: None });
+        assert_eq!(action, Action::Wait { reason: MachineWait::CallNotAuthorised(denied), recheck_at: Some(at(1005)) });
     }
     assert_eq!(
         ready.authority(CallAuthority::NeedsEtcdGate).step(),
@@ -607,7 +615,7 @@ fn a_void_intent_is_not_called_again_without_authority() {
     assert_eq!(void.step(), expected_upgrade(BOOT_BEFORE, at(1600)), "with authority it is called again");
     let denied = CallDenied::ControlPlaneNotReady { nodes: vec!["cp-2".into()] };
     let action = void.clone().authority(CallAuthority::Denied(denied.clone())).step();
-    assert_eq!(action, Action::Wait { reason: MachineWait::CallNotAuthorised(denied), recheck_at: None });
+    assert_eq!(action, Action::Wait { reason: MachineWait::CallNotAuthorised(denied), recheck_at: Some(at(1605)) });
     assert!(matches!(
         void.authority(CallAuthority::NeedsEtcdGate).step(),
         Action::Wait { reason: MachineWait::EtcdGateNotChecked, .. }
@@ -653,4 +661,29 @@ fn no_evacuation_begins_on_a_machine_that_could_not_be_called() {
 fn waits_during_an_open_evacuation_recheck_at_its_deadline() {
     let o = Observed::fixture().storage(Some(2)).evacuating_since(at(900)).node(|n| n.boot_id = String::new());
     assert_eq!(o.step(), Action::Wait { reason: MachineWait::BootIdUnknown, recheck_at: Some(at(900 + 1800)) });
+}
+
+#[test]
+fn waits_on_what_no_watch_reports_are_polled_and_waits_on_the_node_are_not() {
+    // The Node is watched: a wait on it needs no recheck of its own.
+    let not_ready = Observed::fixture().not_ready().step();
+    assert_eq!(not_ready, Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None });
+    let rebooting = Observed::fixture().upgrade_acknowledged().unreachable().step();
+    assert!(matches!(rebooting, Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(t) } if t == at(2700)));
+    // Storage, Talos and etcd are not: each is looked at again at the poll interval, never
+    // later than the wait's own deadline.
+    // Polls fall on a grid of the interval: machines waiting at once share one pass.
+    let between = Observed::fixture().stage(MachineStage::Upgrading).now(Timestamp::from_unix_millis(1_001_500));
+    assert_eq!(
+        between.step(),
+        Action::Wait {
+            reason: MachineWait::MachineBusy { stage: MachineStage::Upgrading },
+            recheck_at: Some(at(1005))
+        }
+    );
+    let near_deadline = Observed::fixture().storage(Some(2)).evacuating_since(at(500)).now(at(2298));
+    assert_eq!(
+        near_deadline.step(),
+        Action::Wait { reason: MachineWait::Evacuating { replicas_left: Some(2) }, recheck_at: Some(at(2300)) }
+    );
 }
