@@ -29,7 +29,7 @@ use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
-use ichor_talos_executor::{Clock, Executor, ExecutorConfig, report};
+use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, report};
 use ichor_upgrade_core::talos_step::MachineStage;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -123,9 +123,21 @@ pub struct Context {
     storage: LonghornStorage,
     kubes: Mutex<HashMap<String, KubeCluster>>,
     talos: tokio::sync::Mutex<HashMap<(String, String), CachedTalos>>,
+    /// Per operation (namespace, name): which machines' waits still stand. Forgotten
+    /// whenever this replica does not lead, since another may have acted meanwhile.
+    memories: Mutex<HashMap<(String, String), Arc<PassMemory>>>,
 }
 
 impl Context {
+    fn memory(&self, namespace: &str, name: &str) -> Arc<PassMemory> {
+        let mut memories = self.memories.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(memories.entry((namespace.to_owned(), name.to_owned())).or_default())
+    }
+
+    fn forget(&self) {
+        self.memories.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
+
     fn kube(&self, namespace: &str) -> KubeCluster {
         let mut kubes = self.kubes.lock().unwrap_or_else(PoisonError::into_inner);
         kubes
@@ -247,6 +259,7 @@ impl TalosApi for NoTalos {
 
 async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     if !leads(*ctx.leading.borrow()) {
+        ctx.forget();
         ctx.metrics.pass("skipped");
         return Ok(Action::await_change());
     }
@@ -264,7 +277,8 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
             clock: &SystemClock,
             config: &ctx.config.executor,
         };
-        Ok(ichor_talos_executor::reconcile(&executor, &name).await?)
+        let memory = ctx.memory(&namespace, &name);
+        Ok(ichor_talos_executor::reconcile_with(&executor, &name, &memory).await?)
     }
     .await;
     ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
@@ -424,6 +438,7 @@ pub async fn run(
         storage,
         kubes: Mutex::new(HashMap::new()),
         talos: tokio::sync::Mutex::new(HashMap::new()),
+        memories: Mutex::new(HashMap::new()),
     });
 
     let ops = stores.operations.clone();

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use ichor_storage::{
     ConditionWriteError, EvacuationEnd, EvacuationError, StorageApi, end_machine_evacuation, evacuate_machine,
-    observe_storage,
+    evacuation_ended, observe_storage,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::evacuation::StorageObservation;
 use ichor_upgrade_core::operation::{MachineRole, OperationKind};
 use ichor_upgrade_core::rollout::CallAuthority;
@@ -410,6 +411,16 @@ async fn carry_out(
         Action::RecordConverged => {
             let boot = node.map_or("", |n| n.boot_id.as_str());
             let mut conditions = machine.conditions.clone();
+            if conditions.is_true(STORAGE_EVACUATION) {
+                // Scheduling back on first; then one write closes both conditions.
+                let Some(node_name) = node_name else { return Ok(name_unknown()) };
+                let enabling = ex.storage.set_scheduling(node_name, true);
+                bounded("end evacuation", ex.config.call_timeout, enabling)
+                    .await
+                    .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
+                    .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source: source.into() })?;
+                conditions = evacuation_ended(&conditions, node_name, EvacuationEnd::Ended, ex.clock.now());
+            }
             let message = format!("verified on the target; boot ID {boot}");
             write_talos_upgrade(
                 ex,

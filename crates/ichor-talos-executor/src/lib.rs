@@ -29,5 +29,5 @@ pub use cause::{Cause, report};
 pub use clock::Clock;
 pub use config::ExecutorConfig;
 pub use kube_api::{KubeApi, KubeError};
-pub use reconcile::reconcile;
+pub use reconcile::{PassMemory, reconcile, reconcile_with};
 pub use talos_api::{TalosApi, TalosError};

@@ -4,7 +4,8 @@
 //! holds no state between calls: call it again at the returned time, or when something
 //! changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, PoisonError};
 
 use futures::future::join_all;
 use ichor_storage::EvacuationEnd;
@@ -117,6 +118,53 @@ async fn kube_call<T>(
     }
 }
 
+/// What a controller remembers between passes of one operation, so that a pass advances
+/// only the machines whose observation changed or whose recheck time is due, not all of
+/// them. It is a cache, never a source of truth: a controller that lost it (a restart)
+/// passes over every machine once, and nothing is decided from it but whether to look.
+///
+/// A machine is passed over only when its last step was a wait, and since then its
+/// `TalosMachine`, its Node and its call authority are unchanged and its recheck time has
+/// not come. The step is a function of those, of the time (its deadlines are its recheck
+/// times), and of what no watch reports (Talos, etcd, storage), which every such wait
+/// polls at [`StepTimeouts::poll`](ichor_upgrade_core::talos_step::StepTimeouts::poll).
+#[derive(Debug, Default)]
+pub struct PassMemory {
+    waits: Mutex<HashMap<String, Remembered>>,
+}
+
+/// A machine's last wait, with what it was decided from.
+#[derive(Debug, Clone)]
+struct Remembered {
+    machine: MachineInfo,
+    node: Option<NodeInfo>,
+    authority: CallAuthority,
+    recheck_at: Option<Timestamp>,
+}
+
+impl PassMemory {
+    /// An empty memory: the next pass advances every machine in flight.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets everything (as a restarted controller would).
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Machines currently remembered as waiting.
+    #[must_use]
+    pub fn waiting(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Remembered>> {
+        self.waits.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A machine with its Node, as observed in this pass.
 struct Observed {
     machine: MachineInfo,
@@ -130,6 +178,19 @@ struct Observed {
 /// A [`ReconcileError`] when the operation, its cluster or its Lease could not be read or
 /// written; nothing after the failed call was done.
 pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome, ReconcileError> {
+    reconcile_with(ex, name, &PassMemory::new()).await
+}
+
+/// One pass of the operation `name`, advancing only the machines `memory` does not show
+/// unchanged and waiting (see [`PassMemory`]). Keep one memory per operation across passes.
+///
+/// # Errors
+/// As [`reconcile`].
+pub async fn reconcile_with(
+    ex: &Executor<'_>,
+    name: &str,
+    memory: &PassMemory,
+) -> Result<ReconcileOutcome, ReconcileError> {
     let read_op = |source| ReconcileError::ReadOperation { name: name.to_owned(), source };
     let Some(op) = kube_call(ex, "read operation", ex.kube.operation(name)).await.map_err(read_op)? else {
         return Ok(ReconcileOutcome { phase: Phase::Completed, requeue_at: None, finished: true });
@@ -200,7 +261,7 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
     write_lock(ex, &op.cluster, &op.identity, lease.as_ref(), &decision, now).await?;
     if matches!(decision.lock, LockAction::Acquire { .. }) {
         let next = status.next(op.generation, &decision, &[]);
-        write_status(ex, name, &next).await?;
+        write_status(ex, name, &op.status, &next).await?;
         return Ok(ReconcileOutcome { phase: next.phase, requeue_at: decision.recheck_at, finished: false });
     }
 
@@ -250,11 +311,36 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         }
     };
     let denied = CallAuthority::Denied(CallDenied::NotInCluster);
-    let mut advanced = join_all(moving.iter().map(|o| {
-        let authority = decision.authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
-        advance(o, authority)
-    }))
-    .await;
+    let authority_of =
+        |o: &Observed| decision.authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
+    // Machines whose last wait still stands are passed over; their recheck times are kept.
+    let mut kept_recheck: Option<Timestamp> = None;
+    let moving: Vec<&Observed> = {
+        let mut waits = memory.lock();
+        let moving_names: std::collections::HashSet<&str> = moving.iter().map(|o| o.machine.name.as_str()).collect();
+        waits.retain(|name, _| moving_names.contains(name.as_str()));
+        moving
+            .into_iter()
+            .filter(|o| {
+                // A removal is one machine whose waits (drain, reset, storage) are not
+                // polled by its step: it is always looked at.
+                let standing = !removal
+                    && !decision.start.contains(&o.machine.name)
+                    && waits.get(&o.machine.name).is_some_and(|r| {
+                        r.recheck_at.is_none_or(|t| t > now)
+                            && r.machine == o.machine
+                            && r.node == o.node
+                            && r.authority == authority_of(o)
+                    });
+                if standing {
+                    let recheck = waits.get(&o.machine.name).and_then(|r| r.recheck_at);
+                    kept_recheck = Timestamp::min_opt(kept_recheck, recheck);
+                }
+                !standing
+            })
+            .collect()
+    };
+    let mut advanced = join_all(moving.iter().map(|o| advance(o, authority_of(o)))).await;
     // A control plane ready for its Upgrade call waits for the etcd gate, gathered now (once
     // per pass, only when a call is due) and asked again for its authority: the call goes
     // out only on a gate passed in this same pass.
@@ -285,11 +371,30 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
             }
         }
     }
+    {
+        let mut waits = memory.lock();
+        for (o, (_, outcome)) in moving.iter().zip(&advanced) {
+            match outcome {
+                MachineOutcome::Waiting { recheck_at, .. } => {
+                    let remembered = Remembered {
+                        machine: o.machine.clone(),
+                        node: o.node.clone(),
+                        authority: authority_of(o),
+                        recheck_at: *recheck_at,
+                    };
+                    waits.insert(o.machine.name.clone(), remembered);
+                }
+                MachineOutcome::Progressed { .. } | MachineOutcome::Converged | MachineOutcome::Failed { .. } => {
+                    waits.remove(&o.machine.name);
+                }
+            }
+        }
+    }
     outcomes.extend(advanced);
 
     let next = status.next(op.generation, &decision, &outcomes);
     emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
-    write_status(ex, name, &next).await?;
+    write_status(ex, name, &op.status, &next).await?;
     if decision.finalized {
         let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
         kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
@@ -300,6 +405,7 @@ pub async fn reconcile(ex: &Executor<'_>, name: &str) -> Result<ReconcileOutcome
         .iter()
         .map(|(_, o)| outcome_recheck(o, now))
         .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
+    let requeue_at = Timestamp::min_opt(requeue_at, kept_recheck);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
 }
 
@@ -394,15 +500,25 @@ async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceErro
     end_evacuation(ex, &o.machine, node, EvacuationEnd::Ended).await
 }
 
+/// Writes the operation's status, unless it is what was read: a pass that changed nothing
+/// writes nothing.
 async fn write_status(
     ex: &Executor<'_>,
     name: &str,
+    read: &ichor_upgrade_core::rollout::OperationStatus,
     status: &ichor_upgrade_core::rollout::OperationStatus,
 ) -> Result<(), ReconcileError> {
+    if read == status {
+        return Ok(());
+    }
     kube_call(ex, "write operation status", ex.kube.write_operation_status(name, status))
         .await
         .map_err(|source| ReconcileError::WriteOperation { name: name.to_owned(), source })
 }
+
+/// The actions recorded as Events: the Upgrade call, and a void intent closed (rare, and
+/// worth a look).
+const EVENT_ACTIONS: [&str; 2] = ["UpgradeRequested", "CloseVoidIntent"];
 
 /// Events are best effort: a failed Event never fails the pass.
 async fn emit_events(
@@ -426,7 +542,12 @@ async fn emit_events(
     for (machine, outcome) in outcomes {
         let (type_, reason, message) = match outcome {
             MachineOutcome::Failed { reason, message } => (EventType::Warning, reason.clone(), message.clone()),
-            MachineOutcome::Progressed { action } => (EventType::Normal, (*action).to_owned(), String::new()),
+            // Evacuations begin and end in the machine's StorageEvacuation condition; an Event
+            // is kept for the call and the outcome, at most two per machine.
+            MachineOutcome::Progressed { action } if EVENT_ACTIONS.contains(action) => {
+                (EventType::Normal, (*action).to_owned(), String::new())
+            }
+            MachineOutcome::Progressed { .. } => continue,
             MachineOutcome::Converged => (EventType::Normal, "Converged".to_owned(), "on the target".to_owned()),
             MachineOutcome::Waiting { .. } => continue,
         };

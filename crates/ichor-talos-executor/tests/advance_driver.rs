@@ -436,7 +436,7 @@ async fn an_evacuation_past_its_timeout_re_enables_scheduling_and_fails() {
 }
 
 #[tokio::test]
-async fn a_verified_machine_gets_storage_scheduling_back_before_it_converges() {
+async fn a_verified_machine_gets_storage_scheduling_back_and_converges_in_one_write() {
     let mut world = World::new(Some(node("Talos (v1.14.4)", BOOT_AFTER, true)), Ok(MachineStage::Running));
     world.storage = MockStorage::new();
     world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
@@ -451,9 +451,10 @@ async fn a_verified_machine_gets_storage_scheduling_back_before_it_converges() {
     );
     let m = with_condition(m, STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, "");
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
-    assert_eq!(outcome, MachineOutcome::Progressed { action: "EndEvacuation" });
+    assert_eq!(outcome, MachineOutcome::Converged);
     assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::False, evac::ENDED.to_owned())]);
-    assert_eq!(world.written(), vec![(ConditionStatus::True, upgrade::UPGRADE_REQUESTED.to_owned())], "still open");
+    assert_eq!(world.written(), vec![(ConditionStatus::False, upgrade::CONVERGED.to_owned())]);
+    assert_eq!(world.writes.lock().unwrap().len(), 1, "both conditions in one write");
 }
 
 #[tokio::test]
