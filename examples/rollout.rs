@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use ichor_adapters::sim::{
-    Fault, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
+    Fault, Realism, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
 };
 use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, parse_args};
 use ichor_talos_executor::ExecutorConfig;
@@ -83,6 +83,20 @@ struct Args {
     /// Print a final JSON object instead of the summary (progress goes to standard error).
     #[arg(long)]
     json: bool,
+    /// How the controller learns of changes: `watch` (as a real controller: watch events
+    /// after a delay, API calls taking time, the Node reporting late) or `oracle` (woken at
+    /// every change, instantly; the old model, only for comparison).
+    #[arg(long, value_enum, default_value_t = WakeArg::Watch)]
+    wake: WakeArg,
+}
+
+/// The wake models on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WakeArg {
+    /// Watch events and requeues, with latency.
+    Watch,
+    /// Every change, at once.
+    Oracle,
 }
 
 fn parse_fault(text: &str) -> Result<Fault, String> {
@@ -131,9 +145,14 @@ fn main() {
     let config = SimConfig::new(control_planes, workers, args.from.clone(), args.to.clone())
         .with_seed(args.seed)
         .with_kubernetes(args.kubernetes.to_string())
-        .with_faults(args.faults.clone());
+        .with_faults(args.faults.clone())
+        .with_realism(match args.wake {
+            WakeArg::Watch => Realism::cluster(),
+            WakeArg::Oracle => Realism::oracle(),
+        });
     let sim = SimCluster::new(config);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a tokio runtime");
+    let started = std::time::Instant::now();
+    let runtime = ichor_adapters::sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
     let executor = ExecutorConfig::default();
     let end = match (args.operation, &args.node) {
@@ -165,6 +184,7 @@ fn main() {
         std::process::exit(EXIT_NOT_COMPLETED);
     }
     let report = sim.report(args.max_unavailable as usize);
+    let wall_s = started.elapsed().as_secs_f64();
     let outcome = match end {
         RunEnd::Completed => "completed",
         RunEnd::Paused => "paused",
@@ -173,9 +193,9 @@ fn main() {
     };
     let why = Why::of(&sim, &end);
     if args.json {
-        println!("{}", json_summary(outcome, &report, &why));
+        println!("{}", json_summary(outcome, &report, &why, wall_s, args.wake));
     } else {
-        print_summary(outcome, &end, &report, &sim, &why);
+        print_summary(outcome, &end, &report, &sim, &why, wall_s);
     }
     let code = match end {
         RunEnd::Completed => EXIT_OK,
@@ -228,7 +248,7 @@ impl Why {
     }
 }
 
-fn json_summary(outcome: &str, r: &Report, why: &Why) -> serde_json::Value {
+fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg) -> serde_json::Value {
     let failed: Vec<serde_json::Value> = why
         .failed
         .iter()
@@ -246,8 +266,19 @@ fn json_summary(outcome: &str, r: &Report, why: &Why) -> serde_json::Value {
         "max_workers_down": r.max_workers_down,
         "makespan_s": r.makespan_s,
         "lower_bound_s": r.lower_bound_s,
+        "ideal_s": r.ideal_s,
+        "wall_s": wall_s,
+        "wake": match wake { WakeArg::Watch => "watch", WakeArg::Oracle => "oracle" },
         "kube_writes": r.kube_writes,
+        "status_writes": r.status_writes,
+        "condition_writes": r.condition_writes,
+        "storage_writes": r.storage_writes,
+        "events": r.events,
+        "lease_writes": r.lease_writes,
+        "kube_reads": r.kube_reads,
+        "status_bytes_max": r.status_bytes_max,
         "talos_calls": r.talos_calls,
+        "passes": r.passes,
     })
 }
 
@@ -256,7 +287,7 @@ fn clock(seconds: f64) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
 }
 
-fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why: &Why) {
+fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why: &Why, wall_s: f64) {
     let restarts = sim.with_world(|w| w.counters.restarts);
     println!();
     println!(
@@ -279,7 +310,16 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
         clock(r.lower_bound_s),
         if r.lower_bound_s > 0.0 { r.makespan_s / r.lower_bound_s } else { 0.0 }
     );
-    println!("Kubernetes writes: {}, Talos calls: {}, controller restarts: {restarts}", r.kube_writes, r.talos_calls);
+    println!(
+        "ideal scheduler: {} (ratio {:.3}); wall time {wall_s:.1} s",
+        clock(r.ideal_s),
+        if r.ideal_s > 0.0 { r.makespan_s / r.ideal_s } else { 0.0 }
+    );
+    println!(
+        "Kubernetes writes: {} (status {}, conditions {}, storage {}), Events {}, Lease writes {}, reads {}",
+        r.kube_writes, r.status_writes, r.condition_writes, r.storage_writes, r.events, r.lease_writes, r.kube_reads
+    );
+    println!("Talos calls: {}, passes: {}, controller restarts: {restarts}", r.talos_calls, r.passes);
 }
 
 /// Live progress: one line per change of the world, and a progress bar.

@@ -17,7 +17,7 @@ fn rollout(seed: u64) -> SimCluster {
         "upgrade",
         OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 10, machine: None },
     );
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim

@@ -23,7 +23,7 @@ fn world(control_planes: usize, workers: usize, seed: u64, faults: Vec<Fault>) -
 }
 
 fn block_on<T>(future: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(future)
+    ichor_adapters::sim::runtime().block_on(future)
 }
 
 fn of<'a>(trace: &'a [TraceEvent], node: &str) -> Vec<&'a TraceEvent> {

@@ -65,7 +65,7 @@ fn run(config: SimConfig, max_unavailable: i64) -> (Ending, SimCluster) {
         "upgrade",
         OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable, machine: None },
     );
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 20_000, |_| {}));
     let ending = sim.with_world(|w| Ending {
         end,
@@ -136,7 +136,7 @@ fn killed_at_the_upgrade_call(before_effect: bool) -> SimCluster {
         "upgrade",
         OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1, machine: None },
     );
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim
@@ -171,7 +171,7 @@ fn a_lost_acknowledgement_then_a_fallback_is_resumed_like_any_fallback() {
         "upgrade",
         OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1, machine: None },
     );
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let runtime = ichor_adapters::sim::runtime();
     let paused = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
     assert_eq!(paused, RunEnd::Paused, "the fallback is caught though the acknowledgement was lost");
     sim.annotate_operation("upgrade", ichor_upgrade_core::operation::RESUME_ANNOTATION, "retry-1");

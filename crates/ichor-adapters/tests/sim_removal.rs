@@ -27,7 +27,7 @@ fn position(events: &[TraceKind], kind: TraceKind) -> usize {
     events.iter().position(|e| *e == kind).unwrap_or_else(|| panic!("no {kind:?} in {events:?}"))
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_worker_is_evacuated_cordoned_drained_reset_and_deleted_in_that_order() {
     let sim = cluster(1, 3, &[]);
     assert_eq!(remove(&sim, "worker-2", 500).await, RunEnd::Completed);
@@ -45,7 +45,7 @@ async fn a_worker_is_evacuated_cordoned_drained_reset_and_deleted_in_that_order(
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_control_plane_leaves_etcd_and_the_others_keep_quorum() {
     let sim = cluster(3, 1, &[]);
     assert_eq!(remove(&sim, "cp-3", 500).await, RunEnd::Completed);
@@ -59,7 +59,7 @@ async fn a_control_plane_leaves_etcd_and_the_others_keep_quorum() {
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_pod_disruption_budget_makes_the_drain_wait_not_fail() {
     let sim = cluster(1, 2, &[Fault::PdbBlocked]);
     let blocked_until = sim.with_world(|w| w.pdb_blocked_until.unwrap());
@@ -71,7 +71,7 @@ async fn a_pod_disruption_budget_makes_the_drain_wait_not_fail() {
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_removal_side_timeout_re_enables_scheduling_warns_and_retries_never_draining() {
     let sim = cluster(1, 2, &[Fault::EvacuationStuck]);
     let stuck = sim.with_world(|w| w.nodes.iter().find(|n| n.stuck).unwrap().name.clone());
@@ -91,7 +91,7 @@ async fn a_removal_side_timeout_re_enables_scheduling_warns_and_retries_never_dr
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_machine_without_hostname_is_removed_though_the_reset_node_cannot_say_its_name() {
     let v = |t: &str| TalosVersion::parse(t).unwrap();
     let sim = SimCluster::new(SimConfig::new(1, 2, v("v1.14.3"), v("v1.14.4")).with_seed(9).with_hostnames(false));
@@ -102,7 +102,7 @@ async fn a_machine_without_hostname_is_removed_though_the_reset_node_cannot_say_
 /// Issue 12: a removal is an operation (`kind: remove`) holding the cluster's lock, so a
 /// removal and an upgrade never run at once; an upgrade after it no longer counts the
 /// removed machine.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
     use ichor_adapters::sim::run_operation;
     use ichor_upgrade_core::operation::OperationSpec;

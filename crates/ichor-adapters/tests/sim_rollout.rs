@@ -19,7 +19,7 @@ async fn run(sim: &SimCluster) -> RunEnd {
     run_operation(sim, "upgrade", &ExecutorConfig::default(), 5_000, |_| {}).await
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_fault_free_rollout_completes_with_every_node_on_target_one_control_plane_at_a_time() {
     let sim = SimCluster::new(SimConfig::new(3, 5, v("v1.14.3"), v("v1.14.4")).with_seed(42));
     sim.create_operation("upgrade", spec(2));
@@ -42,7 +42,7 @@ async fn a_fault_free_rollout_completes_with_every_node_on_target_one_control_pl
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn storage_is_evacuated_before_each_worker_upgrade_and_restored_after_it_is_ready() {
     let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(7));
     sim.create_operation("upgrade", spec(1));
@@ -58,7 +58,7 @@ async fn storage_is_evacuated_before_each_worker_upgrade_and_restored_after_it_i
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_ab_fallback_pauses_and_is_never_converged() {
     let sim =
         SimCluster::new(SimConfig::new(3, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3).with_faults([Fault::AbFallback]));
@@ -73,7 +73,7 @@ async fn an_ab_fallback_pauses_and_is_never_converged() {
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_resume_after_a_fallback_retries_that_machine_and_completes() {
     let sim =
         SimCluster::new(SimConfig::new(3, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3).with_faults([Fault::AbFallback]));
@@ -84,7 +84,7 @@ async fn a_resume_after_a_fallback_retries_that_machine_and_completes() {
     sim.with_world(|w| assert!(w.nodes.iter().all(|n| n.version == v("v1.14.4"))));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stuck_evacuation_pauses_with_scheduling_back_on() {
     let sim = SimCluster::new(
         SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(5).with_faults([Fault::EvacuationStuck]),
@@ -99,7 +99,7 @@ async fn a_stuck_evacuation_pauses_with_scheduling_back_on() {
     });
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn other_kinds_are_refused_and_nothing_is_touched() {
     let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")));
     sim.create_operation("upgrade", OperationSpec { kind: "kubernetes".into(), ..spec(1) });
@@ -114,7 +114,7 @@ async fn other_kinds_are_refused_and_nothing_is_touched() {
 /// unconfirmed), and cp-2 goes NotReady for reasons of its own before cp-1's intent goes
 /// void. The void intent is closed and cp-1 is not called again until cp-2 is back: the
 /// call needs the gate passed in the same pass. Before the fix it was called at once.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_void_intent_is_not_called_again_while_another_control_plane_is_down() {
     let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(11));
     let start = sim.now();
@@ -146,7 +146,7 @@ async fn a_void_intent_is_not_called_again_while_another_control_plane_is_down()
 /// does not answer that write) is not carried out half: the machine stays failed and the
 /// resume token unacknowledged, so the next pass resumes again; before the fix the machine
 /// was recorded in progress and advanced with its old marker, no retry, no gate.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
     use ichor_talos_executor::advance::Executor;
     use ichor_talos_executor::reconcile::{ReconcileError, reconcile};

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_adapters::sim::{SimCluster, SimConfig};
+use ichor_adapters::sim::{Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::{ClientOptions, TalosClient, server};
 use ichor_talos_executor::talos_api::{TalosApi, TalosError, UpgradeRequest};
 use ichor_talosconfig::{Overrides, parse};
@@ -17,7 +17,9 @@ use ichor_upgrade_core::versions::TalosVersion;
 #[tokio::test]
 async fn a_simulated_cluster_answers_the_real_client_as_apid_would() {
     let v = |t: &str| TalosVersion::parse(t).unwrap();
-    let sim = Arc::new(SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_storage(false)));
+    // Served over real sockets in wall-clock time: the oracle model, with no virtual latency.
+    let config = SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_storage(false).with_realism(Realism::oracle());
+    let sim = Arc::new(SimCluster::new(config));
     let ca = Ca::new(KeyKind::Ed25519);
     let cert = ca.server(&["127.0.0.1"]);
     let (machine, state) = server::services(Arc::clone(&sim));

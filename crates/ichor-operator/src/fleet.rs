@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use ichor_adapters::kubernetes::crd::{Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec};
 use ichor_adapters::sim::world::NodePhase;
-use ichor_adapters::sim::{Naming, SimCluster, SimConfig};
+use ichor_adapters::sim::{Naming, Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::server;
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
@@ -203,6 +203,9 @@ impl Fleet {
         let version = |v: &str| TalosVersion::parse(v).expect("the fleet's versions parse");
         let sim_config = SimConfig::new(config.control_planes, config.workers, version(FROM), version(TARGET))
             .with_seed(config.seed)
+            // Driven in scaled wall-clock time by the fleet itself, behind a real apid and a
+            // real API server: the latencies are real ones, none is simulated.
+            .with_realism(Realism::oracle())
             .with_storage(false)
             .with_kubernetes(KUBERNETES)
             .with_naming(Naming {

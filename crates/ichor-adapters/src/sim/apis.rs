@@ -37,37 +37,137 @@ fn refused_kube() -> KubeError {
     KubeError::Unreachable("connection refused".to_owned())
 }
 
+/// What a Kubernetes call is, for its latency and its count.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KubeCall {
+    /// A read served from the controller's watch cache: no round trip.
+    CachedRead,
+    /// A read that goes to the API server.
+    Read,
+    /// A write.
+    Write,
+    /// A write of the operation's status.
+    StatusWrite,
+    /// A write of a machine's conditions.
+    ConditionWrite,
+    /// A write to the storage backend's objects.
+    StorageWrite,
+    /// A write of the Lease.
+    LeaseWrite,
+    /// An Event.
+    Event,
+}
+
+impl KubeCall {
+    fn is_read(self) -> bool {
+        matches!(self, Self::CachedRead | Self::Read)
+    }
+}
+
 impl SimCluster {
-    /// Runs a Talos call against the node at `address`.
-    fn talos<T>(
+    /// Waits a drawn API latency, in virtual time, when calls take time.
+    async fn latency(&self) {
+        let latency = {
+            let mut w = self.lock();
+            if !w.config.realism.takes_time() {
+                return;
+            }
+            w.api_latency()
+        };
+        tokio::time::sleep(latency).await;
+    }
+
+    /// Runs a Talos call against the node at `address`. A node that is down does not
+    /// answer: when calls take time, the call fails only at its dial timeout.
+    async fn talos<T>(
         &self,
         address: &str,
         f: impl FnOnce(&mut World, usize) -> Result<T, TalosError>,
     ) -> Result<T, TalosError> {
+        let silent = {
+            let mut w = self.lock();
+            w.sync_clock();
+            let down = w.node_index_by_address(address).is_none_or(|i| !w.nodes[i].reachable());
+            (down && w.config.realism.takes_time()).then_some(w.config.realism.unreachable_timeout)
+        };
+        match silent {
+            Some(timeout) => {
+                tokio::time::sleep(timeout).await;
+                let mut w = self.lock();
+                w.sync_clock();
+                w.counters.talos_calls += 1;
+                return Err(TalosError::dial(format!("{address}:50000"), "i/o timeout"));
+            }
+            None => self.latency().await,
+        }
         let mut w = self.lock();
+        w.sync_clock();
         let killed = match w.enter() {
             Gate::Refuse => return Err(refused_talos(address)),
             Gate::Go { killed } => killed,
         };
         w.counters.talos_calls += 1;
         let result = match w.node_index_by_address(address) {
-            Some(i) if w.nodes[i].reachable() => f(&mut w, i),
+            Some(i) if w.nodes[i].reachable() => {
+                let before = (std::mem::discriminant(&w.nodes[i].phase), w.nodes[i].etcd);
+                let result = f(&mut w, i);
+                // Only a call that changed a node (an Upgrade, a reset, an etcd member
+                // removed) can change what is measured or when the world next changes.
+                if (std::mem::discriminant(&w.nodes[i].phase), w.nodes[i].etcd) != before || result.is_err() {
+                    w.touched();
+                    w.measure();
+                }
+                result
+            }
             Some(_) | None => Err(refused_talos(address)),
         };
-        w.measure();
         if killed { Err(killed_talos()) } else { result }
     }
 
-    /// Runs a Kubernetes call; `write` counts it as a write.
-    fn kube<T>(&self, write: bool, f: impl FnOnce(&mut World) -> Result<T, KubeError>) -> Result<T, KubeError> {
+    /// Runs a Kubernetes call of this kind, counting it.
+    async fn kube<T>(
+        &self,
+        call: KubeCall,
+        f: impl FnOnce(&mut World) -> Result<T, KubeError>,
+    ) -> Result<T, KubeError> {
+        if call != KubeCall::CachedRead {
+            self.latency().await;
+        }
         let mut w = self.lock();
+        w.sync_clock();
         let killed = match w.enter() {
             Gate::Refuse => return Err(refused_kube()),
             Gate::Go { killed } => killed,
         };
         let result = f(&mut w);
-        if write && result.is_ok() {
-            w.counters.kube_writes += 1;
+        if !call.is_read() {
+            w.touched();
+        }
+        if call.is_read() {
+            w.counters.kube_reads += 1;
+        } else if result.is_ok() {
+            let c = &mut w.counters;
+            match call {
+                KubeCall::Event => c.events += 1,
+                KubeCall::LeaseWrite => c.lease_writes += 1,
+                KubeCall::StatusWrite => {
+                    c.status_writes += 1;
+                    c.kube_writes += 1;
+                }
+                KubeCall::ConditionWrite => {
+                    c.condition_writes += 1;
+                    c.kube_writes += 1;
+                }
+                KubeCall::StorageWrite => {
+                    c.storage_writes += 1;
+                    c.kube_writes += 1;
+                }
+                KubeCall::Write | KubeCall::CachedRead | KubeCall::Read => c.kube_writes += 1,
+            }
+            // The controller watches what it writes (its own resources, Longhorn's nodes).
+            if matches!(call, KubeCall::StatusWrite | KubeCall::ConditionWrite | KubeCall::StorageWrite) {
+                w.watch_event();
+            }
         }
         if killed { Err(KubeError::Unreachable("the controller was killed".to_owned())) } else { result }
     }
@@ -76,7 +176,7 @@ impl SimCluster {
 #[async_trait]
 impl TalosApi for SimCluster {
     async fn nodename(&self, node: &str) -> Result<String, TalosError> {
-        self.talos(node, |w, i| Ok(w.nodes[i].name.clone()))
+        self.talos(node, |w, i| Ok(w.nodes[i].name.clone())).await
     }
 
     async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
@@ -89,6 +189,7 @@ impl TalosApi for SimCluster {
                 NodePhase::Resetting { .. } => MachineStage::Resetting,
             })
         })
+        .await
     }
 
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
@@ -140,6 +241,7 @@ impl TalosApi for SimCluster {
                 actor_id: format!("actor-{}", w.counters.upgrade_calls),
             })
         })
+        .await
     }
 
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
@@ -171,6 +273,7 @@ impl TalosApi for SimCluster {
                 .map(|(k, n, is_learner)| EtcdMember { id: 0x1000 + k as u64, hostname: n.name.clone(), is_learner })
                 .collect())
         })
+        .await
     }
 
     async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
@@ -189,6 +292,7 @@ impl TalosApi for SimCluster {
             let leader = w.nodes.iter().position(|n| n.etcd == Some(SimMember::Voter)).map_or(0, |k| 0x1000 + k as u64);
             Ok(EtcdStatus { member_id: 0x1000 + i as u64, leader, errors: Vec::new(), is_learner })
         })
+        .await
     }
 
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
@@ -198,6 +302,7 @@ impl TalosApi for SimCluster {
                 Err(TalosError::Answered { code: "Unavailable".to_owned(), message: "etcd is not running".to_owned() })
             }
         })
+        .await
     }
 
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
@@ -212,6 +317,7 @@ impl TalosApi for SimCluster {
                 message: "etcd is not running on this node".to_owned(),
             }),
         })
+        .await
     }
 
     async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
@@ -225,8 +331,11 @@ impl TalosApi for SimCluster {
             };
             w.nodes[k].etcd = None;
             w.record(k, TraceKind::EtcdMemberMissing);
+            w.touched();
+            w.measure();
             Ok(())
         })
+        .await
     }
 
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
@@ -247,13 +356,14 @@ impl TalosApi for SimCluster {
             w.nodes[i].phase = NodePhase::Resetting { until };
             Ok(())
         })
+        .await
     }
 }
 
 #[async_trait]
 impl ConditionStore for SimCluster {
     async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::ConditionWrite, |w| {
             let Some(i) = w.nodes.iter().position(|n| n.name == machine) else {
                 return Err(KubeError::NotFound(format!("TalosMachine {machine}")));
             };
@@ -271,6 +381,7 @@ impl ConditionStore for SimCluster {
             w.conditions.insert(machine.to_owned(), conditions.clone());
             Ok(())
         })
+        .await
         .map_err(|e| ConditionWriteError {
             machine: machine.to_owned(),
             transient: e.is_transient(),
@@ -282,55 +393,68 @@ impl ConditionStore for SimCluster {
 #[async_trait]
 impl KubeApi for SimCluster {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
-        self.kube(false, |w| {
+        self.kube(KubeCall::CachedRead, |w| {
+            // What the Node object shows: late, as the kubelet and the node lifecycle
+            // controller report it.
             Ok(w.node(name).map(|n| NodeInfo {
                 name: n.name.clone(),
-                ready: n.ready,
+                ready: n.view.ready,
                 unschedulable: n.unschedulable || n.upgrading(),
-                os_image: n.version.os_image(),
-                boot_id: n.boot_id.clone(),
+                os_image: n.view.version.os_image(),
+                boot_id: n.view.boot_id.clone(),
                 labels: n.labels.clone(),
                 annotations: n.annotations.clone(),
             }))
         })
+        .await
     }
 
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
-        self.kube(false, |w| Ok(w.operations.get(name).filter(|o| !o.finalized).map(|o| o.info.clone())))
+        self.kube(KubeCall::CachedRead, |w| Ok(w.operations.get(name).filter(|o| !o.finalized).map(|o| o.info.clone())))
+            .await
     }
 
     async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
-        self.kube(false, |w| Ok(w.operations.values().any(|o| o.info.identity == identity && !o.finalized)))
+        self.kube(KubeCall::CachedRead, |w| {
+            Ok(w.operations.values().any(|o| o.info.identity == identity && !o.finalized))
+        })
+        .await
     }
 
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
-        self.kube(false, |w| {
+        self.kube(KubeCall::CachedRead, |w| {
             if name == w.cluster.name {
                 Ok(w.cluster.clone())
             } else {
                 Err(KubeError::NotFound(format!("TalosCluster {name}")))
             }
         })
+        .await
     }
 
     async fn machines(&self, _cluster: &str) -> Result<Vec<MachineInfo>, KubeError> {
-        self.kube(false, |w| Ok(w.nodes.iter().filter(|n| !n.removed).map(|n| machine_info(w, n)).collect()))
+        self.kube(KubeCall::CachedRead, |w| {
+            Ok(w.nodes.iter().filter(|n| !n.removed).map(|n| machine_info(w, n)).collect())
+        })
+        .await
     }
 
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
-        self.kube(false, |w| Ok(w.nodes.iter().find(|n| n.name == name).map(|n| machine_info(w, n))))
+        self.kube(KubeCall::CachedRead, |w| Ok(w.nodes.iter().find(|n| n.name == name).map(|n| machine_info(w, n))))
+            .await
     }
 
     async fn cordon(&self, node: &str) -> Result<(), KubeError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::Write, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
             w.nodes[i].unschedulable = true;
             Ok(())
         })
+        .await
     }
 
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
-        self.kube(false, |w| {
+        self.kube(KubeCall::Read, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
             Ok(w.nodes[i]
                 .pods
@@ -344,10 +468,11 @@ impl KubeApi for SimCluster {
                 })
                 .collect())
         })
+        .await
     }
 
     async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::Write, |w| {
             let blocked = w.pdb_blocked_until.is_some_and(|t| w.now < t);
             let now = w.now;
             let found = w.nodes.iter().enumerate().find_map(|(i, n)| {
@@ -367,23 +492,25 @@ impl KubeApi for SimCluster {
             }
             Ok(Eviction::Evicted)
         })
+        .await
     }
 
     async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::Write, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
             w.nodes[i].removed = true;
             w.record(i, TraceKind::Removed);
             Ok(())
         })
+        .await
     }
 
     async fn lease(&self, _cluster: &str) -> Result<Option<LeaseInfo>, KubeError> {
-        self.kube(false, |w| Ok(w.lease.clone()))
+        self.kube(KubeCall::Read, |w| Ok(w.lease.clone())).await
     }
 
     async fn write_lease(&self, _cluster: &str, write: &LeaseWrite) -> Result<(), KubeError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::LeaseWrite, |w| {
             let current = w.lease.as_ref().map(|l| l.resource_version.clone());
             if current != write.expected_resource_version {
                 return Err(KubeError::Conflict("the Lease changed since it was read".to_owned()));
@@ -397,36 +524,42 @@ impl KubeApi for SimCluster {
             });
             Ok(())
         })
+        .await
     }
 
     async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::StatusWrite, |w| {
             let Some(before) = w.operations.get(name).map(|o| o.info.status.clone()) else {
                 return Err(KubeError::NotFound(format!("TalosOperation {name}")));
             };
             trace_status_change(w, &before, status);
+            let bytes = serde_json::to_vec(status).map_or(0, |v| v.len());
+            w.counters.status_bytes_max = w.counters.status_bytes_max.max(bytes);
             if let Some(op) = w.operations.get_mut(name) {
                 op.info.status = status.clone();
             }
             Ok(())
         })
+        .await
     }
 
     async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError> {
-        self.kube(true, |w| match w.operations.get_mut(name) {
+        self.kube(KubeCall::Write, |w| match w.operations.get_mut(name) {
             Some(op) => {
                 op.finalized = true;
                 Ok(())
             }
             None => Err(KubeError::NotFound(format!("TalosOperation {name}"))),
         })
+        .await
     }
 
     async fn event(&self, event: &Event) -> Result<(), KubeError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::Event, |w| {
             w.events.push(event.clone());
             Ok(())
         })
+        .await
     }
 }
 
@@ -473,11 +606,11 @@ fn trace_status_change(w: &mut World, before: &OperationStatus, after: &Operatio
 #[async_trait]
 impl StorageApi for SimCluster {
     async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
-        self.kube(false, |w| Ok(w.storage_objects.clone())).map_err(storage_error)
+        self.kube(KubeCall::CachedRead, |w| Ok(w.storage_objects.clone())).await.map_err(storage_error)
     }
 
     async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::StorageWrite, |w| {
             let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
             w.nodes[i].scheduling = enabled;
             if enabled && w.nodes[i].evacuation.take().is_some() {
@@ -485,11 +618,12 @@ impl StorageApi for SimCluster {
             }
             Ok(())
         })
+        .await
         .map_err(storage_error)
     }
 
     async fn request_evacuation(&self, node: &str) -> Result<(), StorageError> {
-        self.kube(true, |w| {
+        self.kube(KubeCall::StorageWrite, |w| {
             let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
             if w.nodes[i].evacuation.is_some() {
                 return Ok(());
@@ -509,15 +643,17 @@ impl StorageApi for SimCluster {
             }
             Ok(())
         })
+        .await
         .map_err(storage_error)
     }
 
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
-        self.kube(false, |w| {
+        self.kube(KubeCall::Read, |w| {
             w.storage_node(node)
                 .map(|i| w.nodes[i].replicas)
                 .ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))
         })
+        .await
         .map_err(storage_error)
     }
 }
@@ -528,7 +664,9 @@ fn storage_error(e: KubeError) -> StorageError {
 
 impl Clock for SimCluster {
     fn now(&self) -> Timestamp {
-        self.lock().now
+        let mut w = self.lock();
+        w.sync_clock();
+        w.now
     }
 }
 

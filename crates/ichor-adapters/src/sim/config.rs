@@ -91,6 +91,96 @@ impl Default for Durations {
     }
 }
 
+/// How the controller learns that something changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// As a kube-rs controller does: watch events on the kinds it watches (Nodes, its own
+    /// custom resources, Longhorn's replicas), each delivered after a drawn delay, and its
+    /// own requeue times. Nothing else wakes it.
+    Watch,
+    /// The old model, kept only for comparison: the controller is woken at the exact
+    /// instant anything in the world changes, with no API latency, and the Node shows
+    /// every change at once. No real controller can do this.
+    Oracle,
+}
+
+impl Wake {
+    /// The name on the command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Watch => "watch",
+            Self::Oracle => "oracle",
+        }
+    }
+}
+
+/// What makes the simulated cluster behave like a real one rather than an oracle: the
+/// time calls take, how late watches report, and what the Node object shows when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Realism {
+    /// How the controller is woken.
+    pub wake: Wake,
+    /// The time an API call takes, in milliseconds, drawn uniformly: a write to the API
+    /// server, a read that is not served from a watch cache (the Lease, storage replicas,
+    /// pods), a Talos API call to a node that answers. 5-50 ms: a round trip inside a
+    /// data centre plus an etcd write (etcd's own guidance puts a healthy commit under
+    /// 25 ms at the 99th percentile).
+    pub api_latency_ms: RangeInclusive<u64>,
+    /// The delay between a change and its watch event reaching the controller, in
+    /// milliseconds, drawn per event. 200-2,000 ms: the API server's watch cache and
+    /// fan-out, the informer's queue, and the controller's own debounce.
+    pub watch_delay_ms: RangeInclusive<u64>,
+    /// How long a Talos API call to a node that is down takes to fail: a machine in its
+    /// reboot does not refuse connections, its address does not answer at all, and the
+    /// call fails on its dial timeout. 15 s.
+    pub unreachable_timeout: Duration,
+    /// How long after a node's kubelet stops the Node turns NotReady: the node lifecycle
+    /// controller's `--node-monitor-grace-period`, 40 s by default in the Kubernetes
+    /// releases this engine targets before 1.32 (the figure the model uses).
+    pub node_monitor_grace: Duration,
+    /// How long after boot the kubelet first reports the Node (with its new boot ID and
+    /// osImage, NotReady until its runtime and network are up). 10 s: Talos starts the
+    /// kubelet after containerd and the network, a few seconds after boot.
+    pub kubelet_report: Duration,
+}
+
+impl Realism {
+    /// A cluster as the engine meets it in production (the defaults above).
+    #[must_use]
+    pub fn cluster() -> Self {
+        Self {
+            wake: Wake::Watch,
+            api_latency_ms: 5..=50,
+            watch_delay_ms: 200..=2_000,
+            unreachable_timeout: Duration::from_secs(15),
+            node_monitor_grace: Duration::from_secs(40),
+            kubelet_report: Duration::from_secs(10),
+        }
+    }
+
+    /// The oracle: no latency, no delay, the Node showing every change at once, and the
+    /// controller woken at every change. Only for comparison, and for a simulator driven
+    /// in wall-clock time (the operator's simulated fleet).
+    #[must_use]
+    pub fn oracle() -> Self {
+        Self {
+            wake: Wake::Oracle,
+            api_latency_ms: 0..=0,
+            watch_delay_ms: 0..=0,
+            unreachable_timeout: Duration::ZERO,
+            node_monitor_grace: Duration::ZERO,
+            kubelet_report: Duration::ZERO,
+        }
+    }
+
+    /// Whether calls take time: the simulation then runs on Tokio's paused clock.
+    #[must_use]
+    pub fn takes_time(&self) -> bool {
+        self.wake == Wake::Watch
+    }
+}
+
 /// A simulated cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -122,6 +212,8 @@ pub struct SimConfig {
     pub hostnames: bool,
     /// How nodes are named and addressed.
     pub naming: Naming,
+    /// How real the cluster behaves (the default: as a real one; see [`Realism`]).
+    pub realism: Realism,
 }
 
 /// How the simulated nodes are named and addressed: node `i` of a role is
@@ -163,7 +255,15 @@ impl SimConfig {
             platform: "metal".to_owned(),
             hostnames: true,
             naming: Naming::default(),
+            realism: Realism::cluster(),
         }
+    }
+
+    /// The same cluster with another model of time and watches.
+    #[must_use]
+    pub fn with_realism(mut self, realism: Realism) -> Self {
+        self.realism = realism;
+        self
     }
 
     /// The same cluster with its nodes named and addressed as `naming` says.

@@ -24,7 +24,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::rollout::OperationStatus;
 
-pub use config::{Durations, Fault, Naming, SimConfig};
+pub use config::{Durations, Fault, Naming, Realism, SimConfig, Wake};
 pub use runner::{RunEnd, run_operation, run_removal};
 pub use trace::{TraceEvent, TraceKind};
 pub use world::{CLUSTER, SimOperation, World};
@@ -48,7 +48,10 @@ impl SimCluster {
 
     /// Reads or changes the world directly (tests, the runner, the examples).
     pub fn with_world<T>(&self, f: impl FnOnce(&mut World) -> T) -> T {
-        f(&mut self.lock())
+        let mut w = self.lock();
+        let result = f(&mut w);
+        w.touched();
+        result
     }
 
     /// Creates a `TalosOperation` named `name` with this spec, on the simulated cluster.
@@ -81,8 +84,25 @@ impl SimCluster {
     /// Virtual now.
     #[must_use]
     pub fn now(&self) -> Timestamp {
-        self.lock().now
+        let mut w = self.lock();
+        w.sync_clock();
+        w.now
     }
+}
+
+/// The runtime a simulation runs on: one thread, Tokio's clock paused, so that the time
+/// calls and timeouts take is virtual (it moves when every task waits) and a run is
+/// deterministic for its seed.
+///
+/// # Panics
+/// If the runtime cannot be built (the operating system refuses a thread).
+#[must_use]
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime")
 }
 
 /// What a run came to, in the numbers `cargo run --example rollout -- --json` prints.
@@ -109,10 +129,27 @@ pub struct Report {
     /// (control planes in series; each worker started the instant a slot frees): the
     /// measure of the engine's own overhead.
     pub ideal_s: f64,
-    /// Writes to the Kubernetes API.
+    /// Writes to the Kubernetes API: the operation's status, machines' conditions, the
+    /// storage backend's objects, Nodes and evictions; not Events nor the Lease.
     pub kube_writes: u64,
+    /// Of which, writes of the operation's status.
+    pub status_writes: u64,
+    /// Of which, writes of machines' conditions.
+    pub condition_writes: u64,
+    /// Of which, writes to the storage backend.
+    pub storage_writes: u64,
+    /// Events recorded.
+    pub events: u64,
+    /// Writes of the cluster's Lease (acquire, renewals, release).
+    pub lease_writes: u64,
+    /// Reads of the Kubernetes API, from the watch cache or not.
+    pub kube_reads: u64,
+    /// The largest operation status written, in bytes of JSON.
+    pub status_bytes_max: usize,
     /// Calls to the Talos API.
     pub talos_calls: u64,
+    /// Reconcile passes.
+    pub passes: u64,
 }
 
 impl SimCluster {
@@ -149,7 +186,15 @@ impl SimCluster {
                 makespan_s: w.now.saturating_since(w.start).as_secs_f64(),
                 lower_bound_s: control_planes + longest.max(spread),
                 kube_writes: w.counters.kube_writes,
+                status_writes: w.counters.status_writes,
+                condition_writes: w.counters.condition_writes,
+                storage_writes: w.counters.storage_writes,
+                events: w.counters.events,
+                lease_writes: w.counters.lease_writes,
+                kube_reads: w.counters.kube_reads,
+                status_bytes_max: w.counters.status_bytes_max,
                 talos_calls: w.counters.talos_calls,
+                passes: w.counters.passes,
             }
         })
     }

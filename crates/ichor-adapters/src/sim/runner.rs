@@ -1,7 +1,9 @@
-//! The controller loop on the simulated cluster: reconcile, then move virtual time to the
-//! next change of the world or the requested recheck, whichever is first. Never a poll
-//! interval. Under the controller-crash fault, the controller is killed at random calls
-//! and restarted with nothing in memory.
+//! The controller loop on the simulated cluster: reconcile, then wait, in virtual time,
+//! for what wakes a real controller: a watch event reaching it, or its own requested
+//! recheck. Nothing else wakes it ([`Wake::Watch`]); the old model, in which the runner
+//! wakes at every change of the world, is kept as [`Wake::Oracle`] for comparison. Under
+//! the controller-crash fault, the controller is killed at random calls and restarted
+//! with nothing in memory.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::etcd::ControlPlane;
 use ichor_talos_executor::kube_api::KubeApi;
-use ichor_talos_executor::reconcile::reconcile;
+use ichor_talos_executor::reconcile::{PassMemory, reconcile_with};
 use ichor_talos_executor::removal::remove_machine;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::MachineRole;
@@ -18,8 +20,9 @@ use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::status::RecordState;
 
 use super::SimCluster;
-use super::config::Fault;
+use super::config::{Fault, Wake};
 use super::trace::{TraceEvent, TraceKind};
+use super::world::World;
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,8 +52,17 @@ pub async fn run_operation(
     max_passes: usize,
     mut on_pass: impl FnMut(&SimCluster),
 ) -> RunEnd {
-    let crashes = sim.with_world(|w| w.config.has(Fault::ControllerCrash));
+    let crashes = sim.with_world(|w| {
+        w.start_clock();
+        w.config.has(Fault::ControllerCrash)
+    });
+    let memory = PassMemory::new();
     for _ in 0..max_passes {
+        sim.with_world(|w| {
+            w.sync_clock();
+            w.take_deliveries();
+            w.counters.passes += 1;
+        });
         if crashes {
             sim.with_world(|w| {
                 if w.crash.crash_at.is_none() && w.crash_rng.chance(0.25) {
@@ -61,7 +73,7 @@ pub async fn run_operation(
             });
         }
         let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config };
-        let result = reconcile(&ex, name).await;
+        let result = reconcile_with(&ex, name, &memory).await;
         let restarted = sim.with_world(|w| {
             let restarted = w.take_restart();
             if restarted {
@@ -81,6 +93,8 @@ pub async fn run_operation(
         });
         on_pass(sim);
         if restarted {
+            // A new process: nothing in memory.
+            memory.clear();
             continue;
         }
         let now = sim.now();
@@ -93,20 +107,54 @@ pub async fn run_operation(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
-        let world_change = sim.with_world(|w| w.next_event_at());
-        match Timestamp::min_opt(requeue, world_change) {
-            Some(t) if t > now => sim.with_world(|w| w.advance_to(t)),
-            Some(_) => {}
-            None => return RunEnd::Stalled(sim.with_world(|w| w.operations[name].info.status.phase.clone())),
+        if !wait_for_wake(sim, requeue).await {
+            return RunEnd::Stalled(sim.with_world(|w| w.operations[name].info.status.phase.clone()));
         }
     }
     RunEnd::PassBound
 }
 
+/// Waits, in virtual time, until the controller is woken: its requeue time, or a watch
+/// event reaching it (under [`Wake::Oracle`], any change of the world). The world moves on
+/// meanwhile, change by change. `false` when nothing will ever wake it.
+async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
+    loop {
+        let (now, wake, change, oracle) = sim.with_world(|w| {
+            w.sync_clock();
+            let oracle = w.config.realism.wake == Wake::Oracle;
+            let change = w.next_event_at();
+            let wake = if oracle { change } else { w.next_delivery() };
+            (w.now, wake, change, oracle)
+        });
+        let target = Timestamp::min_opt(requeue, wake);
+        if target.is_some_and(|t| t <= now) {
+            return true;
+        }
+        // Nothing wakes the controller before the world's next change: move to it (a
+        // change may send a watch event).
+        let Some(next) = Timestamp::min_opt(target, change) else { return false };
+        let next = next.max(now.saturating_add(std::time::Duration::from_millis(1)));
+        if oracle {
+            // The oracle is woken by the change itself.
+            sim.with_world(|w| w.advance_to(next));
+            return true;
+        } else {
+            tokio::time::sleep(next.saturating_since(now)).await;
+            sim.with_world(World::sync_clock);
+        }
+    }
+}
+
 /// Removes machine `name` through the removal path, at most `max_passes` passes. Ends
 /// `Completed` when the Node is deleted, `Paused` when the removal failed.
 pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, max_passes: usize) -> RunEnd {
+    sim.with_world(World::start_clock);
     for _ in 0..max_passes {
+        sim.with_world(|w| {
+            w.sync_clock();
+            w.take_deliveries();
+            w.counters.passes += 1;
+        });
         let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config };
         let now = sim.now();
         let outcome = match sim.machine(name).await {
@@ -138,11 +186,8 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
             MachineOutcome::Progressed { .. } => Some(now),
             MachineOutcome::Waiting { recheck_at, .. } => recheck_at.or(Some(now.saturating_add(ERROR_BACKOFF))),
         };
-        let world_change = sim.with_world(|w| w.next_event_at());
-        match Timestamp::min_opt(requeue, world_change) {
-            Some(t) if t > now => sim.with_world(|w| w.advance_to(t)),
-            Some(_) => {}
-            None => return RunEnd::Stalled(Phase::Pending),
+        if !wait_for_wake(sim, requeue).await {
+            return RunEnd::Stalled(Phase::Pending);
         }
     }
     RunEnd::PassBound

@@ -16,8 +16,12 @@ pub enum TraceKind {
     RebootEnd,
     /// The Node turned Ready.
     Ready,
-    /// The Node turned NotReady.
+    /// The node went down (its kubelet stopped): the truth, which the Node object shows
+    /// only later (see [`TraceKind::ShownNotReady`]).
     NotReady,
+    /// The Node object turned NotReady, as the controller's cache shows it: after the node
+    /// lifecycle controller's grace period and the watch's delay.
+    ShownNotReady,
     /// Storage scheduling off and replicas asked to move.
     EvacuationStart,
     /// No replica left on the node.
@@ -61,6 +65,7 @@ impl TraceKind {
             Self::RebootEnd => "reboot-end",
             Self::Ready => "ready",
             Self::NotReady => "not-ready",
+            Self::ShownNotReady => "shown-not-ready",
             Self::EvacuationStart => "evacuation-start",
             Self::Evacuated => "evacuated",
             Self::EvacuationEnd => "evacuation-end",

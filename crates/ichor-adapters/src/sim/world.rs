@@ -1,6 +1,7 @@
 //! The simulated world's state and how it changes with virtual time.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::Duration;
 
 use ichor_storage::{LabelSelector, StorageObject};
@@ -79,6 +80,32 @@ pub enum EtcdMember {
     },
     /// Not in the member list (its node is down).
     Missing,
+}
+
+/// A change of what the Node object shows, due at a time: the API server learns of a
+/// node's state late (the kubelet reports after boot, the node lifecycle controller marks a
+/// silent node NotReady after its grace period), and the controller's cache later still.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewChange {
+    /// The Node turns NotReady (if the node is still down).
+    NotReady,
+    /// The kubelet reports after boot: the new boot ID and osImage, not Ready yet.
+    Booted,
+    /// The Node turns Ready (if the node still is).
+    Ready,
+}
+
+/// What the Node object shows, as the controller's cache has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// Its Ready condition.
+    pub ready: bool,
+    /// `status.nodeInfo.bootID`.
+    pub boot_id: String,
+    /// The version in `status.nodeInfo.osImage`.
+    pub version: TalosVersion,
+    /// Changes on their way, in time order.
+    pub pending: Vec<(Timestamp, ViewChange)>,
 }
 
 /// The durations one node draws for its upgrade, fixed at the start so that runs with and
@@ -160,6 +187,8 @@ pub struct SimNode {
     pub unschedulable: bool,
     /// Its pods.
     pub pods: Vec<SimPod>,
+    /// What its Node object shows (late, as a real one does).
+    pub view: NodeView,
 }
 
 impl SimNode {
@@ -231,6 +260,22 @@ pub struct Counters {
     pub min_etcd_voters: Option<usize>,
     /// Controller restarts.
     pub restarts: u64,
+    /// Reads of the Kubernetes API (from the watch cache or not).
+    pub kube_reads: u64,
+    /// Events recorded (not counted in `kube_writes`).
+    pub events: u64,
+    /// Writes of the cluster's Lease (not counted in `kube_writes`).
+    pub lease_writes: u64,
+    /// Writes of the operation's status.
+    pub status_writes: u64,
+    /// Writes of machines' conditions.
+    pub condition_writes: u64,
+    /// Writes to the storage backend.
+    pub storage_writes: u64,
+    /// The largest operation status written, in bytes of JSON.
+    pub status_bytes_max: usize,
+    /// Reconcile passes.
+    pub passes: u64,
 }
 
 /// How an API call may proceed.
@@ -288,6 +333,18 @@ pub struct World {
     /// The next this many writes of a machine's conditions fail as if the API server were
     /// unreachable (tests set it to fail one write at a chosen moment).
     pub failing_condition_writes: u32,
+    /// Draws of latencies and delays: a stream of its own, so that the world's physics
+    /// draw the same under every model of time.
+    pub(crate) latency_rng: Rng,
+    /// Virtual time on Tokio's paused clock: the instant and the world time last matched.
+    pub(crate) clock: Option<(tokio::time::Instant, Timestamp)>,
+    /// When watch events reach the controller.
+    pub(crate) deliveries: BinaryHeap<Reverse<Timestamp>>,
+    by_name: HashMap<String, usize>,
+    by_address: HashMap<String, usize>,
+    /// The world's next change, as last computed; `None` when something may have changed
+    /// it since (every call's effect, every direct change).
+    next_change: Option<Option<Timestamp>>,
 }
 
 /// The cluster's name in the simulation.
@@ -369,9 +426,19 @@ impl World {
                 drawn,
                 removed: false,
                 unschedulable: false,
+                view: NodeView {
+                    ready: true,
+                    boot_id: String::new(),
+                    version: config.from.clone(),
+                    pending: Vec::new(),
+                },
                 pods,
             });
         }
+        for n in &mut nodes {
+            n.view.boot_id = n.boot_id.clone();
+        }
+        let config_seed = config.seed;
         let mut world = Self {
             cluster: ClusterInfo {
                 name: CLUSTER.to_owned(),
@@ -411,7 +478,15 @@ impl World {
             outage: None,
             pdb_blocked_until: None,
             failing_condition_writes: 0,
+            latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),
+            clock: None,
+            deliveries: BinaryHeap::new(),
+            by_name: HashMap::new(),
+            by_address: HashMap::new(),
+            next_change: None,
         };
+        world.by_name = world.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
+        world.by_address = world.nodes.iter().enumerate().map(|(i, n)| (n.address.clone(), i)).collect();
         world.place_faults();
         world.measure();
         world
@@ -443,6 +518,7 @@ impl World {
         {
             let until = self.now.saturating_add(secs(self.rng.in_range(300..=900)));
             self.nodes[i].ready = false;
+            self.nodes[i].view.ready = false;
             self.nodes[i].not_ready_until = Some(until);
         }
         // A control plane's lost call is the dangerous one (its re-call needs the gate
@@ -483,20 +559,121 @@ impl World {
     /// The node of this name.
     #[must_use]
     pub fn node(&self, name: &str) -> Option<&SimNode> {
-        self.nodes.iter().find(|n| n.name == name && !n.removed)
+        self.node_index(name).map(|i| &self.nodes[i])
     }
 
     pub(crate) fn node_index_by_address(&self, address: &str) -> Option<usize> {
-        self.nodes.iter().position(|n| n.address == address)
+        self.by_address.get(address).copied()
     }
 
     /// The storage system's node of this name: it outlives the Kubernetes Node object.
     pub(crate) fn storage_node(&self, name: &str) -> Option<usize> {
-        self.nodes.iter().position(|n| n.name == name)
+        self.by_name.get(name).copied()
     }
 
     pub(crate) fn node_index(&self, name: &str) -> Option<usize> {
-        self.nodes.iter().position(|n| n.name == name && !n.removed)
+        self.by_name.get(name).copied().filter(|&i| !self.nodes[i].removed)
+    }
+
+    /// A watch event about a change made now, reaching the controller after a drawn delay.
+    pub(crate) fn watch_event(&mut self) {
+        let delay = self.latency_rng.in_range(self.config.realism.watch_delay_ms.clone());
+        let at = self.now.saturating_add(Duration::from_millis(delay));
+        self.deliveries.push(Reverse(at));
+    }
+
+    /// When the next watch event reaches the controller, if one is on its way.
+    #[must_use]
+    pub fn next_delivery(&self) -> Option<Timestamp> {
+        self.deliveries.peek().map(|Reverse(t)| *t)
+    }
+
+    /// Takes every watch event delivered by now (the controller's queue folds them into
+    /// one pass).
+    pub fn take_deliveries(&mut self) -> usize {
+        let mut n = 0;
+        while self.deliveries.peek().is_some_and(|Reverse(t)| *t <= self.now) {
+            self.deliveries.pop();
+            n += 1;
+        }
+        n
+    }
+
+    /// A drawn API latency.
+    pub(crate) fn api_latency(&mut self) -> Duration {
+        Duration::from_millis(self.latency_rng.in_range(self.config.realism.api_latency_ms.clone()))
+    }
+
+    /// Starts virtual time on Tokio's clock (which must be paused, see
+    /// [`super::runtime`]): from now on every call brings the world to the clock's time.
+    pub fn start_clock(&mut self) {
+        if self.clock.is_none() && self.config.realism.takes_time() {
+            self.clock = Some((tokio::time::Instant::now(), self.now));
+        }
+    }
+
+    /// Brings the world to the clock's time, if virtual time runs.
+    pub fn sync_clock(&mut self) {
+        let Some((instant, at)) = self.clock else { return };
+        let t = at.saturating_add(instant.elapsed());
+        self.advance_to(t.max(self.now));
+        self.clock = Some((tokio::time::Instant::now(), self.now));
+    }
+
+    /// Schedules a change of what the Node shows, `after` from now, plus the watch's delay
+    /// (the controller's cache shows it when the event arrives), and the event itself.
+    fn view_change(&mut self, i: usize, after: Duration, change: ViewChange) {
+        let delay = Duration::from_millis(self.latency_rng.in_range(self.config.realism.watch_delay_ms.clone()));
+        let at = self.now.saturating_add(after).saturating_add(delay);
+        let pending = &mut self.nodes[i].view.pending;
+        let k = pending.partition_point(|(t, _)| *t <= at);
+        pending.insert(k, (at, change));
+    }
+
+    /// Applies the Node's due view changes.
+    fn apply_view(&mut self, i: usize, now: Timestamp) {
+        while let Some((at, change)) = self.nodes[i].view.pending.first().cloned().filter(|(at, _)| *at <= now) {
+            self.nodes[i].view.pending.remove(0);
+            let node = &mut self.nodes[i];
+            let changed = match change {
+                ViewChange::NotReady if !node.ready && node.view.ready => {
+                    node.view.ready = false;
+                    true
+                }
+                ViewChange::Booted => {
+                    // The kubelet's first report: NotReady until the node is (if it already
+                    // is, the report says so).
+                    node.view.boot_id = node.boot_id.clone();
+                    node.view.version = node.version.clone();
+                    node.view.ready = node.ready;
+                    true
+                }
+                ViewChange::Ready if node.ready && !node.view.ready => {
+                    node.view.ready = true;
+                    node.view.boot_id = node.boot_id.clone();
+                    node.view.version = node.version.clone();
+                    true
+                }
+                ViewChange::NotReady | ViewChange::Ready => false,
+            };
+            if changed {
+                self.deliveries.push(Reverse(at));
+                if !self.nodes[i].view.ready && matches!(change, ViewChange::NotReady) {
+                    self.record(i, TraceKind::ShownNotReady);
+                }
+            }
+        }
+    }
+
+    /// The node's kubelet stopped (or its Node went silent) now.
+    fn kubelet_lost(&mut self, i: usize) {
+        let grace = self.config.realism.node_monitor_grace;
+        self.view_change(i, grace, ViewChange::NotReady);
+    }
+
+    /// The node turned Ready now.
+    fn kubelet_ready(&mut self, i: usize) {
+        self.view_change(i, Duration::ZERO, ViewChange::Ready);
     }
 
     /// Records a trace event about node `i`.
@@ -534,9 +711,24 @@ impl World {
         });
     }
 
+    /// Marks the world as changed from outside time's own course: its next change is
+    /// computed again.
+    pub(crate) fn touched(&mut self) {
+        self.next_change = None;
+    }
+
     /// The earliest time something changes by itself, if anything will.
     #[must_use]
-    pub fn next_event_at(&self) -> Option<Timestamp> {
+    pub fn next_event_at(&mut self) -> Option<Timestamp> {
+        if let Some(next) = self.next_change {
+            return next;
+        }
+        let next = self.compute_next_event();
+        self.next_change = Some(next);
+        next
+    }
+
+    fn compute_next_event(&self) -> Option<Timestamp> {
         let mut next: Option<Timestamp> = None;
         let mut consider = |t: Option<Timestamp>| next = Timestamp::min_opt(next, t);
         for n in self.nodes.iter().filter(|n| !n.removed) {
@@ -556,6 +748,7 @@ impl World {
                 consider(Some(until));
             }
             consider(n.evacuation.as_ref().and_then(|e| e.next_move_at));
+            consider(n.view.pending.first().map(|(t, _)| *t));
         }
         if let Some((from, until)) = self.outage {
             consider(Some(if self.now < from { from } else { until }).filter(|t| *t > self.now));
@@ -570,11 +763,13 @@ impl World {
             self.now = self.now.max(next);
             self.apply_due();
         }
+        // Nothing is due before `t`: only the clock moves (the world's state is a function
+        // of its changes, all applied).
         self.now = self.now.max(t);
-        self.apply_due();
     }
 
     fn apply_due(&mut self) {
+        self.next_change = None;
         let now = self.now;
         for i in 0..self.nodes.len() {
             if self.nodes[i].removed {
@@ -589,6 +784,7 @@ impl World {
             self.pdb_blocked_until = None;
         }
         self.measure();
+        self.next_change = None;
     }
 
     fn apply_node(&mut self, i: usize, now: Timestamp) {
@@ -610,6 +806,7 @@ impl World {
             if self.nodes[i].ready {
                 self.nodes[i].ready = false;
                 self.record(i, TraceKind::NotReady);
+                self.kubelet_lost(i);
             }
         }
         self.apply_node_rest(i, now);
@@ -621,6 +818,7 @@ impl World {
             if matches!(self.nodes[i].phase, NodePhase::Running) {
                 self.nodes[i].ready = true;
                 self.record(i, TraceKind::Ready);
+                self.kubelet_ready(i);
             }
         }
         match self.nodes[i].phase.clone() {
@@ -630,6 +828,7 @@ impl World {
                 self.nodes[i].ready = false;
                 self.record(i, TraceKind::RebootStart);
                 self.record(i, TraceKind::NotReady);
+                self.kubelet_lost(i);
                 if self.nodes[i].etcd.is_some() {
                     self.nodes[i].etcd = Some(EtcdMember::Missing);
                     self.record(i, TraceKind::EtcdMemberMissing);
@@ -642,6 +841,8 @@ impl World {
                 self.nodes[i].boot_id = self.rng.boot_id();
                 self.nodes[i].phase = NodePhase::Booting { ready_at: until.saturating_add(ready) };
                 self.record(i, TraceKind::RebootEnd);
+                let report = self.config.realism.kubelet_report.min(ready);
+                self.view_change(i, report, ViewChange::Booted);
                 self.apply_node(i, now);
             }
             NodePhase::Booting { ready_at } if now >= ready_at => {
@@ -649,6 +850,7 @@ impl World {
                 if self.nodes[i].not_ready_until.is_none() {
                     self.nodes[i].ready = true;
                     self.record(i, TraceKind::Ready);
+                    self.kubelet_ready(i);
                 }
                 if self.nodes[i].etcd.is_some() {
                     match self.nodes[i].etcd_lag.take() {
@@ -667,6 +869,7 @@ impl World {
                 self.nodes[i].ready = false;
                 self.nodes[i].etcd = None;
                 self.record(i, TraceKind::NotReady);
+                self.kubelet_lost(i);
             }
             NodePhase::Running
             | NodePhase::Installing { .. }
@@ -683,6 +886,7 @@ impl World {
             self.record(i, TraceKind::EtcdMemberBack);
         }
         self.move_replicas(i, now);
+        self.apply_view(i, now);
     }
 
     fn move_replicas(&mut self, i: usize, now: Timestamp) {
@@ -692,6 +896,8 @@ impl World {
                 return;
             }
             self.nodes[i].replicas -= 1;
+            // A Longhorn replica object deleted: the controller watches them.
+            self.watch_event();
             let left = self.nodes[i].replicas;
             let next = if left == 0 {
                 self.record(i, TraceKind::Evacuated);
