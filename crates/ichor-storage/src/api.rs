@@ -39,7 +39,9 @@ pub trait StorageApi: Send + Sync {
     async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
     /// Turns storage scheduling on the node on or off. Idempotent.
     async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
-    /// Asks the backend to move the node's replicas elsewhere. Idempotent.
+    /// Turns storage scheduling on the node off and asks the backend to move its replicas
+    /// elsewhere, in one write where the backend allows (Longhorn: one patch of its Node).
+    /// Idempotent.
     async fn request_evacuation(&self, node: &str) -> Result<(), StorageError>;
     /// How many replicas are still on the node.
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;

@@ -87,7 +87,7 @@ pub async fn evacuate_machine(
     conditions: &Conditions,
     now: Timestamp,
 ) -> Result<(), EvacuationError> {
-    storage.set_scheduling(node, false).await?;
+    // Scheduling off and the eviction asked for, in one write.
     storage.request_evacuation(node).await?;
     let mut next = conditions.clone();
     let message = format!("storage scheduling disabled on {node}; replicas asked to move");
@@ -161,12 +161,7 @@ mod tests {
         let mut seq = Sequence::new();
         let mut storage = MockStorageApi::new();
         let mut store = MockConditionStore::new();
-        storage
-            .expect_set_scheduling()
-            .with(eq("worker-1"), eq(false))
-            .times(1)
-            .in_sequence(&mut seq)
-            .returning(|_, _| Ok(()));
+        storage.expect_set_scheduling().never();
         storage.expect_request_evacuation().with(eq("worker-1")).times(1).in_sequence(&mut seq).returning(|_| Ok(()));
         store
             .expect_write_conditions()
@@ -187,7 +182,7 @@ mod tests {
     async fn a_backend_failure_writes_nothing() {
         let mut storage = MockStorageApi::new();
         let store = MockConditionStore::new();
-        storage.expect_set_scheduling().returning(|_, _| Err(StorageError::transient("connection refused")));
+        storage.expect_request_evacuation().returning(|_| Err(StorageError::transient("connection refused")));
         let err = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap_err();
         assert!(err.is_transient());
     }

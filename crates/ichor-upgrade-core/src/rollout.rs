@@ -133,9 +133,19 @@ pub struct OperationStatus {
     /// The last resume token acted upon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_resume: Option<String>,
-    /// What this operation knows of each machine it started (see [`crate::status`]).
+    /// What this operation knows of each machine it started and that has not converged
+    /// (see [`crate::status`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub machines: BTreeMap<String, MachineRecord>,
+    /// How many machines are verified on the target; each one's record of it is in its
+    /// own conditions.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub converged: usize,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One operation as observed.

@@ -64,16 +64,31 @@ pub enum MachineOutcome {
 impl OperationStatus {
     /// The engine's view of a machine: its record, or, with none, whether its conditions
     /// show an Upgrade call in flight (left by an earlier operation or controller); such a
-    /// machine is observed to the end, never treated as not started.
+    /// machine is observed to the end, never treated as not started. `converged` is whether
+    /// the machine's own conditions record it verified on the target: that is its record
+    /// of convergence, unless a failure is recorded.
     #[must_use]
-    pub fn progress_of(&self, machine: &str, past_upgrade_call: bool) -> MachineProgress {
+    pub fn progress_of(&self, machine: &str, past_upgrade_call: bool, converged: bool) -> MachineProgress {
         match self.machines.get(machine).map(|r| (r.state, r)) {
-            Some((RecordState::Converged, _)) => MachineProgress::Converged,
             Some((RecordState::Failed, record)) => MachineProgress::Failed { reason: record.message.clone() },
+            Some((RecordState::Converged, _)) => MachineProgress::Converged,
+            _ if converged && !past_upgrade_call => MachineProgress::Converged,
             Some((RecordState::InProgress, _)) => MachineProgress::InProgress { past_upgrade_call },
             None if past_upgrade_call => MachineProgress::InProgress { past_upgrade_call: true },
             None => MachineProgress::Pending,
         }
+    }
+
+    /// Drops the records of converged machines, counting them in `converged` instead: a
+    /// machine's convergence is recorded in its own conditions, and the status stays small
+    /// whatever the cluster's size. `converged` names every machine converged now (whatever
+    /// its record said: a record left in progress by a pass whose status write was lost is
+    /// dropped too); a failure's record is kept.
+    pub fn forget_converged(&mut self, converged: &std::collections::BTreeSet<&str>) {
+        self.machines.retain(|name, r| {
+            r.state == RecordState::Failed || (r.state != RecordState::Converged && !converged.contains(name.as_str()))
+        });
+        self.converged = converged.len();
     }
 
     /// The status to read for `generation`: when the spec changed since the status was
@@ -91,6 +106,29 @@ impl OperationStatus {
     /// A failure among the outcomes pauses at once, naming every failed machine.
     #[must_use]
     pub fn next(&self, generation: i64, decision: &Decision, outcomes: &[(String, MachineOutcome)]) -> Self {
+        self.next_recording(generation, decision, outcomes, false)
+    }
+
+    /// As [`Self::next`], but a machine under way has its record follow its every wait and
+    /// step: for an operation on one machine (a removal), where a person needs to see why
+    /// it waits (an eviction a PodDisruptionBudget blocks) and the writes cost nothing.
+    #[must_use]
+    pub fn next_tracking_waits(
+        &self,
+        generation: i64,
+        decision: &Decision,
+        outcomes: &[(String, MachineOutcome)],
+    ) -> Self {
+        self.next_recording(generation, decision, outcomes, true)
+    }
+
+    fn next_recording(
+        &self,
+        generation: i64,
+        decision: &Decision,
+        outcomes: &[(String, MachineOutcome)],
+        track_waits: bool,
+    ) -> Self {
         let mut next = self.clone().for_generation(generation);
         next.observed_generation = Some(generation);
         if let Some(token) = &decision.acknowledge_resume {
@@ -105,7 +143,10 @@ impl OperationStatus {
             // status at every pass (a write per change of reason would cost the API server
             // more than the whole upgrade).
             let under_way = next.machines.get(name).is_some_and(|r| r.state == RecordState::InProgress);
-            if under_way && matches!(outcome, MachineOutcome::Progressed { .. } | MachineOutcome::Waiting { .. }) {
+            if under_way
+                && !track_waits
+                && matches!(outcome, MachineOutcome::Progressed { .. } | MachineOutcome::Waiting { .. })
+            {
                 continue;
             }
             let record = match outcome {
@@ -115,11 +156,11 @@ impl OperationStatus {
                     message: String::new(),
                     recheck_at: None,
                 },
-                MachineOutcome::Waiting { reason, message, .. } => MachineRecord {
+                MachineOutcome::Waiting { reason, message, recheck_at } => MachineRecord {
                     state: RecordState::InProgress,
                     reason: reason.clone(),
                     message: message.clone(),
-                    recheck_at: None,
+                    recheck_at: if track_waits { *recheck_at } else { None },
                 },
                 MachineOutcome::Converged => MachineRecord {
                     state: RecordState::Converged,
@@ -185,12 +226,15 @@ mod tests {
         status.machines.insert("a".into(), record(RecordState::Converged));
         status.machines.insert("b".into(), record(RecordState::Failed));
         status.machines.insert("c".into(), record(RecordState::InProgress));
-        assert_eq!(status.progress_of("a", false), MachineProgress::Converged);
-        assert_eq!(status.progress_of("b", true), MachineProgress::Failed { reason: "m".into() });
-        assert_eq!(status.progress_of("c", true), MachineProgress::InProgress { past_upgrade_call: true });
-        assert_eq!(status.progress_of("d", false), MachineProgress::Pending);
+        assert_eq!(status.progress_of("a", false, false), MachineProgress::Converged);
+        assert_eq!(status.progress_of("b", true, false), MachineProgress::Failed { reason: "m".into() });
+        assert_eq!(status.progress_of("b", false, true), MachineProgress::Failed { reason: "m".into() });
+        assert_eq!(status.progress_of("c", true, false), MachineProgress::InProgress { past_upgrade_call: true });
+        assert_eq!(status.progress_of("c", false, true), MachineProgress::Converged, "its conditions say so");
+        assert_eq!(status.progress_of("d", false, false), MachineProgress::Pending);
+        assert_eq!(status.progress_of("d", false, true), MachineProgress::Converged, "no record needed");
         assert_eq!(
-            status.progress_of("d", true),
+            status.progress_of("d", true, false),
             MachineProgress::InProgress { past_upgrade_call: true },
             "a call in flight from an earlier controller is observed, not ignored"
         );
@@ -246,8 +290,26 @@ mod tests {
             let next = started.next(1, &decision(Phase::Progressing), &[("a".to_owned(), outcome)]);
             assert_eq!(next, started, "no status change, so no status write");
         }
+        let blocked = MachineOutcome::Waiting {
+            reason: "EvictionBlocked".into(),
+            message: "ledger-0: a PodDisruptionBudget allows 0".into(),
+            recheck_at: None,
+        };
+        let tracked = started.next_tracking_waits(1, &decision(Phase::Progressing), &[("a".to_owned(), blocked)]);
+        assert_eq!(tracked.machines["a"].reason, "EvictionBlocked", "a removal's status says why it waits");
         let converged = started.next(1, &decision(Phase::Progressing), &[("a".to_owned(), MachineOutcome::Converged)]);
         assert_eq!(converged.machines["a"].state, RecordState::Converged);
+    }
+
+    #[test]
+    fn converged_machines_are_counted_not_listed() {
+        let mut status = OperationStatus::default();
+        status.machines.insert("a".into(), record(RecordState::Converged));
+        status.machines.insert("b".into(), record(RecordState::InProgress));
+        status.machines.insert("c".into(), record(RecordState::InProgress));
+        status.forget_converged(&["a", "c", "d"].into());
+        assert_eq!(status.machines.keys().collect::<Vec<_>>(), vec!["b"], "c's record was left behind");
+        assert_eq!(status.converged, 3);
     }
 
     #[test]

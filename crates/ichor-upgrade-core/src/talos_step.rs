@@ -517,7 +517,15 @@ fn before_call(input: &StepInput<'_>) -> Action {
         if let Some(reason) = etcd_wait(input) {
             return polled(input, reason, None);
         }
-        return if evacuation.is_open() { Action::EndEvacuation } else { Action::Converged };
+        // The machine's own condition is the record of its convergence (the operation's
+        // status keeps none per machine): written once, for this target.
+        return if evacuation.is_open() {
+            Action::EndEvacuation
+        } else if converged_on(input.conditions).as_ref() == Some(target) {
+            Action::Converged
+        } else {
+            Action::RecordConverged
+        };
     }
     if let Err(refusal) = check_upgrade_path(&version, target) {
         return Action::Fail(MachineFailure::UpgradePath(refusal));
@@ -637,6 +645,13 @@ fn after_call(input: &StepInput<'_>, marker: &MarkerRef<'_>, acknowledged: bool,
     let stage = match input.talos {
         TalosObservation::Answered { stage } => *stage,
         TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {
+            // While the Node still shows the boot before the call, its kubelet's report of
+            // the new boot is what comes next, and a watch brings it. Once the Node shows a
+            // new boot, only Talos can move the machine on, and no watch reports Talos: poll.
+            let rebooted = input.node.is_some_and(|n| n.boot_id != marker.boot_id && is_valid_boot_id(&n.boot_id));
+            if rebooted && !timed_out {
+                return polled(input, MachineWait::Rebooting, Some(verify_deadline));
+            }
             return waiting(MachineWait::Rebooting, "the Talos API to answer");
         }
     };
@@ -697,6 +712,25 @@ fn etcd_wait(input: &StepInput<'_>) -> Option<MachineWait> {
         Some(EtcdMembership::Absent) => Some(MachineWait::EtcdMemberMissing),
         Some(EtcdMembership::Unknown { .. }) | None => Some(MachineWait::EtcdMemberUnknown),
     }
+}
+
+/// The message of `TalosUpgrade=False/Converged`: the version verified and the boot ID.
+#[must_use]
+pub fn converged_message(target: &TalosVersion, boot_id: &str) -> String {
+    format!("verified on {target}; boot ID {boot_id}")
+}
+
+/// The version the machine's conditions record it verified on (`TalosUpgrade=False/
+/// Converged` with a [`converged_message`]), if any. A message of another form (an older
+/// engine's) records none: the machine is verified again, at the cost of one write.
+#[must_use]
+pub fn converged_on(conditions: &Conditions) -> Option<TalosVersion> {
+    let condition = conditions.get(TALOS_UPGRADE)?;
+    if condition.status != ConditionStatus::False || condition.reason != crate::upgrade_marker::reason::CONVERGED {
+        return None;
+    }
+    let (version, _) = condition.message.strip_prefix("verified on ")?.split_once(';')?;
+    TalosVersion::parse(version).ok()
 }
 
 /// The node name recorded before the Upgrade call in flight, if any: what the driver uses

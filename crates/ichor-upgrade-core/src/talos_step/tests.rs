@@ -196,7 +196,23 @@ fn expected_upgrade(boot_id: &str, now: Timestamp) -> Action {
 
 #[test]
 fn row_already_on_target_converges_without_a_call() {
-    assert_eq!(Observed::fixture().os_image("Talos (v1.14.4)").step(), Action::Converged);
+    let on_target = Observed::fixture().os_image("Talos (v1.14.4)");
+    assert_eq!(on_target.clone().step(), Action::RecordConverged, "recorded once, in its own conditions");
+    let message = converged_message(&v("v1.14.4"), BOOT_BEFORE);
+    let recorded = on_target.condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, &message, at(990));
+    assert_eq!(converged_on(&recorded.conditions), Some(v("v1.14.4")));
+    assert_eq!(recorded.step(), Action::Converged);
+}
+
+#[test]
+fn a_convergence_recorded_for_another_version_or_by_an_older_engine_is_recorded_again() {
+    let on_target = Observed::fixture().os_image("Talos (v1.14.4)");
+    let older = converged_message(&v("v1.14.3"), BOOT_BEFORE);
+    for message in [older.as_str(), "verified on the target; boot ID x", "verified on v1.14.4", ""] {
+        let o =
+            on_target.clone().condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, message, at(990));
+        assert_eq!(o.step(), Action::RecordConverged, "{message:?}");
+    }
 }
 
 #[test]
@@ -207,7 +223,7 @@ fn row_already_on_target_is_still_verified_ready_and_in_etcd() {
         Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None }
     );
     let mut cp = on_target.control_plane();
-    assert_eq!(cp.step(), Action::Converged);
+    assert_eq!(cp.step(), Action::RecordConverged);
     cp.etcd_member = Some(EtcdMembership::Learner);
     assert_eq!(cp.step(), Action::Wait { reason: MachineWait::EtcdMemberLearner, recheck_at: Some(at(1005)) });
 }
@@ -385,7 +401,8 @@ fn row_verified_ends_the_evacuation_then_records_convergence() {
     assert_eq!(o.step(), Action::RecordConverged, "the evacuation ends in the same write as the convergence");
     let ended = o.condition(STORAGE_EVACUATION, ConditionStatus::False, evac::ENDED, "", at(1000));
     assert_eq!(ended.step(), Action::RecordConverged);
-    let recorded = ended.condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, "", at(1001));
+    let message = converged_message(&v("v1.14.4"), BOOT_AFTER);
+    let recorded = ended.condition(TALOS_UPGRADE, ConditionStatus::False, upgrade::CONVERGED, &message, at(1001));
     assert_eq!(recorded.step(), Action::Converged);
 }
 
@@ -670,6 +687,11 @@ fn waits_on_what_no_watch_reports_are_polled_and_waits_on_the_node_are_not() {
     assert_eq!(not_ready, Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None });
     let rebooting = Observed::fixture().upgrade_acknowledged().unreachable().step();
     assert!(matches!(rebooting, Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(t) } if t == at(2700)));
+    // A node whose Node shows its new boot but whose Talos API does not answer: no watch
+    // reports Talos coming back, so it is polled (found by the operator's end-to-end test:
+    // after a restart with no Talos credentials for a while, cp-2 was never looked at again).
+    let rebooted_silent = Observed::fixture().upgrade_acknowledged().rebooted_into("v1.14.4").unreachable();
+    assert_eq!(rebooted_silent.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(1005)) });
     // Storage, Talos and etcd are not: each is looked at again at the poll interval, never
     // later than the wait's own deadline.
     // Polls fall on a grid of the interval: machines waiting at once share one pass.
