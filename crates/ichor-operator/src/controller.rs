@@ -44,6 +44,9 @@ use crate::metrics::{EngineCalls, Metrics, Operations};
 
 /// How long a cluster's Talos client is used before its Secret is read again.
 pub const TALOSCONFIG_TTL: Duration = Duration::from_secs(60);
+/// How long the want of usable Talos credentials is remembered: a cluster or Secret created
+/// just after the operation is picked up within this, not a whole [`TALOSCONFIG_TTL`].
+pub const UNUSABLE_TALOSCONFIG_TTL: Duration = Duration::from_secs(5);
 /// How long a pass waits before retrying after an error.
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(5);
 /// The shortest requeue: the engine's `requeue_at` may be now.
@@ -159,7 +162,8 @@ impl Context {
         let key = (namespace.to_owned(), cluster.to_owned());
         let mut cache = self.talos.lock().await;
         if let Some(entry) = cache.get(&key)
-            && entry.fetched.elapsed() < TALOSCONFIG_TTL
+            && entry.fetched.elapsed()
+                < if entry.version.is_some() { TALOSCONFIG_TTL } else { UNUSABLE_TALOSCONFIG_TTL }
         {
             return Arc::clone(&entry.api);
         }

@@ -21,7 +21,7 @@ use ichor_upgrade_core::rollout::CallAuthority;
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{
     Action, EtcdMembership, MachineFailure, MachineSpec, MachineStage, NodeObservation, StepInput, TalosObservation,
-    UpgradeTarget, past_upgrade_call, recorded_node_name, step,
+    UpgradeTarget, converged_message, past_upgrade_call, recorded_node_name, step,
 };
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
 
@@ -303,7 +303,7 @@ pub async fn advance_machine(
         now: ex.clock.now(),
     });
     tracing::debug!(machine = %machine.name, ?action, "step");
-    carry_out(ex, machine, node_name.as_deref(), node.as_ref(), action).await
+    carry_out(ex, machine, node_name.as_deref(), node.as_ref(), target, action).await
 }
 
 /// What a machine-stage read says, its failure named with its whole cause.
@@ -397,6 +397,7 @@ async fn carry_out(
     machine: &MachineInfo,
     node_name: Option<&str>,
     node: Option<&NodeInfo>,
+    target: &UpgradeTarget,
     action: Action,
 ) -> Result<MachineOutcome, AdvanceError> {
     // Storage is reached by node name; the step asks for it only with the Node observed,
@@ -421,7 +422,7 @@ async fn carry_out(
                     .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source: source.into() })?;
                 conditions = evacuation_ended(&conditions, node_name, EvacuationEnd::Ended, ex.clock.now());
             }
-            let message = format!("verified on the target; boot ID {boot}");
+            let message = converged_message(&target.version, boot);
             write_talos_upgrade(
                 ex,
                 machine,

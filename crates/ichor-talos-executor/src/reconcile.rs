@@ -14,11 +14,11 @@ use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
-    CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineView, OperationView, Phase,
-    RolloutInput, call_authority, decide,
+    CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView,
+    OperationView, Phase, RolloutInput, call_authority, decide,
 };
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{MachineWait, UpgradeTarget};
+use ichor_upgrade_core::talos_step::{MachineWait, UpgradeTarget, converged_on};
 use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::advance::{
@@ -215,6 +215,11 @@ pub async fn reconcile_with(
     let machines = machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
     let observed = observe_machines(ex, machines).await;
     let status = op.status.clone().for_generation(op.generation);
+    let target = upgrade_target(&cluster);
+    // An upgrade's converged machines are recorded in their own conditions, for this target.
+    let converged = |m: &MachineInfo| {
+        !removal && target.as_ref().is_ok_and(|t| converged_on(&m.conditions).as_ref() == Some(&t.version))
+    };
     let views: Vec<MachineView> = observed
         .iter()
         .map(|o| {
@@ -227,7 +232,11 @@ pub async fn reconcile_with(
                 held,
                 node_ready: o.node.as_ref().is_some_and(|n| n.ready),
                 os_image: o.node.as_ref().map(|n| n.os_image.clone()),
-                progress: status.progress_of(&o.machine.name, past_the_point_of_no_return(removal, &o.machine)),
+                progress: status.progress_of(
+                    &o.machine.name,
+                    past_the_point_of_no_return(removal, &o.machine),
+                    converged(&o.machine),
+                ),
             }
         })
         .collect();
@@ -260,13 +269,15 @@ pub async fn reconcile_with(
 
     write_lock(ex, &op.cluster, &op.identity, lease.as_ref(), &decision, now).await?;
     if matches!(decision.lock, LockAction::Acquire { .. }) {
-        let next = status.next(op.generation, &decision, &[]);
+        let mut next = status.next(op.generation, &decision, &[]);
+        if !removal {
+            next.forget_converged(&converged_now(&views, &[]));
+        }
         write_status(ex, name, &op.status, &next).await?;
         return Ok(ReconcileOutcome { phase: next.phase, requeue_at: decision.recheck_at, finished: false });
     }
 
     let by_name: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.machine.name.as_str(), o)).collect();
-    let target = upgrade_target(&cluster);
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
     for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
         // A resume is carried out whole or not at all: a machine whose failed attempt
@@ -392,7 +403,14 @@ pub async fn reconcile_with(
     }
     outcomes.extend(advanced);
 
-    let next = status.next(op.generation, &decision, &outcomes);
+    let mut next = if removal {
+        status.next_tracking_waits(op.generation, &decision, &outcomes)
+    } else {
+        status.next(op.generation, &decision, &outcomes)
+    };
+    if !removal {
+        next.forget_converged(&converged_now(&views, &outcomes));
+    }
     emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
     write_status(ex, name, &op.status, &next).await?;
     if decision.finalized {
@@ -407,6 +425,20 @@ pub async fn reconcile_with(
         .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
     let requeue_at = Timestamp::min_opt(requeue_at, kept_recheck);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
+}
+
+/// The machines converged after this pass: those observed so, and those that converged
+/// in it.
+fn converged_now<'a>(
+    views: &'a [MachineView],
+    outcomes: &'a [(String, MachineOutcome)],
+) -> std::collections::BTreeSet<&'a str> {
+    views
+        .iter()
+        .filter(|v| v.progress == MachineProgress::Converged)
+        .map(|v| v.name.as_str())
+        .chain(outcomes.iter().filter(|(_, o)| matches!(o, MachineOutcome::Converged)).map(|(n, _)| n.as_str()))
+        .collect()
 }
 
 /// Whether a machine is past the point where it may be interrupted: for an upgrade, its

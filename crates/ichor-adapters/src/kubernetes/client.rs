@@ -447,7 +447,7 @@ fn operation_status(
     now: Timestamp,
 ) -> TalosOperationStatus {
     let count = |state: RecordState| engine.machines.values().filter(|r| r.state == state).count();
-    let converged = count(RecordState::Converged);
+    let converged = engine.converged + count(RecordState::Converged);
     let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     let phase = &engine.phase;
     let phase_name = match phase {
