@@ -88,6 +88,11 @@ struct Args {
     /// every change, instantly; the old model, only for comparison).
     #[arg(long, value_enum, default_value_t = WakeArg::Watch)]
     wake: WakeArg,
+    /// Also schedule the same drawn durations with other tools' policies (ideal, mco-like,
+    /// topf-like, tuppr-like, runbook) and print each one's makespan against the physical
+    /// bound; `--json` gains `compare: {policy: ratio}`.
+    #[arg(long)]
+    compare: bool,
 }
 
 /// The wake models on the command line.
@@ -185,6 +190,13 @@ fn main() {
     }
     let report = sim.report(args.max_unavailable as usize);
     let wall_s = started.elapsed().as_secs_f64();
+    let compare = args.compare.then(|| {
+        let peers = sim.with_world(|w| ichor_adapters::sim::peers::peers(w, args.max_unavailable as usize));
+        let ratio = |makespan: f64| if report.lower_bound_s > 0.0 { makespan / report.lower_bound_s } else { 0.0 };
+        let mut rows = vec![("engine", report.makespan_s, ratio(report.makespan_s))];
+        rows.extend(peers.iter().map(|p| (p.policy, p.makespan_s, ratio(p.makespan_s))));
+        rows
+    });
     let outcome = match end {
         RunEnd::Completed => "completed",
         RunEnd::Paused => "paused",
@@ -193,9 +205,22 @@ fn main() {
     };
     let why = Why::of(&sim, &end);
     if args.json {
-        println!("{}", json_summary(outcome, &report, &why, wall_s, args.wake));
+        let mut summary = json_summary(outcome, &report, &why, wall_s, args.wake);
+        if let Some(rows) = &compare {
+            let ratios: serde_json::Map<String, serde_json::Value> =
+                rows.iter().map(|(policy, _, ratio)| ((*policy).to_owned(), serde_json::json!(ratio))).collect();
+            summary["compare"] = serde_json::Value::Object(ratios);
+        }
+        println!("{summary}");
     } else {
         print_summary(outcome, &end, &report, &sim, &why, wall_s);
+        if let Some(rows) = &compare {
+            println!();
+            println!("{:<12} {:>10} {:>16}", "policy", "makespan", "makespan / bound");
+            for (policy, makespan, ratio) in rows {
+                println!("{policy:<12} {:>10} {ratio:>16.3}", clock(*makespan));
+            }
+        }
     }
     let code = match end {
         RunEnd::Completed => EXIT_OK,

@@ -92,3 +92,25 @@ fn bad_arguments_are_exit_2_naming_them() {
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stdout).contains("banana"));
 }
+
+#[test]
+fn the_summary_counts_what_a_real_cluster_would_pay_and_compares_the_peers() {
+    let output = rollout(&["--workers", "12", "--max-unavailable", "3", "--seed", "4", "--json", "--compare"]);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let json = summary(&output);
+    assert_eq!(json["wake"], "watch", "the realistic model is the default");
+    for key in ["events", "lease_writes", "kube_reads", "status_bytes_max", "ideal_s", "wall_s", "kube_writes"] {
+        assert!(json[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {json}");
+    }
+    let nodes = json["nodes"].as_f64().unwrap();
+    assert!(json["events"].as_f64().unwrap() <= 2.0 * nodes + 5.0, "Events are about two per machine: {json}");
+    let compare = &json["compare"];
+    let ratio = |policy: &str| compare[policy].as_f64().unwrap_or_else(|| panic!("{policy}: {json}"));
+    for policy in ["ideal", "mco-like", "topf-like", "tuppr-like", "runbook"] {
+        assert!(ratio(policy) >= 1.0 - 1e-9, "no policy beats the physical bound: {policy} {json}");
+    }
+    assert!(ratio("ideal") <= ratio("mco-like") && ratio("ideal") <= ratio("tuppr-like"), "{json}");
+    assert!(ratio("runbook") > ratio("engine"), "one at a time is the slowest: {json}");
+    // The engine runs under watches and latency, never faster than the zero-overhead ideal.
+    assert!(ratio("engine") >= ratio("ideal"), "{json}");
+}

@@ -625,6 +625,8 @@ impl StorageApi for SimCluster {
     async fn request_evacuation(&self, node: &str) -> Result<(), StorageError> {
         self.kube(KubeCall::StorageWrite, |w| {
             let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
+            // Scheduling off and the eviction asked for, as Longhorn's one patch does.
+            w.nodes[i].scheduling = false;
             if w.nodes[i].evacuation.is_some() {
                 return Ok(());
             }
