@@ -21,7 +21,7 @@ use ichor_upgrade_core::rollout::CallAuthority;
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{
     Action, EtcdMembership, MachineFailure, MachineSpec, MachineStage, NodeObservation, StepInput, TalosObservation,
-    UpgradeTarget, converged_message, past_upgrade_call, recorded_node_name, step,
+    UpgradeTarget, converged_message, needs_talos, past_upgrade_call, recorded_node_name, step,
 };
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
 
@@ -275,13 +275,22 @@ pub async fn advance_machine(
             .map_err(|source| AdvanceError::ReadNode { node: name.clone(), source })?,
         None => None,
     };
-    let talos = talos_observation(bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await);
+    // An acknowledged call whose node has not shown its new boot: the step waits on the
+    // Node whatever Talos, etcd or storage say, so they are not asked (a node in its reboot
+    // would hold the pass until its dial timeout).
+    let asks = needs_talos(&machine.conditions, node.as_ref().map(|n| n.boot_id.as_str()));
+    let talos = if asks {
+        talos_observation(bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await)
+    } else {
+        TalosObservation::Unreachable { error: "not asked: the Node still shows the boot before the call".to_owned() }
+    };
     let labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
     let storage = match &node_name {
-        Some(name) => observe(ex, name, &labels, &machine.conditions).await?,
-        None => StorageObservation::default(),
+        Some(name) if asks => observe(ex, name, &labels, &machine.conditions).await?,
+        Some(_) | None => StorageObservation::default(),
     };
     let etcd_member = match (machine.role, &node_name) {
+        (MachineRole::ControlPlane, Some(_)) if !asks => None,
         (MachineRole::ControlPlane, Some(name)) => {
             Some(crate::etcd::membership(ex, &[machine.address.as_str()], name).await)
         }

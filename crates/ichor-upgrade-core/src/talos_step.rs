@@ -642,6 +642,12 @@ fn after_call(input: &StepInput<'_>, marker: &MarkerRef<'_>, acknowledged: bool,
             wait(reason, Some(verify_deadline))
         }
     };
+    // Acknowledged, and the Node still shows the boot before the call: what comes next is
+    // the kubelet's report of the new boot, which a watch brings. Talos and etcd are not
+    // looked at (see `needs_talos`): a pass never waits on a rebooting node's silence.
+    if acknowledged && input.node.is_some_and(|n| n.boot_id == marker.boot_id) {
+        return waiting(MachineWait::NotRebootedYet, "the node to reboot");
+    }
     let stage = match input.talos {
         TalosObservation::Answered { stage } => *stage,
         TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {
@@ -712,6 +718,19 @@ fn etcd_wait(input: &StepInput<'_>) -> Option<MachineWait> {
         Some(EtcdMembership::Absent) => Some(MachineWait::EtcdMemberMissing),
         Some(EtcdMembership::Unknown { .. }) | None => Some(MachineWait::EtcdMemberUnknown),
     }
+}
+
+/// Whether [`step`] needs the Talos API (the stage) and etcd membership to decide for a
+/// machine with these conditions and a Node showing `node_boot_id`: not while an
+/// acknowledged call's node still shows the boot from before the call, when the step waits
+/// for the new boot whatever they say. A driver may then leave them unread (a node in its
+/// reboot does not answer until its dial timeout).
+#[must_use]
+pub fn needs_talos(conditions: &Conditions, node_boot_id: Option<&str>) -> bool {
+    let Some(condition) = conditions.get(TALOS_UPGRADE).filter(|c| c.status == ConditionStatus::True) else {
+        return true;
+    };
+    MarkerRef::parse(&condition.message).map_or(true, |marker| node_boot_id != Some(marker.boot_id))
 }
 
 /// The message of `TalosUpgrade=False/Converged`: the version verified and the boot ID.

@@ -440,8 +440,7 @@ impl KubeApi for SimCluster {
     }
 
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
-        self.kube(KubeCall::CachedRead, |w| Ok(w.nodes.iter().find(|n| n.name == name).map(|n| machine_info(w, n))))
-            .await
+        self.kube(KubeCall::CachedRead, |w| Ok(w.storage_node(name).map(|i| machine_info(w, &w.nodes[i])))).await
     }
 
     async fn cordon(&self, node: &str) -> Result<(), KubeError> {

@@ -341,9 +341,13 @@ fn row_a_busy_machine_or_unreachable_api_is_not_called() {
 
 #[test]
 fn row_after_the_call_a_dial_error_is_still_rebooting() {
+    // Acknowledged, the Node still on the old boot: the new boot is awaited (Talos unasked).
     let o = Observed::fixture().upgrade_acknowledged().unreachable();
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::NotRebootedYet, recheck_at: Some(at(900 + 1800)) });
+    // An intent: a dial error or Unavailable is a reboot under way, not a failure.
+    let o = Observed::fixture().upgrade_intent().unreachable();
     assert_eq!(o.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(900 + 1800)) });
-    let rpc = Observed::fixture().upgrade_acknowledged().talos(TalosObservation::Error { error: "Unavailable".into() });
+    let rpc = Observed::fixture().upgrade_intent().talos(TalosObservation::Error { error: "Unavailable".into() });
     assert_eq!(rpc.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(2700)) });
 }
 
@@ -543,7 +547,7 @@ fn bad_input_transition_times_in_the_future_are_treated_as_now() {
     let o = o
         .condition(TALOS_UPGRADE, ConditionStatus::True, upgrade::UPGRADE_REQUESTED, &message, at(9_000))
         .unreachable();
-    assert_eq!(o.step(), Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(at(2800)) });
+    assert_eq!(o.step(), Action::Wait { reason: MachineWait::NotRebootedYet, recheck_at: Some(at(2800)) });
 }
 
 #[test]
@@ -686,7 +690,20 @@ fn waits_on_what_no_watch_reports_are_polled_and_waits_on_the_node_are_not() {
     let not_ready = Observed::fixture().not_ready().step();
     assert_eq!(not_ready, Action::Wait { reason: MachineWait::NodeNotReady, recheck_at: None });
     let rebooting = Observed::fixture().upgrade_acknowledged().unreachable().step();
-    assert!(matches!(rebooting, Action::Wait { reason: MachineWait::Rebooting, recheck_at: Some(t) } if t == at(2700)));
+    assert!(
+        matches!(rebooting, Action::Wait { reason: MachineWait::NotRebootedYet, recheck_at: Some(t) } if t == at(2700))
+    );
+    // Acknowledged and not rebooted yet: the step decides without Talos or etcd, and says so.
+    let acked = Observed::fixture().control_plane().upgrade_acknowledged();
+    assert!(!needs_talos(&acked.conditions, Some(BOOT_BEFORE)));
+    assert!(needs_talos(&acked.conditions, Some(BOOT_AFTER)));
+    assert!(
+        needs_talos(&Observed::fixture().upgrade_intent().conditions, Some(BOOT_BEFORE)),
+        "an intent needs the stage"
+    );
+    let mut unasked = acked.unreachable();
+    unasked.etcd_member = None;
+    assert_eq!(unasked.step(), Action::Wait { reason: MachineWait::NotRebootedYet, recheck_at: Some(at(2700)) });
     // A node whose Node shows its new boot but whose Talos API does not answer: no watch
     // reports Talos coming back, so it is polled (found by the operator's end-to-end test:
     // after a restart with no Talos credentials for a while, cp-2 was never looked at again).
