@@ -271,7 +271,10 @@ pub async fn reconcile_with(
     if matches!(decision.lock, LockAction::Acquire { .. }) {
         let mut next = status.next(op.generation, &decision, &[]);
         if !removal {
-            next.forget_converged(&converged_now(&views, &[]));
+            let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count();
+            next.forget_converged(count, |name| {
+                observed.iter().any(|o| o.machine.name == name && converged(&o.machine))
+            });
         }
         write_status(ex, name, &op.status, &next).await?;
         return Ok(ReconcileOutcome { phase: next.phase, requeue_at: decision.recheck_at, finished: false });
@@ -409,7 +412,13 @@ pub async fn reconcile_with(
         status.next(op.generation, &decision, &outcomes)
     };
     if !removal {
-        next.forget_converged(&converged_now(&views, &outcomes));
+        // A machine converged before this pass is not advanced in it: the two add up.
+        let converged_in_pass = |name: &str| outcomes.iter().any(|(n, o)| n == name && *o == MachineOutcome::Converged);
+        let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count()
+            + outcomes.iter().filter(|(_, o)| *o == MachineOutcome::Converged).count();
+        next.forget_converged(count, |name| {
+            converged_in_pass(name) || by_name.get(name).is_some_and(|o| converged(&o.machine))
+        });
     }
     emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
     write_status(ex, name, &op.status, &next).await?;
@@ -425,20 +434,6 @@ pub async fn reconcile_with(
         .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
     let requeue_at = Timestamp::min_opt(requeue_at, kept_recheck);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
-}
-
-/// The machines converged after this pass: those observed so, and those that converged
-/// in it.
-fn converged_now<'a>(
-    views: &'a [MachineView],
-    outcomes: &'a [(String, MachineOutcome)],
-) -> std::collections::BTreeSet<&'a str> {
-    views
-        .iter()
-        .filter(|v| v.progress == MachineProgress::Converged)
-        .map(|v| v.name.as_str())
-        .chain(outcomes.iter().filter(|(_, o)| matches!(o, MachineOutcome::Converged)).map(|(n, _)| n.as_str()))
-        .collect()
 }
 
 /// Whether a machine is past the point where it may be interrupted: for an upgrade, its

@@ -81,14 +81,15 @@ impl OperationStatus {
 
     /// Drops the records of converged machines, counting them in `converged` instead: a
     /// machine's convergence is recorded in its own conditions, and the status stays small
-    /// whatever the cluster's size. `converged` names every machine converged now (whatever
-    /// its record said: a record left in progress by a pass whose status write was lost is
-    /// dropped too); a failure's record is kept.
-    pub fn forget_converged(&mut self, converged: &std::collections::BTreeSet<&str>) {
+    /// whatever the cluster's size. `converged` is how many machines are converged now;
+    /// `is_converged` says whether a machine is (whatever its record said: a record left in
+    /// progress by a pass whose status write was lost is dropped too). A failure's record
+    /// is kept.
+    pub fn forget_converged(&mut self, converged: usize, is_converged: impl Fn(&str) -> bool) {
         self.machines.retain(|name, r| {
-            r.state == RecordState::Failed || (r.state != RecordState::Converged && !converged.contains(name.as_str()))
+            r.state == RecordState::Failed || (r.state != RecordState::Converged && !is_converged(name))
         });
-        self.converged = converged.len();
+        self.converged = converged;
     }
 
     /// The status to read for `generation`: when the spec changed since the status was
@@ -307,7 +308,7 @@ mod tests {
         status.machines.insert("a".into(), record(RecordState::Converged));
         status.machines.insert("b".into(), record(RecordState::InProgress));
         status.machines.insert("c".into(), record(RecordState::InProgress));
-        status.forget_converged(&["a", "c", "d"].into());
+        status.forget_converged(3, |name| ["a", "c", "d"].contains(&name));
         assert_eq!(status.machines.keys().collect::<Vec<_>>(), vec!["b"], "c's record was left behind");
         assert_eq!(status.converged, 3);
     }
