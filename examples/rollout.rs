@@ -376,9 +376,13 @@ impl Progress {
     }
 
     fn show(&mut self, sim: &SimCluster) {
-        let (events, on_target, now) = sim.with_world(|w| {
+        let (events, on_target, now) = sim.read_world(|w| {
             let new: Vec<TraceEvent> = w.trace[self.shown.min(w.trace.len())..].to_vec();
-            let on_target = w.nodes.iter().filter(|n| n.version.to_string() == self.target).count();
+            // A node's version changes only with a traced event (its reboot's end).
+            let on_target = match self.last_bar {
+                Some(count) if new.is_empty() => count,
+                _ => w.nodes.iter().filter(|n| n.version == w.config.to).count(),
+            };
             (new, on_target, w.now.saturating_since(w.start).as_secs_f64())
         });
         self.shown += events.len();

@@ -2,6 +2,7 @@
 //! the cluster's Lease and Events. The real implementation is kube-rs in `ichor-adapters`.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -205,8 +206,19 @@ pub trait KubeApi: ConditionStore {
     async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
     /// A cluster.
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError>;
-    /// The machines of a cluster.
-    async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError>;
+    /// The machines of a cluster. Shared, as a reflector's store holds them: a pass over
+    /// thousands of machines copies none of them.
+    async fn machines(&self, cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError>;
+    /// Several Nodes at once, in the order of `names` (`None` for one that does not
+    /// exist). The default reads them one by one; an implementation backed by a cache
+    /// answers them in one call, shared.
+    async fn nodes(&self, names: &[&str]) -> Result<Vec<Option<Arc<NodeInfo>>>, KubeError> {
+        let mut found = Vec::with_capacity(names.len());
+        for name in names {
+            found.push(self.node(name).await?.map(Arc::new));
+        }
+        Ok(found)
+    }
     /// The cluster's Lease, if one exists.
     async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError>;
     /// Writes the cluster's Lease under its precondition ([`KubeError::Conflict`] if lost).

@@ -5,7 +5,7 @@
 //! changes.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::future::join_all;
 use ichor_storage::EvacuationEnd;
@@ -136,8 +136,8 @@ pub struct PassMemory {
 /// A machine's last wait, with what it was decided from.
 #[derive(Debug, Clone)]
 struct Remembered {
-    machine: MachineInfo,
-    node: Option<NodeInfo>,
+    machine: Arc<MachineInfo>,
+    node: Option<Arc<NodeInfo>>,
     authority: CallAuthority,
     recheck_at: Option<Timestamp>,
 }
@@ -167,9 +167,17 @@ impl PassMemory {
 
 /// A machine with its Node, as observed in this pass.
 struct Observed {
-    machine: MachineInfo,
-    node_name: Option<String>,
-    node: Option<NodeInfo>,
+    machine: Arc<MachineInfo>,
+    /// The node name from Talos, for a machine without `spec.hostname`.
+    looked_up: Option<String>,
+    node: Option<Arc<NodeInfo>>,
+}
+
+impl Observed {
+    /// Its node name: `spec.hostname`, else what Talos answered; `None` if neither.
+    fn node_name(&self) -> Option<&str> {
+        self.machine.hostname.as_deref().filter(|h| !h.is_empty()).or(self.looked_up.as_deref())
+    }
 }
 
 /// One pass of the operation `name`.
@@ -212,7 +220,8 @@ pub async fn reconcile_with(
 
     let removal = op.spec.is_removal();
     // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
-    let machines = machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
+    let machines: Vec<Arc<MachineInfo>> =
+        machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
     let observed = observe_machines(ex, machines).await;
     let status = op.status.clone().for_generation(op.generation);
     let target = upgrade_target(&cluster);
@@ -306,13 +315,15 @@ pub async fn reconcile_with(
     let control_planes: Vec<ControlPlane> = observed
         .iter()
         .filter(|o| o.machine.role == MachineRole::ControlPlane)
-        .filter_map(|o| o.node_name.clone().map(|node| ControlPlane { address: o.machine.address.clone(), node }))
+        .filter_map(|o| {
+            o.node_name().map(|node| ControlPlane { address: o.machine.address.clone(), node: node.to_owned() })
+        })
         .collect();
     let control_planes = &control_planes;
     let advance = |o: &Observed, authority: CallAuthority| {
         let target = &target;
         let kind = &op.spec.kind;
-        let machine = o.machine.clone();
+        let machine = Arc::clone(&o.machine);
         async move {
             let outcome = match target {
                 _ if removal => remove_machine(ex, &machine, control_planes).await.unwrap_or_else(|e| e.outcome()),
@@ -321,7 +332,7 @@ pub async fn reconcile_with(
                 }
                 Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
             };
-            (machine.name, outcome)
+            (machine.name.clone(), outcome)
         }
     };
     let denied = CallAuthority::Denied(CallDenied::NotInCluster);
@@ -391,7 +402,7 @@ pub async fn reconcile_with(
             match outcome {
                 MachineOutcome::Waiting { recheck_at, .. } => {
                     let remembered = Remembered {
-                        machine: o.machine.clone(),
+                        machine: Arc::clone(&o.machine),
                         node: o.node.clone(),
                         authority: authority_of(o),
                         recheck_at: *recheck_at,
@@ -454,24 +465,34 @@ fn upgrade_target(cluster: &ClusterInfo) -> Result<UpgradeTarget, String> {
     })
 }
 
-/// Reads each machine's Node. A machine whose node name or Node cannot be read counts as
-/// not Ready: the engine then neither starts it nor counts on it.
-async fn observe_machines(ex: &Executor<'_>, machines: Vec<MachineInfo>) -> Vec<Observed> {
-    join_all(machines.into_iter().map(|machine| async move {
-        let node_name = match machine.hostname.clone().filter(|h| !h.is_empty()) {
-            Some(hostname) => Some(hostname),
-            None => tokio::time::timeout(ex.config.call_timeout, ex.talos.nodename(&machine.address))
-                .await
-                .ok()
-                .and_then(Result::ok),
-        };
-        let node = match &node_name {
-            Some(n) => kube_call(ex, "read Node", ex.kube.node(n)).await.ok().flatten(),
-            None => None,
-        };
-        Observed { machine, node_name, node }
+/// Reads each machine's Node, all in one read of the cache. A machine whose node name or
+/// Node cannot be read counts as not Ready: the engine then neither starts it nor counts on
+/// it.
+async fn observe_machines(ex: &Executor<'_>, machines: Vec<Arc<MachineInfo>>) -> Vec<Observed> {
+    // Only a machine without `spec.hostname` needs Talos for its node name.
+    let unnamed: Vec<usize> =
+        (0..machines.len()).filter(|&i| machines[i].hostname.as_deref().is_none_or(str::is_empty)).collect();
+    let answers = join_all(unnamed.iter().map(|&i| {
+        let address = &machines[i].address;
+        async move {
+            tokio::time::timeout(ex.config.call_timeout, ex.talos.nodename(address)).await.ok().and_then(Result::ok)
+        }
     }))
-    .await
+    .await;
+    let mut observed: Vec<Observed> =
+        machines.into_iter().map(|machine| Observed { machine, looked_up: None, node: None }).collect();
+    for (i, looked_up) in unnamed.into_iter().zip(answers) {
+        observed[i].looked_up = looked_up;
+    }
+    let named: Vec<(usize, &str)> =
+        observed.iter().enumerate().filter_map(|(i, o)| o.node_name().map(|n| (i, n))).collect();
+    let names: Vec<&str> = named.iter().map(|(_, n)| *n).collect();
+    let nodes = kube_call(ex, "read Nodes", ex.kube.nodes(&names)).await.unwrap_or_default();
+    let indices: Vec<usize> = named.iter().map(|(i, _)| *i).collect();
+    for (i, node) in indices.into_iter().zip(nodes) {
+        observed[i].node = node;
+    }
+    observed
 }
 
 /// Gathers the etcd gate from every control plane. A control plane whose node name is
@@ -479,7 +500,7 @@ async fn observe_machines(ex: &Executor<'_>, machines: Vec<MachineInfo>) -> Vec<
 async fn gather_etcd_gate(ex: &Executor<'_>, observed: &[Observed]) -> EtcdVerdict {
     let mut control_planes = Vec::new();
     for o in observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane) {
-        let Some(node) = o.node_name.clone() else {
+        let Some(node) = o.node_name().map(str::to_owned) else {
             return EtcdVerdict::Unhealthy {
                 reason: format!("the node name of control plane {} is unknown", o.machine.name),
             };
@@ -521,7 +542,7 @@ async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceErro
     if !o.machine.conditions.is_true(STORAGE_EVACUATION) {
         return Ok(());
     }
-    let Some(node) = &o.node_name else {
+    let Some(node) = o.node_name() else {
         return Err(AdvanceError::NodeNameUnknown { machine: o.machine.name.clone() });
     };
     end_evacuation(ex, &o.machine, node, EvacuationEnd::Ended).await

@@ -48,7 +48,7 @@ fn worker(name: &str, hostname: Option<&str>, address: &str, conditions: Conditi
 async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
     let mut evacuating = Conditions::new();
     evacuating.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, ""), NOW);
-    let machines = vec![
+    let machines = [
         worker("m-failed", Some("node-a"), "10.0.0.21", Conditions::new()),
         worker("m-evacuating", None, "10.0.0.22", evacuating),
     ];
@@ -86,7 +86,7 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
             platform: "metal".into(),
         })
     });
-    kube.expect_machines().returning(move |_| Ok(machines.clone()));
+    kube.expect_machines().returning(move |_| Ok(machines.iter().cloned().map(std::sync::Arc::new).collect()));
     kube.expect_lease().returning(|_| {
         Ok(Some(LeaseInfo {
             holder: Some(IDENTITY.into()),

@@ -594,7 +594,7 @@ impl KubeApi for KubeCluster {
         })
     }
 
-    async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError> {
+    async fn machines(&self, cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
         let namespace = self.namespace.clone();
         let mut machines: Vec<Arc<TalosMachine>> = self
             .stores
@@ -605,7 +605,7 @@ impl KubeApi for KubeCluster {
             .iter()
             .map(|m| {
                 self.remember(MACHINE, &m.name_any(), m.resource_version());
-                machine_info(m)
+                Arc::new(machine_info(m))
             })
             .collect())
     }

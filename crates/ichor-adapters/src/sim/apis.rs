@@ -2,6 +2,8 @@
 //! the storage backend and the clock. Every call is counted, can be refused by an API
 //! outage, and can kill the controller (the controller-crash fault).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::Clock;
@@ -114,7 +116,7 @@ impl SimCluster {
                 // Only a call that changed a node (an Upgrade, a reset, an etcd member
                 // removed) can change what is measured or when the world next changes.
                 if (std::mem::discriminant(&w.nodes[i].phase), w.nodes[i].etcd) != before || result.is_err() {
-                    w.touched();
+                    w.changed(i);
                     w.measure();
                 }
                 result
@@ -140,9 +142,6 @@ impl SimCluster {
             Gate::Go { killed } => killed,
         };
         let result = f(&mut w);
-        if !call.is_read() {
-            w.touched();
-        }
         if call.is_read() {
             w.counters.kube_reads += 1;
         } else if result.is_ok() {
@@ -193,7 +192,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-        self.with_world(|w| {
+        self.with_world_untouched(|w| {
             if let Some(before_effect) = w.crash.on_next_upgrade.take() {
                 w.arm_crash(1, before_effect);
             }
@@ -331,7 +330,7 @@ impl TalosApi for SimCluster {
             };
             w.nodes[k].etcd = None;
             w.record(k, TraceKind::EtcdMemberMissing);
-            w.touched();
+            w.changed(k);
             w.measure();
             Ok(())
         })
@@ -364,7 +363,7 @@ impl TalosApi for SimCluster {
 impl ConditionStore for SimCluster {
     async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
         self.kube(KubeCall::ConditionWrite, |w| {
-            let Some(i) = w.nodes.iter().position(|n| n.name == machine) else {
+            let Some(i) = w.storage_node(machine) else {
                 return Err(KubeError::NotFound(format!("TalosMachine {machine}")));
             };
             if w.failing_condition_writes > 0 {
@@ -378,7 +377,7 @@ impl ConditionStore for SimCluster {
             if converged && before.as_ref() != after {
                 w.record(i, TraceKind::Converged);
             }
-            w.conditions.insert(machine.to_owned(), conditions.clone());
+            w.set_conditions(i, conditions.clone());
             Ok(())
         })
         .await
@@ -393,18 +392,12 @@ impl ConditionStore for SimCluster {
 #[async_trait]
 impl KubeApi for SimCluster {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
+        self.kube(KubeCall::CachedRead, |w| Ok(w.node_index(name).map(|i| NodeInfo::clone(&w.node_info(i))))).await
+    }
+
+    async fn nodes(&self, names: &[&str]) -> Result<Vec<Option<Arc<NodeInfo>>>, KubeError> {
         self.kube(KubeCall::CachedRead, |w| {
-            // What the Node object shows: late, as the kubelet and the node lifecycle
-            // controller report it.
-            Ok(w.node(name).map(|n| NodeInfo {
-                name: n.name.clone(),
-                ready: n.view.ready,
-                unschedulable: n.unschedulable || n.upgrading(),
-                os_image: n.view.version.os_image(),
-                boot_id: n.view.boot_id.clone(),
-                labels: n.labels.clone(),
-                annotations: n.annotations.clone(),
-            }))
+            Ok(names.iter().map(|name| w.node_index(name).map(|i| w.node_info(i))).collect())
         })
         .await
     }
@@ -432,15 +425,17 @@ impl KubeApi for SimCluster {
         .await
     }
 
-    async fn machines(&self, _cluster: &str) -> Result<Vec<MachineInfo>, KubeError> {
+    async fn machines(&self, _cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
         self.kube(KubeCall::CachedRead, |w| {
-            Ok(w.nodes.iter().filter(|n| !n.removed).map(|n| machine_info(w, n)).collect())
+            let live: Vec<usize> = (0..w.nodes.len()).filter(|&i| !w.nodes[i].removed).collect();
+            Ok(live.into_iter().map(|i| w.machine_info(i)).collect())
         })
         .await
     }
 
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
-        self.kube(KubeCall::CachedRead, |w| Ok(w.storage_node(name).map(|i| machine_info(w, &w.nodes[i])))).await
+        self.kube(KubeCall::CachedRead, |w| Ok(w.storage_node(name).map(|i| MachineInfo::clone(&w.machine_info(i)))))
+            .await
     }
 
     async fn cordon(&self, node: &str) -> Result<(), KubeError> {
@@ -474,10 +469,7 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::Write, |w| {
             let blocked = w.pdb_blocked_until.is_some_and(|t| w.now < t);
             let now = w.now;
-            let found = w.nodes.iter().enumerate().find_map(|(i, n)| {
-                n.pods.iter().position(|p| p.namespace == namespace && p.name == name).map(|k| (i, k))
-            });
-            let Some((i, k)) = found else { return Ok(Eviction::Evicted) };
+            let Some((i, k)) = w.pod(namespace, name) else { return Ok(Eviction::Evicted) };
             let pod = &mut w.nodes[i].pods[k];
             if pod.budgeted && blocked {
                 return Ok(Eviction::Blocked {
@@ -486,6 +478,7 @@ impl KubeApi for SimCluster {
             }
             let first = pod.terminating_until.is_none();
             pod.terminating_until.get_or_insert(now.saturating_add(secs(10)));
+            w.changed(i);
             if first && w.nodes[i].pods.iter().filter(|p| p.terminating_until.is_some()).count() == 1 {
                 w.record(i, TraceKind::Drain);
             }
@@ -498,6 +491,7 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::Write, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
             w.nodes[i].removed = true;
+            w.changed(i);
             w.record(i, TraceKind::Removed);
             Ok(())
         })
@@ -612,6 +606,7 @@ impl StorageApi for SimCluster {
         self.kube(KubeCall::StorageWrite, |w| {
             let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
             w.nodes[i].scheduling = enabled;
+            w.changed(i);
             if enabled && w.nodes[i].evacuation.take().is_some() {
                 w.record(i, TraceKind::EvacuationEnd);
             }
@@ -638,6 +633,7 @@ impl StorageApi for SimCluster {
             };
             let empty = n.replicas == 0;
             w.nodes[i].evacuation = Some(Evacuation { next_move_at });
+            w.changed(i);
             w.record(i, TraceKind::EvacuationStart);
             if empty {
                 w.record(i, TraceKind::Evacuated);
@@ -668,17 +664,5 @@ impl Clock for SimCluster {
         let mut w = self.lock();
         w.sync_clock();
         w.now
-    }
-}
-
-fn machine_info(w: &World, n: &super::world::SimNode) -> MachineInfo {
-    MachineInfo {
-        name: n.name.clone(),
-        role: n.role,
-        hostname: w.config.hostnames.then(|| n.name.clone()),
-        address: n.address.clone(),
-        labels: w.machine_labels.get(&n.name).cloned().unwrap_or_default(),
-        annotations: w.machine_annotations.get(&n.name).cloned().unwrap_or_default(),
-        conditions: w.conditions.get(&n.name).cloned().unwrap_or_default(),
     }
 }

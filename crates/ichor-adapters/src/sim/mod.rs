@@ -47,12 +47,24 @@ impl SimCluster {
         self.world.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reads or changes the world directly (tests, the runner, the examples).
+    /// Reads or changes the world directly (tests, the examples). Any node may have been
+    /// changed: the simulator reads every node's next change again.
     pub fn with_world<T>(&self, f: impl FnOnce(&mut World) -> T) -> T {
         let mut w = self.lock();
         let result = f(&mut w);
         w.touched();
         result
+    }
+
+    /// Reads the world (a progress line, a summary), changing nothing.
+    pub fn read_world<T>(&self, f: impl FnOnce(&World) -> T) -> T {
+        f(&self.lock())
+    }
+
+    /// Runs `f`, which changes no node by hand (time may move, through the world's own
+    /// course; counters and deliveries may change): the runner's bookkeeping.
+    pub(crate) fn with_world_untouched<T>(&self, f: impl FnOnce(&mut World) -> T) -> T {
+        f(&mut self.lock())
     }
 
     /// Creates a `TalosOperation` named `name` with this spec, on the simulated cluster.

@@ -52,19 +52,19 @@ pub async fn run_operation(
     max_passes: usize,
     mut on_pass: impl FnMut(&SimCluster),
 ) -> RunEnd {
-    let crashes = sim.with_world(|w| {
+    let crashes = sim.with_world_untouched(|w| {
         w.start_clock();
         w.config.has(Fault::ControllerCrash)
     });
     let memory = PassMemory::new();
     for _ in 0..max_passes {
-        sim.with_world(|w| {
+        sim.with_world_untouched(|w| {
             w.sync_clock();
             w.take_deliveries();
             w.counters.passes += 1;
         });
         if crashes {
-            sim.with_world(|w| {
+            sim.with_world_untouched(|w| {
                 if w.crash.crash_at.is_none() && w.crash_rng.chance(0.25) {
                     let after = w.crash_rng.in_range(1..=40);
                     let before = w.crash_rng.chance(0.5);
@@ -74,7 +74,7 @@ pub async fn run_operation(
         }
         let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config };
         let result = reconcile_with(&ex, name, &memory).await;
-        let restarted = sim.with_world(|w| {
+        let restarted = sim.with_world_untouched(|w| {
             let restarted = w.take_restart();
             if restarted {
                 let t = w.now.saturating_since(w.start).as_secs_f64();
@@ -108,7 +108,7 @@ pub async fn run_operation(
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
         if !wait_for_wake(sim, requeue).await {
-            return RunEnd::Stalled(sim.with_world(|w| w.operations[name].info.status.phase.clone()));
+            return RunEnd::Stalled(sim.with_world_untouched(|w| w.operations[name].info.status.phase.clone()));
         }
     }
     RunEnd::PassBound
@@ -119,7 +119,7 @@ pub async fn run_operation(
 /// meanwhile, change by change. `false` when nothing will ever wake it.
 async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
     loop {
-        let (now, wake, change, oracle) = sim.with_world(|w| {
+        let (now, wake, change, oracle) = sim.with_world_untouched(|w| {
             w.sync_clock();
             let oracle = w.config.realism.wake == Wake::Oracle;
             let change = w.next_event_at();
@@ -136,11 +136,11 @@ async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
         let next = next.max(now.saturating_add(std::time::Duration::from_millis(1)));
         if oracle {
             // The oracle is woken by the change itself.
-            sim.with_world(|w| w.advance_to(next));
+            sim.with_world_untouched(|w| w.advance_to(next));
             return true;
         } else {
             tokio::time::sleep(next.saturating_since(now)).await;
-            sim.with_world(World::sync_clock);
+            sim.with_world_untouched(World::sync_clock);
         }
     }
 }
@@ -148,9 +148,9 @@ async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
 /// Removes machine `name` through the removal path, at most `max_passes` passes. Ends
 /// `Completed` when the Node is deleted, `Paused` when the removal failed.
 pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, max_passes: usize) -> RunEnd {
-    sim.with_world(World::start_clock);
+    sim.with_world_untouched(World::start_clock);
     for _ in 0..max_passes {
-        sim.with_world(|w| {
+        sim.with_world_untouched(|w| {
             w.sync_clock();
             w.take_deliveries();
             w.counters.passes += 1;
@@ -159,7 +159,7 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
         let now = sim.now();
         let outcome = match sim.machine(name).await {
             Ok(Some(machine)) => {
-                let control_planes: Vec<ControlPlane> = sim.with_world(|w| {
+                let control_planes: Vec<ControlPlane> = sim.with_world_untouched(|w| {
                     w.nodes
                         .iter()
                         .filter(|n| n.role == MachineRole::ControlPlane && !n.removed)
@@ -176,7 +176,7 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
         let requeue = match outcome {
             MachineOutcome::Converged => return RunEnd::Completed,
             MachineOutcome::Failed { reason, message } => {
-                sim.with_world(|w| {
+                sim.with_world_untouched(|w| {
                     if let Some(i) = w.node_index(name).or_else(|| w.storage_node(name)) {
                         w.record_why(i, TraceKind::Failed, Some((reason, message)));
                     }
@@ -198,7 +198,7 @@ fn finished(sim: &SimCluster, name: &str, phase: &Phase) -> Option<RunEnd> {
     match phase {
         Phase::Completed => Some(RunEnd::Completed),
         Phase::Refused(_) => Some(RunEnd::Refused),
-        Phase::Paused(_) => sim.with_world(|w| {
+        Phase::Paused(_) => sim.with_world_untouched(|w| {
             let upgrading = w.nodes.iter().any(|n| !n.removed && n.upgrading());
             let in_flight =
                 w.operations[name].info.status.machines.values().any(|r| r.state == RecordState::InProgress);

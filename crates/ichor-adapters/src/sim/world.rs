@@ -1,11 +1,13 @@
 //! The simulated world's state and how it changes with virtual time.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
+use foldhash::fast::FixedState;
 use ichor_storage::{LabelSelector, StorageObject};
-use ichor_talos_executor::kube_api::{ClusterInfo, Event, LeaseInfo, Metadata, OperationInfo};
+use ichor_talos_executor::kube_api::{ClusterInfo, Event, LeaseInfo, MachineInfo, Metadata, NodeInfo, OperationInfo};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::operation::MachineRole;
@@ -301,7 +303,8 @@ pub struct World {
     pub(crate) crash_rng: Rng,
     /// The nodes.
     pub nodes: Vec<SimNode>,
-    /// Each machine's conditions.
+    /// Each machine's conditions. Read them here; they change only through the APIs (the
+    /// controller's reads are served from shared copies refreshed by those writes).
     pub conditions: BTreeMap<String, Conditions>,
     /// Each machine's annotations.
     pub machine_annotations: BTreeMap<String, Metadata>,
@@ -340,11 +343,40 @@ pub struct World {
     pub(crate) clock: Option<(tokio::time::Instant, Timestamp)>,
     /// When watch events reach the controller.
     pub(crate) deliveries: BinaryHeap<Reverse<Timestamp>>,
-    by_name: HashMap<String, usize>,
-    by_address: HashMap<String, usize>,
-    /// The world's next change, as last computed; `None` when something may have changed
-    /// it since (every call's effect, every direct change).
-    next_change: Option<Option<Timestamp>>,
+    by_name: HashMap<String, usize, FixedState>,
+    by_address: HashMap<String, usize, FixedState>,
+    /// Each pod's node, by namespace and name.
+    pod_nodes: HashMap<(String, String), usize, FixedState>,
+    /// When each node next changes by itself, indexed.
+    timers: Timers,
+    /// What the controller's reads return, shared as a reflector's store shares its
+    /// objects: by node index, rebuilt only when the object changed.
+    read_cache: ReadCache,
+}
+
+/// When each node next changes by itself, indexed so that a change to one node re-reads
+/// that node only: the simulator makes no pass over every node per call.
+#[derive(Debug, Default)]
+struct Timers {
+    /// By node index.
+    at: Vec<Option<Timestamp>>,
+    /// `(when, node)`, earliest first.
+    queue: BTreeSet<(Timestamp, usize)>,
+    /// Nodes changed since their time was last read.
+    dirty: Vec<usize>,
+    /// Any node may have changed (a direct change through [`super::SimCluster::with_world`]).
+    all: bool,
+}
+
+/// Shared copies of the objects the controller reads, by node index.
+#[derive(Debug, Default)]
+struct ReadCache {
+    /// `TalosMachine`s, dropped by every write of the machine's conditions.
+    machines: Vec<Option<Arc<MachineInfo>>>,
+    /// Nodes with the version their `osImage` shows, checked at each read against what
+    /// changes in the world's own course (readiness, cordon, version, boot ID); labels and
+    /// annotations change only by hand, which drops every copy.
+    nodes: Vec<Option<(TalosVersion, Arc<NodeInfo>)>>,
 }
 
 /// The cluster's name in the simulation.
@@ -481,12 +513,20 @@ impl World {
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),
             clock: None,
             deliveries: BinaryHeap::new(),
-            by_name: HashMap::new(),
-            by_address: HashMap::new(),
-            next_change: None,
+            by_name: HashMap::default(),
+            by_address: HashMap::default(),
+            pod_nodes: HashMap::default(),
+            timers: Timers { all: true, ..Timers::default() },
+            read_cache: ReadCache::default(),
         };
         world.by_name = world.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
         world.by_address = world.nodes.iter().enumerate().map(|(i, n)| (n.address.clone(), i)).collect();
+        world.pod_nodes = world
+            .nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.pods.iter().map(move |p| ((p.namespace.clone(), p.name.clone()), i)))
+            .collect();
         world.place_faults();
         world.measure();
         world
@@ -567,12 +607,79 @@ impl World {
     }
 
     /// The storage system's node of this name: it outlives the Kubernetes Node object.
+    /// The node a pod runs on, and its index there.
+    pub(crate) fn pod(&self, namespace: &str, name: &str) -> Option<(usize, usize)> {
+        let i = *self.pod_nodes.get(&(namespace.to_owned(), name.to_owned()))?;
+        let k = self.nodes[i].pods.iter().position(|p| p.namespace == namespace && p.name == name)?;
+        Some((i, k))
+    }
+
     pub(crate) fn storage_node(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
     }
 
     pub(crate) fn node_index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied().filter(|&i| !self.nodes[i].removed)
+    }
+
+    /// Machine `i`'s `TalosMachine` as the controller reads it, shared.
+    pub(crate) fn machine_info(&mut self, i: usize) -> Arc<MachineInfo> {
+        if self.read_cache.machines.len() != self.nodes.len() {
+            self.read_cache.machines = vec![None; self.nodes.len()];
+        }
+        if let Some(cached) = &self.read_cache.machines[i] {
+            return Arc::clone(cached);
+        }
+        let n = &self.nodes[i];
+        let info = Arc::new(MachineInfo {
+            name: n.name.clone(),
+            role: n.role,
+            hostname: self.config.hostnames.then(|| n.name.clone()),
+            address: n.address.clone(),
+            labels: self.machine_labels.get(&n.name).cloned().unwrap_or_default(),
+            annotations: self.machine_annotations.get(&n.name).cloned().unwrap_or_default(),
+            conditions: self.conditions.get(&n.name).cloned().unwrap_or_default(),
+        });
+        self.read_cache.machines[i] = Some(Arc::clone(&info));
+        info
+    }
+
+    /// Sets machine `i`'s conditions (a write through the API).
+    pub(crate) fn set_conditions(&mut self, i: usize, conditions: Conditions) {
+        let name = self.nodes[i].name.clone();
+        self.conditions.insert(name, conditions);
+        if let Some(cached) = self.read_cache.machines.get_mut(i) {
+            *cached = None;
+        }
+    }
+
+    /// Node `i` as its object shows it (late, as the kubelet and the node lifecycle
+    /// controller report it), shared while it is unchanged.
+    pub(crate) fn node_info(&mut self, i: usize) -> Arc<NodeInfo> {
+        if self.read_cache.nodes.len() != self.nodes.len() {
+            self.read_cache.nodes = vec![None; self.nodes.len()];
+        }
+        let n = &self.nodes[i];
+        let unschedulable = n.unschedulable || n.upgrading();
+        if let Some((version, cached)) = &self.read_cache.nodes[i]
+            && cached.ready == n.view.ready
+            && cached.unschedulable == unschedulable
+            && *version == n.view.version
+            && cached.boot_id == n.view.boot_id
+        {
+            return Arc::clone(cached);
+        }
+        let info = Arc::new(NodeInfo {
+            name: n.name.clone(),
+            ready: n.view.ready,
+            unschedulable,
+            os_image: n.view.version.os_image(),
+            boot_id: n.view.boot_id.clone(),
+            labels: n.labels.clone(),
+            annotations: n.annotations.clone(),
+        });
+        self.read_cache.nodes[i] = Some((n.view.version.clone(), Arc::clone(&info)));
+        info
     }
 
     /// A watch event about a change made now, reaching the controller after a drawn delay.
@@ -628,6 +735,7 @@ impl World {
         let pending = &mut self.nodes[i].view.pending;
         let k = pending.partition_point(|(t, _)| *t <= at);
         pending.insert(k, (at, change));
+        self.changed(i);
     }
 
     /// Applies the Node's due view changes.
@@ -711,50 +819,62 @@ impl World {
         });
     }
 
-    /// Marks the world as changed from outside time's own course: its next change is
-    /// computed again.
+    /// Any node or machine may have changed: every node's next change is read again, and
+    /// the shared copies of what the controller reads are made again.
     pub(crate) fn touched(&mut self) {
-        self.next_change = None;
+        self.timers.all = true;
+        self.read_cache = ReadCache::default();
+    }
+
+    /// Node `i` changed (its next change is read again).
+    pub(crate) fn changed(&mut self, i: usize) {
+        self.timers.dirty.push(i);
     }
 
     /// The earliest time something changes by itself, if anything will.
     #[must_use]
     pub fn next_event_at(&mut self) -> Option<Timestamp> {
-        if let Some(next) = self.next_change {
-            return next;
+        self.refresh_timers();
+        let mut next = self.timers.queue.first().map(|(t, _)| *t);
+        if let Some((from, until)) = self.outage {
+            next = Timestamp::min_opt(next, Some(if self.now < from { from } else { until }).filter(|t| *t > self.now));
         }
-        let next = self.compute_next_event();
-        self.next_change = Some(next);
+        next = Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now));
+        debug_assert_eq!(next, self.scan_next_event(), "a node changed without being marked");
         next
     }
 
-    fn compute_next_event(&self) -> Option<Timestamp> {
-        let mut next: Option<Timestamp> = None;
-        let mut consider = |t: Option<Timestamp>| next = Timestamp::min_opt(next, t);
-        for n in self.nodes.iter().filter(|n| !n.removed) {
-            consider(match &n.phase {
-                NodePhase::Running | NodePhase::PoweredOff => None,
-                NodePhase::Installing { until, .. }
-                | NodePhase::Rebooting { until, .. }
-                | NodePhase::Resetting { until } => Some(*until),
-                NodePhase::Booting { ready_at } => Some(*ready_at),
-            });
-            for pod in &n.pods {
-                consider(pod.terminating_until);
-            }
-            consider(n.not_ready_until);
-            consider(n.not_ready_at.map(|(at, _)| at));
-            if let Some(EtcdMember::Learner { until }) = n.etcd {
-                consider(Some(until));
-            }
-            consider(n.evacuation.as_ref().and_then(|e| e.next_move_at));
-            consider(n.view.pending.first().map(|(t, _)| *t));
+    /// Reads again the next change of every node marked changed.
+    fn refresh_timers(&mut self) {
+        let timers = &mut self.timers;
+        if timers.all {
+            timers.all = false;
+            timers.dirty.clear();
+            timers.at = self.nodes.iter().map(node_next_change).collect();
+            timers.queue = timers.at.iter().enumerate().filter_map(|(i, t)| t.map(|t| (t, i))).collect();
+            return;
         }
+        for i in timers.dirty.drain(..) {
+            let next = node_next_change(&self.nodes[i]);
+            if timers.at[i] != next {
+                if let Some(t) = timers.at[i] {
+                    timers.queue.remove(&(t, i));
+                }
+                if let Some(t) = next {
+                    timers.queue.insert((t, i));
+                }
+                timers.at[i] = next;
+            }
+        }
+    }
+
+    /// The next change found by looking at every node: what the index must agree with.
+    fn scan_next_event(&self) -> Option<Timestamp> {
+        let mut next = self.nodes.iter().map(node_next_change).fold(None, Timestamp::min_opt);
         if let Some((from, until)) = self.outage {
-            consider(Some(if self.now < from { from } else { until }).filter(|t| *t > self.now));
+            next = Timestamp::min_opt(next, Some(if self.now < from { from } else { until }).filter(|t| *t > self.now));
         }
-        consider(self.pdb_blocked_until.filter(|t| *t > self.now));
-        next
+        Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now))
     }
 
     /// Moves virtual time forward to `t`, applying every change due on the way, in order.
@@ -769,13 +889,16 @@ impl World {
     }
 
     fn apply_due(&mut self) {
-        self.next_change = None;
+        self.refresh_timers();
         let now = self.now;
-        for i in 0..self.nodes.len() {
-            if self.nodes[i].removed {
-                continue;
+        // The nodes with a change due, in node order (the order of the draws they make).
+        let mut due: Vec<usize> = self.timers.queue.range(..=(now, usize::MAX)).map(|(_, i)| *i).collect();
+        due.sort_unstable();
+        for i in due {
+            if !self.nodes[i].removed {
+                self.apply_node(i, now);
             }
-            self.apply_node(i, now);
+            self.changed(i);
         }
         if self.outage.is_some_and(|(_, until)| now >= until) {
             self.outage = None;
@@ -784,7 +907,6 @@ impl World {
             self.pdb_blocked_until = None;
         }
         self.measure();
-        self.next_change = None;
     }
 
     fn apply_node(&mut self, i: usize, now: Timestamp) {
@@ -981,4 +1103,30 @@ impl World {
         self.counters.restarts += 1;
         true
     }
+}
+
+/// When node `n` next changes by itself, if it will.
+fn node_next_change(n: &SimNode) -> Option<Timestamp> {
+    if n.removed {
+        return None;
+    }
+    let mut next = match &n.phase {
+        NodePhase::Running | NodePhase::PoweredOff => None,
+        NodePhase::Installing { until, .. } | NodePhase::Rebooting { until, .. } | NodePhase::Resetting { until } => {
+            Some(*until)
+        }
+        NodePhase::Booting { ready_at } => Some(*ready_at),
+    };
+    let mut consider = |t: Option<Timestamp>| next = Timestamp::min_opt(next, t);
+    for pod in &n.pods {
+        consider(pod.terminating_until);
+    }
+    consider(n.not_ready_until);
+    consider(n.not_ready_at.map(|(at, _)| at));
+    if let Some(EtcdMember::Learner { until }) = n.etcd {
+        consider(Some(until));
+    }
+    consider(n.evacuation.as_ref().and_then(|e| e.next_move_at));
+    consider(n.view.pending.first().map(|(t, _)| *t));
+    next
 }

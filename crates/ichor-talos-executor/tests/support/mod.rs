@@ -50,7 +50,7 @@ mock! {
         async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError>;
         async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
         async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError>;
-        async fn machines(&self, cluster: &str) -> Result<Vec<MachineInfo>, KubeError>;
+        async fn machines(&self, cluster: &str) -> Result<Vec<std::sync::Arc<MachineInfo>>, KubeError>;
         async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError>;
         async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError>;
         async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError>;
