@@ -18,7 +18,7 @@ use ichor_upgrade_core::rollout::{
     OperationView, Phase, RolloutInput, call_authority, decide,
 };
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{MachineWait, UpgradeTarget, converged_on};
+use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget};
 use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::advance::{
@@ -226,9 +226,8 @@ pub async fn reconcile_with(
     let status = op.status.clone().for_generation(op.generation);
     let target = upgrade_target(&cluster);
     // An upgrade's converged machines are recorded in their own conditions, for this target.
-    let converged = |m: &MachineInfo| {
-        !removal && target.as_ref().is_ok_and(|t| converged_on(&m.conditions).as_ref() == Some(&t.version))
-    };
+    let converged_on_target = target.as_ref().ok().filter(|_| !removal).map(|t| ConvergedOn::new(&t.version));
+    let converged = |m: &MachineInfo| converged_on_target.as_ref().is_some_and(|c| c.recorded(&m.conditions));
     let views: Vec<MachineView> = observed
         .iter()
         .map(|o| {
@@ -285,8 +284,9 @@ pub async fn reconcile_with(
                 observed.iter().any(|o| o.machine.name == name && converged(&o.machine))
             });
         }
-        write_status(ex, name, &op.status, &next).await?;
-        return Ok(ReconcileOutcome { phase: next.phase, requeue_at: decision.recheck_at, finished: false });
+        let wrote = write_status(ex, name, &op.status, &next).await?;
+        let requeue_at = Timestamp::min_opt(decision.recheck_at, wrote.then_some(now));
+        return Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: false });
     }
 
     let by_name: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.machine.name.as_str(), o)).collect();
@@ -432,7 +432,7 @@ pub async fn reconcile_with(
         });
     }
     emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
-    write_status(ex, name, &op.status, &next).await?;
+    let wrote = write_status(ex, name, &op.status, &next).await?;
     if decision.finalized {
         let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
         kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
@@ -443,7 +443,9 @@ pub async fn reconcile_with(
         .iter()
         .map(|(_, o)| outcome_recheck(o, now))
         .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
-    let requeue_at = Timestamp::min_opt(requeue_at, kept_recheck);
+    // What the pass wrote is not watched (the status and conditions are the controller's
+    // own): a pass that wrote its status looks again at once.
+    let requeue_at = Timestamp::min_opt(Timestamp::min_opt(requeue_at, kept_recheck), wrote.then_some(now));
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
 }
 
@@ -549,19 +551,20 @@ async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceErro
 }
 
 /// Writes the operation's status, unless it is what was read: a pass that changed nothing
-/// writes nothing.
+/// writes nothing. Whether it wrote.
 async fn write_status(
     ex: &Executor<'_>,
     name: &str,
     read: &ichor_upgrade_core::rollout::OperationStatus,
     status: &ichor_upgrade_core::rollout::OperationStatus,
-) -> Result<(), ReconcileError> {
+) -> Result<bool, ReconcileError> {
     if read == status {
-        return Ok(());
+        return Ok(false);
     }
     kube_call(ex, "write operation status", ex.kube.write_operation_status(name, status))
         .await
-        .map_err(|source| ReconcileError::WriteOperation { name: name.to_owned(), source })
+        .map_err(|source| ReconcileError::WriteOperation { name: name.to_owned(), source })?;
+    Ok(true)
 }
 
 /// The actions recorded as Events: the Upgrade call, and a void intent closed (rare, and

@@ -527,7 +527,8 @@ impl Decision {
 
     /// Fills [`Decision::authority`] for every machine it starts or advances.
     fn authorise(mut self, input: &RolloutInput<'_>) -> Self {
-        let authoriser = Authoriser::new(input);
+        let wanted: Vec<&str> = self.start.iter().chain(&self.advance).map(String::as_str).collect();
+        let authoriser = Authoriser::new(input, wanted);
         let authority =
             self.start.iter().chain(&self.advance).map(|name| (name.clone(), authoriser.authority(name))).collect();
         self.authority = authority;
@@ -651,7 +652,7 @@ fn plan_removal(input: &RolloutInput<'_>, machine: &str, lock: LockAction) -> De
 /// pass asks again with the verdict.
 #[must_use]
 pub fn call_authority(input: &RolloutInput<'_>, machine: &str) -> CallAuthority {
-    Authoriser::new(input).authority(machine)
+    Authoriser::new(input, vec![machine]).authority(machine)
 }
 
 /// What authorises calls in a pass, computed once for all its machines.
@@ -661,12 +662,13 @@ struct Authoriser<'a> {
     operation_denied: Option<CallDenied>,
     /// The control planes whose Nodes are not Ready.
     control_planes_not_ready: Vec<&'a str>,
-    /// The machines by name.
+    /// The machines asked about, by name.
     by_name: BTreeMap<&'a str, &'a MachineView>,
 }
 
 impl<'a> Authoriser<'a> {
-    fn new(input: &'a RolloutInput<'a>) -> Self {
+    /// What authorises calls for the machines `wanted`.
+    fn new(input: &'a RolloutInput<'a>, mut wanted: Vec<&str>) -> Self {
         let op = input.operation;
         let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
         let operation_denied = if !matches!(LockState::observe(input), LockState::Ours { .. }) {
@@ -685,7 +687,13 @@ impl<'a> Authoriser<'a> {
             .filter(|m| m.role == MachineRole::ControlPlane && !m.node_ready)
             .map(|m| m.name.as_str())
             .collect();
-        let by_name = input.machines.iter().map(|m| (m.name.as_str(), m)).collect();
+        wanted.sort_unstable();
+        let by_name = input
+            .machines
+            .iter()
+            .filter(|m| wanted.binary_search(&m.name.as_str()).is_ok())
+            .map(|m| (m.name.as_str(), m))
+            .collect();
         Self { input, operation_denied, control_planes_not_ready, by_name }
     }
 
@@ -858,7 +866,13 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
     let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
 
     let mut machines: Vec<&MachineView> = input.machines.iter().collect();
-    machines.sort_by_cached_key(|m| (m.role, order_key(m)));
+    // Machines usually come in the same order pass after pass: sorted once, checked after.
+    fn key<'m>(m: &&'m MachineView) -> (MachineRole, (bool, i64, &'m str)) {
+        (m.role, order_key(m))
+    }
+    if !machines.is_sorted_by_key(key) {
+        machines.sort_by_cached_key(key);
+    }
 
     let failed: Vec<FailedMachine> = if resuming {
         Vec::new()

@@ -752,6 +752,34 @@ pub fn converged_on(conditions: &Conditions) -> Option<TalosVersion> {
     TalosVersion::parse(version).ok()
 }
 
+/// Recognises the machines whose conditions record them verified on one version, without
+/// parsing each record: a pass over thousands of machines asks it of every one. It agrees
+/// with [`converged_on`] for every record [`converged_message`] writes; a record of the
+/// version in another spelling is not recognised (the machine is verified again, at the
+/// cost of one write: the safe side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvergedOn {
+    prefix: String,
+}
+
+impl ConvergedOn {
+    /// Recognises records of `version`.
+    #[must_use]
+    pub fn new(version: &TalosVersion) -> Self {
+        Self { prefix: format!("verified on {version};") }
+    }
+
+    /// Whether `conditions` record the machine verified on this version.
+    #[must_use]
+    pub fn recorded(&self, conditions: &Conditions) -> bool {
+        conditions.get(TALOS_UPGRADE).is_some_and(|c| {
+            c.status == ConditionStatus::False
+                && c.reason == crate::upgrade_marker::reason::CONVERGED
+                && c.message.starts_with(&self.prefix)
+        })
+    }
+}
+
 /// The node name recorded before the Upgrade call in flight, if any: what the driver uses
 /// while the rebooting machine cannot be asked for its name.
 #[must_use]

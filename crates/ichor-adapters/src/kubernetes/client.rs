@@ -38,7 +38,7 @@ use k8s_openapi::jiff;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -122,9 +122,20 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Stores, WatchStreams)
             .boxed();
         (store, stream)
     }
+    // The controller's own resources wake it only for what others change: their spec
+    // (generation, which deletion also bumps), labels and annotations (a hold, a resume).
+    // Their status is the controller's own writing; a pass that wrote requeues itself.
+    fn not_status<K: Resource + Send + 'static>(
+        stream: BoxStream<'static, Result<K, watcher::Error>>,
+    ) -> BoxStream<'static, Result<K, watcher::Error>> {
+        let changed = predicates::generation.combine(predicates::labels).combine(predicates::annotations);
+        stream.predicate_filter(changed, PredicateConfig::default()).boxed()
+    }
     let listed = Arc::new(AtomicU64::new(0));
     let (operations, operation_stream) = reflect(api::<TalosOperation>(client, namespace), &listed);
+    let operation_stream = not_status(operation_stream);
     let (machines, machine_stream) = reflect(api::<TalosMachine>(client, namespace), &listed);
+    let machine_stream = not_status(machine_stream);
     let (clusters, cluster_stream) = reflect(api::<TalosCluster>(client, namespace), &listed);
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()), &listed);
     let storages = watcher(api::<TalosStorage>(client, namespace), watcher::Config::default())

@@ -163,8 +163,10 @@ impl SimCluster {
                 }
                 KubeCall::Write | KubeCall::CachedRead | KubeCall::Read => c.kube_writes += 1,
             }
-            // The controller watches what it writes (its own resources, Longhorn's nodes).
-            if matches!(call, KubeCall::StatusWrite | KubeCall::ConditionWrite | KubeCall::StorageWrite) {
+            // The controller watches Longhorn's nodes, whose spec it writes; of its own
+            // resources it is woken only by changes to their spec, labels or annotations
+            // (kube-rs predicates), never by the status and conditions it writes.
+            if call == KubeCall::StorageWrite {
                 w.watch_event();
             }
         }
@@ -427,7 +429,8 @@ impl KubeApi for SimCluster {
 
     async fn machines(&self, _cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
         self.kube(KubeCall::CachedRead, |w| {
-            let live: Vec<usize> = (0..w.nodes.len()).filter(|&i| !w.nodes[i].removed).collect();
+            // In name order, as the API server lists them.
+            let live: Vec<usize> = w.name_order.iter().copied().filter(|&i| !w.nodes[i].removed).collect();
             Ok(live.into_iter().map(|i| w.machine_info(i)).collect())
         })
         .await

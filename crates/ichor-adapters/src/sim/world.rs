@@ -345,6 +345,8 @@ pub struct World {
     pub(crate) deliveries: BinaryHeap<Reverse<Timestamp>>,
     by_name: HashMap<String, usize, FixedState>,
     by_address: HashMap<String, usize, FixedState>,
+    /// Node indices in name order: the order the API server lists machines in.
+    pub(crate) name_order: Vec<usize>,
     /// Each pod's node, by namespace and name.
     pod_nodes: HashMap<(String, String), usize, FixedState>,
     /// When each node next changes by itself, indexed.
@@ -516,11 +518,14 @@ impl World {
             by_name: HashMap::default(),
             by_address: HashMap::default(),
             pod_nodes: HashMap::default(),
+            name_order: Vec::new(),
             timers: Timers { all: true, ..Timers::default() },
             read_cache: ReadCache::default(),
         };
         world.by_name = world.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
         world.by_address = world.nodes.iter().enumerate().map(|(i, n)| (n.address.clone(), i)).collect();
+        world.name_order = (0..world.nodes.len()).collect();
+        world.name_order.sort_by(|a, b| world.nodes[*a].name.cmp(&world.nodes[*b].name));
         world.pod_nodes = world
             .nodes
             .iter()

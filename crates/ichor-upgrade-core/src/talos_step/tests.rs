@@ -205,6 +205,29 @@ fn row_already_on_target_converges_without_a_call() {
 }
 
 #[test]
+fn a_convergence_is_recognised_without_parsing_exactly_as_parsed() {
+    let versions = ["v1.14.4", "v1.14.3", "v1.13.0", "v1.14.4-beta.1", "v1.14.40", "v1.1.4"];
+    for written in versions {
+        let message = converged_message(&v(written), BOOT_BEFORE);
+        let recorded = Observed::fixture().os_image("Talos (v1.14.4)").condition(
+            TALOS_UPGRADE,
+            ConditionStatus::False,
+            upgrade::CONVERGED,
+            &message,
+            at(990),
+        );
+        for asked in versions {
+            let parsed = converged_on(&recorded.conditions) == Some(v(asked));
+            assert_eq!(ConvergedOn::new(&v(asked)).recorded(&recorded.conditions), parsed, "{written} asked {asked}");
+        }
+    }
+    // Not a convergence: an open marker or another reason with the same message.
+    let message = converged_message(&v("v1.14.4"), BOOT_BEFORE);
+    let open = Observed::fixture().condition(TALOS_UPGRADE, ConditionStatus::True, upgrade::CONVERGED, &message, at(1));
+    assert!(!ConvergedOn::new(&v("v1.14.4")).recorded(&open.conditions));
+}
+
+#[test]
 fn a_convergence_recorded_for_another_version_or_by_an_older_engine_is_recorded_again() {
     let on_target = Observed::fixture().os_image("Talos (v1.14.4)");
     let older = converged_message(&v("v1.14.3"), BOOT_BEFORE);
