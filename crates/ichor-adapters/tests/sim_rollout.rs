@@ -178,3 +178,37 @@ async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
         assert!(w.nodes.iter().all(|n| n.version == v("v1.14.4")));
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_disruption_budget_holds_up_talos_drain_at_most_its_five_minutes() {
+    let sim = SimCluster::new(SimConfig::new(1, 4, v("v1.14.3"), v("v1.14.4")).with_seed(7));
+    // The budget allows no eviction for the first 20 minutes.
+    let block_end_s = 1_200.0;
+    sim.with_world(|w| w.pdb_blocked_until = Some(w.start.saturating_add(std::time::Duration::from_secs(1_200))));
+    sim.create_operation("upgrade", spec(2));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.with_world(|w| {
+        let mut blocked = 0;
+        for node in w.nodes.iter().filter(|n| n.name.starts_with("worker-")) {
+            let event = |k: TraceKind| w.trace.iter().find(|e| e.node == node.name && e.event == k).unwrap();
+            let (call, drain, reboot) =
+                (event(TraceKind::UpgradeCall), event(TraceKind::Drain), event(TraceKind::RebootStart));
+            let install = node.drawn.install as f64;
+            let took = reboot.t - call.t;
+            if call.t < block_end_s {
+                // Retried every 5 s until the budget allows it, for at most 5 minutes.
+                let wait = (((block_end_s - call.t) / 5.0).ceil() * 5.0).min(300.0);
+                assert!((took - (wait + install)).abs() < 0.01, "{}: {took} s, not {wait} + {install}", node.name);
+                assert_eq!(drain.reason.as_deref(), Some("DrainBlocked"), "{}", node.name);
+                let message = drain.message.as_deref().unwrap();
+                assert!(message.contains("billing/invoice-api-"), "{message}");
+                blocked += 1;
+            } else {
+                assert!((took - install).abs() < 0.01, "{}: {took} s, not {install}", node.name);
+                assert_eq!(drain.reason, None, "{}", node.name);
+            }
+        }
+        assert!(blocked >= 2, "the first wave was upgraded while the budget blocked it");
+        assert!(w.counters.max_workers_down <= 2, "a node held up in its drain counts as down");
+    });
+}

@@ -227,16 +227,20 @@ impl TalosApi for SimCluster {
                 w.record(i, TraceKind::CallLost);
                 return Err(TalosError::transport("stream reset before the request was delivered"));
             }
+            // Talos drains the node first (its server-side drain): a pod a
+            // PodDisruptionBudget protects holds it up until the budget allows the eviction
+            // or the drain's bound passes, then the upgrade goes on regardless.
+            let drain = w.drain_wait(i);
             let node = &mut w.nodes[i];
             let into = if node.falls_back { node.version.clone() } else { version };
             node.falls_back = false;
-            let until = w.now.saturating_add(secs(node.drawn.install));
+            let until = w.now.saturating_add(drain.wait).saturating_add(secs(node.drawn.install));
             node.phase = NodePhase::Installing { until, into };
             let record = UpgradeRecord { node: node.name.clone(), boot_id: node.boot_id.clone(), at: w.now };
             w.upgrades.push(record);
             w.counters.upgrade_calls += 1;
             w.record(i, TraceKind::UpgradeCall);
-            w.record(i, TraceKind::Drain);
+            w.record_why(i, TraceKind::Drain, drain.blocked_by);
             Ok(UpgradeAck {
                 ack: "Upgrade request received".to_owned(),
                 actor_id: format!("actor-{}", w.counters.upgrade_calls),

@@ -18,7 +18,8 @@ pub enum Fault {
     EvacuationStuck,
     /// Reboot times have a long tail.
     SlowReboot,
-    /// A PodDisruptionBudget blocks evictions for a while.
+    /// A PodDisruptionBudget blocks evictions for a while: a removal's drain waits, and so
+    /// does Talos's own drain at the start of an upgrade (for at most its 5 minutes).
     PdbBlocked,
     /// A control plane's etcd member rejoins late, as a learner first.
     EtcdLag,

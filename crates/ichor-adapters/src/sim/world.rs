@@ -356,6 +356,21 @@ pub struct World {
     read_cache: ReadCache,
 }
 
+/// Talos's server-side drain bound (`DrainTimeout`, 5 min): past it the upgrade goes on,
+/// evictions left failing are only logged (`v1alpha1_sequencer_tasks.go`, facts sheet §4.1).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often Talos's drain retries an eviction a PodDisruptionBudget refused (HTTP 429).
+pub const DRAIN_RETRY: Duration = Duration::from_secs(5);
+
+/// What Talos's drain waits on at the start of an upgrade.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct DrainWait {
+    /// How long.
+    pub(crate) wait: Duration,
+    /// Why, as a trace reason and message, when it waits.
+    pub(crate) blocked_by: Option<(String, String)>,
+}
+
 /// When each node next changes by itself, indexed so that a change to one node re-reads
 /// that node only: the simulator makes no pass over every node per call.
 #[derive(Debug, Default)]
@@ -685,6 +700,27 @@ impl World {
         });
         self.read_cache.nodes[i] = Some((n.view.version.clone(), Arc::clone(&info)));
         info
+    }
+
+    /// How long Talos's drain of node `i`, at the start of its upgrade, waits on a
+    /// PodDisruptionBudget: none unless a pod under the budget the pdb-blocked fault blocks
+    /// runs there; else until the budget allows the eviction (retried every
+    /// [`DRAIN_RETRY`]), at most [`DRAIN_TIMEOUT`].
+    pub(crate) fn drain_wait(&self, i: usize) -> DrainWait {
+        let blocked_until = self.pdb_blocked_until.filter(|t| *t > self.now);
+        let pod = self.nodes[i].pods.iter().find(|p| p.budgeted && p.terminating_until.is_none());
+        let (Some(until), Some(pod)) = (blocked_until, pod) else { return DrainWait::default() };
+        let retry = DRAIN_RETRY.as_millis().max(1);
+        let waited = until.saturating_since(self.now).as_millis().div_ceil(retry) * retry;
+        let wait = Duration::from_millis(u64::try_from(waited).unwrap_or(u64::MAX)).min(DRAIN_TIMEOUT);
+        let message = format!(
+            "a PodDisruptionBudget allows no eviction of {}/{}: Talos's drain retries every {} s, for {} s",
+            pod.namespace,
+            pod.name,
+            DRAIN_RETRY.as_secs(),
+            wait.as_secs()
+        );
+        DrainWait { wait, blocked_by: Some(("DrainBlocked".to_owned(), message)) }
     }
 
     /// A watch event about a change made now, reaching the controller after a drawn delay.
