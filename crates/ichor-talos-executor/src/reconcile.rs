@@ -4,9 +4,10 @@
 //! holds no state between calls: call it again at the returned time, or when something
 //! changes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use foldhash::fast::FixedState;
 use futures::future::join_all;
 use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
@@ -15,7 +16,7 @@ use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, R
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
     CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView,
-    OperationView, Phase, RolloutInput, call_authority, decide,
+    OperationStatus, OperationView, Phase, RolloutInput, call_authority, decide,
 };
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget};
@@ -128,9 +129,76 @@ async fn kube_call<T>(
 /// not come. The step is a function of those, of the time (its deadlines are its recheck
 /// times), and of what no watch reports (Talos, etcd, storage), which every such wait
 /// polls at [`StepTimeouts::poll`](ichor_upgrade_core::talos_step::StepTimeouts::poll).
+///
+/// It also keeps the last pass's machine views: a machine whose shared `TalosMachine` and
+/// Node are the very objects of the last pass (the same `Arc`s, as a cache hands out while
+/// they are unchanged) and that has no record in the status keeps its view.
 #[derive(Debug, Default)]
 pub struct PassMemory {
     waits: Mutex<HashMap<String, Remembered>>,
+    views: Mutex<ViewCache>,
+}
+
+/// The machine views of the last pass, with what each was built from.
+#[derive(Debug, Default)]
+struct ViewCache {
+    /// Whether the views are of a removal, and the version convergence is judged on.
+    key: Option<(bool, Option<ConvergedOn>)>,
+    views: Vec<MachineView>,
+    sources: Vec<(Arc<MachineInfo>, Option<Arc<NodeInfo>>)>,
+    /// Each machine's index, by name.
+    index: HashMap<String, usize>,
+    /// The machines with a record in the status the views were built from.
+    recorded: Vec<String>,
+}
+
+impl ViewCache {
+    /// Brings the views up to date with `observed` and `status`: a view is built again
+    /// when its machine or Node object changed, and its progress read again when the
+    /// machine has or had a record in the status.
+    fn refresh(
+        &mut self,
+        key: (bool, Option<ConvergedOn>),
+        observed: &[Observed],
+        status: &OperationStatus,
+        build: impl Fn(&Observed) -> MachineView,
+        progress: impl Fn(&Observed) -> MachineProgress,
+    ) {
+        let same_list = self.key.as_ref() == Some(&key)
+            && self.sources.len() == observed.len()
+            && self
+                .sources
+                .iter()
+                .zip(observed)
+                .all(|((m, _), o)| Arc::ptr_eq(m, &o.machine) || m.name == o.machine.name);
+        if !same_list {
+            self.key = Some(key);
+            self.views = observed.iter().map(&build).collect();
+            self.sources = observed.iter().map(|o| (Arc::clone(&o.machine), o.node.clone())).collect();
+            self.index = observed.iter().enumerate().map(|(i, o)| (o.machine.name.clone(), i)).collect();
+            self.recorded = status.machines.keys().cloned().collect();
+            return;
+        }
+        for (i, o) in observed.iter().enumerate() {
+            let (machine, node) = &self.sources[i];
+            let node_same = match (node, &o.node) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (None, None) => true,
+                _ => false,
+            };
+            if !(Arc::ptr_eq(machine, &o.machine) && node_same) {
+                self.views[i] = build(o);
+                self.sources[i] = (Arc::clone(&o.machine), o.node.clone());
+            }
+        }
+        let recorded: Vec<String> = status.machines.keys().cloned().collect();
+        for name in recorded.iter().chain(&self.recorded) {
+            if let Some(&i) = self.index.get(name) {
+                self.views[i].progress = progress(&observed[i]);
+            }
+        }
+        self.recorded = recorded;
+    }
 }
 
 /// A machine's last wait, with what it was decided from.
@@ -152,6 +220,15 @@ impl PassMemory {
     /// Forgets everything (as a restarted controller would).
     pub fn clear(&self) {
         self.lock().clear();
+        *self.views.lock().unwrap_or_else(PoisonError::into_inner) = ViewCache::default();
+    }
+
+    fn take_views(&self) -> ViewCache {
+        std::mem::take(&mut *self.views.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn keep_views(&self, views: ViewCache) {
+        *self.views.lock().unwrap_or_else(PoisonError::into_inner) = views;
     }
 
     /// Machines currently remembered as waiting.
@@ -228,26 +305,26 @@ pub async fn reconcile_with(
     // An upgrade's converged machines are recorded in their own conditions, for this target.
     let converged_on_target = target.as_ref().ok().filter(|_| !removal).map(|t| ConvergedOn::new(&t.version));
     let converged = |m: &MachineInfo| converged_on_target.as_ref().is_some_and(|c| c.recorded(&m.conditions));
-    let views: Vec<MachineView> = observed
-        .iter()
-        .map(|o| {
-            let held = o.machine.annotations.contains_key(HOLD_ANNOTATION)
-                || o.node.as_ref().is_some_and(|n| n.annotations.contains_key(HOLD_ANNOTATION));
-            MachineView {
-                name: o.machine.name.clone(),
-                role: o.machine.role,
-                order_label: o.machine.labels.get(ORDER_LABEL).cloned(),
-                held,
-                node_ready: o.node.as_ref().is_some_and(|n| n.ready),
-                os_image: o.node.as_ref().map(|n| n.os_image.clone()),
-                progress: status.progress_of(
-                    &o.machine.name,
-                    past_the_point_of_no_return(removal, &o.machine),
-                    converged(&o.machine),
-                ),
-            }
-        })
-        .collect();
+    let progress = |o: &Observed| {
+        status.progress_of(&o.machine.name, past_the_point_of_no_return(removal, &o.machine), converged(&o.machine))
+    };
+    let build = |o: &Observed| {
+        let held = o.machine.annotations.contains_key(HOLD_ANNOTATION)
+            || o.node.as_ref().is_some_and(|n| n.annotations.contains_key(HOLD_ANNOTATION));
+        MachineView {
+            name: o.machine.name.clone(),
+            role: o.machine.role,
+            order_label: o.machine.labels.get(ORDER_LABEL).cloned(),
+            held,
+            node_ready: o.node.as_ref().is_some_and(|n| n.ready),
+            os_image: o.node.as_ref().map(|n| n.os_image.clone()),
+            progress: progress(o),
+        }
+    };
+    let mut cache = memory.take_views();
+    cache.refresh((removal, converged_on_target.clone()), &observed, &status, build, progress);
+    debug_assert_eq!(cache.views, observed.iter().map(build).collect::<Vec<_>>(), "a kept view is stale");
+    let views = &cache.views;
     let view = OperationView {
         identity: op.identity.clone(),
         generation: op.generation,
@@ -262,7 +339,7 @@ pub async fn reconcile_with(
         release_talos_version: &cluster.release_talos_version,
         kubernetes_version: &cluster.kubernetes_version,
         lease: holder.as_ref(),
-        machines: &views,
+        machines: views,
         etcd: &EtcdVerdict::NotChecked,
         config: &ex.config.rollout,
         now,
@@ -286,10 +363,22 @@ pub async fn reconcile_with(
         }
         let wrote = write_status(ex, name, &op.status, &next).await?;
         let requeue_at = Timestamp::min_opt(decision.recheck_at, wrote.then_some(now));
+        memory.keep_views(cache);
         return Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: false });
     }
 
-    let by_name: BTreeMap<&str, &Observed> = observed.iter().map(|o| (o.machine.name.as_str(), o)).collect();
+    // Only the machines the decision or the status names are looked up by name.
+    let wanted: HashSet<&str, FixedState> = [&decision.retry, &decision.stop, &decision.start, &decision.advance]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .chain(status.machines.keys().map(String::as_str))
+        .collect();
+    let by_name: BTreeMap<&str, &Observed> = observed
+        .iter()
+        .filter(|o| wanted.contains(o.machine.name.as_str()))
+        .map(|o| (o.machine.name.as_str(), o))
+        .collect();
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
     for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
         // A resume is carried out whole or not at all: a machine whose failed attempt
@@ -446,6 +535,7 @@ pub async fn reconcile_with(
     // What the pass wrote is not watched (the status and conditions are the controller's
     // own): a pass that wrote its status looks again at once.
     let requeue_at = Timestamp::min_opt(Timestamp::min_opt(requeue_at, kept_recheck), wrote.then_some(now));
+    memory.keep_views(cache);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
 }
 

@@ -25,10 +25,11 @@
 //! generation; a pause lasts while a machine's failure is recorded, until a new value of
 //! the resume annotation arrives; a refusal lasts while the spec is invalid.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::time::Duration;
 
+use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
 use crate::operation::{MachineRole, OperationSpec, PlanProblem, Refusal, ValidSpec};
@@ -668,7 +669,7 @@ struct Authoriser<'a> {
 
 impl<'a> Authoriser<'a> {
     /// What authorises calls for the machines `wanted`.
-    fn new(input: &'a RolloutInput<'a>, mut wanted: Vec<&str>) -> Self {
+    fn new(input: &'a RolloutInput<'a>, wanted: Vec<&str>) -> Self {
         let op = input.operation;
         let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
         let operation_denied = if !matches!(LockState::observe(input), LockState::Ours { .. }) {
@@ -687,13 +688,9 @@ impl<'a> Authoriser<'a> {
             .filter(|m| m.role == MachineRole::ControlPlane && !m.node_ready)
             .map(|m| m.name.as_str())
             .collect();
-        wanted.sort_unstable();
-        let by_name = input
-            .machines
-            .iter()
-            .filter(|m| wanted.binary_search(&m.name.as_str()).is_ok())
-            .map(|m| (m.name.as_str(), m))
-            .collect();
+        let wanted: HashSet<&str, FixedState> = wanted.into_iter().collect();
+        let by_name =
+            input.machines.iter().filter(|m| wanted.contains(m.name.as_str())).map(|m| (m.name.as_str(), m)).collect();
         Self { input, operation_denied, control_planes_not_ready, by_name }
     }
 

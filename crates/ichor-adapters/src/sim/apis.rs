@@ -403,7 +403,24 @@ impl KubeApi for SimCluster {
 
     async fn nodes(&self, names: &[&str]) -> Result<Vec<Option<Arc<NodeInfo>>>, KubeError> {
         self.kube(KubeCall::CachedRead, |w| {
-            Ok(names.iter().map(|name| w.node_index(name).map(|i| w.node_info(i))).collect())
+            // The names usually come in the order machines are listed (by name): the next
+            // node in that order is tried before a lookup.
+            let mut k = 0;
+            let mut found = Vec::with_capacity(names.len());
+            for name in names {
+                while w.name_order.get(k).is_some_and(|&i| w.nodes[i].removed) {
+                    k += 1;
+                }
+                let i = match w.name_order.get(k) {
+                    Some(&i) if w.nodes[i].name == *name => {
+                        k += 1;
+                        Some(i)
+                    }
+                    _ => w.node_index(name),
+                };
+                found.push(i.map(|i| w.node_info(i)));
+            }
+            Ok(found)
         })
         .await
     }
