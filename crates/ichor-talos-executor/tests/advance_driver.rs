@@ -114,6 +114,17 @@ fn marker(boot_id: &str) -> String {
     .to_string()
 }
 
+/// A machine whose Upgrade call was acknowledged while it ran `BOOT_BEFORE`.
+fn requested(role: MachineRole) -> MachineInfo {
+    with_condition(
+        machine(role),
+        TALOS_UPGRADE,
+        ConditionStatus::True,
+        upgrade::UPGRADE_REQUESTED,
+        &marker(BOOT_BEFORE),
+    )
+}
+
 fn with_condition(
     mut m: MachineInfo,
     type_: &str,
@@ -334,13 +345,7 @@ async fn dial_errors_after_the_call_count_as_rebooting() {
         Some(node("Talos (v1.14.3)", BOOT_BEFORE, false)),
         Err(TalosError::dial("10.0.0.21:50000", "connection refused")),
     );
-    let m = with_condition(
-        machine(MachineRole::Worker),
-        TALOS_UPGRADE,
-        ConditionStatus::True,
-        upgrade::UPGRADE_REQUESTED,
-        &marker(BOOT_BEFORE),
-    );
+    let m = requested(MachineRole::Worker);
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "NotRebootedYet"), "{outcome:?}");
     assert!(world.written().is_empty());
@@ -349,13 +354,7 @@ async fn dial_errors_after_the_call_count_as_rebooting() {
 #[tokio::test]
 async fn an_ab_fallback_fails_and_is_never_converged() {
     let world = World::new(Some(node("Talos (v1.14.3)", BOOT_AFTER, true)), Ok(MachineStage::Running));
-    let m = with_condition(
-        machine(MachineRole::Worker),
-        TALOS_UPGRADE,
-        ConditionStatus::True,
-        upgrade::UPGRADE_REQUESTED,
-        &marker(BOOT_BEFORE),
-    );
+    let m = requested(MachineRole::Worker);
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert!(matches!(outcome, MachineOutcome::Failed { ref reason, .. } if reason == "AbFallback"));
     assert!(world.written().is_empty());
@@ -369,13 +368,7 @@ async fn a_verified_control_plane_records_convergence() {
         .expect_etcd_members()
         .times(1)
         .returning(|_| Ok(vec![EtcdMember { id: 7, hostname: "worker-1".into(), is_learner: false }]));
-    let m = with_condition(
-        machine(MachineRole::ControlPlane),
-        TALOS_UPGRADE,
-        ConditionStatus::True,
-        upgrade::UPGRADE_REQUESTED,
-        &marker(BOOT_BEFORE),
-    );
+    let m = requested(MachineRole::ControlPlane);
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert_eq!(outcome, MachineOutcome::Converged);
     assert_eq!(world.written(), vec![(ConditionStatus::False, upgrade::CONVERGED.to_owned())]);
@@ -388,13 +381,7 @@ async fn a_control_plane_whose_member_is_a_learner_waits() {
         .talos
         .expect_etcd_members()
         .returning(|_| Ok(vec![EtcdMember { id: 7, hostname: "worker-1".into(), is_learner: true }]));
-    let m = with_condition(
-        machine(MachineRole::ControlPlane),
-        TALOS_UPGRADE,
-        ConditionStatus::True,
-        upgrade::UPGRADE_REQUESTED,
-        &marker(BOOT_BEFORE),
-    );
+    let m = requested(MachineRole::ControlPlane);
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "EtcdMemberLearner"));
 }
@@ -448,13 +435,7 @@ async fn a_verified_machine_gets_storage_scheduling_back_and_converges_in_one_wr
     world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
     world.storage.expect_replicas_on().returning(|_| Ok(0));
     world.storage.expect_set_scheduling().with(eq("worker-1"), eq(true)).times(1).returning(|_, _| Ok(()));
-    let m = with_condition(
-        machine(MachineRole::Worker),
-        TALOS_UPGRADE,
-        ConditionStatus::True,
-        upgrade::UPGRADE_REQUESTED,
-        &marker(BOOT_BEFORE),
-    );
+    let m = requested(MachineRole::Worker);
     let m = with_condition(m, STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, "");
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert_eq!(outcome, MachineOutcome::Converged);
@@ -615,13 +596,7 @@ async fn past_the_call_a_node_name_error_is_rebooting_and_the_recorded_name_is_u
         let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, false)), Err(apid_unavailable()));
         world.talos.expect_nodename().returning(move |_| Err(error.clone()));
         world.talos.expect_upgrade().never();
-        let mut m = with_condition(
-            machine(MachineRole::Worker),
-            TALOS_UPGRADE,
-            ConditionStatus::True,
-            upgrade::UPGRADE_REQUESTED,
-            &marker(BOOT_BEFORE),
-        );
+        let mut m = requested(MachineRole::Worker);
         m.hostname = None;
         let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
         assert!(
@@ -709,13 +684,7 @@ async fn an_acknowledged_call_not_rebooted_yet_asks_neither_talos_nor_etcd_nor_s
     world.storage = MockStorage::new();
     world.storage.expect_replicas_on().never();
     world.storage.expect_storage_objects().never();
-    let m = with_condition(
-        machine(MachineRole::ControlPlane),
-        TALOS_UPGRADE,
-        ConditionStatus::True,
-        upgrade::UPGRADE_REQUESTED,
-        &marker(BOOT_BEFORE),
-    );
+    let m = requested(MachineRole::ControlPlane);
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "NotRebootedYet"), "{outcome:?}");
     assert!(world.written().is_empty());
