@@ -49,8 +49,9 @@ async fn a_simulated_cluster_answers_the_real_client_as_apid_would() {
         );
         // Rebooting: apid cannot reach it.
         sim.with_world(|w| {
-            let install = w.node("worker-1").unwrap().drawn.install;
-            let t = w.now.saturating_add(Duration::from_secs(install + 1));
+            // Under the oracle the pull's least time is part of the install; the drain first.
+            let d = &w.node("worker-1").unwrap().drawn;
+            let t = w.now.saturating_add(d.pull + Duration::from_secs(d.drain + d.install + 1));
             w.advance_to(t);
         });
         let err = client.machine_stage(worker).await.unwrap_err();

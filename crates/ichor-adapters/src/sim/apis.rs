@@ -3,6 +3,7 @@
 //! outage, and can kill the controller (the controller-crash fault).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
@@ -67,6 +68,38 @@ impl KubeCall {
 }
 
 impl SimCluster {
+    /// A legacy Upgrade call's pull of the installer image, before the call answers (facts
+    /// sheet §4.1): the node fetches the image at the rate the registry's bandwidth
+    /// gives it among the pulls under way, which changes as pulls start and end. A node
+    /// that is not running, or that has the image, does not pull.
+    async fn pull_installer(&self, address: &str, image: &str) {
+        let i = {
+            let mut w = self.lock();
+            w.sync_clock();
+            let Some(i) = w.node_index_by_address(address).filter(|&i| w.needs_pull(i, image)) else { return };
+            w.start_pull(i, image);
+            i
+        };
+        self.pulls_changed.notify_waiters();
+        loop {
+            let changed = self.pulls_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let left = {
+                let mut w = self.lock();
+                w.sync_clock();
+                w.pull_left(i)
+            };
+            let Some(left) = left else { break };
+            tokio::select! {
+                () = tokio::time::sleep(left) => {}
+                () = &mut changed => {}
+            }
+        }
+        // The others' share grew.
+        self.pulls_changed.notify_waiters();
+    }
+
     /// Waits a drawn API latency, in virtual time, when calls take time.
     async fn latency(&self) {
         let latency = {
@@ -194,6 +227,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        self.pull_installer(node, &request.image).await;
         self.with_world_untouched(|w| {
             if let Some(before_effect) = w.crash.on_next_upgrade.take() {
                 w.arm_crash(1, before_effect);
@@ -231,10 +265,16 @@ impl TalosApi for SimCluster {
             // PodDisruptionBudget protects holds it up until the budget allows the eviction
             // or the drain's bound passes, then the upgrade goes on regardless.
             let drain = w.drain_wait(i);
+            // Under the oracle no call takes time: the pull's least time is counted in the
+            // install instead, so that the machine's time is the same under both models.
+            let pull = if w.config.realism.takes_time() { Duration::ZERO } else { w.nodes[i].drawn.pull };
             let node = &mut w.nodes[i];
             let into = if node.falls_back { node.version.clone() } else { version };
             node.falls_back = false;
-            let until = w.now.saturating_add(drain.wait).saturating_add(secs(node.drawn.install));
+            // Talos evicts every pod at once: the drain takes the longest pod's time, or
+            // as long as a PodDisruptionBudget holds an eviction back.
+            let drained = secs(node.drawn.drain).max(drain.wait);
+            let until = w.now.saturating_add(pull).saturating_add(drained).saturating_add(secs(node.drawn.install));
             node.phase = NodePhase::Installing { until, into };
             let record = UpgradeRecord { node: node.name.clone(), boot_id: node.boot_id.clone(), at: w.now };
             w.upgrades.push(record);

@@ -76,7 +76,13 @@ impl Fault {
 /// Durations the world draws from, in whole seconds, uniformly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Durations {
-    /// From the acknowledged Upgrade call to the reboot: pull, install, drain.
+    /// Talos's drain at the start of an upgrade: evicting the node's pods and waiting for
+    /// them to go (each has its termination grace period; Talos waits up to a minute per
+    /// pod). A PodDisruptionBudget that refuses evictions makes it longer (`pdb-blocked`).
+    pub drain: RangeInclusive<u64>,
+    /// From the drain's end to the reboot: the installer writing the new boot slot. The
+    /// image pull before it is not drawn: it is the registry's bandwidth shared by the
+    /// pulls under way ([`Registry`]).
     pub install: RangeInclusive<u64>,
     /// The reboot itself: the node and its Talos API are gone.
     pub reboot: RangeInclusive<u64>,
@@ -88,7 +94,45 @@ pub struct Durations {
 
 impl Default for Durations {
     fn default() -> Self {
-        Self { install: 40..=90, reboot: 60..=150, ready: 15..=45, replica_move: 5..=20 }
+        Self { drain: 5..=30, install: 30..=60, reboot: 60..=150, ready: 15..=45, replica_move: 5..=20 }
+    }
+}
+
+/// Where the installer image comes from, and how fast. A legacy Upgrade call pulls the
+/// image before it answers (facts sheet §4.1), so the pull is on the call's critical path;
+/// concurrent pulls share the registry's (or the site's uplink's) bandwidth equally, each
+/// capped by its own node's share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registry {
+    /// The installer image's compressed size: 100 MB, the order of a metal installer from
+    /// the Image Factory (a kernel, an initramfs and the installer binary). Measure your
+    /// own with `crane manifest`.
+    pub image_bytes: u64,
+    /// The fastest one node pulls, alone: 50 MB/s, a 1 Gbit/s link less the registry's
+    /// and containerd's own overheads (decompression, layer checks).
+    pub node_bytes_per_s: u64,
+    /// What every pull under way shares: 125 MB/s, a site's 1 Gbit/s uplink to the Image
+    /// Factory or the egress of a small pull-through mirror.
+    pub shared_bytes_per_s: u64,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self { image_bytes: 100_000_000, node_bytes_per_s: 50_000_000, shared_bytes_per_s: 125_000_000 }
+    }
+}
+
+impl Registry {
+    /// How long one pull takes alone, at its node's full speed.
+    #[must_use]
+    pub fn uncontended(&self) -> Duration {
+        Duration::from_secs_f64(self.image_bytes as f64 / self.node_bytes_per_s.max(1) as f64)
+    }
+
+    /// Each pull's rate, in bytes per second, while `pulls` are under way.
+    #[must_use]
+    pub fn rate(&self, pulls: usize) -> f64 {
+        (self.node_bytes_per_s as f64).min(self.shared_bytes_per_s as f64 / pulls.max(1) as f64).max(1.0)
     }
 }
 
@@ -206,6 +250,8 @@ pub struct SimConfig {
     pub faults: Vec<Fault>,
     /// The durations drawn from.
     pub durations: Durations,
+    /// Where the installer image is pulled from.
+    pub registry: Registry,
     /// The Image Factory platform.
     pub platform: String,
     /// Whether machines carry `spec.hostname`; without it the node name is read from the
@@ -253,6 +299,7 @@ impl SimConfig {
             seed: 1,
             faults: Vec::new(),
             durations: Durations::default(),
+            registry: Registry::default(),
             platform: "metal".to_owned(),
             hostnames: true,
             naming: Naming::default(),

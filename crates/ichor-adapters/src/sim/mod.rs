@@ -25,7 +25,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::rollout::OperationStatus;
 
-pub use config::{Durations, Fault, Naming, Realism, SimConfig, Wake};
+pub use config::{Durations, Fault, Naming, Realism, Registry, SimConfig, Wake};
 pub use runner::{RunEnd, run_operation, run_removal};
 pub use trace::{TraceEvent, TraceKind};
 pub use world::{CLUSTER, SimOperation, World};
@@ -34,13 +34,15 @@ pub use world::{CLUSTER, SimOperation, World};
 #[derive(Debug)]
 pub struct SimCluster {
     world: Mutex<World>,
+    /// Wakes the image pulls under way when one starts or ends: their shares change.
+    pulls_changed: tokio::sync::Notify,
 }
 
 impl SimCluster {
     /// A cluster as configured.
     #[must_use]
     pub fn new(config: SimConfig) -> Self {
-        Self { world: Mutex::new(World::new(config)) }
+        Self { world: Mutex::new(World::new(config)), pulls_changed: tokio::sync::Notify::new() }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, World> {

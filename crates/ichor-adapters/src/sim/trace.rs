@@ -8,6 +8,11 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TraceKind {
+    /// The node began pulling the installer image (a legacy Upgrade call pulls before it
+    /// answers).
+    ImagePullStart,
+    /// The installer image is in the node's store.
+    ImagePulled,
     /// The node acknowledged an Upgrade call.
     UpgradeCall,
     /// The node went down to reboot.
@@ -60,6 +65,8 @@ impl TraceKind {
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
+            Self::ImagePullStart => "image-pull-start",
+            Self::ImagePulled => "image-pulled",
             Self::UpgradeCall => "upgrade-call",
             Self::RebootStart => "reboot-start",
             Self::RebootEnd => "reboot-end",

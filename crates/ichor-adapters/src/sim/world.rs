@@ -25,7 +25,8 @@ pub const STORAGE_LABEL: &str = "storage.ichor.dev/replicas";
 pub enum NodePhase {
     /// Up and serving.
     Running,
-    /// Acknowledged an Upgrade: pulling, installing and draining until `until`, then rebooting.
+    /// Acknowledged an Upgrade (its image pulled): draining and installing until `until`,
+    /// then rebooting.
     Installing {
         /// When it reboots.
         until: Timestamp,
@@ -114,6 +115,8 @@ pub struct NodeView {
 /// without faults of the controller are comparable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drawn {
+    /// Talos's drain, seconds.
+    pub drain: u64,
     /// Install, seconds.
     pub install: u64,
     /// Reboot, seconds.
@@ -122,13 +125,17 @@ pub struct Drawn {
     pub ready: u64,
     /// Each replica's move, seconds.
     pub replica_moves: Vec<u64>,
+    /// Its image pull alone, at its node's full speed (not drawn: the registry's
+    /// bandwidth decides; this is the least it can take).
+    pub pull: Duration,
 }
 
 impl Drawn {
-    /// The node's own time: its evacuation plus its upgrade and reboot until Ready.
+    /// The node's own time: its evacuation, an uncontended image pull, its drain and
+    /// install, its reboot until Ready.
     #[must_use]
     pub fn machine_time(&self) -> Duration {
-        secs(self.replica_moves.iter().sum::<u64>() + self.install + self.reboot + self.ready)
+        secs(self.replica_moves.iter().sum::<u64>() + self.drain + self.install + self.reboot + self.ready) + self.pull
     }
 }
 
@@ -161,6 +168,8 @@ pub struct SimNode {
     /// Goes NotReady for a reason of its own at `.0`, for `.1` (the
     /// control-plane-not-ready fault).
     pub not_ready_at: Option<(Timestamp, Duration)>,
+    /// The installer image in its containerd store, if pulled.
+    pub pulled: Option<String>,
     /// Its next Upgrade call breaks off before reaching it (the call-lost fault).
     pub loses_next_call: bool,
     /// Falls back to its old version after its next upgrade reboot.
@@ -351,6 +360,8 @@ pub struct World {
     pod_nodes: HashMap<(String, String), usize, FixedState>,
     /// When each node next changes by itself, indexed.
     timers: Timers,
+    /// The image pulls under way.
+    pulls: Pulls,
     /// What the controller's reads return, shared as a reflector's store shares its
     /// objects: by node index, rebuilt only when the object changed.
     read_cache: ReadCache,
@@ -383,6 +394,16 @@ struct Timers {
     dirty: Vec<usize>,
     /// Any node may have changed (a direct change through [`super::SimCluster::with_world`]).
     all: bool,
+}
+
+/// The installer image pulls under way: each has its bytes left, and all share the
+/// registry's bandwidth equally (processor sharing), each capped at its node's share.
+#[derive(Debug)]
+struct Pulls {
+    /// `(node, bytes left, image)`.
+    active: Vec<(usize, f64, String)>,
+    /// When the bytes left were last brought up to date.
+    at: Timestamp,
 }
 
 /// Shared copies of the objects the controller reads, by node index.
@@ -424,6 +445,8 @@ impl World {
                 reboot,
                 ready: rng.in_range(d.ready.clone()),
                 replica_moves: (0..replicas).map(|_| rng.in_range(d.replica_move.clone())).collect(),
+                drain: rng.in_range(d.drain.clone()),
+                pull: config.registry.uncontended(),
             };
             let mut labels = Metadata::new();
             if storage {
@@ -462,6 +485,7 @@ impl World {
                 phase: NodePhase::Running,
                 not_ready_until: None,
                 not_ready_at: None,
+                pulled: None,
                 loses_next_call: false,
                 falls_back: false,
                 etcd: (role == MachineRole::ControlPlane).then_some(EtcdMember::Voter),
@@ -535,6 +559,7 @@ impl World {
             pod_nodes: HashMap::default(),
             name_order: Vec::new(),
             timers: Timers { all: true, ..Timers::default() },
+            pulls: Pulls { active: Vec::new(), at: start },
             read_cache: ReadCache::default(),
         };
         world.by_name = world.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
@@ -721,6 +746,60 @@ impl World {
             wait.as_secs()
         );
         DrainWait { wait, blocked_by: Some(("DrainBlocked".to_owned(), message)) }
+    }
+
+    /// Brings every pull's bytes left up to now, at the rate they shared since; a pull
+    /// with nothing left is done, its image in its node's store.
+    fn settle_pulls(&mut self) {
+        let elapsed = self.now.saturating_since(self.pulls.at).as_secs_f64();
+        self.pulls.at = self.now;
+        if elapsed > 0.0 && !self.pulls.active.is_empty() {
+            let rate = self.config.registry.rate(self.pulls.active.len());
+            for (_, left, _) in &mut self.pulls.active {
+                *left = (*left - rate * elapsed).max(0.0);
+            }
+        }
+        while let Some(k) = self.pulls.active.iter().position(|(_, left, _)| *left < 1.0) {
+            let (i, _, image) = self.pulls.active.remove(k);
+            self.nodes[i].pulled = Some(image);
+            self.record(i, TraceKind::ImagePulled);
+        }
+    }
+
+    /// Whether node `i` must pull `image` before its Upgrade call can answer: it is up and
+    /// running, the image is not in its store yet, and calls take time.
+    pub(crate) fn needs_pull(&self, i: usize, image: &str) -> bool {
+        let node = &self.nodes[i];
+        self.config.realism.takes_time()
+            && node.reachable()
+            && node.phase == NodePhase::Running
+            && node.pulled.as_deref() != Some(image)
+    }
+
+    /// Starts node `i`'s pull of the installer image (a pull already under way on it
+    /// goes on: containerd shares one fetch).
+    pub(crate) fn start_pull(&mut self, i: usize, image: &str) {
+        self.settle_pulls();
+        if self.pulls.active.iter().all(|(n, _, _)| *n != i) {
+            self.pulls.active.push((i, self.config.registry.image_bytes as f64, image.to_owned()));
+            self.record(i, TraceKind::ImagePullStart);
+        }
+    }
+
+    /// How long node `i`'s pull needs at the rate it now gets, or `None` once it is done
+    /// (then the image is in its store).
+    pub(crate) fn pull_left(&mut self, i: usize) -> Option<Duration> {
+        self.settle_pulls();
+        let left = self.pulls.active.iter().find(|(n, _, _)| *n == i)?.1;
+        let rate = self.config.registry.rate(self.pulls.active.len());
+        // Whole milliseconds, rounded up: the pull is done when the time is up.
+        Some(Duration::from_millis((left / rate * 1000.0).ceil() as u64).max(Duration::from_millis(1)))
+    }
+
+    /// How many pulls are under way.
+    #[must_use]
+    pub fn pulls_under_way(&self) -> usize {
+        self.pulls.active.len()
     }
 
     /// A watch event about a change made now, reaching the controller after a drawn delay.
