@@ -217,3 +217,36 @@ async fn a_pod_disruption_budget_holds_up_talos_drain_at_most_its_five_minutes()
         assert!(w.counters.max_workers_down <= 2, "a node held up in its drain counts as down");
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_convergence_rides_with_the_next_status_write_and_never_lags_past_the_hold() {
+    let sim = SimCluster::new(SimConfig::new(3, 12, v("v1.14.3"), v("v1.14.4")).with_seed(4));
+    sim.create_operation("upgrade", spec(3));
+    let config = ExecutorConfig::default();
+    let hold = config.status_hold.as_secs_f64();
+    let mut lagged = 0;
+    let end = run_operation(&sim, "upgrade", &config, 5_000, |sim| {
+        sim.read_world(|w| {
+            let now = w.now.saturating_since(w.start).as_secs_f64();
+            // Machines whose convergence was written to their conditions longer ago than
+            // the hold (and a second for the pass that writes it).
+            let due = w.trace.iter().filter(|e| e.event == TraceKind::Converged && e.t + hold + 1.0 < now).count();
+            let counted = w.operations["upgrade"].info.status.converged;
+            if counted < due {
+                lagged += 1;
+            }
+        });
+    })
+    .await;
+    assert_eq!(end, RunEnd::Completed);
+    assert_eq!(lagged, 0, "the status counted every convergence within the hold");
+    sim.read_world(|w| {
+        let machines = w.nodes.len() as u64;
+        // One write per machine started, plus the phases (taking the lock, completing):
+        // each convergence went out with the next machine's start or the completion.
+        assert!(w.counters.status_writes <= machines + 3, "{} status writes", w.counters.status_writes);
+        let status = &w.operations["upgrade"].info.status;
+        assert_eq!(status.converged, w.nodes.len(), "the last status counts every machine");
+        assert!(status.machines.is_empty());
+    });
+}

@@ -16,11 +16,21 @@ pub struct ExecutorConfig {
     pub step: StepTimeouts,
     /// The cluster lock's timing.
     pub rollout: RolloutConfig,
+    /// How long a status change that may wait is held back before it is written on its
+    /// own (default 30 s): machines converged and the reasons of machines in progress,
+    /// which the machines' conditions record, ride with the next write that must be
+    /// made. The status's count of converged machines lags by at most this much.
+    pub status_hold: Duration,
 }
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
-        Self { call_timeout: Duration::from_secs(15), step: StepTimeouts::default(), rollout: RolloutConfig::default() }
+        Self {
+            call_timeout: Duration::from_secs(15),
+            step: StepTimeouts::default(),
+            rollout: RolloutConfig::default(),
+            status_hold: Duration::from_secs(30),
+        }
     }
 }
 

@@ -137,6 +137,9 @@ async fn kube_call<T>(
 pub struct PassMemory {
     waits: Mutex<HashMap<String, Remembered>>,
     views: Mutex<ViewCache>,
+    /// Since when a status change that may wait (see
+    /// [`OperationStatus::only_bookkeeping_since`]) has been held back.
+    held_since: Mutex<Option<Timestamp>>,
 }
 
 /// The machine views of the last pass, with what each was built from.
@@ -221,6 +224,11 @@ impl PassMemory {
     pub fn clear(&self) {
         self.lock().clear();
         *self.views.lock().unwrap_or_else(PoisonError::into_inner) = ViewCache::default();
+        *self.held() = None;
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Option<Timestamp>> {
+        self.held_since.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn take_views(&self) -> ViewCache {
@@ -521,7 +529,24 @@ pub async fn reconcile_with(
         });
     }
     emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
-    let wrote = write_status(ex, name, &op.status, &next).await?;
+    // A change that may wait (convergences, the reasons of machines in progress) is held
+    // back for at most `status_hold`, so that it rides with the next write that must be
+    // made (usually the next machine's start): one status write per machine, not two.
+    let held_until = if !removal && next != op.status && next.only_bookkeeping_since(&op.status) {
+        let since = *memory.held().get_or_insert(now);
+        let until = since.saturating_add(ex.config.status_hold);
+        (now < until).then_some(until)
+    } else {
+        None
+    };
+    let wrote = match held_until {
+        Some(_) => false,
+        None => {
+            let wrote = write_status(ex, name, &op.status, &next).await?;
+            *memory.held() = None;
+            wrote
+        }
+    };
     if decision.finalized {
         let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
         kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
@@ -535,6 +560,7 @@ pub async fn reconcile_with(
     // What the pass wrote is not watched (the status and conditions are the controller's
     // own): a pass that wrote its status looks again at once.
     let requeue_at = Timestamp::min_opt(Timestamp::min_opt(requeue_at, kept_recheck), wrote.then_some(now));
+    let requeue_at = Timestamp::min_opt(requeue_at, held_until);
     memory.keep_views(cache);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
 }

@@ -92,6 +92,22 @@ impl OperationStatus {
         self.converged = converged;
     }
 
+    /// Whether this status, compared with the one `written`, carries nothing that must be
+    /// written at once: the same phase, generation and resume token, no machine newly
+    /// recorded and none whose state changed; only records dropped (machines converged,
+    /// which their own conditions record), the count of converged machines, and the last
+    /// reason, message or recheck time of machines in progress. Losing such a change in a
+    /// crash loses nothing: the next pass derives it again from the machines' conditions.
+    /// A new record must be written at once: it is what bounds how many machines are
+    /// started.
+    #[must_use]
+    pub fn only_bookkeeping_since(&self, written: &Self) -> bool {
+        self.phase == written.phase
+            && self.observed_generation == written.observed_generation
+            && self.observed_resume == written.observed_resume
+            && self.machines.iter().all(|(name, r)| written.machines.get(name).is_some_and(|w| w.state == r.state))
+    }
+
     /// The status to read for `generation`: when the spec changed since the status was
     /// written, converged records no longer prove anything and are dropped (the executor
     /// re-verifies each machine, at no cost for one already on the target).
@@ -239,6 +255,31 @@ mod tests {
             MachineProgress::InProgress { past_upgrade_call: true },
             "a call in flight from an earlier controller is observed, not ignored"
         );
+    }
+
+    #[test]
+    fn only_convergences_and_the_reasons_of_machines_in_progress_may_wait_to_be_written() {
+        let mut written = OperationStatus { phase: Phase::Progressing, ..OperationStatus::default() };
+        written.machines.insert("a".into(), record(RecordState::InProgress));
+        written.machines.insert("b".into(), record(RecordState::InProgress));
+        let mut next = written.clone();
+        assert!(next.only_bookkeeping_since(&written), "nothing changed");
+        next.machines.remove("a");
+        next.converged = 1;
+        next.machines.get_mut("b").unwrap().reason = "WaitingForReboot".into();
+        assert!(next.only_bookkeeping_since(&written), "a convergence and a new reason");
+        let mut started = next.clone();
+        started.machines.insert("c".into(), record(RecordState::InProgress));
+        assert!(!started.only_bookkeeping_since(&written), "a machine started bounds the others");
+        let mut failed = next.clone();
+        failed.machines.get_mut("b").unwrap().state = RecordState::Failed;
+        assert!(!failed.only_bookkeeping_since(&written), "a failure");
+        let paused = OperationStatus { phase: Phase::Completed, ..next.clone() };
+        assert!(!paused.only_bookkeeping_since(&written), "a new phase");
+        let resumed = OperationStatus { observed_resume: Some("t".into()), ..next.clone() };
+        assert!(!resumed.only_bookkeeping_since(&written), "a resume acknowledged");
+        let regenerated = OperationStatus { observed_generation: Some(2), ..next };
+        assert!(!regenerated.only_bookkeeping_since(&written), "a new generation");
     }
 
     #[test]
