@@ -250,3 +250,23 @@ async fn a_convergence_rides_with_the_next_status_write_and_never_lags_past_the_
         assert!(status.machines.is_empty());
     });
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_evacuations_end_is_noticed_by_the_watch_of_its_replicas_not_at_the_next_poll() {
+    let sim = SimCluster::new(SimConfig::new(1, 30, v("v1.14.3"), v("v1.14.4")).with_seed(9));
+    sim.create_operation("upgrade", spec(5));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.read_world(|w| {
+        let at = |node: &str, k: TraceKind| w.trace.iter().find(|e| e.node == node && e.event == k).map(|e| e.t);
+        let mut longest: f64 = 0.0;
+        for node in w.nodes.iter().filter(|n| n.name.starts_with("worker-")) {
+            let (evacuated, pulling) =
+                (at(&node.name, TraceKind::Evacuated), at(&node.name, TraceKind::ImagePullStart));
+            longest = longest.max(pulling.unwrap() - evacuated.unwrap());
+        }
+        // The last replica's event arrives within the watch delay (at most 2 s); then a
+        // storage read, the intent's write and the call: well under the 5 s poll.
+        let most = w.config.realism.watch_delay_ms.end().to_owned() as f64 / 1000.0 + 0.5;
+        assert!(longest < most, "the longest from evacuated to the call was {longest} s");
+    });
+}

@@ -360,6 +360,16 @@ fn node_addresses(node: &Node) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The operations with a machine on Node `node`, each told that the node's storage changed
+/// (see [`PassMemory::storage_changed`]).
+fn storage_changed(ctx: &Context, stores: &Stores, node: &str) -> Vec<ObjectRef<TalosOperation>> {
+    let operations = operations_on_node(stores, node, &[]);
+    for op in &operations {
+        ctx.memory(op.namespace.as_deref().unwrap_or_default(), &op.name).storage_changed(node);
+    }
+    operations
+}
+
 /// Longhorn's node and replica kinds, when Longhorn is installed.
 async fn longhorn_resources(client: &Client) -> Option<(ApiResource, ApiResource)> {
     match client.list_api_group_resources("longhorn.io/v1beta2").await {
@@ -474,13 +484,16 @@ pub async fn run(
         )
         .default_backoff()
         .touched_objects();
-        let on_node = stores.clone();
-        let by_longhorn_node = move |n: DynamicObject| operations_on_node(&on_node, &n.name_any(), &[]);
-        let on_node = stores.clone();
+        // Each event also tells the passes of the operations on that node that its storage
+        // changed: a machine evacuating there is looked at again at once, not at its next
+        // poll.
+        let (on_node, marks) = (stores.clone(), Arc::clone(&ctx));
+        let by_longhorn_node = move |n: DynamicObject| storage_changed(&marks, &on_node, &n.name_any());
+        let (on_node, marks) = (stores.clone(), Arc::clone(&ctx));
         let by_replica = move |r: DynamicObject| {
             r.labels()
                 .get(ichor_adapters::longhorn::REPLICA_NODE_LABEL)
-                .map(|node| operations_on_node(&on_node, node, &[]))
+                .map(|node| storage_changed(&marks, &on_node, node))
                 .unwrap_or_default()
         };
         controller = controller.watches_stream_with(nodes, by_longhorn_node, node_kind).watches_stream_with(

@@ -11,7 +11,7 @@ use foldhash::fast::FixedState;
 use futures::future::join_all;
 use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
+use ichor_upgrade_core::evacuation::{EvacuationState, STORAGE_EVACUATION, evacuation_state};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
@@ -140,6 +140,8 @@ pub struct PassMemory {
     /// Since when a status change that may wait (see
     /// [`OperationStatus::only_bookkeeping_since`]) has been held back.
     held_since: Mutex<Option<Timestamp>>,
+    /// Nodes whose storage changed since the last pass (see [`PassMemory::storage_changed`]).
+    storage_changed: Mutex<HashSet<String>>,
 }
 
 /// The machine views of the last pass, with what each was built from.
@@ -211,6 +213,8 @@ struct Remembered {
     node: Option<Arc<NodeInfo>>,
     authority: CallAuthority,
     recheck_at: Option<Timestamp>,
+    /// The wait's reason.
+    reason: String,
 }
 
 impl PassMemory {
@@ -225,6 +229,19 @@ impl PassMemory {
         self.lock().clear();
         *self.views.lock().unwrap_or_else(PoisonError::into_inner) = ViewCache::default();
         *self.held() = None;
+        self.take_storage_changed();
+    }
+
+    /// Says that the storage on Node `node` changed (a replica moved or went, the storage
+    /// backend's node changed), as a watch of the backend reports it: the next pass looks
+    /// again at a machine there whose wait on its evacuation would otherwise stand until
+    /// its next poll. The operator calls it from its watch of Longhorn's replicas and nodes.
+    pub fn storage_changed(&self, node: &str) {
+        self.storage_changed.lock().unwrap_or_else(PoisonError::into_inner).insert(node.to_owned());
+    }
+
+    fn take_storage_changed(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.storage_changed.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, Option<Timestamp>> {
@@ -437,7 +454,11 @@ pub async fn reconcile_with(
         |o: &Observed| decision.authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
     // Machines whose last wait still stands are passed over; their recheck times are kept.
     let mut kept_recheck: Option<Timestamp> = None;
-    let moving: Vec<&Observed> = {
+    let storage_changed = memory.take_storage_changed();
+    let evacuating = MachineWait::Evacuating { replicas_left: None }.reason();
+    // Machines whose wait on their evacuation would stand but for a change of their storage.
+    let mut storage_only: Vec<&Observed> = Vec::new();
+    let mut moving: Vec<&Observed> = {
         let mut waits = memory.lock();
         let moving_names: std::collections::HashSet<&str> = moving.iter().map(|o| o.machine.name.as_str()).collect();
         waits.retain(|name, _| moving_names.contains(name.as_str()));
@@ -446,22 +467,30 @@ pub async fn reconcile_with(
             .filter(|o| {
                 // A removal is one machine whose waits (drain, reset, storage) are not
                 // polled by its step: it is always looked at.
-                let standing = !removal
-                    && !decision.start.contains(&o.machine.name)
-                    && waits.get(&o.machine.name).is_some_and(|r| {
-                        r.recheck_at.is_none_or(|t| t > now)
-                            && r.machine == o.machine
-                            && r.node == o.node
-                            && r.authority == authority_of(o)
-                    });
-                if standing {
-                    let recheck = waits.get(&o.machine.name).and_then(|r| r.recheck_at);
-                    kept_recheck = Timestamp::min_opt(kept_recheck, recheck);
+                let remembered = waits.get(&o.machine.name).filter(|r| {
+                    !removal
+                        && !decision.start.contains(&o.machine.name)
+                        && r.recheck_at.is_none_or(|t| t > now)
+                        && r.machine == o.machine
+                        && r.node == o.node
+                        && r.authority == authority_of(o)
+                });
+                let Some(r) = remembered else { return true };
+                if o.node_name().is_some_and(|node| storage_changed.contains(node)) {
+                    if r.reason != evacuating {
+                        return true;
+                    }
+                    storage_only.push(o);
                 }
-                !standing
+                kept_recheck = Timestamp::min_opt(kept_recheck, r.recheck_at);
+                false
             })
             .collect()
     };
+    // Only its storage changed since the step said it waits on its evacuation: storage
+    // alone says whether it still does (no Talos call for each replica that moves).
+    let still = join_all(storage_only.iter().map(|o| still_evacuating(ex, o, now))).await;
+    moving.extend(storage_only.into_iter().zip(still).filter(|(_, still)| !still).map(|(o, _)| o));
     let mut advanced = join_all(moving.iter().map(|o| advance(o, authority_of(o)))).await;
     // A control plane ready for its Upgrade call waits for the etcd gate, gathered now (once
     // per pass, only when a call is due) and asked again for its authority: the call goes
@@ -497,12 +526,13 @@ pub async fn reconcile_with(
         let mut waits = memory.lock();
         for (o, (_, outcome)) in moving.iter().zip(&advanced) {
             match outcome {
-                MachineOutcome::Waiting { recheck_at, .. } => {
+                MachineOutcome::Waiting { recheck_at, reason, .. } => {
                     let remembered = Remembered {
                         machine: Arc::clone(&o.machine),
                         node: o.node.clone(),
                         authority: authority_of(o),
                         recheck_at: *recheck_at,
+                        reason: reason.clone(),
                     };
                     waits.insert(o.machine.name.clone(), remembered);
                 }
@@ -563,6 +593,20 @@ pub async fn reconcile_with(
     let requeue_at = Timestamp::min_opt(requeue_at, held_until);
     memory.keep_views(cache);
     Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
+}
+
+/// Whether machine `o`, whose step last waited on its evacuation and whose objects have not
+/// changed since, still has replicas to move, by its storage alone. Anything but a clear
+/// yes (a read that failed, the evacuation done or past its timeout) says no: the machine is
+/// then stepped in full.
+async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bool {
+    let Some(node) = o.node_name() else { return false };
+    let labels = o.node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
+    let Ok(storage) = crate::advance::observe(ex, node, &labels, &o.machine.conditions).await else { return false };
+    matches!(
+        evacuation_state(&o.machine.conditions, &storage, ex.config.step.evacuation, now),
+        EvacuationState::InProgress { replicas_left: Some(n), .. } if n > 0
+    )
 }
 
 /// Whether a machine is past the point where it may be interrupted: for an upgrade, its

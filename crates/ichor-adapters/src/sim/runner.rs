@@ -58,11 +58,15 @@ pub async fn run_operation(
     });
     let memory = PassMemory::new();
     for _ in 0..max_passes {
-        sim.with_world_untouched(|w| {
+        let storage = sim.with_world_untouched(|w| {
             w.sync_clock();
-            w.take_deliveries();
             w.counters.passes += 1;
+            w.take_deliveries()
         });
+        // As the operator's watch of Longhorn's replicas does.
+        for node in &storage {
+            memory.storage_changed(node);
+        }
         if crashes {
             sim.with_world_untouched(|w| {
                 if w.crash.crash_at.is_none() && w.crash_rng.chance(0.25) {

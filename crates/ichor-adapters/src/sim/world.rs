@@ -351,7 +351,8 @@ pub struct World {
     /// Virtual time on Tokio's paused clock: the instant and the world time last matched.
     pub(crate) clock: Option<(tokio::time::Instant, Timestamp)>,
     /// When watch events reach the controller.
-    pub(crate) deliveries: BinaryHeap<Reverse<Timestamp>>,
+    /// With the node whose storage the event is about, if it is about storage.
+    pub(crate) deliveries: BinaryHeap<Reverse<(Timestamp, Option<usize>)>>,
     by_name: HashMap<String, usize, FixedState>,
     by_address: HashMap<String, usize, FixedState>,
     /// Node indices in name order: the order the API server lists machines in.
@@ -804,26 +805,37 @@ impl World {
 
     /// A watch event about a change made now, reaching the controller after a drawn delay.
     pub(crate) fn watch_event(&mut self) {
+        self.watch_event_about(None);
+    }
+
+    /// A watch event about node `storage`'s storage (a replica gone), which tells the
+    /// controller to look again at the machine evacuating there.
+    fn watch_event_about(&mut self, storage: Option<usize>) {
         let delay = self.latency_rng.in_range(self.config.realism.watch_delay_ms.clone());
         let at = self.now.saturating_add(Duration::from_millis(delay));
-        self.deliveries.push(Reverse(at));
+        self.deliveries.push(Reverse((at, storage)));
     }
 
     /// When the next watch event reaches the controller, if one is on its way.
     #[must_use]
     pub fn next_delivery(&self) -> Option<Timestamp> {
-        self.deliveries.peek().map(|Reverse(t)| *t)
+        self.deliveries.peek().map(|Reverse((t, _))| *t)
     }
 
     /// Takes every watch event delivered by now (the controller's queue folds them into
-    /// one pass).
-    pub fn take_deliveries(&mut self) -> usize {
-        let mut n = 0;
-        while self.deliveries.peek().is_some_and(|Reverse(t)| *t <= self.now) {
+    /// one pass); the names of the nodes whose storage they were about.
+    pub fn take_deliveries(&mut self) -> Vec<String> {
+        let mut storage = Vec::new();
+        while let Some(Reverse((t, node))) = self.deliveries.peek().copied() {
+            if t > self.now {
+                break;
+            }
             self.deliveries.pop();
-            n += 1;
+            if let Some(i) = node {
+                storage.push(self.nodes[i].name.clone());
+            }
         }
-        n
+        storage
     }
 
     /// A drawn API latency.
@@ -885,7 +897,7 @@ impl World {
                 ViewChange::NotReady | ViewChange::Ready => false,
             };
             if changed {
-                self.deliveries.push(Reverse(at));
+                self.deliveries.push(Reverse((at, None)));
                 if !self.nodes[i].view.ready && matches!(change, ViewChange::NotReady) {
                     self.record(i, TraceKind::ShownNotReady);
                 }
@@ -1139,7 +1151,7 @@ impl World {
             }
             self.nodes[i].replicas -= 1;
             // A Longhorn replica object deleted: the controller watches them.
-            self.watch_event();
+            self.watch_event_about(Some(i));
             let left = self.nodes[i].replicas;
             let next = if left == 0 {
                 self.record(i, TraceKind::Evacuated);
