@@ -153,6 +153,86 @@ async fn a_write_from_a_stale_view_is_a_conflict_never_a_blind_overwrite() {
     ns.delete().await;
 }
 
+/// A cluster whose stores listed once and then stopped following the server: every write
+/// from then on is one the stores lag behind.
+async fn lagging_kube_cluster(ns: &TestNamespace) -> KubeCluster {
+    let (stores, streams) = ichor_adapters::kubernetes::watch(&ns.client, Some(&ns.name));
+    fn follow<K: Send + 'static>(
+        stream: futures::stream::BoxStream<'static, Result<K, kube::runtime::watcher::Error>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(futures::StreamExt::for_each(stream, |_| async {}))
+    }
+    let tasks = [
+        follow(streams.operations),
+        follow(streams.machines),
+        follow(streams.clusters),
+        follow(streams.nodes),
+        follow(streams.storages),
+    ];
+    bounded(stores.ready(BOUND)).await.unwrap();
+    eventually(|| stores.machines.state().len() == 1 && stores.operations.state().len() == 1).await;
+    for task in tasks {
+        task.abort();
+    }
+    KubeCluster::new(ns.client.clone(), &ns.name, stores, Reporter::from("ichor-test"), Arc::new(Counters::default()))
+}
+
+#[tokio::test]
+async fn a_pass_right_after_a_write_reads_that_write_while_the_store_lags_behind_it() {
+    let Some(ns) = TestNamespace::create("ryw").await else { return };
+    let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
+    clusters.create(&PostParams::default(), &cluster_object("prod")).await.unwrap();
+    let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
+    machines.create(&PostParams::default(), &machine_object("worker-1", "prod", Role::Worker)).await.unwrap();
+    let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
+    let spec = TalosOperationSpec {
+        cluster: "prod".into(),
+        kind: "talos".into(),
+        target_version: "v1.14.4".into(),
+        max_unavailable: 1,
+        machine: None,
+    };
+    ops.create(&PostParams::default(), &TalosOperation::new("upgrade", spec)).await.unwrap();
+    let kube = lagging_kube_cluster(&ns).await;
+
+    // A pass writes the intent; the next pass, at once, reads it back and writes the
+    // acknowledgement over it: no conflict with its own write.
+    let at = Timestamp::from_unix_secs(1_767_225_600);
+    let mut conditions = kube.machines("prod").await.unwrap()[0].conditions.clone();
+    conditions.upsert(ConditionUpdate::new("TalosUpgrade", ConditionStatus::Unknown, "UpgradeIntent", "m"), at);
+    kube.write_conditions("worker-1", &conditions).await.unwrap();
+    let read = kube.machines("prod").await.unwrap()[0].conditions.clone();
+    assert_eq!(read.get("TalosUpgrade").map(|c| c.reason.as_str()), Some("UpgradeIntent"), "its own write");
+    assert!(kube.stores().machines.state()[0].status.is_none(), "the store still lags");
+    let mut acked = read;
+    acked.upsert(ConditionUpdate::new("TalosUpgrade", ConditionStatus::True, "UpgradeRequested", "m"), at);
+    kube.write_conditions("worker-1", &acked).await.unwrap();
+    let server = machines.get_status("worker-1").await.unwrap();
+    assert_eq!(server.status.unwrap().conditions[0].reason, "UpgradeRequested");
+    let one = kube.machine("worker-1").await.unwrap().unwrap();
+    assert_eq!(one.conditions.get("TalosUpgrade").unwrap().reason, "UpgradeRequested");
+
+    // The operation's status likewise.
+    let first = OperationStatus { phase: Phase::Progressing, observed_generation: Some(1), ..Default::default() };
+    kube.write_operation_status("upgrade", &first).await.unwrap();
+    assert_eq!(kube.operation("upgrade").await.unwrap().unwrap().status, first);
+    let second = OperationStatus { converged: 1, ..first };
+    kube.write_operation_status("upgrade", &second).await.unwrap();
+    assert_eq!(kube.operation("upgrade").await.unwrap().unwrap().status, second);
+
+    // Someone else writes after us: a write from our copy conflicts (never a blind
+    // overwrite), and our copy is forgotten.
+    let patch = json!({ "metadata": { "labels": { "touched": "yes" } } });
+    machines.patch("worker-1", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let mut later = kube.machine("worker-1").await.unwrap().unwrap().conditions;
+    later.upsert(ConditionUpdate::new("TalosUpgrade", ConditionStatus::False, "Converged", "m"), at);
+    let err = kube.write_conditions("worker-1", &later).await.unwrap_err();
+    assert!(err.transient && err.message.contains("409"), "{err:?}");
+    let stale = kube.machine("worker-1").await.unwrap().unwrap();
+    assert!(stale.conditions.get("TalosUpgrade").is_none(), "back to the store's copy, which a watch will bring on");
+    ns.delete().await;
+}
+
 #[tokio::test]
 async fn the_cluster_lease_is_taken_renewed_released_and_a_lost_race_is_a_conflict() {
     let Some(ns) = TestNamespace::create("lease").await else { return };

@@ -4,10 +4,17 @@
 //! pass. Writes go through the status subresource with server-side apply (field manager
 //! [`FIELD_MANAGER`]), only when the applied content differs from what the store holds,
 //! and each under the `resourceVersion` the caller's view of the object was read at: a
-//! store that lags behind the engine's own last write (a watch event not delivered yet)
-//! makes the next write fail with `Conflict`, a wait, rather than act on a stale view. So a
-//! stale read can never lead to a second Upgrade call: the intent write before the call
-//! would conflict.
+//! write from a view that someone else's write has overtaken fails with `Conflict`, a wait,
+//! rather than overwrite it. So a stale read can never lead to a second Upgrade call: the
+//! intent write before the call would conflict.
+//!
+//! The engine reads its own writes: until a store shows an object at the version this
+//! client's last status write returned, reads return that written object instead of the
+//! store's older copy (a pass that follows a write at once would otherwise see the store
+//! before the write's watch event, and its next write would conflict). An etcd-backed API
+//! server's resource versions are etcd revisions, which only grow: a store copy at a lower
+//! version is older than the write; at the same version, or any version that is not a
+//! number, the store's copy is used and the written one forgotten.
 //!
 //! The cluster's Lease is read fresh on every pass and written under its resourceVersion:
 //! a lost race is a `Conflict`. Events go through kube-runtime's `events::Recorder`
@@ -220,7 +227,46 @@ pub struct KubeCluster {
     /// The resourceVersion each object's view was handed out at, or written at last: the
     /// precondition of the next write.
     versions: Arc<Mutex<HashMap<(&'static str, String), String>>>,
+    /// The objects this client's status writes returned, by name, until the stores show
+    /// them.
+    written: Arc<Written>,
     counters: Arc<Counters>,
+}
+
+/// The objects this client wrote, as the API server returned them.
+#[derive(Default)]
+struct Written {
+    operations: Mutex<HashMap<String, Arc<TalosOperation>>>,
+    machines: Mutex<HashMap<String, Arc<TalosMachine>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The newer of the store's copy of an object and the copy this client's last write of it
+/// returned (see the module's doc); a written copy the store has caught up with, or passed,
+/// is forgotten.
+fn fresher<K: Resource>(
+    written: &Mutex<HashMap<String, Arc<K>>>,
+    name: &str,
+    stored: Option<Arc<K>>,
+) -> Option<Arc<K>> {
+    let mut written = written.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(mine) = written.get(name) else { return stored };
+    let version = |o: &K| o.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+    match stored {
+        Some(stored) if version(&stored).zip(version(mine)).is_none_or(|(s, m)| s >= m) => {
+            written.remove(name);
+            Some(stored)
+        }
+        Some(_) => Some(Arc::clone(mine)),
+        // Gone from the store: deleted.
+        None => {
+            written.remove(name);
+            None
+        }
+    }
 }
 
 impl std::fmt::Debug for KubeCluster {
@@ -237,7 +283,15 @@ impl KubeCluster {
     #[must_use]
     pub fn new(client: Client, namespace: &str, stores: Stores, reporter: Reporter, counters: Arc<Counters>) -> Self {
         let recorder = Recorder::new(client.clone(), reporter);
-        Self { client, namespace: namespace.to_owned(), stores, recorder, versions: Arc::default(), counters }
+        Self {
+            client,
+            namespace: namespace.to_owned(),
+            stores,
+            recorder,
+            versions: Arc::default(),
+            written: Arc::default(),
+            counters,
+        }
     }
 
     /// The namespace.
@@ -279,12 +333,18 @@ impl KubeCluster {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// The operation as the store has it, or as this client's last write returned it if
+    /// the store has not caught up.
     fn stored_operation(&self, name: &str) -> Option<Arc<TalosOperation>> {
-        self.stores.operations.get(&ObjectRef::new(name).within(&self.namespace))
+        let stored = self.stores.operations.get(&ObjectRef::new(name).within(&self.namespace));
+        fresher(&self.written.operations, name, stored)
     }
 
+    /// The machine as the store has it, or as this client's last write returned it if the
+    /// store has not caught up.
     fn stored_machine(&self, name: &str) -> Option<Arc<TalosMachine>> {
-        self.stores.machines.get(&ObjectRef::new(name).within(&self.namespace))
+        let stored = self.stores.machines.get(&ObjectRef::new(name).within(&self.namespace));
+        fresher(&self.written.machines, name, stored)
     }
 
     fn wrote(&self) {
@@ -312,13 +372,15 @@ impl KubeCluster {
             .map_err(|e| kube_error(&format!("add finalizer to TalosOperation {name}"), &e))
     }
 
+    /// Applies `status` to object `name` under the version its view was read at; the
+    /// object as written.
     async fn apply_status<K>(
         &self,
         api: &Api<K>,
         kind: &'static str,
         name: &str,
         status: serde_json::Value,
-    ) -> Result<(), KubeError>
+    ) -> Result<K, KubeError>
     where
         K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
@@ -338,7 +400,7 @@ impl KubeCluster {
             .await
             .map_err(|e| kube_error(&format!("apply {kind} {name} status"), &e))?;
         self.remember(kind, name, written.resource_version());
-        Ok(())
+        Ok(written)
     }
 }
 
@@ -542,7 +604,17 @@ impl ConditionStore for KubeCluster {
             return Ok(());
         }
         let status = serde_json::to_value(TalosMachineStatus { conditions: desired }).unwrap_or_default();
-        self.apply_status(&self.machines_api(), MACHINE, machine, status).await.map_err(failed)
+        match self.apply_status(&self.machines_api(), MACHINE, machine, status).await {
+            Ok(written) => {
+                lock(&self.written.machines).insert(machine.to_owned(), Arc::new(written));
+                Ok(())
+            }
+            Err(e) => {
+                // Someone else wrote since: the store's copy is the one to go by.
+                lock(&self.written.machines).remove(machine);
+                Err(failed(e))
+            }
+        }
     }
 }
 
@@ -613,10 +685,12 @@ impl KubeApi for KubeCluster {
             .state_filter(|m| m.namespace().as_deref() == Some(namespace.as_str()) && m.spec.cluster == cluster);
         machines.sort_by_key(|m| m.name_any());
         Ok(machines
-            .iter()
-            .map(|m| {
-                self.remember(MACHINE, &m.name_any(), m.resource_version());
-                Arc::new(machine_info(m))
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.name_any();
+                let m = fresher(&self.written.machines, &name, Some(m))?;
+                self.remember(MACHINE, &name, m.resource_version());
+                Some(Arc::new(machine_info(&m)))
             })
             .collect())
     }
@@ -706,7 +780,16 @@ impl KubeApi for KubeCluster {
             return Ok(());
         }
         let value = serde_json::to_value(&desired).unwrap_or_default();
-        self.apply_status(&self.operations(), OPERATION, name, value).await
+        match self.apply_status(&self.operations(), OPERATION, name, value).await {
+            Ok(written) => {
+                lock(&self.written.operations).insert(name.to_owned(), Arc::new(written));
+                Ok(())
+            }
+            Err(e) => {
+                lock(&self.written.operations).remove(name);
+                Err(e)
+            }
+        }
     }
 
     async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError> {
