@@ -7,6 +7,8 @@
 //!   and the Talos-to-Kubernetes support table;
 //! - [`conditions`]: `metav1.Condition`-shaped progress markers with upsert semantics;
 //! - [`operation`]: operation kinds, spec validation and the labels people steer with;
+//! - [`preflight`]: whether the cluster can lose a node now (the runbook's preflight, per
+//!   machine), from what was observed of its workloads;
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
 //!
@@ -34,7 +36,9 @@
 pub mod conditions;
 pub mod etcd_gate;
 pub mod evacuation;
+pub mod labels;
 pub mod operation;
+pub mod preflight;
 pub mod removal_step;
 pub mod rollout;
 pub mod status;
