@@ -266,6 +266,9 @@ pub struct Preflight<'a> {
     replicas: BTreeMap<WorkloadKey, i32>,
     /// The nodes each workload has Ready pods on, with how many.
     ready_on: BTreeMap<WorkloadKey, BTreeMap<&'a str, usize>>,
+    /// The nodes that block every other node (not Ready, or cordoned), not taken out by
+    /// this operation: found once, not once per node asked about.
+    bad_nodes: Vec<(&'a str, Blocker)>,
 }
 
 impl<'a> Preflight<'a> {
@@ -310,20 +313,29 @@ impl<'a> Preflight<'a> {
                 *ready_on.entry(key.clone()).or_default().entry(node).or_default() += 1;
             }
         }
-        Self { facts, config, evicted_on, workload_of, replicas, ready_on }
+        let bad_nodes = facts
+            .nodes
+            .iter()
+            .filter(|n| !n.by_operation)
+            .filter_map(|n| {
+                let blocker = if !n.ready {
+                    Blocker::NodeNotReady { node: n.name.clone() }
+                } else if n.unschedulable {
+                    Blocker::NodeCordoned { node: n.name.clone() }
+                } else {
+                    return None;
+                };
+                Some((n.name.as_str(), blocker))
+            })
+            .collect();
+        Self { facts, config, evicted_on, workload_of, replicas, ready_on, bad_nodes }
     }
 
     /// Why `node` cannot be taken out now, in a stable order; empty when it can.
     #[must_use]
     pub fn blockers(&self, node: &str) -> Vec<Blocker> {
-        let mut found = BTreeSet::new();
-        for other in self.facts.nodes.iter().filter(|n| n.name != node && !n.by_operation) {
-            if !other.ready {
-                found.insert(Blocker::NodeNotReady { node: other.name.clone() });
-            } else if other.unschedulable {
-                found.insert(Blocker::NodeCordoned { node: other.name.clone() });
-            }
-        }
+        let mut found: BTreeSet<Blocker> =
+            self.bad_nodes.iter().filter(|(name, _)| *name != node).map(|(_, b)| b.clone()).collect();
         let ignored = |namespace: &str| self.config.ignored_namespaces.contains(namespace);
         let here: Vec<&PodFacts> = self
             .evicted_on
