@@ -173,6 +173,7 @@ fn main() {
                 args.from, args.to, args.max_unavailable, args.seed
             ));
             let spec = OperationSpec {
+                preflight: None,
                 kind: "talos".into(),
                 target_version: args.to.to_string(),
                 max_unavailable: i64::from(args.max_unavailable),

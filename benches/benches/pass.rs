@@ -26,7 +26,13 @@ fn mid_rollout(runtime: &tokio::runtime::Runtime) -> SimCluster {
     let sim = SimCluster::new(config);
     sim.create_operation(
         "upgrade",
-        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 100, machine: None },
+        OperationSpec {
+            preflight: None,
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable: 100,
+            machine: None,
+        },
     );
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_500, |_| {}));
     assert_eq!(end, RunEnd::PassBound, "still under way");

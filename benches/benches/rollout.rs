@@ -23,6 +23,7 @@ fn rollout_decision(c: &mut Criterion) {
                     lease: Some(&lease),
                     machines: cluster,
                     etcd: &EtcdVerdict::Healthy,
+                    preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
                     config: &config,
                     now: Timestamp::from_unix_secs(1_010),
                 }))

@@ -15,7 +15,13 @@ fn rollout(seed: u64) -> SimCluster {
     let sim = SimCluster::new(SimConfig::new(3, 200, v("v1.14.3"), v("v1.14.4")).with_seed(seed));
     sim.create_operation(
         "upgrade",
-        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 10, machine: None },
+        OperationSpec {
+            preflight: None,
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable: 10,
+            machine: None,
+        },
     );
     let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000_000, |_| {}));

@@ -154,6 +154,7 @@ impl Scene {
         let op = TalosOperation::new(
             name,
             TalosOperationSpec {
+                preflight: None,
                 cluster: fleet::CLUSTER.into(),
                 kind: kind.into(),
                 target_version: fleet::TARGET.into(),

@@ -69,6 +69,7 @@ async fn the_crds_validate_what_is_written() {
         TalosOperation::new(
             name,
             TalosOperationSpec {
+                preflight: None,
                 cluster: "prod".into(),
                 kind: "talos".into(),
                 target_version: "v1.14.4".into(),
@@ -186,6 +187,7 @@ async fn a_pass_right_after_a_write_reads_that_write_while_the_store_lags_behind
     machines.create(&PostParams::default(), &machine_object("worker-1", "prod", Role::Worker)).await.unwrap();
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
     let spec = TalosOperationSpec {
+        preflight: None,
         cluster: "prod".into(),
         kind: "talos".into(),
         target_version: "v1.14.4".into(),
@@ -272,6 +274,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
     let Some(ns) = TestNamespace::create("status").await else { return };
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
     let spec = TalosOperationSpec {
+        preflight: None,
         cluster: "prod".into(),
         kind: "kubernetes".into(),
         target_version: "v1.14.4".into(),
@@ -286,6 +289,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
     assert!(kube.operation_exists(&info.identity).await.unwrap());
     assert!(!kube.operation_exists(&format!("{}/upgrade/another-uid", ns.name)).await.unwrap());
     let refusal = ichor_upgrade_core::operation::OperationSpec {
+        preflight: None,
         kind: "kubernetes".into(),
         target_version: "v1.14.4".into(),
         max_unavailable: 1,

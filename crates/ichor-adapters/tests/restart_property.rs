@@ -63,7 +63,13 @@ fn run(config: SimConfig, max_unavailable: i64) -> (Ending, SimCluster) {
     let sim = SimCluster::new(config);
     sim.create_operation(
         "upgrade",
-        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable, machine: None },
+        OperationSpec {
+            preflight: None,
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable,
+            machine: None,
+        },
     );
     let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 20_000, |_| {}));
@@ -134,7 +140,13 @@ fn killed_at_the_upgrade_call(before_effect: bool) -> SimCluster {
     sim.with_world(|w| w.crash.on_next_upgrade = Some(before_effect));
     sim.create_operation(
         "upgrade",
-        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1, machine: None },
+        OperationSpec {
+            preflight: None,
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable: 1,
+            machine: None,
+        },
     );
     let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
@@ -169,7 +181,13 @@ fn a_lost_acknowledgement_then_a_fallback_is_resumed_like_any_fallback() {
     sim.with_world(|w| w.crash.on_next_upgrade = Some(false));
     sim.create_operation(
         "upgrade",
-        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1, machine: None },
+        OperationSpec {
+            preflight: None,
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable: 1,
+            machine: None,
+        },
     );
     let runtime = ichor_adapters::sim::runtime();
     let paused = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));

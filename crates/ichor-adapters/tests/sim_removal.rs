@@ -111,14 +111,20 @@ async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
     let v = |t: &str| TalosVersion::parse(t).unwrap();
     let sim = cluster(3, 3, &[]);
     let remove = OperationSpec {
+        preflight: None,
         kind: "remove".into(),
         target_version: String::new(),
         max_unavailable: 1,
         machine: Some("worker-2".into()),
     };
     sim.create_operation("remove-worker-2", remove);
-    let upgrade =
-        OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable: 1, machine: None };
+    let upgrade = OperationSpec {
+        preflight: None,
+        kind: "talos".into(),
+        target_version: "v1.14.4".into(),
+        max_unavailable: 1,
+        machine: None,
+    };
     sim.create_operation("upgrade", upgrade);
     let config = ExecutorConfig::default();
     // The removal takes the lock first; the upgrade's first pass finds it held.

@@ -12,7 +12,13 @@ fn v(text: &str) -> TalosVersion {
 }
 
 fn spec(max_unavailable: i64) -> OperationSpec {
-    OperationSpec { kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable, machine: None }
+    OperationSpec {
+        preflight: None,
+        kind: "talos".into(),
+        target_version: "v1.14.4".into(),
+        max_unavailable,
+        machine: None,
+    }
 }
 
 async fn run(sim: &SimCluster) -> RunEnd {
@@ -268,5 +274,52 @@ async fn an_evacuations_end_is_noticed_by_the_watch_of_its_replicas_not_at_the_n
         // storage read, the intent's write and the call: well under the 5 s poll.
         let most = w.config.realism.watch_delay_ms.end().to_owned() as f64 / 1000.0 + 0.5;
         assert!(longest < most, "the longest from evacuated to the call was {longest} s");
+    });
+}
+
+/// A node cordoned by hand, not by the operation.
+fn cordon_by_hand(sim: &SimCluster, node: &str) {
+    sim.with_world(|w| {
+        let i = w.nodes.iter().position(|n| n.name == node).unwrap();
+        w.nodes[i].unschedulable = true;
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn preflight_a_node_cordoned_by_hand_holds_every_other_machine_until_it_is_uncordoned() {
+    let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3));
+    cordon_by_hand(&sim, "worker-3");
+    sim.create_operation("upgrade", spec(1));
+    // It waits, renewing its lock, for as long as the cordon stands (here about 40 minutes).
+    assert_eq!(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 60, |_| {}).await, RunEnd::PassBound);
+    sim.read_world(|w| {
+        assert!(w.now.saturating_since(w.start).as_secs() > 1_800);
+        assert_eq!(
+            w.operations["upgrade"].info.status.phase.to_string(),
+            "waiting: preflight blocks cp-1: node worker-3 is cordoned (not by this operation)"
+        );
+        assert_eq!(w.counters.upgrade_calls, 0, "nothing was started");
+        let warned: Vec<&str> =
+            w.events.iter().filter(|e| e.reason == "PreflightBlocked").map(|e| e.message.as_str()).collect();
+        assert_eq!(warned.len(), 1, "one Warning Event per change: {warned:?}");
+        assert!(warned[0].contains("cp-1: node worker-3 is cordoned"), "{warned:?}");
+    });
+    sim.with_world(|w| {
+        let i = w.nodes.iter().position(|n| n.name == "worker-3").unwrap();
+        w.nodes[i].unschedulable = false;
+    });
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn preflight_warn_goes_on_and_records_the_blockers() {
+    let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3));
+    cordon_by_hand(&sim, "worker-3");
+    let warn = OperationSpec { preflight: Some(ichor_upgrade_core::operation::PreflightMode::Warn), ..spec(1) };
+    sim.create_operation("upgrade", warn);
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.read_world(|w| {
+        let warned = w.events.iter().filter(|e| e.reason == "PreflightIgnored").count();
+        assert!(warned >= 3, "cp-1, worker-1 and worker-2 started despite worker-3's cordon: {warned}");
     });
 }

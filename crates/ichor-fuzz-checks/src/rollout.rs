@@ -116,6 +116,7 @@ pub fn rollout(data: &[u8]) {
         deleting: false,
         resume_token: (resume > 0).then(|| "t".to_owned()),
         spec: OperationSpec {
+            preflight: None,
             kind: "talos".into(),
             target_version: "v1.14.4".into(),
             max_unavailable: max,
@@ -134,6 +135,7 @@ pub fn rollout(data: &[u8]) {
         lease: lease.as_ref(),
         machines: &machines,
         etcd: &etcd,
+        preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
         config: &config,
         now: Timestamp::from_unix_secs(1_000),
     };

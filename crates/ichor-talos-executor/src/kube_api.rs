@@ -219,6 +219,13 @@ pub trait KubeApi: ConditionStore {
         }
         Ok(found)
     }
+    /// What the preflight gate reads of the cluster's workloads: pods, PodDisruptionBudgets,
+    /// Deployments, StatefulSets and ReplicaSets (`nodes` is left empty: the engine fills
+    /// it from the Nodes it reads). Read only when a machine is about to start. The default
+    /// reads nothing: only the Nodes are then checked.
+    async fn preflight_facts(&self) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        Ok(ichor_upgrade_core::preflight::ClusterFacts::default())
+    }
     /// The cluster's Lease, if one exists.
     async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError>;
     /// Writes the cluster's Lease under its precondition ([`KubeError::Conflict`] if lost).

@@ -13,19 +13,21 @@ use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationState, STORAGE_EVACUATION, evacuation_state};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
+use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
     CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView,
-    OperationStatus, OperationView, Phase, RolloutInput, call_authority, decide,
+    OperationStatus, OperationView, Phase, PreflightVerdict, RolloutInput, WaitReason, call_authority, decide,
 };
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget};
 use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::advance::{
-    AdvanceError, Executor, KubeCallError, advance_machine, end_evacuation, machine_past_upgrade_call, outcome_recheck,
-    reset_for_retry,
+    AdvanceError, Executor, KubeCallError, advance_machine, bounded, end_evacuation, machine_past_upgrade_call,
+    outcome_recheck, reset_for_retry,
 };
+use crate::cause::report;
 use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
 use crate::removal::remove_machine;
@@ -142,6 +144,8 @@ pub struct PassMemory {
     held_since: Mutex<Option<Timestamp>>,
     /// Nodes whose storage changed since the last pass (see [`PassMemory::storage_changed`]).
     storage_changed: Mutex<HashSet<String>>,
+    /// The machines the preflight held back, as last reported in an Event.
+    preflight_reported: Mutex<Vec<(String, Vec<Blocker>)>>,
 }
 
 /// The machine views of the last pass, with what each was built from.
@@ -366,16 +370,50 @@ pub async fn reconcile_with(
         lease: holder.as_ref(),
         machines: views,
         etcd: &EtcdVerdict::NotChecked,
+        preflight: &PreflightVerdict::NotChecked,
         config: &ex.config.rollout,
         now,
     };
     let mut verdict = None;
     let mut decision = decide(&input);
-    if decision.check_etcd {
-        let gathered = gather_etcd_gate(ex, &observed).await;
-        decision = decide(&RolloutInput { etcd: &gathered, ..input });
-        verdict = Some(gathered);
+    // The gates are gathered only for machines about to start, and decided again with
+    // them: the etcd gate once, the preflight for each machine named (a blocked machine
+    // lets the next one be named, up to a few rounds).
+    let mut preflight: Option<GatheredPreflight> = None;
+    for _ in 0..GATE_ROUNDS {
+        let needs_etcd = decision.check_etcd && verdict.is_none();
+        if !needs_etcd && decision.check_preflight.is_empty() {
+            break;
+        }
+        if needs_etcd {
+            verdict = Some(gather_etcd_gate(ex, &observed).await);
+        }
+        if !decision.check_preflight.is_empty() {
+            let (facts, checked) = match &mut preflight {
+                Some(gathered) => gathered,
+                None => preflight.insert((gather_preflight(ex, &observed, &status, removal).await, BTreeMap::new())),
+            };
+            let config = PreflightConfig::default();
+            match facts {
+                Ok(facts) => {
+                    let gate = Preflight::new(facts, &config);
+                    for machine in &decision.check_preflight {
+                        let node = by_name_in(&observed, machine).and_then(Observed::node_name).unwrap_or(machine);
+                        checked.insert(machine.clone(), gate.blockers(node));
+                    }
+                }
+                Err(error) => {
+                    for machine in &decision.check_preflight {
+                        checked.insert(machine.clone(), vec![Blocker::NotObserved { error: error.clone() }]);
+                    }
+                }
+            }
+        }
+        let checked = PreflightVerdict::Checked(preflight.as_ref().map(|(_, c)| c.clone()).unwrap_or_default());
+        let etcd = verdict.clone().unwrap_or(EtcdVerdict::NotChecked);
+        decision = decide(&RolloutInput { etcd: &etcd, preflight: &checked, ..input });
     }
+    report_preflight(ex, name, memory, &decision).await;
 
     write_lock(ex, &op.cluster, &op.identity, lease.as_ref(), &decision, now).await?;
     if matches!(decision.lock, LockAction::Acquire { .. }) {
@@ -609,6 +647,80 @@ async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bo
     )
 }
 
+/// What the preflight read in a pass (or why it could not), and the machines it checked.
+type GatheredPreflight = (Result<ClusterFacts, String>, BTreeMap<String, Vec<Blocker>>);
+
+/// How many times a pass decides again with gates gathered: the etcd gate and the
+/// preflight for the first machines named, then the preflight for those named after a
+/// blocked one.
+const GATE_ROUNDS: usize = 4;
+
+fn by_name_in<'o>(observed: &'o [Observed], machine: &str) -> Option<&'o Observed> {
+    observed.iter().find(|o| o.machine.name == machine)
+}
+
+/// What the preflight gate reads: the cluster's workloads from the API, and its Nodes as
+/// this pass observed them, each marked when this operation took it out (a machine it
+/// recorded, or one past its Upgrade call). A read that fails is said, with its cause: it
+/// blocks every machine, since nothing can be said to be safe.
+async fn gather_preflight(
+    ex: &Executor<'_>,
+    observed: &[Observed],
+    status: &OperationStatus,
+    removal: bool,
+) -> Result<ClusterFacts, String> {
+    let bound = ex.config.call_timeout;
+    let mut facts = match bounded("read the cluster's workloads", bound, ex.kube.preflight_facts()).await {
+        Ok(Ok(facts)) => facts,
+        Ok(Err(e)) => return Err(report(&e)),
+        Err(e) => return Err(e.to_string()),
+    };
+    facts.nodes = observed
+        .iter()
+        .filter_map(|o| {
+            let node = o.node.as_ref()?;
+            Some(NodeFacts {
+                name: node.name.clone(),
+                ready: node.ready,
+                unschedulable: node.unschedulable,
+                by_operation: status.machines.contains_key(&o.machine.name)
+                    || past_the_point_of_no_return(removal, &o.machine),
+            })
+        })
+        .collect();
+    Ok(facts)
+}
+
+/// A Warning Event naming the machines the preflight holds back, once per change of them.
+async fn report_preflight(ex: &Executor<'_>, operation: &str, memory: &PassMemory, decision: &Decision) {
+    let blocked = &decision.preflight_blocked;
+    {
+        let mut last = memory.preflight_reported.lock().unwrap_or_else(PoisonError::into_inner);
+        if *last == *blocked {
+            return;
+        }
+        last.clone_from(blocked);
+    }
+    if blocked.is_empty() {
+        return;
+    }
+    let message = blocked
+        .iter()
+        .map(|(machine, blockers)| format!("{machine}: {}", describe(blockers)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let event = Event {
+        kind: "TalosOperation",
+        name: operation.to_owned(),
+        type_: EventType::Warning,
+        reason: "PreflightBlocked".to_owned(),
+        message: format!("not started while the preflight gate blocks them: {message}"),
+    };
+    if let Err(e) = bounded("record Event", ex.config.call_timeout, ex.kube.event(&event)).await {
+        tracing::debug!(error = %e, "preflight Event not recorded");
+    }
+}
+
 /// Whether a machine is past the point where it may be interrupted: for an upgrade, its
 /// Upgrade call made (or possibly made); for a removal, its reset asked for.
 fn past_the_point_of_no_return(removal: bool, machine: &MachineInfo) -> bool {
@@ -764,7 +876,10 @@ async fn emit_events(
         };
         events.push(Event { kind: "TalosMachine", name: machine.clone(), type_, reason, message });
     }
-    if before.reason() != after.reason() {
+    // A wait on the preflight gate is reported as a Warning naming the machines, once per
+    // change of them (`report_preflight`), not again here.
+    let preflight = matches!(after, Phase::Waiting(WaitReason::PreflightBlocked { .. }));
+    if before.reason() != after.reason() && !preflight {
         let type_ = match after {
             Phase::Paused(_) | Phase::Refused(_) => EventType::Warning,
             Phase::Pending | Phase::Progressing | Phase::Waiting(_) | Phase::Completed => EventType::Normal,

@@ -67,6 +67,7 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
         deleting: false,
         annotations: BTreeMap::new(),
         spec: OperationSpec {
+            preflight: None,
             kind: "talos".into(),
             target_version: "v1.14.4".into(),
             max_unavailable: 2,

@@ -67,6 +67,21 @@ pub struct OperationSpec {
     /// For `remove`: the machine to remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
+    /// Whether a machine with preflight blockers waits ([`PreflightMode::Enforce`], the
+    /// default) or is started with the blockers recorded ([`PreflightMode::Warn`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<PreflightMode>,
+}
+
+/// What the preflight gate (see [`crate::preflight`]) does with a machine it finds
+/// blockers for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PreflightMode {
+    /// The machine is not started while blockers stand; the operation waits, naming them.
+    #[default]
+    Enforce,
+    /// The machine is started; the blockers are recorded as a warning.
+    Warn,
 }
 
 /// A spec that passed validation.
@@ -78,6 +93,8 @@ pub struct ValidSpec {
     pub target: TalosVersion,
     /// How many workers may be unavailable at once.
     pub max_unavailable: u32,
+    /// What the preflight gate does.
+    pub preflight: PreflightMode,
 }
 
 /// Why an operation is refused. A refusal touches nothing: no lock, no machine.
@@ -263,7 +280,7 @@ impl OperationSpec {
             Ok(n) if n >= 1 => n,
             _ => return Err(Refusal::InvalidMaxUnavailable { value: self.max_unavailable }),
         };
-        Ok(ValidSpec { kind, target, max_unavailable })
+        Ok(ValidSpec { kind, target, max_unavailable, preflight: self.preflight.unwrap_or_default() })
     }
 }
 
@@ -272,7 +289,13 @@ mod tests {
     use super::*;
 
     fn spec(kind: &str, target: &str, max_unavailable: i64) -> OperationSpec {
-        OperationSpec { kind: kind.into(), target_version: target.into(), max_unavailable, machine: None }
+        OperationSpec {
+            preflight: None,
+            kind: kind.into(),
+            target_version: target.into(),
+            max_unavailable,
+            machine: None,
+        }
     }
 
     #[test]

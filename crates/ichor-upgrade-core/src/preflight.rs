@@ -205,6 +205,11 @@ pub enum Blocker {
         /// The node.
         node: String,
     },
+    /// What the preflight reads could not be read: nothing can be said to be safe.
+    NotObserved {
+        /// Why.
+        error: String,
+    },
     /// A workload of several replicas has every Ready pod on the node.
     AllReadyPodsOnNode {
         /// Its kind.
@@ -230,6 +235,7 @@ impl fmt::Display for Blocker {
             Self::BudgetAtZero { namespace, name, healthy, desired } => {
                 write!(f, "PDB {namespace}/{name} allows 0 disruptions (healthy {healthy}/{desired})")
             }
+            Self::NotObserved { error } => write!(f, "the cluster's workloads could not be read: {error}"),
             Self::BudgetUnreadable { namespace, name, error } => {
                 write!(f, "PDB {namespace}/{name} cannot be evaluated: {error}")
             }

@@ -32,7 +32,8 @@ use std::time::Duration;
 use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
-use crate::operation::{MachineRole, OperationSpec, PlanProblem, Refusal, ValidSpec};
+use crate::operation::{MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, ValidSpec};
+use crate::preflight::{Blocker, describe};
 use crate::status::MachineRecord;
 use crate::time::Timestamp;
 use crate::versions::{KubernetesVersion, TalosVersion, check_kubernetes_pairing, check_upgrade_path};
@@ -182,10 +183,37 @@ pub struct RolloutInput<'a> {
     pub machines: &'a [MachineView],
     /// The etcd gate's verdict.
     pub etcd: &'a EtcdVerdict,
+    /// The preflight gate's verdicts.
+    pub preflight: &'a PreflightVerdict,
     /// Lock timing.
     pub config: &'a RolloutConfig,
     /// The current time.
     pub now: Timestamp,
+}
+
+/// What the preflight gate (see [`crate::preflight`]) found for the machines the engine
+/// would start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PreflightVerdict {
+    /// Not gathered in this pass: a machine that would start is named in
+    /// [`Decision::check_preflight`] instead, for the caller to gather and decide again.
+    NotChecked,
+    /// Gathered: each machine checked, with its blockers (none: clear). A machine not in
+    /// the map was not checked.
+    Checked(BTreeMap<String, Vec<Blocker>>),
+    /// No gate: every machine is clear (a caller with nothing to check, as a test).
+    Off,
+}
+
+impl PreflightVerdict {
+    /// The blockers found for `machine`, or `None` if it was not checked.
+    fn of(&self, machine: &str) -> Option<&[Blocker]> {
+        match self {
+            Self::NotChecked => None,
+            Self::Checked(found) => found.get(machine).map(Vec::as_slice),
+            Self::Off => Some(&[]),
+        }
+    }
 }
 
 /// What to do with the cluster lock.
@@ -251,6 +279,12 @@ pub enum WaitReason {
         /// The held machines.
         machines: Vec<String>,
     },
+    /// The machines next in line cannot be taken out now (the preflight gate): each with
+    /// its blockers, as one line.
+    PreflightBlocked {
+        /// `(machine, its blockers)`.
+        machines: Vec<(String, String)>,
+    },
     /// The operation is being deleted; machines past their Upgrade call are still observed
     /// until they verify, then the lock is released.
     WindingDown {
@@ -315,6 +349,7 @@ impl Phase {
                 WaitReason::MaxUnavailable { .. } => "MaxUnavailable",
                 WaitReason::NodesNotReady { .. } => "NodesNotReady",
                 WaitReason::Held { .. } => "Held",
+                WaitReason::PreflightBlocked { .. } => "PreflightBlocked",
                 WaitReason::WindingDown { .. } => "WindingDown",
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
@@ -341,6 +376,16 @@ impl fmt::Display for Phase {
                 }
                 WaitReason::NodesNotReady { nodes } => write!(f, "waiting: nodes not Ready: {}", nodes.join(", ")),
                 WaitReason::Held { machines } => write!(f, "waiting: held machines remain: {}", machines.join(", ")),
+                WaitReason::PreflightBlocked { machines } => {
+                    f.write_str("waiting: preflight blocks ")?;
+                    for (i, (machine, blockers)) in machines.iter().enumerate() {
+                        if i > 0 {
+                            f.write_str("; ")?;
+                        }
+                        write!(f, "{machine}: {blockers}")?;
+                    }
+                    Ok(())
+                }
                 WaitReason::WindingDown { machines } => {
                     write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
                 }
@@ -371,6 +416,13 @@ pub enum Warning {
         /// The label's value.
         value: String,
     },
+    /// `spec.preflight: Warn`: the machine is started despite its blockers.
+    PreflightIgnored {
+        /// The machine.
+        machine: String,
+        /// Its blockers, as one line.
+        blockers: String,
+    },
 }
 
 impl Warning {
@@ -379,6 +431,7 @@ impl Warning {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::InvalidOrderLabel { .. } => "InvalidOrderLabel",
+            Self::PreflightIgnored { .. } => "PreflightIgnored",
         }
     }
 }
@@ -391,6 +444,9 @@ impl fmt::Display for Warning {
                 "machine {machine}: label {} is {value:?}, not an integer; ordered as if it had none",
                 crate::operation::ORDER_LABEL
             ),
+            Self::PreflightIgnored { machine, blockers } => {
+                write!(f, "machine {machine} started despite preflight blockers (spec.preflight: Warn): {blockers}")
+            }
         }
     }
 }
@@ -497,6 +553,11 @@ pub struct Decision {
     pub acknowledge_resume: Option<String>,
     /// A control plane waits only for the etcd gate: gather it and decide again.
     pub check_etcd: bool,
+    /// Machines that would start but for the preflight gate, not gathered yet: gather it
+    /// for them and decide again.
+    pub check_preflight: Vec<String>,
+    /// Machines not started because the preflight gate found blockers, with them.
+    pub preflight_blocked: Vec<(String, Vec<Blocker>)>,
     /// For each machine in [`Decision::start`] and [`Decision::advance`], whether its
     /// Upgrade call may go out in this pass. The executor's step makes no call without
     /// [`CallAuthority::Granted`].
@@ -520,6 +581,8 @@ impl Decision {
             warnings: Vec::new(),
             acknowledge_resume: None,
             check_etcd: false,
+            check_preflight: Vec::new(),
+            preflight_blocked: Vec::new(),
             authority: BTreeMap::new(),
             finalized: false,
             recheck_at: None,
@@ -534,6 +597,41 @@ impl Decision {
             self.start.iter().chain(&self.advance).map(|name| (name.clone(), authoriser.authority(name))).collect();
         self.authority = authority;
         self
+    }
+
+    /// The preflight gate, for a machine the rules would start now: whether to start it.
+    /// A machine not checked yet is named in [`Decision::check_preflight`]; one with
+    /// blockers is held back under [`PreflightMode::Enforce`] and started with a warning
+    /// under [`PreflightMode::Warn`].
+    fn preflight_admits(&mut self, input: &RolloutInput<'_>, mode: PreflightMode, machine: &str) -> bool {
+        match input.preflight.of(machine) {
+            None => {
+                self.check_preflight.push(machine.to_owned());
+                false
+            }
+            Some([]) => true,
+            Some(blockers) => match mode {
+                PreflightMode::Enforce => {
+                    self.preflight_blocked.push((machine.to_owned(), blockers.to_vec()));
+                    false
+                }
+                PreflightMode::Warn => {
+                    let blockers = describe(blockers);
+                    self.warnings.push(Warning::PreflightIgnored { machine: machine.to_owned(), blockers });
+                    true
+                }
+            },
+        }
+    }
+
+    /// Why machines wait on the preflight gate, if they do: those it blocks, each with its
+    /// blockers (none listed while the gate is still to be gathered).
+    fn preflight_wait(&self) -> Option<WaitReason> {
+        if self.preflight_blocked.is_empty() && self.check_preflight.is_empty() {
+            return None;
+        }
+        let machines = self.preflight_blocked.iter().map(|(m, b)| (m.clone(), describe(b))).collect();
+        Some(WaitReason::PreflightBlocked { machines })
     }
 
     /// Whether this decision starts or keeps advancing any machine.
@@ -927,8 +1025,8 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
 
     let (control_planes, workers): (Vec<_>, Vec<_>) =
         slots.iter().partition(|(m, _)| m.role == MachineRole::ControlPlane);
-    let blocked = match start_control_plane(input, &control_planes, &mut d) {
-        Stage::Done => start_workers(spec, &workers, &mut d),
+    let blocked = match start_control_plane(input, spec.preflight, &control_planes, &mut d) {
+        Stage::Done => start_workers(input, spec, &workers, &mut d),
         Stage::Busy => None,
         Stage::Blocked(wait) => Some(wait),
     };
@@ -946,7 +1044,7 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
         d.lock = LockAction::Release;
         Phase::Completed
     };
-    if d.check_etcd {
+    if d.check_etcd || !d.check_preflight.is_empty() {
         d.recheck_at = Some(input.now);
     }
     d
@@ -964,7 +1062,12 @@ enum Stage {
 
 /// Rule 3: at most one control plane in progress; the next starts only when every
 /// control-plane node is Ready and the etcd gate passes.
-fn start_control_plane(input: &RolloutInput<'_>, cps: &[&(&MachineView, Slot)], d: &mut Decision) -> Stage {
+fn start_control_plane(
+    input: &RolloutInput<'_>,
+    preflight: PreflightMode,
+    cps: &[&(&MachineView, Slot)],
+    d: &mut Decision,
+) -> Stage {
     if cps.iter().any(|(_, slot)| matches!(slot, Slot::Advancing | Slot::Stopping)) {
         return Stage::Busy;
     }
@@ -977,12 +1080,20 @@ fn start_control_plane(input: &RolloutInput<'_>, cps: &[&(&MachineView, Slot)], 
     }
     match input.etcd {
         EtcdVerdict::Healthy => {
-            d.start.push(next.name.clone());
-            Stage::Busy
+            if d.preflight_admits(input, preflight, &next.name) {
+                d.start.push(next.name.clone());
+                Stage::Busy
+            } else {
+                Stage::Blocked(d.preflight_wait().unwrap_or(WaitReason::EtcdGateNotChecked))
+            }
         }
         EtcdVerdict::Unhealthy { reason } => Stage::Blocked(WaitReason::EtcdUnhealthy { reason: reason.clone() }),
         EtcdVerdict::NotChecked => {
             d.check_etcd = true;
+            // Both gates are gathered for the next round.
+            if input.preflight.of(&next.name).is_none() {
+                d.check_preflight.push(next.name.clone());
+            }
             Stage::Blocked(WaitReason::EtcdGateNotChecked)
         }
     }
@@ -990,7 +1101,12 @@ fn start_control_plane(input: &RolloutInput<'_>, cps: &[&(&MachineView, Slot)], 
 
 /// Rules 2 and 4: the lowest unfinished order wave, within `maxUnavailable` counting
 /// workers already unavailable for other reasons.
-fn start_workers(spec: &ValidSpec, workers: &[&(&MachineView, Slot)], d: &mut Decision) -> Option<WaitReason> {
+fn start_workers(
+    input: &RolloutInput<'_>,
+    spec: &ValidSpec,
+    workers: &[&(&MachineView, Slot)],
+    d: &mut Decision,
+) -> Option<WaitReason> {
     let wave_of = |m: &MachineView| {
         let (unordered, order, _) = order_key(m);
         (unordered, order)
@@ -1010,6 +1126,7 @@ fn start_workers(spec: &ValidSpec, workers: &[&(&MachineView, Slot)], d: &mut De
 
     let mut not_ready = Vec::new();
     let mut budget_blocked = false;
+    let mut asked = 0_usize;
     for (m, slot) in workers.iter().filter(|(m, _)| wave_of(m) == wave) {
         if *slot != Slot::Candidate {
             continue;
@@ -1017,14 +1134,22 @@ fn start_workers(spec: &ValidSpec, workers: &[&(&MachineView, Slot)], d: &mut De
         if !m.node_ready {
             not_ready.push(m.name.clone());
         } else if free == 0 {
-            budget_blocked = true;
-        } else {
+            // The slots left are held by machines whose preflight is still to be gathered.
+            budget_blocked |= asked == 0;
+        } else if d.preflight_admits(input, spec.preflight, &m.name) {
             d.start.push(m.name.clone());
             free -= 1;
+        } else if d.check_preflight.last() == Some(&m.name) {
+            // Not checked yet: it holds its slot until the gate is gathered, so that no
+            // more machines are checked than could start.
+            free -= 1;
+            asked += 1;
         }
     }
     if budget_blocked {
         Some(WaitReason::MaxUnavailable { unavailable: unavailable.into_iter().map(str::to_owned).collect() })
+    } else if let Some(wait) = d.preflight_wait() {
+        Some(wait)
     } else if !not_ready.is_empty() {
         Some(WaitReason::NodesNotReady { nodes: not_ready })
     } else {

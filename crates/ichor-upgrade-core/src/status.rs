@@ -231,6 +231,8 @@ mod tests {
             warnings: vec![],
             acknowledge_resume: None,
             check_etcd: false,
+            check_preflight: vec![],
+            preflight_blocked: vec![],
             authority: std::collections::BTreeMap::new(),
             finalized: false,
             recheck_at: None,

@@ -157,6 +157,7 @@ fn operation(s: &Scenario) -> OperationView {
         deleting: s.deleting,
         resume_token: s.resume_token.clone(),
         spec: OperationSpec {
+            preflight: None,
             kind: s.kind.to_owned(),
             target_version: "v1.14.4".to_owned(),
             max_unavailable: s.max_unavailable,
@@ -284,6 +285,7 @@ proptest! {
             lease: lease.as_ref(),
             machines: &s.machines,
             etcd: &s.etcd,
+            preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             config: &config,
             now: NOW,
         };
@@ -359,6 +361,7 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
             lease: lease.as_ref(),
             machines: &s.machines,
             etcd: &etcd,
+            preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             config: &config,
             now,
         });

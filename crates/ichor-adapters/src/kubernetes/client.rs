@@ -635,6 +635,7 @@ impl KubeApi for KubeCluster {
             deleting: op.meta().deletion_timestamp.is_some(),
             annotations: metadata_map(op.annotations()),
             spec: OperationSpec {
+                preflight: op.spec.preflight.map(Into::into),
                 kind: op.spec.kind.clone(),
                 target_version: op.spec.target_version.clone(),
                 max_unavailable: op.spec.max_unavailable,

@@ -168,6 +168,31 @@ pub struct TalosOperationSpec {
     /// For `remove`: the `TalosMachine` to remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
+    /// For `talos`: what the preflight gate does with a machine it finds blockers for
+    /// (another node not Ready or cordoned, a PodDisruptionBudget at zero over a pod on
+    /// its node, a single-replica workload there, a workload whose Ready pods all run
+    /// there): `Enforce` (the default) does not start it and waits, naming them; `Warn`
+    /// starts it and records them in a Warning Event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<Preflight>,
+}
+
+/// `spec.preflight`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Preflight {
+    /// Machines with blockers wait.
+    Enforce,
+    /// Machines with blockers start; the blockers are recorded.
+    Warn,
+}
+
+impl From<Preflight> for ichor_upgrade_core::operation::PreflightMode {
+    fn from(value: Preflight) -> Self {
+        match value {
+            Preflight::Enforce => Self::Enforce,
+            Preflight::Warn => Self::Warn,
+        }
+    }
 }
 
 fn one() -> i64 {

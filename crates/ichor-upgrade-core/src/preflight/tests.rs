@@ -310,7 +310,7 @@ proptest! {
                 | Blocker::BudgetUnreadable { namespace, .. }
                 | Blocker::SingleReplica { namespace, .. }
                 | Blocker::AllReadyPodsOnNode { namespace, .. } => namespace.as_str(),
-                Blocker::NodeNotReady { .. } | Blocker::NodeCordoned { .. } => continue,
+                Blocker::NodeNotReady { .. } | Blocker::NodeCordoned { .. } | Blocker::NotObserved { .. } => continue,
             };
             prop_assert_ne!(namespace, "kube-system");
         }

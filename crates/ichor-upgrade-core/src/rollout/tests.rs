@@ -19,6 +19,7 @@ struct Fixture {
     lease: Option<LeaseHolder>,
     machines: Vec<MachineView>,
     etcd: EtcdVerdict,
+    preflight: PreflightVerdict,
     config: RolloutConfig,
     now: Timestamp,
 }
@@ -47,6 +48,7 @@ impl Fixture {
                 deleting: false,
                 resume_token: None,
                 spec: OperationSpec {
+                    preflight: None,
                     kind: "talos".into(),
                     target_version: "v1.14.4".into(),
                     max_unavailable: 1,
@@ -64,6 +66,7 @@ impl Fixture {
             }),
             machines,
             etcd: EtcdVerdict::Healthy,
+            preflight: PreflightVerdict::Off,
             config: RolloutConfig::default(),
             now: at(1010),
         }
@@ -178,6 +181,7 @@ impl Fixture {
             lease: self.lease.as_ref(),
             machines: &self.machines,
             etcd: &self.etcd,
+            preflight: &self.preflight,
             config: &self.config,
             now: self.now,
         })
@@ -662,6 +666,7 @@ fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
         lease: f.lease.as_ref(),
         machines: &f.machines,
         etcd: &f.etcd,
+        preflight: &PreflightVerdict::Off,
         config: &f.config,
         now: f.now,
     };
@@ -736,6 +741,7 @@ fn planning_skips_unread_nodes_and_does_not_apply_once_machines_started() {
 fn removal(f: Fixture, machine: Option<&str>) -> Fixture {
     let mut f = f;
     f.op.spec = OperationSpec {
+        preflight: None,
         kind: "remove".into(),
         target_version: String::new(),
         max_unavailable: 1,
@@ -777,4 +783,88 @@ fn a_removal_without_a_machine_or_of_an_unknown_one_is_refused() {
     // Two control planes are no reason to refuse a removal (it is how one gets to three or one).
     let d = removal(Fixture::cluster(2, 1), Some("cp-2")).decide();
     assert_eq!(d.start, names(&["cp-2"]));
+}
+
+fn blocker(node: &str) -> crate::preflight::Blocker {
+    crate::preflight::Blocker::BudgetAtZero {
+        namespace: "billing".into(),
+        name: format!("pdb-{node}"),
+        healthy: 1,
+        desired: 1,
+    }
+}
+
+fn checked(entries: &[(&str, bool)]) -> PreflightVerdict {
+    PreflightVerdict::Checked(
+        entries
+            .iter()
+            .map(|(m, blocked)| ((*m).to_owned(), if *blocked { vec![blocker(m)] } else { vec![] }))
+            .collect(),
+    )
+}
+
+#[test]
+fn preflight_not_gathered_names_the_machines_it_would_start_and_starts_none() {
+    let mut f = Fixture::cluster(0, 5);
+    f.op.spec.max_unavailable = 2;
+    f.preflight = PreflightVerdict::NotChecked;
+    let d = f.decide();
+    assert!(d.start.is_empty(), "{d:?}");
+    assert_eq!(d.check_preflight, names(&["worker-1", "worker-2"]), "no more than could start");
+    assert!(matches!(d.phase, Phase::Waiting(WaitReason::PreflightBlocked { .. })), "never Completed: {:?}", d.phase);
+    assert_eq!(d.recheck_at, Some(f.now));
+}
+
+#[test]
+fn preflight_enforce_skips_a_blocked_worker_and_names_the_next_to_check() {
+    let mut f = Fixture::cluster(0, 5);
+    f.op.spec.max_unavailable = 2;
+    f.preflight = checked(&[("worker-1", true), ("worker-2", false)]);
+    let d = f.decide();
+    assert_eq!(d.start, names(&["worker-2"]));
+    assert_eq!(d.check_preflight, names(&["worker-3"]), "the blocked one's slot goes to the next in line");
+    assert_eq!(d.preflight_blocked, vec![("worker-1".to_owned(), vec![blocker("worker-1")])]);
+    assert_eq!(d.phase, Phase::Progressing);
+    // Everything left is blocked: the operation waits, naming each machine's blockers.
+    let f = Fixture { preflight: checked(&[("worker-1", true)]), ..Fixture::cluster(0, 1) };
+    let d = f.decide();
+    assert!(d.start.is_empty());
+    assert_eq!(
+        d.phase.to_string(),
+        "waiting: preflight blocks worker-1: PDB billing/pdb-worker-1 allows 0 disruptions (healthy 1/1)"
+    );
+    assert_eq!(d.phase.reason(), "PreflightBlocked");
+}
+
+#[test]
+fn preflight_warn_starts_a_blocked_machine_with_a_warning() {
+    let mut f = Fixture::cluster(0, 1);
+    f.op.spec.preflight = Some(crate::operation::PreflightMode::Warn);
+    f.preflight = checked(&[("worker-1", true)]);
+    let d = f.decide();
+    assert_eq!(d.start, names(&["worker-1"]));
+    assert_eq!(d.warnings.len(), 1);
+    assert_eq!(d.warnings[0].reason(), "PreflightIgnored");
+    assert!(d.warnings[0].to_string().contains("pdb-worker-1"), "{}", d.warnings[0]);
+}
+
+#[test]
+fn preflight_never_stops_a_machine_already_started_and_holds_a_control_plane() {
+    let f =
+        Fixture { preflight: checked(&[("worker-1", true)]), ..Fixture::cluster(0, 2).in_progress("worker-1", false) };
+    let d = f.decide();
+    assert_eq!(d.advance, names(&["worker-1"]), "started before: advanced whatever the gate says");
+    assert!(d.stop.is_empty());
+    // The next control plane waits on its blockers; no worker starts before the control planes.
+    let f = Fixture { preflight: checked(&[("cp-1", true)]), ..Fixture::cluster(1, 2) };
+    let d = f.decide();
+    assert!(d.start.is_empty());
+    assert!(
+        matches!(d.phase, Phase::Waiting(WaitReason::PreflightBlocked { ref machines }) if machines[0].0 == "cp-1")
+    );
+    // With the etcd gate not gathered either, both are asked for in one round.
+    let f = Fixture { preflight: PreflightVerdict::NotChecked, ..Fixture::cluster(1, 0).etcd(EtcdVerdict::NotChecked) };
+    let d = f.decide();
+    assert!(d.check_etcd);
+    assert_eq!(d.check_preflight, names(&["cp-1"]));
 }
