@@ -440,3 +440,75 @@ fn b64(text: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(text)
 }
+
+#[tokio::test]
+async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_policy_version() {
+    let Some(ns) = TestNamespace::create("preflight").await else { return };
+    let node = format!("{}-node", ns.name);
+    // A ReplicaSet of one, and its pod on the node (no scheduler or kubelet here: the
+    // pod is bound and reported Ready by hand).
+    let replica_sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> = Api::namespaced(ns.client.clone(), &ns.name);
+    let rs = serde_json::from_value(json!({
+        "metadata": { "name": "invoice" },
+        "spec": {
+            "replicas": 1,
+            "selector": { "matchLabels": { "app": "invoice" } },
+            "template": {
+                "metadata": { "labels": { "app": "invoice" } },
+                "spec": { "containers": [{ "name": "c", "image": "registry.invalid/none" }] }
+            }
+        }
+    }))
+    .unwrap();
+    let rs = replica_sets.create(&PostParams::default(), &rs).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "invoice-1",
+            "labels": { "app": "invoice" },
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "invoice",
+                "uid": rs.metadata.uid, "controller": true
+            }]
+        },
+        "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/none" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let status = json!({ "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] } });
+    pods.patch_status("invoice-1", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &pdb_resource());
+    let pdb: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": { "name": "invoice" },
+        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "invoice" } } }
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    let kube = kube_cluster(&ns).await;
+    let config = ichor_upgrade_core::preflight::PreflightConfig::default();
+    // The controllers adopt the pod and count the budget; then the gate sees both.
+    let mut lines = Vec::new();
+    bounded(async {
+        loop {
+            let facts = kube.preflight_facts().await.unwrap();
+            lines = ichor_upgrade_core::preflight::Preflight::new(&facts, &config)
+                .blockers(&node)
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            if lines.len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        lines,
+        vec![
+            format!("PDB {}/invoice allows 0 disruptions (healthy 1/1)", ns.name),
+            format!("ReplicaSet {}/invoice has 1 replica: it goes down while {node} drains", ns.name),
+        ]
+    );
+    ns.delete().await;
+}

@@ -60,7 +60,24 @@ pub const RULES: &[Rule] = &[
         verbs: &["list", "watch", "patch", "delete"],
         why: "the Node store; cordon before a removal; deleting a removed machine's Node",
     },
-    Rule { group: "", resources: &["pods"], verbs: &["list"], why: "the pods on a node being drained for removal" },
+    Rule {
+        group: "",
+        resources: &["pods"],
+        verbs: &["list"],
+        why: "the pods on a node being drained for removal; the preflight gate's pods",
+    },
+    Rule {
+        group: "apps",
+        resources: &["deployments", "statefulsets", "replicasets"],
+        verbs: &["list"],
+        why: "the preflight gate: workloads with one replica, or all their Ready pods on one node",
+    },
+    Rule {
+        group: "policy",
+        resources: &["poddisruptionbudgets"],
+        verbs: &["list"],
+        why: "the preflight gate: budgets at zero over a node's pods",
+    },
     Rule {
         group: "",
         resources: &["pods/eviction"],

@@ -850,6 +850,11 @@ impl KubeApi for KubeCluster {
             .map_err(|e| kube_error(&format!("cordon Node {node}"), &e))
     }
 
+    async fn preflight_facts(&self) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        self.counters.reads.fetch_add(5, Ordering::Relaxed);
+        super::preflight::read_facts(&self.client).await
+    }
+
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let api: Api<Pod> = Api::all(self.client.clone());

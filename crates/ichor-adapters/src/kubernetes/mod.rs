@@ -6,6 +6,7 @@ pub mod client;
 pub mod crd;
 pub mod errors;
 pub mod manifests;
+mod preflight;
 
 pub use client::{Counters, KubeCluster, Stores, WatchStreams, watch};
 
