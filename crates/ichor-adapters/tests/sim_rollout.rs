@@ -188,10 +188,12 @@ async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
 #[tokio::test(start_paused = true)]
 async fn a_pod_disruption_budget_holds_up_talos_drain_at_most_its_five_minutes() {
     let sim = SimCluster::new(SimConfig::new(1, 4, v("v1.14.3"), v("v1.14.4")).with_seed(7));
-    // The budget allows no eviction for the first 20 minutes.
+    // The budget allows no eviction for the first 20 minutes; the preflight gate is told
+    // to go on regardless (Warn), so that Talos's drain meets the budget.
     let block_end_s = 1_200.0;
     sim.with_world(|w| w.pdb_blocked_until = Some(w.start.saturating_add(std::time::Duration::from_secs(1_200))));
-    sim.create_operation("upgrade", spec(2));
+    let warn = OperationSpec { preflight: Some(ichor_upgrade_core::operation::PreflightMode::Warn), ..spec(2) };
+    sim.create_operation("upgrade", warn);
     assert_eq!(run(&sim).await, RunEnd::Completed);
     sim.with_world(|w| {
         let mut blocked = 0;
@@ -271,8 +273,9 @@ async fn an_evacuations_end_is_noticed_by_the_watch_of_its_replicas_not_at_the_n
             longest = longest.max(pulling.unwrap() - evacuated.unwrap());
         }
         // The last replica's event arrives within the watch delay (at most 2 s); then a
-        // storage read, the intent's write and the call: well under the 5 s poll.
-        let most = w.config.realism.watch_delay_ms.end().to_owned() as f64 / 1000.0 + 0.5;
+        // storage read, the preflight's read if the pass starts a machine too, the
+        // intent's write and the call: well under the 5 s poll.
+        let most = w.config.realism.watch_delay_ms.end().to_owned() as f64 / 1000.0 + 1.0;
         assert!(longest < most, "the longest from evacuated to the call was {longest} s");
     });
 }
@@ -290,8 +293,9 @@ async fn preflight_a_node_cordoned_by_hand_holds_every_other_machine_until_it_is
     let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3));
     cordon_by_hand(&sim, "worker-3");
     sim.create_operation("upgrade", spec(1));
-    // It waits, renewing its lock, for as long as the cordon stands (here about 40 minutes).
-    assert_eq!(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 60, |_| {}).await, RunEnd::PassBound);
+    // It waits, renewing its lock and looking again every 30 s, for as long as the cordon
+    // stands (here about 50 minutes).
+    assert_eq!(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 100, |_| {}).await, RunEnd::PassBound);
     sim.read_world(|w| {
         assert!(w.now.saturating_since(w.start).as_secs() > 1_800);
         assert_eq!(
@@ -321,5 +325,30 @@ async fn preflight_warn_goes_on_and_records_the_blockers() {
     sim.read_world(|w| {
         let warned = w.events.iter().filter(|e| e.reason == "PreflightIgnored").count();
         assert!(warned >= 3, "cp-1, worker-1 and worker-2 started despite worker-3's cordon: {warned}");
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn preflight_a_budget_at_zero_keeps_every_covered_machine_waiting_so_no_drain_stalls() {
+    let sim = SimCluster::new(SimConfig::new(1, 4, v("v1.14.3"), v("v1.14.4")).with_seed(7));
+    let release_s = 1_200;
+    sim.with_world(|w| w.pdb_blocked_until = Some(w.start.saturating_add(std::time::Duration::from_secs(release_s))));
+    sim.create_operation("upgrade", spec(2));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.read_world(|w| {
+        for node in w.nodes.iter().filter(|n| n.name.starts_with("worker-")) {
+            let call = w.trace.iter().find(|e| e.node == node.name && e.event == TraceKind::UpgradeCall).unwrap();
+            assert!(call.t >= release_s as f64, "{} called at {} s, while the budget was at zero", node.name, call.t);
+            let drain = w.trace.iter().find(|e| e.node == node.name && e.event == TraceKind::Drain).unwrap();
+            assert_eq!(drain.reason, None, "{}: Talos's drain never waited", node.name);
+        }
+        let warned = w.events.iter().filter(|e| e.reason == "PreflightBlocked").count();
+        assert!(warned >= 1, "the wait was reported");
+        assert!(
+            w.events.iter().any(|e| e.reason == "PreflightBlocked"
+                && e.message.contains("PDB billing/invoice-api allows 0 disruptions")),
+            "{:?}",
+            w.events
+        );
     });
 }

@@ -46,11 +46,19 @@ pub struct RolloutConfig {
     pub lease_duration: Duration,
     /// How long after its last renewal the holder renews the Lease.
     pub renew_after: Duration,
+    /// How often machines held back by the preflight gate are checked again: no watch
+    /// reports what releases them (a budget's count, a workload scaled up), so they are
+    /// polled.
+    pub preflight_recheck: Duration,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
-        Self { lease_duration: Duration::from_secs(120), renew_after: Duration::from_secs(40) }
+        Self {
+            lease_duration: Duration::from_secs(120),
+            renew_after: Duration::from_secs(40),
+            preflight_recheck: Duration::from_secs(30),
+        }
     }
 }
 
@@ -1046,6 +1054,9 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
     };
     if d.check_etcd || !d.check_preflight.is_empty() {
         d.recheck_at = Some(input.now);
+    } else if !d.preflight_blocked.is_empty() {
+        let again = input.now.saturating_add(input.config.preflight_recheck);
+        d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(again));
     }
     d
 }

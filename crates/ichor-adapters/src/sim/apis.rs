@@ -529,6 +529,10 @@ impl KubeApi for SimCluster {
         .await
     }
 
+    async fn preflight_facts(&self) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        self.kube(KubeCall::Read, |w| Ok(w.preflight_facts())).await
+    }
+
     async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
         self.kube(KubeCall::Write, |w| {
             let blocked = w.pdb_blocked_until.is_some_and(|t| w.now < t);

@@ -803,6 +803,95 @@ impl World {
         self.pulls.active.len()
     }
 
+    /// What the preflight gate reads of the simulated workloads. Each worker runs a pod of
+    /// two Deployments of the `billing` namespace, one replica per worker: `invoice-api`,
+    /// which the PodDisruptionBudget `billing/invoice-api` covers (at zero while the
+    /// pdb-blocked fault holds it, else allowing one disruption), and `invoice-worker`;
+    /// every node runs a DaemonSet pod (`kube-system/cilium`) and each control plane its
+    /// API server as a mirror pod. A pod is Ready when its node is and it is not being
+    /// evicted. A cluster of one worker runs no such service (one replica could not stay
+    /// up while its node drains, and the gate would rightly hold it for ever): its billing
+    /// pods are bare pods, which a drain leaves.
+    #[must_use]
+    pub fn preflight_facts(&self) -> ichor_upgrade_core::preflight::ClusterFacts {
+        use ichor_upgrade_core::labels::LabelSelector;
+        use ichor_upgrade_core::preflight::{
+            BudgetFacts, ClusterFacts, Owner, PodFacts, ReplicaSetFacts, WorkloadFacts, WorkloadKind,
+        };
+        const DEPLOYMENTS: [&str; 2] = ["invoice-api", "invoice-worker"];
+        let workers =
+            i32::try_from(self.nodes.iter().filter(|n| n.role == MachineRole::Worker).count()).unwrap_or(i32::MAX);
+        let replicated = workers >= 2;
+        let app = |pod: &SimPod| {
+            DEPLOYMENTS.into_iter().filter(|_| replicated).find(|d| pod.name.starts_with(&format!("{d}-")))
+        };
+        let mut pods = Vec::new();
+        for node in self.nodes.iter().filter(|n| !n.removed) {
+            for pod in &node.pods {
+                let owner = match (pod.daemonset, pod.mirror, app(pod)) {
+                    (true, _, _) => Some(Owner { kind: "DaemonSet".into(), name: "cilium".into() }),
+                    (_, true, _) => Some(Owner { kind: "Node".into(), name: node.name.clone() }),
+                    (_, _, Some(d)) => Some(Owner { kind: "ReplicaSet".into(), name: format!("{d}-7d9f") }),
+                    _ => None,
+                };
+                let label = app(pod).unwrap_or(pod.name.as_str());
+                pods.push(PodFacts {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    node: Some(node.name.clone()),
+                    ready: node.ready && pod.terminating_until.is_none(),
+                    labels: [("app".to_owned(), label.to_owned())].into(),
+                    owner,
+                    mirror: pod.mirror,
+                });
+            }
+        }
+        let healthy = i32::try_from(
+            pods.iter().filter(|p| p.ready && p.labels.get("app").map(String::as_str) == Some("invoice-api")).count(),
+        )
+        .unwrap_or(i32::MAX);
+        let blocked = self.pdb_blocked_until.is_some_and(|t| self.now < t);
+        let desired = if blocked { healthy } else { healthy - 1 };
+        ClusterFacts {
+            nodes: Vec::new(),
+            pods,
+            budgets: [BudgetFacts {
+                namespace: "billing".into(),
+                name: "invoice-api".into(),
+                selector: Some(LabelSelector {
+                    match_labels: [("app".to_owned(), "invoice-api".to_owned())].into(),
+                    ..LabelSelector::default()
+                }),
+                disruptions_allowed: (healthy - desired).max(0),
+                current_healthy: healthy,
+                desired_healthy: desired,
+            }]
+            .into_iter()
+            .filter(|_| replicated)
+            .collect(),
+            workloads: DEPLOYMENTS
+                .iter()
+                .filter(|_| replicated)
+                .map(|d| WorkloadFacts {
+                    kind: WorkloadKind::Deployment,
+                    namespace: "billing".into(),
+                    name: (*d).into(),
+                    replicas: workers,
+                })
+                .collect(),
+            replica_sets: DEPLOYMENTS
+                .iter()
+                .filter(|_| replicated)
+                .map(|d| ReplicaSetFacts {
+                    namespace: "billing".into(),
+                    name: format!("{d}-7d9f"),
+                    replicas: workers,
+                    deployment: Some((*d).into()),
+                })
+                .collect(),
+        }
+    }
+
     /// A watch event about a change made now, reaching the controller after a drawn delay.
     pub(crate) fn watch_event(&mut self) {
         self.watch_event_about(None);
