@@ -490,7 +490,7 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
     let mut lines = Vec::new();
     bounded(async {
         loop {
-            let facts = kube.preflight_facts().await.unwrap();
+            let facts = kube.preflight_facts(&[node.as_str()]).await.unwrap();
             lines = ichor_upgrade_core::preflight::Preflight::new(&facts, &config)
                 .blockers(&node)
                 .iter()

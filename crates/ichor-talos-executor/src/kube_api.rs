@@ -219,11 +219,15 @@ pub trait KubeApi: ConditionStore {
         }
         Ok(found)
     }
-    /// What the preflight gate reads of the cluster's workloads: pods, PodDisruptionBudgets,
-    /// Deployments, StatefulSets and ReplicaSets (`nodes` is left empty: the engine fills
-    /// it from the Nodes it reads). Read only when a machine is about to start. The default
-    /// reads nothing: only the Nodes are then checked.
-    async fn preflight_facts(&self) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+    /// What the preflight gate reads of the cluster's workloads, about the Nodes `asked`:
+    /// at least every pod on them, of every workload with a pod there the pods elsewhere
+    /// that are Ready (one is enough to show not all run on the node asked), the
+    /// PodDisruptionBudgets, and the Deployments, StatefulSets and ReplicaSets of those
+    /// pods (`nodes` is left empty: the engine fills it from the Nodes it reads). Read only
+    /// when a machine is about to start. The default reads nothing: only the Nodes are
+    /// then checked.
+    async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        let _ = asked;
         Ok(ichor_upgrade_core::preflight::ClusterFacts::default())
     }
     /// The cluster's Lease, if one exists.

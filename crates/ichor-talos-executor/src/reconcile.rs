@@ -379,7 +379,7 @@ pub async fn reconcile_with(
     // The gates are gathered only for machines about to start, and decided again with
     // them: the etcd gate once, the preflight for each machine named (a blocked machine
     // lets the next one be named, up to a few rounds).
-    let mut preflight: Option<GatheredPreflight> = None;
+    let mut checked: BTreeMap<String, Vec<Blocker>> = BTreeMap::new();
     for _ in 0..GATE_ROUNDS {
         let needs_etcd = decision.check_etcd && verdict.is_none();
         if !needs_etcd && decision.check_preflight.is_empty() {
@@ -389,17 +389,19 @@ pub async fn reconcile_with(
             verdict = Some(gather_etcd_gate(ex, &observed).await);
         }
         if !decision.check_preflight.is_empty() {
-            let (facts, checked) = match &mut preflight {
-                Some(gathered) => gathered,
-                None => preflight.insert((gather_preflight(ex, &observed, &status, removal).await, BTreeMap::new())),
-            };
+            // Read about the nodes asked in this round (each round asks about new ones).
+            let asked: Vec<(&String, &str)> = decision
+                .check_preflight
+                .iter()
+                .map(|m| (m, by_name_in(&observed, m).and_then(Observed::node_name).unwrap_or(m)))
+                .collect();
+            let nodes: Vec<&str> = asked.iter().map(|(_, node)| *node).collect();
             let config = PreflightConfig::default();
-            match facts {
+            match gather_preflight(ex, &observed, &status, removal, &nodes).await {
                 Ok(facts) => {
-                    let gate = Preflight::new(facts, &config);
-                    for machine in &decision.check_preflight {
-                        let node = by_name_in(&observed, machine).and_then(Observed::node_name).unwrap_or(machine);
-                        checked.insert(machine.clone(), gate.blockers(node));
+                    let gate = Preflight::new(&facts, &config);
+                    for (machine, node) in &asked {
+                        checked.insert((*machine).clone(), gate.blockers(node));
                     }
                 }
                 Err(error) => {
@@ -409,9 +411,9 @@ pub async fn reconcile_with(
                 }
             }
         }
-        let checked = PreflightVerdict::Checked(preflight.as_ref().map(|(_, c)| c.clone()).unwrap_or_default());
+        let verdicts = PreflightVerdict::Checked(checked.clone());
         let etcd = verdict.clone().unwrap_or(EtcdVerdict::NotChecked);
-        decision = decide(&RolloutInput { etcd: &etcd, preflight: &checked, ..input });
+        decision = decide(&RolloutInput { etcd: &etcd, preflight: &verdicts, ..input });
     }
     report_preflight(ex, name, memory, &decision).await;
 
@@ -647,9 +649,6 @@ async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bo
     )
 }
 
-/// What the preflight read in a pass (or why it could not), and the machines it checked.
-type GatheredPreflight = (Result<ClusterFacts, String>, BTreeMap<String, Vec<Blocker>>);
-
 /// How many times a pass decides again with gates gathered: the etcd gate and the
 /// preflight for the first machines named, then the preflight for those named after a
 /// blocked one.
@@ -668,17 +667,20 @@ async fn gather_preflight(
     observed: &[Observed],
     status: &OperationStatus,
     removal: bool,
+    asked: &[&str],
 ) -> Result<ClusterFacts, String> {
     let bound = ex.config.call_timeout;
-    let mut facts = match bounded("read the cluster's workloads", bound, ex.kube.preflight_facts()).await {
+    let mut facts = match bounded("read the cluster's workloads", bound, ex.kube.preflight_facts(asked)).await {
         Ok(Ok(facts)) => facts,
         Ok(Err(e)) => return Err(report(&e)),
         Err(e) => return Err(e.to_string()),
     };
+    // Only a Node that is not Ready or is cordoned can block: the others are left out (a
+    // pass over thousands of machines would copy every name for nothing).
     facts.nodes = observed
         .iter()
         .filter_map(|o| {
-            let node = o.node.as_ref()?;
+            let node = o.node.as_ref().filter(|n| !n.ready || n.unschedulable)?;
             Some(NodeFacts {
                 name: node.name.clone(),
                 ready: node.ready,

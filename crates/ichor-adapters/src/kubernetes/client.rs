@@ -850,7 +850,7 @@ impl KubeApi for KubeCluster {
             .map_err(|e| kube_error(&format!("cordon Node {node}"), &e))
     }
 
-    async fn preflight_facts(&self) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+    async fn preflight_facts(&self, _asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
         self.counters.reads.fetch_add(5, Ordering::Relaxed);
         super::preflight::read_facts(&self.client).await
     }

@@ -529,8 +529,8 @@ impl KubeApi for SimCluster {
         .await
     }
 
-    async fn preflight_facts(&self) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
-        self.kube(KubeCall::Read, |w| Ok(w.preflight_facts())).await
+    async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        self.kube(KubeCall::Read, |w| Ok(w.preflight_facts(asked))).await
     }
 
     async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
