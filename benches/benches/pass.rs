@@ -24,16 +24,7 @@ fn mid_rollout(runtime: &tokio::runtime::Runtime) -> SimCluster {
         .with_seed(42)
         .with_realism(Realism::oracle());
     let sim = SimCluster::new(config);
-    sim.create_operation(
-        "upgrade",
-        OperationSpec {
-            preflight: None,
-            kind: "talos".into(),
-            target_version: "v1.14.4".into(),
-            max_unavailable: 100,
-            machine: None,
-        },
-    );
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 100));
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_500, |_| {}));
     assert_eq!(end, RunEnd::PassBound, "still under way");
     sim

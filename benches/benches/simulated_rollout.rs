@@ -13,16 +13,7 @@ use ichor_upgrade_core::versions::TalosVersion;
 fn rollout(seed: u64) -> SimCluster {
     let v = |t: &str| TalosVersion::parse(t).unwrap();
     let sim = SimCluster::new(SimConfig::new(3, 200, v("v1.14.3"), v("v1.14.4")).with_seed(seed));
-    sim.create_operation(
-        "upgrade",
-        OperationSpec {
-            preflight: None,
-            kind: "talos".into(),
-            target_version: "v1.14.4".into(),
-            max_unavailable: 10,
-            machine: None,
-        },
-    );
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 10));
     let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);

@@ -59,13 +59,7 @@ pub fn operation(max_unavailable: i64) -> (OperationView, LeaseHolder) {
         generation: 1,
         deleting: false,
         resume_token: None,
-        spec: OperationSpec {
-            preflight: None,
-            kind: "talos".into(),
-            target_version: "v1.14.4".into(),
-            max_unavailable,
-            machine: None,
-        },
+        spec: OperationSpec::talos("v1.14.4", max_unavailable),
         status: OperationStatus::default(),
     };
     let lease = LeaseHolder {

@@ -67,7 +67,7 @@ proptest! {
     ) {
         let stuck = faults.contains(&Fault::EvacuationStuck);
         let sim = world(control_planes, workers, seed, faults.clone());
-        sim.create_operation("upgrade", OperationSpec { preflight: None, kind: "talos".into(), target_version: "v1.14.4".into(), max_unavailable, machine: None });
+        sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", max_unavailable));
         let end = block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 20_000, |_| {}));
         let replay = format!("seed {seed}, {control_planes}+{workers}, maxUnavailable {max_unavailable}, faults {faults:?}");
         if control_planes == 2 {

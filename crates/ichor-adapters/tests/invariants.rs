@@ -50,7 +50,7 @@ proptest! {
         );
         let v = |t: &str| TalosVersion::parse(t).unwrap();
         let sim = SimCluster::new(SimConfig::new(control_planes, workers, v("v1.14.3"), v(TARGET)).with_seed(seed).with_faults(faults.clone()));
-        sim.create_operation("upgrade", OperationSpec { preflight: None, kind: "talos".into(), target_version: TARGET.into(), max_unavailable, machine: None });
+        sim.create_operation("upgrade", OperationSpec::talos(TARGET, max_unavailable));
         let runtime = ichor_adapters::sim::runtime();
         let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 50_000, |_| {}));
         if control_planes == 2 {

@@ -61,16 +61,7 @@ fn config(control_planes: usize, workers: usize, seed: u64, fallback: bool, stor
 
 fn run(config: SimConfig, max_unavailable: i64) -> (Ending, SimCluster) {
     let sim = SimCluster::new(config);
-    sim.create_operation(
-        "upgrade",
-        OperationSpec {
-            preflight: None,
-            kind: "talos".into(),
-            target_version: "v1.14.4".into(),
-            max_unavailable,
-            machine: None,
-        },
-    );
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", max_unavailable));
     let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 20_000, |_| {}));
     let ending = sim.with_world(|w| Ending {
@@ -138,16 +129,7 @@ fn the_crash_fault_really_kills_the_controller() {
 fn killed_at_the_upgrade_call(before_effect: bool) -> SimCluster {
     let sim = SimCluster::new(config(1, 0, 5, false, false, false));
     sim.with_world(|w| w.crash.on_next_upgrade = Some(before_effect));
-    sim.create_operation(
-        "upgrade",
-        OperationSpec {
-            preflight: None,
-            kind: "talos".into(),
-            target_version: "v1.14.4".into(),
-            max_unavailable: 1,
-            machine: None,
-        },
-    );
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
     let runtime = ichor_adapters::sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
@@ -179,16 +161,7 @@ fn killed_before_the_call_reached_the_node_it_is_made_once_after_its_deadline() 
 fn a_lost_acknowledgement_then_a_fallback_is_resumed_like_any_fallback() {
     let sim = SimCluster::new(config(1, 0, 5, true, false, false));
     sim.with_world(|w| w.crash.on_next_upgrade = Some(false));
-    sim.create_operation(
-        "upgrade",
-        OperationSpec {
-            preflight: None,
-            kind: "talos".into(),
-            target_version: "v1.14.4".into(),
-            max_unavailable: 1,
-            machine: None,
-        },
-    );
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
     let runtime = ichor_adapters::sim::runtime();
     let paused = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
     assert_eq!(paused, RunEnd::Paused, "the fallback is caught though the acknowledgement was lost");

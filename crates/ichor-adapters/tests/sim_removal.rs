@@ -118,13 +118,7 @@ async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
         machine: Some("worker-2".into()),
     };
     sim.create_operation("remove-worker-2", remove);
-    let upgrade = OperationSpec {
-        preflight: None,
-        kind: "talos".into(),
-        target_version: "v1.14.4".into(),
-        max_unavailable: 1,
-        machine: None,
-    };
+    let upgrade = OperationSpec::talos("v1.14.4", 1);
     sim.create_operation("upgrade", upgrade);
     let config = ExecutorConfig::default();
     // The removal takes the lock first; the upgrade's first pass finds it held.

@@ -12,13 +12,7 @@ fn v(text: &str) -> TalosVersion {
 }
 
 fn spec(max_unavailable: i64) -> OperationSpec {
-    OperationSpec {
-        preflight: None,
-        kind: "talos".into(),
-        target_version: "v1.14.4".into(),
-        max_unavailable,
-        machine: None,
-    }
+    OperationSpec::talos("v1.14.4", max_unavailable)
 }
 
 async fn run(sim: &SimCluster) -> RunEnd {

@@ -236,6 +236,19 @@ impl Refusal {
 }
 
 impl OperationSpec {
+    /// An upgrade of every machine to `target_version`, at most `max_unavailable` workers
+    /// at once, with the preflight gate's default.
+    #[must_use]
+    pub fn talos(target_version: &str, max_unavailable: i64) -> Self {
+        Self {
+            kind: OperationKind::TALOS.to_owned(),
+            target_version: target_version.to_owned(),
+            max_unavailable,
+            machine: None,
+            preflight: None,
+        }
+    }
+
     /// Whether this is a removal (`kind: remove`).
     #[must_use]
     pub fn is_removal(&self) -> bool {

@@ -244,6 +244,25 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Keeps the object a status write returned, to be read until the store shows it; a write
+/// that failed forgets it (someone else wrote since: the store's copy is the one to go by).
+fn keep_written<K>(
+    written: &Mutex<HashMap<String, Arc<K>>>,
+    name: &str,
+    result: Result<K, KubeError>,
+) -> Result<(), KubeError> {
+    match result {
+        Ok(object) => {
+            lock(written).insert(name.to_owned(), Arc::new(object));
+            Ok(())
+        }
+        Err(e) => {
+            lock(written).remove(name);
+            Err(e)
+        }
+    }
+}
+
 /// The newer of the store's copy of an object and the copy this client's last write of it
 /// returned (see the module's doc); a written copy the store has caught up with, or passed,
 /// is forgotten.
@@ -604,17 +623,8 @@ impl ConditionStore for KubeCluster {
             return Ok(());
         }
         let status = serde_json::to_value(TalosMachineStatus { conditions: desired }).unwrap_or_default();
-        match self.apply_status(&self.machines_api(), MACHINE, machine, status).await {
-            Ok(written) => {
-                lock(&self.written.machines).insert(machine.to_owned(), Arc::new(written));
-                Ok(())
-            }
-            Err(e) => {
-                // Someone else wrote since: the store's copy is the one to go by.
-                lock(&self.written.machines).remove(machine);
-                Err(failed(e))
-            }
-        }
+        let written = self.apply_status(&self.machines_api(), MACHINE, machine, status).await;
+        keep_written(&self.written.machines, machine, written).map_err(failed)
     }
 }
 
@@ -781,16 +791,8 @@ impl KubeApi for KubeCluster {
             return Ok(());
         }
         let value = serde_json::to_value(&desired).unwrap_or_default();
-        match self.apply_status(&self.operations(), OPERATION, name, value).await {
-            Ok(written) => {
-                lock(&self.written.operations).insert(name.to_owned(), Arc::new(written));
-                Ok(())
-            }
-            Err(e) => {
-                lock(&self.written.operations).remove(name);
-                Err(e)
-            }
-        }
+        let written = self.apply_status(&self.operations(), OPERATION, name, value).await;
+        keep_written(&self.written.operations, name, written)
     }
 
     async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError> {
