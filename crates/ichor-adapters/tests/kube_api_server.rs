@@ -236,6 +236,45 @@ async fn a_pass_right_after_a_write_reads_that_write_while_the_store_lags_behind
 }
 
 #[tokio::test]
+async fn nothing_is_read_before_every_watch_has_listed() {
+    // A restarted controller: its operations and clusters listed, its machines not yet.
+    // An empty machine store read as a cluster with nothing left to upgrade, and the
+    // operation was reported Completed with six machines never upgraded.
+    let Some(ns) = TestNamespace::create("unlisted").await else { return };
+    let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
+    clusters.create(&PostParams::default(), &cluster_object("prod")).await.unwrap();
+    let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
+    machines.create(&PostParams::default(), &machine_object("worker-1", "prod", Role::Worker)).await.unwrap();
+    let (stores, streams) = ichor_adapters::kubernetes::watch(&ns.client, Some(&ns.name));
+    fn follow<K: Send + 'static>(
+        stream: futures::stream::BoxStream<'static, Result<K, kube::runtime::watcher::Error>>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(futures::StreamExt::for_each(stream, |_| async {}))
+    }
+    let tasks = [follow(streams.operations), follow(streams.clusters), follow(streams.nodes)];
+    let _unpolled = streams.machines;
+    eventually(|| stores.clusters.state().len() == 1).await;
+    let kube = KubeCluster::new(
+        ns.client.clone(),
+        &ns.name,
+        stores,
+        Reporter::from("ichor-test"),
+        Arc::new(Counters::default()),
+    );
+    let read = kube.machines("prod").await;
+    assert!(matches!(&read, Err(KubeError::Unreachable(m)) if m.contains("not listed")), "{read:?}");
+    assert!(matches!(kube.operation("upgrade").await, Err(KubeError::Unreachable(_))));
+    assert!(matches!(kube.cluster("prod").await, Err(KubeError::Unreachable(_))));
+    for task in tasks {
+        task.abort();
+    }
+    // Once every kind has listed, the same reads answer.
+    let kube = kube_cluster(&ns).await;
+    assert_eq!(kube.machines("prod").await.unwrap().len(), 1);
+    ns.delete().await;
+}
+
+#[tokio::test]
 async fn the_cluster_lease_is_taken_renewed_released_and_a_lost_race_is_a_conflict() {
     let Some(ns) = TestNamespace::create("lease").await else { return };
     let kube = kube_cluster(&ns).await;

@@ -49,6 +49,8 @@ pub const TALOSCONFIG_TTL: Duration = Duration::from_secs(60);
 pub const UNUSABLE_TALOSCONFIG_TTL: Duration = Duration::from_secs(5);
 /// How long a pass waits before retrying after an error.
 pub const ERROR_BACKOFF: Duration = Duration::from_secs(5);
+/// How soon an operation is looked at again when it came before every watch had listed.
+pub const NOT_LISTED_REQUEUE: Duration = Duration::from_millis(200);
 /// The shortest requeue: the engine's `requeue_at` may be now.
 pub const MIN_REQUEUE: Duration = Duration::from_millis(50);
 
@@ -266,6 +268,12 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         ctx.forget();
         ctx.metrics.pass("skipped");
         return Ok(Action::await_change());
+    }
+    // An operation listed before the machines, clusters or Nodes would be decided from
+    // caches that read empty: looked at again once every watch has listed.
+    if !ctx.stores.is_ready() {
+        ctx.metrics.pass("skipped");
+        return Ok(Action::requeue(NOT_LISTED_REQUEUE));
     }
     let namespace = op.namespace().unwrap_or_default();
     let name = op.name_any();

@@ -883,7 +883,9 @@ async fn emit_events(
     let preflight = matches!(after, Phase::Waiting(WaitReason::PreflightBlocked { .. }));
     if before.reason() != after.reason() && !preflight {
         let type_ = match after {
-            Phase::Paused(_) | Phase::Refused(_) => EventType::Warning,
+            Phase::Paused(_) | Phase::Refused(_) | Phase::Waiting(WaitReason::MachinesUnobserved { .. }) => {
+                EventType::Warning
+            }
             Phase::Pending | Phase::Progressing | Phase::Waiting(_) | Phase::Completed => EventType::Normal,
         };
         events.push(Event {

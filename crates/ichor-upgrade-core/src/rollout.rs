@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::operation::{MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, ValidSpec};
 use crate::preflight::{Blocker, describe};
-use crate::status::MachineRecord;
+use crate::status::{MachineRecord, RecordState};
 use crate::time::Timestamp;
 use crate::versions::{KubernetesVersion, TalosVersion, check_kubernetes_pairing, check_upgrade_path};
 
@@ -293,6 +293,14 @@ pub enum WaitReason {
         /// `(machine, its blockers)`.
         machines: Vec<(String, String)>,
     },
+    /// Machines this operation recorded as started (or failed) are not among the machines
+    /// observed: a cache not filled yet, or a machine object deleted under way. Nothing is
+    /// started and the operation does not complete until they are seen again (or a person
+    /// deletes the operation): an unseen machine may be down.
+    MachinesUnobserved {
+        /// Those machines.
+        machines: Vec<String>,
+    },
     /// The operation is being deleted; machines past their Upgrade call are still observed
     /// until they verify, then the lock is released.
     WindingDown {
@@ -358,6 +366,7 @@ impl Phase {
                 WaitReason::NodesNotReady { .. } => "NodesNotReady",
                 WaitReason::Held { .. } => "Held",
                 WaitReason::PreflightBlocked { .. } => "PreflightBlocked",
+                WaitReason::MachinesUnobserved { .. } => "MachinesUnobserved",
                 WaitReason::WindingDown { .. } => "WindingDown",
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
@@ -393,6 +402,9 @@ impl fmt::Display for Phase {
                         write!(f, "{machine}: {blockers}")?;
                     }
                     Ok(())
+                }
+                WaitReason::MachinesUnobserved { machines } => {
+                    write!(f, "waiting: machines recorded as started are not observed: {}", machines.join(", "))
                 }
                 WaitReason::WindingDown { machines } => {
                     write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
@@ -725,14 +737,26 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
 fn plan_removal(input: &RolloutInput<'_>, machine: &str, lock: LockAction) -> Decision {
     let op = input.operation;
     let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
-    let progress = input.machines.iter().find(|m| m.name == machine).map(|m| &m.progress);
-    // A machine gone from the cluster after its removal was recorded converged.
-    let progress = progress.unwrap_or(&MachineProgress::Converged);
     let mut d = Decision::new(lock, Phase::Progressing);
     if resuming {
         d.acknowledge_resume.clone_from(&op.resume_token);
     }
-    match progress {
+    let observed = input.machines.iter().find(|m| m.name == machine).map(|m| m.progress.clone());
+    // A machine not observed stands where its record says: gone after its removal was
+    // recorded converged, or not seen (yet) while under way, which is waited out.
+    let progress = match observed {
+        Some(progress) => progress,
+        None => match op.status.machines.get(machine).map(|r| (r.state, r)) {
+            Some((RecordState::Failed, record)) => MachineProgress::Failed { reason: record.message.clone() },
+            Some((RecordState::InProgress, _)) => {
+                let wait = WaitReason::MachinesUnobserved { machines: vec![machine.to_owned()] };
+                d.phase = Phase::Waiting(wait);
+                return d;
+            }
+            Some((RecordState::Converged, _)) | None => MachineProgress::Converged,
+        },
+    };
+    match &progress {
         MachineProgress::Converged => {
             d.lock = LockAction::Release;
             d.phase = Phase::Completed;
@@ -977,9 +1001,24 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
         machines.sort_by_cached_key(key);
     }
 
+    // Machines recorded as under way or failed that are not observed: what they are doing
+    // is not known, so nothing completes or starts on a guess (a cache not filled yet looks
+    // exactly like this).
+    let mut unobserved: Vec<(&String, &MachineRecord)> = Vec::new();
+    if op.status.machines.values().any(|r| r.state != RecordState::Converged) {
+        let seen: HashSet<&str, FixedState> = input.machines.iter().map(|m| m.name.as_str()).collect();
+        unobserved.extend(
+            op.status
+                .machines
+                .iter()
+                .filter(|(name, r)| r.state != RecordState::Converged && !seen.contains(name.as_str())),
+        );
+    }
     let failed: Vec<FailedMachine> = if resuming {
         Vec::new()
     } else {
+        let recorded = unobserved.iter().filter(|(_, r)| r.state == RecordState::Failed);
+        let recorded = recorded.map(|(name, r)| FailedMachine { name: (*name).clone(), reason: r.message.clone() });
         machines
             .iter()
             .filter_map(|m| match &m.progress {
@@ -988,6 +1027,7 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
                 }
                 MachineProgress::Pending | MachineProgress::InProgress { .. } | MachineProgress::Converged => None,
             })
+            .chain(recorded)
             .collect()
     };
     let paused = !failed.is_empty();
@@ -1028,6 +1068,15 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
     }
     if paused {
         d.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
+        return d;
+    }
+    if !unobserved.is_empty() {
+        let machines = unobserved.into_iter().map(|(name, _)| name.clone()).collect();
+        d.phase = if d.moves_machines() {
+            Phase::Progressing
+        } else {
+            Phase::Waiting(WaitReason::MachinesUnobserved { machines })
+        };
         return d;
     }
 

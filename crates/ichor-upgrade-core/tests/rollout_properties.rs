@@ -16,6 +16,7 @@ use ichor_upgrade_core::rollout::{
     CallAuthority, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView, OperationStatus,
     OperationView, Phase, RolloutConfig, RolloutInput, decide,
 };
+use ichor_upgrade_core::status::{MachineRecord, RecordState};
 use proptest::prelude::*;
 
 const US: &str = "ns/op/uid-us";
@@ -251,6 +252,30 @@ fn check_safety(
         prop_assert!(machines.iter().filter(|m| m.role == MachineRole::ControlPlane).all(|m| m.node_ready));
     }
 
+    // Completed only when every machine observed is converged and every machine the
+    // status records as under way or failed is observed.
+    if d.phase == Phase::Completed && op.spec.kind == "talos" && !op.deleting {
+        prop_assert!(
+            machines.iter().all(|m| m.progress == MachineProgress::Converged),
+            "Completed with a machine not converged"
+        );
+        let unseen = op
+            .status
+            .machines
+            .iter()
+            .find(|(name, r)| r.state != RecordState::Converged && !by_name.contains_key(name.as_str()));
+        prop_assert!(unseen.is_none(), "Completed with {unseen:?} recorded and not observed");
+    }
+    // A machine recorded under way and not observed may be down: nothing starts beside it.
+    let unseen_under_way = op
+        .status
+        .machines
+        .iter()
+        .any(|(name, r)| r.state == RecordState::InProgress && !by_name.contains_key(name.as_str()));
+    if unseen_under_way {
+        prop_assert!(d.start.is_empty(), "started {:?} beside a machine under way and not observed", d.start);
+    }
+
     // Workers: never over maxUnavailable, counting those already unavailable.
     let workers_started = d.start.iter().filter(|n| !is_cp(n)).count();
     if workers_started > 0 {
@@ -292,6 +317,47 @@ proptest! {
         let d = decide(&input);
         check_safety(&s.machines, &op, lease.as_ref(), &s.etcd, &d)?;
         prop_assert_eq!(&d, &decide(&input), "not deterministic");
+    }
+
+    /// A partial view (a cache of machines not filled yet, or machines deleted under way)
+    /// never completes the operation and never starts a machine beside one recorded under
+    /// way and not seen.
+    #[test]
+    fn a_partial_view_never_completes_nor_starts_beside_a_machine_not_seen(
+        s in scenario(),
+        seen in prop::collection::vec(prop::bool::weighted(0.6), 307),
+        keep_converged_record in any::<bool>(),
+    ) {
+        let mut op = operation(&s);
+        // The status records what the machines' progress says, as the executor writes it.
+        op.status.phase = Phase::Progressing;
+        op.status.observed_generation = Some(op.generation);
+        for m in &s.machines {
+            let state = match m.progress {
+                MachineProgress::InProgress { .. } => RecordState::InProgress,
+                MachineProgress::Failed { .. } => RecordState::Failed,
+                MachineProgress::Converged if keep_converged_record => RecordState::Converged,
+                MachineProgress::Converged | MachineProgress::Pending => continue,
+            };
+            let record = MachineRecord { state, reason: "UpgradeCalled".into(), message: "x".into(), recheck_at: None };
+            op.status.machines.insert(m.name.clone(), record);
+        }
+        let observed: Vec<MachineView> =
+            s.machines.iter().zip(&seen).filter(|(_, seen)| **seen).map(|(m, _)| m.clone()).collect();
+        let lease = lease(s.lock);
+        let config = RolloutConfig::default();
+        let d = decide(&RolloutInput {
+            operation: &op,
+            release_talos_version: "v1.14.4",
+            kubernetes_version: "1.34.1",
+            lease: lease.as_ref(),
+            machines: &observed,
+            etcd: &s.etcd,
+            preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+            config: &config,
+            now: NOW,
+        });
+        check_safety(&observed, &op, lease.as_ref(), &s.etcd, &d)?;
     }
 
     /// Played forward, with every started machine converging after a while and holds

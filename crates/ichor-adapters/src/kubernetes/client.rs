@@ -352,6 +352,19 @@ impl KubeCluster {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// Fails while a store has not had its first list: an empty store then reads exactly as
+    /// a cluster without machines, which a pass must never act on (a restarted controller
+    /// once reported an operation Completed from an operation listed before its machines).
+    fn listed(&self) -> Result<(), KubeError> {
+        if self.stores.is_ready() {
+            Ok(())
+        } else {
+            Err(KubeError::Unreachable(
+                "the watches have not listed every kind yet; the caches would read empty".into(),
+            ))
+        }
+    }
+
     /// The operation as the store has it, or as this client's last write returned it if
     /// the store has not caught up.
     fn stored_operation(&self, name: &str) -> Option<Arc<TalosOperation>> {
@@ -631,10 +644,12 @@ impl ConditionStore for KubeCluster {
 #[async_trait]
 impl KubeApi for KubeCluster {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
+        self.listed()?;
         Ok(self.stores.nodes.get(&ObjectRef::new(name)).map(|n| node_info(&n)))
     }
 
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
+        self.listed()?;
         let Some(op) = self.stored_operation(name) else { return Ok(None) };
         self.remember(OPERATION, name, op.resource_version());
         Ok(Some(OperationInfo {
@@ -674,6 +689,7 @@ impl KubeApi for KubeCluster {
     }
 
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
+        self.listed()?;
         let cluster = self
             .stores
             .clusters
@@ -689,6 +705,7 @@ impl KubeApi for KubeCluster {
     }
 
     async fn machines(&self, cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
+        self.listed()?;
         let namespace = self.namespace.clone();
         let mut machines: Vec<Arc<TalosMachine>> = self
             .stores
@@ -837,6 +854,7 @@ impl KubeApi for KubeCluster {
     }
 
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
+        self.listed()?;
         Ok(self.stored_machine(name).map(|m| {
             self.remember(MACHINE, name, m.resource_version());
             machine_info(&m)

@@ -490,9 +490,10 @@ impl KubeApi for SimCluster {
 
     async fn machines(&self, _cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
         self.kube(KubeCall::CachedRead, |w| {
-            // In name order, as the API server lists them.
-            let live: Vec<usize> = w.name_order.iter().copied().filter(|&i| !w.nodes[i].removed).collect();
-            Ok(live.into_iter().map(|i| w.machine_info(i)).collect())
+            // In name order, as the API server lists them. A removed machine's TalosMachine
+            // outlives its Node, as in a real cluster: its conditions record the removal.
+            let all: Vec<usize> = w.name_order.clone();
+            Ok(all.into_iter().map(|i| w.machine_info(i)).collect())
         })
         .await
     }

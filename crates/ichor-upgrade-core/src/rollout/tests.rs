@@ -868,3 +868,76 @@ fn preflight_never_stops_a_machine_already_started_and_holds_a_control_plane() {
     assert!(d.check_etcd);
     assert_eq!(d.check_preflight, names(&["cp-1"]));
 }
+
+// Machines the status records but the pass does not see (a restarted controller whose
+// cache of machines has not listed yet looked exactly like an empty cluster, and an
+// operation was reported Completed with six machines never upgraded).
+
+fn recorded(state: crate::status::RecordState, names: &[&str]) -> OperationStatus {
+    let record = crate::status::MachineRecord {
+        state,
+        reason: "UpgradeCalled".into(),
+        message: "installer refused".into(),
+        recheck_at: None,
+    };
+    OperationStatus {
+        phase: Phase::Progressing,
+        observed_generation: Some(1),
+        machines: names.iter().map(|n| ((*n).to_owned(), record.clone())).collect(),
+        ..OperationStatus::default()
+    }
+}
+
+#[test]
+fn machines_recorded_under_way_but_not_observed_hold_completion_and_every_start() {
+    use crate::status::RecordState;
+    // The cache is empty: nothing observed, two machines recorded under way.
+    let mut f = Fixture::cluster(3, 5).status(recorded(RecordState::InProgress, &["cp-1", "worker-1"]));
+    f.machines.clear();
+    let d = f.decide();
+    let unobserved = WaitReason::MachinesUnobserved { machines: names(&["cp-1", "worker-1"]) };
+    assert_eq!(d.phase, Phase::Waiting(unobserved));
+    assert_ne!(d.lock, LockAction::Release);
+    // Only some machines observed: the ones seen advance, none starts, none completes.
+    let mut f = Fixture::cluster(3, 5).status(recorded(RecordState::InProgress, &["cp-1", "worker-1"]));
+    f.machines.retain(|m| m.name != "cp-1");
+    let f = f.in_progress("worker-1", true);
+    let d = f.decide();
+    assert_eq!((d.advance.clone(), d.start.clone()), (names(&["worker-1"]), names(&[])));
+    assert_eq!(d.phase, Phase::Progressing);
+    // Every machine seen: the usual rollout.
+    let f = Fixture::cluster(3, 5).status(recorded(RecordState::InProgress, &["cp-1"])).in_progress("cp-1", true);
+    assert_eq!(f.decide().advance, names(&["cp-1"]));
+    // A converged record of a machine gone is no reason to wait.
+    let mut f = Fixture::cluster(1, 1).status(recorded(RecordState::Converged, &["worker-9"]));
+    f = f.converged(&["cp-1", "worker-1"]);
+    assert_eq!(f.decide().phase, Phase::Completed);
+}
+
+#[test]
+fn a_failure_recorded_for_a_machine_not_observed_pauses() {
+    use crate::status::RecordState;
+    let mut f = Fixture::cluster(1, 2).status(recorded(RecordState::Failed, &["worker-2"]));
+    f.machines.retain(|m| m.name != "worker-2");
+    let f = f.converged(&["cp-1", "worker-1"]);
+    let failed = vec![FailedMachine { name: "worker-2".into(), reason: "installer refused".into() }];
+    assert_eq!(f.decide().phase, Phase::Paused(PauseReason::MachineFailed { machines: failed }));
+    // Resumed, it still is not seen: waited for, not completed.
+    let d = f.resume("t").decide();
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::MachinesUnobserved { machines: names(&["worker-2"]) }));
+}
+
+#[test]
+fn a_removal_whose_machine_is_not_observed_stands_where_its_record_says() {
+    use crate::status::RecordState;
+    let gone = |state| {
+        let mut f = removal(Fixture::cluster(3, 2), Some("worker-2")).status(recorded(state, &["worker-2"]));
+        f.machines.retain(|m| m.name != "worker-2");
+        f.decide()
+    };
+    let d = gone(RecordState::InProgress);
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::MachinesUnobserved { machines: names(&["worker-2"]) }));
+    assert!(d.start.is_empty() && d.lock != LockAction::Release);
+    assert_eq!(gone(RecordState::Converged).phase, Phase::Completed);
+    assert!(matches!(gone(RecordState::Failed).phase, Phase::Paused(_)));
+}
