@@ -22,6 +22,7 @@ pub mod etcd;
 pub mod kube_api;
 pub mod reconcile;
 pub mod removal;
+pub mod snapshot;
 pub mod talos_api;
 
 pub use advance::{AdvanceError, Executor, advance_machine};
@@ -30,4 +31,5 @@ pub use clock::Clock;
 pub use config::ExecutorConfig;
 pub use kube_api::{KubeApi, KubeError};
 pub use reconcile::{PassMemory, reconcile, reconcile_with};
+pub use snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
 pub use talos_api::{TalosApi, TalosError};
