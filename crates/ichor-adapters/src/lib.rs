@@ -3,6 +3,7 @@
 //! - [`SystemClock`]: the real clock;
 //! - [`sim`]: a simulated Talos cluster implementing `TalosApi`, `KubeApi`, `StorageApi`
 //!   and `Clock` on virtual time, for the examples, property tests and benches;
+//! - [`snapshot_store`]: where etcd snapshots go, a mounted directory or S3-compatible storage;
 //! - (to come) a tonic client of the Talos machine API, a kube-rs client, a storage backend.
 //!
 //! # What this crate must not do
@@ -15,6 +16,7 @@ pub mod clock;
 pub mod kubernetes;
 pub mod longhorn;
 pub mod sim;
+pub mod snapshot_store;
 pub mod talos;
 
 pub use clock::SystemClock;
