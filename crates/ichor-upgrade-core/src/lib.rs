@@ -35,6 +35,7 @@
 
 pub mod conditions;
 pub mod etcd_gate;
+pub mod etcd_snapshot;
 pub mod evacuation;
 pub mod labels;
 pub mod operation;

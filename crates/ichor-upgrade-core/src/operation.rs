@@ -71,6 +71,21 @@ pub struct OperationSpec {
     /// default) or is started with the blockers recorded ([`PreflightMode::Warn`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<PreflightMode>,
+    /// Whether an etcd snapshot is taken before the first control plane's Upgrade call
+    /// ([`SnapshotMode::Required`], the default) or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot: Option<SnapshotMode>,
+}
+
+/// Whether an operation takes an etcd snapshot before it touches the first control plane.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SnapshotMode {
+    /// A snapshot is taken and recorded before the first control plane's Upgrade call;
+    /// failing to take it pauses the operation before any control plane is touched.
+    #[default]
+    Required,
+    /// No snapshot (the cluster is backed up otherwise).
+    Skip,
 }
 
 /// What the preflight gate (see [`crate::preflight`]) does with a machine it finds
@@ -95,6 +110,8 @@ pub struct ValidSpec {
     pub max_unavailable: u32,
     /// What the preflight gate does.
     pub preflight: PreflightMode,
+    /// Whether an etcd snapshot precedes the first control plane.
+    pub etcd_snapshot: SnapshotMode,
 }
 
 /// Why an operation is refused. A refusal touches nothing: no lock, no machine.
@@ -246,6 +263,7 @@ impl OperationSpec {
             max_unavailable,
             machine: None,
             preflight: None,
+            etcd_snapshot: None,
         }
     }
 
@@ -293,7 +311,13 @@ impl OperationSpec {
             Ok(n) if n >= 1 => n,
             _ => return Err(Refusal::InvalidMaxUnavailable { value: self.max_unavailable }),
         };
-        Ok(ValidSpec { kind, target, max_unavailable, preflight: self.preflight.unwrap_or_default() })
+        Ok(ValidSpec {
+            kind,
+            target,
+            max_unavailable,
+            preflight: self.preflight.unwrap_or_default(),
+            etcd_snapshot: self.etcd_snapshot.unwrap_or_default(),
+        })
     }
 }
 
@@ -304,6 +328,7 @@ mod tests {
     fn spec(kind: &str, target: &str, max_unavailable: i64) -> OperationSpec {
         OperationSpec {
             preflight: None,
+            etcd_snapshot: None,
             kind: kind.into(),
             target_version: target.into(),
             max_unavailable,

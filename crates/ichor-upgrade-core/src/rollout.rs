@@ -32,7 +32,8 @@ use std::time::Duration;
 use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
-use crate::operation::{MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, ValidSpec};
+use crate::etcd_snapshot::SnapshotState;
+use crate::operation::{MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, SnapshotMode, ValidSpec};
 use crate::preflight::{Blocker, describe};
 use crate::status::{MachineRecord, RecordState};
 use crate::time::Timestamp;
@@ -151,6 +152,9 @@ pub struct OperationStatus {
     /// own conditions.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub converged: usize,
+    /// The etcd snapshot taken before the first control plane, or why it could not be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot: Option<SnapshotState>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -272,6 +276,8 @@ pub enum WaitReason {
     },
     /// A control plane is next; the etcd gate has not been gathered yet.
     EtcdGateNotChecked,
+    /// A control plane is next; the etcd snapshot it requires is to be taken first.
+    EtcdSnapshotPending,
     /// Workers are next, but `maxUnavailable` workers are already unavailable.
     MaxUnavailable {
         /// The workers counted as unavailable.
@@ -316,6 +322,12 @@ pub enum PauseReason {
     MachineFailed {
         /// The failed machines and why.
         machines: Vec<FailedMachine>,
+    },
+    /// The etcd snapshot required before the first control plane could not be taken;
+    /// no control plane was touched.
+    EtcdSnapshotFailed {
+        /// Why, with its causes.
+        reason: String,
     },
 }
 
@@ -362,6 +374,7 @@ impl Phase {
                 WaitReason::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
                 WaitReason::EtcdUnhealthy { .. } => "EtcdUnhealthy",
                 WaitReason::EtcdGateNotChecked => "EtcdGateNotChecked",
+                WaitReason::EtcdSnapshotPending => "EtcdSnapshotPending",
                 WaitReason::MaxUnavailable { .. } => "MaxUnavailable",
                 WaitReason::NodesNotReady { .. } => "NodesNotReady",
                 WaitReason::Held { .. } => "Held",
@@ -370,6 +383,7 @@ impl Phase {
                 WaitReason::WindingDown { .. } => "WindingDown",
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
+            Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
             Self::Completed => "Completed",
             Self::Refused(refusal) => refusal.reason(),
         }
@@ -388,6 +402,9 @@ impl fmt::Display for Phase {
                 }
                 WaitReason::EtcdUnhealthy { reason } => write!(f, "waiting: etcd gate fails: {reason}"),
                 WaitReason::EtcdGateNotChecked => f.write_str("waiting: etcd gate not checked yet"),
+                WaitReason::EtcdSnapshotPending => {
+                    f.write_str("waiting: an etcd snapshot is taken before the first control plane")
+                }
                 WaitReason::MaxUnavailable { unavailable } => {
                     write!(f, "waiting: maxUnavailable reached; unavailable: {}", unavailable.join(", "))
                 }
@@ -419,6 +436,9 @@ impl fmt::Display for Phase {
                     write!(f, "{} failed: {}", m.name, m.reason)?;
                 }
                 Ok(())
+            }
+            Self::Paused(PauseReason::EtcdSnapshotFailed { reason }) => {
+                write!(f, "paused: the etcd snapshot before the first control plane failed: {reason}")
             }
             Self::Completed => f.write_str("every machine is on the target"),
             Self::Refused(refusal) => write!(f, "refused: {refusal}"),
@@ -510,6 +530,8 @@ pub enum CallDenied {
         /// What fails.
         reason: String,
     },
+    /// `spec.etcdSnapshot: Required` and no snapshot is recorded yet.
+    EtcdSnapshotMissing,
 }
 
 impl CallDenied {
@@ -525,6 +547,7 @@ impl CallDenied {
             Self::NotInCluster => "NotInCluster",
             Self::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
             Self::EtcdUnhealthy { .. } => "EtcdUnhealthy",
+            Self::EtcdSnapshotMissing => "EtcdSnapshotMissing",
         }
     }
 }
@@ -542,6 +565,7 @@ impl fmt::Display for CallDenied {
                 write!(f, "control-plane nodes not Ready: {}", nodes.join(", "))
             }
             Self::EtcdUnhealthy { reason } => write!(f, "the etcd gate fails: {reason}"),
+            Self::EtcdSnapshotMissing => f.write_str("no etcd snapshot is recorded (spec.etcdSnapshot: Required)"),
         }
     }
 }
@@ -578,6 +602,9 @@ pub struct Decision {
     pub check_preflight: Vec<String>,
     /// Machines not started because the preflight gate found blockers, with them.
     pub preflight_blocked: Vec<(String, Vec<Blocker>)>,
+    /// The control plane that would start but for the etcd snapshot the spec requires:
+    /// take the snapshot (from any healthy control plane), record it, and decide again.
+    pub take_etcd_snapshot: Option<String>,
     /// For each machine in [`Decision::start`] and [`Decision::advance`], whether its
     /// Upgrade call may go out in this pass. The executor's step makes no call without
     /// [`CallAuthority::Granted`].
@@ -603,6 +630,7 @@ impl Decision {
             check_etcd: false,
             check_preflight: Vec::new(),
             preflight_blocked: Vec::new(),
+            take_etcd_snapshot: None,
             authority: BTreeMap::new(),
             finalized: false,
             recheck_at: None,
@@ -807,7 +835,8 @@ impl<'a> Authoriser<'a> {
         } else if op.deleting {
             Some(CallDenied::Deleting)
         } else if op.spec.validate(input.release_talos_version).is_ok_and(|spec| plan_refusal(input, &spec).is_none()) {
-            let failed = input.machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }));
+            let failed = input.machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }))
+                || matches!(op.status.etcd_snapshot, Some(SnapshotState::Failed { .. }));
             (!resuming && failed).then_some(CallDenied::Paused)
         } else {
             Some(CallDenied::Refused)
@@ -842,6 +871,9 @@ impl<'a> Authoriser<'a> {
         if !others.is_empty() {
             return CallAuthority::Denied(CallDenied::ControlPlaneNotReady { nodes: others });
         }
+        if snapshot_missing(self.input) {
+            return CallAuthority::Denied(CallDenied::EtcdSnapshotMissing);
+        }
         match self.input.etcd {
             EtcdVerdict::Healthy => CallAuthority::Granted,
             EtcdVerdict::Unhealthy { reason } => {
@@ -850,6 +882,14 @@ impl<'a> Authoriser<'a> {
             EtcdVerdict::NotChecked => CallAuthority::NeedsEtcdGate,
         }
     }
+}
+
+/// Whether a control plane must wait for an etcd snapshot: required by the spec (an
+/// invalid spec requires one too) and none recorded.
+fn snapshot_missing(input: &RolloutInput<'_>) -> bool {
+    let op = input.operation;
+    op.spec.etcd_snapshot.unwrap_or_default() == SnapshotMode::Required
+        && op.status.etcd_snapshot.as_ref().and_then(SnapshotState::taken).is_none()
 }
 
 /// Planning, before any machine of this operation has started: every problem that would
@@ -1030,7 +1070,11 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
             .chain(recorded)
             .collect()
     };
-    let paused = !failed.is_empty();
+    let snapshot_failed = match &op.status.etcd_snapshot {
+        Some(SnapshotState::Failed { reason, .. }) if !resuming => Some(reason.clone()),
+        _ => None,
+    };
+    let paused = !failed.is_empty() || snapshot_failed.is_some();
 
     let slots: Vec<(&MachineView, Slot)> = machines
         .iter()
@@ -1067,7 +1111,10 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
         }
     }
     if paused {
-        d.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
+        d.phase = match snapshot_failed {
+            Some(reason) if failed.is_empty() => Phase::Paused(PauseReason::EtcdSnapshotFailed { reason }),
+            _ => Phase::Paused(PauseReason::MachineFailed { machines: failed }),
+        };
         return d;
     }
     if !unobserved.is_empty() {
@@ -1101,7 +1148,7 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
         d.lock = LockAction::Release;
         Phase::Completed
     };
-    if d.check_etcd || !d.check_preflight.is_empty() {
+    if d.check_etcd || !d.check_preflight.is_empty() || d.take_etcd_snapshot.is_some() {
         d.recheck_at = Some(input.now);
     } else if !d.preflight_blocked.is_empty() {
         let again = input.now.saturating_add(input.config.preflight_recheck);
@@ -1129,6 +1176,18 @@ fn start_control_plane(
     d: &mut Decision,
 ) -> Stage {
     if cps.iter().any(|(_, slot)| matches!(slot, Slot::Advancing | Slot::Stopping)) {
+        // A control plane started before a snapshot was required (or left by another
+        // operation) still needs one before its call.
+        let before_call = cps.iter().find(|(m, slot)| {
+            *slot == Slot::Advancing && m.progress == MachineProgress::InProgress { past_upgrade_call: false }
+        });
+        if let Some((m, _)) = before_call.filter(|_| snapshot_missing(input)) {
+            match input.etcd {
+                EtcdVerdict::Healthy => d.take_etcd_snapshot = Some(m.name.clone()),
+                EtcdVerdict::NotChecked => d.check_etcd = true,
+                EtcdVerdict::Unhealthy { .. } => {}
+            }
+        }
         return Stage::Busy;
     }
     let Some((next, _)) = cps.iter().find(|(_, slot)| *slot == Slot::Candidate) else {
@@ -1141,6 +1200,10 @@ fn start_control_plane(
     match input.etcd {
         EtcdVerdict::Healthy => {
             if d.preflight_admits(input, preflight, &next.name) {
+                if snapshot_missing(input) {
+                    d.take_etcd_snapshot = Some(next.name.clone());
+                    return Stage::Blocked(WaitReason::EtcdSnapshotPending);
+                }
                 d.start.push(next.name.clone());
                 Stage::Busy
             } else {

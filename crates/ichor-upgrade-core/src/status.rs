@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::etcd_snapshot::SnapshotState;
 use crate::rollout::{Decision, FailedMachine, MachineProgress, OperationStatus, PauseReason, Phase};
 use crate::time::Timestamp;
 
@@ -105,6 +106,7 @@ impl OperationStatus {
         self.phase == written.phase
             && self.observed_generation == written.observed_generation
             && self.observed_resume == written.observed_resume
+            && self.etcd_snapshot == written.etcd_snapshot
             && self.machines.iter().all(|(name, r)| written.machines.get(name).is_some_and(|w| w.state == r.state))
     }
 
@@ -150,6 +152,10 @@ impl OperationStatus {
         next.observed_generation = Some(generation);
         if let Some(token) = &decision.acknowledge_resume {
             next.observed_resume = Some(token.clone());
+            // A resume takes a failed snapshot again (the executor records the new one).
+            if matches!(next.etcd_snapshot, Some(SnapshotState::Failed { .. })) {
+                next.etcd_snapshot = None;
+            }
         }
         for name in decision.retry.iter().chain(&decision.stop) {
             next.machines.remove(name);
@@ -233,10 +239,34 @@ mod tests {
             check_etcd: false,
             check_preflight: vec![],
             preflight_blocked: vec![],
+            take_etcd_snapshot: None,
             authority: std::collections::BTreeMap::new(),
             finalized: false,
             recheck_at: None,
         }
+    }
+
+    #[test]
+    fn a_resume_clears_a_failed_snapshot_and_keeps_a_taken_one() {
+        let at = Timestamp::from_unix_secs(5);
+        let failed = SnapshotState::Failed { reason: "disk full".into(), at };
+        let status = OperationStatus { etcd_snapshot: Some(failed.clone()), ..OperationStatus::default() };
+        let mut resume = decision(Phase::Progressing);
+        resume.acknowledge_resume = Some("t".into());
+        assert_eq!(status.next(1, &resume, &[]).etcd_snapshot, None);
+        assert_eq!(status.next(1, &decision(Phase::Progressing), &[]).etcd_snapshot, Some(failed));
+        let taken = SnapshotState::Taken(crate::etcd_snapshot::SnapshotRecord {
+            location: "l".into(),
+            size: 1,
+            sha256: "s".into(),
+            node: "cp-1".into(),
+            taken_at: at,
+        });
+        let status = OperationStatus { etcd_snapshot: Some(taken.clone()), ..OperationStatus::default() };
+        assert_eq!(status.next(1, &resume, &[]).etcd_snapshot, Some(taken));
+        // A snapshot's record is never held back like bookkeeping.
+        let before = OperationStatus::default();
+        assert!(!status.only_bookkeeping_since(&before));
     }
 
     #[test]

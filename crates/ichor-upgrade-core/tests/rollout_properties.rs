@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec, Refusal};
+use ichor_upgrade_core::etcd_snapshot::{SnapshotRecord, SnapshotState};
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec, Refusal, SnapshotMode};
 use ichor_upgrade_core::rollout::{
     CallAuthority, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView, OperationStatus,
     OperationView, Phase, RolloutConfig, RolloutInput, decide,
@@ -42,6 +43,16 @@ struct Scenario {
     observed_resume: Option<String>,
     deleting: bool,
     kind: &'static str,
+    snapshot: SnapshotKind,
+}
+
+/// The spec's etcd snapshot mode and what the status records of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SnapshotKind {
+    Skip,
+    RequiredNone,
+    RequiredTaken,
+    RequiredFailed,
 }
 
 fn order_label() -> impl Strategy<Value = Option<String>> {
@@ -119,16 +130,25 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         Just((Some("t2".to_owned()), Some("t1".to_owned()))),
     ];
     let kind = prop_oneof![18 => Just("talos"), 1 => Just("kubernetes"), 1 => Just("ichor")];
-    (cps, workers, 1i64..=10, lock, etcd, resume, prop::bool::weighted(0.05), kind).prop_map(
-        |(cps, workers, max_unavailable, lock, etcd, (resume_token, observed_resume), deleting, kind)| Scenario {
-            machines: name_machines(cps.into_iter().chain(workers).collect()),
-            max_unavailable,
-            lock,
-            etcd,
-            resume_token,
-            observed_resume,
-            deleting,
-            kind,
+    let snapshot = prop_oneof![
+        Just(SnapshotKind::Skip),
+        Just(SnapshotKind::RequiredNone),
+        Just(SnapshotKind::RequiredTaken),
+        Just(SnapshotKind::RequiredFailed),
+    ];
+    (cps, workers, 1i64..=10, lock, etcd, resume, prop::bool::weighted(0.05), kind, snapshot).prop_map(
+        |(cps, workers, max_unavailable, lock, etcd, (resume_token, observed_resume), deleting, kind, snapshot)| {
+            Scenario {
+                machines: name_machines(cps.into_iter().chain(workers).collect()),
+                max_unavailable,
+                lock,
+                etcd,
+                resume_token,
+                observed_resume,
+                deleting,
+                kind,
+                snapshot,
+            }
         },
     )
 }
@@ -159,13 +179,38 @@ fn operation(s: &Scenario) -> OperationView {
         resume_token: s.resume_token.clone(),
         spec: OperationSpec {
             preflight: None,
+            etcd_snapshot: Some(if s.snapshot == SnapshotKind::Skip {
+                SnapshotMode::Skip
+            } else {
+                SnapshotMode::Required
+            }),
             kind: s.kind.to_owned(),
             target_version: "v1.14.4".to_owned(),
             max_unavailable: s.max_unavailable,
             machine: None,
         },
-        status: OperationStatus { observed_resume: s.observed_resume.clone(), ..OperationStatus::default() },
+        status: OperationStatus {
+            observed_resume: s.observed_resume.clone(),
+            etcd_snapshot: match s.snapshot {
+                SnapshotKind::Skip | SnapshotKind::RequiredNone => None,
+                SnapshotKind::RequiredTaken => Some(taken_snapshot()),
+                SnapshotKind::RequiredFailed => {
+                    Some(SnapshotState::Failed { reason: "store unreachable".into(), at: NOW })
+                }
+            },
+            ..OperationStatus::default()
+        },
     }
+}
+
+fn taken_snapshot() -> SnapshotState {
+    SnapshotState::Taken(SnapshotRecord {
+        location: "/snapshots/s.db".into(),
+        size: 1,
+        sha256: "00".repeat(32),
+        node: "cp-1".into(),
+        taken_at: NOW,
+    })
 }
 
 /// Checks every safety property of one decision against its input.
@@ -236,6 +281,23 @@ fn check_safety(
                 .all(|o| o.node_ready);
             prop_assert!(others_ready, "{name}: a call authorised with another control plane down");
         }
+    }
+
+    // A control plane is started, or its call authorised, only with the snapshot the spec
+    // requires recorded; a failed snapshot pauses everything until resumed.
+    let snapshot_ok = op.spec.etcd_snapshot == Some(SnapshotMode::Skip)
+        || matches!(op.status.etcd_snapshot, Some(SnapshotState::Taken(_)));
+    let cp_moved = d.start.iter().any(|n| by_name[n.as_str()].role == MachineRole::ControlPlane);
+    let cp_granted = d
+        .authority
+        .iter()
+        .any(|(n, a)| *a == CallAuthority::Granted && by_name[n.as_str()].role == MachineRole::ControlPlane);
+    prop_assert!(snapshot_ok || !(cp_moved || cp_granted), "a control plane moved without its snapshot: {d:?}");
+    if matches!(op.status.etcd_snapshot, Some(SnapshotState::Failed { .. })) && !resuming {
+        prop_assert!(d.start.is_empty(), "started after a failed snapshot: {:?}", d.start);
+    }
+    if d.take_etcd_snapshot.is_some() {
+        prop_assert!(!snapshot_ok && etcd == &EtcdVerdict::Healthy && ours, "a snapshot asked for out of turn");
     }
 
     // Control planes: never a second one.
@@ -390,6 +452,9 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
     s.kind = "talos";
     s.deleting = false;
     s.resume_token = None;
+    if s.snapshot == SnapshotKind::RequiredFailed {
+        s.snapshot = SnapshotKind::RequiredNone;
+    }
     for m in &mut s.machines {
         if matches!(m.progress, MachineProgress::Failed { .. }) {
             m.progress = MachineProgress::Pending;
@@ -459,6 +524,10 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
             }
             LockAction::Release => lease = None,
             LockAction::Keep | LockAction::Leave => {}
+        }
+        // The executor takes the snapshot asked for and records it.
+        if d.take_etcd_snapshot.is_some() {
+            op.status.etcd_snapshot = Some(taken_snapshot());
         }
         for name in &d.stop {
             s.machines[index[name]].progress = MachineProgress::Pending;

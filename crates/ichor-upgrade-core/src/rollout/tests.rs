@@ -49,6 +49,8 @@ impl Fixture {
                 resume_token: None,
                 spec: OperationSpec {
                     preflight: None,
+                    // The snapshot's own tests ask for it.
+                    etcd_snapshot: Some(crate::operation::SnapshotMode::Skip),
                     kind: "talos".into(),
                     target_version: "v1.14.4".into(),
                     max_unavailable: 1,
@@ -742,6 +744,7 @@ fn removal(f: Fixture, machine: Option<&str>) -> Fixture {
     let mut f = f;
     f.op.spec = OperationSpec {
         preflight: None,
+        etcd_snapshot: None,
         kind: "remove".into(),
         target_version: String::new(),
         max_unavailable: 1,
@@ -940,4 +943,81 @@ fn a_removal_whose_machine_is_not_observed_stands_where_its_record_says() {
     assert!(d.start.is_empty() && d.lock != LockAction::Release);
     assert_eq!(gone(RecordState::Converged).phase, Phase::Completed);
     assert!(matches!(gone(RecordState::Failed).phase, Phase::Paused(_)));
+}
+
+// The etcd snapshot before the first control plane (issue 14).
+
+fn snapshot_required(mut f: Fixture) -> Fixture {
+    f.op.spec.etcd_snapshot = None;
+    f
+}
+
+fn snapshot_taken() -> crate::etcd_snapshot::SnapshotState {
+    crate::etcd_snapshot::SnapshotState::Taken(crate::etcd_snapshot::SnapshotRecord {
+        location: "/snapshots/prod.db".into(),
+        size: 4096,
+        sha256: "00".repeat(32),
+        node: "cp-2".into(),
+        taken_at: at(1005),
+    })
+}
+
+#[test]
+fn a_required_snapshot_is_asked_for_before_the_first_control_plane_starts() {
+    let d = snapshot_required(Fixture::cluster(3, 2)).decide();
+    assert_eq!(d.take_etcd_snapshot.as_deref(), Some("cp-1"));
+    assert!(d.start.is_empty(), "{:?}", d.start);
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::EtcdSnapshotPending));
+    assert_eq!(d.recheck_at, Some(at(1010)), "decided again at once, once it is taken");
+    // Only once the etcd gate passed: the snapshot comes from a healthy cluster.
+    let d = snapshot_required(Fixture::cluster(3, 2)).etcd(EtcdVerdict::NotChecked).decide();
+    assert!(d.check_etcd && d.take_etcd_snapshot.is_none());
+    let unhealthy = EtcdVerdict::Unhealthy { reason: "learner".into() };
+    assert!(snapshot_required(Fixture::cluster(3, 2)).etcd(unhealthy).decide().take_etcd_snapshot.is_none());
+    // Recorded: the control plane starts, and no second snapshot is asked for.
+    let mut f = snapshot_required(Fixture::cluster(3, 2));
+    f.op.status.etcd_snapshot = Some(snapshot_taken());
+    let d = f.decide();
+    assert_eq!((d.start.clone(), d.take_etcd_snapshot.clone()), (names(&["cp-1"]), None));
+    assert_eq!(d.authority.get("cp-1"), Some(&CallAuthority::Granted));
+    // `Skip`: none asked for.
+    let d = Fixture::cluster(3, 2).decide();
+    assert_eq!((d.start.clone(), d.take_etcd_snapshot.clone()), (names(&["cp-1"]), None));
+}
+
+#[test]
+fn no_snapshot_is_asked_for_when_no_control_plane_is_left_to_start() {
+    let f = snapshot_required(Fixture::cluster(3, 2)).all_control_planes_converged();
+    let d = f.decide();
+    assert_eq!(d.take_etcd_snapshot, None);
+    assert_eq!(d.start, names(&["worker-1"]));
+    // A worker-only cluster never needs one.
+    assert_eq!(snapshot_required(Fixture::cluster(0, 2)).decide().take_etcd_snapshot, None);
+}
+
+#[test]
+fn a_control_plane_call_without_the_required_snapshot_is_denied() {
+    // Started earlier (say while the spec said Skip), not past its call: no call until a
+    // snapshot is recorded.
+    let d = snapshot_required(Fixture::cluster(3, 2)).in_progress("cp-1", false).decide();
+    assert_eq!(d.advance, names(&["cp-1"]));
+    assert_eq!(d.authority.get("cp-1"), Some(&CallAuthority::Denied(CallDenied::EtcdSnapshotMissing)));
+    // Workers are not held to it.
+    let d = snapshot_required(Fixture::cluster(3, 2)).all_control_planes_converged().decide();
+    assert_eq!(d.authority.get("worker-1"), Some(&CallAuthority::Granted));
+}
+
+#[test]
+fn a_failed_snapshot_pauses_until_resumed_and_a_resume_takes_it_again() {
+    let mut f = snapshot_required(Fixture::cluster(3, 2));
+    let failed = crate::etcd_snapshot::SnapshotState::Failed { reason: "store: disk full".into(), at: at(1000) };
+    f.op.status.etcd_snapshot = Some(failed);
+    let d = f.decide();
+    assert_eq!(d.phase, Phase::Paused(PauseReason::EtcdSnapshotFailed { reason: "store: disk full".into() }));
+    assert!(d.start.is_empty() && d.take_etcd_snapshot.is_none());
+    assert_eq!(d.phase.reason(), "EtcdSnapshotFailed");
+    assert!(d.phase.to_string().contains("disk full"), "{}", d.phase);
+    let d = f.resume("t").decide();
+    assert_eq!(d.acknowledge_resume.as_deref(), Some("t"));
+    assert_eq!(d.take_etcd_snapshot.as_deref(), Some("cp-1"));
 }
