@@ -6,6 +6,8 @@
 //!     [--simulate-fleet CP+W [--time-scale N] [--seed N] [--fleet-only]]
 //!     [--listen ADDR] [--log-format text|json] [--identity ID] [--lease-namespace NS]
 //!     [--longhorn-namespace NS]
+//!     [--etcd-snapshot-dir DIR | --etcd-snapshot-s3-bucket B [--etcd-snapshot-s3-prefix P]
+//!      [--etcd-snapshot-s3-endpoint URL] [--etcd-snapshot-s3-region R]]
 //! ```
 //! Without `--kubeconfig` the configuration is inferred as kubectl does (`KUBECONFIG`,
 //! `~/.kube/config`, or the pod's service account). Replicas elect a leader on the Lease
@@ -19,6 +21,12 @@
 //! virtual durations divided by `--time-scale` (default 10). `--fleet-only` runs the fleet
 //! without the controller (to run operators in other processes against it).
 //!
+//! An upgrade takes an etcd snapshot before its first control plane unless its spec says
+//! `etcdSnapshot: Skip`; it goes to `--etcd-snapshot-dir` (a mounted volume) or to the
+//! S3-compatible bucket `--etcd-snapshot-s3-bucket`, signed with `AWS_ACCESS_KEY_ID` and
+//! `AWS_SECRET_ACCESS_KEY` from the environment (in a Deployment, from a Secret). With
+//! neither, such an operation pauses before its first control plane, saying so.
+//!
 //! Exit 0: stopped by a signal. Exit 2: bad arguments or an unusable kubeconfig, named.
 //! Exit 1: the endpoints could not listen, or the fleet could not start.
 
@@ -27,11 +35,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
+use ichor_adapters::snapshot_store::{DirectoryStore, S3Config, S3Store};
 use ichor_examples::{EXIT_BAD_ARGUMENT, parse_args};
 use ichor_operator::fleet::parse_shape;
 use ichor_operator::requests::counted_client;
 use ichor_operator::{ElectionConfig, FleetConfig, Metrics, OperatorConfig, Plan};
-use ichor_talos_executor::ExecutorConfig;
+use ichor_talos_executor::{ExecutorConfig, SnapshotStore};
 
 /// Exit code: the endpoints could not listen, or the fleet could not start.
 const EXIT_FAILED: i32 = 1;
@@ -81,6 +90,44 @@ struct Args {
     /// Where Longhorn runs.
     #[arg(long, default_value = ichor_adapters::longhorn::DEFAULT_NAMESPACE)]
     longhorn_namespace: String,
+    /// Keep etcd snapshots in this directory (a mounted volume).
+    #[arg(long, value_name = "DIR", conflicts_with = "etcd_snapshot_s3_bucket")]
+    etcd_snapshot_dir: Option<PathBuf>,
+    /// Keep etcd snapshots in this S3-compatible bucket (credentials from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[arg(long, value_name = "BUCKET")]
+    etcd_snapshot_s3_bucket: Option<String>,
+    /// The key prefix in the bucket.
+    #[arg(long, value_name = "PREFIX", default_value = "", requires = "etcd_snapshot_s3_bucket")]
+    etcd_snapshot_s3_prefix: String,
+    /// The S3 service's URL (default: AWS, from the region); `http://` is allowed.
+    #[arg(long, value_name = "URL", requires = "etcd_snapshot_s3_bucket")]
+    etcd_snapshot_s3_endpoint: Option<String>,
+    /// The bucket's region.
+    #[arg(long, value_name = "REGION", default_value = "us-east-1", requires = "etcd_snapshot_s3_bucket")]
+    etcd_snapshot_s3_region: String,
+}
+
+/// The snapshot store the arguments name, if any.
+fn snapshot_store(args: &Args) -> Result<Option<Arc<dyn SnapshotStore>>, String> {
+    if let Some(dir) = &args.etcd_snapshot_dir {
+        return Ok(Some(Arc::new(DirectoryStore::new(dir.clone()))));
+    }
+    let Some(bucket) = &args.etcd_snapshot_s3_bucket else { return Ok(None) };
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("--etcd-snapshot-s3-bucket needs {name} in the environment"))
+    };
+    let mut config =
+        S3Config::new(bucket, &args.etcd_snapshot_s3_region, env("AWS_ACCESS_KEY_ID")?, env("AWS_SECRET_ACCESS_KEY")?)
+            .with_prefix(&args.etcd_snapshot_s3_prefix);
+    if let Some(endpoint) = &args.etcd_snapshot_s3_endpoint {
+        config = config.with_allow_http(endpoint.starts_with("http://")).with_endpoint(endpoint);
+    }
+    let store = S3Store::new(&config).map_err(|e| format!("--etcd-snapshot-s3-bucket {bucket}: {e}"))?;
+    Ok(Some(Arc::new(store)))
 }
 
 fn parse_scale(text: &str) -> Result<f64, String> {
@@ -174,8 +221,10 @@ async fn run(args: Args) -> i32 {
         time_scale: args.time_scale,
         seed: args.seed,
     });
+    let snapshots = snapshot_store(&args).unwrap_or_else(|e| bad(&e));
     let operator = (!args.fleet_only).then(|| {
         let config = OperatorConfig {
+            snapshots,
             namespace,
             identity: identity.clone(),
             executor: ExecutorConfig::default(),

@@ -174,6 +174,7 @@ fn main() {
             ));
             let spec = OperationSpec {
                 preflight: None,
+                etcd_snapshot: None,
                 kind: "talos".into(),
                 target_version: args.to.to_string(),
                 max_unavailable: i64::from(args.max_unavailable),

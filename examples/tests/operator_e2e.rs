@@ -138,15 +138,23 @@ impl Scene {
     }
 
     fn fleet(&self, shape: &str, extra: &[&str]) -> Process {
+        let snapshots = self.snapshot_dir();
         let mut args = vec!["--namespace", &self.ns.name, "--simulate-fleet", shape, "--time-scale", TIME_SCALE];
+        args.extend_from_slice(&["--etcd-snapshot-dir", &snapshots]);
         args.extend_from_slice(extra);
         Process::start("fleet", self.dir.path(), self.admin(), &args)
     }
 
     fn operator(&self, name: &str, kubeconfig: &Path, extra: &[&str]) -> Process {
-        let mut args = vec!["--namespace", &self.ns.name];
+        let snapshots = self.snapshot_dir();
+        let mut args = vec!["--namespace", &self.ns.name, "--etcd-snapshot-dir", &snapshots];
         args.extend_from_slice(extra);
         Process::start(name, self.dir.path(), kubeconfig, &args)
+    }
+
+    /// Where the operators of this scene keep etcd snapshots.
+    fn snapshot_dir(&self) -> String {
+        self.dir.path().join("snapshots").display().to_string()
     }
 
     async fn create_operation(&self, name: &str, kind: &str, machine: Option<&str>) {
@@ -155,6 +163,7 @@ impl Scene {
             name,
             TalosOperationSpec {
                 preflight: None,
+                etcd_snapshot: None,
                 cluster: fleet::CLUSTER.into(),
                 kind: kind.into(),
                 target_version: fleet::TARGET.into(),
@@ -298,6 +307,18 @@ async fn a_3_plus_5_upgrade_completes_on_the_simulated_fleet() {
         scene.ns.name
     );
     assert_eq!(both.value(&converged).await, Some(8.0));
+
+    // The etcd snapshot taken before the first control plane: recorded, and the file is
+    // whole (its size and SHA-256 are the recorded ones), streamed over the Talos API.
+    let status = scene.operation("upgrade").await.and_then(|op| op.status).unwrap_or_default();
+    let snapshot = status.etcd_snapshot.expect("status.etcdSnapshot");
+    assert!(snapshot.location.starts_with(&scene.snapshot_dir()), "{}", snapshot.location);
+    let bytes = std::fs::read(&snapshot.location).unwrap();
+    assert_eq!(i64::try_from(bytes.len()).unwrap(), snapshot.size);
+    let sha256: String = <sha2::Sha256 as sha2::Digest>::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(sha256, snapshot.sha256);
+    let files: Vec<_> = std::fs::read_dir(scene.snapshot_dir()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(files.len(), 1, "one snapshot, no partial file: {files:?}");
 
     // SIGTERM: a clean stop, the fleet's Nodes gone.
     assert_eq!(both.terminate(), Some(0));

@@ -70,6 +70,7 @@ async fn the_crds_validate_what_is_written() {
             name,
             TalosOperationSpec {
                 preflight: None,
+                etcd_snapshot: None,
                 cluster: "prod".into(),
                 kind: "talos".into(),
                 target_version: "v1.14.4".into(),
@@ -188,6 +189,7 @@ async fn a_pass_right_after_a_write_reads_that_write_while_the_store_lags_behind
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
     let spec = TalosOperationSpec {
         preflight: None,
+        etcd_snapshot: None,
         cluster: "prod".into(),
         kind: "talos".into(),
         target_version: "v1.14.4".into(),
@@ -314,6 +316,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
     let spec = TalosOperationSpec {
         preflight: None,
+        etcd_snapshot: None,
         cluster: "prod".into(),
         kind: "kubernetes".into(),
         target_version: "v1.14.4".into(),
@@ -329,6 +332,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
     assert!(!kube.operation_exists(&format!("{}/upgrade/another-uid", ns.name)).await.unwrap());
     let refusal = ichor_upgrade_core::operation::OperationSpec {
         preflight: None,
+        etcd_snapshot: None,
         kind: "kubernetes".into(),
         target_version: "v1.14.4".into(),
         max_unavailable: 1,

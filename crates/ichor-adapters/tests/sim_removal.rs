@@ -112,6 +112,7 @@ async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
     let sim = cluster(3, 3, &[]);
     let remove = OperationSpec {
         preflight: None,
+        etcd_snapshot: None,
         kind: "remove".into(),
         target_version: String::new(),
         max_unavailable: 1,

@@ -29,7 +29,7 @@ use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
-use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, report};
+use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
 use ichor_upgrade_core::talos_step::MachineStage;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -67,6 +67,9 @@ pub struct OperatorConfig {
     pub talos: ClientOptions,
     /// Where Longhorn runs.
     pub longhorn_namespace: String,
+    /// Where etcd snapshots go (`None`: nowhere, and an operation that requires one pauses
+    /// before its first control plane, saying so).
+    pub snapshots: Option<Arc<dyn SnapshotStore>>,
 }
 
 /// Whether the operator is ready (its stores listed) and alive (its controller running).
@@ -283,6 +286,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         kube.ensure_finalizer(&name).await.map_err(ControllerError::Finalizer)?;
         let talos = ctx.talos(&namespace, &op.spec.cluster).await;
         let executor = Executor {
+            snapshots: ctx.config.snapshots.as_deref(),
             talos: talos.as_ref(),
             kube: &kube,
             storage: &ctx.storage,

@@ -29,7 +29,7 @@ use ichor_adapters::sim::world::NodePhase;
 use ichor_adapters::sim::{Naming, Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::server;
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
@@ -166,6 +166,10 @@ impl TalosApi for Counting {
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.reset(node, request).await
+    }
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.etcd_snapshot(node).await
     }
 }
 

@@ -29,6 +29,7 @@ use crate::cause::report;
 use crate::clock::Clock;
 use crate::config::ExecutorConfig;
 use crate::kube_api::{KubeApi, KubeError, MachineInfo, NodeInfo};
+use crate::snapshot::SnapshotStore;
 use crate::talos_api::{TalosApi, TalosError, UpgradeRequest};
 
 /// The Node annotation Talos writes with the node's schematic ID.
@@ -47,6 +48,10 @@ pub struct Executor<'a> {
     pub clock: &'a dyn Clock,
     /// Bounds and timing.
     pub config: &'a ExecutorConfig,
+    /// Where the etcd snapshot taken before the first control plane goes; `None` when none
+    /// is configured (an operation that requires one then pauses before any control plane,
+    /// saying so).
+    pub snapshots: Option<&'a dyn SnapshotStore>,
 }
 
 /// A call that outlived its bound.

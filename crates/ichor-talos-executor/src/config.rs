@@ -21,6 +21,10 @@ pub struct ExecutorConfig {
     /// which the machines' conditions record, ride with the next write that must be
     /// made. The status's count of converged machines lags by at most this much.
     pub status_hold: Duration,
+    /// The bound of a whole etcd snapshot, streamed from a control plane into the snapshot
+    /// store (default 30 minutes: etcd's largest supported database, 8 GiB, at a few MB/s).
+    /// A stream that sends nothing for [`ExecutorConfig::call_timeout`] is broken off too.
+    pub snapshot_timeout: Duration,
 }
 
 impl Default for ExecutorConfig {
@@ -30,6 +34,7 @@ impl Default for ExecutorConfig {
             step: StepTimeouts::default(),
             rollout: RolloutConfig::default(),
             status_hold: Duration::from_secs(30),
+            snapshot_timeout: Duration::from_secs(30 * 60),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod cause;
 pub mod clock;
 pub mod config;
 pub mod etcd;
+pub mod etcd_snapshot;
 pub mod kube_api;
 pub mod reconcile;
 pub mod removal;

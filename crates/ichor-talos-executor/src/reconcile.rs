@@ -11,6 +11,7 @@ use foldhash::fast::FixedState;
 use futures::future::join_all;
 use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::{EvacuationState, STORAGE_EVACUATION, evacuation_state};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
@@ -29,6 +30,7 @@ use crate::advance::{
 };
 use crate::cause::report;
 use crate::etcd::{self, ControlPlane};
+use crate::etcd_snapshot;
 use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
 use crate::removal::remove_machine;
 
@@ -380,10 +382,25 @@ pub async fn reconcile_with(
     // them: the etcd gate once, the preflight for each machine named (a blocked machine
     // lets the next one be named, up to a few rounds).
     let mut checked: BTreeMap<String, Vec<Blocker>> = BTreeMap::new();
+    // The etcd snapshot, once taken (or failed) in this pass, and the view that records it.
+    let mut snapshot: Option<SnapshotState> = None;
+    let mut recorded_view: Option<OperationView> = None;
     for _ in 0..GATE_ROUNDS {
         let needs_etcd = decision.check_etcd && verdict.is_none();
-        if !needs_etcd && decision.check_preflight.is_empty() {
+        let needs_snapshot = decision.take_etcd_snapshot.is_some() && snapshot.is_none();
+        if !needs_etcd && decision.check_preflight.is_empty() && !needs_snapshot {
             break;
+        }
+        if needs_snapshot {
+            let state = take_snapshot(ex, &op.cluster, &view, &observed, decision.take_etcd_snapshot.as_deref()).await;
+            // Recorded before anything else in the pass: no control plane's call goes out on
+            // a snapshot the status does not hold.
+            let recorded = OperationStatus { etcd_snapshot: Some(state.clone()), ..op.status.clone() };
+            write_status(ex, name, &op.status, &recorded).await?;
+            let mut with_it = view.clone();
+            with_it.status.etcd_snapshot = Some(state.clone());
+            recorded_view = Some(with_it);
+            snapshot = Some(state);
         }
         if needs_etcd {
             verdict = Some(gather_etcd_gate(ex, &observed).await);
@@ -413,13 +430,18 @@ pub async fn reconcile_with(
         }
         let verdicts = PreflightVerdict::Checked(checked.clone());
         let etcd = verdict.clone().unwrap_or(EtcdVerdict::NotChecked);
-        decision = decide(&RolloutInput { etcd: &etcd, preflight: &verdicts, ..input });
+        let operation = recorded_view.as_ref().unwrap_or(&view);
+        decision = decide(&RolloutInput { operation, etcd: &etcd, preflight: &verdicts, ..input });
     }
+    let input = RolloutInput { operation: recorded_view.as_ref().unwrap_or(&view), ..input };
     report_preflight(ex, name, memory, &decision).await;
 
     write_lock(ex, &op.cluster, &op.identity, lease.as_ref(), &decision, now).await?;
     if matches!(decision.lock, LockAction::Acquire { .. }) {
         let mut next = status.next(op.generation, &decision, &[]);
+        if snapshot.is_some() {
+            next.etcd_snapshot.clone_from(&snapshot);
+        }
         if !removal {
             let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count();
             next.forget_converged(count, |name| {
@@ -589,6 +611,9 @@ pub async fn reconcile_with(
     } else {
         status.next(op.generation, &decision, &outcomes)
     };
+    if snapshot.is_some() {
+        next.etcd_snapshot.clone_from(&snapshot);
+    }
     if !removal {
         // A machine converged before this pass is not advanced in it: the two add up.
         let converged_in_pass = |name: &str| outcomes.iter().any(|(n, o)| n == name && *o == MachineOutcome::Converged);
@@ -652,7 +677,31 @@ async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bo
 /// How many times a pass decides again with gates gathered: the etcd gate and the
 /// preflight for the first machines named, then the preflight for those named after a
 /// blocked one.
-const GATE_ROUNDS: usize = 4;
+const GATE_ROUNDS: usize = 5;
+
+/// The etcd snapshot the decision asks for, from the Ready control planes, the one about to
+/// be upgraded (`next`) last.
+async fn take_snapshot(
+    ex: &Executor<'_>,
+    cluster: &str,
+    view: &OperationView,
+    observed: &[Observed],
+    next: Option<&str>,
+) -> SnapshotState {
+    let mut sources: Vec<etcd_snapshot::Source> = observed
+        .iter()
+        .filter(|o| o.machine.role == MachineRole::ControlPlane && o.node.as_ref().is_some_and(|n| n.ready))
+        .filter_map(|o| {
+            Some(etcd_snapshot::Source {
+                machine: o.machine.name.clone(),
+                address: o.machine.address.clone(),
+                node: o.node_name()?.to_owned(),
+            })
+        })
+        .collect();
+    sources.sort_by_key(|s| Some(s.machine.as_str()) == next);
+    etcd_snapshot::take(ex, cluster, &view.spec.target_version, &sources).await
+}
 
 fn by_name_in<'o>(observed: &'o [Observed], machine: &str) -> Option<&'o Observed> {
     observed.iter().find(|o| o.machine.name == machine)

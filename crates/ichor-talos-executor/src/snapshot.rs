@@ -16,7 +16,7 @@ pub struct SnapshotStoreError(pub String);
 
 /// Where snapshots are kept.
 #[async_trait]
-pub trait SnapshotStore: Send + Sync {
+pub trait SnapshotStore: Send + Sync + std::fmt::Debug {
     /// Begins the snapshot object `name` (a file name: no `/`).
     ///
     /// # Errors

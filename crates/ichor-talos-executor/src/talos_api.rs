@@ -174,4 +174,16 @@ pub trait TalosApi: Send + Sync {
     async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError>;
     /// `Reset`: the node wipes itself.
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
+    /// `MachineService.EtcdSnapshot`: a consistent snapshot of etcd from the node, as the
+    /// chunks of its stream. An error in the stream ends it; the snapshot is then partial.
+    /// (The default answers `Unimplemented`, for doubles that never take one.)
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        Err(TalosError::Answered {
+            code: "Unimplemented".to_owned(),
+            message: format!("no etcd snapshot from {node}: this Talos API does not serve one"),
+        })
+    }
 }
+
+/// The chunks of an etcd snapshot as they arrive.
+pub type SnapshotStream = futures::stream::BoxStream<'static, Result<Vec<u8>, TalosError>>;

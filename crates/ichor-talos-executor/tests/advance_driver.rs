@@ -187,7 +187,8 @@ async fn run(
     m: &MachineInfo,
     config: &ExecutorConfig,
 ) -> Result<MachineOutcome, AdvanceError> {
-    let ex = Executor { talos, kube: &world.kube, storage: &world.storage, clock: &FixedClock, config };
+    let ex =
+        Executor { talos, kube: &world.kube, storage: &world.storage, clock: &FixedClock, config, snapshots: None };
     advance_machine(&ex, "talos", m, &target(), &CallAuthority::Granted).await
 }
 
@@ -195,7 +196,14 @@ async fn run(
 async fn kinds_other_than_talos_are_errors_and_touch_nothing() {
     let (talos, kube, storage) = (MockTalos::new(), MockKube::new(), MockStorage::new());
     let config = ExecutorConfig::default();
-    let ex = Executor { talos: &talos, kube: &kube, storage: &storage, clock: &FixedClock, config: &config };
+    let ex = Executor {
+        talos: &talos,
+        kube: &kube,
+        storage: &storage,
+        clock: &FixedClock,
+        config: &config,
+        snapshots: None,
+    };
     for kind in ["kubernetes", "ichor"] {
         let err = advance_machine(&ex, kind, &machine(MachineRole::Worker), &target(), &CallAuthority::Granted)
             .await
@@ -637,6 +645,7 @@ async fn no_upgrade_call_goes_out_without_the_authority_of_this_pass() {
         .expect_etcd_members()
         .returning(|_| Ok(vec![EtcdMember { id: 1, hostname: "worker-1".into(), is_learner: false }]));
     let ex = Executor {
+        snapshots: None,
         talos: &world.talos,
         kube: &world.kube,
         storage: &world.storage,

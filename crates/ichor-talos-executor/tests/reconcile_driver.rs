@@ -68,6 +68,7 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
         annotations: BTreeMap::new(),
         spec: OperationSpec {
             preflight: None,
+            etcd_snapshot: None,
             kind: "talos".into(),
             target_version: "v1.14.4".into(),
             max_unavailable: 2,
@@ -126,7 +127,14 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
     storage.expect_storage_objects().returning(|| Ok(Vec::new()));
 
     let config = ExecutorConfig::default();
-    let ex = Executor { talos: &talos, kube: &kube, storage: &storage, clock: &FixedClock, config: &config };
+    let ex = Executor {
+        talos: &talos,
+        kube: &kube,
+        storage: &storage,
+        clock: &FixedClock,
+        config: &config,
+        snapshots: None,
+    };
     let outcome = reconcile(&ex, "upgrade").await.unwrap();
     assert!(matches!(outcome.phase, Phase::Paused(_)), "{:?}", outcome.phase);
     let status = written.lock().unwrap().last().cloned().expect("a status write");

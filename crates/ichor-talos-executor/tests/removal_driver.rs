@@ -80,6 +80,7 @@ impl World {
     async fn remove(&self, m: &MachineInfo, control_planes: &[ControlPlane]) -> MachineOutcome {
         let config = ExecutorConfig::default();
         let ex = Executor {
+            snapshots: None,
             talos: &self.talos,
             kube: &self.kube,
             storage: &self.storage,

@@ -160,7 +160,8 @@ impl TestNamespace {
 /// `ichor_operator::fleet::FLEET_LABEL`; this crate cannot depend on the operator's).
 pub const FLEET_LABEL: &str = "ichor.dev/simulated-fleet";
 
-/// Applies the four CRDs (creating those missing) and waits until they are established.
+/// Applies the four CRDs (creating those missing, replacing those of another schema) and
+/// waits until they are established.
 ///
 /// # Panics
 /// When the server refuses a CRD or does not establish it within a minute.
@@ -170,7 +171,20 @@ pub async fn apply_crds(client: &Client) {
         let name = crd.metadata.name.clone().unwrap_or_default();
         match crds.create(&PostParams::default(), &crd).await {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            // There already (a server kept between runs): brought up to this build's schema.
+            Err(kube::Error::Api(status)) if status.code == 409 => loop {
+                let existing = crds.get(&name).await.expect("the CRD reads back");
+                if existing.spec == crd.spec {
+                    break;
+                }
+                let mut updated = crd.clone();
+                updated.metadata.resource_version = existing.metadata.resource_version;
+                match crds.replace(&name, &PostParams::default(), &updated).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                    Err(e) => panic!("CRD {name} refused: {e}"),
+                }
+            },
             Err(e) => panic!("CRD {name} refused: {e}"),
         }
         let established = async {

@@ -35,6 +35,7 @@ use ichor_talos_executor::kube_api::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
+use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
@@ -50,8 +51,8 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::crd::{
-    MachineCounts, Role, TalosCluster, TalosMachine, TalosMachineStatus, TalosOperation, TalosOperationStatus,
-    TalosStorage,
+    EtcdSnapshotStatus, MachineCounts, Role, TalosCluster, TalosMachine, TalosMachineStatus, TalosOperation,
+    TalosOperationStatus, TalosStorage,
 };
 use super::errors::kube_error;
 
@@ -591,6 +592,13 @@ fn operation_status(
             flag("Paused", matches!(phase, Phase::Paused(_))),
             flag("Refused", matches!(phase, Phase::Refused(_))),
         ],
+        etcd_snapshot: engine.etcd_snapshot.as_ref().and_then(SnapshotState::taken).map(|s| EtcdSnapshotStatus {
+            location: s.location.clone(),
+            size: i64::try_from(s.size).unwrap_or(i64::MAX),
+            sha256: s.sha256.clone(),
+            node: s.node.clone(),
+            time: timestamp_to_time(s.taken_at),
+        }),
         engine: serde_json::to_value(engine).ok(),
     }
 }
@@ -661,6 +669,7 @@ impl KubeApi for KubeCluster {
             annotations: metadata_map(op.annotations()),
             spec: OperationSpec {
                 preflight: op.spec.preflight.map(Into::into),
+                etcd_snapshot: op.spec.etcd_snapshot.map(Into::into),
                 kind: op.spec.kind.clone(),
                 target_version: op.spec.target_version.clone(),
                 max_unavailable: op.spec.max_unavailable,

@@ -175,6 +175,30 @@ pub struct TalosOperationSpec {
     /// starts it and records them in a Warning Event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<Preflight>,
+    /// For `talos`: `Required` (the default) streams an etcd snapshot from a healthy
+    /// control plane into the operator's snapshot store and records it in
+    /// `status.etcdSnapshot` before the first control plane's Upgrade call; failing to
+    /// take it pauses the operation before any control plane is touched. `Skip` takes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot: Option<EtcdSnapshotMode>,
+}
+
+/// `spec.etcdSnapshot`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum EtcdSnapshotMode {
+    /// A snapshot is taken before the first control plane.
+    Required,
+    /// None is taken.
+    Skip,
+}
+
+impl From<EtcdSnapshotMode> for ichor_upgrade_core::operation::SnapshotMode {
+    fn from(value: EtcdSnapshotMode) -> Self {
+        match value {
+            EtcdSnapshotMode::Required => Self::Required,
+            EtcdSnapshotMode::Skip => Self::Skip,
+        }
+    }
 }
 
 /// `spec.preflight`.
@@ -239,11 +263,30 @@ pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The etcd snapshot taken before the first control plane, once taken whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot: Option<EtcdSnapshotStatus>,
     /// The engine's own state between passes (its phase, the resume token acted upon, and
     /// a record per started machine); read back on every pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserved_object")]
     pub engine: Option<serde_json::Value>,
+}
+
+/// `status.etcdSnapshot`: where the snapshot is and how to check it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSnapshotStatus {
+    /// Where it is (a path in the operator's snapshot volume, an `s3://` URL).
+    pub location: String,
+    /// Its size in bytes.
+    pub size: i64,
+    /// Its SHA-256, lowercase hex.
+    pub sha256: String,
+    /// The control plane it was streamed from.
+    pub node: String,
+    /// When it was finished.
+    pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
 /// An object whose fields the API server keeps as written.

@@ -13,7 +13,7 @@ use ichor_talos_executor::kube_api::{
     PodInfo,
 };
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
@@ -24,7 +24,7 @@ use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason
 use ichor_upgrade_core::versions::TalosVersion;
 
 use super::SimCluster;
-use super::config::secs;
+use super::config::{Fault, secs};
 use super::trace::TraceKind;
 use super::world::{EtcdMember as SimMember, Evacuation, Gate, NodePhase, UpgradeRecord, World};
 
@@ -402,6 +402,20 @@ impl TalosApi for SimCluster {
             Ok(())
         })
         .await
+    }
+
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        let (seed, size, fails, takes_time) = self
+            .talos(node, |w, i| {
+                if w.nodes[i].etcd != Some(SimMember::Voter) {
+                    return Err(TalosError::answer("FailedPrecondition", "etcd is not a voting member on this node"));
+                }
+                w.record(i, TraceKind::EtcdSnapshot);
+                let size = super::snapshot::snapshot_size(w.nodes.len());
+                Ok((w.config.seed, size, w.config.has(Fault::SnapshotFails), w.config.realism.takes_time()))
+            })
+            .await?;
+        Ok(super::snapshot::stream(seed, size, fails, takes_time))
     }
 }
 

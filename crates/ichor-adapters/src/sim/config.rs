@@ -32,11 +32,14 @@ pub enum Fault {
     /// its own (a kubelet or network hiccup), not because of the upgrade: one not upgraded
     /// yet, so that the other control planes' calls must wait for it.
     ControlPlaneNotReady,
+    /// Every etcd snapshot stream breaks off half way: an operation that requires one
+    /// pauses before any control plane (and so before any Upgrade call).
+    SnapshotFails,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -47,6 +50,7 @@ impl Fault {
         Self::NotReady,
         Self::CallLost,
         Self::ControlPlaneNotReady,
+        Self::SnapshotFails,
     ];
 
     /// The name on the command line.
@@ -63,6 +67,7 @@ impl Fault {
             Self::NotReady => "not-ready",
             Self::CallLost => "call-lost",
             Self::ControlPlaneNotReady => "control-plane-not-ready",
+            Self::SnapshotFails => "snapshot-fails",
         }
     }
 

@@ -15,12 +15,14 @@ pub mod config;
 pub mod peers;
 mod rng;
 pub mod runner;
+pub mod snapshot;
 pub mod trace;
 pub mod world;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ichor_talos_executor::kube_api::{Metadata, OperationInfo};
+use ichor_talos_executor::snapshot::SnapshotStore;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::rollout::OperationStatus;
@@ -31,18 +33,40 @@ pub use trace::{TraceEvent, TraceKind};
 pub use world::{CLUSTER, SimOperation, World};
 
 /// The simulated cluster. Cheap to share by reference; every call locks its world briefly.
-#[derive(Debug)]
 pub struct SimCluster {
     world: Mutex<World>,
     /// Wakes the image pulls under way when one starts or ends: their shares change.
     pulls_changed: tokio::sync::Notify,
+    /// Where the operations' etcd snapshots go (in memory unless given another).
+    snapshots: Mutex<Arc<dyn SnapshotStore>>,
+}
+
+impl std::fmt::Debug for SimCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimCluster").field("world", &self.world).finish_non_exhaustive()
+    }
 }
 
 impl SimCluster {
     /// A cluster as configured.
     #[must_use]
     pub fn new(config: SimConfig) -> Self {
-        Self { world: Mutex::new(World::new(config)), pulls_changed: tokio::sync::Notify::new() }
+        Self {
+            world: Mutex::new(World::new(config)),
+            pulls_changed: tokio::sync::Notify::new(),
+            snapshots: Mutex::new(Arc::new(snapshot::MemoryStore::default())),
+        }
+    }
+
+    /// Sends the operations' etcd snapshots to `store` (a directory, for the main job).
+    pub fn set_snapshot_store(&self, store: Arc<dyn SnapshotStore>) {
+        *self.snapshots.lock().unwrap_or_else(PoisonError::into_inner) = store;
+    }
+
+    /// Where the operations' etcd snapshots go.
+    #[must_use]
+    pub fn snapshot_store(&self) -> Arc<dyn SnapshotStore> {
+        Arc::clone(&self.snapshots.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, World> {

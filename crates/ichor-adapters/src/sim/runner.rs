@@ -76,7 +76,8 @@ pub async fn run_operation(
                 }
             });
         }
-        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config };
+        let store = sim.snapshot_store();
+        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: Some(store.as_ref()) };
         let result = reconcile_with(&ex, name, &memory).await;
         let restarted = sim.with_world_untouched(|w| {
             let restarted = w.take_restart();
@@ -159,7 +160,8 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
             w.take_deliveries();
             w.counters.passes += 1;
         });
-        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config };
+        let store = sim.snapshot_store();
+        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: Some(store.as_ref()) };
         let now = sim.now();
         let outcome = match sim.machine(name).await {
             Ok(Some(machine)) => {

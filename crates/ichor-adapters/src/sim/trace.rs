@@ -35,6 +35,9 @@ pub enum TraceKind {
     EvacuationEnd,
     /// The node was drained.
     Drain,
+    /// An etcd snapshot was streamed from the node (before any control plane's Upgrade
+    /// call).
+    EtcdSnapshot,
     /// The node's etcd member left the member list.
     EtcdMemberMissing,
     /// The node's etcd member is a voter again.
@@ -77,6 +80,7 @@ impl TraceKind {
             Self::Evacuated => "evacuated",
             Self::EvacuationEnd => "evacuation-end",
             Self::Drain => "drain",
+            Self::EtcdSnapshot => "etcd-snapshot",
             Self::EtcdMemberMissing => "etcd-member-missing",
             Self::EtcdMemberBack => "etcd-member-back",
             Self::Converged => "converged",

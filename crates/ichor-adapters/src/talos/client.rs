@@ -28,7 +28,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ichor_talos_executor::cause::{Cause, report};
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_talosconfig::{Endpoint, TalosContext};
 use ichor_upgrade_core::talos_step::MachineStage;
@@ -504,6 +504,30 @@ impl TalosApi for TalosClient {
         let message = pb::ResetRequest { graceful: request.graceful, reboot: request.reboot };
         let reply = self.machine(node, message, None, |mut c, r| async move { c.reset(r).await }).await?;
         first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
+    }
+
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        let bound = self.inner.options.snapshot_timeout;
+        let target = target(node)?;
+        let response = self
+            .call(node, bound, |channel| {
+                let request = request(target.as_ref(), pb::EtcdSnapshotRequest {}, bound);
+                async move { MachineServiceClient::new(channel).etcd_snapshot(request).await }
+            })
+            .await?;
+        // Each chunk as it comes; an error ends the stream (the caller aborts the copy).
+        let chunks = futures::stream::unfold(Some(response.into_inner()), |stream| async move {
+            let mut stream = stream?;
+            match stream.message().await {
+                Ok(Some(chunk)) => match chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
+                    Some(error) => Some((Err(answered("Unknown", error)), None)),
+                    None => Some((Ok(chunk.bytes), Some(stream))),
+                },
+                Ok(None) => None,
+                Err(status) => Some((Err(classify(&status, "the snapshot stream")), None)),
+            }
+        });
+        Ok(Box::pin(chunks))
     }
 }
 

@@ -170,13 +170,19 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         Ok(Response::new(pb::EtcdAlarmListResponse { messages: vec![pb::EtcdAlarm { metadata: None, member_alarms }] }))
     }
 
-    type EtcdSnapshotStream = tokio_stream::Iter<std::vec::IntoIter<Result<Data, Status>>>;
+    type EtcdSnapshotStream = futures::stream::BoxStream<'static, Result<Data, Status>>;
 
     async fn etcd_snapshot(
         &self,
-        _request: Request<pb::EtcdSnapshotRequest>,
+        request: Request<pb::EtcdSnapshotRequest>,
     ) -> Result<Response<Self::EtcdSnapshotStream>, Status> {
-        Err(Status::unimplemented("EtcdSnapshot is not part of the engine's Talos API yet"))
+        let node = node(&request)?;
+        let chunks = self.api.etcd_snapshot(&node).await.map_err(|e| status(&e))?;
+        let data = futures::StreamExt::map(chunks, |chunk| match chunk {
+            Ok(bytes) => Ok(Data { metadata: None, bytes }),
+            Err(e) => Err(status(&e)),
+        });
+        Ok(Response::new(Box::pin(data)))
     }
 
     async fn etcd_leave_cluster(
