@@ -5,6 +5,7 @@
 //! cargo run --example rollout -- [--control-planes N] [--workers N] [--max-unavailable N]
 //!     [--seed N] [--from V] [--to V] [--kubernetes V] [--faults LIST]
 //!     [--operation upgrade|remove] [--node NAME] [--trace FILE] [--json]
+//!     [--etcd-snapshot-dir DIR]
 //! ```
 //! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
@@ -12,6 +13,11 @@
 //! Exit 3: refused at planning (a version two minors behind, a Kubernetes version the
 //! target does not run, two control planes), nothing touched. Every failure, pause, wait
 //! and refusal is printed with its reason, in the output, the trace and the JSON summary.
+//!
+//! An upgrade streams an etcd snapshot from a simulated control plane before the first
+//! control plane's Upgrade call, into `--etcd-snapshot-dir` (default: a new directory
+//! under the system's temporary directory, kept), and prints where it is, its size and
+//! SHA-256. With the `snapshot-fails` fault it pauses before any Upgrade call (exit 4).
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
@@ -21,8 +27,10 @@ use clap::{Parser, ValueEnum};
 use ichor_adapters::sim::{
     Fault, Realism, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
 };
+use ichor_adapters::snapshot_store::DirectoryStore;
 use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, parse_args};
 use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
@@ -68,7 +76,8 @@ struct Args {
     #[arg(long, default_value = "1.34.1", value_parser = KubernetesVersion::parse)]
     kubernetes: KubernetesVersion,
     /// Faults, comma-separated: ab-fallback, controller-crash, api-outage, evacuation-stuck,
-    /// slow-reboot, pdb-blocked, etcd-lag, not-ready, call-lost, control-plane-not-ready.
+    /// slow-reboot, pdb-blocked, etcd-lag, not-ready, call-lost, control-plane-not-ready,
+    /// snapshot-fails.
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<Fault>,
     /// Upgrade the cluster, or remove one node.
@@ -93,6 +102,9 @@ struct Args {
     /// bound; `--json` gains `compare: {policy: ratio}`.
     #[arg(long)]
     compare: bool,
+    /// Where the etcd snapshot goes (default: a new directory under the temporary one).
+    #[arg(long, value_name = "DIR")]
+    etcd_snapshot_dir: Option<PathBuf>,
 }
 
 /// The wake models on the command line.
@@ -156,6 +168,11 @@ fn main() {
             WakeArg::Oracle => Realism::oracle(),
         });
     let sim = SimCluster::new(config);
+    let snapshot_dir = args
+        .etcd_snapshot_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("ichor-rollout-{}-{}", args.seed, std::process::id())));
+    sim.set_snapshot_store(std::sync::Arc::new(DirectoryStore::new(snapshot_dir)));
     let started = std::time::Instant::now();
     let runtime = ichor_adapters::sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
@@ -251,6 +268,8 @@ struct Why {
     message: String,
     /// Each failed machine: its node, reason and message.
     failed: Vec<(String, String, String)>,
+    /// The etcd snapshot the operation recorded, if any.
+    snapshot: Option<SnapshotRecord>,
 }
 
 impl Why {
@@ -270,7 +289,11 @@ impl Why {
                     (_, None) => ("Stalled".to_owned(), format!("{end:?}")),
                 },
             };
-            Self { reason, message, failed }
+            let snapshot = w
+                .operations
+                .values()
+                .find_map(|op| op.info.status.etcd_snapshot.as_ref().and_then(|s| s.taken()).cloned());
+            Self { reason, message, failed, snapshot }
         })
     }
 }
@@ -306,6 +329,12 @@ fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg
         "status_bytes_max": r.status_bytes_max,
         "talos_calls": r.talos_calls,
         "passes": r.passes,
+        "etcd_snapshot": why.snapshot.as_ref().map(|s| serde_json::json!({
+            "size": s.size,
+            "sha256": s.sha256,
+            "location": s.location,
+            "node": s.node,
+        })),
     })
 }
 
@@ -326,6 +355,9 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
     }
     for (node, reason, message) in &why.failed {
         println!("failed: {node}: {reason}: {message}");
+    }
+    if let Some(s) = &why.snapshot {
+        println!("etcd snapshot: {} ({} bytes, sha256 {}) from {}", s.location, s.size, s.sha256, s.node);
     }
     println!("nodes on target: {}/{}", r.on_target, r.nodes);
     println!("acknowledged Upgrade calls: {}", r.upgrade_calls);

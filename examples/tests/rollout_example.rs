@@ -114,3 +114,49 @@ fn the_summary_counts_what_a_real_cluster_would_pay_and_compares_the_peers() {
     // The engine runs under watches and latency, never faster than the zero-overhead ideal.
     assert!(ratio("engine") >= ratio("ideal"), "{json}");
 }
+
+#[test]
+fn the_etcd_snapshot_is_written_before_any_control_plane_and_its_record_matches_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_file = dir.path().join("trace.jsonl");
+    let snapshots = dir.path().join("snapshots");
+    let args = ["--json", "--trace", trace_file.to_str().unwrap(), "--etcd-snapshot-dir", snapshots.to_str().unwrap()];
+    let output = rollout(&args);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let json = summary(&output);
+    let snapshot = &json["etcd_snapshot"];
+    let location = snapshot["location"].as_str().expect("etcd_snapshot.location");
+    let bytes = std::fs::read(location).unwrap();
+    assert_eq!(snapshot["size"], bytes.len() as u64);
+    let sha256: String = <sha2::Sha256 as sha2::Digest>::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(snapshot["sha256"], sha256);
+    assert_eq!(std::fs::read_dir(&snapshots).unwrap().count(), 1, "one file, no partial one");
+
+    let events = trace(&trace_file);
+    let at = |pred: &dyn Fn(&Value) -> bool| events.iter().position(|e| pred(e));
+    let snapshot_at = at(&|e| e["event"] == "etcd-snapshot").expect("etcd-snapshot in the trace");
+    let first_cp_call = at(&|e| e["event"] == "upgrade-call" && e["role"] == "control-plane").unwrap();
+    assert!(snapshot_at < first_cp_call, "the snapshot precedes every control plane's Upgrade call");
+
+    // Printed for people too.
+    let output = rollout(&["--etcd-snapshot-dir", snapshots.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("etcd snapshot: ") && text.contains("sha256 "), "{text}");
+}
+
+#[test]
+fn a_snapshot_that_fails_is_exit_4_with_no_upgrade_call_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    let output = rollout(&["--faults", "snapshot-fails", "--json", "--etcd-snapshot-dir", snapshots.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    let json = summary(&output);
+    assert_eq!(json["outcome"], "paused");
+    assert_eq!(json["reason"], "EtcdSnapshotFailed");
+    assert!(json["message"].as_str().unwrap().contains("snapshot"), "{json}");
+    assert_eq!(json["upgrade_calls"], 0);
+    assert_eq!(json["etcd_snapshot"], Value::Null);
+    let left: Vec<_> =
+        std::fs::read_dir(&snapshots).map(|d| d.map(|e| e.unwrap().file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "no partial snapshot left: {left:?}");
+}
