@@ -133,7 +133,7 @@ fn the_etcd_snapshot_is_written_before_any_control_plane_and_its_record_matches_
     assert_eq!(std::fs::read_dir(&snapshots).unwrap().count(), 1, "one file, no partial one");
 
     let events = trace(&trace_file);
-    let at = |pred: &dyn Fn(&Value) -> bool| events.iter().position(|e| pred(e));
+    let at = |pred: &dyn Fn(&Value) -> bool| events.iter().position(pred);
     let snapshot_at = at(&|e| e["event"] == "etcd-snapshot").expect("etcd-snapshot in the trace");
     let first_cp_call = at(&|e| e["event"] == "upgrade-call" && e["role"] == "control-plane").unwrap();
     assert!(snapshot_at < first_cp_call, "the snapshot precedes every control plane's Upgrade call");
