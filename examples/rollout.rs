@@ -77,7 +77,7 @@ struct Args {
     kubernetes: KubernetesVersion,
     /// Faults, comma-separated: ab-fallback, controller-crash, api-outage, evacuation-stuck,
     /// slow-reboot, pdb-blocked, etcd-lag, not-ready, call-lost, control-plane-not-ready,
-    /// snapshot-fails.
+    /// snapshot-fails, pdb-zero, single-replica.
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<Fault>,
     /// Upgrade the cluster, or remove one node.
@@ -329,6 +329,7 @@ fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg
         "status_bytes_max": r.status_bytes_max,
         "talos_calls": r.talos_calls,
         "passes": r.passes,
+        "preflight_waits": r.preflight_waits_s,
         "etcd_snapshot": why.snapshot.as_ref().map(|s| serde_json::json!({
             "size": s.size,
             "sha256": s.sha256,
@@ -379,6 +380,9 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
         r.kube_writes, r.status_writes, r.condition_writes, r.storage_writes, r.events, r.lease_writes, r.kube_reads
     );
     println!("Talos calls: {}, passes: {}, controller restarts: {restarts}", r.talos_calls, r.passes);
+    if r.preflight_waits_s > 0.0 {
+        println!("held back by the preflight gate: {:.0} machine-seconds", r.preflight_waits_s);
+    }
 }
 
 /// Live progress: one line per change of the world, and a progress bar.

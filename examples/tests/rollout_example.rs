@@ -160,3 +160,20 @@ fn a_snapshot_that_fails_is_exit_4_with_no_upgrade_call_at_all() {
         std::fs::read_dir(&snapshots).map(|d| d.map(|e| e.unwrap().file_name()).collect()).unwrap_or_default();
     assert!(left.is_empty(), "no partial snapshot left: {left:?}");
 }
+
+#[test]
+fn workload_faults_hold_machines_at_the_preflight_gate_and_the_summary_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for fault in ["pdb-zero", "single-replica"] {
+        let trace_file = dir.path().join(format!("{fault}.jsonl"));
+        let args = ["--workers", "12", "--max-unavailable", "3", "--faults", fault, "--json"];
+        let output = rollout(&[&args[..], &["--trace", trace_file.to_str().unwrap()]].concat());
+        assert_eq!(output.status.code(), Some(0), "{fault}: {output:?}");
+        let json = summary(&output);
+        assert!(json["preflight_waits"].as_f64().unwrap() > 0.0, "{fault}: {json}");
+        let events = trace(&trace_file);
+        let blocked = events.iter().filter(|e| e["event"] == "preflight-blocked").count();
+        let cleared = events.iter().filter(|e| e["event"] == "preflight-clear").count();
+        assert!(blocked > 0 && cleared > 0, "{fault}: {blocked} blocked, {cleared} cleared");
+    }
+}

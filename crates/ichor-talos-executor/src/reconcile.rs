@@ -43,6 +43,12 @@ pub struct ReconcileOutcome {
     pub requeue_at: Option<Timestamp>,
     /// The operation is gone, or was finalized in this pass.
     pub finished: bool,
+    /// The machines the preflight gate held back in this pass, each with its blockers as
+    /// one line (for traces and metrics; the Warning Event says the same to people).
+    pub preflight_blocked: Vec<(String, String)>,
+    /// The machines the gate found clear in this pass, or that started in it: no longer
+    /// held back. (A machine the gate was not asked about in a pass is in neither list.)
+    pub preflight_cleared: Vec<String>,
 }
 
 /// Why a pass could not be carried out. Machine-level trouble never lands here: it is a
@@ -309,7 +315,13 @@ pub async fn reconcile_with(
 ) -> Result<ReconcileOutcome, ReconcileError> {
     let read_op = |source| ReconcileError::ReadOperation { name: name.to_owned(), source };
     let Some(op) = kube_call(ex, "read operation", ex.kube.operation(name)).await.map_err(read_op)? else {
-        return Ok(ReconcileOutcome { phase: Phase::Completed, requeue_at: None, finished: true });
+        return Ok(ReconcileOutcome {
+            phase: Phase::Completed,
+            requeue_at: None,
+            finished: true,
+            preflight_blocked: Vec::new(),
+            preflight_cleared: Vec::new(),
+        });
     };
     let read_cluster = |source| ReconcileError::ReadCluster { cluster: op.cluster.clone(), source };
     let cluster = kube_call(ex, "read cluster", ex.kube.cluster(&op.cluster)).await.map_err(read_cluster)?;
@@ -434,6 +446,12 @@ pub async fn reconcile_with(
         decision = decide(&RolloutInput { operation, etcd: &etcd, preflight: &verdicts, ..input });
     }
     let input = RolloutInput { operation: recorded_view.as_ref().unwrap_or(&view), ..input };
+    let cleared: Vec<String> = checked
+        .iter()
+        .filter(|(_, blockers)| blockers.is_empty())
+        .map(|(machine, _)| machine.clone())
+        .chain(decision.start.iter().cloned())
+        .collect();
     report_preflight(ex, name, memory, &decision).await;
 
     write_lock(ex, &op.cluster, &op.identity, lease.as_ref(), &decision, now).await?;
@@ -451,7 +469,14 @@ pub async fn reconcile_with(
         let wrote = write_status(ex, name, &op.status, &next).await?;
         let requeue_at = Timestamp::min_opt(decision.recheck_at, wrote.then_some(now));
         memory.keep_views(cache);
-        return Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: false });
+        let (preflight_blocked, preflight_cleared) = (blocked_lines(&decision), cleared);
+        return Ok(ReconcileOutcome {
+            phase: next.phase,
+            requeue_at,
+            finished: false,
+            preflight_blocked,
+            preflight_cleared,
+        });
     }
 
     // Only the machines the decision or the status names are looked up by name.
@@ -657,7 +682,14 @@ pub async fn reconcile_with(
     let requeue_at = Timestamp::min_opt(Timestamp::min_opt(requeue_at, kept_recheck), wrote.then_some(now));
     let requeue_at = Timestamp::min_opt(requeue_at, held_until);
     memory.keep_views(cache);
-    Ok(ReconcileOutcome { phase: next.phase, requeue_at, finished: decision.finalized })
+    let (preflight_blocked, preflight_cleared) = (blocked_lines(&decision), cleared);
+    Ok(ReconcileOutcome {
+        phase: next.phase,
+        requeue_at,
+        finished: decision.finalized,
+        preflight_blocked,
+        preflight_cleared,
+    })
 }
 
 /// Whether machine `o`, whose step last waited on its evacuation and whose objects have not
@@ -678,6 +710,11 @@ async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bo
 /// preflight for the first machines named, then the preflight for those named after a
 /// blocked one.
 const GATE_ROUNDS: usize = 5;
+
+/// The machines the preflight gate holds back, each with its blockers as one line.
+fn blocked_lines(decision: &Decision) -> Vec<(String, String)> {
+    decision.preflight_blocked.iter().map(|(machine, blockers)| (machine.clone(), describe(blockers))).collect()
+}
 
 /// The etcd snapshot the decision asks for, from the Ready control planes, the one about to
 /// be upgraded (`next`) last.

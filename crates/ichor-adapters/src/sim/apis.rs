@@ -550,11 +550,11 @@ impl KubeApi for SimCluster {
 
     async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
         self.kube(KubeCall::Write, |w| {
-            let blocked = w.pdb_blocked_until.is_some_and(|t| w.now < t);
             let now = w.now;
             let Some((i, k)) = w.pod(namespace, name) else { return Ok(Eviction::Evicted) };
+            let blocked = w.eviction_blocked_until(&w.nodes[i].pods[k]).is_some();
             let pod = &mut w.nodes[i].pods[k];
-            if pod.budgeted && blocked {
+            if blocked {
                 return Ok(Eviction::Blocked {
                     message: "Cannot evict pod as it would violate the pod's disruption budget.".to_owned(),
                 });

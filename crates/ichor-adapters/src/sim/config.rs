@@ -35,11 +35,19 @@ pub enum Fault {
     /// Every etcd snapshot stream breaks off half way: an operation that requires one
     /// pauses before any control plane (and so before any Upgrade call).
     SnapshotFails,
+    /// A PodDisruptionBudget `payments/ledger` at zero disruptions covers `ledger` pods on
+    /// a quarter of the workers (at least one) and is released 10 to 30 minutes in: the
+    /// preflight gate keeps those machines waiting, naming it, so no drain stalls on it.
+    PdbZero,
+    /// A Deployment `reports/exporter` with one replica runs on one worker; it is scaled
+    /// to two 10 to 30 minutes in (as an operator answering the Warning would): until
+    /// then the preflight gate keeps that machine waiting.
+    SingleReplica,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 13] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -51,6 +59,8 @@ impl Fault {
         Self::CallLost,
         Self::ControlPlaneNotReady,
         Self::SnapshotFails,
+        Self::PdbZero,
+        Self::SingleReplica,
     ];
 
     /// The name on the command line.
@@ -68,6 +78,8 @@ impl Fault {
             Self::CallLost => "call-lost",
             Self::ControlPlaneNotReady => "control-plane-not-ready",
             Self::SnapshotFails => "snapshot-fails",
+            Self::PdbZero => "pdb-zero",
+            Self::SingleReplica => "single-replica",
         }
     }
 

@@ -189,6 +189,8 @@ pub struct Report {
     pub talos_calls: u64,
     /// Reconcile passes.
     pub passes: u64,
+    /// Machine-seconds spent held back by the preflight gate.
+    pub preflight_waits_s: f64,
 }
 
 impl SimCluster {
@@ -234,6 +236,7 @@ impl SimCluster {
                 status_bytes_max: w.counters.status_bytes_max,
                 talos_calls: w.counters.talos_calls,
                 passes: w.counters.passes,
+                preflight_waits_s: w.counters.preflight_wait_ms as f64 / 1000.0,
             }
         })
     }

@@ -5,6 +5,7 @@
 //! the controller-crash fault, the controller is killed at random calls and restarted
 //! with nothing in memory.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ichor_talos_executor::ExecutorConfig;
@@ -57,6 +58,7 @@ pub async fn run_operation(
         w.config.has(Fault::ControllerCrash)
     });
     let memory = PassMemory::new();
+    let mut preflight = PreflightWatch::new(sim.now());
     for _ in 0..max_passes {
         let storage = sim.with_world_untouched(|w| {
             w.sync_clock();
@@ -105,6 +107,7 @@ pub async fn run_operation(
         let now = sim.now();
         let requeue = match result {
             Ok(outcome) => {
+                preflight.observe(sim, now, &outcome.preflight_blocked, &outcome.preflight_cleared);
                 if let Some(end) = finished(sim, name, &outcome.phase) {
                     return end;
                 }
@@ -117,6 +120,46 @@ pub async fn run_operation(
         }
     }
     RunEnd::PassBound
+}
+
+/// What the preflight gate held back at the last pass: traced on each change, and counted
+/// in machine-seconds.
+struct PreflightWatch {
+    blocked: BTreeMap<String, String>,
+    since: Timestamp,
+}
+
+impl PreflightWatch {
+    fn new(now: Timestamp) -> Self {
+        Self { blocked: BTreeMap::new(), since: now }
+    }
+
+    /// The pass at `now` held back `blocked` (machine, blockers) and found `cleared` clear
+    /// (or started them); the others stand as they were.
+    fn observe(&mut self, sim: &SimCluster, now: Timestamp, blocked: &[(String, String)], cleared: &[String]) {
+        let mut next = self.blocked.clone();
+        next.retain(|machine, _| !cleared.contains(machine));
+        next.extend(blocked.iter().cloned());
+        sim.with_world_untouched(|w| {
+            let held = now.saturating_since(self.since).as_millis() * self.blocked.len() as u128;
+            w.counters.preflight_wait_ms += u64::try_from(held).unwrap_or(u64::MAX);
+            for (machine, blockers) in &next {
+                if self.blocked.get(machine) != Some(blockers)
+                    && let Some(i) = w.node_index(machine)
+                {
+                    let why = ("PreflightBlocked".to_owned(), blockers.clone());
+                    w.record_why(i, TraceKind::PreflightBlocked, Some(why));
+                }
+            }
+            for machine in self.blocked.keys().filter(|m| !next.contains_key(*m)) {
+                if let Some(i) = w.node_index(machine) {
+                    w.record(i, TraceKind::PreflightClear);
+                }
+            }
+        });
+        self.blocked = next;
+        self.since = now;
+    }
 }
 
 /// Waits, in virtual time, until the controller is woken: its requeue time, or a watch

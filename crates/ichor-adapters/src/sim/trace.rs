@@ -57,6 +57,11 @@ pub enum TraceKind {
     /// An Upgrade call broke off on the wire before it reached the node (the call-lost
     /// fault): the engine's intent stays unconfirmed.
     CallLost,
+    /// The preflight gate holds the machine back; the message names the blockers (again
+    /// when they change).
+    PreflightBlocked,
+    /// The preflight gate no longer holds the machine back.
+    PreflightClear,
     /// The operation waits, for a reason new since the last record.
     Waiting,
     /// The operation was refused (at planning, or its spec): nothing was touched.
@@ -90,6 +95,8 @@ impl TraceKind {
             Self::ControllerRestart => "controller-restart",
             Self::Removed => "removed",
             Self::CallLost => "call-lost",
+            Self::PreflightBlocked => "preflight-blocked",
+            Self::PreflightClear => "preflight-clear",
             Self::Waiting => "waiting",
             Self::Refused => "refused",
         }

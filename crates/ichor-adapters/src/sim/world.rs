@@ -287,6 +287,9 @@ pub struct Counters {
     pub status_bytes_max: usize,
     /// Reconcile passes.
     pub passes: u64,
+    /// Machine-milliseconds spent held back by the preflight gate (each machine the gate
+    /// blocked, for as long as it did).
+    pub preflight_wait_ms: u64,
 }
 
 /// How an API call may proceed.
@@ -342,6 +345,11 @@ pub struct World {
     pub outage: Option<(Timestamp, Timestamp)>,
     /// Evictions are blocked until then (a PodDisruptionBudget).
     pub pdb_blocked_until: Option<Timestamp>,
+    /// The `payments/ledger` PodDisruptionBudget allows no disruption until then (the
+    /// pdb-zero fault).
+    pub pdb_zero_until: Option<Timestamp>,
+    /// `reports/exporter` has one replica until then (the single-replica fault).
+    pub single_replica_until: Option<Timestamp>,
     /// The next this many writes of a machine's conditions fail as if the API server were
     /// unreachable (tests set it to fail one write at a chosen moment).
     pub failing_condition_writes: u32,
@@ -420,6 +428,11 @@ struct ReadCache {
 
 /// The cluster's name in the simulation.
 pub const CLUSTER: &str = "sim";
+
+/// The namespace and Deployment of the pods the pdb-zero fault's budget covers.
+const LEDGER: (&str, &str) = ("payments", "ledger");
+/// The namespace and Deployment the single-replica fault runs with one replica.
+const EXPORTER: (&str, &str) = ("reports", "exporter");
 
 impl World {
     /// A fresh world from its configuration.
@@ -551,6 +564,8 @@ impl World {
             crash: CrashState::default(),
             outage: None,
             pdb_blocked_until: None,
+            pdb_zero_until: None,
+            single_replica_until: None,
             failing_condition_writes: 0,
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),
             clock: None,
@@ -567,13 +582,14 @@ impl World {
         world.by_address = world.nodes.iter().enumerate().map(|(i, n)| (n.address.clone(), i)).collect();
         world.name_order = (0..world.nodes.len()).collect();
         world.name_order.sort_by(|a, b| world.nodes[*a].name.cmp(&world.nodes[*b].name));
+        // Faults may place pods of their own.
+        world.place_faults();
         world.pod_nodes = world
             .nodes
             .iter()
             .enumerate()
             .flat_map(|(i, n)| n.pods.iter().map(move |p| ((p.namespace.clone(), p.name.clone()), i)))
             .collect();
-        world.place_faults();
         world.measure();
         world
     }
@@ -628,6 +644,45 @@ impl World {
         if self.config.has(Fault::PdbBlocked) {
             self.pdb_blocked_until = Some(self.now.saturating_add(secs(self.rng.in_range(120..=600))));
         }
+        let workload_pod = |namespace: &str, name: String| SimPod {
+            namespace: namespace.to_owned(),
+            name,
+            daemonset: false,
+            mirror: false,
+            budgeted: false,
+            terminating_until: None,
+        };
+        if self.config.has(Fault::PdbZero) {
+            let mut left = workers.clone();
+            for k in 0..(workers.len() / 4).max(2).min(workers.len()) {
+                let Some(i) = self.pick(&left) else { break };
+                left.retain(|&j| j != i);
+                self.nodes[i].pods.push(workload_pod(LEDGER.0, format!("{}-{k}", LEDGER.1)));
+            }
+            self.pdb_zero_until = Some(self.now.saturating_add(secs(self.rng.in_range(600..=1800))));
+        }
+        if self.config.has(Fault::SingleReplica)
+            && let Some(i) = self.pick(&workers)
+        {
+            self.nodes[i].pods.push(workload_pod(EXPORTER.0, format!("{}-0", EXPORTER.1)));
+            self.single_replica_until = Some(self.now.saturating_add(secs(self.rng.in_range(600..=1800))));
+        }
+    }
+
+    /// Whether the pdb-zero fault's budget allows no disruption now.
+    fn ledger_at_zero(&self) -> bool {
+        self.pdb_zero_until.is_some_and(|t| self.now < t)
+    }
+
+    /// When the pod `pod`'s eviction is refused until, if it is now.
+    pub(crate) fn eviction_blocked_until(&self, pod: &SimPod) -> Option<Timestamp> {
+        if pod.budgeted {
+            return self.pdb_blocked_until.filter(|t| *t > self.now);
+        }
+        if pod.namespace == LEDGER.0 && pod.name.starts_with(LEDGER.1) {
+            return self.pdb_zero_until.filter(|t| *t > self.now);
+        }
+        None
     }
 
     fn indices(&self, role: MachineRole) -> Vec<usize> {
@@ -733,9 +788,12 @@ impl World {
     /// runs there; else until the budget allows the eviction (retried every
     /// [`DRAIN_RETRY`]), at most [`DRAIN_TIMEOUT`].
     pub(crate) fn drain_wait(&self, i: usize) -> DrainWait {
-        let blocked_until = self.pdb_blocked_until.filter(|t| *t > self.now);
-        let pod = self.nodes[i].pods.iter().find(|p| p.budgeted && p.terminating_until.is_none());
-        let (Some(until), Some(pod)) = (blocked_until, pod) else { return DrainWait::default() };
+        let blocked = self.nodes[i]
+            .pods
+            .iter()
+            .filter(|p| p.terminating_until.is_none())
+            .find_map(|p| self.eviction_blocked_until(p).map(|until| (until, p)));
+        let Some((until, pod)) = blocked else { return DrainWait::default() };
         let retry = DRAIN_RETRY.as_millis().max(1);
         let waited = until.saturating_since(self.now).as_millis().div_ceil(retry) * retry;
         let wait = Duration::from_millis(u64::try_from(waited).unwrap_or(u64::MAX)).min(DRAIN_TIMEOUT);
@@ -869,7 +927,7 @@ impl World {
         }
         let blocked = self.pdb_blocked_until.is_some_and(|t| self.now < t);
         let desired = if blocked { healthy } else { healthy - 1 };
-        ClusterFacts {
+        let mut facts = ClusterFacts {
             nodes: Vec::new(),
             pods,
             budgets: [BudgetFacts {
@@ -906,6 +964,90 @@ impl World {
                     deployment: Some((*d).into()),
                 })
                 .collect(),
+        };
+        self.fault_workloads(asked, &mut facts);
+        facts
+    }
+
+    /// The workloads the pdb-zero and single-replica faults add: their pods on the nodes
+    /// asked about, and one Ready pod elsewhere each, as the preflight reads them.
+    fn fault_workloads(&self, asked: &[&str], facts: &mut ichor_upgrade_core::preflight::ClusterFacts) {
+        use ichor_upgrade_core::labels::LabelSelector;
+        use ichor_upgrade_core::preflight::{
+            BudgetFacts, Owner, PodFacts, ReplicaSetFacts, WorkloadFacts, WorkloadKind,
+        };
+        for (namespace, app) in [LEDGER, EXPORTER] {
+            let placed: Vec<(usize, &SimPod)> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| !n.removed)
+                .flat_map(|(i, n)| n.pods.iter().map(move |p| (i, p)))
+                .filter(|(_, p)| p.namespace == namespace && p.name.starts_with(app))
+                .collect();
+            if placed.is_empty() {
+                continue;
+            }
+            // Scaled up once the single-replica fault is over: a second replica elsewhere.
+            let scaled = (namespace, app) == EXPORTER && self.single_replica_until.is_none();
+            let replicas = i32::try_from(placed.len()).unwrap_or(i32::MAX) + i32::from(scaled);
+            let mut healthy = 0_i32;
+            let mut shown_elsewhere = false;
+            let pod = |name: String, node: String, ready: bool| PodFacts {
+                namespace: namespace.into(),
+                name,
+                node: Some(node),
+                ready,
+                labels: [("app".to_owned(), app.to_owned())].into(),
+                owner: Some(Owner { kind: "ReplicaSet".into(), name: format!("{app}-5c4b") }),
+                mirror: false,
+            };
+            for (i, p) in &placed {
+                let node = &self.nodes[*i];
+                let ready = node.ready && p.terminating_until.is_none();
+                healthy += i32::from(ready);
+                let here = asked.contains(&node.name.as_str());
+                if here || (ready && !shown_elsewhere) {
+                    shown_elsewhere |= !here;
+                    facts.pods.push(pod(p.name.clone(), node.name.clone(), ready));
+                }
+            }
+            if scaled {
+                let (i, _) = placed[0];
+                let other = self
+                    .nodes
+                    .iter()
+                    .find(|n| n.role == MachineRole::Worker && !n.removed && n.name != self.nodes[i].name && n.ready);
+                if let Some(other) = other {
+                    facts.pods.push(pod(format!("{app}-1"), other.name.clone(), true));
+                }
+            }
+            facts.workloads.push(WorkloadFacts {
+                kind: WorkloadKind::Deployment,
+                namespace: namespace.into(),
+                name: app.into(),
+                replicas,
+            });
+            facts.replica_sets.push(ReplicaSetFacts {
+                namespace: namespace.into(),
+                name: format!("{app}-5c4b"),
+                replicas,
+                deployment: Some(app.into()),
+            });
+            if (namespace, app) == LEDGER {
+                let zero = self.ledger_at_zero();
+                facts.budgets.push(BudgetFacts {
+                    namespace: namespace.into(),
+                    name: app.into(),
+                    selector: Some(LabelSelector {
+                        match_labels: [("app".to_owned(), app.to_owned())].into(),
+                        ..LabelSelector::default()
+                    }),
+                    disruptions_allowed: if zero { 0 } else { 1 },
+                    current_healthy: healthy,
+                    desired_healthy: if zero { healthy } else { healthy - 1 },
+                });
+            }
         }
     }
 
@@ -1078,6 +1220,8 @@ impl World {
             next = Timestamp::min_opt(next, Some(if self.now < from { from } else { until }).filter(|t| *t > self.now));
         }
         next = Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now));
+        next = Timestamp::min_opt(next, self.pdb_zero_until.filter(|t| *t > self.now));
+        next = Timestamp::min_opt(next, self.single_replica_until.filter(|t| *t > self.now));
         debug_assert_eq!(next, self.scan_next_event(), "a node changed without being marked");
         next
     }
@@ -1112,6 +1256,8 @@ impl World {
         if let Some((from, until)) = self.outage {
             next = Timestamp::min_opt(next, Some(if self.now < from { from } else { until }).filter(|t| *t > self.now));
         }
+        next = Timestamp::min_opt(next, self.pdb_zero_until.filter(|t| *t > self.now));
+        next = Timestamp::min_opt(next, self.single_replica_until.filter(|t| *t > self.now));
         Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now))
     }
 
@@ -1143,6 +1289,12 @@ impl World {
         }
         if self.pdb_blocked_until.is_some_and(|t| now >= t) {
             self.pdb_blocked_until = None;
+        }
+        if self.pdb_zero_until.is_some_and(|t| now >= t) {
+            self.pdb_zero_until = None;
+        }
+        if self.single_replica_until.is_some_and(|t| now >= t) {
+            self.single_replica_until = None;
         }
         self.measure();
     }
