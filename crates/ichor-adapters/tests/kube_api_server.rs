@@ -553,5 +553,21 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
             format!("ReplicaSet {}/invoice has 1 replica: it goes down while {node} drains", ns.name),
         ]
     );
+
+    // Only the namespaces with a pod on the nodes asked are read: another tenant's pods on
+    // other nodes are not listed, and a node with no pod reads nothing.
+    let Some(other) = TestNamespace::create("preflight-other").await else { return };
+    let elsewhere: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "ledger-1", "labels": { "app": "ledger" } },
+        "spec": { "nodeName": format!("{}-node", other.name), "containers": [{ "name": "c", "image": "registry.invalid/none" }] }
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(other.client.clone(), &other.name).create(&PostParams::default(), &elsewhere).await.unwrap();
+    let facts = kube.preflight_facts(&[node.as_str()]).await.unwrap();
+    assert!(facts.pods.iter().all(|p| p.namespace == ns.name), "{:?}", facts.pods);
+    assert!(facts.pods.iter().any(|p| p.name == "invoice-1"));
+    let empty = kube.preflight_facts(&["no-such-node"]).await.unwrap();
+    assert!(empty.pods.is_empty() && empty.budgets.is_empty() && empty.workloads.is_empty());
+    other.delete().await;
     ns.delete().await;
 }

@@ -879,9 +879,10 @@ impl KubeApi for KubeCluster {
             .map_err(|e| kube_error(&format!("cordon Node {node}"), &e))
     }
 
-    async fn preflight_facts(&self, _asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
-        self.counters.reads.fetch_add(5, Ordering::Relaxed);
-        super::preflight::read_facts(&self.client).await
+    async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        let (facts, lists) = super::preflight::read_facts(&self.client, asked).await?;
+        self.counters.reads.fetch_add(lists, Ordering::Relaxed);
+        Ok(facts)
     }
 
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {

@@ -3,11 +3,17 @@
 //! is about to start (not watched: the gate asks rarely, and a watch of every pod of a
 //! large cluster would cost more than these lists).
 //!
+//! Only what can block the nodes asked about is read: their pods (by field selector on
+//! `spec.nodeName`), then the pods, workloads and budgets of those pods' namespaces (a
+//! budget or a workload covers pods of its own namespace only). A namespace with no pod
+//! on those nodes is never listed, so a pass over one machine of a 5,000-node cluster reads
+//! that machine's tenants, not the cluster.
+//!
 //! PodDisruptionBudgets are read through the policy version the server serves: `policy/v1`
 //! (Kubernetes 1.21 and later), else `policy/v1beta1`. The two differ on an empty selector:
 //! it covers every pod of the namespace in v1 and none in v1beta1.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ichor_talos_executor::kube_api::KubeError;
 use ichor_upgrade_core::labels::LabelSelector;
@@ -24,43 +30,78 @@ use super::errors::kube_error;
 /// The policy versions a PodDisruptionBudget may be served at, newest first.
 const POLICY_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
 
-/// Lists everything the gate reads (its `nodes` are left empty: the engine has them).
+/// Lists what the gate needs to judge the nodes `asked` (its `nodes` are left empty: the
+/// engine has them). Returns how many lists it made, with the facts.
 ///
 /// # Errors
 /// The first list that failed, named.
-pub(crate) async fn read_facts(client: &Client) -> Result<ClusterFacts, KubeError> {
-    let all = ListParams::default();
-    let pods = Api::<Pod>::all(client.clone()).list(&all).await.map_err(|e| kube_error("list pods", &e))?;
-    let deployments =
-        Api::<Deployment>::all(client.clone()).list(&all).await.map_err(|e| kube_error("list Deployments", &e))?;
-    let stateful_sets =
-        Api::<StatefulSet>::all(client.clone()).list(&all).await.map_err(|e| kube_error("list StatefulSets", &e))?;
-    let replica_sets =
-        Api::<ReplicaSet>::all(client.clone()).list(&all).await.map_err(|e| kube_error("list ReplicaSets", &e))?;
-    let budgets = read_budgets(client).await?;
-    let workloads = deployments
-        .items
-        .iter()
-        .map(|d| workload(WorkloadKind::Deployment, d, d.spec.replicas))
-        .chain(stateful_sets.items.iter().map(|s| workload(WorkloadKind::StatefulSet, s, s.spec.replicas)))
-        .collect();
-    Ok(ClusterFacts {
-        nodes: Vec::new(),
-        pods: pods.items.iter().map(pod_facts).collect(),
-        budgets,
-        workloads,
-        replica_sets: replica_sets.items.iter().map(replica_set_facts).collect(),
-    })
+pub(crate) async fn read_facts(client: &Client, asked: &[&str]) -> Result<(ClusterFacts, u64), KubeError> {
+    let mut namespaces = BTreeSet::new();
+    let mut lists = 0;
+    for node in asked {
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let pods = Api::<Pod>::all(client.clone())
+            .list_metadata(&on_node)
+            .await
+            .map_err(|e| kube_error(&format!("list the pods on {node}"), &e))?;
+        lists += 1;
+        namespaces.extend(pods.items.iter().filter_map(|p| p.metadata.namespace.clone()));
+    }
+    let mut facts = ClusterFacts::default();
+    let mut version = None;
+    for namespace in &namespaces {
+        let all = ListParams::default();
+        let named = |what: &str| format!("list {what} in {namespace}");
+        let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+            .list(&all)
+            .await
+            .map_err(|e| kube_error(&named("pods"), &e))?;
+        let deployments = Api::<Deployment>::namespaced(client.clone(), namespace)
+            .list(&all)
+            .await
+            .map_err(|e| kube_error(&named("Deployments"), &e))?;
+        let stateful_sets = Api::<StatefulSet>::namespaced(client.clone(), namespace)
+            .list(&all)
+            .await
+            .map_err(|e| kube_error(&named("StatefulSets"), &e))?;
+        let replica_sets = Api::<ReplicaSet>::namespaced(client.clone(), namespace)
+            .list(&all)
+            .await
+            .map_err(|e| kube_error(&named("ReplicaSets"), &e))?;
+        let (budgets, served) = read_budgets(client, namespace, version).await?;
+        version = Some(served);
+        lists += 5;
+        facts.pods.extend(pods.items.iter().map(pod_facts));
+        facts.workloads.extend(
+            deployments
+                .items
+                .iter()
+                .map(|d| workload(WorkloadKind::Deployment, d, d.spec.replicas))
+                .chain(stateful_sets.items.iter().map(|s| workload(WorkloadKind::StatefulSet, s, s.spec.replicas))),
+        );
+        facts.replica_sets.extend(replica_sets.items.iter().map(replica_set_facts));
+        facts.budgets.extend(budgets);
+    }
+    Ok((facts, lists))
 }
 
-/// The budgets, through the newest policy version the server serves.
-async fn read_budgets(client: &Client) -> Result<Vec<BudgetFacts>, KubeError> {
+/// The budgets of `namespace`, through the newest policy version the server serves (or
+/// `known`, found earlier in the same read), with that version.
+async fn read_budgets(
+    client: &Client,
+    namespace: &str,
+    known: Option<&'static str>,
+) -> Result<(Vec<BudgetFacts>, &'static str), KubeError> {
     let mut last = None;
-    for version in POLICY_VERSIONS {
+    let versions: Vec<&'static str> = known.map_or_else(|| POLICY_VERSIONS.to_vec(), |v| vec![v]);
+    for version in versions {
         let gvk = GroupVersionKind::gvk("policy", version, "PodDisruptionBudget");
         let resource = ApiResource::from_gvk_with_plural(&gvk, "poddisruptionbudgets");
-        match Api::<DynamicObject>::all_with(client.clone(), &resource).list(&ListParams::default()).await {
-            Ok(list) => return Ok(list.items.iter().map(|b| budget_facts(b, version)).collect()),
+        match Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => return Ok((list.items.iter().map(|b| budget_facts(b, version)).collect(), version)),
             Err(kube::Error::Api(status)) if status.code == 404 => last = Some(status.message),
             Err(e) => return Err(kube_error(&format!("list policy/{version} PodDisruptionBudgets"), &e)),
         }
