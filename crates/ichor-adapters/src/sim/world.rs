@@ -985,11 +985,16 @@ impl World {
                 .flat_map(|(i, n)| n.pods.iter().map(move |p| (i, p)))
                 .filter(|(_, p)| p.namespace == namespace && p.name.starts_with(app))
                 .collect();
-            if placed.is_empty() {
+            // Once its fault is over the workload blocks nothing: the budget allows a
+            // disruption again, the Deployment was scaled up (on a one-worker cluster, where
+            // no second replica could run elsewhere, it is left out altogether).
+            let over =
+                if (namespace, app) == LEDGER { !self.ledger_at_zero() } else { self.single_replica_until.is_none() };
+            let lone_worker = self.nodes.iter().filter(|n| n.role == MachineRole::Worker && !n.removed).count() < 2;
+            if placed.is_empty() || (over && lone_worker) {
                 continue;
             }
-            // Scaled up once the single-replica fault is over: a second replica elsewhere.
-            let scaled = (namespace, app) == EXPORTER && self.single_replica_until.is_none();
+            let scaled = (namespace, app) == EXPORTER && over;
             let replicas = i32::try_from(placed.len()).unwrap_or(i32::MAX) + i32::from(scaled);
             let mut healthy = 0_i32;
             let mut shown_elsewhere = false;
