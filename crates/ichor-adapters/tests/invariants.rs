@@ -120,6 +120,18 @@ proptest! {
                 }
             }
 
+            // The etcd snapshot: streamed before any control plane's Upgrade call, and once
+            // a control plane was called, recorded whole in the status. Never under
+            // snapshot-fails, where no control plane is ever called.
+            let first_cp_call = w.trace.iter().find(|e| e.event == TraceKind::UpgradeCall && e.role == "control-plane").map(|e| e.t);
+            let snapshots: Vec<f64> = w.trace.iter().filter(|e| e.event == TraceKind::EtcdSnapshot).map(|e| e.t).collect();
+            if let Some(call) = first_cp_call {
+                prop_assert!(!snapshots.is_empty() && snapshots[0] <= call, "a control plane called at {call} s, snapshots at {snapshots:?}\n{}", replay);
+                let recorded = w.operations["upgrade"].info.status.etcd_snapshot.as_ref().and_then(|s| s.taken().cloned());
+                prop_assert!(recorded.is_some_and(|r| r.size > 0), "a control plane called with no snapshot recorded\n{}", replay);
+                prop_assert!(!faults.contains(&Fault::SnapshotFails), "a control plane called under snapshot-fails\n{}", replay);
+            }
+
             let stuck = w.nodes.iter().find(|n| n.stuck);
             let timed_out = stuck.and_then(|n| w.trace.iter().find(|e| e.node == n.name && e.event == TraceKind::Failed).map(|e| (n, e.t)));
             if let Some((stuck, at)) = timed_out {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use ichor_adapters::sim::snapshot::{MemoryStore, snapshot_size};
 use ichor_adapters::sim::{CLUSTER, Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
+use ichor_talos_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
 use ichor_talos_executor::talos_api::TalosApi;
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::operation::{OperationSpec, RESUME_ANNOTATION, SnapshotMode};
@@ -122,4 +123,83 @@ async fn a_controller_killed_at_random_records_exactly_one_snapshot_and_never_a_
         assert_eq!(store.sizes().get(name), Some(&snapshot_size(6)), "seed {seed}: {:?}", store.sizes());
         assert!(store.sizes().values().all(|s| *s == snapshot_size(6)), "seed {seed}: a partial object");
     }
+}
+
+/// A store that kills the controller right after its first snapshot is stored whole, before
+/// the pass can record it: the worst moment, a whole object no status names.
+#[derive(Debug)]
+struct KillAfterFirstSnapshot {
+    inner: MemoryStore,
+    sim: Arc<SimCluster>,
+    killed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct KillingSink {
+    inner: Box<dyn SnapshotSink>,
+    sim: Arc<SimCluster>,
+    killed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl SnapshotStore for KillAfterFirstSnapshot {
+    async fn begin(&self, name: &str) -> Result<Box<dyn SnapshotSink>, SnapshotStoreError> {
+        let inner = self.inner.begin(name).await?;
+        Ok(Box::new(KillingSink { inner, sim: Arc::clone(&self.sim), killed: Arc::clone(&self.killed) }))
+    }
+
+    fn describe(&self) -> String {
+        "memory (kills the controller once)".to_owned()
+    }
+}
+
+#[async_trait::async_trait]
+impl SnapshotSink for KillingSink {
+    async fn write(&mut self, chunk: &[u8]) -> Result<(), SnapshotStoreError> {
+        self.inner.write(chunk).await
+    }
+
+    async fn finish(self: Box<Self>) -> Result<String, SnapshotStoreError> {
+        let location = self.inner.finish().await?;
+        if !self.killed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            // The next API call (the status write recording it) never happens.
+            self.sim.with_world(|w| w.arm_crash(1, true));
+        }
+        Ok(location)
+    }
+
+    async fn abort(self: Box<Self>) {
+        self.inner.abort().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_controller_killed_between_the_snapshot_and_its_record_takes_it_again_before_any_control_plane() {
+    let sim = Arc::new(SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(5)));
+    let memory = MemoryStore::default();
+    let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let store = KillAfterFirstSnapshot { inner: memory.clone(), sim: Arc::clone(&sim), killed: Arc::clone(&killed) };
+    sim.set_snapshot_store(Arc::new(store));
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    assert!(killed.load(std::sync::atomic::Ordering::SeqCst));
+
+    let Some(SnapshotState::Taken(record)) = recorded(&sim) else { panic!("none recorded") };
+    let stored = memory.sizes();
+    // The retake, in the same virtual second, has the same name: it replaced the orphan
+    // whole (a later retake would sit beside it).
+    assert!(!stored.is_empty() && stored.values().all(|s| *s == snapshot_size(5)), "{stored:?}");
+    let name = record.location.trim_start_matches("memory://");
+    assert_eq!(stored.get(name), Some(&snapshot_size(5)), "the record names a whole snapshot");
+    sim.read_world(|w| {
+        assert_eq!(w.counters.restarts, 1);
+        let snapshots: Vec<f64> = w.trace.iter().filter(|e| e.event == TraceKind::EtcdSnapshot).map(|e| e.t).collect();
+        let first_cp_call = w
+            .trace
+            .iter()
+            .find(|e| e.event == TraceKind::UpgradeCall && e.role == "control-plane")
+            .map(|e| e.t)
+            .unwrap();
+        assert_eq!(snapshots.len(), 2, "taken again after the restart");
+        assert!(snapshots.iter().all(|t| *t <= first_cp_call), "{snapshots:?} vs {first_cp_call}");
+    });
 }
