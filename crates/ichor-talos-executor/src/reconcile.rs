@@ -394,12 +394,11 @@ pub async fn reconcile_with(
     // them: the etcd gate once, the preflight for each machine named (a blocked machine
     // lets the next one be named, up to a few rounds).
     let mut checked: BTreeMap<String, Vec<Blocker>> = BTreeMap::new();
-    // The etcd snapshot, once taken (or failed) in this pass, and the view that records it.
-    let mut snapshot: Option<SnapshotState> = None;
+    // The operation as this pass sees it once it took (or failed to take) the etcd snapshot.
     let mut recorded_view: Option<OperationView> = None;
     for _ in 0..GATE_ROUNDS {
         let needs_etcd = decision.check_etcd && verdict.is_none();
-        let needs_snapshot = decision.take_etcd_snapshot.is_some() && snapshot.is_none();
+        let needs_snapshot = decision.take_etcd_snapshot.is_some() && recorded_view.is_none();
         if !needs_etcd && decision.check_preflight.is_empty() && !needs_snapshot {
             break;
         }
@@ -410,9 +409,8 @@ pub async fn reconcile_with(
             let recorded = OperationStatus { etcd_snapshot: Some(state.clone()), ..op.status.clone() };
             write_status(ex, name, &op.status, &recorded).await?;
             let mut with_it = view.clone();
-            with_it.status.etcd_snapshot = Some(state.clone());
+            with_it.status.etcd_snapshot = Some(state);
             recorded_view = Some(with_it);
-            snapshot = Some(state);
         }
         if needs_etcd {
             verdict = Some(gather_etcd_gate(ex, &observed).await);
@@ -446,6 +444,7 @@ pub async fn reconcile_with(
         decision = decide(&RolloutInput { operation, etcd: &etcd, preflight: &verdicts, ..input });
     }
     let input = RolloutInput { operation: recorded_view.as_ref().unwrap_or(&view), ..input };
+    let snapshot: Option<SnapshotState> = recorded_view.as_ref().and_then(|v| v.status.etcd_snapshot.clone());
     let cleared: Vec<String> = checked
         .iter()
         .filter(|(_, blockers)| blockers.is_empty())
@@ -707,8 +706,8 @@ async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bo
 }
 
 /// How many times a pass decides again with gates gathered: the etcd gate and the
-/// preflight for the first machines named, then the preflight for those named after a
-/// blocked one.
+/// preflight for the first machines named, the etcd snapshot once both passed for a
+/// control plane, then the preflight for those named after a blocked one.
 const GATE_ROUNDS: usize = 5;
 
 /// The machines the preflight gate holds back, each with its blockers as one line.
