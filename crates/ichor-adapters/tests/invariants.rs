@@ -42,124 +42,257 @@ proptest! {
         seed in any::<u64>(),
         faults in faults(),
     ) {
-        let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
-        let replay = format!(
-            "replay: cargo run --example rollout -- --control-planes {control_planes} --workers {workers} \
-             --max-unavailable {max_unavailable} --seed {seed}{}",
-            if names.is_empty() { String::new() } else { format!(" --faults {}", names.join(",")) }
+        check_invariants(control_planes, workers, max_unavailable, seed, &faults)?;
+    }
+}
+
+/// Found by the property in CI: cp-3's kubelet hiccup showed on its Node while cp-2's
+/// legacy call was pulling its installer (the call was sent before, with cp-3 shown Ready).
+/// Rule 3 is judged when a call is sent, which is what the engine decided on.
+#[test]
+fn a_control_plane_shown_not_ready_during_another_ones_pull_is_judged_at_the_send() {
+    check_invariants(4, 6, 1, 17_112_763_045_346_648_911, &[Fault::ControlPlaneNotReady]).unwrap();
+}
+
+/// Runs one rollout and checks every invariant over it.
+fn check_invariants(
+    control_planes: usize,
+    workers: usize,
+    max_unavailable: i64,
+    seed: u64,
+    faults: &[Fault],
+) -> Result<(), TestCaseError> {
+    let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+    let replay = format!(
+        "replay: cargo run --example rollout -- --control-planes {control_planes} --workers {workers} \
+         --max-unavailable {max_unavailable} --seed {seed}{}",
+        if names.is_empty() { String::new() } else { format!(" --faults {}", names.join(",")) }
+    );
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let sim = SimCluster::new(
+        SimConfig::new(control_planes, workers, v("v1.14.3"), v(TARGET)).with_seed(seed).with_faults(faults.to_vec()),
+    );
+    sim.create_operation("upgrade", OperationSpec::talos(TARGET, max_unavailable));
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 50_000, |_| {}));
+    if control_planes == 2 {
+        prop_assert_eq!(&end, &RunEnd::Refused, "two control planes are refused at planning\n{}", replay);
+    } else {
+        prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused), "{:?}\n{}", end, replay);
+    }
+
+    sim.with_world(|w| -> Result<(), TestCaseError> {
+        let c = &w.counters;
+        prop_assert!(
+            c.max_control_planes_down <= 1,
+            "{} control planes down at once\n{}",
+            c.max_control_planes_down,
+            replay
         );
-        let v = |t: &str| TalosVersion::parse(t).unwrap();
-        let sim = SimCluster::new(SimConfig::new(control_planes, workers, v("v1.14.3"), v(TARGET)).with_seed(seed).with_faults(faults.clone()));
-        sim.create_operation("upgrade", OperationSpec::talos(TARGET, max_unavailable));
-        let runtime = ichor_adapters::sim::runtime();
-        let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 50_000, |_| {}));
-        if control_planes == 2 {
-            prop_assert_eq!(&end, &RunEnd::Refused, "two control planes are refused at planning\n{}", replay);
-        } else {
-            prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused), "{:?}\n{}", end, replay);
+        if control_planes >= 3 {
+            let quorum = control_planes / 2 + 1;
+            prop_assert!(
+                c.min_etcd_voters.unwrap_or(0) >= quorum,
+                "etcd fell to {:?} voters of {}\n{}",
+                c.min_etcd_voters,
+                control_planes,
+                replay
+            );
         }
+        prop_assert!(
+            c.max_workers_down <= max_unavailable as usize,
+            "{} workers down, max {}\n{}",
+            c.max_workers_down,
+            max_unavailable,
+            replay
+        );
 
-        sim.with_world(|w| -> Result<(), TestCaseError> {
-            let c = &w.counters;
-            prop_assert!(c.max_control_planes_down <= 1, "{} control planes down at once\n{}", c.max_control_planes_down, replay);
-            if control_planes >= 3 {
-                let quorum = control_planes / 2 + 1;
-                prop_assert!(c.min_etcd_voters.unwrap_or(0) >= quorum, "etcd fell to {:?} voters of {}\n{}", c.min_etcd_voters, control_planes, replay);
-            }
-            prop_assert!(c.max_workers_down <= max_unavailable as usize, "{} workers down, max {}\n{}", c.max_workers_down, max_unavailable, replay);
-
-            for node in &w.nodes {
-                let events: Vec<_> = w.trace.iter().filter(|e| e.node == node.name).collect();
-                let mut evacuating = false;
-                for e in &events {
-                    prop_assert!(!(e.event == TraceKind::UpgradeCall && evacuating), "{} called while evacuating\n{}", node.name, replay);
-                    match e.event {
-                        TraceKind::EvacuationStart => evacuating = true,
-                        TraceKind::Evacuated | TraceKind::EvacuationEnd => evacuating = false,
-                        _ => {}
-                    }
-                }
-                let converged = events.iter().any(|e| e.event == TraceKind::Converged);
-                prop_assert!(!converged || node.version.to_string() == TARGET, "{} converged on {}\n{}", node.name, node.version, replay);
-                let fell_back = events.iter().any(|e| e.event == TraceKind::RebootEnd && e.version.as_deref() != Some(TARGET));
-                if fell_back {
-                    prop_assert!(!converged, "an A/B fallback on {} was converged\n{}", node.name, replay);
-                    prop_assert!(events.iter().any(|e| e.event == TraceKind::Failed), "an A/B fallback on {} was not reported\n{}", node.name, replay);
-                }
-            }
-
-            // Rule 3 at every control plane's Upgrade call: every other control plane Ready,
-            // not being upgraded, its etcd member in the list. A node that goes down on its
-            // own is down from when the Node object shows it (the node lifecycle controller's
-            // grace and the watch's delay later): no controller can know before, and the
-            // design's count of control planes down still counts it from the first instant.
-            let mut down: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
-            let mut upgrading: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
-            let mut member_out: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
-            for e in w.trace.iter().filter(|e| e.role == "control-plane") {
-                let node = e.node.as_str();
+        for node in &w.nodes {
+            let events: Vec<_> = w.trace.iter().filter(|e| e.node == node.name).collect();
+            let mut evacuating = false;
+            for e in &events {
+                prop_assert!(
+                    !(e.event == TraceKind::UpgradeCall && evacuating),
+                    "{} called while evacuating\n{}",
+                    node.name,
+                    replay
+                );
                 match e.event {
-                    TraceKind::UpgradeCall => {
-                        let others = |set: &std::collections::BTreeSet<&str>| set.iter().any(|n| *n != node);
-                        prop_assert!(
-                            !others(&down) && !others(&upgrading) && !others(&member_out),
-                            "{} called at {:.0} s while down {:?}, upgrading {:?}, out of etcd {:?}\n{}",
-                            node, e.t, down, upgrading, member_out, replay
-                        );
-                        upgrading.insert(node);
-                    }
-                    TraceKind::ShownNotReady => { down.insert(node); }
-                    TraceKind::NotReady if w.config.realism.wake == ichor_adapters::sim::Wake::Oracle => { down.insert(node); }
-                    TraceKind::Ready => {
-                        down.remove(node);
-                        upgrading.remove(node);
-                    }
-                    TraceKind::EtcdMemberMissing => { member_out.insert(node); }
-                    TraceKind::EtcdMemberBack => { member_out.remove(node); }
+                    TraceKind::EvacuationStart => evacuating = true,
+                    TraceKind::Evacuated | TraceKind::EvacuationEnd => evacuating = false,
                     _ => {}
                 }
             }
-
-            // The etcd snapshot: streamed before any control plane's Upgrade call, and once
-            // a control plane was called, recorded whole in the status. Never under
-            // snapshot-fails, where no control plane is ever called.
-            let first_cp_call = w.trace.iter().find(|e| e.event == TraceKind::UpgradeCall && e.role == "control-plane").map(|e| e.t);
-            let snapshots: Vec<f64> = w.trace.iter().filter(|e| e.event == TraceKind::EtcdSnapshot).map(|e| e.t).collect();
-            if let Some(call) = first_cp_call {
-                prop_assert!(!snapshots.is_empty() && snapshots[0] <= call, "a control plane called at {call} s, snapshots at {snapshots:?}\n{}", replay);
-                let recorded = w.operations["upgrade"].info.status.etcd_snapshot.as_ref().and_then(|s| s.taken().cloned());
-                prop_assert!(recorded.is_some_and(|r| r.size > 0), "a control plane called with no snapshot recorded\n{}", replay);
-                prop_assert!(!faults.contains(&Fault::SnapshotFails), "a control plane called under snapshot-fails\n{}", replay);
-            }
-
-            let stuck = w.nodes.iter().find(|n| n.stuck);
-            let timed_out = stuck.and_then(|n| w.trace.iter().find(|e| e.node == n.name && e.event == TraceKind::Failed).map(|e| (n, e.t)));
-            if let Some((stuck, at)) = timed_out {
-                prop_assert!(stuck.scheduling, "scheduling left off on {}\n{}", stuck.name, replay);
+            let converged = events.iter().any(|e| e.event == TraceKind::Converged);
+            prop_assert!(
+                !converged || node.version.to_string() == TARGET,
+                "{} converged on {}\n{}",
+                node.name,
+                node.version,
+                replay
+            );
+            let fell_back =
+                events.iter().any(|e| e.event == TraceKind::RebootEnd && e.version.as_deref() != Some(TARGET));
+            if fell_back {
+                prop_assert!(!converged, "an A/B fallback on {} was converged\n{}", node.name, replay);
                 prop_assert!(
-                    !w.trace.iter().any(|e| e.t > at && e.node != stuck.name && matches!(e.event, TraceKind::EvacuationStart | TraceKind::UpgradeCall)),
-                    "a machine started after the evacuation timeout\n{}", replay
+                    events.iter().any(|e| e.event == TraceKind::Failed),
+                    "an A/B fallback on {} was not reported\n{}",
+                    node.name,
+                    replay
                 );
             }
+        }
 
-            if end == RunEnd::Completed {
-                for n in &w.nodes {
-                    prop_assert_eq!(n.version.to_string(), TARGET, "{}\n{}", n.name, replay);
-                    // A node the world took down by itself (control-plane-not-ready) is not the operation's doing.
-                    let ready = n.ready || n.not_ready_until.is_some();
-                    prop_assert!(ready && !n.upgrading() && !n.unschedulable && n.scheduling, "{} left unready, cordoned or unschedulable\n{}", n.name, replay);
-                }
-                prop_assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "lock not released\n{}", replay);
-            }
-            let harmless = faults.iter().all(|f| matches!(f, Fault::ControllerCrash | Fault::ApiOutage | Fault::SlowReboot | Fault::PdbBlocked | Fault::EtcdLag | Fault::NotReady | Fault::CallLost | Fault::ControlPlaneNotReady));
-            if harmless && control_planes != 2 {
-                prop_assert_eq!(&end, &RunEnd::Completed, "a run without a failing fault must complete\n{}", replay);
-            }
-            if control_planes == 2 {
-                prop_assert_eq!(c.upgrade_calls, 0, "nothing touched\n{}", replay);
-                prop_assert_eq!(c.max_control_planes_down, 0, "{}", replay);
-            }
+        // Rule 3 at every control plane's Upgrade call: every other control plane Ready,
+        // not being upgraded, its etcd member in the list, when the call was sent (a
+        // legacy call pulls the installer before it answers: what the engine knew when it
+        // sent the call is what it decided on). A node that goes down on its own is down
+        // from when the Node object shows it (the node lifecycle controller's grace and
+        // the watch's delay later): no controller can know before, and the design's count
+        // of control planes down still counts it from the first instant.
+        let cp_names: std::collections::BTreeSet<&str> = w
+            .nodes
+            .iter()
+            .filter(|n| n.role == ichor_upgrade_core::operation::MachineRole::ControlPlane)
+            .map(|n| n.name.as_str())
+            .collect();
+        let mut sends: Vec<(f64, &str)> = w
+            .upgrades
+            .iter()
+            .filter(|u| cp_names.contains(u.node.as_str()))
+            .map(|u| (u.sent_at.saturating_since(w.start).as_secs_f64(), u.node.as_str()))
+            .collect();
+        sends.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut sends = sends.into_iter().peekable();
+        let mut down: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        let mut upgrading: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        let mut member_out: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        let check = |node: &str,
+                     t: f64,
+                     down: &std::collections::BTreeSet<&str>,
+                     upgrading: &std::collections::BTreeSet<&str>,
+                     member_out: &std::collections::BTreeSet<&str>|
+         -> Result<(), TestCaseError> {
+            let others = |set: &std::collections::BTreeSet<&str>| set.iter().any(|n| *n != node);
+            prop_assert!(
+                !others(down) && !others(upgrading) && !others(member_out),
+                "{} called at {:.0} s while down {:?}, upgrading {:?}, out of etcd {:?}\n{}",
+                node,
+                t,
+                down,
+                upgrading,
+                member_out,
+                replay
+            );
             Ok(())
-        })?;
-    }
+        };
+        for e in w.trace.iter().filter(|e| e.role == "control-plane") {
+            while let Some((t, node)) = sends.next_if(|(t, _)| *t < e.t) {
+                check(node, t, &down, &upgrading, &member_out)?;
+            }
+            let node = e.node.as_str();
+            match e.event {
+                TraceKind::UpgradeCall => {
+                    upgrading.insert(node);
+                }
+                TraceKind::ShownNotReady => {
+                    down.insert(node);
+                }
+                TraceKind::NotReady if w.config.realism.wake == ichor_adapters::sim::Wake::Oracle => {
+                    down.insert(node);
+                }
+                TraceKind::Ready => {
+                    down.remove(node);
+                    upgrading.remove(node);
+                }
+                TraceKind::EtcdMemberMissing => {
+                    member_out.insert(node);
+                }
+                TraceKind::EtcdMemberBack => {
+                    member_out.remove(node);
+                }
+                _ => {}
+            }
+        }
+        for (t, node) in sends {
+            check(node, t, &down, &upgrading, &member_out)?;
+        }
+
+        // The etcd snapshot: streamed before any control plane's Upgrade call, and once
+        // a control plane was called, recorded whole in the status. Never under
+        // snapshot-fails, where no control plane is ever called.
+        let first_cp_call =
+            w.trace.iter().find(|e| e.event == TraceKind::UpgradeCall && e.role == "control-plane").map(|e| e.t);
+        let snapshots: Vec<f64> = w.trace.iter().filter(|e| e.event == TraceKind::EtcdSnapshot).map(|e| e.t).collect();
+        if let Some(call) = first_cp_call {
+            prop_assert!(
+                !snapshots.is_empty() && snapshots[0] <= call,
+                "a control plane called at {call} s, snapshots at {snapshots:?}\n{}",
+                replay
+            );
+            let recorded = w.operations["upgrade"].info.status.etcd_snapshot.as_ref().and_then(|s| s.taken().cloned());
+            prop_assert!(
+                recorded.is_some_and(|r| r.size > 0),
+                "a control plane called with no snapshot recorded\n{}",
+                replay
+            );
+            prop_assert!(
+                !faults.contains(&Fault::SnapshotFails),
+                "a control plane called under snapshot-fails\n{}",
+                replay
+            );
+        }
+
+        let stuck = w.nodes.iter().find(|n| n.stuck);
+        let timed_out = stuck
+            .and_then(|n| w.trace.iter().find(|e| e.node == n.name && e.event == TraceKind::Failed).map(|e| (n, e.t)));
+        if let Some((stuck, at)) = timed_out {
+            prop_assert!(stuck.scheduling, "scheduling left off on {}\n{}", stuck.name, replay);
+            prop_assert!(
+                !w.trace.iter().any(|e| e.t > at
+                    && e.node != stuck.name
+                    && matches!(e.event, TraceKind::EvacuationStart | TraceKind::UpgradeCall)),
+                "a machine started after the evacuation timeout\n{}",
+                replay
+            );
+        }
+
+        if end == RunEnd::Completed {
+            for n in &w.nodes {
+                prop_assert_eq!(n.version.to_string(), TARGET, "{}\n{}", n.name, replay);
+                // A node the world took down by itself (control-plane-not-ready) is not the operation's doing.
+                let ready = n.ready || n.not_ready_until.is_some();
+                prop_assert!(
+                    ready && !n.upgrading() && !n.unschedulable && n.scheduling,
+                    "{} left unready, cordoned or unschedulable\n{}",
+                    n.name,
+                    replay
+                );
+            }
+            prop_assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "lock not released\n{}", replay);
+        }
+        let harmless = faults.iter().all(|f| {
+            matches!(
+                f,
+                Fault::ControllerCrash
+                    | Fault::ApiOutage
+                    | Fault::SlowReboot
+                    | Fault::PdbBlocked
+                    | Fault::EtcdLag
+                    | Fault::NotReady
+                    | Fault::CallLost
+                    | Fault::ControlPlaneNotReady
+            )
+        });
+        if harmless && control_planes != 2 {
+            prop_assert_eq!(&end, &RunEnd::Completed, "a run without a failing fault must complete\n{}", replay);
+        }
+        if control_planes == 2 {
+            prop_assert_eq!(c.upgrade_calls, 0, "nothing touched\n{}", replay);
+            prop_assert_eq!(c.max_control_planes_down, 0, "{}", replay);
+        }
+        Ok(())
+    })?;
+    Ok(())
 }

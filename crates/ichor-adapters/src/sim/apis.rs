@@ -227,6 +227,10 @@ impl TalosApi for SimCluster {
     }
 
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        let sent_at = self.with_world_untouched(|w| {
+            w.sync_clock();
+            w.now
+        });
         self.pull_installer(node, &request.image).await;
         self.with_world_untouched(|w| {
             if let Some(before_effect) = w.crash.on_next_upgrade.take() {
@@ -276,7 +280,7 @@ impl TalosApi for SimCluster {
             let drained = secs(node.drawn.drain).max(drain.wait);
             let until = w.now.saturating_add(pull).saturating_add(drained).saturating_add(secs(node.drawn.install));
             node.phase = NodePhase::Installing { until, into };
-            let record = UpgradeRecord { node: node.name.clone(), boot_id: node.boot_id.clone(), at: w.now };
+            let record = UpgradeRecord { node: node.name.clone(), boot_id: node.boot_id.clone(), at: w.now, sent_at };
             w.upgrades.push(record);
             w.counters.upgrade_calls += 1;
             w.record(i, TraceKind::UpgradeCall);

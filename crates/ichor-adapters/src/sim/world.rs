@@ -232,8 +232,11 @@ pub struct UpgradeRecord {
     pub node: String,
     /// Its boot ID when the call was acknowledged.
     pub boot_id: String,
-    /// When.
+    /// When it was acknowledged.
     pub at: Timestamp,
+    /// When the call was sent: what the engine knew then is what it decided on. A legacy
+    /// call pulls the installer before it answers, so this can be long before `at`.
+    pub sent_at: Timestamp,
 }
 
 /// The controller-crash fault's state: calls are numbered; the call numbered `crash_at`
