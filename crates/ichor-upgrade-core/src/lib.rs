@@ -9,6 +9,8 @@
 //! - [`operation`]: operation kinds, spec validation and the labels people steer with;
 //! - [`preflight`]: whether the cluster can lose a node now (the runbook's preflight, per
 //!   machine), from what was observed of its workloads;
+//! - [`talos_step`] and [`lifecycle_step`]: one machine's upgrade, on Talos's legacy
+//!   Upgrade call and on its lifecycle API (pull, install, the engine's drain, reboot);
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
 //!
@@ -38,6 +40,7 @@ pub mod etcd_gate;
 pub mod etcd_snapshot;
 pub mod evacuation;
 pub mod labels;
+pub mod lifecycle_step;
 pub mod operation;
 pub mod preflight;
 pub mod removal_step;

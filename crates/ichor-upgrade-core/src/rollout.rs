@@ -609,6 +609,10 @@ pub struct Decision {
     /// Upgrade call may go out in this pass. The executor's step makes no call without
     /// [`CallAuthority::Granted`].
     pub authority: BTreeMap<String, CallAuthority>,
+    /// For the same machines, whether a machine already past its call may be finished in
+    /// this pass ([`finish_authority`]): the lifecycle executor's reboot of an installed
+    /// machine, which a pause or a hold does not interrupt but the etcd gate does.
+    pub finish_authority: BTreeMap<String, CallAuthority>,
     /// The operation is being deleted and nothing of it is left: remove its finalizer.
     pub finalized: bool,
     /// When to decide again at the latest, if nothing changes before.
@@ -632,6 +636,7 @@ impl Decision {
             preflight_blocked: Vec::new(),
             take_etcd_snapshot: None,
             authority: BTreeMap::new(),
+            finish_authority: BTreeMap::new(),
             finalized: false,
             recheck_at: None,
         }
@@ -643,7 +648,14 @@ impl Decision {
         let authoriser = Authoriser::new(input, wanted);
         let authority =
             self.start.iter().chain(&self.advance).map(|name| (name.clone(), authoriser.authority(name))).collect();
+        let finish = self
+            .start
+            .iter()
+            .chain(&self.advance)
+            .map(|name| (name.clone(), authoriser.finish_authority(name)))
+            .collect();
         self.authority = authority;
+        self.finish_authority = finish;
         self
     }
 
@@ -814,6 +826,15 @@ pub fn call_authority(input: &RolloutInput<'_>, machine: &str) -> CallAuthority 
     Authoriser::new(input, vec![machine]).authority(machine)
 }
 
+/// Whether a machine already past its call may be finished in this pass (the lifecycle
+/// executor's reboot of an installed machine), as [`Decision::finish_authority`] says: the
+/// lock held and, on a control plane, every other control plane Ready and the etcd gate
+/// passed in this same pass; a pause, a hold or a deletion does not deny it.
+#[must_use]
+pub fn finish_authority(input: &RolloutInput<'_>, machine: &str) -> CallAuthority {
+    Authoriser::new(input, vec![machine]).finish_authority(machine)
+}
+
 /// What authorises calls in a pass, computed once for all its machines.
 struct Authoriser<'a> {
     input: &'a RolloutInput<'a>,
@@ -863,16 +884,43 @@ impl<'a> Authoriser<'a> {
         if m.held {
             return CallAuthority::Denied(CallDenied::Held);
         }
+        if m.role == MachineRole::ControlPlane && snapshot_missing(self.input) {
+            if let Some(denied) = self.others_not_ready(m) {
+                return CallAuthority::Denied(denied);
+            }
+            return CallAuthority::Denied(CallDenied::EtcdSnapshotMissing);
+        }
+        self.disruption(m)
+    }
+
+    /// The authority to finish a machine already past its call (the lifecycle executor's
+    /// reboot of an installed machine): a pause, a hold or a deletion does not interrupt
+    /// it, but the lock must be held and, on a control plane, every other control plane
+    /// Ready and the etcd gate passed in this pass.
+    fn finish_authority(&self, machine: &str) -> CallAuthority {
+        if matches!(self.operation_denied, Some(CallDenied::LockNotHeld)) {
+            return CallAuthority::Denied(CallDenied::LockNotHeld);
+        }
+        let Some(m) = self.by_name.get(machine) else {
+            return CallAuthority::Denied(CallDenied::NotInCluster);
+        };
+        self.disruption(m)
+    }
+
+    fn others_not_ready(&self, m: &MachineView) -> Option<CallDenied> {
+        let others: Vec<String> =
+            self.control_planes_not_ready.iter().filter(|n| **n != m.name).map(|n| (*n).to_owned()).collect();
+        (!others.is_empty()).then_some(CallDenied::ControlPlaneNotReady { nodes: others })
+    }
+
+    /// Whether taking `m` down is safe now: a worker always (its count is the rules'); a
+    /// control plane with every other one Ready and the etcd gate passed.
+    fn disruption(&self, m: &MachineView) -> CallAuthority {
         if m.role == MachineRole::Worker {
             return CallAuthority::Granted;
         }
-        let others: Vec<String> =
-            self.control_planes_not_ready.iter().filter(|n| **n != m.name).map(|n| (*n).to_owned()).collect();
-        if !others.is_empty() {
-            return CallAuthority::Denied(CallDenied::ControlPlaneNotReady { nodes: others });
-        }
-        if snapshot_missing(self.input) {
-            return CallAuthority::Denied(CallDenied::EtcdSnapshotMissing);
+        if let Some(denied) = self.others_not_ready(m) {
+            return CallAuthority::Denied(denied);
         }
         match self.input.etcd {
             EtcdVerdict::Healthy => CallAuthority::Granted,

@@ -241,6 +241,7 @@ mod tests {
             preflight_blocked: vec![],
             take_etcd_snapshot: None,
             authority: std::collections::BTreeMap::new(),
+            finish_authority: std::collections::BTreeMap::new(),
             finalized: false,
             recheck_at: None,
         }

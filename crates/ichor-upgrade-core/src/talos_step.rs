@@ -178,6 +178,14 @@ pub struct StepTimeouts {
     /// poll: a watch on Nodes reports them. Default 5 s: one Talos stage read (and, on a
     /// control plane, one member list) per waiting machine every 5 s.
     pub poll: Duration,
+    /// The lifecycle executor's drain bound, from the install's end: Talos's own
+    /// `DrainTimeout`, 5 minutes. Past it with pods left, the operation pauses.
+    pub drain: Duration,
+    /// How long a reboot the lifecycle executor asked for may show no sign (the node on
+    /// the same boot, as Talos itself reports it, and running) before it is asked for
+    /// again. Default 2 minutes: Talos's reboot stops its pods and services, then reboots,
+    /// and its API goes silent within seconds of the call.
+    pub reboot_confirm: Duration,
 }
 
 impl Default for StepTimeouts {
@@ -187,6 +195,8 @@ impl Default for StepTimeouts {
             upgrade_call: Duration::from_secs(10 * 60),
             verify: Duration::from_secs(30 * 60),
             poll: Duration::from_secs(5),
+            drain: crate::lifecycle_step::DRAIN_TIMEOUT,
+            reboot_confirm: Duration::from_secs(2 * 60),
         }
     }
 }
@@ -306,6 +316,21 @@ pub enum MachineWait {
     /// Ready for the Upgrade call of a control plane; the etcd gate is to be gathered in
     /// this pass before it may go out.
     EtcdGateNotChecked,
+    /// Lifecycle executor: the node answers that an install is already under way.
+    InstallUnderWay,
+    /// Lifecycle executor: pods evicted by the drain are still terminating (or the pods
+    /// were not read yet).
+    Draining {
+        /// How many.
+        terminating: usize,
+    },
+    /// Lifecycle executor: a PodDisruptionBudget refused an eviction (HTTP 429); retried.
+    EvictionBlocked {
+        /// The pod.
+        pod: String,
+    },
+    /// Lifecycle executor: a reboot was asked for and the node shows no sign of it yet.
+    RebootUnconfirmed,
 }
 
 impl MachineWait {
@@ -328,6 +353,10 @@ impl MachineWait {
             Self::EtcdMemberUnknown => "EtcdMemberUnknown",
             Self::CallNotAuthorised(_) => "CallNotAuthorised",
             Self::EtcdGateNotChecked => "EtcdGateNotChecked",
+            Self::InstallUnderWay => "InstallUnderWay",
+            Self::Draining { .. } => "Draining",
+            Self::EvictionBlocked { .. } => "EvictionBlocked",
+            Self::RebootUnconfirmed => "RebootUnconfirmed",
         }
     }
 }
@@ -400,6 +429,52 @@ pub enum MachineFailure {
     /// the driver).
     #[error("the Upgrade call did not answer within its bound of {0:?}")]
     UpgradeCallTimedOut(Duration),
+    /// The `TalosLifecycle` message is not a marker.
+    #[error("TalosLifecycle: {0}")]
+    GarbledLifecycleMarker(MarkerError),
+    /// The `TalosLifecycle` condition records no phase of the lifecycle executor.
+    #[error("{text}; a person must look at this machine")]
+    LifecycleRecord {
+        /// What was found.
+        text: String,
+    },
+    /// The lifecycle executor was chosen for a node whose Talos does not serve it.
+    #[error(
+        "the node runs Talos {running}, which does not serve LifecycleService (Talos 1.13 and later); use the legacy executor"
+    )]
+    LifecycleUnsupported {
+        /// The version it runs.
+        running: TalosVersion,
+    },
+    /// The installer image could not be pulled (an answered error).
+    #[error("pulling the installer image: {0}")]
+    PullFailed(String),
+    /// The installer ended with a non-zero exit code.
+    #[error("the installer exited with code {} ({}): {output}", exit.code(), exit.meaning())]
+    Install {
+        /// How it ended.
+        exit: crate::lifecycle_step::InstallExit,
+        /// Its last lines of output.
+        output: String,
+    },
+    /// The node refused the install or the reboot call (an answered error).
+    #[error("the {call} call was refused: {message}")]
+    LifecycleCallRefused {
+        /// `LifecycleService.Upgrade` or `Reboot`.
+        call: &'static str,
+        /// The answer.
+        message: String,
+    },
+    /// The drain did not finish within its bound.
+    #[error("the drain did not finish within {timeout:?}: {pods_left} pods left{}", first.as_ref().map(|p| format!(" (first: {p})")).unwrap_or_default())]
+    DrainTimedOut {
+        /// The bound.
+        timeout: Duration,
+        /// Pods left to evict or terminating.
+        pods_left: usize,
+        /// The first pod left to evict, if any.
+        first: Option<String>,
+    },
     /// The machine was not verified on the target within the verify bound.
     #[error("not verified on {target} within {timeout:?} of the Upgrade call: {waiting}")]
     NotVerifiedInTime {
@@ -431,6 +506,13 @@ impl MachineFailure {
             Self::UpgradeRefused(_) => "UpgradeRefused",
             Self::UpgradeCallTimedOut(_) => "UpgradeCallTimedOut",
             Self::NotVerifiedInTime { .. } => "NotVerifiedInTime",
+            Self::GarbledLifecycleMarker(_) => "GarbledLifecycleMarker",
+            Self::LifecycleRecord { .. } => "LifecycleRecordUnknown",
+            Self::LifecycleUnsupported { .. } => "LifecycleUnsupported",
+            Self::PullFailed(_) => "PullFailed",
+            Self::Install { exit, .. } => exit.reason(),
+            Self::LifecycleCallRefused { .. } => "LifecycleCallRefused",
+            Self::DrainTimedOut { .. } => "DrainTimedOut",
         }
     }
 }
@@ -454,6 +536,12 @@ impl fmt::Display for MachineWait {
             Self::EtcdMemberUnknown => f.write_str("the etcd member list could not be read"),
             Self::CallNotAuthorised(denied) => write!(f, "the Upgrade call waits: {denied}"),
             Self::EtcdGateNotChecked => f.write_str("the Upgrade call waits for the etcd gate"),
+            Self::InstallUnderWay => f.write_str("the node is already running an install"),
+            Self::Draining { terminating } => write!(f, "draining: {terminating} pods still terminating"),
+            Self::EvictionBlocked { pod } => {
+                write!(f, "draining: a PodDisruptionBudget refuses the eviction of {pod} for now")
+            }
+            Self::RebootUnconfirmed => f.write_str("a reboot was asked for; the node shows no sign of it yet"),
         }
     }
 }
@@ -478,7 +566,7 @@ pub fn step(input: &StepInput<'_>) -> Action {
     after_call(input, &marker, acknowledged, since)
 }
 
-fn wait(reason: MachineWait, recheck_at: Option<Timestamp>) -> Action {
+pub(crate) fn wait(reason: MachineWait, recheck_at: Option<Timestamp>) -> Action {
     Action::Wait { reason, recheck_at }
 }
 
@@ -486,7 +574,7 @@ fn wait(reason: MachineWait, recheck_at: Option<Timestamp>) -> Action {
 /// interval, or at the wait's own deadline if that is sooner. The ticks are on a grid of
 /// the interval (multiples of it since the epoch), so that every machine polling at once
 /// shares one pass instead of each costing its own.
-fn polled(input: &StepInput<'_>, reason: MachineWait, deadline: Option<Timestamp>) -> Action {
+pub(crate) fn polled(input: &StepInput<'_>, reason: MachineWait, deadline: Option<Timestamp>) -> Action {
     wait(reason, Timestamp::min_opt(deadline, Some(next_tick(input.now, input.timeouts.poll))))
 }
 
@@ -501,7 +589,7 @@ fn next_tick(now: Timestamp, interval: std::time::Duration) -> Timestamp {
 }
 
 /// No upgrade in flight: check, evacuate, then call.
-fn before_call(input: &StepInput<'_>) -> Action {
+pub(crate) fn before_call(input: &StepInput<'_>) -> Action {
     let target = &input.target.version;
     let Some(node) = input.node else { return wait(MachineWait::NodeMissing, None) };
     let version = match TalosVersion::from_os_image(&node.os_image) {
@@ -708,7 +796,7 @@ fn after_call(input: &StepInput<'_>, marker: &MarkerRef<'_>, acknowledged: bool,
 }
 
 /// On a control plane, what its etcd membership still waits for, if anything.
-fn etcd_wait(input: &StepInput<'_>) -> Option<MachineWait> {
+pub(crate) fn etcd_wait(input: &StepInput<'_>) -> Option<MachineWait> {
     if input.machine.role != MachineRole::ControlPlane {
         return None;
     }
@@ -784,15 +872,19 @@ impl ConvergedOn {
 /// while the rebooting machine cannot be asked for its name.
 #[must_use]
 pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
-    let condition = conditions.get(TALOS_UPGRADE).filter(|c| c.status != ConditionStatus::False)?;
-    MarkerRef::parse(&condition.message).ok()?.node.map(str::to_owned)
+    [TALOS_UPGRADE, crate::lifecycle_step::TALOS_LIFECYCLE].into_iter().find_map(|type_| {
+        let condition = conditions.get(type_).filter(|c| c.status != ConditionStatus::False)?;
+        MarkerRef::parse(&condition.message).ok()?.node.map(str::to_owned)
+    })
 }
 
-/// Whether the machine's conditions show an Upgrade call made, or possibly made: such a
-/// machine is never interrupted by a hold, a pause or a deletion.
+/// Whether the machine's conditions show an Upgrade call made, or possibly made (on the
+/// lifecycle executor: an install begun, whose boot slot may be written): such a machine is
+/// never interrupted by a hold, a pause or a deletion.
 #[must_use]
 pub fn past_upgrade_call(conditions: &Conditions) -> bool {
     conditions.get(TALOS_UPGRADE).is_some_and(|c| c.status != ConditionStatus::False)
+        || crate::lifecycle_step::lifecycle_in_flight(conditions)
 }
 
 #[cfg(test)]

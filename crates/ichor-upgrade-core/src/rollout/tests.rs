@@ -679,6 +679,59 @@ fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
     assert_eq!(call_authority(&input, "cp-1"), CallAuthority::Denied(CallDenied::LockNotHeld));
 }
 
+// The lifecycle executor's reboot of an installed machine: a pause, a hold or a deletion
+// does not interrupt a machine past its call, the lock and the etcd gate still decide.
+
+fn finish(d: &Decision, name: &str) -> CallAuthority {
+    d.finish_authority.get(name).cloned().unwrap_or_else(|| panic!("no finish authority for {name}: {d:?}"))
+}
+
+#[test]
+fn a_paused_held_or_deleting_operation_still_finishes_a_machine_past_its_call() {
+    let paused =
+        Fixture::cluster(3, 2).all_control_planes_converged().in_progress("worker-1", true).failed("worker-2", "x");
+    assert_eq!(finish(&paused.decide(), "worker-1"), CallAuthority::Granted);
+    let held = Fixture::cluster(3, 1).all_control_planes_converged().in_progress("worker-1", true).held("worker-1");
+    assert_eq!(finish(&held.decide(), "worker-1"), CallAuthority::Granted);
+    let deleting = Fixture::cluster(3, 1).all_control_planes_converged().in_progress("worker-1", true).deleting();
+    assert_eq!(finish(&deleting.decide(), "worker-1"), CallAuthority::Granted);
+}
+
+#[test]
+fn finishing_a_control_plane_needs_the_gate_and_every_other_control_plane_ready() {
+    let going = Fixture::cluster(3, 1).in_progress("cp-1", true);
+    assert_eq!(finish(&going.clone().etcd(EtcdVerdict::NotChecked).decide(), "cp-1"), CallAuthority::NeedsEtcdGate);
+    assert_eq!(
+        finish(&going.clone().not_ready("cp-3").decide(), "cp-1"),
+        CallAuthority::Denied(CallDenied::ControlPlaneNotReady { nodes: names(&["cp-3"]) })
+    );
+    assert_eq!(
+        finish(&going.clone().etcd(EtcdVerdict::Unhealthy { reason: "a learner".into() }).decide(), "cp-1"),
+        CallAuthority::Denied(CallDenied::EtcdUnhealthy { reason: "a learner".into() })
+    );
+    assert_eq!(finish(&going.decide(), "cp-1"), CallAuthority::Granted);
+}
+
+#[test]
+fn finish_authority_asked_again_needs_the_lock() {
+    let f = Fixture::cluster(3, 0).in_progress("cp-1", true).etcd(EtcdVerdict::Healthy);
+    let not_ours = Fixture::cluster(3, 0).lease(OTHER, at(1000), true);
+    let input = RolloutInput {
+        operation: &not_ours.op,
+        release_talos_version: &f.release,
+        kubernetes_version: &f.kubernetes,
+        lease: not_ours.lease.as_ref(),
+        machines: &f.machines,
+        etcd: &f.etcd,
+        preflight: &PreflightVerdict::Off,
+        config: &f.config,
+        now: f.now,
+    };
+    assert_eq!(finish_authority(&input, "cp-1"), CallAuthority::Denied(CallDenied::LockNotHeld));
+    let input = RolloutInput { operation: &f.op, lease: f.lease.as_ref(), ..input };
+    assert_eq!(finish_authority(&input, "cp-1"), CallAuthority::Granted);
+}
+
 // Refusals at planning (review, "Refusals at planning"): before any machine starts, every
 // problem that would stop the rollout part way.
 
