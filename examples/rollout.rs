@@ -5,7 +5,7 @@
 //! cargo run --example rollout -- [--control-planes N] [--workers N] [--max-unavailable N]
 //!     [--seed N] [--from V] [--to V] [--kubernetes V] [--faults LIST]
 //!     [--operation upgrade|remove] [--node NAME] [--trace FILE] [--json]
-//!     [--etcd-snapshot-dir DIR]
+//!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto]
 //! ```
 //! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
@@ -31,6 +31,7 @@ use ichor_adapters::snapshot_store::DirectoryStore;
 use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, parse_args};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
+use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
@@ -105,6 +106,33 @@ struct Args {
     /// Where the etcd snapshot goes (default: a new directory under the temporary one).
     #[arg(long, value_name = "DIR")]
     etcd_snapshot_dir: Option<PathBuf>,
+    /// Which Talos executor upgrades the machines: `legacy` (MachineService.Upgrade: Talos
+    /// pulls, drains, installs and reboots), `lifecycle` (ImageService.Pull,
+    /// LifecycleService.Upgrade, the engine's own cordon and drain, Reboot; Talos 1.13 and
+    /// later) or `auto` (lifecycle from Talos 1.18, where the legacy call is gone).
+    #[arg(long, value_enum, default_value_t = ExecutorArg::Auto)]
+    executor: ExecutorArg,
+}
+
+/// The executors on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ExecutorArg {
+    /// MachineService.Upgrade.
+    Legacy,
+    /// LifecycleService.Upgrade and the engine's drain and reboot.
+    Lifecycle,
+    /// Lifecycle from Talos 1.18, legacy before.
+    Auto,
+}
+
+impl ExecutorArg {
+    fn choice(self) -> ExecutorChoice {
+        match self {
+            Self::Legacy => ExecutorChoice::Legacy,
+            Self::Lifecycle => ExecutorChoice::Lifecycle,
+            Self::Auto => ExecutorChoice::Auto,
+        }
+    }
 }
 
 /// The wake models on the command line.
@@ -176,7 +204,7 @@ fn main() {
     let started = std::time::Instant::now();
     let runtime = ichor_adapters::sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
-    let executor = ExecutorConfig::default();
+    let executor = ExecutorConfig::default().with_executor(args.executor.choice());
     let end = match (args.operation, &args.node) {
         (Operation::Remove, Some(node)) => {
             progress.header(&format!("removing {node} from {control_planes} control planes + {workers} workers"));
@@ -312,6 +340,9 @@ fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg
         "nodes": r.nodes,
         "on_target": r.on_target,
         "upgrade_calls": r.upgrade_calls,
+        "install_calls": r.install_calls,
+        "reboot_calls": r.reboot_calls,
+        "evictions": r.evictions,
         "max_control_planes_down": r.max_control_planes_down,
         "max_workers_down": r.max_workers_down,
         "makespan_s": r.makespan_s,
@@ -362,6 +393,12 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
     }
     println!("nodes on target: {}/{}", r.on_target, r.nodes);
     println!("acknowledged Upgrade calls: {}", r.upgrade_calls);
+    if r.install_calls + r.reboot_calls > 0 {
+        println!(
+            "lifecycle installs: {}, Reboot calls: {}, pods evicted: {}",
+            r.install_calls, r.reboot_calls, r.evictions
+        );
+    }
     println!("most control planes down at once: {}", r.max_control_planes_down);
     println!("most workers down at once: {}", r.max_workers_down);
     println!(

@@ -4,8 +4,9 @@
 //! cargo run -q --example talos -- --talosconfig FILE [--context NAME] [--endpoints HOST[:PORT]]
 //!     [--nodes NODE] <command>
 //! ```
-//! Commands: `version`, `upgrade --image REF`, `etcd-members`, `etcd-status`, `etcd-alarms`,
-//! `etcd-snapshot FILE`, `etcd-gate` (over the control planes given with `--nodes A,B,C`).
+//! Commands: `version`, `upgrade --image REF [--lifecycle]`, `pull --image REF`, `images`,
+//! `reboot`, `boot-id`, `etcd-members`, `etcd-status`, `etcd-alarms`, `etcd-snapshot FILE`,
+//! `etcd-gate` (over the control planes given with `--nodes A,B,C`).
 //! Prints JSON on stdout. Exit 0: success. Exit 1: an error answered by the API (or no
 //! answer), or a failed gate, with the message and its whole cause ("connection refused",
 //! "invalid peer certificate: UnknownIssuer", "TLS handshake did not complete within 15s").
@@ -24,9 +25,10 @@ use clap::{Parser, Subcommand};
 use ichor_adapters::talos::{ClientOptions, TalosClient};
 use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, parse_args};
 use ichor_talos_executor::cause::report;
-use ichor_talos_executor::talos_api::{TalosApi, TalosError, UpgradeRequest};
+use ichor_talos_executor::talos_api::{InstallRequest, PullRequest, TalosApi, TalosError, UpgradeRequest};
 use ichor_talosconfig::{Overrides, parse};
 use ichor_upgrade_core::etcd_gate::{ControlPlaneReport, Member, verdict};
+use ichor_upgrade_core::lifecycle_step::InstallExit;
 use ichor_upgrade_core::rollout::EtcdVerdict;
 use serde_json::{Value, json};
 
@@ -59,12 +61,31 @@ struct Args {
 enum Command {
     /// The node's Talos version.
     Version,
-    /// Upgrade the node to the installer image (neither force nor preserve).
+    /// Upgrade the node to the installer image (neither force nor preserve). With
+    /// `--lifecycle` (Talos 1.13 and later): pull the image into the `system` containerd
+    /// namespace, then install it into the other boot slot with LifecycleService, which
+    /// neither drains nor reboots (see `reboot`); exit 1 on a non-zero installer exit code.
     Upgrade {
         /// The installer image, such as factory.talos.dev/metal-installer/<schematic>:v1.14.4.
         #[arg(long)]
         image: String,
+        /// Use the client-driven path (ImageService.Pull, LifecycleService.Upgrade) instead
+        /// of the legacy MachineService.Upgrade.
+        #[arg(long)]
+        lifecycle: bool,
     },
+    /// Pull an image into the node's `system` containerd namespace (ImageService.Pull).
+    Pull {
+        /// The image reference.
+        #[arg(long)]
+        image: String,
+    },
+    /// The images in the node's `system` containerd namespace (ImageService.List).
+    Images,
+    /// Reboot the node (the default mode; no drain).
+    Reboot,
+    /// The node's kernel boot ID (as talosctl reads it to tell a reboot).
+    BootId,
     /// The etcd member list.
     EtcdMembers,
     /// The node's etcd member status.
@@ -119,11 +140,41 @@ fn main() {
 async fn run(client: &TalosClient, node: &str, nodes: &[String], command: Command) -> Value {
     match command {
         Command::Version => json!({ "node": node, "version": api(client.version(node).await) }),
-        Command::Upgrade { image } => {
+        Command::Upgrade { image, lifecycle: false } => {
             let ack =
                 api(client.upgrade(node, &UpgradeRequest { image: image.clone(), timeout: UPGRADE_TIMEOUT }).await);
             json!({ "node": node, "image": image, "ack": ack.ack, "actor_id": ack.actor_id })
         }
+        Command::Upgrade { image, lifecycle: true } => {
+            let pulled =
+                api(client.image_pull(node, &PullRequest { image: image.clone(), timeout: UPGRADE_TIMEOUT }).await);
+            let install = InstallRequest { image: pulled.clone(), timeout: UPGRADE_TIMEOUT };
+            let outcome = api(client.lifecycle_upgrade(node, &install).await);
+            let exit = InstallExit::from_code(outcome.exit_code);
+            let result = json!({ "node": node, "image": pulled, "exit_code": outcome.exit_code,
+                                 "meaning": exit.meaning(), "output": outcome.output });
+            if exit != InstallExit::Success {
+                println!("{result}");
+                std::process::exit(EXIT_FAILED)
+            }
+            result
+        }
+        Command::Pull { image } => {
+            let name =
+                api(client.image_pull(node, &PullRequest { image: image.clone(), timeout: UPGRADE_TIMEOUT }).await);
+            json!({ "node": node, "image": name })
+        }
+        Command::Images => {
+            let images = api(client.image_list(node).await);
+            json!(
+                images
+                    .iter()
+                    .map(|i| json!({ "name": i.name, "digest": i.digest, "size": i.size }))
+                    .collect::<Vec<_>>()
+            )
+        }
+        Command::Reboot => json!({ "node": node, "actor_id": api(client.reboot(node).await) }),
+        Command::BootId => json!({ "node": node, "boot_id": api(client.boot_id(node).await) }),
         Command::EtcdMembers => {
             let members = api(client.etcd_members(node).await);
             json!(members

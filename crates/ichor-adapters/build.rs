@@ -2,7 +2,13 @@
 //! `protoc` is needed on the build machine.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/talos/common.proto", "proto/talos/machine.proto", "proto/talos/resource.proto"];
+    let files = [
+        "proto/talos/common.proto",
+        "proto/talos/machine.proto",
+        "proto/talos/image.proto",
+        "proto/talos/lifecycle.proto",
+        "proto/talos/resource.proto",
+    ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }

@@ -149,3 +149,49 @@ fn an_etcd_snapshot_file_is_written_whole_or_not_at_all() {
     names.sort();
     assert_eq!(names, vec!["db.snapshot", "talosconfig"], "no partial file, no temporary file");
 }
+
+const INSTALLER: &str =
+    "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.4";
+
+#[test]
+fn pull_then_a_lifecycle_upgrade_then_the_reboot() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(KeyKind::Ed25519);
+    let apid = Apid::start(&ca, &ca, Behaviour::default());
+    let config = write_config(dir.path(), &[apid.endpoint()], &ca, &ca.admin(Validity::Current));
+    let pulled = talos(&config, &["--nodes", "10.5.0.7", "pull", "--image", INSTALLER]);
+    assert_eq!(pulled.status.code(), Some(0), "{pulled:?}");
+    assert_eq!(stdout_json(&pulled), serde_json::json!({ "node": "10.5.0.7", "image": INSTALLER }));
+    let images = talos(&config, &["--nodes", "10.5.0.7", "images"]);
+    assert_eq!(stdout_json(&images)[0]["name"], INSTALLER);
+    let upgraded = talos(&config, &["--nodes", "10.5.0.7", "upgrade", "--image", INSTALLER, "--lifecycle"]);
+    assert_eq!(upgraded.status.code(), Some(0), "{upgraded:?}");
+    let result = stdout_json(&upgraded);
+    assert_eq!((result["exit_code"].as_i64(), result["meaning"].as_str()), (Some(0), Some("success")));
+    assert_eq!(talos(&config, &["--nodes", "10.5.0.7", "boot-id"]).status.code(), Some(0));
+    let rebooted = talos(&config, &["--nodes", "10.5.0.7", "reboot"]);
+    assert_eq!(stdout_json(&rebooted)["actor_id"], "actor-r");
+    let seen = apid.seen();
+    assert!(seen.pulls.iter().all(|(image, system)| image == INSTALLER && *system), "{:?}", seen.pulls);
+    assert_eq!(seen.installs, vec![INSTALLER.to_owned()]);
+    assert!(!seen.nodes_key, "the node key only");
+}
+
+#[test]
+fn a_lifecycle_upgrade_whose_installer_fails_exits_1_with_its_code_and_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(KeyKind::Ed25519);
+    let behaviour = Behaviour {
+        install_output: vec!["host version check: upgrade from v1.12.0 is not supported".into()],
+        install_exit: Some(4),
+        ..Behaviour::default()
+    };
+    let apid = Apid::start(&ca, &ca, behaviour);
+    let config = write_config(dir.path(), &[apid.endpoint()], &ca, &ca.admin(Validity::Current));
+    let output = talos(&config, &["--nodes", "10.5.0.7", "upgrade", "--image", INSTALLER, "--lifecycle"]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let result = stdout_json(&output);
+    assert_eq!(result["exit_code"], 4);
+    assert!(result["meaning"].as_str().unwrap().contains("environment"), "{result}");
+    assert!(result["output"][0].as_str().unwrap().contains("host version check"), "{result}");
+}

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use ichor_adapters::talos::{ClientOptions, SnapshotError, TalosClient};
 use ichor_talos_executor::cause::report;
-use ichor_talos_executor::talos_api::{ResetRequest, TalosApi, TalosError, UpgradeRequest};
+use ichor_talos_executor::talos_api::{
+    InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
+};
 use ichor_talosconfig::{Overrides, TalosContext, parse};
 use ichor_testkit::apid::{Apid, Behaviour};
 use ichor_testkit::net::{BlackHole, refused_endpoint};
@@ -333,4 +335,82 @@ async fn an_etcd_member_is_removed_by_id_through_another_control_plane() {
     let seen = c.apid.seen();
     assert_eq!(seen.removed_members, vec![0x3c2b_9f01_aa10_0001], "the uint64 ID on the wire");
     assert_eq!(seen.calls, vec![("EtcdRemoveMemberByID", "10.5.0.2".to_owned())]);
+}
+
+// The lifecycle path (Talos 1.13 and later): ImageService, LifecycleService, Reboot and the
+// boot ID, each aimed at one node with the `node` key (LifecycleService refuses `nodes`).
+
+const INSTALLER: &str =
+    "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.4";
+
+#[tokio::test]
+async fn an_image_is_pulled_into_the_system_namespace_and_listed() {
+    let c = Cluster::start(
+        KeyKind::Ed25519,
+        Behaviour { images: vec!["registry.k8s.io/pause:3.10".into()], ..Behaviour::default() },
+    );
+    let pull = PullRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
+    assert_eq!(bounded(c.client.image_pull("10.5.0.7", &pull)).await.unwrap(), INSTALLER);
+    let listed: Vec<String> =
+        bounded(c.client.image_list("10.5.0.7")).await.unwrap().into_iter().map(|i| i.name).collect();
+    assert_eq!(listed, vec![INSTALLER.to_owned(), "registry.k8s.io/pause:3.10".to_owned()]);
+    let seen = c.apid.seen();
+    assert_eq!(seen.pulls, vec![(INSTALLER.to_owned(), true)], "the system containerd namespace");
+    assert_eq!(seen.nodes(), vec!["10.5.0.7", "10.5.0.7"]);
+    assert!(!seen.nodes_key, "never the deprecated nodes key");
+}
+
+#[tokio::test]
+async fn an_install_streams_its_output_and_ends_with_its_exit_code() {
+    let c = Cluster::start(
+        KeyKind::Ed25519,
+        Behaviour { install_output: vec!["a".into(), "b".into()], install_exit: Some(4), ..Behaviour::default() },
+    );
+    let install = InstallRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
+    let outcome = bounded(c.client.lifecycle_upgrade("10.5.0.7", &install)).await.unwrap();
+    assert_eq!(outcome.exit_code, 4, "a non-zero code is a message, not an error");
+    assert_eq!(outcome.output, vec!["a".to_owned(), "b".to_owned()]);
+    assert_eq!(c.apid.seen().installs, vec![INSTALLER.to_owned()]);
+    assert!(!c.apid.seen().nodes_key);
+}
+
+#[tokio::test]
+async fn an_install_keeps_only_the_installers_last_lines() {
+    let lines: Vec<String> = (0..50).map(|i| format!("line {i}")).collect();
+    let c = Cluster::start(KeyKind::Ed25519, Behaviour { install_output: lines, ..Behaviour::default() });
+    let install = InstallRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
+    let outcome = bounded(c.client.lifecycle_upgrade("10.5.0.7", &install)).await.unwrap();
+    assert_eq!(outcome.exit_code, 0);
+    assert_eq!(outcome.output.len(), ichor_talos_executor::talos_api::INSTALL_OUTPUT_LINES);
+    assert_eq!(outcome.output.last().map(String::as_str), Some("line 49"));
+}
+
+#[tokio::test]
+async fn an_install_stream_that_ends_without_an_exit_code_broke_off() {
+    let c = Cluster::start(KeyKind::Ed25519, Behaviour { install_exit: None, ..Behaviour::default() });
+    let install = InstallRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
+    let err = bounded(c.client.lifecycle_upgrade("10.5.0.7", &install)).await.unwrap_err();
+    assert!(matches!(err, TalosError::Transport { .. }) && err.is_unreachable(), "{err:?}");
+    assert!(report(&err).contains("without the installer's exit code"), "{}", report(&err));
+}
+
+#[tokio::test]
+async fn the_boot_id_is_read_from_the_kernel_as_talosctl_reads_it() {
+    let c =
+        Cluster::start(KeyKind::Ed25519, Behaviour { boot_id: "7e2d9c40-13b1-4c8f".into(), ..Behaviour::default() });
+    assert_eq!(bounded(c.client.boot_id("10.5.0.7")).await.unwrap(), "7e2d9c40-13b1-4c8f");
+    assert_eq!(c.apid.seen().reads, vec![ichor_talos_executor::talos_api::BOOT_ID_PATH.to_owned()]);
+}
+
+#[tokio::test]
+async fn lifecycle_calls_to_a_node_apid_cannot_reach_are_unreachable() {
+    let c =
+        Cluster::start(KeyKind::Ed25519, Behaviour { unreachable: vec!["10.5.0.9".into()], ..Behaviour::default() });
+    let install = InstallRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
+    let err = bounded(c.client.lifecycle_upgrade("10.5.0.9", &install)).await.unwrap_err();
+    assert!(matches!(&err, TalosError::Unreachable { code, .. } if code == "Unavailable"), "{err:?}");
+    let err = bounded(c.client.boot_id("10.5.0.9")).await.unwrap_err();
+    assert!(err.is_unreachable(), "{err:?}");
+    let pull = PullRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
+    assert!(bounded(c.client.image_pull("10.5.0.9", &pull)).await.unwrap_err().is_unreachable());
 }

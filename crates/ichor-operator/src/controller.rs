@@ -27,7 +27,8 @@ use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch};
 use ichor_adapters::longhorn::LonghornStorage;
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi,
+    TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
 use ichor_upgrade_core::talos_step::MachineStage;
@@ -262,6 +263,21 @@ impl TalosApi for NoTalos {
         Err(self.error())
     }
     async fn reset(&self, _node: &str, _request: &ResetRequest) -> Result<(), TalosError> {
+        Err(self.error())
+    }
+    async fn image_pull(&self, _node: &str, _request: &PullRequest) -> Result<String, TalosError> {
+        Err(self.error())
+    }
+    async fn image_list(&self, _node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        Err(self.error())
+    }
+    async fn lifecycle_upgrade(&self, _node: &str, _request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        Err(self.error())
+    }
+    async fn reboot(&self, _node: &str) -> Result<String, TalosError> {
+        Err(self.error())
+    }
+    async fn boot_id(&self, _node: &str) -> Result<String, TalosError> {
         Err(self.error())
     }
 }

@@ -29,7 +29,8 @@ use ichor_adapters::sim::world::NodePhase;
 use ichor_adapters::sim::{Naming, Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::server;
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
+    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
@@ -171,6 +172,26 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.etcd_snapshot(node).await
     }
+    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.image_pull(node, request).await
+    }
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.image_list(node).await
+    }
+    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.lifecycle_upgrade(node, request).await
+    }
+    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.reboot(node).await
+    }
+    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.boot_id(node).await
+    }
 }
 
 /// A running fleet: the simulation, its Talos API and what it received.
@@ -221,8 +242,7 @@ impl Fleet {
         let talos = Arc::new(Counting { sim: Arc::clone(&sim), upgrades: Mutex::default(), calls: AtomicU64::new(0) });
         let ca = Ca::new(KeyKind::Ed25519);
         let cert = ca.server(&["127.0.0.1", "localhost"]);
-        let (machine, state) = server::services(Arc::clone(&talos));
-        let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, machine, state);
+        let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, server::services(Arc::clone(&talos)));
         Self { config, sim, talos, served, ca, started: Instant::now() }
     }
 

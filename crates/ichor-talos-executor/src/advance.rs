@@ -16,6 +16,9 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::evacuation::StorageObservation;
+use ichor_upgrade_core::lifecycle_step::{
+    ExecutorKind, TALOS_LIFECYCLE, executor_for, lifecycle_in_flight, reason as lifecycle_reason,
+};
 use ichor_upgrade_core::operation::{MachineRole, OperationKind};
 use ichor_upgrade_core::rollout::CallAuthority;
 use ichor_upgrade_core::status::MachineOutcome;
@@ -24,6 +27,7 @@ use ichor_upgrade_core::talos_step::{
     UpgradeTarget, converged_message, needs_talos, past_upgrade_call, recorded_node_name, step,
 };
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
+use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::cause::report;
 use crate::clock::Clock;
@@ -257,6 +261,25 @@ pub async fn advance_machine(
     target: &UpgradeTarget,
     authority: &CallAuthority,
 ) -> Result<MachineOutcome, AdvanceError> {
+    advance_machine_with(ex, kind, machine, target, authority, authority).await
+}
+
+/// [`advance_machine`] with the authority to finish a machine already past its call as
+/// well ([`Decision::finish_authority`](ichor_upgrade_core::rollout::Decision::finish_authority)):
+/// the lifecycle executor's reboot of an installed machine takes it. The executor is the one
+/// the machine is under way on, else the one [`ExecutorConfig::executor`] chooses for the
+/// version its Node shows.
+///
+/// # Errors
+/// As [`advance_machine`].
+pub async fn advance_machine_with(
+    ex: &Executor<'_>,
+    kind: &str,
+    machine: &MachineInfo,
+    target: &UpgradeTarget,
+    authority: &CallAuthority,
+    finish: &CallAuthority,
+) -> Result<MachineOutcome, AdvanceError> {
     if kind != OperationKind::TALOS {
         return Err(AdvanceError::UnsupportedKind(kind.to_owned()));
     }
@@ -280,6 +303,11 @@ pub async fn advance_machine(
             .map_err(|source| AdvanceError::ReadNode { node: name.clone(), source })?,
         None => None,
     };
+    let running = node.as_ref().and_then(|n| TalosVersion::from_os_image(&n.os_image).ok());
+    if executor_for(ex.config.executor, &machine.conditions, running.as_ref()) == ExecutorKind::Lifecycle {
+        let observed = crate::lifecycle::Seen { node_name: node_name.as_deref(), node: node.as_ref() };
+        return crate::lifecycle::advance(ex, machine, observed, target, authority, finish).await;
+    }
     // An acknowledged call whose node has not shown its new boot: the step waits on the
     // Node whatever Talos, etcd or storage say, so they are not asked (a node in its reboot
     // would hold the pass until its dial timeout).
@@ -406,7 +434,7 @@ pub(crate) fn failed(failure: &MachineFailure) -> MachineOutcome {
     MachineOutcome::Failed { reason: failure.reason().to_owned(), message: failure.to_string() }
 }
 
-async fn carry_out(
+pub(crate) async fn carry_out(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     node_name: Option<&str>,
@@ -437,6 +465,15 @@ async fn carry_out(
                 conditions = evacuation_ended(&conditions, node_name, EvacuationEnd::Ended, ex.clock.now());
             }
             let message = converged_message(&target.version, boot);
+            if lifecycle_in_flight(&conditions) {
+                let closed = ConditionUpdate::new(
+                    TALOS_LIFECYCLE,
+                    ConditionStatus::False,
+                    lifecycle_reason::CONVERGED,
+                    message.clone(),
+                );
+                conditions.upsert(closed, ex.clock.now());
+            }
             write_talos_upgrade(
                 ex,
                 machine,
@@ -572,7 +609,16 @@ pub async fn reset_for_retry(ex: &Executor<'_>, machine: &MachineInfo) -> Result
     }
     let mut conditions = machine.conditions.clone();
     let message = "a person resumed the operation; the failed attempt is closed".to_owned();
-    write_talos_upgrade(ex, machine, &mut conditions, ConditionStatus::False, upgrade_reason::RETRY, message).await
+    if lifecycle_in_flight(&conditions) {
+        let update =
+            ConditionUpdate::new(TALOS_LIFECYCLE, ConditionStatus::False, lifecycle_reason::RETRY, message.clone());
+        conditions.upsert(update, ex.clock.now());
+    }
+    if conditions.get(TALOS_UPGRADE).is_some_and(|c| c.status != ConditionStatus::False) {
+        let update = ConditionUpdate::new(TALOS_UPGRADE, ConditionStatus::False, upgrade_reason::RETRY, message);
+        conditions.upsert(update, ex.clock.now());
+    }
+    write_conditions(ex, machine, &conditions).await
 }
 
 /// The time a machine's outcome asks the operation to be looked at again, if any. A

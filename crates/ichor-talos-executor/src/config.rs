@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::rollout::RolloutConfig;
 use ichor_upgrade_core::talos_step::StepTimeouts;
 
@@ -25,6 +26,10 @@ pub struct ExecutorConfig {
     /// store (default 30 minutes: etcd's largest supported database, 8 GiB, at a few MB/s).
     /// A stream that sends nothing for [`ExecutorConfig::call_timeout`] is broken off too.
     pub snapshot_timeout: Duration,
+    /// Which Talos executor upgrades a machine (default [`ExecutorChoice::Auto`]: the
+    /// lifecycle one on Talos 1.18 and later, where the legacy call is gone). A machine
+    /// under way keeps the executor it started on.
+    pub executor: ExecutorChoice,
 }
 
 impl Default for ExecutorConfig {
@@ -35,6 +40,7 @@ impl Default for ExecutorConfig {
             rollout: RolloutConfig::default(),
             status_hold: Duration::from_secs(30),
             snapshot_timeout: Duration::from_secs(30 * 60),
+            executor: ExecutorChoice::Auto,
         }
     }
 }
@@ -44,6 +50,13 @@ impl ExecutorConfig {
     #[must_use]
     pub fn with_call_timeout(mut self, bound: Duration) -> Self {
         self.call_timeout = bound;
+        self
+    }
+
+    /// The same configuration with another choice of executor.
+    #[must_use]
+    pub fn with_executor(mut self, executor: ExecutorChoice) -> Self {
+        self.executor = executor;
         self
     }
 

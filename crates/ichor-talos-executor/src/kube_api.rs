@@ -242,8 +242,13 @@ pub trait KubeApi: ConditionStore {
     async fn event(&self, event: &Event) -> Result<(), KubeError>;
     /// One machine, if it exists.
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError>;
-    /// Cordons a Node (`spec.unschedulable=true`).
+    /// Cordons a Node: `spec.unschedulable=true` and the annotation
+    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION), in
+    /// one write, so that only the engine's own cordon is ever lifted.
     async fn cordon(&self, node: &str) -> Result<(), KubeError>;
+    /// Lifts the engine's cordon: `spec.unschedulable=false` and the annotation removed, in
+    /// one write. The caller checks the annotation first: a person's cordon stays.
+    async fn uncordon(&self, node: &str) -> Result<(), KubeError>;
     /// The pods scheduled on a Node.
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
     /// Evicts a pod through the Eviction API (`policy/v1` Eviction).

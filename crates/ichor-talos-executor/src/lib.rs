@@ -21,12 +21,13 @@ pub mod config;
 pub mod etcd;
 pub mod etcd_snapshot;
 pub mod kube_api;
+pub mod lifecycle;
 pub mod reconcile;
 pub mod removal;
 pub mod snapshot;
 pub mod talos_api;
 
-pub use advance::{AdvanceError, Executor, advance_machine};
+pub use advance::{AdvanceError, Executor, advance_machine, advance_machine_with};
 pub use cause::{Cause, report};
 pub use clock::Clock;
 pub use config::ExecutorConfig;

@@ -13,19 +13,21 @@ use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::{EvacuationState, STORAGE_EVACUATION, evacuation_state};
+use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
     CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView,
     OperationStatus, OperationView, Phase, PreflightVerdict, RolloutInput, WaitReason, call_authority, decide,
+    finish_authority,
 };
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget};
 use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::advance::{
-    AdvanceError, Executor, KubeCallError, advance_machine, bounded, end_evacuation, machine_past_upgrade_call,
+    AdvanceError, Executor, KubeCallError, advance_machine_with, bounded, end_evacuation, machine_past_upgrade_call,
     outcome_recheck, reset_for_retry,
 };
 use crate::cause::report;
@@ -223,7 +225,7 @@ impl ViewCache {
 struct Remembered {
     machine: Arc<MachineInfo>,
     node: Option<Arc<NodeInfo>>,
-    authority: CallAuthority,
+    authority: (CallAuthority, CallAuthority),
     recheck_at: Option<Timestamp>,
     /// The wait's reason.
     reason: String,
@@ -520,16 +522,16 @@ pub async fn reconcile_with(
         })
         .collect();
     let control_planes = &control_planes;
-    let advance = |o: &Observed, authority: CallAuthority| {
+    let advance = |o: &Observed, (authority, finish): (CallAuthority, CallAuthority)| {
         let target = &target;
         let kind = &op.spec.kind;
         let machine = Arc::clone(&o.machine);
         async move {
             let outcome = match target {
                 _ if removal => remove_machine(ex, &machine, control_planes).await.unwrap_or_else(|e| e.outcome()),
-                Ok(target) => {
-                    advance_machine(ex, kind, &machine, target, &authority).await.unwrap_or_else(|e| e.outcome())
-                }
+                Ok(target) => advance_machine_with(ex, kind, &machine, target, &authority, &finish)
+                    .await
+                    .unwrap_or_else(|e| e.outcome()),
                 Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
             };
             (machine.name.clone(), outcome)
@@ -538,6 +540,10 @@ pub async fn reconcile_with(
     let denied = CallAuthority::Denied(CallDenied::NotInCluster);
     let authority_of =
         |o: &Observed| decision.authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
+    let authorities_of = |o: &Observed| {
+        let finish = decision.finish_authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
+        (authority_of(o), finish)
+    };
     // Machines whose last wait still stands are passed over; their recheck times are kept.
     let mut kept_recheck: Option<Timestamp> = None;
     let storage_changed = memory.take_storage_changed();
@@ -559,7 +565,7 @@ pub async fn reconcile_with(
                         && r.recheck_at.is_none_or(|t| t > now)
                         && r.machine == o.machine
                         && r.node == o.node
-                        && r.authority == authority_of(o)
+                        && r.authority == authorities_of(o)
                 });
                 let Some(r) = remembered else { return true };
                 if o.node_name().is_some_and(|node| storage_changed.contains(node)) {
@@ -577,7 +583,7 @@ pub async fn reconcile_with(
     // alone says whether it still does (no Talos call for each replica that moves).
     let still = join_all(storage_only.iter().map(|o| still_evacuating(ex, o, now))).await;
     moving.extend(storage_only.into_iter().zip(still).filter(|(_, still)| !still).map(|(o, _)| o));
-    let mut advanced = join_all(moving.iter().map(|o| advance(o, authority_of(o)))).await;
+    let mut advanced = join_all(moving.iter().map(|o| advance(o, authorities_of(o)))).await;
     // A control plane ready for its Upgrade call waits for the etcd gate, gathered now (once
     // per pass, only when a call is due) and asked again for its authority: the call goes
     // out only on a gate passed in this same pass.
@@ -594,17 +600,19 @@ pub async fn reconcile_with(
             None => gather_etcd_gate(ex, &observed).await,
         };
         let rollout_input = RolloutInput { etcd: &gathered, ..input };
+        // Still not gathered cannot happen with a verdict; never call on it.
+        let gathered_or_denied = |authority| match authority {
+            CallAuthority::NeedsEtcdGate => CallAuthority::Denied(CallDenied::EtcdUnhealthy {
+                reason: "the etcd gate could not be gathered".to_owned(),
+            }),
+            authority => authority,
+        };
         for i in needs_gate {
             let name = advanced[i].0.clone();
-            let authority = match call_authority(&rollout_input, &name) {
-                // Still not gathered cannot happen with a verdict; never call on it.
-                CallAuthority::NeedsEtcdGate => CallAuthority::Denied(CallDenied::EtcdUnhealthy {
-                    reason: "the etcd gate could not be gathered".to_owned(),
-                }),
-                authority => authority,
-            };
+            let authority = gathered_or_denied(call_authority(&rollout_input, &name));
+            let finish = gathered_or_denied(finish_authority(&rollout_input, &name));
             if let Some(o) = by_name.get(name.as_str()) {
-                advanced[i] = advance(o, authority).await;
+                advanced[i] = advance(o, (authority, finish)).await;
             }
         }
     }
@@ -616,7 +624,7 @@ pub async fn reconcile_with(
                     let remembered = Remembered {
                         machine: Arc::clone(&o.machine),
                         node: o.node.clone(),
-                        authority: authority_of(o),
+                        authority: authorities_of(o),
                         recheck_at: *recheck_at,
                         reason: reason.clone(),
                     };
@@ -771,7 +779,8 @@ async fn gather_preflight(
                 ready: node.ready,
                 unschedulable: node.unschedulable,
                 by_operation: status.machines.contains_key(&o.machine.name)
-                    || past_the_point_of_no_return(removal, &o.machine),
+                    || past_the_point_of_no_return(removal, &o.machine)
+                    || node.annotations.contains_key(CORDONED_ANNOTATION),
             })
         })
         .collect();

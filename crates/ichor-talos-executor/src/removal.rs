@@ -46,7 +46,7 @@ pub fn drains(pod: &PodInfo) -> bool {
     !pod.mirror && !pod.owner_kinds.iter().any(|k| k == "DaemonSet")
 }
 
-async fn kube<T>(
+pub(crate) async fn kube<T>(
     ex: &Executor<'_>,
     call: &'static str,
     future: impl Future<Output = Result<T, KubeError>>,
@@ -58,7 +58,7 @@ async fn kube<T>(
         .map_err(|source| AdvanceError::KubeCall { call, source })
 }
 
-async fn talos<T>(
+pub(crate) async fn talos<T>(
     ex: &Executor<'_>,
     call: &'static str,
     future: impl Future<Output = Result<T, TalosError>>,

@@ -142,6 +142,53 @@ pub struct EtcdMember {
     pub is_learner: bool,
 }
 
+/// An `ImageService.Pull` of an image into the node's `system` containerd namespace, where
+/// `LifecycleService.Upgrade` takes its installer from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequest {
+    /// The image reference.
+    pub image: String,
+    /// The pull's bound, sent as its gRPC deadline (a large image over a slow link).
+    pub timeout: std::time::Duration,
+}
+
+/// An image in the node's `system` containerd namespace (`ImageService.List`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// Its reference.
+    pub name: String,
+    /// Its digest.
+    pub digest: String,
+    /// Its size in bytes.
+    pub size: i64,
+}
+
+/// A `LifecycleService.Upgrade`: install `image` (already in the node's `system`
+/// namespace) into the other boot slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallRequest {
+    /// The installer image.
+    pub image: String,
+    /// The time left until the install's recorded deadline, sent as its gRPC deadline.
+    pub timeout: std::time::Duration,
+}
+
+/// How an install ended: its exit code (a non-zero code is a message of the stream, not a
+/// gRPC error) and the last lines the installer wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallOutcome {
+    /// The installer's exit code.
+    pub exit_code: i32,
+    /// Its last lines of output ([`INSTALL_OUTPUT_LINES`] at most), oldest first.
+    pub output: Vec<String>,
+}
+
+/// How many of the installer's last lines an [`InstallOutcome`] keeps.
+pub const INSTALL_OUTPUT_LINES: usize = 20;
+
+/// The path Talos's own reboot detection reads the boot ID from (facts sheet §3, §4.4).
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
 /// A `MachineService.Reset` request, as node removal sends it: graceful (the node leaves
 /// etcd itself and stops its services in order), and powered off afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,6 +229,40 @@ pub trait TalosApi: Send + Sync {
             code: "Unimplemented".to_owned(),
             message: format!("no etcd snapshot from {node}: this Talos API does not serve one"),
         })
+    }
+    /// `ImageService.Pull` into the node's `system` containerd namespace: the pulled
+    /// image's name once every layer is there (at once if it already was). Talos 1.13 and
+    /// later. (The default answers `Unimplemented`; wrappers must forward it.)
+    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
+        let _ = request;
+        Err(unimplemented("ImageService.Pull", node))
+    }
+    /// `ImageService.List` of the node's `system` containerd namespace.
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        Err(unimplemented("ImageService.List", node))
+    }
+    /// `LifecycleService.Upgrade`: the install into the other boot slot, to its exit code.
+    /// It neither drains nor reboots, and Talos runs no etcd check for it. A stream that
+    /// ends without an exit code is [`TalosError::Transport`].
+    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        let _ = request;
+        Err(unimplemented("LifecycleService.Upgrade", node))
+    }
+    /// `MachineService.Reboot` in the default mode; the actor ID. It does not drain.
+    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        Err(unimplemented("MachineService.Reboot", node))
+    }
+    /// The boot ID the node's kernel reports ([`BOOT_ID_PATH`], `MachineService.Read`).
+    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
+        Err(unimplemented("MachineService.Read", node))
+    }
+}
+
+/// The answer of a `TalosApi` method that a double does not serve.
+fn unimplemented(method: &str, node: &str) -> TalosError {
+    TalosError::Answered {
+        code: "Unimplemented".to_owned(),
+        message: format!("{method} on {node}: this Talos API does not serve it"),
     }
 }
 

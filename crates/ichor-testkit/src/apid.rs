@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ichor_adapters::talos::proto::common::{Data, Metadata};
+use ichor_adapters::talos::proto::machine::image_service_server::{ImageService, ImageServiceServer};
+use ichor_adapters::talos::proto::machine::lifecycle_service_server::{LifecycleService, LifecycleServiceServer};
 use ichor_adapters::talos::proto::machine::machine_service_server::{MachineService, MachineServiceServer};
 use ichor_adapters::talos::proto::machine::{self as pb};
 use ichor_adapters::talos::proto::resource::state_server::{State, StateServer};
@@ -44,6 +46,14 @@ pub struct Behaviour {
     pub snapshot: Vec<Vec<u8>>,
     /// After this many chunks, the snapshot stream ends with an error.
     pub snapshot_fails_after: Option<usize>,
+    /// The kernel's boot ID, as `Read` of `/proc/sys/kernel/random/boot_id` gives it.
+    pub boot_id: String,
+    /// The images in the `system` containerd namespace (a pull adds its image).
+    pub images: Vec<String>,
+    /// The installer's output lines, streamed before its exit code.
+    pub install_output: Vec<String>,
+    /// The installer's exit code; `None`: the stream ends without one.
+    pub install_exit: Option<i32>,
 }
 
 impl Default for Behaviour {
@@ -58,6 +68,10 @@ impl Default for Behaviour {
             upgrade_status: None,
             snapshot: vec![b"etcd ".to_vec(), b"snapshot ".to_vec(), b"bytes".to_vec()],
             snapshot_fails_after: None,
+            boot_id: "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11".to_owned(),
+            images: Vec::new(),
+            install_output: vec!["installing".to_owned(), "upgrade successful".to_owned()],
+            install_exit: Some(0),
         }
     }
 }
@@ -75,6 +89,14 @@ pub struct Seen {
     pub resets: Vec<pb::ResetRequest>,
     /// The member IDs asked to be removed.
     pub removed_members: Vec<u64>,
+    /// The image pulls, with whether they named the `system` containerd namespace.
+    pub pulls: Vec<(String, bool)>,
+    /// The lifecycle installs' images.
+    pub installs: Vec<String>,
+    /// Whether any call carried the deprecated `nodes` key.
+    pub nodes_key: bool,
+    /// The paths read.
+    pub reads: Vec<String>,
 }
 
 impl Seen {
@@ -95,13 +117,107 @@ impl Talos {
     /// Notes the call and answers as apid does for a node it cannot reach.
     fn route<T>(&self, method: &'static str, request: &Request<T>) -> Result<(), Status> {
         let node = request.metadata().get("node").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        self.seen.lock().unwrap().calls.push((method, node.clone()));
+        {
+            let mut seen = self.seen.lock().unwrap();
+            seen.calls.push((method, node.clone()));
+            seen.nodes_key |= request.metadata().get("nodes").is_some();
+        }
         if self.behaviour.unreachable.contains(&node) {
             return Err(Status::unavailable(format!(
                 "connection error: desc = \"transport: Error while dialing: dial tcp {node}:50000: connect: connection refused\""
             )));
         }
         Ok(())
+    }
+}
+
+/// Whether a call names the `system` containerd namespace, as talosctl's default does.
+fn is_system(containerd: Option<&ichor_adapters::talos::proto::common::ContainerdInstance>) -> bool {
+    use ichor_adapters::talos::proto::common::{ContainerDriver, ContainerdNamespace};
+    containerd
+        .is_some_and(|c| c.driver == ContainerDriver::Cri as i32 && c.namespace == ContainerdNamespace::NsSystem as i32)
+}
+
+type Streamed<T> = tokio_stream::Iter<std::vec::IntoIter<Result<T, Status>>>;
+
+#[tonic::async_trait]
+impl ImageService for Talos {
+    type ListStream = Streamed<pb::ImageServiceListResponse>;
+
+    async fn list(&self, request: Request<pb::ImageServiceListRequest>) -> Result<Response<Self::ListStream>, Status> {
+        self.route("ImageService.List", &request)?;
+        let images: Vec<Result<pb::ImageServiceListResponse, Status>> = self
+            .seen
+            .lock()
+            .unwrap()
+            .pulls
+            .iter()
+            .map(|(image, _)| image.clone())
+            .chain(self.behaviour.images.iter().cloned())
+            .map(|name| Ok(pb::ImageServiceListResponse { name, size: 1, ..pb::ImageServiceListResponse::default() }))
+            .collect();
+        Ok(Response::new(tokio_stream::iter(images)))
+    }
+
+    type PullStream = Streamed<pb::ImageServicePullResponse>;
+
+    async fn pull(&self, request: Request<pb::ImageServicePullRequest>) -> Result<Response<Self::PullStream>, Status> {
+        use pb::image_service_pull_response::Response as Reply;
+        self.route("ImageService.Pull", &request)?;
+        let message = request.into_inner();
+        let system = is_system(message.containerd.as_ref());
+        self.seen.lock().unwrap().pulls.push((message.image_ref.clone(), system));
+        let layer = |status| {
+            Ok(pb::ImageServicePullResponse {
+                response: Some(Reply::PullProgress(pb::ImageServicePullProgress {
+                    layer_id: "sha256:0a1b".into(),
+                    progress: Some(pb::ImageServicePullLayerProgress {
+                        status,
+                        offset: 100,
+                        total: 100,
+                        ..pb::ImageServicePullLayerProgress::default()
+                    }),
+                })),
+            })
+        };
+        let replies = vec![
+            layer(pb::image_service_pull_layer_progress::Status::Downloading as i32),
+            layer(pb::image_service_pull_layer_progress::Status::ExtractComplete as i32),
+            Ok(pb::ImageServicePullResponse { response: Some(Reply::Name(message.image_ref)) }),
+        ];
+        Ok(Response::new(tokio_stream::iter(replies)))
+    }
+}
+
+#[tonic::async_trait]
+impl LifecycleService for Talos {
+    type UpgradeStream = Streamed<pb::LifecycleServiceUpgradeResponse>;
+
+    async fn upgrade(
+        &self,
+        request: Request<pb::LifecycleServiceUpgradeRequest>,
+    ) -> Result<Response<Self::UpgradeStream>, Status> {
+        use pb::lifecycle_service_install_progress::Response as Progress;
+        self.route("LifecycleService.Upgrade", &request)?;
+        let message = request.into_inner();
+        if !is_system(message.containerd.as_ref()) {
+            return Err(Status::failed_precondition("installer image not found in containerd store"));
+        }
+        let image = message.source.map(|s| s.image_name).unwrap_or_default();
+        self.seen.lock().unwrap().installs.push(image);
+        let reply = |progress| {
+            Ok(pb::LifecycleServiceUpgradeResponse {
+                progress: Some(pb::LifecycleServiceInstallProgress { response: Some(progress) }),
+            })
+        };
+        let replies: Vec<Result<pb::LifecycleServiceUpgradeResponse, Status>> = self
+            .behaviour
+            .install_output
+            .iter()
+            .map(|line| reply(Progress::Message(line.clone())))
+            .chain(self.behaviour.install_exit.map(|code| reply(Progress::ExitCode(code))))
+            .collect();
+        Ok(Response::new(tokio_stream::iter(replies)))
     }
 }
 
@@ -143,6 +259,19 @@ impl MachineService for Talos {
         Ok(Response::new(pb::RebootResponse {
             messages: vec![pb::Reboot { metadata: None, actor_id: "actor-r".into() }],
         }))
+    }
+
+    type ReadStream = Streamed<Data>;
+
+    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, Status> {
+        self.route("Read", &request)?;
+        let path = request.into_inner().path;
+        self.seen.lock().unwrap().reads.push(path.clone());
+        if path != "/proc/sys/kernel/random/boot_id" {
+            return Err(Status::not_found(format!("{path}: no such file")));
+        }
+        let chunk = Data { metadata: None, bytes: format!("{}\n", self.behaviour.boot_id).into_bytes() };
+        Ok(Response::new(tokio_stream::iter(vec![Ok(chunk)])))
     }
 
     async fn reset(&self, request: Request<pb::ResetRequest>) -> Result<Response<pb::ResetResponse>, Status> {
@@ -272,8 +401,15 @@ impl Apid {
     pub fn start_with(cert_pem: &str, key_pem: &str, client_ca_pem: &str, behaviour: Behaviour) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let talos = Talos { seen: Arc::clone(&seen), behaviour };
-        let served =
-            serve(cert_pem, key_pem, client_ca_pem, MachineServiceServer::new(talos.clone()), StateServer::new(talos));
+        let served = serve(
+            cert_pem,
+            key_pem,
+            client_ca_pem,
+            tonic::service::Routes::new(MachineServiceServer::new(talos.clone()))
+                .add_service(StateServer::new(talos.clone()))
+                .add_service(ImageServiceServer::new(talos.clone()))
+                .add_service(LifecycleServiceServer::new(talos)),
+        );
         Self { served, seen }
     }
 
@@ -329,17 +465,7 @@ impl Drop for Served {
 ///
 /// # Panics
 /// When no loopback port can be bound.
-pub fn serve<M, S>(
-    cert_pem: &str,
-    key_pem: &str,
-    client_ca_pem: &str,
-    machine: MachineServiceServer<M>,
-    state: StateServer<S>,
-) -> Served
-where
-    M: MachineService,
-    S: State,
-{
+pub fn serve(cert_pem: &str, key_pem: &str, client_ca_pem: &str, routes: tonic::service::Routes) -> Served {
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(cert_pem, key_pem))
         .client_ca_root(Certificate::from_pem(client_ca_pem));
@@ -354,8 +480,7 @@ where
             Server::builder()
                 .tls_config(tls)
                 .expect("server TLS")
-                .add_service(machine)
-                .add_service(state)
+                .add_routes(routes)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     stopped.await.ok();
                 })

@@ -36,6 +36,7 @@ use ichor_talos_executor::kube_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
+use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
@@ -873,10 +874,28 @@ impl KubeApi for KubeCluster {
     async fn cordon(&self, node: &str) -> Result<(), KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
         self.wrote();
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&json!({ "spec": { "unschedulable": true } })))
+        let patch = json!({
+            "metadata": { "annotations": { CORDONED_ANNOTATION: "true" } },
+            "spec": { "unschedulable": true },
+        });
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(drop)
             .map_err(|e| kube_error(&format!("cordon Node {node}"), &e))
+    }
+
+    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        self.wrote();
+        // A JSON merge patch: null removes the annotation.
+        let patch = json!({
+            "metadata": { "annotations": { CORDONED_ANNOTATION: null } },
+            "spec": { "unschedulable": false },
+        });
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| kube_error(&format!("uncordon Node {node}"), &e))
     }
 
     async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {

@@ -13,10 +13,12 @@ use ichor_talos_executor::kube_api::{
     PodInfo,
 };
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
+    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
+use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
 use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
@@ -26,7 +28,7 @@ use ichor_upgrade_core::versions::TalosVersion;
 use super::SimCluster;
 use super::config::{Fault, secs};
 use super::trace::TraceKind;
-use super::world::{EtcdMember as SimMember, Evacuation, Gate, NodePhase, UpgradeRecord, World};
+use super::world::{EtcdMember as SimMember, Evacuation, Gate, LifecycleRecord, NodePhase, UpgradeRecord, World};
 
 fn refused_talos(address: &str) -> TalosError {
     TalosError::dial(format!("{address}:50000"), "connection refused")
@@ -57,6 +59,8 @@ enum KubeCall {
     StorageWrite,
     /// A write of the Lease.
     LeaseWrite,
+    /// A write of a Node (the engine's cordon and uncordon).
+    NodeWrite,
     /// An Event.
     Event,
 }
@@ -192,6 +196,10 @@ impl SimCluster {
                 }
                 KubeCall::StorageWrite => {
                     c.storage_writes += 1;
+                    c.kube_writes += 1;
+                }
+                KubeCall::NodeWrite => {
+                    c.node_writes += 1;
                     c.kube_writes += 1;
                 }
                 KubeCall::Write | KubeCall::CachedRead | KubeCall::Read => c.kube_writes += 1,
@@ -421,6 +429,140 @@ impl TalosApi for SimCluster {
             .await?;
         Ok(super::snapshot::stream(seed, size, fails, takes_time))
     }
+
+    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
+        if self.with_world_untouched(|w| installer_version(w, &request.image)).is_none() {
+            let missing = format!("failed to pull image {}: not found", request.image);
+            return self.talos(node, |_, _| Err(TalosError::answer("NotFound", missing))).await;
+        }
+        self.pull_installer(node, &request.image).await;
+        self.talos(node, |w, i| {
+            // Under the oracle a pull takes no time; its least time is counted in the reboot.
+            w.nodes[i].pulled = Some(request.image.clone());
+            Ok(request.image.clone())
+        })
+        .await
+    }
+
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        self.talos(node, |w, i| {
+            let size = i64::try_from(w.config.registry.image_bytes).unwrap_or(i64::MAX);
+            Ok(w.nodes[i]
+                .pulled
+                .iter()
+                .map(|name| ImageInfo { name: name.clone(), digest: format!("sha256:{:064x}", 0x1ceb00da_u64), size })
+                .collect())
+        })
+        .await
+    }
+
+    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        // The install begins: one at a time, from an image already in the store.
+        let (install, boot_id) = self
+            .talos(node, |w, i| {
+                let n = &w.nodes[i];
+                if n.phase != NodePhase::Running {
+                    return Err(TalosError::answer("FailedPrecondition", "the machine is not running"));
+                }
+                if n.installing {
+                    return Err(TalosError::answer(
+                        "FailedPrecondition",
+                        "another installation/upgrade is already in progress",
+                    ));
+                }
+                if n.pulled.as_deref() != Some(request.image.as_str()) {
+                    return Err(TalosError::answer(
+                        "FailedPrecondition",
+                        format!("installer image {} not found in containerd store", request.image),
+                    ));
+                }
+                let takes = if w.config.realism.takes_time() { secs(n.drawn.install) } else { Duration::ZERO };
+                let boot_id = n.boot_id.clone();
+                w.nodes[i].installing = true;
+                w.record(i, TraceKind::InstallStart);
+                Ok((takes, boot_id))
+            })
+            .await?;
+        tokio::time::sleep(install).await;
+        // The install ends: the other slot holds the target, unless the node rebooted or the
+        // controller's stream went away first (then the installer was stopped with it).
+        let outcome = self
+            .talos(node, |w, i| {
+                w.nodes[i].installing = false;
+                if w.nodes[i].boot_id != boot_id {
+                    return Err(TalosError::transport("the node rebooted during the install"));
+                }
+                let Some(version) = installer_version(w, &request.image) else {
+                    return Ok(InstallOutcome { exit_code: 2, output: vec!["invalid installer image".to_owned()] });
+                };
+                w.nodes[i].installed = Some(version);
+                let restarts = w.counters.restarts;
+                let record =
+                    LifecycleRecord { node: w.nodes[i].name.clone(), boot_id: boot_id.clone(), at: w.now, restarts };
+                w.installs.push(record);
+                w.counters.install_calls += 1;
+                w.record(i, TraceKind::Installed);
+                Ok(InstallOutcome { exit_code: 0, output: vec!["upgrade successful".to_owned()] })
+            })
+            .await;
+        if outcome.is_err() {
+            self.with_world_untouched(|w| {
+                if let Some(i) = w.node_index_by_address(node) {
+                    w.nodes[i].installing = false;
+                }
+            });
+        }
+        outcome
+    }
+
+    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        self.talos(node, |w, i| {
+            if w.nodes[i].phase != NodePhase::Running {
+                return Err(TalosError::answer("FailedPrecondition", "the machine is not running"));
+            }
+            // Under the oracle the install took no time in its call: it is counted here.
+            let extra = if w.config.realism.takes_time() {
+                Duration::ZERO
+            } else {
+                w.nodes[i].drawn.pull + secs(w.nodes[i].drawn.install)
+            };
+            let n = &mut w.nodes[i];
+            // The slot an install wrote is booted, unless it falls back (the ab-fallback
+            // fault); with no install the node boots what it runs.
+            let into = match n.installed.take() {
+                Some(_) if n.falls_back => {
+                    n.falls_back = false;
+                    n.version.clone()
+                }
+                Some(version) => version,
+                None => n.version.clone(),
+            };
+            let until = w.now.saturating_add(extra).saturating_add(secs(n.drawn.reboot));
+            n.phase = NodePhase::Rebooting { until, into };
+            n.ready = false;
+            let restarts = w.counters.restarts;
+            let record = LifecycleRecord { node: n.name.clone(), boot_id: n.boot_id.clone(), at: w.now, restarts };
+            w.reboots.push(record);
+            w.counters.reboot_calls += 1;
+            w.record(i, TraceKind::RebootCall);
+            w.record(i, TraceKind::RebootStart);
+            w.record(i, TraceKind::NotReady);
+            w.node_went_down(i);
+            Ok(format!("actor-reboot-{}", w.counters.reboot_calls))
+        })
+        .await
+    }
+
+    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
+        self.talos(node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
+    }
+}
+
+/// The version of a factory installer image reference of this cluster's platform.
+fn installer_version(w: &World, image: &str) -> Option<TalosVersion> {
+    let prefix = format!("{FACTORY}/{}-installer/", w.config.platform);
+    let (_, tag) = image.strip_prefix(&prefix)?.rsplit_once(':')?;
+    TalosVersion::parse(tag).ok()
 }
 
 #[async_trait]
@@ -522,9 +664,29 @@ impl KubeApi for SimCluster {
     }
 
     async fn cordon(&self, node: &str) -> Result<(), KubeError> {
-        self.kube(KubeCall::Write, |w| {
+        self.kube(KubeCall::NodeWrite, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
-            w.nodes[i].unschedulable = true;
+            let n = &mut w.nodes[i];
+            n.unschedulable = true;
+            n.annotations.insert(CORDONED_ANNOTATION.to_owned(), "true".to_owned());
+            w.node_edited(i);
+            w.record(i, TraceKind::Cordon);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
+        self.kube(KubeCall::NodeWrite, |w| {
+            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+            let n = &mut w.nodes[i];
+            n.unschedulable = false;
+            n.annotations.remove(CORDONED_ANNOTATION);
+            // The replacements of the pods the drain evicted are scheduled here again.
+            let back = std::mem::take(&mut n.evicted);
+            n.pods.extend(back);
+            w.node_edited(i);
+            w.record(i, TraceKind::Uncordon);
             Ok(())
         })
         .await
@@ -557,6 +719,7 @@ impl KubeApi for SimCluster {
             let now = w.now;
             let Some((i, k)) = w.pod(namespace, name) else { return Ok(Eviction::Evicted) };
             let blocked = w.eviction_blocked_until(&w.nodes[i].pods[k]).is_some();
+            let drain = w.nodes[i].drawn.drain;
             let pod = &mut w.nodes[i].pods[k];
             if blocked {
                 return Ok(Eviction::Blocked {
@@ -564,7 +727,12 @@ impl KubeApi for SimCluster {
                 });
             }
             let first = pod.terminating_until.is_none();
-            pod.terminating_until.get_or_insert(now.saturating_add(secs(10)));
+            // Its termination grace: the node's drawn drain time (Talos's own drain takes as
+            // long on the legacy path).
+            pod.terminating_until.get_or_insert(now.saturating_add(secs(drain)));
+            if first {
+                w.counters.evictions += 1;
+            }
             w.changed(i);
             if first && w.nodes[i].pods.iter().filter(|p| p.terminating_until.is_some()).count() == 1 {
                 w.record(i, TraceKind::Drain);

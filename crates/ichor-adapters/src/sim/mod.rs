@@ -153,6 +153,12 @@ pub struct Report {
     pub on_target: usize,
     /// Acknowledged Upgrade calls.
     pub upgrade_calls: u64,
+    /// Lifecycle installs carried out to their end.
+    pub install_calls: u64,
+    /// Reboot calls carried out.
+    pub reboot_calls: u64,
+    /// Pods evicted (counted in `kube_writes` too).
+    pub evictions: u64,
     /// Most control planes down at once.
     pub max_control_planes_down: usize,
     /// Most workers down at once because of upgrades.
@@ -177,6 +183,8 @@ pub struct Report {
     pub condition_writes: u64,
     /// Of which, writes to the storage backend.
     pub storage_writes: u64,
+    /// Of which, writes of Nodes (the engine's cordon and uncordon).
+    pub node_writes: u64,
     /// Events recorded.
     pub events: u64,
     /// Writes of the cluster's Lease (acquire, renewals, release).
@@ -222,6 +230,9 @@ impl SimCluster {
                 nodes: w.nodes.len(),
                 on_target: w.nodes.iter().filter(|n| n.version == w.config.to).count(),
                 upgrade_calls: w.counters.upgrade_calls,
+                install_calls: w.counters.install_calls,
+                reboot_calls: w.counters.reboot_calls,
+                evictions: w.counters.evictions,
                 max_control_planes_down: w.counters.max_control_planes_down,
                 max_workers_down: w.counters.max_workers_down,
                 makespan_s: w.now.saturating_since(w.start).as_secs_f64(),
@@ -230,6 +241,7 @@ impl SimCluster {
                 status_writes: w.counters.status_writes,
                 condition_writes: w.counters.condition_writes,
                 storage_writes: w.counters.storage_writes,
+                node_writes: w.counters.node_writes,
                 events: w.counters.events,
                 lease_writes: w.counters.lease_writes,
                 kube_reads: w.counters.kube_reads,

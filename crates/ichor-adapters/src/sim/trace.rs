@@ -15,6 +15,16 @@ pub enum TraceKind {
     ImagePulled,
     /// The node acknowledged an Upgrade call.
     UpgradeCall,
+    /// A lifecycle install (`LifecycleService.Upgrade`) began.
+    InstallStart,
+    /// A lifecycle install ended with exit code 0: the other boot slot holds the target.
+    Installed,
+    /// The engine cordoned the Node (the lifecycle executor's drain).
+    Cordon,
+    /// The node took a Reboot call.
+    RebootCall,
+    /// The engine lifted its cordon.
+    Uncordon,
     /// The node went down to reboot.
     RebootStart,
     /// The node booted (with the version it booted).
@@ -76,6 +86,11 @@ impl TraceKind {
             Self::ImagePullStart => "image-pull-start",
             Self::ImagePulled => "image-pulled",
             Self::UpgradeCall => "upgrade-call",
+            Self::InstallStart => "install-start",
+            Self::Installed => "installed",
+            Self::Cordon => "cordon",
+            Self::RebootCall => "reboot-call",
+            Self::Uncordon => "uncordon",
             Self::RebootStart => "reboot-start",
             Self::RebootEnd => "reboot-end",
             Self::Ready => "ready",
@@ -137,6 +152,11 @@ mod tests {
     fn names_are_the_serialized_names() {
         for kind in [
             TraceKind::UpgradeCall,
+            TraceKind::InstallStart,
+            TraceKind::Installed,
+            TraceKind::Cordon,
+            TraceKind::RebootCall,
+            TraceKind::Uncordon,
             TraceKind::EtcdMemberMissing,
             TraceKind::ControllerRestart,
             TraceKind::Removed,

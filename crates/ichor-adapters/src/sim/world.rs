@@ -10,6 +10,7 @@ use ichor_storage::{LabelSelector, StorageObject};
 use ichor_talos_executor::kube_api::{ClusterInfo, Event, LeaseInfo, MachineInfo, Metadata, NodeInfo, OperationInfo};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::versions::TalosVersion;
 
@@ -198,6 +199,14 @@ pub struct SimNode {
     pub unschedulable: bool,
     /// Its pods.
     pub pods: Vec<SimPod>,
+    /// Pods the engine's drain evicted, which come back once the engine lifts its cordon
+    /// (their Deployments' replacements, scheduled here again).
+    pub evicted: Vec<SimPod>,
+    /// The version a lifecycle install wrote into the other boot slot, booted at the next
+    /// reboot (unless the slot falls back).
+    pub installed: Option<TalosVersion>,
+    /// A lifecycle install is under way (one at a time per node, as Talos allows).
+    pub installing: bool,
     /// What its Node object shows (late, as a real one does).
     pub view: NodeView,
 }
@@ -214,6 +223,12 @@ impl SimNode {
     pub fn upgrading(&self) -> bool {
         matches!(self.phase, NodePhase::Installing { .. } | NodePhase::Rebooting { .. } | NodePhase::Booting { .. })
     }
+
+    /// Whether it carries the engine's cordon (the lifecycle executor's drain, a removal).
+    #[must_use]
+    pub fn cordoned_by_engine(&self) -> bool {
+        self.annotations.contains_key(CORDONED_ANNOTATION)
+    }
 }
 
 /// An operation object.
@@ -223,6 +238,19 @@ pub struct SimOperation {
     pub info: OperationInfo,
     /// Whether its finalizer was removed after deletion.
     pub finalized: bool,
+}
+
+/// A lifecycle install or reboot call the node carried out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleRecord {
+    /// The node.
+    pub node: String,
+    /// Its boot ID at the call.
+    pub boot_id: String,
+    /// When the call took effect.
+    pub at: Timestamp,
+    /// How many times the controller had been restarted by then.
+    pub restarts: u64,
 }
 
 /// An acknowledged Upgrade call.
@@ -266,6 +294,15 @@ pub struct Counters {
     pub talos_calls: u64,
     /// Acknowledged Upgrade calls.
     pub upgrade_calls: u64,
+    /// Lifecycle installs carried out to their end.
+    pub install_calls: u64,
+    /// Reboot calls carried out.
+    pub reboot_calls: u64,
+    /// Pods evicted (the lifecycle executor's drain, a removal's).
+    pub evictions: u64,
+    /// Installer image pulls asked for ahead of a machine's turn (pre-pulls), and those
+    /// that found the image already there.
+    pub prepulls: u64,
     /// Most control planes down at once.
     pub max_control_planes_down: usize,
     /// Most workers down at once because of upgrades.
@@ -286,6 +323,8 @@ pub struct Counters {
     pub condition_writes: u64,
     /// Writes to the storage backend.
     pub storage_writes: u64,
+    /// Writes of Nodes (the engine's cordon and uncordon).
+    pub node_writes: u64,
     /// The largest operation status written, in bytes of JSON.
     pub status_bytes_max: usize,
     /// Reconcile passes.
@@ -342,6 +381,10 @@ pub struct World {
     pub counters: Counters,
     /// Acknowledged Upgrade calls.
     pub upgrades: Vec<UpgradeRecord>,
+    /// Lifecycle installs carried out to their end.
+    pub installs: Vec<LifecycleRecord>,
+    /// Reboot calls carried out.
+    pub reboots: Vec<LifecycleRecord>,
     /// The crash fault's state.
     pub crash: CrashState,
     /// When the APIs refuse calls: from, until.
@@ -486,6 +529,8 @@ impl World {
             match role {
                 MachineRole::ControlPlane => {
                     pods.push(pod("kube-system", format!("kube-apiserver-{name}"), false, true, false));
+                    // CoreDNS tolerates the control planes' taint: a drain evicts it.
+                    pods.push(pod("kube-system", format!("coredns-{index}"), false, false, false));
                 }
                 MachineRole::Worker => {
                     pods.push(pod("billing", format!("invoice-api-{index}"), false, false, true));
@@ -523,6 +568,9 @@ impl World {
                     pending: Vec::new(),
                 },
                 pods,
+                evicted: Vec::new(),
+                installed: None,
+                installing: false,
             });
         }
         for n in &mut nodes {
@@ -564,6 +612,8 @@ impl World {
             trace: Vec::new(),
             counters: Counters::default(),
             upgrades: Vec::new(),
+            installs: Vec::new(),
+            reboots: Vec::new(),
             crash: CrashState::default(),
             outage: None,
             pdb_blocked_until: None,
@@ -1167,6 +1217,17 @@ impl World {
         self.view_change(i, grace, ViewChange::NotReady);
     }
 
+    /// Node `i` went down for its reboot now: its kubelet stopped, its etcd member left the
+    /// list.
+    pub(crate) fn node_went_down(&mut self, i: usize) {
+        self.kubelet_lost(i);
+        if self.nodes[i].etcd.is_some() {
+            self.nodes[i].etcd = Some(EtcdMember::Missing);
+            self.record(i, TraceKind::EtcdMemberMissing);
+        }
+        self.changed(i);
+    }
+
     /// The node turned Ready now.
     fn kubelet_ready(&mut self, i: usize) {
         self.view_change(i, Duration::ZERO, ViewChange::Ready);
@@ -1212,6 +1273,15 @@ impl World {
     pub(crate) fn touched(&mut self) {
         self.timers.all = true;
         self.read_cache = ReadCache::default();
+    }
+
+    /// Node `i`'s object was written (its labels, annotations or cordon): its shared copy is
+    /// made again, and its next change read again.
+    pub(crate) fn node_edited(&mut self, i: usize) {
+        if let Some(cached) = self.read_cache.nodes.get_mut(i) {
+            *cached = None;
+        }
+        self.changed(i);
     }
 
     /// Node `i` changed (its next change is read again).
@@ -1348,11 +1418,7 @@ impl World {
                 self.nodes[i].ready = false;
                 self.record(i, TraceKind::RebootStart);
                 self.record(i, TraceKind::NotReady);
-                self.kubelet_lost(i);
-                if self.nodes[i].etcd.is_some() {
-                    self.nodes[i].etcd = Some(EtcdMember::Missing);
-                    self.record(i, TraceKind::EtcdMemberMissing);
-                }
+                self.node_went_down(i);
                 self.apply_node(i, now);
             }
             NodePhase::Rebooting { until, into } if now >= until => {
@@ -1398,7 +1464,15 @@ impl World {
             | NodePhase::Resetting { .. }
             | NodePhase::PoweredOff => {}
         }
-        self.nodes[i].pods.retain(|p| p.terminating_until.is_none_or(|t| now < t));
+        let node = &mut self.nodes[i];
+        if node.cordoned_by_engine() {
+            // The engine's drain: the replacements of the pods it evicts come back here once
+            // it lifts its cordon.
+            for pod in node.pods.iter().filter(|p| p.terminating_until.is_some_and(|t| now >= t)) {
+                node.evicted.push(SimPod { terminating_until: None, ..pod.clone() });
+            }
+        }
+        node.pods.retain(|p| p.terminating_until.is_none_or(|t| now < t));
         if let Some(EtcdMember::Learner { until }) = self.nodes[i].etcd
             && now >= until
         {
@@ -1444,6 +1518,7 @@ impl World {
                     !n.removed
                         && n.role == role
                         && (n.upgrading()
+                            || n.cordoned_by_engine()
                             || (role == MachineRole::ControlPlane && !n.ready && n.not_ready_until.is_none()))
                 })
                 .count()

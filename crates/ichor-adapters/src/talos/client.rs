@@ -28,7 +28,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ichor_talos_executor::cause::{Cause, report};
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    BOOT_ID_PATH, EtcdAlarm, EtcdMember, EtcdStatus, INSTALL_OUTPUT_LINES, ImageInfo, InstallOutcome, InstallRequest,
+    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_talosconfig::{Endpoint, TalosContext};
 use ichor_upgrade_core::talos_step::MachineStage;
@@ -36,7 +37,9 @@ use prost::Message;
 use tonic::transport::Channel;
 
 use super::connect::{ConnectError, Connector, TlsMaterialError, client_tls};
-use super::proto::common::Metadata;
+use super::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamespace, Metadata};
+use super::proto::machine::image_service_client::ImageServiceClient;
+use super::proto::machine::lifecycle_service_client::LifecycleServiceClient;
 use super::proto::machine::machine_service_client::MachineServiceClient;
 use super::proto::machine::{self as pb};
 use super::proto::resource::state_client::StateClient;
@@ -327,14 +330,36 @@ impl TalosClient {
         Ok(snapshot)
     }
 
-    /// `MachineService.Reboot` in the default mode (kexec when prepared); the actor ID.
-    ///
-    /// # Errors
-    /// The classified failure.
-    pub async fn reboot(&self, node: &str) -> Result<String, TalosError> {
-        let message = pb::RebootRequest { mode: pb::reboot_request::Mode::Default as i32 };
-        let reply = self.machine(node, message, None, |mut c, r| async move { c.reboot(r).await }).await?;
-        Ok(first_reply(reply.messages, |m| m.metadata.as_ref())?.actor_id)
+    /// A server-streaming call through the endpoints for `node`, its messages gathered by
+    /// `each` until the stream ends, the whole within the dial bound plus `bound`. A status
+    /// in the stream is classified like the call's own.
+    async fn stream<Req, Resp, F, Fut>(
+        &self,
+        node: &str,
+        message: Req,
+        bound: Duration,
+        call: F,
+        mut each: impl FnMut(Resp) -> Result<(), TalosError>,
+    ) -> Result<(), TalosError>
+    where
+        Req: Clone,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<tonic::Streaming<Resp>>, tonic::Status>>,
+    {
+        let target = target(node)?;
+        let streaming = async {
+            let response = self
+                .call(node, bound, |channel| call(channel, request(target.as_ref(), message.clone(), bound)))
+                .await?;
+            let mut stream = response.into_inner();
+            while let Some(reply) = stream.message().await.map_err(|status| classify(&status, "the stream"))? {
+                each(reply)?;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(self.inner.options.dial_timeout + bound, streaming).await.unwrap_or_else(|_| {
+            Err(TalosError::Transport { cause: Cause::message(format!("the stream did not end within {bound:?}")) })
+        })
     }
 
     /// `MachineService.Version`: the node's Talos version tag (such as `v1.14.3`).
@@ -346,6 +371,12 @@ impl TalosClient {
         let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
         Ok(first.version.map(|v| v.tag).unwrap_or_default())
     }
+}
+
+/// The `system` containerd namespace, talosctl's default for images (`--namespace system`):
+/// where `LifecycleService.Upgrade` takes its installer from.
+fn system_namespace() -> ContainerdInstance {
+    ContainerdInstance { driver: ContainerDriver::Cri as i32, namespace: ContainerdNamespace::NsSystem as i32 }
 }
 
 /// The `node` metadata value that routes a call to `node` through apid; none for an empty
@@ -528,6 +559,104 @@ impl TalosApi for TalosClient {
             }
         });
         Ok(Box::pin(chunks))
+    }
+
+    async fn image_pull(&self, node: &str, pull: &PullRequest) -> Result<String, TalosError> {
+        use pb::image_service_pull_response::Response;
+        let message =
+            pb::ImageServicePullRequest { containerd: Some(system_namespace()), image_ref: pull.image.clone() };
+        let mut name = None;
+        self.stream(
+            node,
+            message,
+            pull.timeout,
+            |channel, r| async move { ImageServiceClient::new(channel).pull(r).await },
+            |reply: pb::ImageServicePullResponse| {
+                if let Some(Response::Name(pulled)) = reply.response {
+                    name = Some(pulled);
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        name.ok_or_else(|| TalosError::transport(format!("the pull of {} ended without the image's name", pull.image)))
+    }
+
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        let message = pb::ImageServiceListRequest { containerd: Some(system_namespace()) };
+        let mut images = Vec::new();
+        self.stream(
+            node,
+            message,
+            self.inner.options.call_timeout,
+            |channel, r| async move { ImageServiceClient::new(channel).list(r).await },
+            |image: pb::ImageServiceListResponse| {
+                images.push(ImageInfo { name: image.name, digest: image.digest, size: image.size });
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(images)
+    }
+
+    async fn lifecycle_upgrade(&self, node: &str, install: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        use pb::lifecycle_service_install_progress::Response;
+        let message = pb::LifecycleServiceUpgradeRequest {
+            containerd: Some(system_namespace()),
+            source: Some(pb::InstallArtifactsSource { image_name: install.image.clone() }),
+        };
+        let mut output: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+        let mut exit_code = None;
+        self.stream(
+            node,
+            message,
+            install.timeout,
+            |channel, r| async move { LifecycleServiceClient::new(channel).upgrade(r).await },
+            |reply: pb::LifecycleServiceUpgradeResponse| {
+                match reply.progress.and_then(|p| p.response) {
+                    Some(Response::Message(line)) => {
+                        if output.len() == INSTALL_OUTPUT_LINES {
+                            output.pop_front();
+                        }
+                        output.push_back(line);
+                    }
+                    Some(Response::ExitCode(code)) => exit_code = Some(code),
+                    None => {}
+                }
+                Ok(())
+            },
+        )
+        .await?;
+        let exit_code = exit_code
+            .ok_or_else(|| TalosError::transport("the install stream ended without the installer's exit code"))?;
+        Ok(InstallOutcome { exit_code, output: output.into() })
+    }
+
+    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        let message = pb::RebootRequest { mode: pb::reboot_request::Mode::Default as i32 };
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.reboot(r).await }).await?;
+        Ok(first_reply(reply.messages, |m| m.metadata.as_ref())?.actor_id)
+    }
+
+    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
+        let message = pb::ReadRequest { path: BOOT_ID_PATH.to_owned() };
+        let mut bytes = Vec::new();
+        self.stream(
+            node,
+            message,
+            self.inner.options.call_timeout,
+            |channel, r| async move { MachineServiceClient::new(channel).read(r).await },
+            |chunk: super::proto::common::Data| {
+                if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
+                    return Err(answered("Unknown", error));
+                }
+                bytes.extend_from_slice(&chunk.bytes);
+                Ok(())
+            },
+        )
+        .await?;
+        let text = String::from_utf8(bytes).map_err(|_| answered("DataLoss", "the boot ID is not UTF-8".to_owned()))?;
+        Ok(text.trim().to_owned())
     }
 }
 

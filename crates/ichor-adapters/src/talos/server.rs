@@ -10,12 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_talos_executor::cause::report;
-use ichor_talos_executor::talos_api::{ResetRequest, TalosApi, TalosError, UpgradeRequest};
+use ichor_talos_executor::talos_api::{
+    BOOT_ID_PATH, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
+};
 use ichor_upgrade_core::talos_step::MachineStage;
 use prost::Message;
 use tonic::{Code, Request, Response, Status};
 
-use super::proto::common::Data;
+use super::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamespace, Data};
+use super::proto::machine::image_service_server::{ImageService, ImageServiceServer};
+use super::proto::machine::lifecycle_service_server::{LifecycleService, LifecycleServiceServer};
 use super::proto::machine::machine_service_server::{MachineService, MachineServiceServer};
 use super::proto::machine::{self as pb};
 use super::proto::resource::state_server::{State, StateServer};
@@ -23,10 +27,27 @@ use super::proto::resource::{
     GetRequest, GetResponse, MachineStatusSpec, NodenameSpec, Resource, Spec, machine_status_spec::Stage,
 };
 
-/// The services, ready for `tonic::transport::Server::add_service`.
-pub fn services<T: TalosApi + 'static>(api: Arc<T>) -> (MachineServiceServer<Apid<T>>, StateServer<Apid<T>>) {
+/// Every service (`MachineService`, the resource `State`, `ImageService`,
+/// `LifecycleService`), ready for `tonic::transport::Server::add_routes`.
+pub fn services<T: TalosApi + 'static>(api: Arc<T>) -> tonic::service::Routes {
     let apid = Apid { api };
-    (MachineServiceServer::new(apid.clone()), StateServer::new(apid))
+    tonic::service::Routes::new(MachineServiceServer::new(apid.clone()))
+        .add_service(StateServer::new(apid.clone()))
+        .add_service(ImageServiceServer::new(apid.clone()))
+        .add_service(LifecycleServiceServer::new(apid))
+}
+
+/// Whether a call about images names the `system` containerd namespace (the only one the
+/// engine's API serves: where the lifecycle install takes its installer from).
+fn system_namespace(containerd: Option<&ContainerdInstance>) -> Result<(), Status> {
+    let system =
+        ContainerdInstance { driver: ContainerDriver::Cri as i32, namespace: ContainerdNamespace::NsSystem as i32 };
+    match containerd {
+        Some(c) if *c == system => Ok(()),
+        other => {
+            Err(Status::invalid_argument(format!("only the system containerd namespace is served, not {other:?}")))
+        }
+    }
 }
 
 /// The Talos API services over `T`.
@@ -115,8 +136,25 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         Ok(Response::new(pb::UpgradeResponse { messages: vec![reply] }))
     }
 
-    async fn reboot(&self, _request: Request<pb::RebootRequest>) -> Result<Response<pb::RebootResponse>, Status> {
-        Err(Status::unimplemented("Reboot is not part of the engine's Talos API"))
+    async fn reboot(&self, request: Request<pb::RebootRequest>) -> Result<Response<pb::RebootResponse>, Status> {
+        let node = node(&request)?;
+        if request.get_ref().mode != pb::reboot_request::Mode::Default as i32 {
+            return Err(Status::unimplemented("only the default reboot mode is served"));
+        }
+        let actor_id = self.api.reboot(&node).await.map_err(|e| status(&e))?;
+        Ok(Response::new(pb::RebootResponse { messages: vec![pb::Reboot { metadata: None, actor_id }] }))
+    }
+
+    type ReadStream = futures::stream::BoxStream<'static, Result<Data, Status>>;
+
+    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, Status> {
+        let node = node(&request)?;
+        if request.get_ref().path != BOOT_ID_PATH {
+            return Err(Status::permission_denied(format!("only {BOOT_ID_PATH} is served")));
+        }
+        let boot_id = self.api.boot_id(&node).await.map_err(|e| status(&e))?;
+        let chunk = Data { metadata: None, bytes: format!("{boot_id}\n").into_bytes() };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(chunk)]))))
     }
 
     async fn reset(&self, request: Request<pb::ResetRequest>) -> Result<Response<pb::ResetResponse>, Status> {
@@ -202,6 +240,87 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         let id = request.get_ref().member_id;
         self.api.etcd_remove_member(&node, id).await.map_err(|e| status(&e))?;
         Ok(Response::new(pb::EtcdRemoveMemberByIdResponse { messages: vec![pb::EtcdRemoveMemberById::default()] }))
+    }
+}
+
+#[tonic::async_trait]
+impl<T: TalosApi + 'static> ImageService for Apid<T> {
+    type ListStream = futures::stream::BoxStream<'static, Result<pb::ImageServiceListResponse, Status>>;
+
+    async fn list(&self, request: Request<pb::ImageServiceListRequest>) -> Result<Response<Self::ListStream>, Status> {
+        let node = node(&request)?;
+        system_namespace(request.get_ref().containerd.as_ref())?;
+        let images = self.api.image_list(&node).await.map_err(|e| status(&e))?;
+        let replies: Vec<Result<pb::ImageServiceListResponse, Status>> = images
+            .into_iter()
+            .map(|i| {
+                Ok(pb::ImageServiceListResponse {
+                    name: i.name,
+                    digest: i.digest,
+                    size: i.size,
+                    ..pb::ImageServiceListResponse::default()
+                })
+            })
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(replies))))
+    }
+
+    type PullStream = futures::stream::BoxStream<'static, Result<pb::ImageServicePullResponse, Status>>;
+
+    /// The pull, then its one progress line (every layer there) and the image's name.
+    async fn pull(&self, request: Request<pb::ImageServicePullRequest>) -> Result<Response<Self::PullStream>, Status> {
+        use pb::image_service_pull_response::Response as Reply;
+        let node = node(&request)?;
+        let timeout = deadline(&request).unwrap_or(Duration::from_secs(600));
+        system_namespace(request.get_ref().containerd.as_ref())?;
+        let image = request.into_inner().image_ref;
+        let name = self.api.image_pull(&node, &PullRequest { image, timeout }).await.map_err(|e| status(&e))?;
+        let done = pb::ImageServicePullProgress {
+            layer_id: "sha256:installer".to_owned(),
+            progress: Some(pb::ImageServicePullLayerProgress {
+                status: pb::image_service_pull_layer_progress::Status::DownloadComplete as i32,
+                ..pb::ImageServicePullLayerProgress::default()
+            }),
+        };
+        let replies = [
+            Ok(pb::ImageServicePullResponse { response: Some(Reply::PullProgress(done)) }),
+            Ok(pb::ImageServicePullResponse { response: Some(Reply::Name(name)) }),
+        ];
+        Ok(Response::new(Box::pin(futures::stream::iter(replies))))
+    }
+}
+
+#[tonic::async_trait]
+impl<T: TalosApi + 'static> LifecycleService for Apid<T> {
+    type UpgradeStream = futures::stream::BoxStream<'static, Result<pb::LifecycleServiceUpgradeResponse, Status>>;
+
+    /// The install, then its output lines and its exit code, as Talos streams them.
+    async fn upgrade(
+        &self,
+        request: Request<pb::LifecycleServiceUpgradeRequest>,
+    ) -> Result<Response<Self::UpgradeStream>, Status> {
+        use pb::lifecycle_service_install_progress::Response as Progress;
+        // LifecycleService refuses the deprecated multi-node key, as Talos does.
+        if request.metadata().get("nodes").is_some() {
+            return Err(Status::invalid_argument("LifecycleService takes the node key, not nodes"));
+        }
+        let node = node(&request)?;
+        let timeout = deadline(&request).unwrap_or(Duration::from_secs(600));
+        let message = request.into_inner();
+        system_namespace(message.containerd.as_ref())?;
+        let image = message.source.map(|s| s.image_name).unwrap_or_default();
+        let outcome =
+            self.api.lifecycle_upgrade(&node, &InstallRequest { image, timeout }).await.map_err(|e| status(&e))?;
+        let reply = |progress| pb::LifecycleServiceUpgradeResponse {
+            progress: Some(pb::LifecycleServiceInstallProgress { response: Some(progress) }),
+        };
+        let replies: Vec<Result<pb::LifecycleServiceUpgradeResponse, Status>> = outcome
+            .output
+            .into_iter()
+            .map(|line| Ok(reply(Progress::Message(line))))
+            .chain([Ok(reply(Progress::ExitCode(outcome.exit_code)))])
+            .collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(replies))))
     }
 }
 

@@ -1,0 +1,309 @@
+//! The lifecycle executor's driver (Talos 1.13 and later): one pass over one machine on
+//! the client-driven path. It reads what the step's phase looks at
+//! ([`lifecycle_reads`]), calls the pure [`lifecycle_step`], carries out its one action and
+//! writes the machine's conditions. It keeps nothing between passes.
+//!
+//! The pull, the install, the cordon, the drain, the reboot and the uncordon are the
+//! engine's on this path: Talos only writes the other boot slot (facts sheet §4.2).
+
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
+use ichor_upgrade_core::lifecycle_step::{
+    CORDONED_ANNOTATION, CordonState, DrainObservation, InstallExit, LifecycleAction, LifecycleInput, TALOS_LIFECYCLE,
+    lifecycle_reads, lifecycle_step, reason,
+};
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::removal_step::PodRef;
+use ichor_upgrade_core::rollout::CallAuthority;
+use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::talos_step::{
+    Action, EtcdMembership, MachineFailure, MachineSpec, MachineWait, StepInput, TalosObservation, UpgradeTarget,
+};
+use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
+
+use crate::advance::{
+    AdvanceError, Executor, bounded, carry_out, failed, node_observation, observe, talos_observation, write_condition,
+};
+use crate::cause::report;
+use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
+use crate::removal::{drains, kube};
+use crate::talos_api::{InstallRequest, PullRequest, TalosError};
+
+/// What the caller already read of the machine: its node name and Node.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seen<'a> {
+    pub(crate) node_name: Option<&'a str>,
+    pub(crate) node: Option<&'a NodeInfo>,
+}
+
+/// One pass over a machine on the lifecycle executor.
+pub(crate) async fn advance(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    seen: Seen<'_>,
+    target: &UpgradeTarget,
+    authority: &CallAuthority,
+    finish: &CallAuthority,
+) -> Result<MachineOutcome, AdvanceError> {
+    let bound = ex.config.call_timeout;
+    let Seen { node_name, node } = seen;
+    let reads = lifecycle_reads(&machine.conditions, node.map(|n| n.boot_id.as_str()));
+    let talos = if reads.talos {
+        talos_observation(bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await)
+    } else {
+        TalosObservation::Unreachable { error: "not asked: the step does not look at it in this phase".to_owned() }
+    };
+    let labels = node.map(|n| n.labels.clone()).unwrap_or_default();
+    let storage = match node_name {
+        Some(name) if reads.storage => observe(ex, name, &labels, &machine.conditions).await?,
+        Some(_) | None => ichor_upgrade_core::evacuation::StorageObservation::default(),
+    };
+    let etcd_member = match (machine.role, node_name) {
+        (MachineRole::ControlPlane, Some(name)) if reads.talos => {
+            Some(crate::etcd::membership(ex, &[machine.address.as_str()], name).await)
+        }
+        (MachineRole::ControlPlane, _) => Some(EtcdMembership::Unknown { error: "not read".into() }),
+        (MachineRole::Worker, _) => None,
+    };
+    let drain = match (node_name, node) {
+        (Some(name), Some(_)) if reads.drain => Some(drain_observation(ex, name).await?),
+        _ => None,
+    };
+    let talos_boot_id = if reads.talos_boot_id {
+        match bounded("read boot ID", bound, ex.talos.boot_id(&machine.address)).await {
+            Ok(Ok(boot)) => Some(boot),
+            Ok(Err(e)) => {
+                tracing::debug!(machine = %machine.name, error = %report(&e), "boot ID unread");
+                None
+            }
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    let cordon = node.map_or_else(CordonState::default, |n| CordonState {
+        unschedulable: n.unschedulable,
+        by_ichor: n.annotations.contains_key(CORDONED_ANNOTATION),
+    });
+    let observation = node.map(node_observation);
+    let spec = MachineSpec { name: machine.name.clone(), role: machine.role };
+    let action = lifecycle_step(&LifecycleInput {
+        step: StepInput {
+            machine: &spec,
+            target,
+            node: observation.as_ref(),
+            talos: &talos,
+            conditions: &machine.conditions,
+            storage: &storage,
+            etcd_member: etcd_member.as_ref(),
+            authority,
+            timeouts: &ex.config.step,
+            now: ex.clock.now(),
+        },
+        cordon,
+        drain: drain.as_ref(),
+        talos_boot_id: talos_boot_id.as_deref(),
+        finish_authority: finish,
+    });
+    tracing::debug!(machine = %machine.name, ?action, "lifecycle step");
+    carry_out_lifecycle(ex, machine, node_name, node, target, action).await
+}
+
+/// The pods the drain has left on `node`.
+async fn drain_observation(ex: &Executor<'_>, node: &str) -> Result<DrainObservation, AdvanceError> {
+    let pods = kube(ex, "list pods", ex.kube.pods_on(node)).await?;
+    let (terminating, live): (Vec<_>, Vec<_>) = pods.iter().filter(|p| drains(p)).partition(|p| p.terminating);
+    Ok(DrainObservation {
+        evictable: live.iter().map(|p| PodRef { namespace: p.namespace.clone(), name: p.name.clone() }).collect(),
+        terminating: terminating.len(),
+    })
+}
+
+fn progressed(action: &'static str) -> Result<MachineOutcome, AdvanceError> {
+    Ok(MachineOutcome::Progressed { action })
+}
+
+fn waiting(reason: &MachineWait, message: String, ex: &Executor<'_>) -> Result<MachineOutcome, AdvanceError> {
+    let recheck_at = Some(ex.clock.now().saturating_add(ex.config.step.poll));
+    Ok(MachineOutcome::Waiting { reason: reason.reason().to_owned(), message, recheck_at })
+}
+
+async fn carry_out_lifecycle(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    node_name: Option<&str>,
+    node: Option<&NodeInfo>,
+    target: &UpgradeTarget,
+    action: LifecycleAction,
+) -> Result<MachineOutcome, AdvanceError> {
+    let name_unknown = || MachineOutcome::Waiting {
+        reason: "NodeNameUnknown".to_owned(),
+        message: "the node name cannot be read from Talos and none was recorded".to_owned(),
+        recheck_at: None,
+    };
+    // What the legacy driver already carries out the same way.
+    let shared = match action {
+        LifecycleAction::Converged => Some(Action::Converged),
+        LifecycleAction::RecordConverged => Some(Action::RecordConverged),
+        LifecycleAction::Wait { ref reason, recheck_at } => Some(Action::Wait { reason: reason.clone(), recheck_at }),
+        LifecycleAction::BeginEvacuation => Some(Action::BeginEvacuation),
+        LifecycleAction::EndEvacuation => Some(Action::EndEvacuation),
+        LifecycleAction::Fail(ref failure) => Some(Action::Fail(failure.clone())),
+        LifecycleAction::FailEndingEvacuation(ref failure) => Some(Action::FailEndingEvacuation(failure.clone())),
+        LifecycleAction::Install { .. }
+        | LifecycleAction::Cordon
+        | LifecycleAction::Evict { .. }
+        | LifecycleAction::Reboot { .. }
+        | LifecycleAction::Uncordon => None,
+    };
+    if let Some(action) = shared {
+        return carry_out(ex, machine, node_name, node, target, action).await;
+    }
+    match action {
+        LifecycleAction::Install { image, marker } => install(ex, machine, image, marker).await,
+        LifecycleAction::Cordon => {
+            let Some(node_name) = node_name else { return Ok(name_unknown()) };
+            kube(ex, "cordon", ex.kube.cordon(node_name)).await?;
+            progressed("Cordon")
+        }
+        LifecycleAction::Uncordon => {
+            let Some(node_name) = node_name else { return Ok(name_unknown()) };
+            kube(ex, "uncordon", ex.kube.uncordon(node_name)).await?;
+            progressed("Uncordon")
+        }
+        LifecycleAction::Evict { pods } => {
+            let mut blocked = Vec::new();
+            for pod in &pods {
+                match kube(ex, "evict", ex.kube.evict(&pod.namespace, &pod.name)).await? {
+                    Eviction::Evicted => {}
+                    Eviction::Blocked { message } => blocked.push((pod.to_string(), message)),
+                }
+            }
+            match blocked.first() {
+                None => progressed("Drain"),
+                // No watch says when a budget allows an eviction again: polled.
+                Some((pod, _)) => {
+                    let message = blocked.iter().map(|(p, m)| format!("{p}: {m}")).collect::<Vec<_>>().join("; ");
+                    let wait = MachineWait::EvictionBlocked { pod: pod.clone() };
+                    waiting(&wait, format!("a PodDisruptionBudget blocks evictions: {message}"), ex)
+                }
+            }
+        }
+        LifecycleAction::Reboot { marker } => reboot(ex, machine, &marker).await,
+        LifecycleAction::Converged
+        | LifecycleAction::RecordConverged
+        | LifecycleAction::Wait { .. }
+        | LifecycleAction::BeginEvacuation
+        | LifecycleAction::EndEvacuation
+        | LifecycleAction::Fail(_)
+        | LifecycleAction::FailEndingEvacuation(_) => unreachable!("carried out above"),
+    }
+}
+
+async fn write_lifecycle(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &mut ichor_upgrade_core::conditions::Conditions,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+) -> Result<(), AdvanceError> {
+    write_condition(ex, machine, conditions, ConditionUpdate::new(TALOS_LIFECYCLE, status, reason, message)).await
+}
+
+/// The pull (no record: an image in the store is harmless, and a pull of one already there
+/// ends at once), the intent, the install under what is left of its bound, its outcome.
+async fn install(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    image: String,
+    mut marker: UpgradeMarker,
+) -> Result<MachineOutcome, AdvanceError> {
+    let bound = ex.config.step.upgrade_call;
+    let pull = PullRequest { image: image.clone(), timeout: bound };
+    match bounded("ImageService.Pull", bound, ex.talos.image_pull(&machine.address, &pull)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if e.is_unreachable() => {
+            return waiting(&MachineWait::TalosApiUnreachable, format!("pulling {image}: {}", report(&e)), ex);
+        }
+        Ok(Err(e)) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {}", report(&e))))),
+        Err(timed_out) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {timed_out}")))),
+    }
+    // The install's bound counts from now, after the pull.
+    marker.call_deadline = ex.clock.now().saturating_add(bound);
+    let mut conditions = machine.conditions.clone();
+    // A new intent starts a new clock (the verify bound counts from it); an install asked
+    // for again under an intent keeps the intent's clock, so that a node that never takes
+    // it fails at the verify bound instead of being asked for ever.
+    let again = conditions
+        .get(TALOS_LIFECYCLE)
+        .is_some_and(|c| c.status == ConditionStatus::Unknown && c.reason == reason::INSTALL_INTENT);
+    if !again {
+        conditions.remove(TALOS_LIFECYCLE);
+    }
+    let text = marker.to_string();
+    write_lifecycle(ex, machine, &mut conditions, ConditionStatus::Unknown, reason::INSTALL_INTENT, text.clone())
+        .await?;
+    let left = marker.call_deadline.saturating_since(ex.clock.now()).min(bound);
+    let request = InstallRequest { image, timeout: left };
+    tracing::info!(machine = %machine.name, image = %request.image, "LifecycleService.Upgrade");
+    match bounded("LifecycleService.Upgrade", left, ex.talos.lifecycle_upgrade(&machine.address, &request)).await {
+        Ok(Ok(outcome)) => match InstallExit::from_code(outcome.exit_code) {
+            InstallExit::Success => {
+                write_lifecycle(ex, machine, &mut conditions, ConditionStatus::True, reason::INSTALLED, text).await?;
+                progressed("Installed")
+            }
+            exit => {
+                let failure = MachineFailure::Install { exit, output: outcome.output.join(" | ") };
+                let message = failure.to_string();
+                write_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
+                    .await?;
+                Ok(failed(&failure))
+            }
+        },
+        Ok(Err(e)) if e.is_unreachable() => waiting(
+            &MachineWait::InstallUnderWay,
+            format!("the install broke off ({}); the node is asked again", report(&e)),
+            ex,
+        ),
+        // Talos answers FailedPrecondition while another install runs on the node (one at a
+        // time): a wait, under the verify bound the intent's clock sets.
+        Ok(Err(e)) if matches!(&e, TalosError::Answered { code, .. } if code == "FailedPrecondition") => {
+            waiting(&MachineWait::InstallUnderWay, report(&e), ex)
+        }
+        Ok(Err(e)) => {
+            let failure =
+                MachineFailure::LifecycleCallRefused { call: "LifecycleService.Upgrade", message: report(&e) };
+            let message = failure.to_string();
+            write_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
+                .await?;
+            Ok(failed(&failure))
+        }
+        Err(timed_out) => Ok(failed(&MachineFailure::UpgradeCallTimedOut(timed_out.bound))),
+    }
+}
+
+/// The reboot's record, then the call.
+async fn reboot(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    marker: &UpgradeMarker,
+) -> Result<MachineOutcome, AdvanceError> {
+    let mut conditions = machine.conditions.clone();
+    let text = marker.to_string();
+    write_lifecycle(ex, machine, &mut conditions, ConditionStatus::Unknown, reason::REBOOT_REQUESTED, text).await?;
+    tracing::info!(machine = %machine.name, "MachineService.Reboot");
+    match bounded("Reboot", ex.config.call_timeout, ex.talos.reboot(&machine.address)).await {
+        Ok(Ok(actor)) => {
+            tracing::info!(machine = %machine.name, %actor, "Reboot acknowledged");
+            progressed("RebootRequested")
+        }
+        // The reboot may have reached the node: what it does next says (its boot ID).
+        Ok(Err(e)) if e.is_unreachable() => waiting(
+            &MachineWait::RebootUnconfirmed,
+            format!("the Reboot call broke off ({}); the node's boot ID tells", report(&e)),
+            ex,
+        ),
+        Err(timed_out) => waiting(&MachineWait::RebootUnconfirmed, timed_out.to_string(), ex),
+        Ok(Err(e)) => Ok(failed(&MachineFailure::LifecycleCallRefused { call: "Reboot", message: report(&e) })),
+    }
+}
