@@ -5,7 +5,7 @@
 //! cargo run --example rollout -- [--control-planes N] [--workers N] [--max-unavailable N]
 //!     [--seed N] [--from V] [--to V] [--kubernetes V] [--faults LIST]
 //!     [--operation upgrade|remove] [--node NAME] [--trace FILE] [--json]
-//!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto]
+//!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto] [--prepull on|off]
 //! ```
 //! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
@@ -112,6 +112,19 @@ struct Args {
     /// later) or `auto` (lifecycle from Talos 1.18, where the legacy call is gone).
     #[arg(long, value_enum, default_value_t = ExecutorArg::Auto)]
     executor: ExecutorArg,
+    /// Pull the installer image onto the machines expected to start next while the current
+    /// ones upgrade (`on`, the default), or only in each machine's own turn (`off`).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    prepull: Switch,
+}
+
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
 }
 
 /// The executors on the command line.
@@ -204,7 +217,8 @@ fn main() {
     let started = std::time::Instant::now();
     let runtime = ichor_adapters::sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
-    let executor = ExecutorConfig::default().with_executor(args.executor.choice());
+    let executor =
+        ExecutorConfig::default().with_executor(args.executor.choice()).with_prepull(args.prepull == Switch::On);
     let end = match (args.operation, &args.node) {
         (Operation::Remove, Some(node)) => {
             progress.header(&format!("removing {node} from {control_planes} control planes + {workers} workers"));

@@ -34,7 +34,15 @@ fn pass(c: &mut Criterion) {
     let runtime = ichor_adapters::sim::runtime();
     let sim = mid_rollout(&runtime);
     let config = ExecutorConfig::default();
-    let ex = Executor { talos: &sim, kube: &sim, storage: &sim, clock: &sim, config: &config, snapshots: None };
+    let ex = Executor {
+        talos: &sim,
+        kube: &sim,
+        storage: &sim,
+        clock: &sim,
+        config: &config,
+        snapshots: None,
+        background: None,
+    };
     let memory = PassMemory::new();
     runtime.block_on(reconcile_with(&ex, "upgrade", &memory)).unwrap();
     let (converged, in_flight) = sim.with_world(|w| {

@@ -163,7 +163,15 @@ async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
     sim.annotate_operation("upgrade", RESUME_ANNOTATION, "2026-11-30T10:00:00Z");
     sim.with_world(|w| w.failing_condition_writes = 1);
     let config = ExecutorConfig::default();
-    let ex = Executor { talos: &sim, kube: &sim, storage: &sim, clock: &sim, config: &config, snapshots: None };
+    let ex = Executor {
+        talos: &sim,
+        kube: &sim,
+        storage: &sim,
+        clock: &sim,
+        config: &config,
+        snapshots: None,
+        background: None,
+    };
     let err = reconcile(&ex, "upgrade").await.unwrap_err();
     assert!(matches!(err, ReconcileError::RetryReset { ref machine, .. } if *machine == failed), "{err:?}");
     assert!(err.is_transient());

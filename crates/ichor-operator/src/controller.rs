@@ -308,6 +308,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
             storage: &ctx.storage,
             clock: &SystemClock,
             config: &ctx.config.executor,
+            background: None,
         };
         let memory = ctx.memory(&namespace, &name);
         Ok(ichor_talos_executor::reconcile_with(&executor, &name, &memory).await?)

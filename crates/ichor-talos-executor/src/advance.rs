@@ -56,6 +56,9 @@ pub struct Executor<'a> {
     /// is configured (an operation that requires one then pauses before any control plane,
     /// saying so).
     pub snapshots: Option<&'a dyn SnapshotStore>,
+    /// Where calls that outlive a pass go (the lifecycle install, pre-pulls); `None`: an
+    /// install is carried out inside the pass, and nothing is pre-pulled.
+    pub background: Option<&'a dyn crate::background::Background>,
 }
 
 /// A call that outlived its bound.
@@ -604,12 +607,16 @@ async fn call_upgrade(
 /// # Errors
 /// The condition write that failed.
 pub async fn reset_for_retry(ex: &Executor<'_>, machine: &MachineInfo) -> Result<(), AdvanceError> {
-    if !past_upgrade_call(&machine.conditions) {
+    let install_failed = machine
+        .conditions
+        .get(TALOS_LIFECYCLE)
+        .is_some_and(|c| c.status == ConditionStatus::False && c.reason == lifecycle_reason::INSTALL_FAILED);
+    if !past_upgrade_call(&machine.conditions) && !install_failed {
         return Ok(());
     }
     let mut conditions = machine.conditions.clone();
     let message = "a person resumed the operation; the failed attempt is closed".to_owned();
-    if lifecycle_in_flight(&conditions) {
+    if lifecycle_in_flight(&conditions) || install_failed {
         let update =
             ConditionUpdate::new(TALOS_LIFECYCLE, ConditionStatus::False, lifecycle_reason::RETRY, message.clone());
         conditions.upsert(update, ex.clock.now());

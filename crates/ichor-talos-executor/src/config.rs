@@ -30,6 +30,27 @@ pub struct ExecutorConfig {
     /// lifecycle one on Talos 1.18 and later, where the legacy call is gone). A machine
     /// under way keeps the executor it started on.
     pub executor: ExecutorChoice,
+    /// Pulling the installer image onto the machines expected to start next, while the
+    /// current ones upgrade.
+    pub prepull: Prepull,
+}
+
+/// Pre-pulling the installer image ahead of a machine's turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Prepull {
+    /// Whether to (default on). Only with a runner for calls outside the pass
+    /// ([`crate::advance::Executor::background`]).
+    pub enabled: bool,
+    /// How many pre-pulls may be under way at once (default 10): each shares the
+    /// registry's bandwidth with the pulls of the machines upgrading now.
+    pub limit: usize,
+}
+
+impl Default for Prepull {
+    fn default() -> Self {
+        Self { enabled: true, limit: 10 }
+    }
 }
 
 impl Default for ExecutorConfig {
@@ -41,6 +62,7 @@ impl Default for ExecutorConfig {
             status_hold: Duration::from_secs(30),
             snapshot_timeout: Duration::from_secs(30 * 60),
             executor: ExecutorChoice::Auto,
+            prepull: Prepull::default(),
         }
     }
 }
@@ -57,6 +79,13 @@ impl ExecutorConfig {
     #[must_use]
     pub fn with_executor(mut self, executor: ExecutorChoice) -> Self {
         self.executor = executor;
+        self
+    }
+
+    /// The same configuration with pre-pulls on or off.
+    #[must_use]
+    pub fn with_prepull(mut self, enabled: bool) -> Self {
+        self.prepull.enabled = enabled;
         self
     }
 

@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod advance;
+pub mod background;
 pub mod cause;
 pub mod clock;
 pub mod config;

@@ -6,6 +6,8 @@
 //! The pull, the install, the cordon, the drain, the reboot and the uncordon are the
 //! engine's on this path: Talos only writes the other boot slot (facts sheet §4.2).
 
+use std::sync::Arc;
+
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
 use ichor_upgrade_core::lifecycle_step::{
     CORDONED_ANNOTATION, CordonState, DrainObservation, InstallExit, LifecycleAction, LifecycleInput, TALOS_LIFECYCLE,
@@ -23,6 +25,7 @@ use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 use crate::advance::{
     AdvanceError, Executor, bounded, carry_out, failed, node_observation, observe, talos_observation, write_condition,
 };
+use crate::background::Job;
 use crate::cause::report;
 use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
 use crate::removal::{drains, kube};
@@ -46,7 +49,7 @@ pub(crate) async fn advance(
 ) -> Result<MachineOutcome, AdvanceError> {
     let bound = ex.config.call_timeout;
     let Seen { node_name, node } = seen;
-    let reads = lifecycle_reads(&machine.conditions, node.map(|n| n.boot_id.as_str()));
+    let reads = lifecycle_reads(&machine.conditions, node.map(|n| (n.boot_id.as_str(), n.ready)), ex.clock.now());
     let talos = if reads.talos {
         talos_observation(bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await)
     } else {
@@ -103,6 +106,7 @@ pub(crate) async fn advance(
         drain: drain.as_ref(),
         talos_boot_id: talos_boot_id.as_deref(),
         finish_authority: finish,
+        install_running: ex.background.is_some_and(|b| b.installing(&machine.name)),
     });
     tracing::debug!(machine = %machine.name, ?action, "lifecycle step");
     carry_out_lifecycle(ex, machine, node_name, node, target, action).await
@@ -159,7 +163,19 @@ async fn carry_out_lifecycle(
         return carry_out(ex, machine, node_name, node, target, action).await;
     }
     match action {
-        LifecycleAction::Install { image, marker } => install(ex, machine, image, marker).await,
+        LifecycleAction::Install { image, marker } => match ex.background {
+            // Out of the pass: the install's stream would hold every other machine.
+            Some(background) => {
+                let job = Job::Install { machine: Arc::new(machine.clone()), image: image.clone(), marker };
+                let message = if background.submit(job) {
+                    format!("installing {image}")
+                } else {
+                    "an install is already under way".to_owned()
+                };
+                waiting(&MachineWait::InstallUnderWay, message, ex)
+            }
+            None => install(ex, machine, image, marker).await,
+        },
         LifecycleAction::Cordon => {
             let Some(node_name) = node_name else { return Ok(name_unknown()) };
             kube(ex, "cordon", ex.kube.cordon(node_name)).await?;
@@ -212,7 +228,7 @@ async fn write_lifecycle(
 
 /// The pull (no record: an image in the store is harmless, and a pull of one already there
 /// ends at once), the intent, the install under what is left of its bound, its outcome.
-async fn install(
+pub(crate) async fn install(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     image: String,

@@ -23,13 +23,14 @@ use ichor_upgrade_core::rollout::{
     finish_authority,
 };
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget};
+use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget, installer_image_for};
 use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::advance::{
     AdvanceError, Executor, KubeCallError, advance_machine_with, bounded, end_evacuation, machine_past_upgrade_call,
     outcome_recheck, reset_for_retry,
 };
+use crate::background::{Background, Job};
 use crate::cause::report;
 use crate::etcd::{self, ControlPlane};
 use crate::etcd_snapshot;
@@ -637,6 +638,12 @@ pub async fn reconcile_with(
         }
     }
     outcomes.extend(advanced);
+    // Installs that ended outside a pass since the last one: recorded as if this pass had
+    // carried them out (a failure pauses), before this pass's own outcome of the machine.
+    if let Some(background) = ex.background {
+        let finished: Vec<(String, MachineOutcome)> = background.take_finished();
+        outcomes.splice(0..0, finished);
+    }
 
     let mut next = if removal {
         status.next_tracking_waits(op.generation, &decision, &outcomes)
@@ -654,6 +661,12 @@ pub async fn reconcile_with(
         next.forget_converged(count, |name| {
             converged_in_pass(name) || by_name.get(name).is_some_and(|o| converged(&o.machine))
         });
+    }
+    if let (Some(background), Ok(target)) = (ex.background, &target)
+        && ex.config.prepull.enabled
+        && !removal
+    {
+        prepull(background, target, &observed, &decision.prepull);
     }
     emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
     // A change that may wait (convergences, the reasons of machines in progress) is held
@@ -697,6 +710,25 @@ pub async fn reconcile_with(
         preflight_blocked,
         preflight_cleared,
     })
+}
+
+/// Hands the pre-pulls of the machines the decision names to `background` (those not pulled
+/// ahead by this process yet; the background bounds how many run at once). A machine
+/// whose image cannot be named (no schematic) is left to its own turn, which says why.
+fn prepull(background: &dyn Background, target: &UpgradeTarget, observed: &[Observed], machines: &[String]) {
+    for machine in machines {
+        let Some(o) = by_name_in(observed, machine) else { continue };
+        let Some(node) = o.node.as_deref() else { continue };
+        let Ok(image) = installer_image_for(target, &crate::advance::node_observation(node)) else { continue };
+        if background.prepulled(machine, &image) {
+            continue;
+        }
+        let job = Job::Prepull { machine: machine.clone(), address: o.machine.address.clone(), image };
+        if !background.submit(job) {
+            // As many pre-pulls run as allowed: the next pass offers the rest.
+            break;
+        }
+    }
 }
 
 /// Whether machine `o`, whose step last waited on its evacuation and whose objects have not

@@ -187,8 +187,15 @@ async fn run(
     m: &MachineInfo,
     config: &ExecutorConfig,
 ) -> Result<MachineOutcome, AdvanceError> {
-    let ex =
-        Executor { talos, kube: &world.kube, storage: &world.storage, clock: &FixedClock, config, snapshots: None };
+    let ex = Executor {
+        talos,
+        kube: &world.kube,
+        storage: &world.storage,
+        clock: &FixedClock,
+        config,
+        snapshots: None,
+        background: None,
+    };
     advance_machine(&ex, "talos", m, &target(), &CallAuthority::Granted).await
 }
 
@@ -203,6 +210,7 @@ async fn kinds_other_than_talos_are_errors_and_touch_nothing() {
         clock: &FixedClock,
         config: &config,
         snapshots: None,
+        background: None,
     };
     for kind in ["kubernetes", "ichor"] {
         let err = advance_machine(&ex, kind, &machine(MachineRole::Worker), &target(), &CallAuthority::Granted)
@@ -646,6 +654,7 @@ async fn no_upgrade_call_goes_out_without_the_authority_of_this_pass() {
         .returning(|_| Ok(vec![EtcdMember { id: 1, hostname: "worker-1".into(), is_learner: false }]));
     let ex = Executor {
         snapshots: None,
+        background: None,
         talos: &world.talos,
         kube: &world.kube,
         storage: &world.storage,

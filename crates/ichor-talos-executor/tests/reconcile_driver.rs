@@ -134,6 +134,7 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
         clock: &FixedClock,
         config: &config,
         snapshots: None,
+        background: None,
     };
     let outcome = reconcile(&ex, "upgrade").await.unwrap();
     assert!(matches!(outcome.phase, Phase::Paused(_)), "{:?}", outcome.phase);

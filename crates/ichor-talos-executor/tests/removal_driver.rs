@@ -81,6 +81,7 @@ impl World {
         let config = ExecutorConfig::default();
         let ex = Executor {
             snapshots: None,
+            background: None,
             talos: &self.talos,
             kube: &self.kube,
             storage: &self.storage,

@@ -48,6 +48,7 @@ use crate::removal_step::PodRef;
 use crate::rollout::CallAuthority;
 use crate::talos_step::{
     Action, MachineFailure, MachineStage, MachineWait, StepInput, TalosObservation, before_call, etcd_wait, polled,
+    polled_every,
 };
 use crate::time::Timestamp;
 use crate::upgrade_marker::{MarkerRef, UpgradeMarker, is_valid_boot_id};
@@ -276,6 +277,9 @@ pub struct LifecycleInput<'a> {
     pub talos_boot_id: Option<&'a str>,
     /// The authority of the reboot of a machine already installed (see the module doc).
     pub finish_authority: &'a CallAuthority,
+    /// Whether this controller's install of the machine is under way (its stream runs
+    /// outside the pass): it is waited for, never started again.
+    pub install_running: bool,
 }
 
 /// What the driver must read for the step, beyond the Node: the lifecycle step asks only
@@ -293,22 +297,30 @@ pub struct LifecycleReads {
 }
 
 /// What [`lifecycle_step`] needs read for a machine with these conditions whose Node shows
-/// `node_boot_id`.
+/// `node` (its boot ID and readiness), at `now`. A pass never asks a node that may be in
+/// its reboot: Talos is asked about a requested reboot only once its deadline passed with
+/// the Node still Ready on the old boot (a node that reboots turns NotReady within the node
+/// monitor's grace, and its API would hold the pass until the dial timeout).
 #[must_use]
-pub fn lifecycle_reads(conditions: &Conditions, node_boot_id: Option<&str>) -> LifecycleReads {
+pub fn lifecycle_reads(conditions: &Conditions, node: Option<(&str, bool)>, now: Timestamp) -> LifecycleReads {
     let all = LifecycleReads { talos: true, storage: true, drain: false, talos_boot_id: false };
     let Some(condition) = conditions.get(TALOS_LIFECYCLE).filter(|c| c.status != ConditionStatus::False) else {
         return all;
     };
     let Ok(marker) = MarkerRef::parse(&condition.message) else { return all };
-    let rebooted = node_boot_id.is_some_and(|b| b != marker.boot_id);
+    let rebooted = node.is_some_and(|(boot, _)| boot != marker.boot_id);
+    let ready = node.is_some_and(|(_, ready)| ready);
+    let nothing = LifecycleReads { talos: false, storage: false, drain: false, talos_boot_id: false };
     match condition.reason.as_str() {
         // A node shown on a new boot is verified from the Node (and etcd, read with Talos).
-        _ if rebooted => LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: false },
+        _ if rebooted => LifecycleReads { talos: true, ..nothing },
         // The install again goes through every pre-call check, the evacuation's included.
         reason::INSTALL_INTENT => all,
-        reason::INSTALLED => LifecycleReads { talos: false, storage: false, drain: true, talos_boot_id: false },
-        reason::REBOOT_REQUESTED => LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: true },
+        reason::INSTALLED => LifecycleReads { drain: true, ..nothing },
+        reason::REBOOT_REQUESTED if ready && now >= marker.call_deadline => {
+            LifecycleReads { talos: true, talos_boot_id: true, ..nothing }
+        }
+        reason::REBOOT_REQUESTED => nothing,
         _ => all,
     }
 }
@@ -415,6 +427,15 @@ fn from_legacy(action: Action) -> LifecycleAction {
 /// gives the same action.
 pub fn lifecycle_step(input: &LifecycleInput<'_>) -> LifecycleAction {
     let s = &input.step;
+    // A failed install is a failure until a person resumes (the resume closes it): its
+    // outcome may have been written outside any pass that could record the failure.
+    if let Some(failed) = s
+        .conditions
+        .get(TALOS_LIFECYCLE)
+        .filter(|c| c.status == ConditionStatus::False && c.reason == reason::INSTALL_FAILED)
+    {
+        return LifecycleAction::Fail(MachineFailure::InstallFailedEarlier { message: failed.message.clone() });
+    }
     let in_flight = s.conditions.get(TALOS_LIFECYCLE).filter(|c| c.status != ConditionStatus::False);
     let Some(condition) = in_flight else { return before_install(input) };
     let marker = match MarkerRef::parse(&condition.message) {
@@ -503,6 +524,7 @@ fn before_install(input: &LifecycleInput<'_>) -> LifecycleAction {
         return LifecycleAction::Fail(MachineFailure::LifecycleUnsupported { running });
     }
     match from_legacy(before_call(s)) {
+        LifecycleAction::Install { .. } if input.install_running => lwait(MachineWait::InstallUnderWay, None),
         // On the target: the engine's own cordon (left by a crash before its convergence)
         // is lifted before the convergence is recorded.
         LifecycleAction::RecordConverged | LifecycleAction::Converged if input.cordon.by_ichor => {
@@ -527,6 +549,9 @@ fn after_install_intent(input: &LifecycleInput<'_>, verify_deadline: Timestamp) 
     }
     if s.now >= verify_deadline {
         return waiting(input, verify_deadline, MachineWait::InstallUnderWay, "the install");
+    }
+    if input.install_running {
+        return lwait(MachineWait::InstallUnderWay, Some(verify_deadline));
     }
     match before_call(s) {
         Action::Upgrade { image, marker } => LifecycleAction::Install { image, marker },
@@ -556,7 +581,8 @@ fn installed(input: &LifecycleInput<'_>, marker: &MarkerRef<'_>, since: Timestam
         return LifecycleAction::Evict { pods: drain.evictable.clone() };
     }
     if drain.terminating > 0 {
-        return from_legacy(polled(s, MachineWait::Draining { terminating: drain.terminating }, Some(drain_deadline)));
+        let waiting = MachineWait::Draining { terminating: drain.terminating };
+        return from_legacy(polled_every(s, s.timeouts.drain_poll, waiting, Some(drain_deadline)));
     }
     reboot(input, marker.boot_id)
 }
@@ -585,6 +611,17 @@ fn after_reboot_request(
     verify_deadline: Timestamp,
 ) -> LifecycleAction {
     let s = &input.step;
+    // Before the deadline, or with the Node NotReady (the node is down: it rebooted, or is
+    // rebooting), the Node's watch brings what comes next: its new boot.
+    let ready = s.node.is_some_and(|n| n.ready);
+    if s.now < marker.call_deadline || !ready {
+        if s.now >= verify_deadline {
+            return waiting(input, verify_deadline, MachineWait::Rebooting, "the node to reboot");
+        }
+        let reason = if ready { MachineWait::RebootUnconfirmed } else { MachineWait::Rebooting };
+        let recheck = if ready { marker.call_deadline.min(verify_deadline) } else { verify_deadline };
+        return lwait(reason, Some(recheck));
+    }
     let stage = match s.talos {
         TalosObservation::Answered { stage } => *stage,
         TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {

@@ -613,6 +613,10 @@ pub struct Decision {
     /// this pass ([`finish_authority`]): the lifecycle executor's reboot of an installed
     /// machine, which a pause or a hold does not interrupt but the etcd gate does.
     pub finish_authority: BTreeMap<String, CallAuthority>,
+    /// Machines expected to start next (in order, at most `maxUnavailable`, none started or
+    /// under way): pull the installer image onto them ahead of their turn, outside the pass.
+    /// Nothing is recorded and a failed pull is no failure.
+    pub prepull: Vec<String>,
     /// The operation is being deleted and nothing of it is left: remove its finalizer.
     pub finalized: bool,
     /// When to decide again at the latest, if nothing changes before.
@@ -637,6 +641,7 @@ impl Decision {
             take_etcd_snapshot: None,
             authority: BTreeMap::new(),
             finish_authority: BTreeMap::new(),
+            prepull: Vec::new(),
             finalized: false,
             recheck_at: None,
         }
@@ -1196,6 +1201,14 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
         d.lock = LockAction::Release;
         Phase::Completed
     };
+    // The next machines to start, in the order they will: their installer pulled ahead.
+    let ahead = usize::try_from(spec.max_unavailable).unwrap_or(1).max(1);
+    d.prepull = slots
+        .iter()
+        .filter(|(m, slot)| *slot == Slot::Candidate && m.node_ready && !d.start.contains(&m.name))
+        .take(ahead)
+        .map(|(m, _)| m.name.clone())
+        .collect();
     if d.check_etcd || !d.check_preflight.is_empty() || d.take_etcd_snapshot.is_some() {
         d.recheck_at = Some(input.now);
     } else if !d.preflight_blocked.is_empty() {

@@ -242,6 +242,7 @@ mod tests {
             take_etcd_snapshot: None,
             authority: std::collections::BTreeMap::new(),
             finish_authority: std::collections::BTreeMap::new(),
+            prepull: vec![],
             finalized: false,
             recheck_at: None,
         }

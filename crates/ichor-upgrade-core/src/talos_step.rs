@@ -181,6 +181,10 @@ pub struct StepTimeouts {
     /// The lifecycle executor's drain bound, from the install's end: Talos's own
     /// `DrainTimeout`, 5 minutes. Past it with pods left, the operation pauses.
     pub drain: Duration,
+    /// How often the lifecycle executor's drain looks at the pods it evicted (no watch
+    /// reports them to the engine): 1 s, the interval `kubectl drain` waits for deletions
+    /// at.
+    pub drain_poll: Duration,
     /// How long a reboot the lifecycle executor asked for may show no sign (the node on
     /// the same boot, as Talos itself reports it, and running) before it is asked for
     /// again. Default 2 minutes: Talos's reboot stops its pods and services, then reboots,
@@ -196,6 +200,7 @@ impl Default for StepTimeouts {
             verify: Duration::from_secs(30 * 60),
             poll: Duration::from_secs(5),
             drain: crate::lifecycle_step::DRAIN_TIMEOUT,
+            drain_poll: Duration::from_secs(1),
             reboot_confirm: Duration::from_secs(2 * 60),
         }
     }
@@ -465,6 +470,12 @@ pub enum MachineFailure {
         /// The answer.
         message: String,
     },
+    /// An install recorded as failed (`TalosLifecycle=False/InstallFailed`), until resumed.
+    #[error("{message}")]
+    InstallFailedEarlier {
+        /// The failure as recorded.
+        message: String,
+    },
     /// The drain did not finish within its bound.
     #[error("the drain did not finish within {timeout:?}: {pods_left} pods left{}", first.as_ref().map(|p| format!(" (first: {p})")).unwrap_or_default())]
     DrainTimedOut {
@@ -513,6 +524,7 @@ impl MachineFailure {
             Self::Install { exit, .. } => exit.reason(),
             Self::LifecycleCallRefused { .. } => "LifecycleCallRefused",
             Self::DrainTimedOut { .. } => "DrainTimedOut",
+            Self::InstallFailedEarlier { .. } => "InstallFailed",
         }
     }
 }
@@ -575,7 +587,17 @@ pub(crate) fn wait(reason: MachineWait, recheck_at: Option<Timestamp>) -> Action
 /// the interval (multiples of it since the epoch), so that every machine polling at once
 /// shares one pass instead of each costing its own.
 pub(crate) fn polled(input: &StepInput<'_>, reason: MachineWait, deadline: Option<Timestamp>) -> Action {
-    wait(reason, Timestamp::min_opt(deadline, Some(next_tick(input.now, input.timeouts.poll))))
+    polled_every(input, input.timeouts.poll, reason, deadline)
+}
+
+/// As [`polled`], on a grid of `interval`.
+pub(crate) fn polled_every(
+    input: &StepInput<'_>,
+    interval: Duration,
+    reason: MachineWait,
+    deadline: Option<Timestamp>,
+) -> Action {
+    wait(reason, Timestamp::min_opt(deadline, Some(next_tick(input.now, interval))))
 }
 
 /// The first multiple of `interval` after `now` (`now` plus the interval if it is zero).
@@ -699,6 +721,15 @@ impl From<ImageProblem> for MachineFailure {
             ImageProblem::Bad(text) => Self::BadImageReference(text),
         }
     }
+}
+
+/// The installer image for a machine whose Node is `node`: the factory image of the target
+/// with the cluster's schematic, else the node's own.
+///
+/// # Errors
+/// [`MachineFailure::NoSchematic`] or [`MachineFailure::BadImageReference`].
+pub fn installer_image_for(target: &UpgradeTarget, node: &NodeObservation) -> Result<String, Box<MachineFailure>> {
+    image_for(target, node).map_err(|problem| Box::new(problem.into()))
 }
 
 /// The installer image, from the cluster's schematic or else the node's own.

@@ -483,7 +483,10 @@ impl TalosApi for SimCluster {
                 Ok((takes, boot_id))
             })
             .await?;
+        // A stream the controller drops (it died) stops the installer with it.
+        let stopped = InstallStopped { sim: self, address: node };
         tokio::time::sleep(install).await;
+        std::mem::forget(stopped);
         // The install ends: the other slot holds the target, unless the node rebooted or the
         // controller's stream went away first (then the installer was stopped with it).
         let outcome = self
@@ -555,6 +558,22 @@ impl TalosApi for SimCluster {
 
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         self.talos(node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
+    }
+}
+
+/// Stops a node's install when its stream is dropped before its end.
+struct InstallStopped<'a> {
+    sim: &'a SimCluster,
+    address: &'a str,
+}
+
+impl Drop for InstallStopped<'_> {
+    fn drop(&mut self) {
+        self.sim.with_world_untouched(|w| {
+            if let Some(i) = w.node_index_by_address(self.address) {
+                w.nodes[i].installing = false;
+            }
+        });
     }
 }
 

@@ -8,8 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::future::LocalBoxFuture;
+use futures::stream::FuturesUnordered;
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
+use ichor_talos_executor::background::{Job, JobQueue, run_job};
 use ichor_talos_executor::etcd::ControlPlane;
 use ichor_talos_executor::kube_api::KubeApi;
 use ichor_talos_executor::reconcile::{PassMemory, reconcile_with};
@@ -59,6 +63,12 @@ pub async fn run_operation(
     });
     let memory = PassMemory::new();
     let mut preflight = PreflightWatch::new(sim.now());
+    // Calls that outlive a pass (the lifecycle install, pre-pulls) run beside the passes, as
+    // a controller's tasks do; they die with the controller.
+    let queue = JobQueue::new(config.prepull.limit);
+    let job_ex =
+        Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: None, background: None };
+    let mut jobs = Jobs::new(&queue, job_ex);
     for _ in 0..max_passes {
         let storage = sim.with_world_untouched(|w| {
             w.sync_clock();
@@ -79,8 +89,17 @@ pub async fn run_operation(
             });
         }
         let store = sim.snapshot_store();
-        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: Some(store.as_ref()) };
-        let result = reconcile_with(&ex, name, &memory).await;
+        let ex = Executor {
+            talos: sim,
+            kube: sim,
+            storage: sim,
+            clock: sim,
+            config,
+            snapshots: Some(store.as_ref()),
+            background: Some(&queue),
+        };
+        let result = jobs.beside(reconcile_with(&ex, name, &memory)).await;
+        jobs.start_submitted();
         let restarted = sim.with_world_untouched(|w| {
             let restarted = w.take_restart();
             if restarted {
@@ -100,8 +119,9 @@ pub async fn run_operation(
         });
         on_pass(sim);
         if restarted {
-            // A new process: nothing in memory.
+            // A new process: nothing in memory, none of the old one's calls under way.
             memory.clear();
+            jobs.clear();
             continue;
         }
         let now = sim.now();
@@ -115,11 +135,73 @@ pub async fn run_operation(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
-        if !wait_for_wake(sim, requeue).await {
+        if !jobs.beside_wait(sim, requeue).await {
             return RunEnd::Stalled(sim.with_world_untouched(|w| w.operations[name].info.status.phase.clone()));
         }
     }
     RunEnd::PassBound
+}
+
+/// The controller's calls under way outside its passes.
+struct Jobs<'a> {
+    queue: &'a JobQueue,
+    ex: Executor<'a>,
+    running: FuturesUnordered<LocalBoxFuture<'a, (Job, MachineOutcome)>>,
+}
+
+impl<'a> Jobs<'a> {
+    fn new(queue: &'a JobQueue, ex: Executor<'a>) -> Self {
+        Self { queue, ex, running: FuturesUnordered::new() }
+    }
+
+    /// Starts the jobs the last pass submitted.
+    fn start_submitted(&mut self) {
+        for job in self.queue.take() {
+            let ex = self.ex;
+            self.running.push(Box::pin(async move {
+                let outcome = run_job(&ex, &job).await;
+                (job, outcome)
+            }));
+        }
+    }
+
+    /// The jobs die with the controller.
+    fn clear(&mut self) {
+        self.running.clear();
+        self.queue.clear();
+    }
+
+    /// Runs `pass` to its end, the jobs under way going on meanwhile.
+    async fn beside<T>(&mut self, pass: impl Future<Output = T>) -> T {
+        let mut pass = std::pin::pin!(pass);
+        loop {
+            tokio::select! {
+                result = &mut pass => return result,
+                Some((job, outcome)) = self.running.next(), if !self.running.is_empty() => {
+                    self.queue.done(&job, outcome);
+                }
+            }
+        }
+    }
+
+    /// [`wait_for_wake`], the jobs going on meanwhile; a job that ends wakes the controller
+    /// (it wrote what the next pass must see).
+    async fn beside_wait(&mut self, sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
+        let waiting = wait_for_wake(sim, requeue);
+        let finished = tokio::select! {
+            woken = waiting => {
+                if woken {
+                    return true;
+                }
+                // Nothing in the world will wake the controller; a job's end will.
+                self.running.next().await
+            }
+            done = self.running.next(), if !self.running.is_empty() => done,
+        };
+        let Some((job, outcome)) = finished else { return false };
+        self.queue.done(&job, outcome);
+        true
+    }
 }
 
 /// What the preflight gate held back at the last pass: traced on each change, and counted
@@ -204,7 +286,15 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
             w.counters.passes += 1;
         });
         let store = sim.snapshot_store();
-        let ex = Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: Some(store.as_ref()) };
+        let ex = Executor {
+            talos: sim,
+            kube: sim,
+            storage: sim,
+            clock: sim,
+            config,
+            snapshots: Some(store.as_ref()),
+            background: None,
+        };
         let now = sim.now();
         let outcome = match sim.machine(name).await {
             Ok(Some(machine)) => {

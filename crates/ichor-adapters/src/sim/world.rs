@@ -300,9 +300,7 @@ pub struct Counters {
     pub reboot_calls: u64,
     /// Pods evicted (the lifecycle executor's drain, a removal's).
     pub evictions: u64,
-    /// Installer image pulls asked for ahead of a machine's turn (pre-pulls), and those
-    /// that found the image already there.
-    pub prepulls: u64,
+
     /// Most control planes down at once.
     pub max_control_planes_down: usize,
     /// Most workers down at once because of upgrades.

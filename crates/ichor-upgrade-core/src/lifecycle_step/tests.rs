@@ -42,6 +42,7 @@ struct Observed {
     cordon: CordonState,
     drain: Option<DrainObservation>,
     talos_boot_id: Option<String>,
+    install_running: bool,
     now: Timestamp,
 }
 
@@ -72,6 +73,7 @@ impl Observed {
             cordon: CordonState::default(),
             drain: None,
             talos_boot_id: None,
+            install_running: false,
             now: at(1000),
         }
     }
@@ -164,6 +166,7 @@ impl Observed {
             drain: self.drain.as_ref(),
             talos_boot_id: self.talos_boot_id.as_deref(),
             finish_authority: &self.finish,
+            install_running: self.install_running,
         })
     }
 }
@@ -315,7 +318,7 @@ fn the_drain_waits_for_evicted_pods_to_go_polled() {
     let observed = Observed::fixture().installed().cordoned_by_ichor().drain(&[], 2);
     match observed.step() {
         LifecycleAction::Wait { reason: MachineWait::Draining { terminating: 2 }, recheck_at } => {
-            assert_eq!(recheck_at, Some(at(1005)));
+            assert_eq!(recheck_at, Some(at(1001)), "kubectl drain's pace");
         }
         other => panic!("expected the drain's wait, got {other:?}"),
     }
@@ -367,15 +370,22 @@ fn a_node_cordoned_by_hand_is_drained_without_a_cordon_of_the_engine() {
 // The reboot requested.
 
 #[test]
-fn a_requested_reboot_waits_while_the_node_is_rebooting_or_silent() {
+fn a_requested_reboot_waits_for_the_node_to_show_it() {
     let requested = Observed::fixture().installed().cordoned_by_ichor().reboot_requested();
-    assert_eq!(waits(&requested.clone().unreachable().step()), "Rebooting");
-    assert_eq!(waits(&requested.stage(MachineStage::ShuttingDown).step()), "Rebooting");
+    // Before its deadline: the Node's watch tells, whatever Talos says.
+    assert_eq!(waits(&requested.clone().unreachable().step()), "RebootUnconfirmed");
+    // The Node NotReady: the node is down, rebooting.
+    let down = requested.clone().node(|n| n.ready = false).now(at(1100));
+    assert_eq!(waits(&down.step()), "Rebooting");
+    // Past the deadline, Ready, and Talos shows the reboot under way, or does not answer.
+    let late = requested.now(at(1100));
+    assert_eq!(waits(&late.clone().stage(MachineStage::ShuttingDown).step()), "Rebooting");
+    assert_eq!(waits(&late.unreachable().step()), "Rebooting");
 }
 
 #[test]
 fn a_new_boot_that_the_kubelet_has_not_reported_is_waited_for() {
-    let mut requested = Observed::fixture().reboot_requested();
+    let mut requested = Observed::fixture().reboot_requested().now(at(1100));
     requested.talos_boot_id = Some(BOOT_AFTER.into());
     assert_eq!(waits(&requested.step()), "NotRebootedYet");
 }
@@ -464,23 +474,29 @@ fn an_evacuation_left_open_is_ended_with_the_convergence() {
 
 #[test]
 fn each_phase_reads_only_what_it_looks_at() {
+    let before = Some((BOOT_BEFORE, true));
     let none = Observed::fixture();
     assert_eq!(
-        lifecycle_reads(&none.conditions, Some(BOOT_BEFORE)),
+        lifecycle_reads(&none.conditions, before, at(1000)),
         LifecycleReads { talos: true, storage: true, drain: false, talos_boot_id: false }
     );
     let installed = Observed::fixture().installed();
     assert_eq!(
-        lifecycle_reads(&installed.conditions, Some(BOOT_BEFORE)),
+        lifecycle_reads(&installed.conditions, before, at(1000)),
         LifecycleReads { talos: false, storage: false, drain: true, talos_boot_id: false }
     );
     let requested = Observed::fixture().reboot_requested();
+    let nothing = LifecycleReads { talos: false, storage: false, drain: false, talos_boot_id: false };
+    // Before its deadline, or with the Node NotReady, a reboot is never asked about: the
+    // node may be down, and its API would hold the pass until the dial timeout.
+    assert_eq!(lifecycle_reads(&requested.conditions, before, at(1000)), nothing);
+    assert_eq!(lifecycle_reads(&requested.conditions, Some((BOOT_BEFORE, false)), at(1100)), nothing);
     assert_eq!(
-        lifecycle_reads(&requested.conditions, Some(BOOT_BEFORE)),
+        lifecycle_reads(&requested.conditions, before, at(1020)),
         LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: true }
     );
     assert_eq!(
-        lifecycle_reads(&requested.conditions, Some(BOOT_AFTER)),
+        lifecycle_reads(&requested.conditions, Some((BOOT_AFTER, false)), at(1000)),
         LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: false }
     );
 }
@@ -505,4 +521,31 @@ fn a_machine_with_an_install_under_way_is_past_its_call() {
     assert!(crate::talos_step::past_upgrade_call(&Observed::fixture().install_intent().conditions));
     assert!(crate::talos_step::past_upgrade_call(&Observed::fixture().reboot_requested().conditions));
     assert!(!crate::talos_step::past_upgrade_call(&Observed::fixture().conditions));
+}
+
+// The install's stream outside the pass.
+
+#[test]
+fn an_install_under_way_in_this_controller_is_waited_for_never_started_again() {
+    let running = Observed { install_running: true, ..Observed::fixture() };
+    assert_eq!(waits(&running.clone().step()), "InstallUnderWay");
+    assert_eq!(waits(&running.install_intent().step()), "InstallUnderWay");
+}
+
+#[test]
+fn a_failed_install_is_a_failure_until_resumed() {
+    let mut observed = Observed::fixture();
+    observed.conditions.upsert(
+        ConditionUpdate::new(
+            TALOS_LIFECYCLE,
+            ConditionStatus::False,
+            reason::INSTALL_FAILED,
+            "the installer exited with code 4 (refused by the environment): host version check",
+        ),
+        at(900),
+    );
+    let action = observed.step();
+    assert_eq!(fails(&action), "InstallFailed");
+    let LifecycleAction::Fail(failure) = action else { unreachable!() };
+    assert!(failure.to_string().contains("code 4"), "{failure}");
 }

@@ -1074,3 +1074,28 @@ fn a_failed_snapshot_pauses_until_resumed_and_a_resume_takes_it_again() {
     assert_eq!(d.acknowledge_resume.as_deref(), Some("t"));
     assert_eq!(d.take_etcd_snapshot.as_deref(), Some("cp-1"));
 }
+
+// Pre-pulls: the machines expected to start next.
+
+#[test]
+fn the_next_machines_to_start_are_named_for_a_pre_pull() {
+    let d = Fixture::cluster(3, 4).all_control_planes_converged().max_unavailable(2).decide();
+    assert_eq!(d.start, names(&["worker-1", "worker-2"]));
+    assert_eq!(d.prepull, names(&["worker-3", "worker-4"]), "the next two, never one started");
+    let going = Fixture::cluster(3, 4).in_progress("cp-1", true).decide();
+    assert_eq!(going.prepull, names(&["cp-2"]), "one ahead at maxUnavailable 1");
+}
+
+#[test]
+fn no_pre_pull_for_a_machine_held_under_way_failed_or_not_ready() {
+    let d = Fixture::cluster(3, 4)
+        .all_control_planes_converged()
+        .in_progress("worker-1", true)
+        .held("worker-2")
+        .not_ready("worker-3")
+        .max_unavailable(3)
+        .decide();
+    assert!(!d.prepull.iter().any(|m| ["worker-1", "worker-2", "worker-3"].contains(&m.as_str())), "{:?}", d.prepull);
+    let paused = Fixture::cluster(3, 3).all_control_planes_converged().failed("worker-1", "x").decide();
+    assert!(paused.prepull.is_empty(), "a paused operation pulls nothing ahead");
+}
