@@ -1,12 +1,14 @@
 //! The restart property (issue 3): a controller killed at random points, between
 //! observing, calling and writing, and restarted with nothing in memory, reaches the same
 //! end as one never killed, and never has a second Upgrade call acknowledged for a machine
-//! on the same boot. Upgrades that succeed and A/B fallbacks both.
+//! on the same boot. Upgrades that succeed and A/B fallbacks both, on both Talos
+//! executors (the legacy Upgrade call and the lifecycle path), with pre-pulls on or off.
 
 use std::collections::BTreeMap;
 
 use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
 use proptest::prelude::*;
@@ -38,6 +40,7 @@ fn no_node_half_done(sim: &SimCluster, failed: &[String]) -> Result<(), TestCase
     sim.with_world(|w| {
         for n in &w.nodes {
             prop_assert!(n.ready && !n.upgrading(), "{} left down", n.name);
+            prop_assert!(!n.cordoned_by_engine() || failed.contains(&n.name), "{} left cordoned", n.name);
             let version = n.version.to_string();
             prop_assert!(version == "v1.14.3" || version == "v1.14.4", "{} on {}", n.name, version);
             prop_assert!(n.scheduling || failed.contains(&n.name), "{} left with storage scheduling off", n.name);
@@ -60,10 +63,27 @@ fn config(control_planes: usize, workers: usize, seed: u64, fallback: bool, stor
 }
 
 fn run(config: SimConfig, max_unavailable: i64) -> (Ending, SimCluster) {
+    run_with(config, max_unavailable, &ExecutorConfig::default())
+}
+
+/// The executor configuration of a case: the lifecycle executor or the legacy one, with
+/// pre-pulls or without.
+fn executor(lifecycle: bool, prepull: bool) -> ExecutorConfig {
+    let choice = if lifecycle { ExecutorChoice::Lifecycle } else { ExecutorChoice::Legacy };
+    ExecutorConfig::default().with_executor(choice).with_prepull(prepull)
+}
+
+fn run_with(config: SimConfig, max_unavailable: i64, executor: &ExecutorConfig) -> (Ending, SimCluster) {
     let sim = SimCluster::new(config);
+    if executor.executor == ExecutorChoice::Lifecycle {
+        // An install lives as long as its stream: a controller killed every few seconds for
+        // ever would never install (the crash state's `max_kills` says why). Eight kills,
+        // anywhere.
+        sim.with_world(|w| w.crash.max_kills = Some(8));
+    }
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", max_unavailable));
     let runtime = ichor_adapters::sim::runtime();
-    let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 20_000, |_| {}));
+    let end = runtime.block_on(run_operation(&sim, "upgrade", executor, 20_000, |_| {}));
     let ending = sim.with_world(|w| Ending {
         end,
         versions: w.nodes.iter().map(|n| (n.name.clone(), n.version.to_string())).collect(),
@@ -83,8 +103,12 @@ proptest! {
         seed in any::<u64>(),
         fallback in any::<bool>(),
         storage in any::<bool>(),
+        lifecycle in any::<bool>(),
+        prepull in any::<bool>(),
     ) {
-        let (reference, reference_sim) = run(config(control_planes, workers, seed, fallback, storage, false), max_unavailable);
+        let executor = executor(lifecycle, prepull);
+        let (reference, reference_sim) =
+            run_with(config(control_planes, workers, seed, fallback, storage, false), max_unavailable, &executor);
         if control_planes == 2 {
             // Refused at planning: a two-member etcd cluster loses quorum to either reboot.
             prop_assert_eq!(&reference.end, &RunEnd::Refused);
@@ -94,11 +118,14 @@ proptest! {
             prop_assert_eq!(reference.end == RunEnd::Completed, !fallback, "end {:?}", reference.end);
         }
         no_node_half_done(&reference_sim, &reference.failed)?;
-        let (crashed, sim) = run(config(control_planes, workers, seed, fallback, storage, true), max_unavailable);
+        let (crashed, sim) =
+            run_with(config(control_planes, workers, seed, fallback, storage, true), max_unavailable, &executor);
         let replay = format!(
             "replay: cargo run --example rollout -- --control-planes {control_planes} --workers {workers} \
-             --max-unavailable {max_unavailable} --seed {seed} --faults controller-crash{}",
-            if fallback { ",ab-fallback" } else { "" }
+             --max-unavailable {max_unavailable} --seed {seed} --faults controller-crash{} --executor {} --prepull {}",
+            if fallback { ",ab-fallback" } else { "" },
+            if lifecycle { "lifecycle" } else { "legacy" },
+            if prepull { "on" } else { "off" },
         );
         prop_assert!(crashed.matches(&reference), "with restarts {:?}\nwithout {:?}\n{}", crashed, reference, replay);
         no_node_half_done(&sim, &crashed.failed)?;
@@ -109,6 +136,26 @@ proptest! {
             }
             for ((node, boot), calls) in per_boot {
                 prop_assert_eq!(calls, 1, "{} got {} acknowledged Upgrade calls on boot {}; {}", node, calls, boot, replay);
+            }
+            // The lifecycle path: one reboot per boot; one install per boot by any one
+            // controller (a restarted one installs again what its predecessor's record lost:
+            // the same image into the same slot).
+            let mut reboots: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+            for r in &w.reboots {
+                *reboots.entry((r.node.as_str(), r.boot_id.as_str())).or_default() += 1;
+            }
+            for ((node, boot), calls) in reboots {
+                prop_assert_eq!(calls, 1, "{} rebooted {} times from boot {}; {}", node, calls, boot, replay);
+            }
+            let mut installs: BTreeMap<(&str, &str, u64), usize> = BTreeMap::new();
+            for i in &w.installs {
+                *installs.entry((i.node.as_str(), i.boot_id.as_str(), i.restarts)).or_default() += 1;
+            }
+            for ((node, boot, _), calls) in installs {
+                prop_assert_eq!(calls, 1, "{} installed {} times on boot {} by one controller; {}", node, calls, boot, replay);
+            }
+            if !lifecycle {
+                prop_assert!(w.installs.is_empty() && w.reboots.is_empty(), "the legacy path made lifecycle calls; {}", replay);
             }
             prop_assert!(w.counters.max_control_planes_down <= 1, "{}", replay);
             prop_assert!(w.counters.max_workers_down <= max_unavailable as usize, "{}", replay);
@@ -172,4 +219,31 @@ fn a_lost_acknowledgement_then_a_fallback_is_resumed_like_any_fallback() {
         assert_eq!(w.upgrades.len(), 2, "one call per boot");
         assert_ne!(w.upgrades[0].boot_id, w.upgrades[1].boot_id);
     });
+}
+
+/// Seeds the property found on the lifecycle path: a controller killed at the very call
+/// that began or ended an install (the simulated installer then stopped with its stream),
+/// and a pre-pull that ended during its machine's install (which freed the machine for a
+/// second install).
+#[test]
+fn lifecycle_installs_cut_off_by_a_kill_are_made_again_once() {
+    for (control_planes, workers, max_unavailable, seed, storage, prepull) in [
+        (3, 0, 1, 11_787_202_734_096_647_857, false, true),
+        (3, 0, 2, 14_912_347_680_363_705_933, true, true),
+        (3, 0, 1, 3_488_933_085_405_713_371, false, false),
+    ] {
+        let executor = executor(true, prepull);
+        let (reference, _) =
+            run_with(config(control_planes, workers, seed, false, storage, false), max_unavailable, &executor);
+        let (crashed, sim) =
+            run_with(config(control_planes, workers, seed, false, storage, true), max_unavailable, &executor);
+        assert_eq!(reference.end, RunEnd::Completed, "seed {seed}");
+        assert!(crashed.matches(&reference), "seed {seed}: {crashed:?} vs {reference:?}");
+        sim.with_world(|w| {
+            let mut seen = std::collections::BTreeSet::new();
+            for i in &w.installs {
+                assert!(seen.insert((i.node.clone(), i.boot_id.clone(), i.restarts)), "seed {seed}: {i:?} twice");
+            }
+        });
+    }
 }

@@ -71,6 +71,10 @@ enum JobKind {
 
 /// Where a pass hands jobs, and learns which are under way.
 pub trait Background: Send + Sync {
+    /// A pass begins: until the next one, an install under way now counts as under way
+    /// even if it ends meanwhile, since the pass read the machine before that end (and
+    /// would otherwise take the intent it read for one left by a dead controller).
+    fn begin_pass(&self);
     /// Takes `job` to run outside the pass; `false` when it is not taken: one already runs
     /// for the machine, or (a pre-pull) as many pre-pulls run as allowed.
     fn submit(&self, job: Job) -> bool;
@@ -98,6 +102,8 @@ struct QueueState {
     pending: Vec<Job>,
     /// Machine -> the kind of the job under way for it (pending or running).
     under_way: BTreeMap<String, JobKind>,
+    /// The machines whose install was under way when the current pass began.
+    installing_at_pass: BTreeSet<String>,
     /// (machine, image) pulled ahead of its turn by this process.
     prepulled: BTreeSet<(String, String)>,
     /// Outcomes of install jobs not yet seen by a pass.
@@ -123,7 +129,10 @@ impl JobQueue {
     /// `job` ended, with `outcome`: its machine is free for another.
     pub fn done(&self, job: &Job, outcome: MachineOutcome) {
         let mut state = self.lock();
-        state.under_way.remove(job.machine());
+        // A pre-pull that ends while its machine's install runs leaves the install's entry.
+        if state.under_way.get(job.machine()) == Some(&job.kind()) {
+            state.under_way.remove(job.machine());
+        }
         if let Job::Install { machine, .. } = job {
             state.finished.push((machine.name.clone(), outcome));
         }
@@ -142,6 +151,13 @@ impl JobQueue {
 }
 
 impl Background for JobQueue {
+    fn begin_pass(&self) {
+        let mut state = self.lock();
+        let installing =
+            state.under_way.iter().filter(|(_, k)| **k == JobKind::Install).map(|(m, _)| m.clone()).collect();
+        state.installing_at_pass = installing;
+    }
+
     fn submit(&self, job: Job) -> bool {
         let mut state = self.lock();
         let machine = job.machine().to_owned();
@@ -166,7 +182,8 @@ impl Background for JobQueue {
     }
 
     fn installing(&self, machine: &str) -> bool {
-        self.lock().under_way.get(machine) == Some(&JobKind::Install)
+        let state = self.lock();
+        state.under_way.get(machine) == Some(&JobKind::Install) || state.installing_at_pass.contains(machine)
     }
 
     fn prepulled(&self, machine: &str, image: &str) -> bool {
@@ -194,5 +211,91 @@ pub async fn run_job(ex: &Executor<'_>, job: &Job) -> MachineOutcome {
             }
             MachineOutcome::Progressed { action: "Prepull" }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ichor_upgrade_core::Timestamp;
+    use ichor_upgrade_core::versions::TalosVersion;
+
+    fn machine(name: &str) -> Arc<MachineInfo> {
+        Arc::new(MachineInfo {
+            name: name.into(),
+            role: ichor_upgrade_core::operation::MachineRole::Worker,
+            hostname: None,
+            address: "10.5.0.9".into(),
+            labels: Default::default(),
+            annotations: Default::default(),
+            conditions: Default::default(),
+        })
+    }
+
+    fn install(name: &str) -> Job {
+        let marker = UpgradeMarker {
+            target: TalosVersion::parse("v1.14.4").unwrap(),
+            boot_id: "b".into(),
+            call_deadline: Timestamp::from_unix_secs(1),
+            node: None,
+        };
+        Job::Install { machine: machine(name), image: "i".into(), marker }
+    }
+
+    fn prepull(name: &str) -> Job {
+        Job::Prepull { machine: name.into(), address: "10.5.0.9".into(), image: "i".into() }
+    }
+
+    #[test]
+    fn one_install_per_machine_and_a_bound_on_pre_pulls() {
+        let queue = JobQueue::new(2);
+        assert!(queue.submit(install("w1")));
+        assert!(!queue.submit(install("w1")), "one install at a time per machine");
+        assert!(queue.installing("w1"));
+        assert!(queue.submit(prepull("w2")) && queue.submit(prepull("w3")));
+        assert!(!queue.submit(prepull("w4")), "two pre-pulls at most");
+        assert!(!queue.submit(prepull("w1")), "never on a machine being upgraded");
+        assert!(queue.prepulled("w2", "i") && !queue.prepulled("w4", "i"));
+        assert_eq!(queue.take().len(), 3);
+        assert!(queue.take().is_empty());
+    }
+
+    #[test]
+    fn a_pre_pull_that_ends_during_its_machines_install_leaves_the_install_under_way() {
+        // Found by the restart property: the pre-pull's end freed the machine, and the next
+        // pass installed it a second time.
+        let queue = JobQueue::new(2);
+        let pulling = prepull("w1");
+        assert!(queue.submit(pulling.clone()));
+        assert!(queue.submit(install("w1")), "an install does not wait for its machine's pre-pull");
+        queue.done(&pulling, MachineOutcome::Progressed { action: "Prepull" });
+        assert!(queue.installing("w1"));
+        let installed = install("w1");
+        queue.done(&installed, MachineOutcome::Progressed { action: "Installed" });
+        queue.begin_pass();
+        assert!(!queue.installing("w1"));
+        assert_eq!(queue.take_finished(), vec![("w1".to_owned(), MachineOutcome::Progressed { action: "Installed" })]);
+    }
+
+    #[test]
+    fn an_install_that_ends_during_a_pass_counts_as_under_way_until_the_next() {
+        // Found by the restart property: a pass read the machine's intent, the install ended
+        // meanwhile, and the pass took the intent for one a dead controller left.
+        let queue = JobQueue::new(2);
+        let job = install("w1");
+        assert!(queue.submit(job.clone()));
+        queue.begin_pass();
+        queue.done(&job, MachineOutcome::Progressed { action: "Installed" });
+        assert!(queue.installing("w1"), "the pass that began before its end");
+        queue.begin_pass();
+        assert!(!queue.installing("w1"), "the next pass reads its outcome");
+    }
+
+    #[test]
+    fn a_restart_forgets_every_job() {
+        let queue = JobQueue::new(2);
+        assert!(queue.submit(install("w1")));
+        queue.clear();
+        assert!(!queue.installing("w1") && queue.take().is_empty() && queue.under_way() == 0);
     }
 }

@@ -227,6 +227,8 @@ struct Remembered {
     machine: Arc<MachineInfo>,
     node: Option<Arc<NodeInfo>>,
     authority: (CallAuthority, CallAuthority),
+    /// Whether an install of this controller ran for it (a job's end changes the step).
+    installing: bool,
     recheck_at: Option<Timestamp>,
     /// The wait's reason.
     reason: String,
@@ -316,6 +318,9 @@ pub async fn reconcile_with(
     name: &str,
     memory: &PassMemory,
 ) -> Result<ReconcileOutcome, ReconcileError> {
+    if let Some(background) = ex.background {
+        background.begin_pass();
+    }
     let read_op = |source| ReconcileError::ReadOperation { name: name.to_owned(), source };
     let Some(op) = kube_call(ex, "read operation", ex.kube.operation(name)).await.map_err(read_op)? else {
         return Ok(ReconcileOutcome {
@@ -541,6 +546,7 @@ pub async fn reconcile_with(
     let denied = CallAuthority::Denied(CallDenied::NotInCluster);
     let authority_of =
         |o: &Observed| decision.authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
+    let installing = |o: &Observed| ex.background.is_some_and(|b| b.installing(&o.machine.name));
     let authorities_of = |o: &Observed| {
         let finish = decision.finish_authority.get(&o.machine.name).cloned().unwrap_or_else(|| denied.clone());
         (authority_of(o), finish)
@@ -567,6 +573,7 @@ pub async fn reconcile_with(
                         && r.machine == o.machine
                         && r.node == o.node
                         && r.authority == authorities_of(o)
+                        && r.installing == installing(o)
                 });
                 let Some(r) = remembered else { return true };
                 if o.node_name().is_some_and(|node| storage_changed.contains(node)) {
@@ -626,6 +633,7 @@ pub async fn reconcile_with(
                         machine: Arc::clone(&o.machine),
                         node: o.node.clone(),
                         authority: authorities_of(o),
+                        installing: installing(o),
                         recheck_at: *recheck_at,
                         reason: reason.clone(),
                     };

@@ -457,6 +457,13 @@ impl TalosApi for SimCluster {
     }
 
     async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        // A stream the controller drops (it died, even at the very call that began the
+        // install) stops the installer with it.
+        let stopped = InstallStopped { sim: self, address: node, started: std::sync::atomic::AtomicBool::new(false) };
+        let sent_at = self.with_world_untouched(|w| {
+            w.sync_clock();
+            w.now
+        });
         // The install begins: one at a time, from an image already in the store.
         let (install, boot_id) = self
             .talos(node, |w, i| {
@@ -479,19 +486,18 @@ impl TalosApi for SimCluster {
                 let takes = if w.config.realism.takes_time() { secs(n.drawn.install) } else { Duration::ZERO };
                 let boot_id = n.boot_id.clone();
                 w.nodes[i].installing = true;
+                stopped.started.store(true, std::sync::atomic::Ordering::Relaxed);
                 w.record(i, TraceKind::InstallStart);
                 Ok((takes, boot_id))
             })
             .await?;
-        // A stream the controller drops (it died) stops the installer with it.
-        let stopped = InstallStopped { sim: self, address: node };
         tokio::time::sleep(install).await;
-        std::mem::forget(stopped);
         // The install ends: the other slot holds the target, unless the node rebooted or the
         // controller's stream went away first (then the installer was stopped with it).
         let outcome = self
             .talos(node, |w, i| {
                 w.nodes[i].installing = false;
+                stopped.started.store(false, std::sync::atomic::Ordering::Relaxed);
                 if w.nodes[i].boot_id != boot_id {
                     return Err(TalosError::transport("the node rebooted during the install"));
                 }
@@ -500,25 +506,30 @@ impl TalosApi for SimCluster {
                 };
                 w.nodes[i].installed = Some(version);
                 let restarts = w.counters.restarts;
-                let record =
-                    LifecycleRecord { node: w.nodes[i].name.clone(), boot_id: boot_id.clone(), at: w.now, restarts };
+                let record = LifecycleRecord {
+                    node: w.nodes[i].name.clone(),
+                    boot_id: boot_id.clone(),
+                    at: w.now,
+                    sent_at,
+                    restarts,
+                };
                 w.installs.push(record);
                 w.counters.install_calls += 1;
                 w.record(i, TraceKind::Installed);
                 Ok(InstallOutcome { exit_code: 0, output: vec!["upgrade successful".to_owned()] })
             })
             .await;
-        if outcome.is_err() {
-            self.with_world_untouched(|w| {
-                if let Some(i) = w.node_index_by_address(node) {
-                    w.nodes[i].installing = false;
-                }
-            });
-        }
+        // A last call that never reached the node (the controller died first) leaves the
+        // install to be stopped with the stream, as the guard does when dropped.
+        drop(stopped);
         outcome
     }
 
     async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        let sent_at = self.with_world_untouched(|w| {
+            w.sync_clock();
+            w.now
+        });
         self.talos(node, |w, i| {
             if w.nodes[i].phase != NodePhase::Running {
                 return Err(TalosError::answer("FailedPrecondition", "the machine is not running"));
@@ -544,7 +555,8 @@ impl TalosApi for SimCluster {
             n.phase = NodePhase::Rebooting { until, into };
             n.ready = false;
             let restarts = w.counters.restarts;
-            let record = LifecycleRecord { node: n.name.clone(), boot_id: n.boot_id.clone(), at: w.now, restarts };
+            let record =
+                LifecycleRecord { node: n.name.clone(), boot_id: n.boot_id.clone(), at: w.now, sent_at, restarts };
             w.reboots.push(record);
             w.counters.reboot_calls += 1;
             w.record(i, TraceKind::RebootCall);
@@ -565,10 +577,15 @@ impl TalosApi for SimCluster {
 struct InstallStopped<'a> {
     sim: &'a SimCluster,
     address: &'a str,
+    /// Whether this stream's install is under way on the node.
+    started: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for InstallStopped<'_> {
     fn drop(&mut self) {
+        if !self.started.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         self.sim.with_world_untouched(|w| {
             if let Some(i) = w.node_index_by_address(self.address) {
                 w.nodes[i].installing = false;

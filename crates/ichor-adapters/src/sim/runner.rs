@@ -81,7 +81,8 @@ pub async fn run_operation(
         }
         if crashes {
             sim.with_world_untouched(|w| {
-                if w.crash.crash_at.is_none() && w.crash_rng.chance(0.25) {
+                let budget = w.crash.max_kills.is_none_or(|max| w.counters.restarts < max);
+                if w.crash.crash_at.is_none() && budget && w.crash_rng.chance(0.25) {
                     let after = w.crash_rng.in_range(1..=40);
                     let before = w.crash_rng.chance(0.5);
                     w.arm_crash(after, before);

@@ -249,6 +249,8 @@ pub struct LifecycleRecord {
     pub boot_id: String,
     /// When the call took effect.
     pub at: Timestamp,
+    /// When the call was sent (what the engine knew then is what it decided on).
+    pub sent_at: Timestamp,
     /// How many times the controller had been restarted by then.
     pub restarts: u64,
 }
@@ -283,6 +285,12 @@ pub struct CrashState {
     /// Kill the controller at the next Upgrade call: before its effect (`true`, the call
     /// never reaches the node) or after it (`false`, the acknowledgement is lost).
     pub on_next_upgrade: Option<bool>,
+    /// At most this many kills in a run (`None`: no bound). A lifecycle install lasts as
+    /// long as its stream, and Talos stops the installer when its controller dies: a
+    /// controller killed every few seconds for ever never installs anything (and pauses at
+    /// the verify bound, saying so). A bound on the kills keeps the restart property about
+    /// where the kills strike, not about a crash loop.
+    pub max_kills: Option<u64>,
 }
 
 /// Counters over a run.
