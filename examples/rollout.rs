@@ -99,8 +99,9 @@ struct Args {
     #[arg(long, value_enum, default_value_t = WakeArg::Watch)]
     wake: WakeArg,
     /// Also schedule the same drawn durations with other tools' policies (ideal, mco-like,
-    /// topf-like, tuppr-like, runbook) and print each one's makespan against the physical
-    /// bound; `--json` gains `compare: {policy: ratio}`.
+    /// topf-like, tuppr-like, runbook), run the engine again on the same world with
+    /// pre-pulls the other way (`engine-no-prepull` or `engine-prepull`), and print each
+    /// one's makespan against the physical bound; `--json` gains `compare: {policy: ratio}`.
     #[arg(long)]
     compare: bool,
     /// Where the etcd snapshot goes (default: a new directory under the temporary one).
@@ -208,7 +209,7 @@ fn main() {
             WakeArg::Watch => Realism::cluster(),
             WakeArg::Oracle => Realism::oracle(),
         });
-    let sim = SimCluster::new(config);
+    let sim = SimCluster::new(config.clone());
     let snapshot_dir = args
         .etcd_snapshot_dir
         .clone()
@@ -231,18 +232,19 @@ fn main() {
                 "upgrading {control_planes} control planes + {workers} workers from {} to {} (maxUnavailable {}, seed {})",
                 args.from, args.to, args.max_unavailable, args.seed
             ));
-            let spec = OperationSpec {
-                preflight: None,
-                etcd_snapshot: None,
-                kind: "talos".into(),
-                target_version: args.to.to_string(),
-                max_unavailable: i64::from(args.max_unavailable),
-                machine: None,
-            };
-            sim.create_operation("upgrade", spec);
+            let spec = upgrade_spec(&args);
+            sim.create_operation("upgrade", spec.clone());
             runtime.block_on(run_operation(&sim, "upgrade", &executor, MAX_PASSES, |sim| progress.show(sim)))
         }
     };
+    // The same world (seed, durations) with pre-pulls the other way, for --compare.
+    let other_prepull = (args.compare && args.operation == Operation::Upgrade).then(|| {
+        let other = SimCluster::new(config.clone());
+        other.create_operation("upgrade", upgrade_spec(&args));
+        let toggled = executor.clone().with_prepull(!executor.prepull.enabled);
+        let end = runtime.block_on(run_operation(&other, "upgrade", &toggled, MAX_PASSES, |_| {}));
+        (toggled.prepull.enabled, end, other.report(args.max_unavailable as usize))
+    });
     if let Some(file) = trace_file
         && let Err(e) = write_trace(file, &sim)
     {
@@ -255,6 +257,12 @@ fn main() {
         let peers = sim.with_world(|w| ichor_adapters::sim::peers::peers(w, args.max_unavailable as usize));
         let ratio = |makespan: f64| if report.lower_bound_s > 0.0 { makespan / report.lower_bound_s } else { 0.0 };
         let mut rows = vec![("engine", report.makespan_s, ratio(report.makespan_s))];
+        if let Some((prepull, end, other)) = &other_prepull
+            && *end == RunEnd::Completed
+        {
+            let policy = if *prepull { "engine-prepull" } else { "engine-no-prepull" };
+            rows.push((policy, other.makespan_s, ratio(other.makespan_s)));
+        }
         rows.extend(peers.iter().map(|p| (p.policy, p.makespan_s, ratio(p.makespan_s))));
         rows
     });
@@ -277,9 +285,9 @@ fn main() {
         print_summary(outcome, &end, &report, &sim, &why, wall_s);
         if let Some(rows) = &compare {
             println!();
-            println!("{:<12} {:>10} {:>16}", "policy", "makespan", "makespan / bound");
+            println!("{:<18} {:>10} {:>16}", "policy", "makespan", "makespan / bound");
             for (policy, makespan, ratio) in rows {
-                println!("{policy:<12} {:>10} {ratio:>16.3}", clock(*makespan));
+                println!("{policy:<18} {:>10} {ratio:>16.3}", clock(*makespan));
             }
         }
     }
@@ -290,6 +298,18 @@ fn main() {
         _ => EXIT_NOT_COMPLETED,
     };
     std::process::exit(code);
+}
+
+/// The upgrade the main job runs.
+fn upgrade_spec(args: &Args) -> OperationSpec {
+    OperationSpec {
+        preflight: None,
+        etcd_snapshot: None,
+        kind: "talos".into(),
+        target_version: args.to.to_string(),
+        max_unavailable: i64::from(args.max_unavailable),
+        machine: None,
+    }
 }
 
 fn write_trace(file: File, sim: &SimCluster) -> std::io::Result<()> {

@@ -111,8 +111,10 @@ fn the_summary_counts_what_a_real_cluster_would_pay_and_compares_the_peers() {
     }
     assert!(ratio("ideal") <= ratio("mco-like") && ratio("ideal") <= ratio("tuppr-like"), "{json}");
     assert!(ratio("runbook") > ratio("engine"), "one at a time is the slowest: {json}");
-    // The engine runs under watches and latency, never faster than the zero-overhead ideal.
-    assert!(ratio("engine") >= ratio("ideal"), "{json}");
+    // The engine runs under watches and latency: without pre-pulls never faster than the
+    // zero-overhead ideal (with them, the pull leaves the critical path, which the ideal
+    // scheduler on the same durations does not take off).
+    assert!(ratio("engine-no-prepull") >= ratio("ideal"), "{json}");
 }
 
 #[test]
@@ -176,4 +178,64 @@ fn workload_faults_hold_machines_at_the_preflight_gate_and_the_summary_counts_it
         let cleared = events.iter().filter(|e| e["event"] == "preflight-clear").count();
         assert!(blocked > 0 && cleared > 0, "{fault}: {blocked} blocked, {cleared} cleared");
     }
+}
+
+/// The events of one node, by name, in order.
+fn events_of(trace: &[Value], node: &str) -> Vec<String> {
+    trace.iter().filter(|e| e["node"] == node).map(|e| e["event"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
+fn position(events: &[String], event: &str) -> usize {
+    events.iter().position(|e| e == event).unwrap_or_else(|| panic!("no {event} in {events:?}"))
+}
+
+#[test]
+fn the_lifecycle_executor_pulls_installs_drains_reboots_and_uncordons_each_machine_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_file = dir.path().join("trace.jsonl");
+    let args = ["--executor", "lifecycle", "--prepull", "off", "--json", "--trace", trace_file.to_str().unwrap()];
+    let output = rollout(&args);
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let json = summary(&output);
+    assert_eq!(json["upgrade_calls"], 0, "no legacy Upgrade call: {json}");
+    assert_eq!((json["install_calls"].as_u64(), json["reboot_calls"].as_u64()), (Some(8), Some(8)), "{json}");
+    let trace = trace(&trace_file);
+    for node in ["cp-1", "worker-3"] {
+        let events = events_of(&trace, node);
+        let order =
+            ["image-pull-start", "image-pulled", "install-start", "installed", "cordon", "drain", "reboot-call"];
+        let at: Vec<usize> = order.iter().map(|e| position(&events, e)).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{node}: {events:?}");
+        let (reboot_end, uncordon, converged) =
+            (position(&events, "reboot-end"), position(&events, "uncordon"), position(&events, "converged"));
+        assert!(at[6] < reboot_end && reboot_end < uncordon && uncordon < converged, "{node}: {events:?}");
+    }
+    let storage = events_of(&trace, "worker-3");
+    assert!(position(&storage, "evacuated") < position(&storage, "cordon"), "no drain with the evacuation open");
+}
+
+#[test]
+fn an_ab_fallback_on_the_lifecycle_path_pauses_is_never_converged_and_is_not_rebooted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_file = dir.path().join("trace.jsonl");
+    let args =
+        ["--executor", "lifecycle", "--faults", "ab-fallback", "--json", "--trace", trace_file.to_str().unwrap()];
+    let output = rollout(&args);
+    assert_eq!(output.status.code(), Some(4), "{}", String::from_utf8_lossy(&output.stderr));
+    let json = summary(&output);
+    let failed = json["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{json}");
+    assert_eq!(failed[0]["reason"], "AbFallback", "{json}");
+    let node = failed[0]["node"].as_str().unwrap();
+    let events = events_of(&trace(&trace_file), node);
+    assert!(!events.contains(&"converged".to_owned()), "{node}: {events:?}");
+    assert_eq!(events.iter().filter(|e| *e == "reboot-call").count(), 1, "{node}: {events:?}");
+}
+
+#[test]
+fn the_executor_and_prepull_options_are_checked() {
+    let output = rollout(&["--executor", "fast"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let output = rollout(&["--prepull", "maybe"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
 }
