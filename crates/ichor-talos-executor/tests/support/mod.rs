@@ -9,7 +9,8 @@ use ichor_talos_executor::kube_api::{
     PodInfo,
 };
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    EtcdAlarm, EtcdMember, EtcdStatus, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError,
+    UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
@@ -34,6 +35,10 @@ mock! {
         async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
         async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError>;
         async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
+        async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError>;
+        async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError>;
+        async fn reboot(&self, node: &str) -> Result<String, TalosError>;
+        async fn boot_id(&self, node: &str) -> Result<String, TalosError>;
     }
 }
 

@@ -1,0 +1,267 @@
+//! The lifecycle executor's driver against mockall doubles: what each action calls and
+//! writes, in order, and how each answer of Talos is classified (an installer exit code is
+//! a typed failure, a stream broken off a wait, a reboot's record before its call).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ichor_talos_executor::config::ExecutorConfig;
+use ichor_talos_executor::kube_api::{MachineInfo, NodeInfo, PodInfo};
+use ichor_talos_executor::talos_api::{InstallOutcome, TalosError};
+use ichor_talos_executor::{Executor, advance_machine_with};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, ExecutorChoice, TALOS_LIFECYCLE, reason};
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
+use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
+use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
+use ichor_upgrade_core::versions::TalosVersion;
+use mockall::predicate::eq;
+use support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
+
+const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
+const IMAGE: &str =
+    "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.4";
+const BOOT: &str = "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11";
+
+fn target() -> UpgradeTarget {
+    UpgradeTarget {
+        version: TalosVersion::parse("v1.14.4").unwrap(),
+        schematic: None,
+        platform: "metal".into(),
+        kubernetes_version: "1.34.1".into(),
+    }
+}
+
+fn machine(conditions: Conditions) -> MachineInfo {
+    MachineInfo {
+        name: "m-worker-1".into(),
+        role: MachineRole::Worker,
+        hostname: Some("worker-1".into()),
+        address: "10.0.0.21".into(),
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        conditions,
+    }
+}
+
+fn node(unschedulable: bool, ours: bool) -> NodeInfo {
+    let mut annotations: BTreeMap<String, String> =
+        [("extensions.talos.dev/schematic".to_owned(), SCHEMATIC.to_owned())].into();
+    if ours {
+        annotations.insert(CORDONED_ANNOTATION.to_owned(), "true".to_owned());
+    }
+    NodeInfo {
+        name: "worker-1".into(),
+        ready: true,
+        unschedulable,
+        os_image: "Talos (v1.14.3)".into(),
+        boot_id: BOOT.into(),
+        labels: BTreeMap::new(),
+        annotations,
+    }
+}
+
+fn lifecycle(status: ConditionStatus, reason: &str) -> Conditions {
+    let marker = UpgradeMarker {
+        target: TalosVersion::parse("v1.14.4").unwrap(),
+        boot_id: BOOT.into(),
+        call_deadline: NOW.saturating_add(Duration::from_secs(600)),
+        node: Some("worker-1".into()),
+    };
+    let mut conditions = Conditions::new();
+    conditions.upsert(
+        ConditionUpdate::new(TALOS_LIFECYCLE, status, reason, marker.to_string()),
+        Timestamp::from_unix_secs(900),
+    );
+    conditions
+}
+
+struct World {
+    talos: MockTalos,
+    kube: MockKube,
+    storage: MockStorage,
+    writes: Arc<Mutex<Vec<Conditions>>>,
+}
+
+impl World {
+    fn new(node: NodeInfo) -> Self {
+        let mut talos = MockTalos::new();
+        talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+        let mut kube = MockKube::new();
+        kube.expect_node().with(eq("worker-1")).returning(move |_| Ok(Some(node.clone())));
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let captured = Arc::clone(&writes);
+        kube.expect_write_conditions().returning(move |_, conditions| {
+            captured.lock().unwrap().push(conditions.clone());
+            Ok(())
+        });
+        let mut storage = MockStorage::new();
+        storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+        Self { talos, kube, storage, writes }
+    }
+
+    /// `TalosLifecycle` in each write: status and reason.
+    fn written(&self) -> Vec<(ConditionStatus, String)> {
+        self.writes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.get(TALOS_LIFECYCLE).map(|c| (c.status, c.reason.clone())).expect("TalosLifecycle written"))
+            .collect()
+    }
+
+    async fn advance(&self, m: &MachineInfo, finish: CallAuthority) -> MachineOutcome {
+        let config = ExecutorConfig::default().with_executor(ExecutorChoice::Lifecycle);
+        let ex = Executor {
+            talos: &self.talos,
+            kube: &self.kube,
+            storage: &self.storage,
+            clock: &FixedClock,
+            config: &config,
+            snapshots: None,
+            background: None,
+        };
+        advance_machine_with(&ex, "talos", m, &target(), &CallAuthority::Granted, &finish)
+            .await
+            .unwrap_or_else(|e| e.outcome())
+    }
+}
+
+fn installed_with(exit_code: i32, output: &[&str]) -> World {
+    let mut world = World::new(node(false, false));
+    world
+        .talos
+        .expect_image_pull()
+        .withf(|node, r| node == "10.0.0.21" && r.image == IMAGE)
+        .returning(|_, r| Ok(r.image.clone()));
+    let output: Vec<String> = output.iter().map(|s| (*s).to_owned()).collect();
+    world
+        .talos
+        .expect_lifecycle_upgrade()
+        .withf(|node, r| node == "10.0.0.21" && r.image == IMAGE && r.timeout <= Duration::from_secs(600))
+        .times(1)
+        .returning(move |_, _| Ok(InstallOutcome { exit_code, output: output.clone() }));
+    world
+}
+
+#[tokio::test]
+async fn the_install_pulls_then_writes_its_intent_then_records_exit_code_0() {
+    let world = installed_with(0, &["upgrade successful"]);
+    let outcome = world.advance(&machine(Conditions::new()), CallAuthority::Granted).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "Installed" });
+    assert_eq!(
+        world.written(),
+        vec![
+            (ConditionStatus::Unknown, reason::INSTALL_INTENT.to_owned()),
+            (ConditionStatus::True, reason::INSTALLED.to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_installer_exit_code_is_a_typed_failure_recorded_with_its_output() {
+    let world = installed_with(4, &["host version check failed"]);
+    let outcome = world.advance(&machine(Conditions::new()), CallAuthority::Granted).await;
+    let MachineOutcome::Failed { reason: failed, message } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(failed, "InstallEnvironment");
+    assert!(message.contains("code 4") && message.contains("host version check failed"), "{message}");
+    assert_eq!(world.written().last(), Some(&(ConditionStatus::False, reason::INSTALL_FAILED.to_owned())));
+}
+
+#[tokio::test]
+async fn an_install_stream_broken_off_leaves_the_intent_and_waits() {
+    let mut world = World::new(node(false, false));
+    world.talos.expect_image_pull().returning(|_, r| Ok(r.image.clone()));
+    world.talos.expect_lifecycle_upgrade().returning(|_, _| Err(TalosError::transport("stream reset")));
+    let outcome = world.advance(&machine(Conditions::new()), CallAuthority::Granted).await;
+    assert!(matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "InstallUnderWay"), "{outcome:?}");
+    assert_eq!(world.written(), vec![(ConditionStatus::Unknown, reason::INSTALL_INTENT.to_owned())]);
+}
+
+#[tokio::test]
+async fn a_pull_the_registry_refuses_fails_before_anything_is_written() {
+    let mut world = World::new(node(false, false));
+    world.talos.expect_image_pull().returning(|_, _| Err(TalosError::answer("NotFound", "manifest unknown")));
+    let outcome = world.advance(&machine(Conditions::new()), CallAuthority::Granted).await;
+    assert!(
+        matches!(&outcome, MachineOutcome::Failed { reason, message } if reason == "PullFailed" && message.contains("manifest unknown")),
+        "{outcome:?}"
+    );
+    assert!(world.written().is_empty());
+}
+
+#[tokio::test]
+async fn an_installed_machine_is_cordoned_with_the_engines_annotation() {
+    let mut world = World::new(node(false, false));
+    world.kube.expect_pods_on().returning(|_| Ok(Vec::new()));
+    world.kube.expect_cordon().with(eq("worker-1")).times(1).returning(|_| Ok(()));
+    let outcome =
+        world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "Cordon" });
+}
+
+#[tokio::test]
+async fn the_drain_evicts_what_a_drain_evicts_and_a_budget_is_a_wait() {
+    let mut world = World::new(node(true, true));
+    world.kube.expect_pods_on().returning(|_| {
+        let pod = |name: &str, owner: &str, mirror: bool| PodInfo {
+            namespace: "billing".into(),
+            name: name.into(),
+            owner_kinds: vec![owner.into()],
+            mirror,
+            terminating: false,
+        };
+        Ok(vec![pod("api-1", "ReplicaSet", false), pod("cilium-1", "DaemonSet", false), pod("static", "Node", true)])
+    });
+    world.kube.expect_evict().with(eq("billing"), eq("api-1")).times(1).returning(|_, _| {
+        Ok(ichor_talos_executor::kube_api::Eviction::Blocked { message: "disruption budget".into() })
+    });
+    let outcome =
+        world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
+    assert!(
+        matches!(&outcome, MachineOutcome::Waiting { reason, recheck_at: Some(_), .. } if reason == "EvictionBlocked"),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_drained_machine_records_its_reboot_before_the_call() {
+    let mut world = World::new(node(true, true));
+    world.kube.expect_pods_on().returning(|_| Ok(Vec::new()));
+    world.talos.expect_reboot().with(eq("10.0.0.21")).times(1).returning(|_| Ok("actor-1".into()));
+    let outcome =
+        world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "RebootRequested" });
+    assert_eq!(world.written(), vec![(ConditionStatus::Unknown, reason::REBOOT_REQUESTED.to_owned())]);
+}
+
+#[tokio::test]
+async fn no_reboot_without_the_finish_authority() {
+    let mut world = World::new(node(true, true));
+    world.kube.expect_pods_on().returning(|_| Ok(Vec::new()));
+    world.talos.expect_reboot().never();
+    let denied = CallAuthority::Denied(CallDenied::LockNotHeld);
+    let outcome = world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), denied).await;
+    assert!(matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "CallNotAuthorised"), "{outcome:?}");
+    assert!(world.writes.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_refused_reboot_fails_and_leaves_the_record() {
+    let mut world = World::new(node(true, true));
+    world.kube.expect_pods_on().returning(|_| Ok(Vec::new()));
+    world.talos.expect_reboot().returning(|_| Err(TalosError::answer("PermissionDenied", "not authorized")));
+    let outcome =
+        world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
+    assert!(
+        matches!(&outcome, MachineOutcome::Failed { reason, .. } if reason == "LifecycleCallRefused"),
+        "{outcome:?}"
+    );
+    assert_eq!(world.written(), vec![(ConditionStatus::Unknown, reason::REBOOT_REQUESTED.to_owned())]);
+}
