@@ -24,7 +24,7 @@ use futures::StreamExt;
 use ichor_adapters::clock::SystemClock;
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch};
-use ichor_adapters::longhorn::LonghornStorage;
+use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi,
@@ -34,9 +34,10 @@ use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, Snapshot
 use ichor_upgrade_core::talos_step::MachineStage;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
@@ -399,6 +400,11 @@ fn storage_changed(ctx: &Context, stores: &Stores, node: &str) -> Vec<ObjectRef<
     operations
 }
 
+/// Whether a replica in `store` is on `node` (by Longhorn's node label).
+fn has_replica_on(store: &Store<PartialObjectMeta<DynamicObject>>, node: &str) -> bool {
+    store.find(|r| r.labels().get(REPLICA_NODE_LABEL).is_some_and(|n| n == node)).is_some()
+}
+
 /// Longhorn's node and replica kinds, when Longhorn is installed.
 async fn longhorn_resources(client: &Client) -> Option<(ApiResource, ApiResource)> {
     match client.list_api_group_resources("longhorn.io/v1beta2").await {
@@ -507,11 +513,16 @@ pub async fn run(
         )
         .default_backoff()
         .touched_objects();
+        // Replicas are watched by their metadata only (the node label is all a pass needs)
+        // into a store of their own, which tells whether a node has any replica left.
+        let replicas_writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(replica_kind.clone());
+        let replicas_on = replicas_writer.as_reader();
         let replicas = watcher(
-            Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &replica_kind),
+            Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client.clone(), &namespace, &replica_kind),
             watcher::Config::default(),
         )
         .default_backoff()
+        .reflect(replicas_writer)
         .touched_objects();
         // Each event also tells the passes of the operations on that node that its storage
         // changed: a machine evacuating there is looked at again at once, not at its next
@@ -519,11 +530,12 @@ pub async fn run(
         let (on_node, marks) = (stores.clone(), Arc::clone(&ctx));
         let by_longhorn_node = move |n: DynamicObject| storage_changed(&marks, &on_node, &n.name_any());
         let (on_node, marks) = (stores.clone(), Arc::clone(&ctx));
-        let by_replica = move |r: DynamicObject| {
-            r.labels()
-                .get(ichor_adapters::longhorn::REPLICA_NODE_LABEL)
-                .map(|node| storage_changed(&marks, &on_node, node))
-                .unwrap_or_default()
+        // A replica's change matters to a pass only when it leaves its node with none (an
+        // evacuation waits for that; nothing else a pass decides counts replicas): the
+        // store has applied the change when the mapper sees it.
+        let by_replica = move |r: PartialObjectMeta<DynamicObject>| match r.labels().get(REPLICA_NODE_LABEL) {
+            Some(node) if !has_replica_on(&replicas_on, node) => storage_changed(&marks, &on_node, node),
+            _ => Vec::new(),
         };
         controller = controller.watches_stream_with(nodes, by_longhorn_node, node_kind).watches_stream_with(
             replicas,
@@ -545,4 +557,43 @@ pub async fn run(
         .await;
     health.live.store(false, Ordering::Relaxed);
     tracing::info!("controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+    use kube::runtime::reflector::store::Writer;
+
+    use super::*;
+
+    fn replica(name: &str, node: &str) -> PartialObjectMeta<DynamicObject> {
+        PartialObjectMeta {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some("longhorn-system".to_owned()),
+                labels: Some([(REPLICA_NODE_LABEL.to_owned(), node.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            _phantom: std::marker::PhantomData,
+        }
+    }
+
+    #[test]
+    fn a_node_has_a_replica_left_until_its_last_one_is_deleted() {
+        let kind =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", "Replica"), "replicas");
+        let mut writer = Writer::<PartialObjectMeta<DynamicObject>>::new(kind);
+        let store = writer.as_reader();
+        for (name, node) in [("r1", "w1"), ("r2", "w1"), ("r3", "w2")] {
+            writer.apply_watcher_event(&watcher::Event::Apply(replica(name, node)));
+        }
+        assert!(has_replica_on(&store, "w1") && has_replica_on(&store, "w2"));
+        assert!(!has_replica_on(&store, "w3"), "no replica was ever on w3");
+        writer.apply_watcher_event(&watcher::Event::Delete(replica("r1", "w1")));
+        assert!(has_replica_on(&store, "w1"), "r2 is still on w1");
+        writer.apply_watcher_event(&watcher::Event::Delete(replica("r2", "w1")));
+        assert!(!has_replica_on(&store, "w1"), "w1's last replica is gone");
+        assert!(has_replica_on(&store, "w2"));
+    }
 }

@@ -80,9 +80,9 @@ pub trait Background: Send + Sync {
     fn submit(&self, job: Job) -> bool;
     /// Whether an install job runs for `machine`.
     fn installing(&self, machine: &str) -> bool;
-    /// Whether this process pulled (or is pulling) `image` onto `machine` ahead of its
-    /// turn.
-    fn prepulled(&self, machine: &str, image: &str) -> bool;
+    /// Whether this process pulled (or is pulling) the installer onto `machine` ahead of
+    /// its turn (an operation pulls one image per machine).
+    fn prepulled(&self, machine: &str) -> bool;
     /// The outcomes of install jobs that ended since the last call: a pass records them
     /// (a failure pauses the operation), as if it had carried the install out itself.
     fn take_finished(&self) -> Vec<(String, MachineOutcome)>;
@@ -104,8 +104,8 @@ struct QueueState {
     under_way: BTreeMap<String, JobKind>,
     /// The machines whose install was under way when the current pass began.
     installing_at_pass: BTreeSet<String>,
-    /// (machine, image) pulled ahead of its turn by this process.
-    prepulled: BTreeSet<(String, String)>,
+    /// Machines pulled ahead of their turn by this process.
+    prepulled: BTreeSet<String>,
     /// Outcomes of install jobs not yet seen by a pass.
     finished: Vec<(String, MachineOutcome)>,
 }
@@ -173,8 +173,8 @@ impl Background for JobQueue {
             }
             (Some(_), JobKind::Prepull) | (Some(JobKind::Install), JobKind::Install) => return false,
         }
-        if let Job::Prepull { image, .. } = &job {
-            state.prepulled.insert((machine.clone(), image.clone()));
+        if job.kind() == JobKind::Prepull {
+            state.prepulled.insert(machine.clone());
         }
         state.under_way.insert(machine, job.kind());
         state.pending.push(job);
@@ -186,8 +186,8 @@ impl Background for JobQueue {
         state.under_way.get(machine) == Some(&JobKind::Install) || state.installing_at_pass.contains(machine)
     }
 
-    fn prepulled(&self, machine: &str, image: &str) -> bool {
-        self.lock().prepulled.contains(&(machine.to_owned(), image.to_owned()))
+    fn prepulled(&self, machine: &str) -> bool {
+        self.lock().prepulled.contains(machine)
     }
 
     fn take_finished(&self) -> Vec<(String, MachineOutcome)> {
@@ -255,7 +255,7 @@ mod tests {
         assert!(queue.submit(prepull("w2")) && queue.submit(prepull("w3")));
         assert!(!queue.submit(prepull("w4")), "two pre-pulls at most");
         assert!(!queue.submit(prepull("w1")), "never on a machine being upgraded");
-        assert!(queue.prepulled("w2", "i") && !queue.prepulled("w4", "i"));
+        assert!(queue.prepulled("w2") && !queue.prepulled("w4"));
         assert_eq!(queue.take().len(), 3);
         assert!(queue.take().is_empty());
     }

@@ -487,12 +487,13 @@ pub async fn reconcile_with(
     }
 
     // Only the machines the decision or the status names are looked up by name.
-    let wanted: HashSet<&str, FixedState> = [&decision.retry, &decision.stop, &decision.start, &decision.advance]
-        .into_iter()
-        .flatten()
-        .map(String::as_str)
-        .chain(status.machines.keys().map(String::as_str))
-        .collect();
+    let wanted: HashSet<&str, FixedState> =
+        [&decision.retry, &decision.stop, &decision.start, &decision.advance, &decision.prepull]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .chain(status.machines.keys().map(String::as_str))
+            .collect();
     let by_name: BTreeMap<&str, &Observed> = observed
         .iter()
         .filter(|o| wanted.contains(o.machine.name.as_str()))
@@ -674,7 +675,7 @@ pub async fn reconcile_with(
         && ex.config.prepull.enabled
         && !removal
     {
-        prepull(background, target, &observed, &decision.prepull);
+        prepull(background, target, &by_name, &decision.prepull);
     }
     emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
     // A change that may wait (convergences, the reasons of machines in progress) is held
@@ -723,14 +724,19 @@ pub async fn reconcile_with(
 /// Hands the pre-pulls of the machines the decision names to `background` (those not pulled
 /// ahead by this process yet; the background bounds how many run at once). A machine
 /// whose image cannot be named (no schematic) is left to its own turn, which says why.
-fn prepull(background: &dyn Background, target: &UpgradeTarget, observed: &[Observed], machines: &[String]) {
+fn prepull(
+    background: &dyn Background,
+    target: &UpgradeTarget,
+    by_name: &BTreeMap<&str, &Observed>,
+    machines: &[String],
+) {
     for machine in machines {
-        let Some(o) = by_name_in(observed, machine) else { continue };
-        let Some(node) = o.node.as_deref() else { continue };
-        let Ok(image) = installer_image_for(target, &crate::advance::node_observation(node)) else { continue };
-        if background.prepulled(machine, &image) {
+        if background.prepulled(machine) {
             continue;
         }
+        let Some(o) = by_name.get(machine.as_str()) else { continue };
+        let Some(node) = o.node.as_deref() else { continue };
+        let Ok(image) = installer_image_for(target, &crate::advance::node_observation(node)) else { continue };
         let job = Job::Prepull { machine: machine.clone(), address: o.machine.address.clone(), image };
         if !background.submit(job) {
             // As many pre-pulls run as allowed: the next pass offers the rest.
@@ -975,9 +981,9 @@ async fn write_status(
     Ok(true)
 }
 
-/// The actions recorded as Events: the Upgrade call, and a void intent closed (rare, and
-/// worth a look).
-const EVENT_ACTIONS: [&str; 2] = ["UpgradeRequested", "CloseVoidIntent"];
+/// The actions recorded as Events: the Upgrade call (on the lifecycle path, the Reboot
+/// call: the moment the node goes down), and a void intent closed (rare, and worth a look).
+const EVENT_ACTIONS: [&str; 3] = ["UpgradeRequested", "RebootRequested", "CloseVoidIntent"];
 
 /// Events are best effort: a failed Event never fails the pass.
 async fn emit_events(

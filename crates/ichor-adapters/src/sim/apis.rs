@@ -18,7 +18,6 @@ use ichor_talos_executor::talos_api::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
-use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
 use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
@@ -702,9 +701,7 @@ impl KubeApi for SimCluster {
     async fn cordon(&self, node: &str) -> Result<(), KubeError> {
         self.kube(KubeCall::NodeWrite, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
-            let n = &mut w.nodes[i];
-            n.unschedulable = true;
-            n.annotations.insert(CORDONED_ANNOTATION.to_owned(), "true".to_owned());
+            w.nodes[i].set_engine_cordon(true);
             w.node_edited(i);
             w.record(i, TraceKind::Cordon);
             Ok(())
@@ -716,8 +713,7 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::NodeWrite, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
             let n = &mut w.nodes[i];
-            n.unschedulable = false;
-            n.annotations.remove(CORDONED_ANNOTATION);
+            n.set_engine_cordon(false);
             // The replacements of the pods the drain evicted are scheduled here again.
             let back = std::mem::take(&mut n.evicted);
             n.pods.extend(back);

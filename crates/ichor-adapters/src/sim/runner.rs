@@ -185,23 +185,36 @@ impl<'a> Jobs<'a> {
         }
     }
 
-    /// [`wait_for_wake`], the jobs going on meanwhile; a job that ends wakes the controller
-    /// (it wrote what the next pass must see).
+    /// [`wait_for_wake`], the jobs going on meanwhile; an install that ends wakes the
+    /// controller (it wrote what the next pass must see), a pre-pull does not (it wrote
+    /// nothing, and the machine's turn comes by itself).
     async fn beside_wait(&mut self, sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
         let waiting = wait_for_wake(sim, requeue);
-        let finished = tokio::select! {
-            woken = waiting => {
-                if woken {
-                    return true;
-                }
-                // Nothing in the world will wake the controller; a job's end will.
+        let mut waiting = std::pin::pin!(waiting);
+        // Whether nothing in the world will wake the controller: then only a job's end can.
+        let mut silent = false;
+        loop {
+            let finished = if silent {
                 self.running.next().await
+            } else {
+                tokio::select! {
+                    woken = &mut waiting => {
+                        if woken {
+                            return true;
+                        }
+                        silent = true;
+                        continue;
+                    }
+                    done = self.running.next(), if !self.running.is_empty() => done,
+                }
+            };
+            let Some((job, outcome)) = finished else { return false };
+            let wakes = matches!(job, Job::Install { .. });
+            self.queue.done(&job, outcome);
+            if wakes {
+                return true;
             }
-            done = self.running.next(), if !self.running.is_empty() => done,
-        };
-        let Some((job, outcome)) = finished else { return false };
-        self.queue.done(&job, outcome);
-        true
+        }
     }
 }
 

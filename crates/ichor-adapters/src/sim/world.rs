@@ -207,6 +207,9 @@ pub struct SimNode {
     pub installed: Option<TalosVersion>,
     /// A lifecycle install is under way (one at a time per node, as Talos allows).
     pub installing: bool,
+    /// Whether its Node carries the engine's cordon annotation (kept beside the
+    /// annotations: every measure of who is down asks it of every node).
+    engine_cordon: bool,
     /// What its Node object shows (late, as a real one does).
     pub view: NodeView,
 }
@@ -227,7 +230,19 @@ impl SimNode {
     /// Whether it carries the engine's cordon (the lifecycle executor's drain, a removal).
     #[must_use]
     pub fn cordoned_by_engine(&self) -> bool {
-        self.annotations.contains_key(CORDONED_ANNOTATION)
+        self.engine_cordon
+    }
+
+    /// Cordons it as the engine does (`spec.unschedulable` and the annotation), or lifts
+    /// that cordon.
+    pub(crate) fn set_engine_cordon(&mut self, on: bool) {
+        self.unschedulable = on;
+        self.engine_cordon = on;
+        if on {
+            self.annotations.insert(CORDONED_ANNOTATION.to_owned(), "true".to_owned());
+        } else {
+            self.annotations.remove(CORDONED_ANNOTATION);
+        }
     }
 }
 
@@ -577,6 +592,7 @@ impl World {
                 evicted: Vec::new(),
                 installed: None,
                 installing: false,
+                engine_cordon: false,
             });
         }
         for n in &mut nodes {
@@ -1496,9 +1512,13 @@ impl World {
                 return;
             }
             self.nodes[i].replicas -= 1;
-            // A Longhorn replica object deleted: the controller watches them.
-            self.watch_event_about(Some(i));
             let left = self.nodes[i].replicas;
+            // A Longhorn replica object deleted: the controller watches them, and is woken
+            // when the node's last one is gone (its watch counts them in its store; before,
+            // nothing it decides changes).
+            if left == 0 {
+                self.watch_event_about(Some(i));
+            }
             let next = if left == 0 {
                 self.record(i, TraceKind::Evacuated);
                 None
