@@ -1090,7 +1090,11 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
     fn key<'m>(m: &&'m MachineView) -> (MachineRole, (bool, i64, &'m str)) {
         (m.role, order_key(m))
     }
-    if !machines.is_sorted_by_key(key) {
+    // Each key is made once (an order label is parsed), not once per neighbour.
+    let mut keys = machines.iter().map(key);
+    let sorted =
+        keys.next().is_none_or(|first| keys.try_fold(first, |previous, k| (previous <= k).then_some(k)).is_some());
+    if !sorted {
         machines.sort_by_cached_key(key);
     }
 

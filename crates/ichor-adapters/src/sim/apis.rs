@@ -95,6 +95,8 @@ impl SimCluster {
             };
             let Some(left) = left else { break };
             tokio::select! {
+                // In a fixed order, so that a seed replays the same run.
+                biased;
                 () = tokio::time::sleep(left) => {}
                 () = &mut changed => {}
             }

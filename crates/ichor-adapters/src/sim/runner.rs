@@ -177,6 +177,8 @@ impl<'a> Jobs<'a> {
         let mut pass = std::pin::pin!(pass);
         loop {
             tokio::select! {
+                // In a fixed order, so that a seed replays the same run.
+                biased;
                 result = &mut pass => return result,
                 Some((job, outcome)) = self.running.next(), if !self.running.is_empty() => {
                     self.queue.done(&job, outcome);
@@ -198,6 +200,8 @@ impl<'a> Jobs<'a> {
                 self.running.next().await
             } else {
                 tokio::select! {
+                    // In a fixed order, so that a seed replays the same run.
+                    biased;
                     woken = &mut waiting => {
                         if woken {
                             return true;

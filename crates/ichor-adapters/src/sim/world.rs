@@ -1,7 +1,7 @@
 //! The simulated world's state and how it changes with virtual time.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -487,10 +487,10 @@ struct Pulls {
 struct ReadCache {
     /// `TalosMachine`s, dropped by every write of the machine's conditions.
     machines: Vec<Option<Arc<MachineInfo>>>,
-    /// Nodes with the version their `osImage` shows, checked at each read against what
-    /// changes in the world's own course (readiness, cordon, version, boot ID); labels and
-    /// annotations change only by hand, which drops every copy.
-    nodes: Vec<Option<(TalosVersion, Arc<NodeInfo>)>>,
+    /// Nodes, dropped when what the Node shows changes (readiness, version, boot ID: the
+    /// view's changes; labels, annotations and the cordon: a write or a hand edit, which
+    /// drops every copy); whether an upgrade makes it unschedulable is checked at each read.
+    nodes: Vec<Option<Arc<NodeInfo>>>,
 }
 
 /// The cluster's name in the simulation.
@@ -837,11 +837,10 @@ impl World {
         }
         let n = &self.nodes[i];
         let unschedulable = n.unschedulable || n.upgrading();
-        if let Some((version, cached)) = &self.read_cache.nodes[i]
-            && cached.ready == n.view.ready
+        // A change of what the Node shows drops its copy (`apply_view`, `node_edited`, a
+        // hand edit); what is derived from the node's phase is checked here.
+        if let Some(cached) = &self.read_cache.nodes[i]
             && cached.unschedulable == unschedulable
-            && *version == n.view.version
-            && cached.boot_id == n.view.boot_id
         {
             return Arc::clone(cached);
         }
@@ -854,7 +853,7 @@ impl World {
             labels: n.labels.clone(),
             annotations: n.annotations.clone(),
         });
-        self.read_cache.nodes[i] = Some((n.view.version.clone(), Arc::clone(&info)));
+        self.read_cache.nodes[i] = Some(Arc::clone(&info));
         info
     }
 
@@ -968,27 +967,30 @@ impl World {
         let mut pods = Vec::new();
         let mut shown_elsewhere = [false; 2];
         let mut healthy = 0_i32;
-        for node in self.nodes.iter().filter(|n| !n.removed) {
-            let here = asked.contains(&node.name.as_str());
+        // The nodes asked about, by index: one lookup each, not a scan of them per node.
+        let here: HashSet<usize, FixedState> = asked.iter().filter_map(|name| self.node_index(name)).collect();
+        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| !n.removed) {
+            let here = here.contains(&i);
             for pod in &node.pods {
                 let ready = node.ready && pod.terminating_until.is_none();
-                if ready && app(pod) == Some(DEPLOYMENTS[0]) {
+                let app = app(pod);
+                if ready && app == Some(DEPLOYMENTS[0]) {
                     healthy = healthy.saturating_add(1);
                 }
                 if !here {
-                    let Some(k) = app(pod).and_then(|d| DEPLOYMENTS.iter().position(|x| *x == d)) else { continue };
+                    let Some(k) = app.and_then(|d| DEPLOYMENTS.iter().position(|x| *x == d)) else { continue };
                     if !ready || shown_elsewhere[k] {
                         continue;
                     }
                     shown_elsewhere[k] = true;
                 }
-                let owner = match (pod.daemonset, pod.mirror, app(pod)) {
+                let owner = match (pod.daemonset, pod.mirror, app) {
                     (true, _, _) => Some(Owner { kind: "DaemonSet".into(), name: "cilium".into() }),
                     (_, true, _) => Some(Owner { kind: "Node".into(), name: node.name.clone() }),
                     (_, _, Some(d)) => Some(Owner { kind: "ReplicaSet".into(), name: format!("{d}-7d9f") }),
                     _ => None,
                 };
-                let label = app(pod).unwrap_or(pod.name.as_str());
+                let label = app.unwrap_or(pod.name.as_str());
                 pods.push(PodFacts {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
@@ -1225,6 +1227,9 @@ impl World {
                 ViewChange::NotReady | ViewChange::Ready => false,
             };
             if changed {
+                if let Some(cached) = self.read_cache.nodes.get_mut(i) {
+                    *cached = None;
+                }
                 self.deliveries.push(Reverse((at, None)));
                 if !self.nodes[i].view.ready && matches!(change, ViewChange::NotReady) {
                     self.record(i, TraceKind::ShownNotReady);
