@@ -6,31 +6,53 @@
 //! | `set_scheduling(n, false)` | `PATCH .../nodes/<n>` merge patch `{"spec":{"allowScheduling":false}}` |
 //! | `request_evacuation(n)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":false,"evictionRequested":true}}` |
 //! | `set_scheduling(n, true)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":true,"evictionRequested":false}}` |
-//! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>`, every item counted |
+//! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>` and, where Longhorn serves shards (1.12.1 and later), `GET .../shards?labelSelector=longhornnode=<n>`, metadata only, every item counted |
 //!
 //! Longhorn's admission webhook refuses a Node with eviction requested and scheduling
 //! allowed, so re-enabling scheduling also clears the eviction request in the same patch.
-//! Every replica labelled with the node counts, whatever its state: a failed or stopped
-//! replica still holds data on the node. `docs/storage-longhorn.md` has the details and the
-//! RBAC an operator grants.
+//! Every replica and shard labelled with the node counts, whatever its state: a failed or
+//! stopped one still holds data on the node, and node eviction moves shards as it moves
+//! replicas. Patches carry the field manager [`FIELD_MANAGER`].
+//!
+//! Errors: an outage, a conflict, throttling, a server error and the webhook's 403 "please
+//! retry later" (while a node's disks sync) are transient; TLS, credentials, a kubeconfig
+//! that does not load and any other answer are failures ([`crate::kubernetes::errors`]).
+//! Turning scheduling back on counts as done only on a 404 for that very Node object
+//! (`reason: NotFound`, its name), never on a 404 of a missing CRD. `docs/storage-longhorn.md`
+//! has the details and the RBAC an operator grants.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use ichor_storage::{LabelSelector, StorageApi, StorageError, StorageObject};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::json;
+use tokio::sync::OnceCell;
+
+use crate::kubernetes::errors::kube_error;
 
 /// The namespace Longhorn runs in by default.
 pub const DEFAULT_NAMESPACE: &str = "longhorn-system";
 
-/// The label Longhorn puts on every replica with the name of its node.
+/// The label Longhorn puts on every replica and shard with the name of its node.
 pub const REPLICA_NODE_LABEL: &str = "longhornnode";
+
+/// The field manager of every write to Longhorn's objects.
+pub const FIELD_MANAGER: &str = "ichor";
+
+/// Longhorn's group and version.
+const GROUP_VERSION: &str = "longhorn.io/v1beta2";
 
 /// Longhorn, reached through the Kubernetes API.
 #[derive(Clone)]
 pub struct LonghornStorage {
+    client: kube::Client,
     nodes: Api<DynamicObject>,
     replicas: Api<DynamicObject>,
+    shards: Api<DynamicObject>,
     talos_storages: Api<DynamicObject>,
+    /// Whether this Longhorn serves shards, once discovery has answered.
+    shards_served: Arc<OnceCell<bool>>,
 }
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -44,32 +66,67 @@ impl LonghornStorage {
     pub fn new(client: kube::Client, namespace: &str) -> Self {
         let node = resource("longhorn.io", "v1beta2", "Node", "nodes");
         let replica = resource("longhorn.io", "v1beta2", "Replica", "replicas");
+        let shard = resource("longhorn.io", "v1beta2", "Shard", "shards");
         let talos_storage = resource("ichor.dev", "v1alpha1", "TalosStorage", "talosstorages");
         Self {
             nodes: Api::namespaced_with(client.clone(), namespace, &node),
             replicas: Api::namespaced_with(client.clone(), namespace, &replica),
-            talos_storages: Api::all_with(client, &talos_storage),
+            shards: Api::namespaced_with(client.clone(), namespace, &shard),
+            talos_storages: Api::all_with(client.clone(), &talos_storage),
+            client,
+            shards_served: Arc::new(OnceCell::new()),
         }
     }
 
     async fn patch_node(&self, node: &str, spec: serde_json::Value) -> Result<(), kube::Error> {
         let patch = json!({ "spec": spec });
-        self.nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+        let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() };
+        self.nodes.patch(node, &params, &Patch::Merge(&patch)).await.map(drop)
+    }
+
+    /// Whether Longhorn serves `shards.longhorn.io` (v1.12.1 and later), asked of discovery
+    /// once; an answer that did not come is asked again next time.
+    async fn serves_shards(&self) -> Result<bool, StorageError> {
+        let served = self
+            .shards_served
+            .get_or_try_init(|| async {
+                let list = self.client.list_api_group_resources(GROUP_VERSION).await?;
+                Ok::<_, kube::Error>(list.resources.iter().any(|r| r.name == "shards"))
+            })
+            .await
+            .map_err(|e| storage_error(&format!("discover the resources of {GROUP_VERSION}"), &e))?;
+        Ok(*served)
+    }
+
+    /// How many objects of `api` (`what`: their kind, for errors) carry `node`'s label.
+    async fn count_on(&self, api: &Api<DynamicObject>, what: &str, node: &str) -> Result<u32, StorageError> {
+        let params = ListParams::default().labels(&format!("{REPLICA_NODE_LABEL}={node}"));
+        let list = api
+            .list_metadata(&params)
+            .await
+            .map_err(|e| storage_error(&format!("list Longhorn {what} on node {node}"), &e))?;
+        Ok(u32::try_from(list.items.len()).unwrap_or(u32::MAX))
     }
 }
 
-/// Maps a Kubernetes API error: unreachable, throttled, a conflict or a server error is
-/// transient; anything else (forbidden, invalid, not found) is a failure.
+/// Maps a Kubernetes API error as every other call of the adapters does
+/// ([`kube_error`]: outages, conflicts, throttling and server errors transient; TLS,
+/// credentials and other answers not), except Longhorn's webhook's 403 "please retry
+/// later", which its own text calls transient (a node's disks are syncing).
 fn storage_error(what: &str, error: &kube::Error) -> StorageError {
-    let transient = match error {
-        kube::Error::Api(status) => matches!(status.code, 409 | 429 | 500..=599),
-        _ => true,
-    };
-    StorageError { message: format!("Longhorn {what}: {error}"), transient }
+    let kind = kube_error(what, error);
+    let retry_later = matches!(error, kube::Error::Api(status) if status.code == 403 && status.message.contains("please retry later"));
+    StorageError { message: kind.to_string(), transient: kind.is_transient() || retry_later }
 }
 
-fn is_not_found(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 404)
+/// Whether `error` says that the Longhorn Node `name` does not exist: a 404 with reason
+/// `NotFound` naming it. A 404 without them (no such resource: Longhorn's CRDs are not
+/// installed, or a wrong path) is not.
+fn is_node_not_found(error: &kube::Error, name: &str) -> bool {
+    matches!(error, kube::Error::Api(status)
+        if status.code == 404
+            && status.reason == "NotFound"
+            && status.details.as_ref().is_some_and(|d| d.name == name))
 }
 
 #[async_trait]
@@ -105,20 +162,20 @@ impl StorageApi for LonghornStorage {
         match self.patch_node(node, spec).await {
             Ok(()) => Ok(()),
             // Re-enabling on a node Longhorn no longer knows (removed) has nothing to do.
-            Err(e) if enabled && is_not_found(&e) => Ok(()),
-            Err(e) => Err(storage_error("set scheduling", &e)),
+            Err(e) if enabled && is_node_not_found(&e, node) => Ok(()),
+            Err(e) => Err(storage_error(&format!("patch Longhorn Node {node} (scheduling)"), &e)),
         }
     }
 
     async fn request_evacuation(&self, node: &str) -> Result<(), StorageError> {
         self.patch_node(node, json!({ "allowScheduling": false, "evictionRequested": true }))
             .await
-            .map_err(|e| storage_error("request eviction", &e))
+            .map_err(|e| storage_error(&format!("patch Longhorn Node {node} (eviction)"), &e))
     }
 
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
-        let params = ListParams::default().labels(&format!("{REPLICA_NODE_LABEL}={node}"));
-        let list = self.replicas.list(&params).await.map_err(|e| storage_error("list replicas", &e))?;
-        Ok(u32::try_from(list.items.len()).unwrap_or(u32::MAX))
+        let replicas = self.count_on(&self.replicas, "replicas", node).await?;
+        let shards = if self.serves_shards().await? { self.count_on(&self.shards, "shards", node).await? } else { 0 };
+        Ok(replicas.saturating_add(shards))
     }
 }

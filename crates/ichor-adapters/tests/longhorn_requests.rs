@@ -40,6 +40,8 @@ async fn expect_patch(server: &mut Server, node: &str) -> (Value, tower_test::mo
     assert_eq!(request.method(), Method::PATCH);
     assert_eq!(request.uri().path(), format!("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/nodes/{node}"));
     assert_eq!(request.headers()["content-type"], "application/merge-patch+json");
+    let query = request.uri().query().unwrap_or_default();
+    assert!(query.contains("fieldManager=ichor"), "patches name their field manager: {query}");
     let body = request.into_body().collect_bytes().await.unwrap();
     (serde_json::from_slice(&body).unwrap(), send)
 }
@@ -80,25 +82,68 @@ async fn re_enabling_scheduling_clears_the_eviction_request_in_the_same_patch() 
     api.await.unwrap();
 }
 
+/// Answers the discovery of `longhorn.io/v1beta2` with these plurals.
+async fn expect_discovery(server: &mut Server, plurals: &[&str]) {
+    let (request, send) = server.next_request().await.expect("a request");
+    assert_eq!(request.method(), Method::GET);
+    assert_eq!(request.uri().path(), "/apis/longhorn.io/v1beta2");
+    let resources: Vec<Value> = plurals
+        .iter()
+        .map(|p| json!({ "name": p, "singularName": "", "namespaced": true, "kind": "X", "verbs": ["get", "list"] }))
+        .collect();
+    let list = json!({ "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "longhorn.io/v1beta2", "resources": resources });
+    send.send_response(respond(StatusCode::OK, &list));
+}
+
+/// Answers a metadata-only list of `plural` on worker-1 with objects in these states.
+async fn expect_list(server: &mut Server, plural: &str, states: &[&str]) {
+    let (request, send) = server.next_request().await.expect("a request");
+    assert_eq!(request.method(), Method::GET);
+    assert_eq!(request.uri().path(), format!("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/{plural}"));
+    let query = request.uri().query().unwrap_or_default();
+    assert!(query.contains("labelSelector=longhornnode%3Dworker-1"), "{query}");
+    let accept = request.headers()["accept"].to_str().unwrap().to_owned();
+    assert!(accept.contains("as=PartialObjectMetadataList"), "metadata only: {accept}");
+    let items: Vec<Value> = states
+        .iter()
+        .enumerate()
+        .map(|(i, state)| {
+            json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                    "metadata": { "name": format!("{plural}-{i}-{state}"), "namespace": DEFAULT_NAMESPACE,
+                                  "labels": { "longhornnode": "worker-1" } } })
+        })
+        .collect();
+    let list = json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": { "resourceVersion": "9" }, "items": items });
+    send.send_response(respond(StatusCode::OK, &list));
+}
+
 #[tokio::test]
 async fn replicas_are_counted_by_the_node_label_whatever_their_state() {
     let (storage, mut server) = storage();
     let api = tokio::spawn(async move {
-        let (request, send) = server.next_request().await.expect("a request");
-        assert_eq!(request.method(), Method::GET);
-        assert_eq!(request.uri().path(), "/apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas");
-        let query = request.uri().query().unwrap_or_default();
-        assert!(query.contains("labelSelector=longhornnode%3Dworker-1"), "{query}");
-        let replica = |name: &str, state: &str| {
-            json!({ "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
-                    "metadata": { "name": name, "namespace": DEFAULT_NAMESPACE, "labels": { "longhornnode": "worker-1" } },
-                    "spec": { "nodeID": "worker-1" }, "status": { "currentState": state } })
-        };
-        let list = json!({ "apiVersion": "longhorn.io/v1beta2", "kind": "ReplicaList", "metadata": { "resourceVersion": "9" },
-                           "items": [replica("pvc-a-r-1", "running"), replica("pvc-b-r-2", "stopped"), replica("pvc-c-r-3", "error")] });
-        send.send_response(respond(StatusCode::OK, &list));
+        expect_list(&mut server, "replicas", &["running", "stopped", "error"]).await;
+        // A Longhorn before 1.12.1: no shards.
+        expect_discovery(&mut server, &["nodes", "replicas", "engines"]).await;
+        // Discovery is asked once.
+        expect_list(&mut server, "replicas", &[]).await;
     });
     assert_eq!(storage.replicas_on("worker-1").await.unwrap(), 3);
+    assert_eq!(storage.replicas_on("worker-1").await.unwrap(), 0);
+    api.await.unwrap();
+}
+
+#[tokio::test]
+async fn where_longhorn_serves_shards_a_shard_left_counts_as_a_replica_left() {
+    let (storage, mut server) = storage();
+    let api = tokio::spawn(async move {
+        expect_list(&mut server, "replicas", &[]).await;
+        expect_discovery(&mut server, &["nodes", "replicas", "shards", "shardgroups"]).await;
+        expect_list(&mut server, "shards", &["normal", "failed"]).await;
+        expect_list(&mut server, "replicas", &[]).await;
+        expect_list(&mut server, "shards", &[]).await;
+    });
+    assert_eq!(storage.replicas_on("worker-1").await.unwrap(), 2, "no replica, two shards: not evacuated");
+    assert_eq!(storage.replicas_on("worker-1").await.unwrap(), 0);
     api.await.unwrap();
 }
 
@@ -141,19 +186,70 @@ async fn errors_are_classified_transient_or_failure_by_status_code() {
 }
 
 #[tokio::test]
-async fn re_enabling_scheduling_on_a_node_longhorn_no_longer_knows_is_done() {
+async fn the_webhooks_retry_later_is_transient_and_other_refusals_are_not() {
+    let retry = "admission webhook \"validator.longhorn.io\" denied the request: spec and status of disks on node worker-1 are being syncing and please retry later.";
+    let invalid = "admission webhook \"validator.longhorn.io\" denied the request: need to disable scheduling on node worker-1 for node eviction, or cancel eviction to enable scheduling on this node";
+    for (code, reason, message, transient) in [
+        (403, "Forbidden", retry, true),
+        (422, "Invalid", invalid, false),
+        (403, "Forbidden", "nodes.longhorn.io \"worker-1\" is forbidden: User \"ichor\" cannot patch resource", false),
+    ] {
+        let (storage, mut server) = storage();
+        let api = tokio::spawn(async move {
+            let (_, send) = expect_patch(&mut server, "worker-1").await;
+            send.send_response(respond(StatusCode::from_u16(code).unwrap(), &status(code, reason, message)));
+        });
+        let err = storage.set_scheduling("worker-1", true).await.unwrap_err();
+        api.await.unwrap();
+        assert_eq!(err.transient, transient, "{code} {message}: {err}");
+        assert!(err.message.contains("Longhorn Node worker-1"), "the error names the kind and object: {err}");
+    }
+}
+
+#[tokio::test]
+async fn errors_without_an_answer_are_transient_unless_they_are_tls() {
     let (storage, mut server) = storage();
     let api = tokio::spawn(async move {
+        let (_, send) = server.next_request().await.expect("a request");
+        send.send_error(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"));
+        let (_, send) = server.next_request().await.expect("a request");
+        send.send_error(std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        )));
+    });
+    let refused = storage.request_evacuation("worker-1").await.unwrap_err();
+    assert!(refused.transient, "{refused}");
+    let tls = storage.request_evacuation("worker-1").await.unwrap_err();
+    assert!(!tls.transient, "a certificate the client does not trust is not an outage: {tls}");
+    api.await.unwrap();
+}
+
+#[tokio::test]
+async fn re_enabling_scheduling_on_a_node_longhorn_no_longer_knows_is_done() {
+    let (storage, mut server) = storage();
+    let not_found = |name: &str| {
+        let mut s = status(404, "NotFound", &format!("nodes.longhorn.io \"{name}\" not found"));
+        s["details"] = json!({ "name": name, "group": "longhorn.io", "kind": "nodes" });
+        s
+    };
+    let api = tokio::spawn(async move {
         let (_, send) = expect_patch(&mut server, "gone").await;
-        send.send_response(respond(
-            StatusCode::NOT_FOUND,
-            &status(404, "NotFound", "nodes.longhorn.io \"gone\" not found"),
-        ));
+        send.send_response(respond(StatusCode::NOT_FOUND, &not_found("gone")));
         let (_, send) = expect_patch(&mut server, "gone").await;
-        send.send_response(respond(StatusCode::NOT_FOUND, &status(404, "NotFound", "not found")));
+        send.send_response(respond(StatusCode::NOT_FOUND, &not_found("gone")));
+        // Longhorn's CRDs not installed: the server's plain 404, no Status.
+        let (_, send) = expect_patch(&mut server, "worker-1").await;
+        send.send_response(Response::builder().status(404).body(Body::from(b"404 page not found\n".to_vec())).unwrap());
+        // A 404 about another object.
+        let (_, send) = expect_patch(&mut server, "worker-1").await;
+        send.send_response(respond(StatusCode::NOT_FOUND, &not_found("worker-2")));
     });
     storage.set_scheduling("gone", true).await.unwrap();
     let err = storage.request_evacuation("gone").await.unwrap_err();
     assert!(!err.transient, "evacuating a node Longhorn does not know is a failure");
+    let err = storage.set_scheduling("worker-1", true).await.unwrap_err();
+    assert!(!err.transient, "a missing CRD is not a node that is gone: {err}");
+    storage.set_scheduling("worker-1", true).await.unwrap_err();
     api.await.unwrap();
 }

@@ -166,40 +166,50 @@ pub const FLEET_LABEL: &str = "ichor.dev/simulated-fleet";
 /// # Panics
 /// When the server refuses a CRD or does not establish it within a minute.
 pub async fn apply_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in [TalosCluster::crd(), TalosMachine::crd(), TalosOperation::crd(), TalosStorage::crd()] {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            // There already (a server kept between runs): brought up to this build's schema.
-            Err(kube::Error::Api(status)) if status.code == 409 => loop {
-                let existing = crds.get(&name).await.expect("the CRD reads back");
-                if existing.spec == crd.spec {
-                    break;
-                }
-                let mut updated = crd.clone();
-                updated.metadata.resource_version = existing.metadata.resource_version;
-                match crds.replace(&name, &PostParams::default(), &updated).await {
-                    Ok(_) => break,
-                    Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                    Err(e) => panic!("CRD {name} refused: {e}"),
-                }
-            },
-            Err(e) => panic!("CRD {name} refused: {e}"),
-        }
-        let established = async {
-            loop {
-                let crd = crds.get(&name).await.expect("the CRD reads back");
-                let ok = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Established" && c.status == "True"));
-                if ok {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(60), established).await.expect("the CRD is established");
+        apply_crd(client, &crd).await;
     }
+}
+
+/// Applies one CRD (creating it when missing, replacing it when its schema differs) and
+/// waits until it is established: Ichor's own, or another system's minimal stand-in that a
+/// test brings (Longhorn's kinds).
+///
+/// # Panics
+/// When the server refuses the CRD or does not establish it within a minute.
+pub async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    match crds.create(&PostParams::default(), crd).await {
+        Ok(_) => {}
+        // There already (a server kept between runs): brought up to this build's schema.
+        Err(kube::Error::Api(status)) if status.code == 409 => loop {
+            let existing = crds.get(&name).await.expect("the CRD reads back");
+            if existing.spec == crd.spec {
+                break;
+            }
+            let mut updated = crd.clone();
+            updated.metadata.resource_version = existing.metadata.resource_version;
+            match crds.replace(&name, &PostParams::default(), &updated).await {
+                Ok(_) => break,
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(e) => panic!("CRD {name} refused: {e}"),
+            }
+        },
+        Err(e) => panic!("CRD {name} refused: {e}"),
+    }
+    let established = async {
+        loop {
+            let crd = crds.get(&name).await.expect("the CRD reads back");
+            let ok = crd
+                .status
+                .and_then(|s| s.conditions)
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Established" && c.status == "True"));
+            if ok {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), established).await.expect("the CRD is established");
 }

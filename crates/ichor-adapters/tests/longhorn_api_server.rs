@@ -1,0 +1,164 @@
+//! `LonghornStorage` against a real Kubernetes API server (`ICHOR_TEST_KUBECONFIG`; skipped
+//! with one line without it) serving Longhorn's kinds. Longhorn's own CRD manifests are not
+//! committed: the test applies minimal stand-ins with the group, version, kinds, plurals
+//! and scope of Longhorn 1.12.1's (`longhorn.io/v1beta2`, namespaced), whose schema keeps
+//! whatever is written. Each test works in a namespace of its own.
+
+use std::time::Duration;
+
+use ichor_adapters::longhorn::{FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL};
+use ichor_storage::StorageApi;
+use ichor_testkit::kube::{TestNamespace, apply_crd};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::{Value, json};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+async fn bounded<T>(future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, future).await.expect("the test's own bound")
+}
+
+/// A stand-in for one of Longhorn's CRDs: its names and scope, any content kept.
+fn longhorn_crd(kind: &str, plural: &str) -> CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": format!("{plural}.longhorn.io") },
+        "spec": {
+            "group": "longhorn.io",
+            "scope": "Namespaced",
+            "names": { "kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List") },
+            "versions": [{
+                "name": "v1beta2", "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } }
+            }]
+        }
+    }))
+    .expect("a CRD")
+}
+
+/// A namespace of its own, with Longhorn's Node, Replica and Shard kinds served.
+async fn longhorn_namespace(prefix: &str) -> Option<TestNamespace> {
+    let ns = TestNamespace::create(prefix).await?;
+    for (kind, plural) in [("Node", "nodes"), ("Replica", "replicas"), ("Shard", "shards")] {
+        bounded(apply_crd(&ns.client, &longhorn_crd(kind, plural))).await;
+    }
+    Some(ns)
+}
+
+fn api(ns: &TestNamespace, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural);
+    Api::namespaced_with(ns.client.clone(), &ns.name, &resource)
+}
+
+async fn create(api: &Api<DynamicObject>, object: Value) {
+    let object: DynamicObject = serde_json::from_value(object).expect("an object");
+    bounded(api.create(&PostParams::default(), &object)).await.expect("created");
+}
+
+/// A Longhorn Node as the manager creates it: scheduling on, no eviction.
+async fn create_node(ns: &TestNamespace, name: &str) {
+    let node = json!({
+        "apiVersion": "longhorn.io/v1beta2", "kind": "Node",
+        "metadata": { "name": name },
+        "spec": { "name": name, "allowScheduling": true, "evictionRequested": false, "disks": {} }
+    });
+    create(&api(ns, "Node", "nodes"), node).await;
+}
+
+/// `(allowScheduling, evictionRequested)` of Longhorn Node `name`, and its field managers.
+async fn node_spec(ns: &TestNamespace, name: &str) -> ((bool, bool), Vec<String>) {
+    let node = bounded(api(ns, "Node", "nodes").get(name)).await.expect("the node reads");
+    let spec = &node.data["spec"];
+    let flag = |key: &str| spec[key].as_bool().unwrap_or_else(|| panic!("spec.{key} is a bool: {spec}"));
+    let managers = node.metadata.managed_fields.unwrap_or_default().into_iter().filter_map(|f| f.manager).collect();
+    ((flag("allowScheduling"), flag("evictionRequested")), managers)
+}
+
+#[tokio::test]
+async fn longhorn_an_evacuation_and_its_end_patch_the_node_as_ichor() {
+    let Some(ns) = longhorn_namespace("lh-evac").await else { return };
+    create_node(&ns, "worker-1").await;
+    let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
+
+    bounded(storage.request_evacuation("worker-1")).await.unwrap();
+    let (spec, managers) = node_spec(&ns, "worker-1").await;
+    assert_eq!(spec, (false, true), "scheduling off and eviction requested, in one patch");
+    assert!(managers.iter().any(|m| m == FIELD_MANAGER), "the patch's field manager is ichor: {managers:?}");
+
+    bounded(storage.set_scheduling("worker-1", true)).await.unwrap();
+    assert_eq!(node_spec(&ns, "worker-1").await.0, (true, false), "scheduling on, the eviction request cleared");
+    bounded(storage.set_scheduling("worker-1", false)).await.unwrap();
+    assert_eq!(node_spec(&ns, "worker-1").await.0, (false, false));
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn longhorn_replicas_and_shards_left_on_a_node_are_all_counted() {
+    let Some(ns) = longhorn_namespace("lh-count").await else { return };
+    let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
+    let labelled = |kind: &str, name: &str, node: &str, state: &str| {
+        json!({
+            "apiVersion": "longhorn.io/v1beta2", "kind": kind,
+            "metadata": { "name": name, "labels": { REPLICA_NODE_LABEL: node } },
+            "spec": { "nodeID": node }, "status": { "currentState": state, "state": state }
+        })
+    };
+    let replicas = api(&ns, "Replica", "replicas");
+    let shards = api(&ns, "Shard", "shards");
+    assert_eq!(bounded(storage.replicas_on("worker-1")).await.unwrap(), 0, "nothing on the node yet");
+    create(&replicas, labelled("Replica", "pvc-a-r-1", "worker-1", "running")).await;
+    create(&replicas, labelled("Replica", "pvc-b-r-1", "worker-1", "error")).await;
+    create(&replicas, labelled("Replica", "pvc-a-r-2", "worker-2", "running")).await;
+    assert_eq!(bounded(storage.replicas_on("worker-1")).await.unwrap(), 2, "a failed replica counts");
+    // Longhorn 1.12.1's v2 sharding: a shard holds data on the node as a replica does.
+    create(&shards, labelled("Shard", "sg-a-0", "worker-1", "normal")).await;
+    assert_eq!(bounded(storage.replicas_on("worker-1")).await.unwrap(), 3, "the shard counts");
+    for name in ["pvc-a-r-1", "pvc-b-r-1"] {
+        bounded(replicas.delete(name, &Default::default())).await.unwrap();
+    }
+    assert_eq!(bounded(storage.replicas_on("worker-1")).await.unwrap(), 1, "its last replica gone, a shard left");
+    bounded(shards.delete("sg-a-0", &Default::default())).await.unwrap();
+    assert_eq!(bounded(storage.replicas_on("worker-1")).await.unwrap(), 0);
+    assert_eq!(bounded(storage.replicas_on("worker-2")).await.unwrap(), 1);
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn longhorn_only_a_404_for_that_node_counts_as_gone() {
+    let Some(ns) = longhorn_namespace("lh-gone").await else { return };
+    let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
+    // The real server's 404 for a Node that is not there names it: re-enabling is done.
+    bounded(storage.set_scheduling("removed", true)).await.unwrap();
+    // Evacuating it is not.
+    let err = bounded(storage.request_evacuation("removed")).await.unwrap_err();
+    assert!(!err.transient && err.message.contains("Longhorn Node removed"), "{err}");
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn longhorn_errors_without_an_answer_are_classified_not_all_transient() {
+    let Some(ns) = longhorn_namespace("lh-tls").await else { return };
+    // The test server's address, reached without trusting its certificate authority.
+    let kubeconfig = kube::config::Kubeconfig::read_from(&ns.kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+    if config.accept_invalid_certs {
+        eprintln!("the test server's kubeconfig skips TLS verification: nothing to check");
+        ns.delete().await;
+        return;
+    }
+    config.root_cert = None;
+    let untrusting = kube::Client::try_from(config.clone()).unwrap();
+    let err = bounded(LonghornStorage::new(untrusting, &ns.name).replicas_on("worker-1")).await.unwrap_err();
+    assert!(!err.transient, "a server the client does not trust is not an outage: {err}");
+    // A port on loopback where nothing listens: an outage, transient.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    config.cluster_url = format!("https://127.0.0.1:{port}").parse().unwrap();
+    let nowhere = kube::Client::try_from(config).unwrap();
+    let err = bounded(LonghornStorage::new(nowhere, &ns.name).replicas_on("worker-1")).await.unwrap_err();
+    assert!(err.transient, "connection refused is transient: {err}");
+    ns.delete().await;
+}
