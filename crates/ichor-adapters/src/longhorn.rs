@@ -4,7 +4,8 @@
 //! | --- | --- |
 //! | `storage_objects` | `GET /apis/ichor.dev/v1alpha1/talosstorages` (Ichor's own CRD; `spec.nodeSelector`) |
 //! | `set_scheduling(n, false)` | `PATCH .../nodes/<n>` merge patch `{"spec":{"allowScheduling":false}}` |
-//! | `request_evacuation(n)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":false,"evictionRequested":true}}` |
+//! | `request_evacuation(n)` | `GET .../nodes/<n>`, then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/scheduling-before":<its scheduling>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
+//! | `restore_scheduling(n, before)` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/scheduling-before":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
 //! | `set_scheduling(n, true)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":true,"evictionRequested":false}}` |
 //! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>` and, where Longhorn serves shards (1.12.1 and later), `GET .../shards?labelSelector=longhornnode=<n>`, metadata only, every item counted |
 //!
@@ -24,7 +25,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ichor_storage::{LabelSelector, StorageApi, StorageError, StorageObject};
+use ichor_storage::{EvacuationRequest, LabelSelector, StorageApi, StorageError, StorageObject};
+use ichor_upgrade_core::evacuation::Scheduling;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::OnceCell;
@@ -39,6 +41,11 @@ pub const REPLICA_NODE_LABEL: &str = "longhornnode";
 
 /// The field manager of every write to Longhorn's objects.
 pub const FIELD_MANAGER: &str = "ichor";
+
+/// The annotation of a Longhorn Node that keeps its scheduling from before the engine's
+/// evacuation, written in the patch that requests the eviction and removed by the one that
+/// puts the scheduling back: a repeated request (after a crash) keeps the first state.
+pub const SCHEDULING_BEFORE_ANNOTATION: &str = "ichor.dev/scheduling-before";
 
 /// Longhorn's group and version.
 const GROUP_VERSION: &str = "longhorn.io/v1beta2";
@@ -80,8 +87,7 @@ impl LonghornStorage {
 
     async fn patch_node(&self, node: &str, spec: serde_json::Value) -> Result<(), kube::Error> {
         let patch = json!({ "spec": spec });
-        let params = PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() };
-        self.nodes.patch(node, &params, &Patch::Merge(&patch)).await.map(drop)
+        self.nodes.patch(node, &patch_params(), &Patch::Merge(&patch)).await.map(drop)
     }
 
     /// Whether Longhorn serves `shards.longhorn.io` (v1.12.1 and later), asked of discovery
@@ -107,6 +113,24 @@ impl LonghornStorage {
             .map_err(|e| storage_error(&format!("list Longhorn {what} on node {node}"), &e))?;
         Ok(u32::try_from(list.items.len()).unwrap_or(u32::MAX))
     }
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() }
+}
+
+/// The annotation's text: `allowScheduling=<bool>,evictionRequested=<bool>`.
+fn scheduling_text(s: Scheduling) -> String {
+    format!("allowScheduling={},evictionRequested={}", s.allowed, s.eviction_requested)
+}
+
+fn parse_scheduling(text: &str) -> Option<Scheduling> {
+    let (allowed, eviction) = text.split_once(',')?;
+    let flag = |part: &str, key: &str| part.strip_prefix(key)?.parse::<bool>().ok();
+    Some(Scheduling {
+        allowed: flag(allowed, "allowScheduling=")?,
+        eviction_requested: flag(eviction, "evictionRequested=")?,
+    })
 }
 
 /// Maps a Kubernetes API error as every other call of the adapters does
@@ -167,10 +191,52 @@ impl StorageApi for LonghornStorage {
         }
     }
 
-    async fn request_evacuation(&self, node: &str) -> Result<(), StorageError> {
-        self.patch_node(node, json!({ "allowScheduling": false, "evictionRequested": true }))
-            .await
-            .map_err(|e| storage_error(&format!("patch Longhorn Node {node} (eviction)"), &e))
+    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError> {
+        let what = || format!("patch Longhorn Node {node} (eviction)");
+        let object = match self.nodes.get(node).await {
+            Ok(object) => object,
+            Err(e) if is_node_not_found(&e, node) => return Ok(EvacuationRequest::NoSuchNode),
+            Err(e) => return Err(storage_error(&format!("get Longhorn Node {node}"), &e)),
+        };
+        // Kept from the first request of this evacuation; else as the node is now.
+        let before = match object.metadata.annotations.as_ref().and_then(|a| a.get(SCHEDULING_BEFORE_ANNOTATION)) {
+            Some(kept) => parse_scheduling(kept).ok_or_else(|| {
+                StorageError::failure(format!(
+                    "Longhorn Node {node}: annotation {SCHEDULING_BEFORE_ANNOTATION} does not parse: {kept:?}"
+                ))
+            })?,
+            None => {
+                let flag = |key: &str| object.data["spec"][key].as_bool().unwrap_or(false);
+                Scheduling { allowed: flag("allowScheduling"), eviction_requested: flag("evictionRequested") }
+            }
+        };
+        // The annotation rides with the eviction request, on the version read: a change
+        // in between is a conflict (transient), never a record of the wrong state.
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": object.metadata.resource_version,
+                "annotations": { SCHEDULING_BEFORE_ANNOTATION: scheduling_text(before) },
+            },
+            "spec": { "allowScheduling": false, "evictionRequested": true },
+        });
+        match self.nodes.patch(node, &patch_params(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(EvacuationRequest::Requested { before }),
+            Err(e) if is_node_not_found(&e, node) => Ok(EvacuationRequest::NoSuchNode),
+            Err(e) => Err(storage_error(&what(), &e)),
+        }
+    }
+
+    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
+        let patch = json!({
+            "metadata": { "annotations": { SCHEDULING_BEFORE_ANNOTATION: null } },
+            "spec": { "allowScheduling": before.allowed, "evictionRequested": before.eviction_requested },
+        });
+        match self.nodes.patch(node, &patch_params(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(()),
+            // A node Longhorn no longer knows (removed) has nothing to put back.
+            Err(e) if is_node_not_found(&e, node) => Ok(()),
+            Err(e) => Err(storage_error(&format!("patch Longhorn Node {node} (restore scheduling)"), &e)),
+        }
     }
 
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {

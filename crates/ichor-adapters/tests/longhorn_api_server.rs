@@ -6,9 +6,10 @@
 
 use std::time::Duration;
 
-use ichor_adapters::longhorn::{FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL};
-use ichor_storage::StorageApi;
+use ichor_adapters::longhorn::{FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL, SCHEDULING_BEFORE_ANNOTATION};
+use ichor_storage::{EvacuationRequest, StorageApi};
 use ichor_testkit::kube::{TestNamespace, apply_crd};
+use ichor_upgrade_core::evacuation::Scheduling;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
@@ -82,7 +83,8 @@ async fn longhorn_an_evacuation_and_its_end_patch_the_node_as_ichor() {
     create_node(&ns, "worker-1").await;
     let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
 
-    bounded(storage.request_evacuation("worker-1")).await.unwrap();
+    let request = bounded(storage.request_evacuation("worker-1")).await.unwrap();
+    assert_eq!(request, EvacuationRequest::Requested { before: Scheduling::ON });
     let (spec, managers) = node_spec(&ns, "worker-1").await;
     assert_eq!(spec, (false, true), "scheduling off and eviction requested, in one patch");
     assert!(managers.iter().any(|m| m == FIELD_MANAGER), "the patch's field manager is ichor: {managers:?}");
@@ -91,6 +93,32 @@ async fn longhorn_an_evacuation_and_its_end_patch_the_node_as_ichor() {
     assert_eq!(node_spec(&ns, "worker-1").await.0, (true, false), "scheduling on, the eviction request cleared");
     bounded(storage.set_scheduling("worker-1", false)).await.unwrap();
     assert_eq!(node_spec(&ns, "worker-1").await.0, (false, false));
+    ns.delete().await;
+}
+
+#[tokio::test]
+async fn longhorn_an_evacuation_puts_back_the_scheduling_an_operator_had_set() {
+    let Some(ns) = longhorn_namespace("lh-prior").await else { return };
+    create_node(&ns, "worker-1").await;
+    let nodes = api(&ns, "Node", "nodes");
+    // An operator makes the node unschedulable by hand.
+    let by_hand = json!({ "spec": { "allowScheduling": false } });
+    let params = kube::api::PatchParams { field_manager: Some("kubectl".into()), ..Default::default() };
+    bounded(nodes.patch("worker-1", &params, &kube::api::Patch::Merge(&by_hand))).await.unwrap();
+    let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
+    let before = Scheduling { allowed: false, eviction_requested: false };
+    assert_eq!(bounded(storage.request_evacuation("worker-1")).await.unwrap(), EvacuationRequest::Requested { before });
+    // Asked again, as a pass after a crash between the patch and the condition would: the
+    // state from before the first request, not the engine's own.
+    assert_eq!(bounded(storage.request_evacuation("worker-1")).await.unwrap(), EvacuationRequest::Requested { before });
+    assert_eq!(node_spec(&ns, "worker-1").await.0, (false, true));
+    bounded(storage.restore_scheduling("worker-1", before)).await.unwrap();
+    assert_eq!(node_spec(&ns, "worker-1").await.0, (false, false), "still unschedulable, as the operator left it");
+    let node = bounded(nodes.get("worker-1")).await.unwrap();
+    let annotations = node.metadata.annotations.unwrap_or_default();
+    assert!(!annotations.contains_key(SCHEDULING_BEFORE_ANNOTATION), "the record is gone: {annotations:?}");
+    // The next evacuation reads the node afresh.
+    assert_eq!(bounded(storage.request_evacuation("worker-1")).await.unwrap(), EvacuationRequest::Requested { before });
     ns.delete().await;
 }
 
@@ -131,9 +159,9 @@ async fn longhorn_only_a_404_for_that_node_counts_as_gone() {
     let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
     // The real server's 404 for a Node that is not there names it: re-enabling is done.
     bounded(storage.set_scheduling("removed", true)).await.unwrap();
-    // Evacuating it is not.
-    let err = bounded(storage.request_evacuation("removed")).await.unwrap_err();
-    assert!(!err.transient && err.message.contains("Longhorn Node removed"), "{err}");
+    // Evacuating it has nothing to do, and says so.
+    assert_eq!(bounded(storage.request_evacuation("removed")).await.unwrap(), EvacuationRequest::NoSuchNode);
+    bounded(storage.restore_scheduling("removed", Scheduling::ON)).await.unwrap();
     ns.delete().await;
 }
 

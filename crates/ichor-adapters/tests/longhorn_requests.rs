@@ -4,7 +4,8 @@
 
 use http::{Method, Request, Response, StatusCode};
 use ichor_adapters::longhorn::{DEFAULT_NAMESPACE, LonghornStorage};
-use ichor_storage::StorageApi;
+use ichor_storage::{EvacuationRequest, StorageApi};
+use ichor_upgrade_core::evacuation::Scheduling;
 use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, pair};
@@ -58,15 +59,55 @@ async fn disabling_scheduling_patches_the_longhorn_node() {
     api.await.unwrap();
 }
 
+/// Takes the next request, checks it is a GET of Longhorn Node `node`, and answers `body`.
+async fn expect_get(server: &mut Server, node: &str, status: StatusCode, body: &Value) {
+    let (request, send) = server.next_request().await.expect("a request");
+    assert_eq!(request.method(), Method::GET);
+    assert_eq!(request.uri().path(), format!("/apis/longhorn.io/v1beta2/namespaces/longhorn-system/nodes/{node}"));
+    send.send_response(respond(status, body));
+}
+
 #[tokio::test]
-async fn an_evacuation_is_an_eviction_request_with_scheduling_off() {
+async fn an_evacuation_is_an_eviction_request_with_scheduling_off_that_keeps_what_was_before() {
     let (storage, mut server) = storage();
     let api = tokio::spawn(async move {
+        // An operator had turned scheduling off by hand.
+        let node = longhorn_node("worker-1", json!({ "allowScheduling": false, "evictionRequested": false }));
+        expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
         let (body, send) = expect_patch(&mut server, "worker-1").await;
-        assert_eq!(body, json!({ "spec": { "allowScheduling": false, "evictionRequested": true } }));
+        assert_eq!(
+            body,
+            json!({
+                "metadata": { "resourceVersion": "2",
+                              "annotations": { "ichor.dev/scheduling-before": "allowScheduling=false,evictionRequested=false" } },
+                "spec": { "allowScheduling": false, "evictionRequested": true }
+            })
+        );
+        send.send_response(respond(StatusCode::OK, &longhorn_node("worker-1", body["spec"].clone())));
+        // Asked again (a pass after a crash): what was kept is what was before.
+        let mut node = longhorn_node("worker-1", json!({ "allowScheduling": false, "evictionRequested": true }));
+        node["metadata"]["annotations"] =
+            json!({ "ichor.dev/scheduling-before": "allowScheduling=false,evictionRequested=false" });
+        expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
+        let (body, send) = expect_patch(&mut server, "worker-1").await;
+        assert_eq!(
+            body["metadata"]["annotations"]["ichor.dev/scheduling-before"],
+            "allowScheduling=false,evictionRequested=false"
+        );
+        send.send_response(respond(StatusCode::OK, &node));
+        // Its end puts it back and forgets it.
+        let (body, send) = expect_patch(&mut server, "worker-1").await;
+        assert_eq!(
+            body,
+            json!({ "metadata": { "annotations": { "ichor.dev/scheduling-before": null } },
+                    "spec": { "allowScheduling": false, "evictionRequested": false } })
+        );
         send.send_response(respond(StatusCode::OK, &longhorn_node("worker-1", body["spec"].clone())));
     });
-    storage.request_evacuation("worker-1").await.unwrap();
+    let before = Scheduling { allowed: false, eviction_requested: false };
+    assert_eq!(storage.request_evacuation("worker-1").await.unwrap(), EvacuationRequest::Requested { before });
+    assert_eq!(storage.request_evacuation("worker-1").await.unwrap(), EvacuationRequest::Requested { before });
+    storage.restore_scheduling("worker-1", before).await.unwrap();
     api.await.unwrap();
 }
 
@@ -179,7 +220,7 @@ async fn errors_are_classified_transient_or_failure_by_status_code() {
             let (_, send) = expect_patch(&mut server, "worker-1").await;
             send.send_response(respond(StatusCode::from_u16(code).unwrap(), &status(code, reason, "refused")));
         });
-        let err = storage.request_evacuation("worker-1").await.unwrap_err();
+        let err = storage.set_scheduling("worker-1", false).await.unwrap_err();
         api.await.unwrap();
         assert_eq!(err.transient, transient, "{code}: {err}");
     }
@@ -236,8 +277,7 @@ async fn re_enabling_scheduling_on_a_node_longhorn_no_longer_knows_is_done() {
     let api = tokio::spawn(async move {
         let (_, send) = expect_patch(&mut server, "gone").await;
         send.send_response(respond(StatusCode::NOT_FOUND, &not_found("gone")));
-        let (_, send) = expect_patch(&mut server, "gone").await;
-        send.send_response(respond(StatusCode::NOT_FOUND, &not_found("gone")));
+        expect_get(&mut server, "gone", StatusCode::NOT_FOUND, &not_found("gone")).await;
         // Longhorn's CRDs not installed: the server's plain 404, no Status.
         let (_, send) = expect_patch(&mut server, "worker-1").await;
         send.send_response(Response::builder().status(404).body(Body::from(b"404 page not found\n".to_vec())).unwrap());
@@ -246,8 +286,11 @@ async fn re_enabling_scheduling_on_a_node_longhorn_no_longer_knows_is_done() {
         send.send_response(respond(StatusCode::NOT_FOUND, &not_found("worker-2")));
     });
     storage.set_scheduling("gone", true).await.unwrap();
-    let err = storage.request_evacuation("gone").await.unwrap_err();
-    assert!(!err.transient, "evacuating a node Longhorn does not know is a failure");
+    assert_eq!(
+        storage.request_evacuation("gone").await.unwrap(),
+        EvacuationRequest::NoSuchNode,
+        "a node Longhorn does not know has nothing to evacuate"
+    );
     let err = storage.set_scheduling("worker-1", true).await.unwrap_err();
     assert!(!err.transient, "a missing CRD is not a node that is gone: {err}");
     storage.set_scheduling("worker-1", true).await.unwrap_err();

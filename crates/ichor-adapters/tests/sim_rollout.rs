@@ -388,3 +388,24 @@ async fn a_seed_replays_the_same_rollout_with_calls_running_beside_the_passes() 
         }
     }
 }
+
+// Issue 17: ending an evacuation put every node back to schedulable, overwriting what an
+// operator had set on the storage system.
+#[tokio::test(start_paused = true)]
+async fn a_node_an_operator_made_unschedulable_in_storage_stays_so_after_its_upgrade() {
+    let sim = SimCluster::new(SimConfig::new(3, 4, v("v1.14.3"), v("v1.14.4")).with_seed(5));
+    sim.with_world(|w| {
+        let i = w.nodes.iter().position(|n| n.name == "worker-2").unwrap();
+        w.nodes[i].scheduling = false;
+    });
+    sim.create_operation("upgrade", spec(2));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.with_world(|w| {
+        for n in w.nodes.iter().filter(|n| n.name.starts_with("worker")) {
+            assert_eq!(n.scheduling, n.name != "worker-2", "{}: storage scheduling as before the rollout", n.name);
+            assert!(n.storage_before.is_none() && n.evacuation.is_none(), "{}: the evacuation ended", n.name);
+            let evacuation = w.conditions[&n.name].get(STORAGE_EVACUATION).unwrap();
+            assert_eq!(evacuation.status, ConditionStatus::False);
+        }
+    });
+}

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::evacuation::Scheduling;
 
 use crate::selection::StorageObject;
 
@@ -41,10 +42,28 @@ pub trait StorageApi: Send + Sync {
     async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
     /// Turns storage scheduling on the node off and asks the backend to move its replicas
     /// elsewhere, in one write where the backend allows (Longhorn: one patch of its Node).
-    /// Idempotent.
-    async fn request_evacuation(&self, node: &str) -> Result<(), StorageError>;
+    /// Idempotent: says the node's scheduling from before the first request of this
+    /// evacuation, which the backend keeps across repeated requests (Longhorn: in an
+    /// annotation of its Node, written in the same patch), or that it has no such node.
+    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError>;
+    /// Puts the node's scheduling back as `before` (what [`Self::request_evacuation`] said)
+    /// and forgets what the backend kept of it. Idempotent; a node the backend no longer
+    /// has is done.
+    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
     /// How many replicas are still on the node.
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
+}
+
+/// What asking for a node's evacuation found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvacuationRequest {
+    /// Asked; the node's scheduling before this evacuation.
+    Requested {
+        /// Scheduling as it was before the first request.
+        before: Scheduling,
+    },
+    /// The storage system has no node of that name: nothing of it to evacuate.
+    NoSuchNode,
 }
 
 /// A failed write of a machine's conditions.

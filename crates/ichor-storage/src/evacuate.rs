@@ -7,9 +7,9 @@
 
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
-use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, StorageObservation, reason};
+use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, StorageObservation, reason, scheduling_to_restore};
 
-use crate::api::{ConditionStore, ConditionWriteError, Labels, StorageApi, StorageError};
+use crate::api::{ConditionStore, ConditionWriteError, EvacuationRequest, Labels, StorageApi, StorageError};
 use crate::selection::selecting;
 
 /// Why an evacuation step could not be carried out.
@@ -75,7 +75,10 @@ pub async fn observe_storage(
 }
 
 /// Starts evacuating a node: storage scheduling off, replicas asked to move, then
-/// `StorageEvacuation=True/Evacuating` written (its transition time starts the clock).
+/// `StorageEvacuation=True/Evacuating` written (its transition time starts the clock) with
+/// the node's scheduling from before, which the evacuation's end puts back. A node the
+/// storage system does not have opens the evacuation all the same, saying there is nothing
+/// to evacuate: it has no replica to wait for, and nothing pauses.
 ///
 /// # Errors
 /// The first call or write that failed; nothing after it was done.
@@ -86,18 +89,24 @@ pub async fn evacuate_machine(
     node: &str,
     conditions: &Conditions,
     now: Timestamp,
-) -> Result<(), EvacuationError> {
+) -> Result<EvacuationRequest, EvacuationError> {
     // Scheduling off and the eviction asked for, in one write.
-    storage.request_evacuation(node).await?;
+    let request = storage.request_evacuation(node).await?;
+    let message = match request {
+        EvacuationRequest::Requested { before } => {
+            format!("storage scheduling disabled on {node}; replicas asked to move{}", before.marker())
+        }
+        EvacuationRequest::NoSuchNode => format!("the storage system has no node {node}: nothing to evacuate"),
+    };
     let mut next = conditions.clone();
-    let message = format!("storage scheduling disabled on {node}; replicas asked to move");
     next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message), now);
     store.write_conditions(machine, &next).await?;
-    Ok(())
+    Ok(request)
 }
 
-/// Ends an evacuation: storage scheduling back on, then `StorageEvacuation=False` written
-/// with the reason of `end`.
+/// Ends an evacuation: storage scheduling put back as it was before it (as the open
+/// condition recorded; on when it recorded nothing), then `StorageEvacuation=False`
+/// written with the reason of `end`.
 ///
 /// # Errors
 /// The first call or write that failed; nothing after it was done.
@@ -110,7 +119,7 @@ pub async fn end_machine_evacuation(
     end: EvacuationEnd,
     now: Timestamp,
 ) -> Result<(), EvacuationError> {
-    storage.set_scheduling(node, true).await?;
+    storage.restore_scheduling(node, scheduling_to_restore(conditions)).await?;
     let next = evacuation_ended(conditions, node, end, now);
     store.write_conditions(machine, &next).await?;
     Ok(())
@@ -121,11 +130,14 @@ pub async fn end_machine_evacuation(
 /// together with others, in one write.
 #[must_use]
 pub fn evacuation_ended(conditions: &Conditions, node: &str, end: EvacuationEnd, now: Timestamp) -> Conditions {
+    let restored = scheduling_to_restore(conditions);
+    let scheduling = format!(
+        "storage scheduling restored on {node} (allowScheduling={}, evictionRequested={})",
+        restored.allowed, restored.eviction_requested
+    );
     let (why, message) = match end {
-        EvacuationEnd::Ended => (reason::ENDED, format!("storage scheduling re-enabled on {node}")),
-        EvacuationEnd::TimedOut => {
-            (reason::TIMED_OUT, format!("evacuation timed out; storage scheduling re-enabled on {node}"))
-        }
+        EvacuationEnd::Ended => (reason::ENDED, scheduling),
+        EvacuationEnd::TimedOut => (reason::TIMED_OUT, format!("evacuation timed out; {scheduling}")),
     };
     let mut next = conditions.clone();
     next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::False, why, message), now);
@@ -136,6 +148,8 @@ pub fn evacuation_ended(conditions: &Conditions, node: &str, end: EvacuationEnd,
 mod tests {
     use mockall::Sequence;
     use mockall::predicate::eq;
+
+    use ichor_upgrade_core::evacuation::Scheduling;
 
     use super::*;
     use crate::api::{MockConditionStore, MockStorageApi};
@@ -162,20 +176,48 @@ mod tests {
         let mut storage = MockStorageApi::new();
         let mut store = MockConditionStore::new();
         storage.expect_set_scheduling().never();
-        storage.expect_request_evacuation().with(eq("worker-1")).times(1).in_sequence(&mut seq).returning(|_| Ok(()));
+        // An operator had turned scheduling off by hand.
+        let before = Scheduling { allowed: false, eviction_requested: false };
+        storage
+            .expect_request_evacuation()
+            .with(eq("worker-1"))
+            .times(1)
+            .in_sequence(&mut seq)
+            .returning(move |_| Ok(EvacuationRequest::Requested { before }));
         store
             .expect_write_conditions()
-            .withf(|machine, c| {
+            .withf(move |machine, c| {
                 let cond = c.get(STORAGE_EVACUATION).unwrap();
                 machine == "m-1"
                     && cond.status == ConditionStatus::True
                     && cond.reason == reason::EVACUATING
                     && cond.last_transition_time == Timestamp::from_unix_secs(1_000)
+                    && Scheduling::from_message(&cond.message) == Some(before)
             })
             .times(1)
             .in_sequence(&mut seq)
             .returning(|_, _| Ok(()));
-        evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
+        let request = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
+        assert_eq!(request, EvacuationRequest::Requested { before });
+    }
+
+    #[tokio::test]
+    async fn a_node_the_storage_system_does_not_have_opens_an_evacuation_with_nothing_to_wait_for() {
+        let mut storage = MockStorageApi::new();
+        let mut store = MockConditionStore::new();
+        storage.expect_request_evacuation().returning(|_| Ok(EvacuationRequest::NoSuchNode));
+        store
+            .expect_write_conditions()
+            .withf(|_, c| {
+                let cond = c.get(STORAGE_EVACUATION).unwrap();
+                cond.status == ConditionStatus::True && cond.message.contains("has no node worker-1")
+            })
+            .times(1)
+            .returning(|_, _| Ok(()));
+        let request = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
+        assert_eq!(request, EvacuationRequest::NoSuchNode);
+        // Its end restores "on" on a node that is not there: the backend's no-op.
+        assert_eq!(scheduling_to_restore(&Conditions::new()), Scheduling::ON);
     }
 
     #[tokio::test]
@@ -193,8 +235,8 @@ mod tests {
         let mut storage = MockStorageApi::new();
         let mut store = MockConditionStore::new();
         storage
-            .expect_set_scheduling()
-            .with(eq("worker-1"), eq(true))
+            .expect_restore_scheduling()
+            .with(eq("worker-1"), eq(Scheduling::ON))
             .times(1)
             .in_sequence(&mut seq)
             .returning(|_, _| Ok(()));
@@ -210,6 +252,31 @@ mod tests {
         end_machine_evacuation(&storage, &store, "m-1", "worker-1", &Conditions::new(), EvacuationEnd::TimedOut, now())
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn ending_puts_back_the_scheduling_the_evacuation_recorded() {
+        let before = Scheduling { allowed: false, eviction_requested: true };
+        let mut open = Conditions::new();
+        let message = format!("storage scheduling disabled on worker-1; replicas asked to move{}", before.marker());
+        open.upsert(
+            ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message),
+            now(),
+        );
+        let mut storage = MockStorageApi::new();
+        let mut store = MockConditionStore::new();
+        storage.expect_set_scheduling().never();
+        storage.expect_restore_scheduling().with(eq("worker-1"), eq(before)).times(1).returning(|_, _| Ok(()));
+        store
+            .expect_write_conditions()
+            .withf(|_, c| {
+                let cond = c.get(STORAGE_EVACUATION).unwrap();
+                cond.status == ConditionStatus::False
+                    && cond.message.contains("allowScheduling=false, evictionRequested=true")
+            })
+            .times(1)
+            .returning(|_, _| Ok(()));
+        end_machine_evacuation(&storage, &store, "m-1", "worker-1", &open, EvacuationEnd::Ended, now()).await.unwrap();
     }
 
     #[tokio::test]

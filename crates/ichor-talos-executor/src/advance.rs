@@ -9,13 +9,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use ichor_storage::{
-    ConditionWriteError, EvacuationEnd, EvacuationError, StorageApi, end_machine_evacuation, evacuate_machine,
-    evacuation_ended, observe_storage,
+    ConditionWriteError, EvacuationEnd, EvacuationError, EvacuationRequest, StorageApi, end_machine_evacuation,
+    evacuate_machine, evacuation_ended, observe_storage,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
-use ichor_upgrade_core::evacuation::StorageObservation;
+use ichor_upgrade_core::evacuation::{StorageObservation, scheduling_to_restore};
 use ichor_upgrade_core::lifecycle_step::{
     ExecutorKind, TALOS_LIFECYCLE, executor_for, lifecycle_in_flight, reason as lifecycle_reason,
 };
@@ -38,6 +38,10 @@ use crate::talos_api::{TalosApi, TalosError, UpgradeRequest};
 
 /// The Node annotation Talos writes with the node's schematic ID.
 pub const SCHEMATIC_ANNOTATION: &str = "extensions.talos.dev/schematic";
+
+/// The action (and Event reason) of an evacuation begun on a node the storage system
+/// does not have: nothing to evacuate, said once.
+pub const NO_STORAGE_NODE: &str = "NoStorageNode";
 
 /// The seams a driver works through, and its configuration.
 #[derive(Clone, Copy)]
@@ -460,7 +464,7 @@ pub(crate) async fn carry_out(
             if conditions.is_true(STORAGE_EVACUATION) {
                 // Scheduling back on first; then one write closes both conditions.
                 let Some(node_name) = node_name else { return Ok(name_unknown()) };
-                let enabling = ex.storage.set_scheduling(node_name, true);
+                let enabling = ex.storage.restore_scheduling(node_name, scheduling_to_restore(&conditions));
                 bounded("end evacuation", ex.config.call_timeout, enabling)
                     .await
                     .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
@@ -493,8 +497,12 @@ pub(crate) async fn carry_out(
         }
         Action::BeginEvacuation => {
             let Some(node_name) = node_name else { return Ok(name_unknown()) };
-            begin_evacuation(ex, machine, node_name).await?;
-            Ok(MachineOutcome::Progressed { action: "BeginEvacuation" })
+            let action = match begin_evacuation(ex, machine, node_name).await? {
+                EvacuationRequest::Requested { .. } => "BeginEvacuation",
+                // Said once, as an Event: the storage selects a node its backend lacks.
+                EvacuationRequest::NoSuchNode => NO_STORAGE_NODE,
+            };
+            Ok(MachineOutcome::Progressed { action })
         }
         Action::EndEvacuation => {
             let Some(node_name) = node_name else { return Ok(name_unknown()) };
@@ -523,7 +531,11 @@ pub(crate) async fn carry_out(
 ///
 /// # Errors
 /// The storage call or condition write that failed, or its bound passing.
-pub async fn begin_evacuation(ex: &Executor<'_>, machine: &MachineInfo, node_name: &str) -> Result<(), AdvanceError> {
+pub async fn begin_evacuation(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    node_name: &str,
+) -> Result<EvacuationRequest, AdvanceError> {
     let now = ex.clock.now();
     let beginning = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
     bounded("begin evacuation", ex.config.call_timeout, beginning)

@@ -982,8 +982,10 @@ async fn write_status(
 }
 
 /// The actions recorded as Events: the Upgrade call (on the lifecycle path, the Reboot
-/// call: the moment the node goes down), and a void intent closed (rare, and worth a look).
-const EVENT_ACTIONS: [&str; 3] = ["UpgradeRequested", "RebootRequested", "CloseVoidIntent"];
+/// call: the moment the node goes down), a void intent closed (rare, and worth a look),
+/// and storage that selects a node its backend does not have (a Normal Event, no pause).
+const EVENT_ACTIONS: [&str; 4] =
+    ["UpgradeRequested", "RebootRequested", "CloseVoidIntent", crate::advance::NO_STORAGE_NODE];
 
 /// Events are best effort: a failed Event never fails the pass.
 async fn emit_events(

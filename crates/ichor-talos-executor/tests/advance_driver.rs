@@ -1,6 +1,7 @@
 //! mockall tests of `advance_machine`: one per action the step can return, and the call
 //! bounds. Time is tokio's paused clock, so bounds are exact and nothing sleeps for real.
 
+use ichor_upgrade_core::evacuation::Scheduling;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -419,10 +420,30 @@ async fn storage_selecting_the_node_begins_an_evacuation_before_any_call() {
     world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
     world.storage.expect_replicas_on().returning(|_| Ok(4));
     world.storage.expect_set_scheduling().never();
-    world.storage.expect_request_evacuation().with(eq("worker-1")).times(1).returning(|_| Ok(()));
+    world
+        .storage
+        .expect_request_evacuation()
+        .with(eq("worker-1"))
+        .times(1)
+        .returning(|_| Ok(ichor_storage::EvacuationRequest::Requested { before: Scheduling::ON }));
     world.talos.expect_upgrade().never();
     let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
     assert_eq!(outcome, MachineOutcome::Progressed { action: "BeginEvacuation" });
+    assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::True, evac::EVACUATING.to_owned())]);
+}
+
+// Issue 17: a node that storage selects but Longhorn has no Node object for paused the
+// operation (the eviction patch's 404 was a failure).
+#[tokio::test]
+async fn a_node_the_storage_system_lacks_is_said_once_and_does_not_pause() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+    world.storage.expect_replicas_on().returning(|_| Ok(0));
+    world.storage.expect_request_evacuation().times(1).returning(|_| Ok(ichor_storage::EvacuationRequest::NoSuchNode));
+    world.talos.expect_upgrade().never();
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: ichor_talos_executor::advance::NO_STORAGE_NODE });
     assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::True, evac::EVACUATING.to_owned())]);
 }
 
@@ -432,7 +453,12 @@ async fn an_evacuation_past_its_timeout_re_enables_scheduling_and_fails() {
     world.storage = MockStorage::new();
     world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
     world.storage.expect_replicas_on().returning(|_| Ok(2));
-    world.storage.expect_set_scheduling().with(eq("worker-1"), eq(true)).times(1).returning(|_, _| Ok(()));
+    world
+        .storage
+        .expect_restore_scheduling()
+        .with(eq("worker-1"), eq(Scheduling::ON))
+        .times(1)
+        .returning(|_, _| Ok(()));
     world.talos.expect_upgrade().never();
     let mut m = machine(MachineRole::Worker);
     m.conditions.upsert(
@@ -450,7 +476,12 @@ async fn a_verified_machine_gets_storage_scheduling_back_and_converges_in_one_wr
     world.storage = MockStorage::new();
     world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
     world.storage.expect_replicas_on().returning(|_| Ok(0));
-    world.storage.expect_set_scheduling().with(eq("worker-1"), eq(true)).times(1).returning(|_, _| Ok(()));
+    world
+        .storage
+        .expect_restore_scheduling()
+        .with(eq("worker-1"), eq(Scheduling::ON))
+        .times(1)
+        .returning(|_, _| Ok(()));
     let m = requested(MachineRole::Worker);
     let m = with_condition(m, STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, "");
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();

@@ -1,5 +1,6 @@
 //! mockall tests of `remove_machine`: each removal action and its error handling.
 
+use ichor_upgrade_core::evacuation::Scheduling;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -178,7 +179,12 @@ async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain()
         }])
     });
     world.storage.expect_replicas_on().returning(|_| Ok(2));
-    world.storage.expect_set_scheduling().with(eq("worker-2"), eq(true)).times(1).returning(|_, _| Ok(()));
+    world
+        .storage
+        .expect_restore_scheduling()
+        .with(eq("worker-2"), eq(Scheduling::ON))
+        .times(1)
+        .returning(|_, _| Ok(()));
     world.kube.expect_cordon().never();
     world.kube.expect_evict().never();
     world

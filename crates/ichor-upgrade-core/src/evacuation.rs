@@ -26,6 +26,63 @@ pub mod reason {
     pub const TIMED_OUT: &str = "TimedOut";
 }
 
+/// A node's storage scheduling as the backend has it: whether new replicas may be placed
+/// there, and whether an eviction of its replicas is requested. An evacuation records the
+/// node's scheduling from before it in the `StorageEvacuation` condition it opens, and its
+/// end puts that back, not "on": a node an operator had made unschedulable, or was evicting
+/// by hand, stays so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduling {
+    /// New replicas may be scheduled on the node.
+    pub allowed: bool,
+    /// The node's replicas are asked to move elsewhere.
+    pub eviction_requested: bool,
+}
+
+/// How the condition's message records [`Scheduling`]: its last part, in parentheses.
+const BEFORE: &str = " (before: ";
+
+impl Scheduling {
+    /// Scheduling on, no eviction: a node as the storage system creates it, and what is
+    /// restored when an evacuation recorded nothing (begun by an older version).
+    pub const ON: Self = Self { allowed: true, eviction_requested: false };
+
+    /// The record appended to the message of the condition that opens an evacuation.
+    #[must_use]
+    pub fn marker(self) -> String {
+        format!("{BEFORE}allowScheduling={}, evictionRequested={})", self.allowed, self.eviction_requested)
+    }
+
+    /// The record at the end of `message`, if it ends with one written by [`Self::marker`];
+    /// anything else is no record.
+    #[must_use]
+    pub fn from_message(message: &str) -> Option<Self> {
+        let start = message.rfind(BEFORE)?;
+        let inner = message[start + BEFORE.len()..].strip_suffix(')')?;
+        let (allowed, eviction) = inner.split_once(", ")?;
+        let flag = |text: &str, key: &str| match text.strip_prefix(key)? {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        };
+        Some(Self {
+            allowed: flag(allowed, "allowScheduling=")?,
+            eviction_requested: flag(eviction, "evictionRequested=")?,
+        })
+    }
+}
+
+/// The scheduling to put back when the evacuation open in `conditions` ends: the one it
+/// recorded, or [`Scheduling::ON`] when it recorded none.
+#[must_use]
+pub fn scheduling_to_restore(conditions: &Conditions) -> Scheduling {
+    conditions
+        .get(STORAGE_EVACUATION)
+        .filter(|c| c.status == ConditionStatus::True)
+        .and_then(|c| Scheduling::from_message(&c.message))
+        .unwrap_or(Scheduling::ON)
+}
+
 /// What storage says about one node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StorageObservation {
@@ -158,6 +215,39 @@ mod tests {
     fn a_transition_time_in_the_future_is_treated_as_now() {
         let s = evacuation_state(&open_since(5_000), &selected(Some(2)), TIMEOUT, at(100));
         assert_eq!(s, EvacuationState::InProgress { replicas_left: Some(2), deadline: at(700) });
+    }
+
+    #[test]
+    fn the_scheduling_from_before_is_read_back_from_the_open_condition_only() {
+        for allowed in [true, false] {
+            for eviction_requested in [true, false] {
+                let before = Scheduling { allowed, eviction_requested };
+                let message = format!("storage scheduling disabled on w-1; replicas asked to move{}", before.marker());
+                assert_eq!(Scheduling::from_message(&message), Some(before), "{message}");
+                let mut c = Conditions::new();
+                c.upsert(
+                    ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message),
+                    at(0),
+                );
+                assert_eq!(scheduling_to_restore(&c), before);
+            }
+        }
+        // No record (an older version's), a damaged one, or no open evacuation: on.
+        for message in [
+            "storage scheduling disabled on w-1; replicas asked to move",
+            "x (before: allowScheduling=no, evictionRequested=false)",
+            "x (before: allowScheduling=false, evictionRequested=false",
+            "x (before: allowScheduling=false)",
+        ] {
+            assert_eq!(Scheduling::from_message(message), None, "{message}");
+            let mut c = Conditions::new();
+            c.upsert(
+                ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message),
+                at(0),
+            );
+            assert_eq!(scheduling_to_restore(&c), Scheduling::ON, "{message}");
+        }
+        assert_eq!(scheduling_to_restore(&Conditions::new()), Scheduling::ON);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
+use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::Clock;
 use ichor_talos_executor::kube_api::{
     ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
@@ -18,6 +18,7 @@ use ichor_talos_executor::talos_api::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
+use ichor_upgrade_core::evacuation::Scheduling;
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
 use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
@@ -905,13 +906,23 @@ impl StorageApi for SimCluster {
         .map_err(storage_error)
     }
 
-    async fn request_evacuation(&self, node: &str) -> Result<(), StorageError> {
+    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError> {
+        // Longhorn's backend reads its Node first (what to keep of its scheduling).
+        let known = self.kube(KubeCall::Read, |w| Ok(w.storage_node(node).is_some())).await.map_err(storage_error)?;
+        if !known {
+            return Ok(EvacuationRequest::NoSuchNode);
+        }
         self.kube(KubeCall::StorageWrite, |w| {
             let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
+            // What it was before the first request is kept beside it, as Longhorn's
+            // backend keeps it in an annotation written with the same patch.
+            let n = &mut w.nodes[i];
+            let now = Scheduling { allowed: n.scheduling, eviction_requested: n.evacuation.is_some() };
+            let before = *n.storage_before.get_or_insert(now);
             // Scheduling off and the eviction asked for, as Longhorn's one patch does.
-            w.nodes[i].scheduling = false;
-            if w.nodes[i].evacuation.is_some() {
-                return Ok(());
+            n.scheduling = false;
+            if n.evacuation.is_some() {
+                return Ok(EvacuationRequest::Requested { before });
             }
             let n = &w.nodes[i];
             let next_move_at = if n.stuck || n.replicas == 0 {
@@ -926,6 +937,24 @@ impl StorageApi for SimCluster {
             w.record(i, TraceKind::EvacuationStart);
             if empty {
                 w.record(i, TraceKind::Evacuated);
+            }
+            Ok(EvacuationRequest::Requested { before })
+        })
+        .await
+        .map_err(storage_error)
+    }
+
+    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
+        self.kube(KubeCall::StorageWrite, |w| {
+            // A node the storage system no longer has: nothing to put back.
+            let Some(i) = w.storage_node(node) else { return Ok(()) };
+            let n = &mut w.nodes[i];
+            n.scheduling = before.allowed;
+            n.storage_before = None;
+            let ended = !before.eviction_requested && n.evacuation.take().is_some();
+            w.changed(i);
+            if ended {
+                w.record(i, TraceKind::EvacuationEnd);
             }
             Ok(())
         })

@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use async_trait::async_trait;
-use ichor_storage::{ConditionStore, ConditionWriteError, StorageApi, StorageError, StorageObject};
+use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::Clock;
 use ichor_talos_executor::kube_api::{
     ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
@@ -14,6 +14,7 @@ use ichor_talos_executor::talos_api::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::evacuation::Scheduling;
 use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::mock;
@@ -77,7 +78,8 @@ mock! {
     impl StorageApi for Storage {
         async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
         async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
-        async fn request_evacuation(&self, node: &str) -> Result<(), StorageError>;
+        async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError>;
+        async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
         async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
     }
 }
