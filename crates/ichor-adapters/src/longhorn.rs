@@ -7,6 +7,7 @@
 //! | `request_evacuation(n)` | `GET .../nodes/<n>`, then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/scheduling-before":<its scheduling>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
 //! | `restore_scheduling(n, before)` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/scheduling-before":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
 //! | `set_scheduling(n, true)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":true,"evictionRequested":false}}` |
+//! | `backing_images_on(n)` (removal only) | `GET .../nodes/<n>` (its disks' `status.diskStatus.*.diskUUID`), `GET .../backingimages`: those with a file, or one to be, on those disks (`status.diskFileStatusMap`, `spec.diskFileSpecMap`, keyed by disk UUID) |
 //! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>` and, where Longhorn serves shards (1.12.1 and later), `GET .../shards?labelSelector=longhornnode=<n>`, metadata only, every item counted |
 //!
 //! Longhorn's admission webhook refuses a Node with eviction requested and scheduling
@@ -22,6 +23,7 @@
 //! (`reason: NotFound`, its name), never on a 404 of a missing CRD. `docs/storage-longhorn.md`
 //! has the details and the RBAC an operator grants.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -57,6 +59,7 @@ pub struct LonghornStorage {
     nodes: Api<DynamicObject>,
     replicas: Api<DynamicObject>,
     shards: Api<DynamicObject>,
+    backing_images: Api<DynamicObject>,
     talos_storages: Api<DynamicObject>,
     /// Whether this Longhorn serves shards, once discovery has answered.
     shards_served: Arc<OnceCell<bool>>,
@@ -74,11 +77,13 @@ impl LonghornStorage {
         let node = resource("longhorn.io", "v1beta2", "Node", "nodes");
         let replica = resource("longhorn.io", "v1beta2", "Replica", "replicas");
         let shard = resource("longhorn.io", "v1beta2", "Shard", "shards");
+        let backing_image = resource("longhorn.io", "v1beta2", "BackingImage", "backingimages");
         let talos_storage = resource("ichor.dev", "v1alpha1", "TalosStorage", "talosstorages");
         Self {
             nodes: Api::namespaced_with(client.clone(), namespace, &node),
             replicas: Api::namespaced_with(client.clone(), namespace, &replica),
             shards: Api::namespaced_with(client.clone(), namespace, &shard),
+            backing_images: Api::namespaced_with(client.clone(), namespace, &backing_image),
             talos_storages: Api::all_with(client.clone(), &talos_storage),
             client,
             shards_served: Arc::new(OnceCell::new()),
@@ -243,5 +248,34 @@ impl StorageApi for LonghornStorage {
         let replicas = self.count_on(&self.replicas, "replicas", node).await?;
         let shards = if self.serves_shards().await? { self.count_on(&self.shards, "shards", node).await? } else { 0 };
         Ok(replicas.saturating_add(shards))
+    }
+
+    async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError> {
+        // The node's disks, by UUID (`status.diskStatus.<disk>.diskUUID`).
+        let object = match self.nodes.get(node).await {
+            Ok(object) => object,
+            Err(e) if is_node_not_found(&e, node) => return Ok(0),
+            Err(e) => return Err(storage_error(&format!("get Longhorn Node {node}"), &e)),
+        };
+        let disks: BTreeSet<&str> = object.data["status"]["diskStatus"]
+            .as_object()
+            .map(|disks| disks.values().filter_map(|d| d["diskUUID"].as_str()).filter(|u| !u.is_empty()).collect())
+            .unwrap_or_default();
+        if disks.is_empty() {
+            return Ok(0);
+        }
+        let list = self
+            .backing_images
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| storage_error(&format!("list Longhorn backing images for node {node}"), &e))?;
+        // A file the backing image has (status) or is to have (spec) on one of those disks.
+        let on_node = |image: &DynamicObject| {
+            [&image.data["status"]["diskFileStatusMap"], &image.data["spec"]["diskFileSpecMap"]]
+                .into_iter()
+                .filter_map(serde_json::Value::as_object)
+                .any(|files| files.keys().any(|uuid| disks.contains(uuid.as_str())))
+        };
+        Ok(u32::try_from(list.items.iter().filter(|i| on_node(i)).count()).unwrap_or(u32::MAX))
     }
 }

@@ -1,7 +1,8 @@
 //! `LonghornStorage` against a real Kubernetes API server (`ICHOR_TEST_KUBECONFIG`; skipped
 //! with one line without it) serving Longhorn's kinds. Longhorn's own CRD manifests are not
 //! committed: the test applies minimal stand-ins with the group, version, kinds, plurals
-//! and scope of Longhorn 1.12.1's (`longhorn.io/v1beta2`, namespaced), whose schema keeps
+//! and scope of Longhorn 1.12.1's (`longhorn.io/v1beta2`, namespaced; no status
+//! subresource, so that a test writes a status as Longhorn's manager would), whose schema keeps
 //! whatever is written. Each test works in a namespace of its own.
 
 use std::time::Duration;
@@ -42,7 +43,9 @@ fn longhorn_crd(kind: &str, plural: &str) -> CustomResourceDefinition {
 /// A namespace of its own, with Longhorn's Node, Replica and Shard kinds served.
 async fn longhorn_namespace(prefix: &str) -> Option<TestNamespace> {
     let ns = TestNamespace::create(prefix).await?;
-    for (kind, plural) in [("Node", "nodes"), ("Replica", "replicas"), ("Shard", "shards")] {
+    for (kind, plural) in
+        [("Node", "nodes"), ("Replica", "replicas"), ("Shard", "shards"), ("BackingImage", "backingimages")]
+    {
         bounded(apply_crd(&ns.client, &longhorn_crd(kind, plural))).await;
     }
     Some(ns)
@@ -188,5 +191,44 @@ async fn longhorn_errors_without_an_answer_are_classified_not_all_transient() {
     let nowhere = kube::Client::try_from(config).unwrap();
     let err = bounded(LonghornStorage::new(nowhere, &ns.name).replicas_on("worker-1")).await.unwrap_err();
     assert!(err.transient, "connection refused is transient: {err}");
+    ns.delete().await;
+}
+
+// Issue 17: a removal wipes the node's disks; Longhorn's backing images whose copy is on
+// them were not waited for.
+#[tokio::test]
+async fn longhorn_backing_images_with_a_file_on_the_nodes_disks_are_counted() {
+    let Some(ns) = longhorn_namespace("lh-bi").await else { return };
+    let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
+    let node = json!({
+        "apiVersion": "longhorn.io/v1beta2", "kind": "Node",
+        "metadata": { "name": "worker-1" },
+        "spec": { "name": "worker-1", "allowScheduling": false, "evictionRequested": true,
+                  "disks": { "default": {}, "ssd": {} } },
+        "status": { "diskStatus": { "default": { "diskUUID": "uuid-w1-a" }, "ssd": { "diskUUID": "uuid-w1-b" } } }
+    });
+    create(&api(&ns, "Node", "nodes"), node).await;
+    assert_eq!(bounded(storage.backing_images_on("worker-1")).await.unwrap(), 0, "no backing image yet");
+    let image = |name: &str, status_disks: &[&str], spec_disks: &[&str]| {
+        let files = |disks: &[&str]| {
+            disks.iter().map(|d| ((*d).to_owned(), json!({ "state": "ready" }))).collect::<serde_json::Map<_, _>>()
+        };
+        json!({
+            "apiVersion": "longhorn.io/v1beta2", "kind": "BackingImage", "metadata": { "name": name },
+            "spec": { "diskFileSpecMap": files(spec_disks) }, "status": { "diskFileStatusMap": files(status_disks) }
+        })
+    };
+    let images = api(&ns, "BackingImage", "backingimages");
+    // Only on worker-1's disk: would be lost.
+    create(&images, image("ubuntu", &["uuid-w1-a"], &["uuid-w1-a"])).await;
+    // On worker-1 and elsewhere: still a file on the disk being wiped.
+    create(&images, image("debian", &["uuid-w1-b", "uuid-w2-a"], &["uuid-w2-a"])).await;
+    // Being copied there (spec only).
+    create(&images, image("fedora", &["uuid-w2-a"], &["uuid-w2-a", "uuid-w1-a"])).await;
+    // Elsewhere only.
+    create(&images, image("alpine", &["uuid-w2-a"], &["uuid-w2-a"])).await;
+    assert_eq!(bounded(storage.backing_images_on("worker-1")).await.unwrap(), 3);
+    // A node Longhorn does not have has none.
+    assert_eq!(bounded(storage.backing_images_on("worker-9")).await.unwrap(), 0);
     ns.delete().await;
 }

@@ -52,6 +52,11 @@ pub trait StorageApi: Send + Sync {
     async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
     /// How many replicas are still on the node.
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
+    /// How many backing images still have a file on the node's disks (Longhorn: a
+    /// BackingImage naming one of the node's disk UUIDs). A removal waits for these too:
+    /// it wipes the disks, and a backing image whose only copy is there would be lost.
+    /// An upgrade keeps the disks and does not ask.
+    async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError>;
 }
 
 /// What asking for a node's evacuation found.
@@ -64,6 +69,16 @@ pub enum EvacuationRequest {
     },
     /// The storage system has no node of that name: nothing of it to evacuate.
     NoSuchNode,
+}
+
+/// What an evacuation is for: what must leave the node before it may go down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvacuationFor {
+    /// An upgrade: the node's disks are kept; its replicas must move.
+    Upgrade,
+    /// A removal: the node's disks are wiped; its replicas and its backing images' files
+    /// must move.
+    Removal,
 }
 
 /// A failed write of a machine's conditions.

@@ -9,7 +9,9 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, StorageObservation, reason, scheduling_to_restore};
 
-use crate::api::{ConditionStore, ConditionWriteError, EvacuationRequest, Labels, StorageApi, StorageError};
+use crate::api::{
+    ConditionStore, ConditionWriteError, EvacuationFor, EvacuationRequest, Labels, StorageApi, StorageError,
+};
 use crate::selection::selecting;
 
 /// Why an evacuation step could not be carried out.
@@ -53,7 +55,8 @@ pub enum EvacuationEnd {
 }
 
 /// What storage says about a node: which storage objects select it and, when one does or
-/// an evacuation is open, how many replicas are left on it.
+/// an evacuation is open, how much of its data is left on it: its replicas, and for a
+/// removal its backing images' files too (the observation's `replicas_left` counts both).
 ///
 /// # Errors
 /// The backend's error, or a selector that cannot be evaluated.
@@ -62,6 +65,7 @@ pub async fn observe_storage(
     node: &str,
     labels: &Labels,
     conditions: &Conditions,
+    purpose: EvacuationFor,
 ) -> Result<StorageObservation, EvacuationError> {
     let objects = storage.storage_objects().await?;
     let selected_by = selecting(&objects, labels)
@@ -70,7 +74,16 @@ pub async fn observe_storage(
         .map(str::to_owned)
         .collect::<Vec<_>>();
     let open = conditions.is_true(STORAGE_EVACUATION);
-    let replicas_left = if selected_by.is_empty() && !open { None } else { Some(storage.replicas_on(node).await?) };
+    let replicas_left = if selected_by.is_empty() && !open {
+        None
+    } else {
+        let replicas = storage.replicas_on(node).await?;
+        let backing_images = match purpose {
+            EvacuationFor::Removal => storage.backing_images_on(node).await?,
+            EvacuationFor::Upgrade => 0,
+        };
+        Some(replicas.saturating_add(backing_images))
+    };
     Ok(StorageObservation { selected_by, replicas_left })
 }
 
@@ -284,14 +297,33 @@ mod tests {
         let mut storage = MockStorageApi::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
         storage.expect_replicas_on().with(eq("worker-1")).times(1).returning(|_| Ok(3));
-        let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new()).await.unwrap();
+        storage.expect_backing_images_on().never();
+        let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Upgrade)
+            .await
+            .unwrap();
         assert_eq!(seen, StorageObservation { selected_by: vec!["longhorn".into()], replicas_left: Some(3) });
 
         let mut storage = MockStorageApi::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
         storage.expect_replicas_on().never();
-        let seen = observe_storage(&storage, "cp-1", &Labels::new(), &Conditions::new()).await.unwrap();
+        let seen = observe_storage(&storage, "cp-1", &Labels::new(), &Conditions::new(), EvacuationFor::Upgrade)
+            .await
+            .unwrap();
         assert_eq!(seen, StorageObservation::default(), "no storage object selects it: nothing to evacuate");
+    }
+
+    // Issue 17: a removal wipes the disks; a backing image whose only copy is there was
+    // lost, since only replicas were waited for.
+    #[tokio::test]
+    async fn a_removal_waits_for_backing_images_as_well_as_replicas() {
+        let mut storage = MockStorageApi::new();
+        storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+        storage.expect_replicas_on().returning(|_| Ok(0));
+        storage.expect_backing_images_on().with(eq("worker-1")).times(1).returning(|_| Ok(2));
+        let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Removal)
+            .await
+            .unwrap();
+        assert_eq!(seen.replicas_left, Some(2), "no replica left, two backing images: not evacuated");
     }
 
     #[tokio::test]
@@ -304,7 +336,9 @@ mod tests {
             values: vec!["1".into()],
         });
         storage.expect_storage_objects().returning(move || Ok(vec![broken.clone()]));
-        let err = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new()).await.unwrap_err();
+        let err = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Upgrade)
+            .await
+            .unwrap_err();
         assert!(matches!(err, EvacuationError::Selector { ref name, .. } if name == "longhorn"));
         assert!(!err.is_transient());
     }

@@ -17,7 +17,9 @@ pub mod api;
 pub mod evacuate;
 pub mod selection;
 
-pub use api::{ConditionStore, ConditionWriteError, EvacuationRequest, Labels, StorageApi, StorageError};
+pub use api::{
+    ConditionStore, ConditionWriteError, EvacuationFor, EvacuationRequest, Labels, StorageApi, StorageError,
+};
 pub use evacuate::{
     EvacuationEnd, EvacuationError, end_machine_evacuation, evacuate_machine, evacuation_ended, observe_storage,
 };

@@ -9,8 +9,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use ichor_storage::{
-    ConditionWriteError, EvacuationEnd, EvacuationError, EvacuationRequest, StorageApi, end_machine_evacuation,
-    evacuate_machine, evacuation_ended, observe_storage,
+    ConditionWriteError, EvacuationEnd, EvacuationError, EvacuationFor, EvacuationRequest, StorageApi,
+    end_machine_evacuation, evacuate_machine, evacuation_ended, observe_storage,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
@@ -326,7 +326,7 @@ pub async fn advance_machine_with(
     };
     let labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
     let storage = match &node_name {
-        Some(name) if asks => observe(ex, name, &labels, &machine.conditions).await?,
+        Some(name) if asks => observe(ex, name, &labels, &machine.conditions, EvacuationFor::Upgrade).await?,
         Some(_) | None => StorageObservation::default(),
     };
     let etcd_member = match (machine.role, &node_name) {
@@ -391,8 +391,10 @@ pub(crate) async fn observe(
     node: &str,
     labels: &ichor_storage::Labels,
     conditions: &Conditions,
+    purpose: ichor_storage::EvacuationFor,
 ) -> Result<StorageObservation, AdvanceError> {
-    bounded("observe storage", ex.config.call_timeout, observe_storage(ex.storage, node, labels, conditions))
+    let observing = observe_storage(ex.storage, node, labels, conditions, purpose);
+    bounded("observe storage", ex.config.call_timeout, observing)
         .await
         .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
         .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source })

@@ -57,7 +57,9 @@ pub(crate) async fn advance(
     };
     let labels = node.map(|n| n.labels.clone()).unwrap_or_default();
     let storage = match node_name {
-        Some(name) if reads.storage => observe(ex, name, &labels, &machine.conditions).await?,
+        Some(name) if reads.storage => {
+            observe(ex, name, &labels, &machine.conditions, ichor_storage::EvacuationFor::Upgrade).await?
+        }
         Some(_) | None => ichor_upgrade_core::evacuation::StorageObservation::default(),
     };
     let etcd_member = match (machine.role, node_name) {

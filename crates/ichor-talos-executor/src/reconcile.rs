@@ -752,7 +752,11 @@ fn prepull(
 async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bool {
     let Some(node) = o.node_name() else { return false };
     let labels = o.node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
-    let Ok(storage) = crate::advance::observe(ex, node, &labels, &o.machine.conditions).await else { return false };
+    let Ok(storage) =
+        crate::advance::observe(ex, node, &labels, &o.machine.conditions, ichor_storage::EvacuationFor::Upgrade).await
+    else {
+        return false;
+    };
     matches!(
         evacuation_state(&o.machine.conditions, &storage, ex.config.step.evacuation, now),
         EvacuationState::InProgress { replicas_left: Some(n), .. } if n > 0

@@ -110,7 +110,9 @@ pub async fn remove_machine(
     // A Node already deleted needs nothing from storage (the step only says Removed), and
     // the backend may have forgotten the node by then.
     let storage = match &node {
-        Some(n) => observe(ex, &node_name, &n.labels, &machine.conditions).await?,
+        Some(n) => {
+            observe(ex, &node_name, &n.labels, &machine.conditions, ichor_storage::EvacuationFor::Removal).await?
+        }
         None => StorageObservation::default(),
     };
     // A control plane's member is read through the others, whether or not its Node is

@@ -179,6 +179,7 @@ async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain()
         }])
     });
     world.storage.expect_replicas_on().returning(|_| Ok(2));
+    world.storage.expect_backing_images_on().returning(|_| Ok(0));
     world
         .storage
         .expect_restore_scheduling()
@@ -201,6 +202,37 @@ async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain()
     let outcome = world.remove(&m, &[]).await;
     assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "EvacuationRestarted"));
     assert_eq!(world.written(STORAGE_EVACUATION), vec![(ConditionStatus::False, evac::TIMED_OUT.to_owned())]);
+}
+
+// Issue 17: a removal wipes the disks; it waited for replicas only, so a backing image
+// whose only copy was on the node was lost.
+#[tokio::test]
+async fn a_removal_waits_for_the_backing_images_on_the_node_not_only_its_replicas() {
+    let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| {
+        Ok(vec![StorageObject {
+            name: "longhorn".into(),
+            node_selector: LabelSelector {
+                match_labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
+                ..LabelSelector::default()
+            },
+        }])
+    });
+    world.storage.expect_replicas_on().returning(|_| Ok(0));
+    world.storage.expect_backing_images_on().with(eq("worker-2")).returning(|_| Ok(1));
+    world.storage.expect_restore_scheduling().never();
+    world.kube.expect_cordon().never();
+    world.kube.expect_evict().never();
+    world.talos.expect_reset().never();
+    let mut m = machine("worker-2", MachineRole::Worker, "10.0.0.22");
+    m.conditions.upsert(
+        ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, ""),
+        Timestamp::from_unix_secs(990),
+    );
+    let outcome = world.remove(&m, &[]).await;
+    assert!(matches!(outcome, MachineOutcome::Waiting { .. }), "a backing image is left: {outcome:?}");
+    assert!(world.written(STORAGE_EVACUATION).is_empty(), "the evacuation stays open");
 }
 
 fn cps() -> Vec<ControlPlane> {

@@ -81,6 +81,7 @@ mock! {
         async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError>;
         async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
         async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
+        async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError>;
     }
 }
 
