@@ -41,6 +41,7 @@ use ichor_operator::fleet::parse_shape;
 use ichor_operator::requests::counted_client;
 use ichor_operator::{ElectionConfig, FleetConfig, Metrics, OperatorConfig, Plan};
 use ichor_talos_executor::{ExecutorConfig, SnapshotStore};
+use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 
 /// Exit code: the endpoints could not listen, or the fleet could not start.
 const EXIT_FAILED: i32 = 1;
@@ -106,6 +107,46 @@ struct Args {
     /// The bucket's region.
     #[arg(long, value_name = "REGION", default_value = "us-east-1", requires = "etcd_snapshot_s3_bucket")]
     etcd_snapshot_s3_region: String,
+    /// Which Talos executor upgrades the machines: `legacy` (MachineService.Upgrade),
+    /// `lifecycle` (ImageService.Pull, LifecycleService.Upgrade, the operator's own cordon,
+    /// drain and Reboot; Talos 1.13 and later) or `auto` (lifecycle from Talos 1.18, where
+    /// the legacy call is gone).
+    #[arg(long, value_enum, default_value_t = ExecutorArg::Auto)]
+    executor: ExecutorArg,
+    /// Pull the installer image onto the machines expected to start next while the current
+    /// ones upgrade (`on`), or only in each machine's own turn (`off`).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    prepull: Switch,
+}
+
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
+/// The executors on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ExecutorArg {
+    /// MachineService.Upgrade.
+    Legacy,
+    /// LifecycleService.Upgrade and the operator's drain and reboot.
+    Lifecycle,
+    /// Lifecycle from Talos 1.18, legacy before.
+    Auto,
+}
+
+impl ExecutorArg {
+    fn choice(self) -> ExecutorChoice {
+        match self {
+            Self::Legacy => ExecutorChoice::Legacy,
+            Self::Lifecycle => ExecutorChoice::Lifecycle,
+            Self::Auto => ExecutorChoice::Auto,
+        }
+    }
 }
 
 /// The snapshot store the arguments name, if any.
@@ -227,7 +268,9 @@ async fn run(args: Args) -> i32 {
             snapshots,
             namespace,
             identity: identity.clone(),
-            executor: ExecutorConfig::default(),
+            executor: ExecutorConfig::default()
+                .with_executor(args.executor.choice())
+                .with_prepull(args.prepull == Switch::On),
             talos: ichor_adapters::talos::ClientOptions::default(),
             longhorn_namespace: args.longhorn_namespace.clone(),
         };

@@ -258,6 +258,30 @@ async fn upgrade_calls(fleet: &Process) -> Vec<(String, f64)> {
         .collect()
 }
 
+// The lifecycle executor through the operator: its installs run in tasks beside the
+// passes (not inside them), its cordon, drain and Reboot are the operator's own, and the
+// legacy Upgrade call is never made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifecycle_upgrade_completes_on_the_simulated_fleet_with_no_upgrade_call() {
+    let Some(scene) = Scene::new("e2e-lifecycle").await else { return };
+    let fleet = scene.fleet("3+3", &["--fleet-only"]);
+    scene.fleet_up(6).await;
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let operator = scene.operator("operator", &kubeconfig, &["--executor", "lifecycle"]);
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    let nodes = scene.fleet_nodes().await;
+    assert!(all_on_target(&nodes), "every Node on {} and Ready: {nodes:#?}", fleet::TARGET);
+    for node in &nodes {
+        let spec = node.spec.clone().unwrap_or_default();
+        assert_ne!(spec.unschedulable, Some(true), "{:?} uncordoned", node.metadata.name);
+    }
+    assert!(upgrade_calls(&fleet).await.iter().all(|(_, n)| *n == 0.0), "no legacy Upgrade call");
+    assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
+    only_allowed_requests(&operator).await;
+    scene.end().await;
+}
+
 /// Every request the operator made is one the ClusterRole names.
 async fn only_allowed_requests(operator: &Process) {
     let text = operator.metrics().await.expect("the operator's metrics");

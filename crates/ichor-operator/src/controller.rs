@@ -26,6 +26,7 @@ use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch};
 use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
+use ichor_talos_executor::background::{Job, JobQueue, run_job};
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi,
     TalosError, UpgradeAck, UpgradeRequest,
@@ -136,6 +137,13 @@ pub struct Context {
     /// Per operation (namespace, name): which machines' waits still stand. Forgotten
     /// whenever this replica does not lead, since another may have acted meanwhile.
     memories: Mutex<HashMap<(String, String), Arc<PassMemory>>>,
+    /// Per operation: the calls that outlive a pass (lifecycle installs, pre-pulls), each
+    /// run by a task of its own beside the passes.
+    backgrounds: Mutex<HashMap<(String, String), Arc<JobQueue>>>,
+    /// Those tasks, aborted when this replica stops leading (another may act meanwhile).
+    jobs: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Asks for a pass of an operation: an install that ended wrote what it must see.
+    wake: futures::channel::mpsc::UnboundedSender<ObjectRef<TalosOperation>>,
 }
 
 impl Context {
@@ -146,6 +154,55 @@ impl Context {
 
     fn forget(&self) {
         self.memories.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        for job in self.jobs.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
+            job.abort();
+        }
+        self.backgrounds.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
+
+    fn background(&self, namespace: &str, name: &str) -> Arc<JobQueue> {
+        let mut queues = self.backgrounds.lock().unwrap_or_else(PoisonError::into_inner);
+        let limit = self.config.executor.prepull.limit;
+        Arc::clone(
+            queues.entry((namespace.to_owned(), name.to_owned())).or_insert_with(|| Arc::new(JobQueue::new(limit))),
+        )
+    }
+
+    /// Starts the jobs the last pass of operation `name` submitted, each in a task of its
+    /// own with the pass's Talos and Kubernetes clients; an install's end asks for a pass.
+    fn start_jobs(
+        self: &Arc<Self>,
+        queue: &Arc<JobQueue>,
+        talos: &Arc<dyn TalosApi>,
+        kube: &KubeCluster,
+        namespace: &str,
+        name: &str,
+    ) {
+        let mut handles = self.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        handles.retain(|h| !h.is_finished());
+        for job in queue.take() {
+            let (ctx, queue, talos, kube) = (Arc::clone(self), Arc::clone(queue), Arc::clone(talos), kube.clone());
+            let operation = ObjectRef::new(name).within(namespace);
+            let task = tokio::spawn(async move {
+                let ex = Executor {
+                    talos: talos.as_ref(),
+                    kube: &kube,
+                    storage: &ctx.storage,
+                    clock: &SystemClock,
+                    config: &ctx.config.executor,
+                    snapshots: None,
+                    background: None,
+                };
+                let outcome = run_job(&ex, &job).await;
+                let install = matches!(job, Job::Install { .. });
+                queue.done(&job, outcome);
+                if install {
+                    // The receiver is gone only when the controller stopped.
+                    ctx.wake.unbounded_send(operation).ok();
+                }
+            });
+            handles.push(task.abort_handle());
+        }
     }
 
     fn kube(&self, namespace: &str) -> KubeCluster {
@@ -302,6 +359,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
     let result: Result<_, ControllerError> = async {
         kube.ensure_finalizer(&name).await.map_err(ControllerError::Finalizer)?;
         let talos = ctx.talos(&namespace, &op.spec.cluster).await;
+        let queue = ctx.background(&namespace, &name);
         let executor = Executor {
             snapshots: ctx.config.snapshots.as_deref(),
             talos: talos.as_ref(),
@@ -309,10 +367,12 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
             storage: &ctx.storage,
             clock: &SystemClock,
             config: &ctx.config.executor,
-            background: None,
+            background: Some(queue.as_ref()),
         };
         let memory = ctx.memory(&namespace, &name);
-        Ok(ichor_talos_executor::reconcile_with(&executor, &name, &memory).await?)
+        let outcome = ichor_talos_executor::reconcile_with(&executor, &name, &memory).await;
+        ctx.start_jobs(&queue, &talos, &kube, &namespace, &name);
+        Ok(outcome?)
     }
     .await;
     ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
@@ -448,6 +508,8 @@ pub async fn run(
     // Every operation is reconciled when this replica starts to lead, or leads again after
     // its leadership lapsed.
     let (gained_tx, gained_rx) = futures::channel::mpsc::unbounded::<()>();
+    // An operation whose background install ended is looked at again at once.
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<ObjectRef<TalosOperation>>();
     {
         let leading = leading.clone();
         let metrics = Arc::clone(&metrics);
@@ -488,6 +550,9 @@ pub async fn run(
         kubes: Mutex::new(HashMap::new()),
         talos: tokio::sync::Mutex::new(HashMap::new()),
         memories: Mutex::new(HashMap::new()),
+        backgrounds: Mutex::new(HashMap::new()),
+        jobs: Mutex::new(Vec::new()),
+        wake: wake_tx,
     });
 
     let ops = stores.operations.clone();
@@ -547,6 +612,7 @@ pub async fn run(
     health.live.store(true, Ordering::Relaxed);
     controller
         .reconcile_all_on(gained_rx)
+        .reconcile_on(wake_rx)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
