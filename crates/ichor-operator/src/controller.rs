@@ -465,8 +465,16 @@ fn has_replica_on(store: &Store<PartialObjectMeta<DynamicObject>>, node: &str) -
     store.find(|r| r.labels().get(REPLICA_NODE_LABEL).is_some_and(|n| n == node)).is_some()
 }
 
-/// Longhorn's node and replica kinds, when Longhorn is installed.
-async fn longhorn_resources(client: &Client) -> Option<(ApiResource, ApiResource)> {
+/// Longhorn's kinds the controller watches, when Longhorn is installed.
+struct LonghornKinds {
+    node: ApiResource,
+    replica: ApiResource,
+    /// Served from Longhorn 1.12.1 (the v2 data engine's sharding).
+    shard: Option<ApiResource>,
+}
+
+/// Longhorn's node, replica and (where served) shard kinds, when Longhorn is installed.
+async fn longhorn_resources(client: &Client) -> Option<LonghornKinds> {
     match client.list_api_group_resources("longhorn.io/v1beta2").await {
         Ok(list) => {
             let has = |plural: &str| list.resources.iter().any(|r| r.name == plural);
@@ -476,10 +484,19 @@ async fn longhorn_resources(client: &Client) -> Option<(ApiResource, ApiResource
             let resource = |kind: &str, plural: &str| {
                 ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural)
             };
-            Some((resource("Node", "nodes"), resource("Replica", "replicas")))
+            Some(LonghornKinds {
+                node: resource("Node", "nodes"),
+                replica: resource("Replica", "replicas"),
+                shard: has("shards").then(|| resource("Shard", "shards")),
+            })
         }
         Err(_) => None,
     }
+}
+
+/// Whether any object in `stores` (Longhorn's replicas, shards) is on `node`.
+fn has_data_on(stores: &[Store<PartialObjectMeta<DynamicObject>>], node: &str) -> bool {
+    stores.iter().any(|store| has_replica_on(store, node))
 }
 
 /// Runs the controller until `shutdown` resolves, then lets the passes in flight end.
@@ -570,7 +587,7 @@ pub async fn run(
         .watches_stream(streams.clusters, by_cluster)
         .watches_stream(streams.nodes, by_node)
         .watches_stream(streams.storages, every);
-    if let Some((node_kind, replica_kind)) = longhorn {
+    if let Some(LonghornKinds { node: node_kind, replica: replica_kind, shard: shard_kind }) = longhorn {
         let namespace = config.longhorn_namespace.clone();
         let nodes = watcher(
             Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &node_kind),
@@ -578,35 +595,49 @@ pub async fn run(
         )
         .default_backoff()
         .touched_objects();
-        // Replicas are watched by their metadata only (the node label is all a pass needs)
-        // into a store of their own, which tells whether a node has any replica left.
-        let replicas_writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(replica_kind.clone());
-        let replicas_on = replicas_writer.as_reader();
-        let replicas = watcher(
-            Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client.clone(), &namespace, &replica_kind),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .reflect(replicas_writer)
-        .touched_objects();
+        // Replicas and shards are watched by their metadata only (the node label is all a
+        // pass needs), each into a store of its own, which tell whether a node has any
+        // data left.
+        let data_watch = |kind: &ApiResource| {
+            let writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(kind.clone());
+            let store = writer.as_reader();
+            let stream = watcher(
+                Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client.clone(), &namespace, kind),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .reflect(writer)
+            .touched_objects();
+            (store, stream)
+        };
+        let (replica_store, replicas) = data_watch(&replica_kind);
+        let shards = shard_kind.as_ref().map(data_watch);
+        let data: Arc<[Store<PartialObjectMeta<DynamicObject>>]> =
+            std::iter::once(replica_store).chain(shards.as_ref().map(|(store, _)| store.clone())).collect();
         // Each event also tells the passes of the operations on that node that its storage
         // changed: a machine evacuating there is looked at again at once, not at its next
         // poll.
         let (on_node, marks) = (stores.clone(), Arc::clone(&ctx));
         let by_longhorn_node = move |n: DynamicObject| storage_changed(&marks, &on_node, &n.name_any());
-        let (on_node, marks) = (stores.clone(), Arc::clone(&ctx));
-        // A replica's change matters to a pass only when it leaves its node with none (an
-        // evacuation waits for that; nothing else a pass decides counts replicas): the
-        // store has applied the change when the mapper sees it.
-        let by_replica = move |r: PartialObjectMeta<DynamicObject>| match r.labels().get(REPLICA_NODE_LABEL) {
-            Some(node) if !has_replica_on(&replicas_on, node) => storage_changed(&marks, &on_node, node),
-            _ => Vec::new(),
+        // A replica's or shard's change matters to a pass only when it leaves its node with
+        // none of either (an evacuation waits for that; nothing else a pass decides counts
+        // them): the store has applied the change when the mapper sees it.
+        let by_data = |stores: Stores, ctx: Arc<Context>, data: Arc<[Store<PartialObjectMeta<DynamicObject>>]>| {
+            move |r: PartialObjectMeta<DynamicObject>| match r.labels().get(REPLICA_NODE_LABEL) {
+                Some(node) if !has_data_on(&data, node) => storage_changed(&ctx, &stores, node),
+                _ => Vec::new(),
+            }
         };
+        let by_replica = by_data(stores.clone(), Arc::clone(&ctx), Arc::clone(&data));
         controller = controller.watches_stream_with(nodes, by_longhorn_node, node_kind).watches_stream_with(
             replicas,
             by_replica,
             replica_kind,
         );
+        if let (Some((_, shards)), Some(shard_kind)) = (shards, shard_kind) {
+            let by_shard = by_data(stores.clone(), Arc::clone(&ctx), Arc::clone(&data));
+            controller = controller.watches_stream_with(shards, by_shard, shard_kind);
+        }
     }
 
     health.live.store(true, Ordering::Relaxed);
@@ -661,5 +692,15 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Delete(replica("r2", "w1")));
         assert!(!has_replica_on(&store, "w1"), "w1's last replica is gone");
         assert!(has_replica_on(&store, "w2"));
+
+        // A shard left on w1 (Longhorn 1.12.1) is data left too.
+        let kind =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", "Shard"), "shards");
+        let mut shards = Writer::<PartialObjectMeta<DynamicObject>>::new(kind);
+        shards.apply_watcher_event(&watcher::Event::Apply(replica("sg-0", "w1")));
+        let data = [store.clone(), shards.as_reader()];
+        assert!(has_data_on(&data, "w1"), "no replica, a shard");
+        shards.apply_watcher_event(&watcher::Event::Delete(replica("sg-0", "w1")));
+        assert!(!has_data_on(&data, "w1"));
     }
 }

@@ -100,10 +100,21 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "longhorn.io",
         resources: &["nodes"],
-        verbs: &["list", "watch", "patch"],
-        why: "Longhorn's scheduling and eviction switches, watched",
+        verbs: &["get", "list", "watch", "patch"],
+        why: "Longhorn's scheduling and eviction switches (read before an eviction, to put them back), watched",
     },
-    Rule { group: "longhorn.io", resources: &["replicas"], verbs: &["list", "watch"], why: "replicas left on a node" },
+    Rule {
+        group: "longhorn.io",
+        resources: &["replicas", "shards"],
+        verbs: &["list", "watch"],
+        why: "replicas and shards (Longhorn 1.12.1) left on a node",
+    },
+    Rule {
+        group: "longhorn.io",
+        resources: &["backingimages"],
+        verbs: &["list"],
+        why: "backing images with a file on a node a removal wipes",
+    },
 ];
 
 /// Whether [`RULES`] allow `request`.
