@@ -2,7 +2,7 @@
 //! `cargo bench -p ichor-benches`. Figures and commands are recorded in
 //! `docs/performance.md`.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 use std::time::Duration;
 

@@ -10,7 +10,7 @@
 //! It decides nothing: it moves data between the drivers and the outside world (or the
 //! simulated one), mapping each failure to a typed error that says whether it is transient.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod clock;
 pub mod kubernetes;

@@ -6,7 +6,7 @@
 //! Depend on anything with IO or async (no tonic, no kube): a fuzz build is a release
 //! build of everything it depends on.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod rollout;
 mod step;

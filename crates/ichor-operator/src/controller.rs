@@ -1,5 +1,5 @@
 //! The controller: a kube-runtime `Controller` over `TalosOperation`s that runs one engine
-//! pass ([`ichor_talos_executor::reconcile`]) per trigger, on the leader only.
+//! pass ([`ichor_talos_executor::reconcile()`]) per trigger, on the leader only.
 //!
 //! What triggers a pass of an operation: a change of the operation; of a `TalosMachine` or
 //! the `TalosCluster` of its cluster; of a Node one of its machines names (by hostname or

@@ -11,6 +11,7 @@
 //!
 //! What it must not do: decide anything about a rollout (the engine does), or reconcile
 //! while another replica leads.
+#![deny(missing_docs)]
 
 pub mod controller;
 pub mod fleet;

@@ -114,7 +114,7 @@ where
 }
 
 /// A client for `config` whose requests are counted into `counts`, with kube-rs's own
-/// retries off (as [`ichor_adapters::kubernetes::client`]).
+/// retries off (as [`ichor_adapters::kubernetes::client()`]).
 ///
 /// # Errors
 /// The kube-rs error when no client can be built from `config`.

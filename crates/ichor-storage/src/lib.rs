@@ -11,7 +11,7 @@
 //! state: the `StorageEvacuation` condition is the resume marker and the timeout clock.
 //! Where an evacuation stands is decided by `ichor_upgrade_core::evacuation`, not here.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod api;
 pub mod evacuate;

@@ -2,7 +2,7 @@
 //!
 //! It reads the world (the node name, the Node, the Talos stage, storage, on a control
 //! plane past its call the etcd member list), calls the pure
-//! [`step`](ichor_upgrade_core::talos_step::step), carries out its one action, writes the
+//! [`ichor_upgrade_core::talos_step::step`], carries out its one action, writes the
 //! machine's conditions, and says what came of it. It keeps nothing between passes.
 
 use std::future::Future;

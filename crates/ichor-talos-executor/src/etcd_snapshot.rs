@@ -1,5 +1,5 @@
 //! Taking the etcd snapshot the core asks for ([`Decision::take_etcd_snapshot`]): stream
-//! it from a Ready control plane into the [`SnapshotStore`], hashing it on the way, and
+//! it from a Ready control plane into the [`SnapshotStore`](crate::SnapshotStore), hashing it on the way, and
 //! say what to record. Whole or failed: a snapshot that broke off is aborted in the store
 //! and never recorded.
 //!

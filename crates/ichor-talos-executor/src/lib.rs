@@ -2,7 +2,7 @@
 //!
 //! This crate holds the IO seams the drivers call ([`TalosApi`], [`KubeApi`], [`Clock`];
 //! storage's seam is `ichor_storage::StorageApi`) and the drivers: [`advance_machine`]
-//! takes one machine one step (ADR 0043), and [`reconcile`] runs one pass of one operation
+//! takes one machine one step (ADR 0043), and [`reconcile()`] runs one pass of one operation
 //! through the rollout engine. Each pass re-reads the world, calls a pure function of
 //! `ichor-upgrade-core`, carries out what it returned and writes conditions and status.
 //!
@@ -12,7 +12,7 @@
 //! to no real API directly: `ichor-adapters` implements its traits, for real clusters and
 //! for the simulated one.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod advance;
 pub mod background;

@@ -16,7 +16,7 @@
 //! # What this crate must not do
 //! No IO, no network: it parses text it is given. Reading the file is the caller's.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt;

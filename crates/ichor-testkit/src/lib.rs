@@ -12,7 +12,7 @@
 //! It is for tests: it is never a dependency of a library crate, and every peer it starts
 //! listens on loopback only.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod apid;
 pub mod kube;

@@ -1,5 +1,5 @@
 //! The Kubernetes half of the engine: Ichor's custom resources ([`crd`]), the manifests
-//! generated from them ([`manifests`]), `KubeApi` on kube-rs ([`client`]) and the mapping
+//! generated from them ([`manifests`]), `KubeApi` on kube-rs ([`client()`]) and the mapping
 //! of kube-rs errors ([`errors`]).
 
 pub mod client;
