@@ -36,12 +36,11 @@ use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use ichor_adapters::snapshot_store::{DirectoryStore, S3Config, S3Store};
-use ichor_examples::{EXIT_BAD_ARGUMENT, parse_args};
+use ichor_examples::{EXIT_BAD_ARGUMENT, ExecutorArg, Switch, executor_config, parse_args};
 use ichor_operator::fleet::parse_shape;
 use ichor_operator::requests::counted_client;
 use ichor_operator::{ElectionConfig, FleetConfig, Metrics, OperatorConfig, Plan};
-use ichor_talos_executor::{ExecutorConfig, SnapshotStore};
-use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+use ichor_talos_executor::SnapshotStore;
 
 /// Exit code: the endpoints could not listen, or the fleet could not start.
 const EXIT_FAILED: i32 = 1;
@@ -117,36 +116,6 @@ struct Args {
     /// ones upgrade (`on`), or only in each machine's own turn (`off`).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     prepull: Switch,
-}
-
-/// On or off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Switch {
-    /// On.
-    On,
-    /// Off.
-    Off,
-}
-
-/// The executors on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ExecutorArg {
-    /// MachineService.Upgrade.
-    Legacy,
-    /// LifecycleService.Upgrade and the operator's drain and reboot.
-    Lifecycle,
-    /// Lifecycle from Talos 1.18, legacy before.
-    Auto,
-}
-
-impl ExecutorArg {
-    fn choice(self) -> ExecutorChoice {
-        match self {
-            Self::Legacy => ExecutorChoice::Legacy,
-            Self::Lifecycle => ExecutorChoice::Lifecycle,
-            Self::Auto => ExecutorChoice::Auto,
-        }
-    }
 }
 
 /// The snapshot store the arguments name, if any.
@@ -268,9 +237,7 @@ async fn run(args: Args) -> i32 {
             snapshots,
             namespace,
             identity: identity.clone(),
-            executor: ExecutorConfig::default()
-                .with_executor(args.executor.choice())
-                .with_prepull(args.prepull == Switch::On),
+            executor: executor_config(args.executor, args.prepull),
             talos: ichor_adapters::talos::ClientOptions::default(),
             longhorn_namespace: args.longhorn_namespace.clone(),
         };

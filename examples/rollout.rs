@@ -28,10 +28,8 @@ use ichor_adapters::sim::{
     Fault, Realism, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
 };
 use ichor_adapters::snapshot_store::DirectoryStore;
-use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, parse_args};
-use ichor_talos_executor::ExecutorConfig;
+use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, ExecutorArg, Switch, executor_config, parse_args};
 use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
-use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
@@ -119,36 +117,6 @@ struct Args {
     prepull: Switch,
 }
 
-/// On or off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Switch {
-    /// On.
-    On,
-    /// Off.
-    Off,
-}
-
-/// The executors on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ExecutorArg {
-    /// MachineService.Upgrade.
-    Legacy,
-    /// LifecycleService.Upgrade and the engine's drain and reboot.
-    Lifecycle,
-    /// Lifecycle from Talos 1.18, legacy before.
-    Auto,
-}
-
-impl ExecutorArg {
-    fn choice(self) -> ExecutorChoice {
-        match self {
-            Self::Legacy => ExecutorChoice::Legacy,
-            Self::Lifecycle => ExecutorChoice::Lifecycle,
-            Self::Auto => ExecutorChoice::Auto,
-        }
-    }
-}
-
 /// The wake models on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum WakeArg {
@@ -218,8 +186,7 @@ fn main() {
     let started = std::time::Instant::now();
     let runtime = ichor_adapters::sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
-    let executor =
-        ExecutorConfig::default().with_executor(args.executor.choice()).with_prepull(args.prepull == Switch::On);
+    let executor = executor_config(args.executor, args.prepull);
     let end = match (args.operation, &args.node) {
         (Operation::Remove, Some(node)) => {
             progress.header(&format!("removing {node} from {control_planes} control planes + {workers} workers"));

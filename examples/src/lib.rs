@@ -3,7 +3,7 @@
 //! The examples' command lines are contracts used by checks outside the repository, so
 //! their output and exit codes are kept here in one place.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 /// Exit code: the request was carried out or allowed.
 pub const EXIT_OK: i32 = 0;
@@ -49,4 +49,36 @@ mod tests {
         let rendered = "error: the following required arguments were not provided:\n  --to <TO>\n\nUsage: upgrade-path --from <FROM> --to <TO>\n\nFor more information, try '--help'.\n";
         assert_eq!(one_line(rendered), "error: the following required arguments were not provided: --to <TO>");
     }
+}
+
+/// On or off, on a command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
+/// The Talos executors, on a command line (`--executor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecutorArg {
+    /// MachineService.Upgrade.
+    Legacy,
+    /// LifecycleService.Upgrade and the engine's own cordon, drain and reboot.
+    Lifecycle,
+    /// Lifecycle from Talos 1.18, legacy before.
+    Auto,
+}
+
+/// The executor configuration of `--executor` and `--prepull`, the rest default.
+#[must_use]
+pub fn executor_config(executor: ExecutorArg, prepull: Switch) -> ichor_talos_executor::ExecutorConfig {
+    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    let choice = match executor {
+        ExecutorArg::Legacy => ExecutorChoice::Legacy,
+        ExecutorArg::Lifecycle => ExecutorChoice::Lifecycle,
+        ExecutorArg::Auto => ExecutorChoice::Auto,
+    };
+    ichor_talos_executor::ExecutorConfig::default().with_executor(choice).with_prepull(prepull == Switch::On)
 }

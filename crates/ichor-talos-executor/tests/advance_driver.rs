@@ -413,12 +413,17 @@ fn longhorn() -> StorageObject {
     }
 }
 
+/// Storage that selects the node (a `longhorn` object), with `replicas` left on it.
+fn storage_selecting(world: &mut World, replicas: u32) {
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+    world.storage.expect_replicas_on().returning(move |_| Ok(replicas));
+}
+
 #[tokio::test]
 async fn storage_selecting_the_node_begins_an_evacuation_before_any_call() {
     let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
-    world.storage = MockStorage::new();
-    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
-    world.storage.expect_replicas_on().returning(|_| Ok(4));
+    storage_selecting(&mut world, 4);
     world.storage.expect_set_scheduling().never();
     world
         .storage
@@ -437,9 +442,7 @@ async fn storage_selecting_the_node_begins_an_evacuation_before_any_call() {
 #[tokio::test]
 async fn a_node_the_storage_system_lacks_is_said_once_and_does_not_pause() {
     let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
-    world.storage = MockStorage::new();
-    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
-    world.storage.expect_replicas_on().returning(|_| Ok(0));
+    storage_selecting(&mut world, 0);
     world.storage.expect_request_evacuation().times(1).returning(|_| Ok(ichor_storage::EvacuationRequest::NoSuchNode));
     world.talos.expect_upgrade().never();
     let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
@@ -450,9 +453,7 @@ async fn a_node_the_storage_system_lacks_is_said_once_and_does_not_pause() {
 #[tokio::test]
 async fn an_evacuation_past_its_timeout_re_enables_scheduling_and_fails() {
     let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
-    world.storage = MockStorage::new();
-    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
-    world.storage.expect_replicas_on().returning(|_| Ok(2));
+    storage_selecting(&mut world, 2);
     world
         .storage
         .expect_restore_scheduling()
@@ -473,9 +474,7 @@ async fn an_evacuation_past_its_timeout_re_enables_scheduling_and_fails() {
 #[tokio::test]
 async fn a_verified_machine_gets_storage_scheduling_back_and_converges_in_one_write() {
     let mut world = World::new(Some(node("Talos (v1.14.4)", BOOT_AFTER, true)), Ok(MachineStage::Running));
-    world.storage = MockStorage::new();
-    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
-    world.storage.expect_replicas_on().returning(|_| Ok(0));
+    storage_selecting(&mut world, 0);
     world
         .storage
         .expect_restore_scheduling()

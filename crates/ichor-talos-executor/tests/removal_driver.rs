@@ -165,9 +165,8 @@ async fn a_refused_reset_closes_the_intent_and_fails() {
     assert_eq!(world.written(NODE_REMOVAL).last().unwrap().0, ConditionStatus::False);
 }
 
-#[tokio::test]
-async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain() {
-    let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
+/// Storage that selects the node (a `longhorn` object with a label selector).
+fn storage_selecting(world: &mut World) {
     world.storage = MockStorage::new();
     world.storage.expect_storage_objects().returning(|| {
         Ok(vec![StorageObject {
@@ -178,6 +177,12 @@ async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain()
             },
         }])
     });
+}
+
+#[tokio::test]
+async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain() {
+    let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
+    storage_selecting(&mut world);
     world.storage.expect_replicas_on().returning(|_| Ok(2));
     world.storage.expect_backing_images_on().returning(|_| Ok(0));
     world
@@ -209,16 +214,7 @@ async fn a_removal_side_timeout_re_enables_scheduling_warns_and_does_not_drain()
 #[tokio::test]
 async fn a_removal_waits_for_the_backing_images_on_the_node_not_only_its_replicas() {
     let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
-    world.storage = MockStorage::new();
-    world.storage.expect_storage_objects().returning(|| {
-        Ok(vec![StorageObject {
-            name: "longhorn".into(),
-            node_selector: LabelSelector {
-                match_labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
-                ..LabelSelector::default()
-            },
-        }])
-    });
+    storage_selecting(&mut world);
     world.storage.expect_replicas_on().returning(|_| Ok(0));
     world.storage.expect_backing_images_on().with(eq("worker-2")).returning(|_| Ok(1));
     world.storage.expect_restore_scheduling().never();
