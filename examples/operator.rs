@@ -8,6 +8,7 @@
 //!     [--longhorn-namespace NS]
 //!     [--etcd-snapshot-dir DIR | --etcd-snapshot-s3-bucket B [--etcd-snapshot-s3-prefix P]
 //!      [--etcd-snapshot-s3-endpoint URL] [--etcd-snapshot-s3-region R]]
+//!     [--trace FILE]
 //! ```
 //! Without `--kubeconfig` the configuration is inferred as kubectl does (`KUBECONFIG`,
 //! `~/.kube/config`, or the pod's service account). Replicas elect a leader on the Lease
@@ -27,6 +28,13 @@
 //! `AWS_SECRET_ACCESS_KEY` from the environment (in a Deployment, from a Secret). With
 //! neither, such an operation pauses before its first control plane, saying so.
 //!
+//! `--trace FILE` writes what the controller does and sees as JSON lines, in the records the
+//! `rollout` example's `--trace` writes (`upgrade-call`, `install-start`, `shown-not-ready`,
+//! `reboot-end`, `ready`, `converged`, ...; see `ichor_operator::trace`), `t` in seconds
+//! since the controller started, so that a rollout on a real cluster is drawn as a simulated
+//! one is. The file is created (or truncated) at the start; one that cannot be is a bad
+//! argument. Not with `--fleet-only`.
+//!
 //! Exit 0: stopped by a signal. Exit 2: bad arguments or an unusable kubeconfig, named.
 //! Exit 1: the endpoints could not listen, or the fleet could not start.
 
@@ -39,7 +47,7 @@ use ichor_adapters::snapshot_store::{DirectoryStore, S3Config, S3Store};
 use ichor_examples::{EXIT_BAD_ARGUMENT, ExecutorArg, Switch, executor_config, parse_args};
 use ichor_operator::fleet::parse_shape;
 use ichor_operator::requests::counted_client;
-use ichor_operator::{ElectionConfig, FleetConfig, Metrics, OperatorConfig, Plan};
+use ichor_operator::{ElectionConfig, FleetConfig, Metrics, OperatorConfig, Plan, TraceFile, TraceSink};
 use ichor_talos_executor::SnapshotStore;
 
 /// Exit code: the endpoints could not listen, or the fleet could not start.
@@ -116,6 +124,10 @@ struct Args {
     /// ones upgrade (`on`), or only in each machine's own turn (`off`).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     prepull: Switch,
+    /// Write the controller's trace to this file, as JSON lines (the rollout example's
+    /// records).
+    #[arg(long, value_name = "FILE", conflicts_with = "fleet_only")]
+    trace: Option<PathBuf>,
 }
 
 /// The snapshot store the arguments name, if any.
@@ -212,6 +224,10 @@ fn main() {
 }
 
 async fn run(args: Args) -> i32 {
+    let trace = args.trace.as_ref().map(|path| match TraceFile::create(path) {
+        Ok(file) => Arc::new(file) as Arc<dyn TraceSink>,
+        Err(e) => bad(&format!("--trace {}: {e}", path.display())),
+    });
     let config = kube_config(args.kubeconfig.as_ref()).await.unwrap_or_else(|e| bad(&e));
     let default_namespace = config.default_namespace.clone();
     let metrics = Arc::new(Metrics::new());
@@ -235,6 +251,7 @@ async fn run(args: Args) -> i32 {
     let operator = (!args.fleet_only).then(|| {
         let config = OperatorConfig {
             snapshots,
+            trace,
             namespace,
             identity: identity.clone(),
             executor: executor_config(args.executor, args.prepull),

@@ -6,6 +6,7 @@
 //!     [--seed N] [--from V] [--to V] [--kubernetes V] [--faults LIST]
 //!     [--operation upgrade|remove] [--node NAME] [--trace FILE] [--json]
 //!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto] [--prepull on|off]
+//!     [--timeline FILE.svg] [--progress on|off]
 //! ```
 //! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
@@ -88,6 +89,10 @@ struct Args {
     /// Write the world's events as JSON lines to this file.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Draw the rollout as an SVG timeline into this file (as the `timeline` example draws
+    /// a trace), with the physical bound as a line.
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<PathBuf>,
     /// Print a final JSON object instead of the summary (progress goes to standard error).
     #[arg(long)]
     json: bool,
@@ -115,6 +120,11 @@ struct Args {
     /// ones upgrade (`on`, the default), or only in each machine's own turn (`off`).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     prepull: Switch,
+    /// The live view as bars (a bar per wave and a count of machines per phase, redrawn in
+    /// place), or as one line per change (`off`). Default: bars on a terminal. Failures,
+    /// pauses and waits are printed as lines either way.
+    #[arg(long, value_enum)]
+    progress: Option<Switch>,
 }
 
 /// The wake models on the command line.
@@ -169,6 +179,10 @@ fn main() {
         Ok(file) => file,
         Err(e) => bad_argument(&format!("--trace {}: {e}", path.display())),
     });
+    let timeline_file = args.timeline.as_ref().map(|path| match File::create(path) {
+        Ok(file) => file,
+        Err(e) => bad_argument(&format!("--timeline {}: {e}", path.display())),
+    });
     let config = SimConfig::new(control_planes, workers, args.from.clone(), args.to.clone())
         .with_seed(args.seed)
         .with_kubernetes(args.kubernetes.to_string())
@@ -186,6 +200,7 @@ fn main() {
     let started = std::time::Instant::now();
     let runtime = ichor_adapters::sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
+    progress.bars(args.progress, control_planes, args.max_unavailable as usize);
     let executor = executor_config(args.executor, args.prepull);
     let end = match (args.operation, &args.node) {
         (Operation::Remove, Some(node)) => {
@@ -204,6 +219,7 @@ fn main() {
             runtime.block_on(run_operation(&sim, "upgrade", &executor, MAX_PASSES, |sim| progress.show(sim)))
         }
     };
+    progress.finish();
     // The same world (seed, durations) with pre-pulls the other way, for --compare.
     let other_prepull = (args.compare && args.operation == Operation::Upgrade).then(|| {
         let other = SimCluster::new(config.clone());
@@ -219,6 +235,12 @@ fn main() {
         std::process::exit(EXIT_NOT_COMPLETED);
     }
     let report = sim.report(args.max_unavailable as usize);
+    if let Some(file) = timeline_file
+        && let Err(e) = write_timeline(file, &sim, &report, &args)
+    {
+        eprintln!("error: writing the timeline: {e}");
+        std::process::exit(EXIT_NOT_COMPLETED);
+    }
     let wall_s = started.elapsed().as_secs_f64();
     let compare = args.compare.then(|| {
         let peers = sim.with_world(|w| ichor_adapters::sim::peers::peers(w, args.max_unavailable as usize));
@@ -287,6 +309,45 @@ fn write_trace(file: File, sim: &SimCluster) -> std::io::Result<()> {
         out.write_all(b"\n")?;
     }
     out.flush()
+}
+
+/// A simulator's trace record as the timeline reads it.
+fn trace_record(e: &TraceEvent) -> ichor_timeline::TraceRecord {
+    ichor_timeline::TraceRecord {
+        t: e.t,
+        node: e.node.clone(),
+        role: e.role.to_owned(),
+        event: e.event.name().to_owned(),
+        version: e.version.clone(),
+        reason: e.reason.clone(),
+        message: e.message.clone(),
+    }
+}
+
+fn write_timeline(mut file: File, sim: &SimCluster, report: &Report, args: &Args) -> std::io::Result<()> {
+    let records: Vec<ichor_timeline::TraceRecord> = sim.read_world(|w| w.trace.iter().map(trace_record).collect());
+    let timeline = ichor_timeline::Timeline::from_records(&records);
+    let title = format!(
+        "{} control planes + {} workers, {} to {}, maxUnavailable {}, seed {}{}",
+        args.control_planes,
+        args.workers,
+        args.from,
+        args.to,
+        args.max_unavailable,
+        args.seed,
+        if args.faults.is_empty() {
+            String::new()
+        } else {
+            format!(", faults {}", args.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","))
+        }
+    );
+    let options = ichor_timeline::Options {
+        title,
+        bound_s: (report.lower_bound_s > 0.0).then_some(report.lower_bound_s),
+        ..ichor_timeline::Options::default()
+    };
+    file.write_all(ichor_timeline::render(&timeline, &options).to_string().as_bytes())?;
+    file.flush()
 }
 
 /// Why the run ended as it did: the operation's last reason, and each failed machine's.
@@ -423,7 +484,8 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
     }
 }
 
-/// Live progress: one line per change of the world, and a progress bar.
+/// Live progress: one line per change of the world, and a progress bar; or, on a
+/// terminal, bars redrawn in place (see [`Bars`]).
 struct Progress {
     to_stderr: bool,
     tty: bool,
@@ -431,16 +493,38 @@ struct Progress {
     nodes: usize,
     target: String,
     last_bar: Option<usize>,
+    bars: Option<Bars>,
 }
 
 impl Progress {
     fn new(to_stderr: bool, nodes: usize, target: String) -> Self {
         let tty = if to_stderr { std::io::stderr().is_terminal() } else { std::io::stdout().is_terminal() };
-        Self { to_stderr, tty, shown: 0, nodes, target, last_bar: None }
+        Self { to_stderr, tty, shown: 0, nodes, target, last_bar: None, bars: None }
+    }
+
+    /// Turns the bars on when asked, or by default on a terminal.
+    fn bars(&mut self, asked: Option<Switch>, control_planes: usize, wave_size: usize) {
+        if asked.map_or(self.tty, |s| s == Switch::On) {
+            let target = if self.to_stderr {
+                indicatif::ProgressDrawTarget::stderr()
+            } else {
+                indicatif::ProgressDrawTarget::stdout()
+            };
+            self.bars = Some(Bars::new(target, control_planes, self.nodes - control_planes, wave_size));
+        }
+    }
+
+    /// Ends the bars, leaving their last state on the terminal.
+    fn finish(&mut self) {
+        if let Some(bars) = self.bars.take() {
+            bars.finish();
+        }
     }
 
     fn line(&self, text: &str) {
-        if self.to_stderr {
+        if let Some(bars) = &self.bars {
+            bars.multi.println(text).ok();
+        } else if self.to_stderr {
             eprintln!("{text}");
         } else {
             println!("{text}");
@@ -462,7 +546,23 @@ impl Progress {
             (new, on_target, w.now.saturating_since(w.start).as_secs_f64())
         });
         self.shown += events.len();
-        for e in &events {
+        if let Some(bars) = &mut self.bars {
+            for e in &events {
+                bars.observe(e);
+                // Routine changes are in the bars; what needs reading stays as lines.
+                if e.reason.is_some() || e.event == TraceKind::ControllerRestart {
+                    let detail = match (&e.reason, &e.message) {
+                        (Some(reason), Some(message)) => format!(": {reason}: {message}"),
+                        (Some(reason), None) => format!(": {reason}"),
+                        _ => String::new(),
+                    };
+                    bars.multi.println(format!("[{}] {:<10} {}{detail}", clock(e.t), e.node, e.event.name())).ok();
+                }
+            }
+            bars.redraw(now);
+            return;
+        }
+        for e in events.iter().filter(|e| e.event != TraceKind::Listed) {
             let detail = match (e.event, &e.reason, &e.message) {
                 (TraceKind::RebootEnd, _, _) => format!(" into {}", e.version.as_deref().unwrap_or("?")),
                 (_, Some(reason), Some(message)) => format!(": {reason}: {message}"),
@@ -483,6 +583,125 @@ impl Progress {
                 self.nodes,
                 self.target
             ));
+        }
+    }
+}
+
+/// The live view on a terminal: a bar for the control planes, one per wave of workers (the
+/// machines in the order they started, `maxUnavailable` to a wave; the last few waves
+/// shown), one for the whole cluster, and a line counting the machines in each phase.
+struct Bars {
+    multi: indicatif::MultiProgress,
+    tracker: ichor_timeline::Tracker,
+    control_planes: indicatif::ProgressBar,
+    waves: Vec<indicatif::ProgressBar>,
+    /// Each started worker's wave.
+    wave_of: std::collections::HashMap<String, usize>,
+    workers: usize,
+    wave_size: usize,
+    total: indicatif::ProgressBar,
+    phases: indicatif::ProgressBar,
+}
+
+/// The most wave bars on the screen at once: the older finished ones make room.
+const WAVE_BARS_SHOWN: usize = 6;
+
+impl Bars {
+    fn new(target: indicatif::ProgressDrawTarget, control_planes: usize, workers: usize, wave_size: usize) -> Self {
+        let multi = indicatif::MultiProgress::with_draw_target(target);
+        let style = indicatif::ProgressStyle::with_template("{prefix:>15} [{bar:30}] {pos:>5}/{len:<5} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("#>-");
+        let bar = |len: usize, prefix: String| {
+            indicatif::ProgressBar::new(len as u64).with_style(style.clone()).with_prefix(prefix)
+        };
+        let control_planes_bar = multi.add(bar(control_planes, "control planes".to_owned()));
+        let total = multi.add(bar(control_planes + workers, "all machines".to_owned()));
+        let phases = multi.add(
+            indicatif::ProgressBar::new(0)
+                .with_style(
+                    indicatif::ProgressStyle::with_template("{prefix:>15} {msg}")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                )
+                .with_prefix("phases"),
+        );
+        Self {
+            multi,
+            tracker: ichor_timeline::Tracker::new(),
+            control_planes: control_planes_bar,
+            waves: Vec::new(),
+            wave_of: std::collections::HashMap::new(),
+            workers,
+            wave_size: wave_size.max(1),
+            total,
+            phases,
+        }
+    }
+
+    fn observe(&mut self, e: &TraceEvent) {
+        let record = trace_record(e);
+        let before = self.tracker.machine(&e.node).and_then(ichor_timeline::Machine::phase);
+        self.tracker.observe(&record);
+        let Some(machine) = self.tracker.machine(&e.node) else { return };
+        let after = machine.phase();
+        let (started, control_plane) = (machine.started.is_some(), machine.is_control_plane());
+        if !control_plane && started && !self.wave_of.contains_key(&e.node) {
+            let wave = self.wave_of.len() / self.wave_size;
+            self.wave_of.insert(e.node.clone(), wave);
+            if wave == self.waves.len() {
+                let len = self.wave_size.min(self.workers - wave * self.wave_size);
+                let bar = indicatif::ProgressBar::new(len as u64)
+                    .with_style(self.control_planes.style())
+                    .with_prefix(format!("wave {}", wave + 1));
+                let bar = self.multi.insert_before(&self.total, bar);
+                self.waves.push(bar);
+                self.make_room();
+            }
+        }
+        let done = |p: Option<ichor_timeline::Phase>| {
+            p.is_some_and(|p| matches!(p, ichor_timeline::Phase::Converged | ichor_timeline::Phase::Removed))
+        };
+        if done(after) && !done(before) {
+            self.total.inc(1);
+            if control_plane {
+                self.control_planes.inc(1);
+            } else if let Some(bar) = self.wave_of.get(&e.node).and_then(|w| self.waves.get(*w)) {
+                bar.inc(1);
+                if bar.position() == bar.length().unwrap_or(0) {
+                    bar.finish();
+                }
+            }
+        }
+    }
+
+    /// Removes the oldest finished wave bars beyond [`WAVE_BARS_SHOWN`].
+    fn make_room(&mut self) {
+        let mut shown: Vec<&indicatif::ProgressBar> = self.waves.iter().filter(|b| !b.is_hidden()).collect();
+        while shown.len() > WAVE_BARS_SHOWN {
+            match shown.iter().position(|b| b.is_finished()) {
+                Some(i) => {
+                    self.multi.remove(shown[i]);
+                    shown[i].set_draw_target(indicatif::ProgressDrawTarget::hidden());
+                    shown.remove(i);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn redraw(&mut self, now: f64) {
+        let (counts, idle) = self.tracker.counts();
+        let mut text: Vec<String> = counts.iter().map(|(phase, n)| format!("{} {n}", phase.label())).collect();
+        let unseen = self.total.length().unwrap_or(0) as usize - self.tracker.machines().len();
+        if idle + unseen > 0 {
+            text.push(format!("waiting their turn {}", idle + unseen));
+        }
+        self.phases.set_message(format!("[{}] {}", clock(now), text.join(" · ")));
+    }
+
+    fn finish(self) {
+        for bar in self.waves.iter().chain([&self.control_planes, &self.total, &self.phases]) {
+            bar.abandon();
         }
     }
 }

@@ -6,106 +6,20 @@
 //! the ClusterRole in `deploy/operator.yaml`, and every request they made (read from their
 //! `/metrics`) must be one that role names.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ichor_adapters::kubernetes::crd::{TalosMachine, TalosOperation, TalosOperationSpec};
-use ichor_operator::metrics::sample;
 use ichor_operator::{fleet, rbac};
-use ichor_testkit::example_binary;
 use ichor_testkit::kube::TestNamespace;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{Process, TIME_SCALE, eventually};
 
-/// Virtual seconds per second: a machine's upgrade (about 2-5 virtual minutes) in 1-2 s.
-const TIME_SCALE: &str = "150";
-/// The most any scenario may take.
-const BOUND: Duration = Duration::from_secs(240);
-
-/// A process of the operator example; killed when dropped, its log printed when the test
-/// failed.
-struct Process {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    port: u16,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl Process {
-    fn start(name: &str, dir: &Path, kubeconfig: &Path, args: &[&str]) -> Self {
-        let port = free_port();
-        let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(example_binary("operator"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--log-format", "json"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .unwrap();
-        Self { name: name.to_owned(), child, log, port }
-    }
-
-    async fn metrics(&self) -> Option<String> {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.ok()?;
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await.ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await.ok()?;
-        text.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
-    }
-
-    async fn value(&self, series: &str) -> Option<f64> {
-        sample(&self.metrics().await?, series)
-    }
-
-    fn kill(&mut self) {
-        self.child.kill().ok();
-        self.child.wait().ok();
-    }
-
-    /// SIGTERM, then its exit code.
-    fn terminate(&mut self) -> Option<i32> {
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("{} did not stop within 60 s of SIGTERM", self.name);
-    }
-
-    fn log_lines(&self) -> Vec<String> {
-        std::fs::File::open(&self.log)
-            .map(|f| BufReader::new(f).lines().map_while(Result::ok).collect())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-        if std::thread::panicking() {
-            let lines = self.log_lines();
-            let tail = &lines[lines.len().saturating_sub(60)..];
-            eprintln!("----- last lines of {} ({})\n{}", self.name, self.log.display(), tail.join("\n"));
-        }
-    }
-}
+mod support;
 
 /// A scenario: its namespace, a temporary directory, and a client.
 struct Scene {
@@ -220,18 +134,6 @@ fn typed<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> serde_json:
     value["apiVersion"] = T::API_VERSION.into();
     value["kind"] = T::KIND.into();
     value
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + BOUND;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {BOUND:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Every Node of the fleet on the target and Ready.

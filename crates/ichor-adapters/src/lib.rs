@@ -4,6 +4,7 @@
 //! - [`sim`]: a simulated Talos cluster implementing `TalosApi`, `KubeApi`, `StorageApi`
 //!   and `Clock` on virtual time, for the examples, property tests and benches;
 //! - [`snapshot_store`]: where etcd snapshots go, a mounted directory or S3-compatible storage;
+//! - [`trace`]: the records of a rollout's trace, which the simulator and the operator write;
 //! - (to come) a tonic client of the Talos machine API, a kube-rs client, a storage backend.
 //!
 //! # What this crate must not do
@@ -18,5 +19,6 @@ pub mod longhorn;
 pub mod sim;
 pub mod snapshot_store;
 pub mod talos;
+pub mod trace;
 
 pub use clock::SystemClock;

@@ -44,6 +44,7 @@ use kube::{Client, ResourceExt};
 
 use crate::leader::leads;
 use crate::metrics::{EngineCalls, Metrics, Operations};
+use crate::trace::{Recorder, TraceSink, TracedKube, TracedStorage, TracedTalos};
 
 /// How long a cluster's Talos client is used before its Secret is read again.
 pub const TALOSCONFIG_TTL: Duration = Duration::from_secs(60);
@@ -73,6 +74,9 @@ pub struct OperatorConfig {
     /// Where etcd snapshots go (`None`: nowhere, and an operation that requires one pauses
     /// before its first control plane, saying so).
     pub snapshots: Option<Arc<dyn SnapshotStore>>,
+    /// Where the trace of what the engine does and sees goes ([`crate::trace`]; `None`: no
+    /// trace). Its time starts when the controller does.
+    pub trace: Option<Arc<dyn TraceSink>>,
 }
 
 /// Whether the operator is ready (its stores listed) and alive (its controller running).
@@ -132,6 +136,11 @@ pub struct Context {
     metrics: Arc<Metrics>,
     leading: tokio::sync::watch::Receiver<Option<Instant>>,
     storage: LonghornStorage,
+    /// Records the trace, when one is asked for: the controller's own records.
+    trace: Option<Arc<Recorder>>,
+    /// Its recorders by namespace (machine names are unique only within one), on the same
+    /// sink and clock.
+    recorders: Mutex<HashMap<String, Arc<Recorder>>>,
     kubes: Mutex<HashMap<String, KubeCluster>>,
     talos: tokio::sync::Mutex<HashMap<(String, String), CachedTalos>>,
     /// Per operation (namespace, name): which machines' waits still stand. Forgotten
@@ -183,11 +192,13 @@ impl Context {
         for job in queue.take() {
             let (ctx, queue, talos, kube) = (Arc::clone(self), Arc::clone(queue), Arc::clone(talos), kube.clone());
             let operation = ObjectRef::new(name).within(namespace);
+            let recorder = self.recorder(namespace);
             let task = tokio::spawn(async move {
+                let recorder = recorder.as_deref();
                 let ex = Executor {
-                    talos: talos.as_ref(),
-                    kube: &kube,
-                    storage: &ctx.storage,
+                    talos: &TracedTalos { inner: talos.as_ref(), recorder },
+                    kube: &TracedKube { inner: &kube, recorder },
+                    storage: &TracedStorage { inner: &ctx.storage, recorder },
                     clock: &SystemClock,
                     config: &ctx.config.executor,
                     snapshots: None,
@@ -203,6 +214,13 @@ impl Context {
             });
             handles.push(task.abort_handle());
         }
+    }
+
+    /// The trace's recorder of `namespace`'s machines, when a trace is asked for.
+    fn recorder(&self, namespace: &str) -> Option<Arc<Recorder>> {
+        let root = self.trace.as_ref()?;
+        let mut recorders = self.recorders.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(Arc::clone(recorders.entry(namespace.to_owned()).or_insert_with(|| Arc::new(root.scope()))))
     }
 
     fn kube(&self, namespace: &str) -> KubeCluster {
@@ -360,11 +378,13 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         kube.ensure_finalizer(&name).await.map_err(ControllerError::Finalizer)?;
         let talos = ctx.talos(&namespace, &op.spec.cluster).await;
         let queue = ctx.background(&namespace, &name);
+        let recorder = ctx.recorder(&namespace);
+        let recorder = recorder.as_deref();
         let executor = Executor {
             snapshots: ctx.config.snapshots.as_deref(),
-            talos: talos.as_ref(),
-            kube: &kube,
-            storage: &ctx.storage,
+            talos: &TracedTalos { inner: talos.as_ref(), recorder },
+            kube: &TracedKube { inner: &kube, recorder },
+            storage: &TracedStorage { inner: &ctx.storage, recorder },
             clock: &SystemClock,
             config: &ctx.config.executor,
             background: Some(queue.as_ref()),
@@ -525,18 +545,25 @@ pub async fn run(
     // Every operation is reconciled when this replica starts to lead, or leads again after
     // its leadership lapsed.
     let (gained_tx, gained_rx) = futures::channel::mpsc::unbounded::<()>();
+    let recorder = config.trace.clone().map(|sink| Arc::new(Recorder::new(sink)));
     // An operation whose background install ended is looked at again at once.
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded::<ObjectRef<TalosOperation>>();
     {
         let leading = leading.clone();
         let metrics = Arc::clone(&metrics);
+        let (recorder, identity) = (recorder.clone(), config.identity.clone());
         tokio::spawn(async move {
             let mut was = false;
             loop {
                 let now = leads(*leading.borrow());
                 metrics.leader.set(i64::from(now));
-                if now && !was && gained_tx.unbounded_send(()).is_err() {
-                    return;
+                if now && !was {
+                    if let Some(recorder) = &recorder {
+                        recorder.controller_started(&identity);
+                    }
+                    if gained_tx.unbounded_send(()).is_err() {
+                        return;
+                    }
                 }
                 was = now;
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -564,6 +591,8 @@ pub async fn run(
         metrics,
         leading,
         storage,
+        trace: recorder,
+        recorders: Mutex::new(HashMap::new()),
         kubes: Mutex::new(HashMap::new()),
         talos: tokio::sync::Mutex::new(HashMap::new()),
         memories: Mutex::new(HashMap::new()),

@@ -7,6 +7,8 @@
 //! - [`requests`] and [`rbac`]: every API request counted by RBAC verb and resource, the
 //!   ClusterRole that allows exactly those, and the manifests in `deploy/`.
 //! - [`fleet`]: a simulated Talos fleet on a real API server, to try it with no machines.
+//! - [`trace`]: the trace of what the engine does and sees, in the simulator's records
+//!   ([`ichor_adapters::trace`]), as JSON lines.
 //! - [`run`]: all of it together, as `cargo run --example operator` runs it.
 //!
 //! What it must not do: decide anything about a rollout (the engine does), or reconcile
@@ -20,6 +22,7 @@ pub mod leader;
 pub mod metrics;
 pub mod rbac;
 pub mod requests;
+pub mod trace;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +33,7 @@ pub use controller::{Health, OperatorConfig};
 pub use fleet::{Fleet, FleetConfig};
 pub use leader::{ElectionConfig, Leadership};
 pub use metrics::Metrics;
+pub use trace::{Recorder, TraceFile, TraceSink};
 
 /// What a process runs.
 #[derive(Debug, Clone)]

@@ -26,6 +26,8 @@ pub mod lifecycle;
 pub mod reconcile;
 pub mod removal;
 pub mod snapshot;
+#[cfg(feature = "proptest")]
+pub mod strategies;
 pub mod talos_api;
 
 pub use advance::{AdvanceError, Executor, advance_machine, advance_machine_with};

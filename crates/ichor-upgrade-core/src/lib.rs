@@ -46,6 +46,8 @@ pub mod preflight;
 pub mod removal_step;
 pub mod rollout;
 pub mod status;
+#[cfg(feature = "proptest")]
+pub mod strategies;
 pub mod talos_step;
 pub mod time;
 pub mod upgrade_marker;

@@ -16,6 +16,8 @@ pub mod peers;
 mod rng;
 pub mod runner;
 pub mod snapshot;
+#[cfg(feature = "proptest")]
+pub mod strategies;
 pub mod trace;
 pub mod world;
 

@@ -265,7 +265,7 @@ impl PreflightWatch {
 /// Waits, in virtual time, until the controller is woken: its requeue time, or a watch
 /// event reaching it (under [`Wake::Oracle`], any change of the world). The world moves on
 /// meanwhile, change by change. `false` when nothing will ever wake it.
-async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
+pub(crate) async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
     loop {
         let (now, wake, change, oracle) = sim.with_world_untouched(|w| {
             w.sync_clock();
@@ -351,14 +351,16 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
 }
 
 /// Whether the run is over: completed, refused, or paused with nothing in flight.
-fn finished(sim: &SimCluster, name: &str, phase: &Phase) -> Option<RunEnd> {
+pub(crate) fn finished(sim: &SimCluster, name: &str, phase: &Phase) -> Option<RunEnd> {
     match phase {
         Phase::Completed => Some(RunEnd::Completed),
         Phase::Refused(_) => Some(RunEnd::Refused),
         Phase::Paused(_) => sim.with_world_untouched(|w| {
             let upgrading = w.nodes.iter().any(|n| !n.removed && n.upgrading());
-            let in_flight =
-                w.operations[name].info.status.machines.values().any(|r| r.state == RecordState::InProgress);
+            let in_flight = w
+                .operations
+                .get(name)
+                .is_some_and(|op| op.info.status.machines.values().any(|r| r.state == RecordState::InProgress));
             (!upgrading && !in_flight).then_some(RunEnd::Paused)
         }),
         Phase::Pending | Phase::Progressing | Phase::Waiting(_) => None,

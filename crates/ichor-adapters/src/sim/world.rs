@@ -415,6 +415,8 @@ pub struct World {
     pub crash: CrashState,
     /// When the APIs refuse calls: from, until.
     pub outage: Option<(Timestamp, Timestamp)>,
+    /// The outage's start is in the trace.
+    outage_traced: bool,
     /// Evictions are blocked until then (a PodDisruptionBudget).
     pub pdb_blocked_until: Option<Timestamp>,
     /// The `payments/ledger` PodDisruptionBudget allows no disruption until then (the
@@ -644,6 +646,7 @@ impl World {
             reboots: Vec::new(),
             crash: CrashState::default(),
             outage: None,
+            outage_traced: false,
             pdb_blocked_until: None,
             pdb_zero_until: None,
             single_replica_until: None,
@@ -671,6 +674,9 @@ impl World {
             .enumerate()
             .flat_map(|(i, n)| n.pods.iter().map(move |p| ((p.namespace.clone(), p.name.clone()), i)))
             .collect();
+        for i in 0..world.nodes.len() {
+            world.record(i, TraceKind::Listed);
+        }
         world.measure();
         world
     }
@@ -1287,6 +1293,20 @@ impl World {
         });
     }
 
+    /// Records a trace event about the cluster as a whole (its API servers).
+    fn record_cluster(&mut self, kind: TraceKind) {
+        self.trace.push(TraceEvent {
+            t: self.now.saturating_since(self.start).as_secs_f64(),
+            node: "cluster".to_owned(),
+            role: "cluster",
+            event: kind,
+            version: None,
+            boot_id: None,
+            reason: None,
+            message: None,
+        });
+    }
+
     /// Records a trace event about the operation itself, with its reason and message.
     pub(crate) fn record_operation(&mut self, kind: TraceKind, reason: &str, message: String) {
         self.trace.push(TraceEvent {
@@ -1395,8 +1415,15 @@ impl World {
             }
             self.changed(i);
         }
-        if self.outage.is_some_and(|(_, until)| now >= until) {
-            self.outage = None;
+        if let Some((from, until)) = self.outage {
+            if now >= from && !self.outage_traced {
+                self.outage_traced = true;
+                self.record_cluster(TraceKind::ApiOutage);
+            }
+            if now >= until {
+                self.outage = None;
+                self.record_cluster(TraceKind::ApiBack);
+            }
         }
         if self.pdb_blocked_until.is_some_and(|t| now >= t) {
             self.pdb_blocked_until = None;

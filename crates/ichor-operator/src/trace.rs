@@ -1,0 +1,1249 @@
+//! The operator's trace: the records of [`ichor_adapters::trace`] (the simulator's), written
+//! from what the engine does and sees on a real cluster, so that one tool draws a rollout
+//! run by either.
+//!
+//! A [`Recorder`] is told of every call the engine makes through decorators over its three
+//! seams, [`TracedTalos`], [`TracedKube`] and [`TracedStorage`]: each forwards every call
+//! unchanged (the same results, the same errors) and, on a success that is a change, records
+//! it. Nothing is recorded from a failed call. `t` is the wall-clock seconds since the
+//! recorder was made; the records are in time order.
+//!
+//! | record | when |
+//! | --- | --- |
+//! | `upgrade-call` | `MachineService.Upgrade` acknowledged |
+//! | `image-pull-start`, `image-pulled` | an `ImageService.Pull` of an image not yet pulled there begins; it answers |
+//! | `install-start`, `installed` | `LifecycleService.Upgrade` begins; it ends with exit code 0 |
+//! | `reboot-call` | `MachineService.Reboot` answered |
+//! | `etcd-snapshot` | `EtcdSnapshot` began streaming |
+//! | `cordon`, `uncordon` | the engine's cordon written, lifted |
+//! | `drain` | the first pod evicted from a node since its cordon |
+//! | `shown-not-ready`, `reboot-end`, `ready` | a Node the engine reads turned NotReady; shows a new boot ID (with the version it shows); turned Ready (or shows a new boot ID and is Ready) |
+//! | `evacuation-start`, `evacuated`, `evacuation-end` | storage evacuation asked; no replica left on the node; scheduling put back |
+//! | `converged` | a machine's `TalosUpgrade` condition written as converged |
+//! | `failed` | a machine newly failed in the operation's status, with its reason and message |
+//! | `paused`, `resumed` | the operation's phase turned paused, left it (on the failed machine's row, else the operation's) |
+//! | `waiting`, `refused` | the operation waits, or is refused, for a reason new since its last status |
+//! | `removed` | a Node deleted (a removal) |
+//! | `controller-restart` | this replica's controller began to lead (row `controller`) |
+//!
+//! Talos calls name a machine by its Talos address: the recorder maps addresses to nodes and
+//! roles from the machines the engine reads (`KubeApi::machines`), and the node name from
+//! the machine's hostname or, without one, Talos's answer to `nodename`. Calls about a
+//! machine it has not seen yet, and Nodes that are no machine's, are not recorded.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::time::Instant;
+
+use async_trait::async_trait;
+pub use ichor_adapters::trace::{TraceEvent, TraceKind};
+use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
+use ichor_talos_executor::kube_api::{
+    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+    PodInfo,
+};
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
+    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
+use ichor_upgrade_core::conditions::{Condition, ConditionStatus, Conditions};
+use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::preflight::ClusterFacts;
+use ichor_upgrade_core::rollout::{OperationStatus, Phase};
+use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
+
+/// Where trace records go. Called with the recorder's lock held: it must not block (hand the
+/// record to another thread, as [`TraceFile`] does).
+pub trait TraceSink: Send + Sync + fmt::Debug {
+    /// Takes one record.
+    fn record(&self, event: TraceEvent);
+}
+
+/// A trace file: JSON lines, appended by a thread of its own, flushed whenever it has
+/// written every record handed to it so far. A pass never waits for the disk: when the
+/// writer is [`TRACE_BACKLOG`] records behind (a stalled disk), further records are
+/// dropped and counted ([`TraceFile::dropped`]) instead.
+#[derive(Debug)]
+pub struct TraceFile {
+    path: PathBuf,
+    records: mpsc::SyncSender<TraceEvent>,
+    dropped: AtomicU64,
+}
+
+/// How many records a [`TraceFile`] holds for its writer before it drops new ones.
+pub const TRACE_BACKLOG: usize = 65_536;
+
+impl TraceFile {
+    /// Creates (or truncates) the file at `path` and starts its writer.
+    ///
+    /// # Errors
+    /// The file cannot be created.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        let file = std::fs::File::create(path)?;
+        let (tx, rx) = mpsc::sync_channel::<TraceEvent>(TRACE_BACKLOG);
+        let shown = path.display().to_string();
+        std::thread::Builder::new().name("ichor-trace".to_owned()).spawn(move || write_records(file, &rx, &shown))?;
+        Ok(Self { path: path.to_owned(), records: tx, dropped: AtomicU64::new(0) })
+    }
+
+    /// How many records were dropped because the writer was too far behind.
+    #[must_use]
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The file's path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl TraceSink for TraceFile {
+    fn record(&self, event: TraceEvent) {
+        match self.records.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(_)) => {
+                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                    let path = self.path.display().to_string();
+                    tracing::warn!(path, "the trace's writer is {TRACE_BACKLOG} records behind; dropping records");
+                }
+            }
+            // The writer ends only when the file is dropped.
+            Err(mpsc::TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// Writes records from `rx` to `file` until every sender is gone; a write error is logged
+/// once, and the records after it are dropped.
+fn write_records(file: std::fs::File, rx: &mpsc::Receiver<TraceEvent>, path: &str) {
+    let mut out = std::io::BufWriter::new(file);
+    let mut failed = false;
+    while let Ok(first) = rx.recv() {
+        let mut result = write_line(&mut out, &first);
+        while let Ok(next) = rx.try_recv() {
+            result = result.and_then(|()| write_line(&mut out, &next));
+        }
+        result = result.and_then(|()| out.flush());
+        if let Err(e) = result
+            && !failed
+        {
+            failed = true;
+            tracing::warn!(path, error = %e, "writing the trace failed; its further records are dropped");
+        }
+    }
+    out.flush().ok();
+}
+
+fn write_line(out: &mut impl Write, event: &TraceEvent) -> std::io::Result<()> {
+    serde_json::to_writer(&mut *out, event)?;
+    out.write_all(b"\n")
+}
+
+/// Records kept in memory, for tests and for embedders that draw them themselves.
+#[derive(Debug, Default)]
+pub struct TraceBuffer(Mutex<Vec<TraceEvent>>);
+
+impl TraceBuffer {
+    /// The records so far, in order.
+    #[must_use]
+    pub fn events(&self) -> Vec<TraceEvent> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl TraceSink for TraceBuffer {
+    fn record(&self, event: TraceEvent) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).push(event);
+    }
+}
+
+/// Turns what the engine does and sees into trace records (see the module's table).
+///
+/// It remembers machines by name: the machines of one recorder must have unique names (one
+/// namespace's). [`Recorder::scope`] gives another, for another namespace, on the same sink
+/// and clock.
+#[derive(Debug)]
+pub struct Recorder {
+    shared: Arc<Shared>,
+    state: Mutex<State>,
+}
+
+/// What the recorders of one trace share.
+#[derive(Debug)]
+struct Shared {
+    sink: Arc<dyn TraceSink>,
+    start: Instant,
+    /// Held while a record is stamped and handed over: the records are in time order.
+    order: Mutex<()>,
+    /// This replica has led before: leading again is a restart of the controller's work.
+    led: std::sync::atomic::AtomicBool,
+}
+
+/// What the recorder remembers to tell a change from a repeat.
+#[derive(Debug, Default)]
+struct State {
+    /// By machine name.
+    machines: HashMap<String, Machine>,
+    /// Machine names by Talos address.
+    by_address: HashMap<String, String>,
+    /// Node names Talos gave, by address.
+    nodenames: HashMap<String, String>,
+    /// The role of each machine's node, by node name.
+    node_roles: HashMap<String, &'static str>,
+    /// What each machine's Node last showed, by node name.
+    nodes: HashMap<String, NodeSeen>,
+    /// The node of each pod the engine listed, by (namespace, name).
+    pods: HashMap<(String, String), String>,
+    /// Nodes with a drain recorded since their last cordon.
+    drained: HashSet<String>,
+    /// Storage evacuations, by node name.
+    evacuations: HashMap<String, Evacuation>,
+    /// The (address, image) pairs pulled.
+    pulled: HashSet<(String, String)>,
+    /// The last status of each operation, as read or written.
+    statuses: HashMap<String, OperationStatus>,
+    /// The last `TalosUpgrade` condition of each machine, as read or written.
+    upgrades: HashMap<String, Option<Condition>>,
+}
+
+#[derive(Debug)]
+struct Machine {
+    role: MachineRole,
+    address: String,
+    hostname: Option<String>,
+}
+
+#[derive(Debug)]
+struct NodeSeen {
+    ready: bool,
+    boot_id: String,
+    version: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evacuation {
+    Open { evacuated: bool },
+    Closed,
+}
+
+/// Who a record is about.
+struct Subject {
+    node: String,
+    role: &'static str,
+}
+
+impl Recorder {
+    /// A recorder into `sink`, its time starting now.
+    #[must_use]
+    pub fn new(sink: Arc<dyn TraceSink>) -> Self {
+        let shared = Shared { sink, start: Instant::now(), order: Mutex::new(()), led: false.into() };
+        Self { shared: Arc::new(shared), state: Mutex::new(State::default()) }
+    }
+
+    /// A recorder into the same sink on the same clock, remembering nothing yet: for the
+    /// machines of another namespace.
+    #[must_use]
+    pub fn scope(&self) -> Self {
+        Self { shared: Arc::clone(&self.shared), state: Mutex::new(State::default()) }
+    }
+
+    /// Records that this replica's controller began to lead again after its leadership
+    /// lapsed (a `controller-restart`: it acts again from what the cluster shows, as a
+    /// restarted controller does); the first time it leads is the trace's start, not
+    /// recorded.
+    pub fn controller_started(&self, identity: &str) {
+        if !self.shared.led.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let state = self.lock();
+        let subject = Subject { node: "controller".to_owned(), role: "controller" };
+        let why =
+            Some(("LeadingAgain".to_owned(), format!("{identity} leads again and acts from what the cluster shows")));
+        self.emit(&state, &subject, TraceKind::ControllerRestart, why);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands one record to the sink, stamped now (under the shared order lock: records
+    /// are in time order).
+    fn emit(&self, state: &State, subject: &Subject, event: TraceKind, why: Option<(String, String)>) {
+        let seen = state.nodes.get(&subject.node);
+        let (reason, message) = why.map_or((None, None), |(r, m)| (Some(r), Some(m)));
+        let _order = self.shared.order.lock().unwrap_or_else(PoisonError::into_inner);
+        self.shared.sink.record(TraceEvent {
+            t: self.shared.start.elapsed().as_secs_f64(),
+            node: subject.node.clone(),
+            role: subject.role,
+            event,
+            version: seen.and_then(|s| s.version.clone()),
+            boot_id: seen.map(|s| s.boot_id.clone()).filter(|b| !b.is_empty()),
+            reason,
+            message,
+        });
+    }
+
+    // ----- what the Talos API did
+
+    fn talos_call(&self, address: &str, event: TraceKind) {
+        let state = self.lock();
+        if let Some(subject) = state.by_talos_address(address) {
+            self.emit(&state, &subject, event, None);
+        }
+    }
+
+    fn nodename(&self, address: &str, name: &str) {
+        let mut state = self.lock();
+        if state.nodenames.get(address).is_some_and(|n| n == name) {
+            return;
+        }
+        state.nodenames.insert(address.to_owned(), name.to_owned());
+        if let Some(subject) = state.by_talos_address(address) {
+            state.node_roles.insert(subject.node, subject.role);
+        }
+    }
+
+    /// Whether a pull of `image` onto `address` begins a pull not recorded yet (and records
+    /// its start).
+    fn pull_started(&self, address: &str, image: &str) -> bool {
+        let state = self.lock();
+        if state.pulled.contains(&(address.to_owned(), image.to_owned())) {
+            return false;
+        }
+        if let Some(subject) = state.by_talos_address(address) {
+            self.emit(&state, &subject, TraceKind::ImagePullStart, None);
+        }
+        true
+    }
+
+    fn pulled(&self, address: &str, image: &str) {
+        let mut state = self.lock();
+        if state.pulled.insert((address.to_owned(), image.to_owned()))
+            && let Some(subject) = state.by_talos_address(address)
+        {
+            self.emit(&state, &subject, TraceKind::ImagePulled, None);
+        }
+    }
+
+    // ----- what the Kubernetes API showed and took
+
+    fn machines(&self, machines: &[Arc<MachineInfo>]) {
+        let mut state = self.lock();
+        for machine in machines {
+            state.learn(machine);
+        }
+    }
+
+    fn machine(&self, machine: &MachineInfo) {
+        self.lock().learn(machine);
+    }
+
+    fn node_seen(&self, node: &NodeInfo) {
+        let mut state = self.lock();
+        let Some(role) = state.role_of_node(&node.name) else { return };
+        let version = talos_version(&node.os_image);
+        let Some(before) = state.nodes.get_mut(&node.name) else {
+            let seen =
+                NodeSeen { ready: node.ready, boot_id: node.boot_id.clone(), version: version.map(str::to_owned) };
+            state.nodes.insert(node.name.clone(), seen);
+            // The machine as first seen: in the trace even if nothing happens to it.
+            self.emit(&state, &Subject { node: node.name.clone(), role }, TraceKind::Listed, None);
+            return;
+        };
+        let (was_ready, rebooted) = (before.ready, !node.boot_id.is_empty() && node.boot_id != before.boot_id);
+        if was_ready == node.ready && !rebooted && before.version.as_deref() == version {
+            return;
+        }
+        let rebooted = rebooted && !before.boot_id.is_empty();
+        *before = NodeSeen { ready: node.ready, boot_id: node.boot_id.clone(), version: version.map(str::to_owned) };
+        let subject = Subject { node: node.name.clone(), role };
+        if was_ready && !node.ready {
+            self.emit(&state, &subject, TraceKind::ShownNotReady, None);
+        }
+        if rebooted {
+            self.emit(&state, &subject, TraceKind::RebootEnd, None);
+        }
+        if node.ready && (!was_ready || rebooted) {
+            self.emit(&state, &subject, TraceKind::Ready, None);
+        }
+    }
+
+    fn node_event(&self, node: &str, event: TraceKind) {
+        let mut state = self.lock();
+        if matches!(event, TraceKind::Cordon | TraceKind::Uncordon) {
+            state.drained.remove(node);
+        }
+        if let Some(role) = state.role_of_node(node) {
+            self.emit(&state, &Subject { node: node.to_owned(), role }, event, None);
+        }
+    }
+
+    fn pods(&self, node: &str, pods: &[PodInfo]) {
+        let mut state = self.lock();
+        for pod in pods {
+            state.pods.insert((pod.namespace.clone(), pod.name.clone()), node.to_owned());
+        }
+    }
+
+    fn evicted(&self, namespace: &str, name: &str) {
+        let mut state = self.lock();
+        let Some(node) = state.pods.remove(&(namespace.to_owned(), name.to_owned())) else { return };
+        if !state.drained.insert(node.clone()) {
+            return;
+        }
+        if let Some(role) = state.role_of_node(&node) {
+            self.emit(&state, &Subject { node, role }, TraceKind::Drain, None);
+        }
+    }
+
+    fn conditions_seen(&self, machine: &str, conditions: &Conditions, written: bool) {
+        let mut state = self.lock();
+        let after = conditions.get(TALOS_UPGRADE).cloned();
+        if !written {
+            // A read: only a first look, since the store may lag the engine's own writes.
+            state.upgrades.entry(machine.to_owned()).or_insert(after);
+            return;
+        }
+        let before = state.upgrades.insert(machine.to_owned(), after.clone()).flatten();
+        let converged =
+            after.as_ref().is_some_and(|c| c.status == ConditionStatus::False && c.reason == upgrade_reason::CONVERGED);
+        if converged
+            && before != after
+            && let Some(subject) = state.by_machine(machine)
+        {
+            self.emit(&state, &subject, TraceKind::Converged, None);
+        }
+    }
+
+    fn status_read(&self, operation: &OperationInfo) {
+        self.lock().statuses.entry(operation.name.clone()).or_insert_with(|| operation.status.clone());
+    }
+
+    fn status_written(&self, operation: &str, after: &OperationStatus) {
+        let mut state = self.lock();
+        let before = state.statuses.insert(operation.to_owned(), after.clone()).unwrap_or_default();
+        let failed =
+            |s: &OperationStatus, name: &str| s.machines.get(name).is_some_and(|r| r.state == RecordState::Failed);
+        for (name, record) in &after.machines {
+            if failed(after, name)
+                && !failed(&before, name)
+                && let Some(subject) = state.by_machine(name)
+            {
+                let why = Some((record.reason.clone(), record.message.clone()));
+                self.emit(&state, &subject, TraceKind::Failed, why);
+            }
+        }
+        let why = || Some((after.phase.reason().to_owned(), after.phase.to_string()));
+        let paused = |p: &Phase| matches!(p, Phase::Paused(_));
+        let failed_machine = |s: &OperationStatus| {
+            s.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone())
+        };
+        let subject = failed_machine(after)
+            .or_else(|| failed_machine(&before))
+            .and_then(|name| state.by_machine(&name))
+            .unwrap_or_else(|| Subject { node: "operation".to_owned(), role: "operation" });
+        if paused(&after.phase) && !paused(&before.phase) {
+            self.emit(&state, &subject, TraceKind::Paused, why());
+        } else if paused(&before.phase) && !paused(&after.phase) {
+            self.emit(&state, &subject, TraceKind::Resumed, why());
+        }
+        let changed = before.phase.reason() != after.phase.reason();
+        let operation = Subject { node: "operation".to_owned(), role: "operation" };
+        match &after.phase {
+            Phase::Refused(_) if changed => self.emit(&state, &operation, TraceKind::Refused, why()),
+            Phase::Waiting(_) if changed => self.emit(&state, &operation, TraceKind::Waiting, why()),
+            Phase::Refused(_)
+            | Phase::Waiting(_)
+            | Phase::Pending
+            | Phase::Progressing
+            | Phase::Paused(_)
+            | Phase::Completed => {}
+        }
+    }
+
+    // ----- what the storage backend took
+
+    fn evacuation_requested(&self, node: &str) {
+        let mut state = self.lock();
+        let open = matches!(state.evacuations.get(node), Some(Evacuation::Open { .. }));
+        if open {
+            return;
+        }
+        state.evacuations.insert(node.to_owned(), Evacuation::Open { evacuated: false });
+        if let Some(role) = state.role_of_node(node) {
+            self.emit(&state, &Subject { node: node.to_owned(), role }, TraceKind::EvacuationStart, None);
+        }
+    }
+
+    fn replicas_left(&self, node: &str, replicas: u32) {
+        let mut state = self.lock();
+        if replicas > 0 {
+            return;
+        }
+        let Some(evacuation @ Evacuation::Open { evacuated: false }) = state.evacuations.get_mut(node) else { return };
+        *evacuation = Evacuation::Open { evacuated: true };
+        if let Some(role) = state.role_of_node(node) {
+            self.emit(&state, &Subject { node: node.to_owned(), role }, TraceKind::Evacuated, None);
+        }
+    }
+
+    /// Scheduling back on: the end of the node's evacuation, unless it is known to have
+    /// ended already (`known_open`: only if one is known to be open).
+    fn evacuation_ended(&self, node: &str, known_open: bool) {
+        let mut state = self.lock();
+        let ends = match state.evacuations.get(node) {
+            Some(Evacuation::Open { .. }) => true,
+            Some(Evacuation::Closed) => false,
+            None => !known_open,
+        };
+        if !ends {
+            return;
+        }
+        state.evacuations.insert(node.to_owned(), Evacuation::Closed);
+        if let Some(role) = state.role_of_node(node) {
+            self.emit(&state, &Subject { node: node.to_owned(), role }, TraceKind::EvacuationEnd, None);
+        }
+    }
+}
+
+impl State {
+    fn learn(&mut self, machine: &MachineInfo) {
+        if let Some(known) = self.machines.get(&machine.name)
+            && known.role == machine.role
+            && known.address == machine.address
+            && known.hostname == machine.hostname
+        {
+            return;
+        }
+        let known =
+            Machine { role: machine.role, address: machine.address.clone(), hostname: machine.hostname.clone() };
+        if let Some(old) = self.machines.insert(machine.name.clone(), known)
+            && old.address != machine.address
+        {
+            self.by_address.remove(&old.address);
+        }
+        self.by_address.insert(machine.address.clone(), machine.name.clone());
+        if let Some(subject) = self.by_machine(&machine.name) {
+            self.node_roles.insert(subject.node, subject.role);
+        }
+        self.upgrades.entry(machine.name.clone()).or_insert_with(|| machine.conditions.get(TALOS_UPGRADE).cloned());
+    }
+
+    /// The node name of machine `name`: its hostname, else what Talos named it, else its
+    /// own name.
+    fn node_of(&self, name: &str, machine: &Machine) -> String {
+        machine
+            .hostname
+            .clone()
+            .or_else(|| self.nodenames.get(&machine.address).cloned())
+            .unwrap_or_else(|| name.to_owned())
+    }
+
+    fn by_machine(&self, name: &str) -> Option<Subject> {
+        let machine = self.machines.get(name)?;
+        Some(Subject { node: self.node_of(name, machine), role: machine.role.as_str() })
+    }
+
+    fn by_talos_address(&self, address: &str) -> Option<Subject> {
+        self.by_machine(self.by_address.get(address)?)
+    }
+
+    fn role_of_node(&self, node: &str) -> Option<&'static str> {
+        self.node_roles.get(node).copied()
+    }
+}
+
+/// The Talos version in a Node's `osImage` (`Talos (v1.14.4)`).
+fn talos_version(os_image: &str) -> Option<&str> {
+    let inner = os_image.strip_prefix("Talos (")?.strip_suffix(')')?;
+    inner.starts_with('v').then_some(inner)
+}
+
+/// A Talos API that records what the engine did through it into a [`Recorder`] (none:
+/// records nothing) and otherwise forwards every call.
+#[derive(Clone, Copy)]
+pub struct TracedTalos<'a> {
+    /// The Talos API called.
+    pub inner: &'a dyn TalosApi,
+    /// Where its records go.
+    pub recorder: Option<&'a Recorder>,
+}
+
+impl fmt::Debug for TracedTalos<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TracedTalos").field("recorder", &self.recorder).finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl TalosApi for TracedTalos<'_> {
+    async fn nodename(&self, node: &str) -> Result<String, TalosError> {
+        let name = self.inner.nodename(node).await?;
+        if let Some(r) = self.recorder {
+            r.nodename(node, &name);
+        }
+        Ok(name)
+    }
+    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
+        self.inner.machine_stage(node).await
+    }
+    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        let ack = self.inner.upgrade(node, request).await?;
+        if let Some(r) = self.recorder {
+            r.talos_call(node, TraceKind::UpgradeCall);
+        }
+        Ok(ack)
+    }
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        self.inner.etcd_members(node).await
+    }
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        self.inner.etcd_status(node).await
+    }
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        self.inner.etcd_alarms(node).await
+    }
+    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
+        self.inner.etcd_leave_cluster(node).await
+    }
+    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+        self.inner.etcd_remove_member(node, member_id).await
+    }
+    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
+        self.inner.reset(node, request).await
+    }
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        let stream = self.inner.etcd_snapshot(node).await?;
+        if let Some(r) = self.recorder {
+            r.talos_call(node, TraceKind::EtcdSnapshot);
+        }
+        Ok(stream)
+    }
+    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
+        let Some(r) = self.recorder else { return self.inner.image_pull(node, request).await };
+        r.pull_started(node, &request.image);
+        let name = self.inner.image_pull(node, request).await?;
+        r.pulled(node, &request.image);
+        Ok(name)
+    }
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        self.inner.image_list(node).await
+    }
+    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        let Some(r) = self.recorder else { return self.inner.lifecycle_upgrade(node, request).await };
+        r.talos_call(node, TraceKind::InstallStart);
+        let outcome = self.inner.lifecycle_upgrade(node, request).await?;
+        if outcome.exit_code == 0 {
+            r.talos_call(node, TraceKind::Installed);
+        }
+        Ok(outcome)
+    }
+    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        let actor = self.inner.reboot(node).await?;
+        if let Some(r) = self.recorder {
+            r.talos_call(node, TraceKind::RebootCall);
+        }
+        Ok(actor)
+    }
+    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
+        self.inner.boot_id(node).await
+    }
+}
+
+/// A Kubernetes API that records what the engine saw and wrote through it into a
+/// [`Recorder`] (none: records nothing) and otherwise forwards every call.
+#[derive(Clone, Copy)]
+pub struct TracedKube<'a> {
+    /// The Kubernetes API called.
+    pub inner: &'a dyn KubeApi,
+    /// Where its records go.
+    pub recorder: Option<&'a Recorder>,
+}
+
+impl fmt::Debug for TracedKube<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TracedKube").field("recorder", &self.recorder).finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl ConditionStore for TracedKube<'_> {
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+        self.inner.write_conditions(machine, conditions).await?;
+        if let Some(r) = self.recorder {
+            r.conditions_seen(machine, conditions, true);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl KubeApi for TracedKube<'_> {
+    async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
+        let node = self.inner.node(name).await?;
+        if let (Some(r), Some(node)) = (self.recorder, &node) {
+            r.node_seen(node);
+        }
+        Ok(node)
+    }
+    async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
+        let operation = self.inner.operation(name).await?;
+        if let (Some(r), Some(operation)) = (self.recorder, &operation) {
+            r.status_read(operation);
+        }
+        Ok(operation)
+    }
+    async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
+        self.inner.operation_exists(identity).await
+    }
+    async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
+        self.inner.cluster(name).await
+    }
+    async fn machines(&self, cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
+        let machines = self.inner.machines(cluster).await?;
+        if let Some(r) = self.recorder {
+            r.machines(&machines);
+        }
+        Ok(machines)
+    }
+    async fn nodes(&self, names: &[&str]) -> Result<Vec<Option<Arc<NodeInfo>>>, KubeError> {
+        let nodes = self.inner.nodes(names).await?;
+        if let Some(r) = self.recorder {
+            for node in nodes.iter().flatten() {
+                r.node_seen(node);
+            }
+        }
+        Ok(nodes)
+    }
+    async fn preflight_facts(&self, asked: &[&str]) -> Result<ClusterFacts, KubeError> {
+        self.inner.preflight_facts(asked).await
+    }
+    async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError> {
+        self.inner.lease(cluster).await
+    }
+    async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError> {
+        self.inner.write_lease(cluster, write).await
+    }
+    async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError> {
+        self.inner.write_operation_status(name, status).await?;
+        if let Some(r) = self.recorder {
+            r.status_written(name, status);
+        }
+        Ok(())
+    }
+    async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError> {
+        self.inner.remove_finalizer(name).await
+    }
+    async fn event(&self, event: &Event) -> Result<(), KubeError> {
+        self.inner.event(event).await
+    }
+    async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
+        let machine = self.inner.machine(name).await?;
+        if let (Some(r), Some(machine)) = (self.recorder, &machine) {
+            r.machine(machine);
+        }
+        Ok(machine)
+    }
+    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+        self.inner.cordon(node).await?;
+        if let Some(r) = self.recorder {
+            r.node_event(node, TraceKind::Cordon);
+        }
+        Ok(())
+    }
+    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
+        self.inner.uncordon(node).await?;
+        if let Some(r) = self.recorder {
+            r.node_event(node, TraceKind::Uncordon);
+        }
+        Ok(())
+    }
+    async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        let pods = self.inner.pods_on(node).await?;
+        if let Some(r) = self.recorder {
+            r.pods(node, &pods);
+        }
+        Ok(pods)
+    }
+    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
+        let eviction = self.inner.evict(namespace, name).await?;
+        if let (Some(r), Eviction::Evicted) = (self.recorder, &eviction) {
+            r.evicted(namespace, name);
+        }
+        Ok(eviction)
+    }
+    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
+        self.inner.delete_node(node).await?;
+        if let Some(r) = self.recorder {
+            r.node_event(node, TraceKind::Removed);
+        }
+        Ok(())
+    }
+}
+
+/// A storage backend that records the evacuations the engine asked for and saw end into a
+/// [`Recorder`] (none: records nothing) and otherwise forwards every call.
+#[derive(Clone, Copy)]
+pub struct TracedStorage<'a> {
+    /// The storage backend called.
+    pub inner: &'a dyn StorageApi,
+    /// Where its records go.
+    pub recorder: Option<&'a Recorder>,
+}
+
+impl fmt::Debug for TracedStorage<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TracedStorage").field("recorder", &self.recorder).finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl StorageApi for TracedStorage<'_> {
+    async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
+        self.inner.storage_objects().await
+    }
+    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
+        self.inner.set_scheduling(node, enabled).await?;
+        if let (Some(r), true) = (self.recorder, enabled) {
+            r.evacuation_ended(node, true);
+        }
+        Ok(())
+    }
+    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError> {
+        let request = self.inner.request_evacuation(node).await?;
+        if let (Some(r), EvacuationRequest::Requested { .. }) = (self.recorder, &request) {
+            r.evacuation_requested(node);
+        }
+        Ok(request)
+    }
+    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
+        self.inner.restore_scheduling(node, before).await?;
+        if let Some(r) = self.recorder {
+            r.evacuation_ended(node, false);
+        }
+        Ok(())
+    }
+    async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
+        let replicas = self.inner.replicas_on(node).await?;
+        if let Some(r) = self.recorder {
+            r.replicas_left(node, replicas);
+        }
+        Ok(replicas)
+    }
+    async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError> {
+        self.inner.backing_images_on(node).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ichor_talos_executor::kube_api::Metadata;
+    use ichor_upgrade_core::Timestamp;
+    use ichor_upgrade_core::conditions::ConditionUpdate;
+    use ichor_upgrade_core::rollout::PauseReason;
+    use ichor_upgrade_core::status::MachineRecord;
+
+    use super::*;
+
+    const ADDRESS: &str = "10.0.0.11";
+
+    /// The Talos API, Kubernetes API and storage of one machine `cp-1` (Node `node-cp-1`),
+    /// whose Node is whatever the test sets.
+    struct Doubles {
+        node: Mutex<NodeInfo>,
+        machines: Vec<Arc<MachineInfo>>,
+        pods: Vec<PodInfo>,
+        replicas: Mutex<u32>,
+        refuse_upgrade: bool,
+    }
+
+    fn refused<T>() -> Result<T, KubeError> {
+        Err(KubeError::Refused("not served by this double".to_owned()))
+    }
+
+    fn unreachable<T>() -> Result<T, TalosError> {
+        Err(TalosError::answer("Unavailable", "not served by this double"))
+    }
+
+    impl Doubles {
+        fn new() -> Self {
+            let machine = MachineInfo {
+                name: "cp-1".to_owned(),
+                role: MachineRole::ControlPlane,
+                hostname: Some("node-cp-1".to_owned()),
+                address: ADDRESS.to_owned(),
+                labels: Metadata::new(),
+                annotations: Metadata::new(),
+                conditions: Conditions::new(),
+            };
+            let pod = |name: &str| PodInfo {
+                namespace: "apps".to_owned(),
+                name: name.to_owned(),
+                owner_kinds: vec!["ReplicaSet".to_owned()],
+                mirror: false,
+                terminating: false,
+            };
+            Self {
+                node: Mutex::new(node(true, "boot-a", "v1.14.2")),
+                machines: vec![Arc::new(machine)],
+                pods: vec![pod("web-1"), pod("web-2")],
+                replicas: Mutex::new(2),
+                refuse_upgrade: false,
+            }
+        }
+
+        fn set_node(&self, ready: bool, boot_id: &str, version: &str) {
+            *self.node.lock().unwrap() = node(ready, boot_id, version);
+        }
+    }
+
+    fn node(ready: bool, boot_id: &str, version: &str) -> NodeInfo {
+        NodeInfo {
+            name: "node-cp-1".to_owned(),
+            ready,
+            unschedulable: false,
+            os_image: format!("Talos ({version})"),
+            boot_id: boot_id.to_owned(),
+            labels: Metadata::new(),
+            annotations: Metadata::new(),
+        }
+    }
+
+    #[async_trait]
+    impl TalosApi for Doubles {
+        async fn nodename(&self, _node: &str) -> Result<String, TalosError> {
+            Ok("node-cp-1".to_owned())
+        }
+        async fn machine_stage(&self, _node: &str) -> Result<MachineStage, TalosError> {
+            unreachable()
+        }
+        async fn upgrade(&self, _node: &str, _request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+            if self.refuse_upgrade {
+                return Err(TalosError::answer("FailedPrecondition", "etcd is unhealthy"));
+            }
+            Ok(UpgradeAck { ack: "Upgrade request received".to_owned(), actor_id: "actor".to_owned() })
+        }
+        async fn etcd_members(&self, _node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+            unreachable()
+        }
+        async fn etcd_status(&self, _node: &str) -> Result<EtcdStatus, TalosError> {
+            unreachable()
+        }
+        async fn etcd_alarms(&self, _node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+            unreachable()
+        }
+        async fn etcd_leave_cluster(&self, _node: &str) -> Result<(), TalosError> {
+            unreachable()
+        }
+        async fn etcd_remove_member(&self, _node: &str, _member_id: u64) -> Result<(), TalosError> {
+            unreachable()
+        }
+        async fn reset(&self, _node: &str, _request: &ResetRequest) -> Result<(), TalosError> {
+            unreachable()
+        }
+        async fn image_pull(&self, _node: &str, request: &PullRequest) -> Result<String, TalosError> {
+            Ok(request.image.clone())
+        }
+    }
+
+    #[async_trait]
+    impl ConditionStore for Doubles {
+        async fn write_conditions(&self, _machine: &str, _conditions: &Conditions) -> Result<(), ConditionWriteError> {
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl KubeApi for Doubles {
+        async fn node(&self, _name: &str) -> Result<Option<NodeInfo>, KubeError> {
+            Ok(Some(self.node.lock().unwrap().clone()))
+        }
+        async fn operation(&self, _name: &str) -> Result<Option<OperationInfo>, KubeError> {
+            refused()
+        }
+        async fn operation_exists(&self, _identity: &str) -> Result<bool, KubeError> {
+            refused()
+        }
+        async fn cluster(&self, _name: &str) -> Result<ClusterInfo, KubeError> {
+            refused()
+        }
+        async fn machines(&self, _cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
+            Ok(self.machines.clone())
+        }
+        async fn lease(&self, _cluster: &str) -> Result<Option<LeaseInfo>, KubeError> {
+            refused()
+        }
+        async fn write_lease(&self, _cluster: &str, _write: &LeaseWrite) -> Result<(), KubeError> {
+            refused()
+        }
+        async fn write_operation_status(&self, _name: &str, _status: &OperationStatus) -> Result<(), KubeError> {
+            Ok(())
+        }
+        async fn remove_finalizer(&self, _name: &str) -> Result<(), KubeError> {
+            refused()
+        }
+        async fn event(&self, _event: &Event) -> Result<(), KubeError> {
+            refused()
+        }
+        async fn machine(&self, _name: &str) -> Result<Option<MachineInfo>, KubeError> {
+            refused()
+        }
+        async fn cordon(&self, _node: &str) -> Result<(), KubeError> {
+            Ok(())
+        }
+        async fn uncordon(&self, _node: &str) -> Result<(), KubeError> {
+            Ok(())
+        }
+        async fn pods_on(&self, _node: &str) -> Result<Vec<PodInfo>, KubeError> {
+            Ok(self.pods.clone())
+        }
+        async fn evict(&self, _namespace: &str, _name: &str) -> Result<Eviction, KubeError> {
+            Ok(Eviction::Evicted)
+        }
+        async fn delete_node(&self, _node: &str) -> Result<(), KubeError> {
+            refused()
+        }
+    }
+
+    #[async_trait]
+    impl StorageApi for Doubles {
+        async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
+            Ok(Vec::new())
+        }
+        async fn set_scheduling(&self, _node: &str, _enabled: bool) -> Result<(), StorageError> {
+            Ok(())
+        }
+        async fn request_evacuation(&self, _node: &str) -> Result<EvacuationRequest, StorageError> {
+            Ok(EvacuationRequest::Requested { before: Scheduling { allowed: true, eviction_requested: false } })
+        }
+        async fn restore_scheduling(&self, _node: &str, _before: Scheduling) -> Result<(), StorageError> {
+            Ok(())
+        }
+        async fn replicas_on(&self, _node: &str) -> Result<u32, StorageError> {
+            Ok(*self.replicas.lock().unwrap())
+        }
+        async fn backing_images_on(&self, _node: &str) -> Result<u32, StorageError> {
+            Ok(0)
+        }
+    }
+
+    fn upgrade_request() -> UpgradeRequest {
+        UpgradeRequest { image: "installer:v1.14.3".to_owned(), timeout: std::time::Duration::from_secs(60) }
+    }
+
+    fn converged() -> Conditions {
+        let mut conditions = Conditions::new();
+        let update =
+            ConditionUpdate::new(TALOS_UPGRADE, ConditionStatus::False, upgrade_reason::CONVERGED, "on v1.14.3");
+        conditions.upsert(update, Timestamp::from_unix_secs(1_000));
+        conditions
+    }
+
+    fn kinds(buffer: &TraceBuffer) -> Vec<&'static str> {
+        buffer.events().iter().map(|e| e.event.name()).collect()
+    }
+
+    /// A recorder into a buffer.
+    fn traced() -> (Arc<TraceBuffer>, Recorder) {
+        let buffer = Arc::new(TraceBuffer::default());
+        let recorder = Recorder::new(Arc::clone(&buffer) as Arc<dyn TraceSink>);
+        (buffer, recorder)
+    }
+
+    #[tokio::test]
+    async fn a_legacy_upgrade_is_traced_in_order_for_its_node() {
+        let doubles = Doubles::new();
+        let (buffer, recorder) = traced();
+        let talos = TracedTalos { inner: &doubles, recorder: Some(&recorder) };
+        let kube = TracedKube { inner: &doubles, recorder: Some(&recorder) };
+
+        // A pass: the machines, their Nodes (a first look records nothing), the call.
+        kube.machines("demo").await.unwrap();
+        kube.nodes(&["node-cp-1"]).await.unwrap();
+        talos.upgrade(ADDRESS, &upgrade_request()).await.unwrap();
+        // Passes while it reboots and comes back; a repeated look records nothing.
+        for (ready, boot, version) in [
+            (true, "boot-a", "v1.14.2"),
+            (false, "boot-a", "v1.14.2"),
+            (false, "boot-a", "v1.14.2"),
+            (false, "boot-b", "v1.14.3"),
+            (true, "boot-b", "v1.14.3"),
+            (true, "boot-b", "v1.14.3"),
+        ] {
+            doubles.set_node(ready, boot, version);
+            kube.machines("demo").await.unwrap();
+            kube.nodes(&["node-cp-1"]).await.unwrap();
+        }
+        kube.write_conditions("cp-1", &converged()).await.unwrap();
+        // Written again unchanged (a later pass): no second record.
+        kube.write_conditions("cp-1", &converged()).await.unwrap();
+
+        assert_eq!(kinds(&buffer), ["listed", "upgrade-call", "shown-not-ready", "reboot-end", "ready", "converged"]);
+        let events = buffer.events();
+        assert!(events.iter().all(|e| e.node == "node-cp-1" && e.role == "control-plane"), "{events:#?}");
+        assert_eq!(events[0].version.as_deref(), Some("v1.14.2"), "listed with the version it ran");
+        assert_eq!(events[1].version.as_deref(), Some("v1.14.2"));
+        let reboot_end = &events[3];
+        assert_eq!(
+            (reboot_end.version.as_deref(), reboot_end.boot_id.as_deref()),
+            (Some("v1.14.3"), Some("boot-b")),
+            "the reboot's end carries the version and boot ID the Node shows"
+        );
+        assert!(events.windows(2).all(|w| w[0].t <= w[1].t), "in time order: {events:#?}");
+    }
+
+    #[tokio::test]
+    async fn decorators_pass_results_and_errors_through_and_a_failed_call_records_nothing() {
+        let doubles = Doubles { refuse_upgrade: true, ..Doubles::new() };
+        let (buffer, recorder) = traced();
+        let talos = TracedTalos { inner: &doubles, recorder: Some(&recorder) };
+        let kube = TracedKube { inner: &doubles, recorder: Some(&recorder) };
+        kube.machines("demo").await.unwrap();
+        let direct = doubles.upgrade(ADDRESS, &upgrade_request()).await;
+        assert_eq!(talos.upgrade(ADDRESS, &upgrade_request()).await, direct);
+        assert!(direct.is_err());
+        assert_eq!(kube.operation("upgrade").await, doubles.operation("upgrade").await);
+        assert_eq!(talos.nodename(ADDRESS).await.unwrap(), "node-cp-1");
+        assert!(kinds(&buffer).is_empty(), "{:?}", buffer.events());
+
+        // With no recorder, nothing is recorded and everything still answers.
+        let plain = TracedTalos { inner: &doubles, recorder: None };
+        assert_eq!(plain.nodename(ADDRESS).await.unwrap(), "node-cp-1");
+    }
+
+    #[tokio::test]
+    async fn a_lifecycle_drain_and_evacuation_are_each_traced_once() {
+        let doubles = Doubles::new();
+        let (buffer, recorder) = traced();
+        let talos = TracedTalos { inner: &doubles, recorder: Some(&recorder) };
+        let kube = TracedKube { inner: &doubles, recorder: Some(&recorder) };
+        let storage = TracedStorage { inner: &doubles, recorder: Some(&recorder) };
+        kube.machines("demo").await.unwrap();
+        let node = "node-cp-1";
+
+        storage.request_evacuation(node).await.unwrap();
+        storage.request_evacuation(node).await.unwrap();
+        assert_eq!(storage.replicas_on(node).await.unwrap(), 2);
+        *doubles.replicas.lock().unwrap() = 0;
+        storage.replicas_on(node).await.unwrap();
+        storage.replicas_on(node).await.unwrap();
+        let pull = PullRequest { image: "installer:v1.14.3".to_owned(), timeout: std::time::Duration::from_secs(60) };
+        talos.image_pull(ADDRESS, &pull).await.unwrap();
+        talos.image_pull(ADDRESS, &pull).await.unwrap();
+        kube.cordon(node).await.unwrap();
+        for pod in kube.pods_on(node).await.unwrap() {
+            kube.evict(&pod.namespace, &pod.name).await.unwrap();
+        }
+        kube.uncordon(node).await.unwrap();
+        let before = Scheduling { allowed: true, eviction_requested: false };
+        storage.restore_scheduling(node, before).await.unwrap();
+        storage.set_scheduling(node, true).await.unwrap();
+
+        assert_eq!(
+            kinds(&buffer),
+            [
+                "evacuation-start",
+                "evacuated",
+                "image-pull-start",
+                "image-pulled",
+                "cordon",
+                "drain",
+                "uncordon",
+                "evacuation-end"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failure_and_the_pause_it_brings_are_traced_with_their_reason_on_the_machine() {
+        let doubles = Doubles::new();
+        let (buffer, recorder) = traced();
+        let kube = TracedKube { inner: &doubles, recorder: Some(&recorder) };
+        kube.machines("demo").await.unwrap();
+        let progressing = OperationStatus { phase: Phase::Progressing, ..OperationStatus::default() };
+        kube.write_operation_status("upgrade", &progressing).await.unwrap();
+        let record = MachineRecord {
+            state: RecordState::Failed,
+            reason: "UpgradeRefused".to_owned(),
+            message: "etcd is unhealthy".to_owned(),
+            recheck_at: None,
+        };
+        let paused = OperationStatus {
+            phase: Phase::Paused(PauseReason::MachineFailed { machines: Vec::new() }),
+            machines: [("cp-1".to_owned(), record)].into(),
+            ..OperationStatus::default()
+        };
+        kube.write_operation_status("upgrade", &paused).await.unwrap();
+        kube.write_operation_status("upgrade", &paused).await.unwrap();
+
+        assert_eq!(kinds(&buffer), ["failed", "paused"]);
+        let events = buffer.events();
+        assert_eq!(events[0].node, "node-cp-1");
+        assert_eq!(
+            (events[0].reason.as_deref(), events[0].message.as_deref()),
+            (Some("UpgradeRefused"), Some("etcd is unhealthy"))
+        );
+        assert_eq!(events[1].reason.as_deref(), Some(paused.phase.reason()));
+    }
+
+    #[tokio::test]
+    async fn recorders_of_two_namespaces_keep_their_machines_apart_on_one_clock() {
+        let (one, other) = (Doubles::new(), Doubles::new());
+        let other_machine =
+            MachineInfo { hostname: Some("node-cp-1.other".to_owned()), ..(*other.machines[0]).clone() };
+        let other = Doubles { machines: vec![Arc::new(other_machine)], ..other };
+        let (buffer, recorder) = traced();
+        let scoped = recorder.scope();
+        let first = TracedTalos { inner: &one, recorder: Some(&recorder) };
+        let second = TracedTalos { inner: &other, recorder: Some(&scoped) };
+        TracedKube { inner: &one, recorder: Some(&recorder) }.machines("demo").await.unwrap();
+        TracedKube { inner: &other, recorder: Some(&scoped) }.machines("demo").await.unwrap();
+        first.upgrade(ADDRESS, &upgrade_request()).await.unwrap();
+        second.upgrade(ADDRESS, &upgrade_request()).await.unwrap();
+        let events = buffer.events();
+        let nodes: Vec<&str> = events.iter().map(|e| e.node.as_str()).collect();
+        assert_eq!(nodes, ["node-cp-1", "node-cp-1.other"]);
+        assert!(events[0].t <= events[1].t);
+    }
+
+    #[test]
+    fn a_trace_file_holds_one_json_line_per_record() {
+        let dir = std::env::temp_dir().join(format!("ichor-trace-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("trace.jsonl");
+        let file = TraceFile::create(&path).unwrap();
+        let recorder = Recorder::new(Arc::new(file));
+        // The first leadership is the start; the next two are restarts.
+        for _ in 0..3 {
+            recorder.controller_started("replica-1");
+        }
+        drop(recorder);
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let lines = loop {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            if lines.len() == 2 || Instant::now() > deadline {
+                break lines;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["event"], "controller-restart");
+        assert_eq!(lines[0]["role"], "controller");
+        assert!(lines[0]["t"].as_f64().unwrap() <= lines[1]["t"].as_f64().unwrap());
+        std::fs::remove_dir_all(&dir).ok();
+
+        let missing = dir.join("no-such-dir").join("trace.jsonl");
+        assert!(TraceFile::create(&missing).is_err(), "an unwritable path fails at once");
+    }
+}

@@ -1,0 +1,224 @@
+//! Another operator's own `TalosApi` and `KubeApi` doubles, run through the engine's
+//! `reconcile` on the simulated cluster with `ichor_adapters::sim::strategies::run_with`.
+//! Each double wraps the simulator's API, passes most calls on, and answers some itself.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use ichor_adapters::sim::strategies::FaultSchedule;
+use ichor_adapters::sim::strategies::{FROM, OPERATION, SimCase, TO, run_with};
+use ichor_adapters::sim::{RunEnd, SimCluster, runtime};
+use ichor_storage::{ConditionStore, ConditionWriteError};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_talos_executor::kube_api::{
+    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+    PodInfo,
+};
+use ichor_talos_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
+    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
+use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::rollout::{OperationStatus, Phase};
+use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::strategies::ClusterShape;
+use ichor_upgrade_core::talos_step::MachineStage;
+
+/// A Talos API that refuses every Upgrade call to one address (as a node whose installer
+/// image cannot be verified would) and passes everything else on to the simulator,
+/// recording the Upgrade calls it saw.
+struct RefusesOneUpgrade<'a> {
+    sim: &'a SimCluster,
+    refused: String,
+    upgrades: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl TalosApi for RefusesOneUpgrade<'_> {
+    async fn nodename(&self, node: &str) -> Result<String, TalosError> {
+        self.sim.nodename(node).await
+    }
+    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
+        self.sim.machine_stage(node).await
+    }
+    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+        self.upgrades.lock().unwrap().push(node.to_owned());
+        if node == self.refused {
+            return Err(TalosError::answer("FailedPrecondition", "installer image signature not trusted"));
+        }
+        self.sim.upgrade(node, request).await
+    }
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        self.sim.etcd_members(node).await
+    }
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        self.sim.etcd_status(node).await
+    }
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        self.sim.etcd_alarms(node).await
+    }
+    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
+        self.sim.etcd_leave_cluster(node).await
+    }
+    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+        self.sim.etcd_remove_member(node, member_id).await
+    }
+    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
+        self.sim.reset(node, request).await
+    }
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        self.sim.etcd_snapshot(node).await
+    }
+    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
+        self.sim.image_pull(node, request).await
+    }
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        self.sim.image_list(node).await
+    }
+    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        self.sim.lifecycle_upgrade(node, request).await
+    }
+    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        self.sim.reboot(node).await
+    }
+    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
+        self.sim.boot_id(node).await
+    }
+}
+
+/// A Kubernetes API that loses the first `conflicts` writes of an operation's status to a
+/// conflict (another writer got there first) and passes everything else on to the
+/// simulator, recording the phases it wrote.
+struct LosesStatusWrites<'a> {
+    sim: &'a SimCluster,
+    conflicts: Mutex<usize>,
+    written: Mutex<Vec<Phase>>,
+}
+
+#[async_trait]
+impl ConditionStore for LosesStatusWrites<'_> {
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+        self.sim.write_conditions(machine, conditions).await
+    }
+}
+
+#[async_trait]
+impl KubeApi for LosesStatusWrites<'_> {
+    async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
+        self.sim.node(name).await
+    }
+    async fn nodes(&self, names: &[&str]) -> Result<Vec<Option<Arc<NodeInfo>>>, KubeError> {
+        self.sim.nodes(names).await
+    }
+    async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
+        self.sim.operation(name).await
+    }
+    async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
+        self.sim.operation_exists(identity).await
+    }
+    async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
+        self.sim.cluster(name).await
+    }
+    async fn machines(&self, cluster: &str) -> Result<Vec<Arc<MachineInfo>>, KubeError> {
+        self.sim.machines(cluster).await
+    }
+    async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        self.sim.preflight_facts(asked).await
+    }
+    async fn lease(&self, cluster: &str) -> Result<Option<LeaseInfo>, KubeError> {
+        self.sim.lease(cluster).await
+    }
+    async fn write_lease(&self, cluster: &str, write: &LeaseWrite) -> Result<(), KubeError> {
+        self.sim.write_lease(cluster, write).await
+    }
+    async fn write_operation_status(&self, name: &str, status: &OperationStatus) -> Result<(), KubeError> {
+        {
+            let mut conflicts = self.conflicts.lock().unwrap();
+            if *conflicts > 0 {
+                *conflicts -= 1;
+                return Err(KubeError::Conflict(format!("TalosOperation {name}: the object has been modified")));
+            }
+        }
+        self.written.lock().unwrap().push(status.phase.clone());
+        self.sim.write_operation_status(name, status).await
+    }
+    async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError> {
+        self.sim.remove_finalizer(name).await
+    }
+    async fn event(&self, event: &Event) -> Result<(), KubeError> {
+        self.sim.event(event).await
+    }
+    async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
+        self.sim.machine(name).await
+    }
+    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+        self.sim.cordon(node).await
+    }
+    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
+        self.sim.uncordon(node).await
+    }
+    async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        self.sim.pods_on(node).await
+    }
+    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
+        self.sim.evict(namespace, name).await
+    }
+    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
+        self.sim.delete_node(node).await
+    }
+}
+
+/// Three control planes and three workers, nothing held, every Node Ready, no faults.
+fn plain_case(seed: u64) -> SimCase {
+    SimCase {
+        shape: ClusterShape::plain(3, 3),
+        schedule: FaultSchedule { seed, faults: Vec::new() },
+        max_unavailable: 1,
+        storage: true,
+        not_ready_s: 60,
+        lift_holds_at: 1,
+        max_kills: None,
+    }
+}
+
+#[test]
+fn an_upgrade_the_talos_api_refuses_fails_its_machine_once_and_pauses_the_rest() {
+    let case = plain_case(5);
+    let sim = case.build();
+    let refused = sim.read_world(|w| w.node("worker-2").expect("worker-2").address.clone());
+    let talos = RefusesOneUpgrade { sim: &sim, refused: refused.clone(), upgrades: Mutex::new(Vec::new()) };
+    let end = runtime().block_on(run_with(&sim, &talos, &sim, OPERATION, &ExecutorConfig::default(), 20_000));
+
+    assert_eq!(end, RunEnd::Paused);
+    let upgrades = talos.upgrades.into_inner().unwrap();
+    assert_eq!(upgrades.iter().filter(|a| **a == refused).count(), 1, "the refused call was sent again: {upgrades:?}");
+    sim.read_world(|w| {
+        let status = &w.operations[OPERATION].info.status;
+        assert!(matches!(status.phase, Phase::Paused(_)), "{:?}", status.phase);
+        assert_eq!(status.machines["worker-2"].state, RecordState::Failed, "{:?}", status.machines["worker-2"]);
+        let version = |name: &str| w.node(name).expect(name).version.to_string();
+        for name in ["cp-1", "cp-2", "cp-3", "worker-1"] {
+            assert_eq!(version(name), TO, "{name}");
+        }
+        // One worker at a time, in name order: worker-3 never started.
+        assert_eq!(version("worker-2"), FROM);
+        assert_eq!(version("worker-3"), FROM);
+    });
+    assert_eq!(upgrades.len(), 5, "{upgrades:?}");
+}
+
+#[test]
+fn status_writes_lost_to_conflicts_are_retried_and_the_rollout_completes() {
+    let case = plain_case(9);
+    let sim = case.build();
+    let kube = LosesStatusWrites { sim: &sim, conflicts: Mutex::new(3), written: Mutex::new(Vec::new()) };
+    let end = runtime().block_on(run_with(&sim, &sim, &kube, OPERATION, &ExecutorConfig::default(), 20_000));
+
+    assert_eq!(end, RunEnd::Completed);
+    assert_eq!(*kube.conflicts.lock().unwrap(), 0, "every conflict was met");
+    let written = kube.written.into_inner().unwrap();
+    assert_eq!(written.last(), Some(&Phase::Completed), "{written:?}");
+    let report = sim.report(1);
+    assert_eq!((report.on_target, report.upgrade_calls), (6, 6), "{report:?}");
+}
