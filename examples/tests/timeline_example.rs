@@ -64,6 +64,11 @@ fn the_main_job_draws_its_rollout_and_the_timeline_example_draws_the_same_from_t
                 .any(|n| n.attribute("class") == Some("marker") && n.attribute("data-kind") == Some("ab-fallback")),
             "the A/B fallback is marked"
         );
+        assert!(
+            doc.descendants()
+                .any(|n| n.attribute("class") == Some("span") && n.attribute("data-kind") == Some("paused")),
+            "the pause is shaded"
+        );
     }
 
     let output = run("timeline", &[trace.to_str().unwrap(), "-o", redrawn.to_str().unwrap()]);

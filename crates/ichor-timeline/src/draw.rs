@@ -61,6 +61,7 @@ pub fn colour(phase: Phase) -> &'static str {
         Phase::Held => "#999999",
         Phase::Evacuating => "#E69F00",
         Phase::Installing => "#56B4E9",
+        Phase::Draining => "#A6761D",
         Phase::Rebooting => "#0072B2",
         Phase::WaitingReady => "#F0E442",
         Phase::Verifying => "#009E73",

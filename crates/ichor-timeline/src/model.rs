@@ -20,8 +20,11 @@ pub enum Phase {
     Held,
     /// Storage replicas are moving off the node.
     Evacuating,
-    /// The upgrade call or the lifecycle install (and the cordon and drain around it).
+    /// The upgrade call (Talos's own drain, install and reboot request in it) or the
+    /// lifecycle install.
     Installing,
+    /// The engine's cordon and drain (the lifecycle executor's, a removal's).
+    Draining,
     /// The node is rebooting.
     Rebooting,
     /// Booted; the Node is not Ready yet.
@@ -38,11 +41,12 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the legend's order.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Pulling,
         Self::Held,
         Self::Evacuating,
         Self::Installing,
+        Self::Draining,
         Self::Rebooting,
         Self::WaitingReady,
         Self::Verifying,
@@ -59,6 +63,7 @@ impl Phase {
             Self::Held => "held by preflight",
             Self::Evacuating => "evacuating",
             Self::Installing => "upgrade call / install",
+            Self::Draining => "cordon / drain",
             Self::Rebooting => "rebooting",
             Self::WaitingReady => "waiting for Ready",
             Self::Verifying => "verifying",
@@ -76,6 +81,7 @@ impl Phase {
             Self::Held => "held",
             Self::Evacuating => "evacuating",
             Self::Installing => "installing",
+            Self::Draining => "draining",
             Self::Rebooting => "rebooting",
             Self::WaitingReady => "waiting-ready",
             Self::Verifying => "verifying",
@@ -88,7 +94,15 @@ impl Phase {
     /// Whether the phase is part of the machine's own turn (it is unavailable or about to be).
     #[must_use]
     pub fn in_turn(self) -> bool {
-        matches!(self, Self::Evacuating | Self::Installing | Self::Rebooting | Self::WaitingReady | Self::Verifying)
+        matches!(
+            self,
+            Self::Evacuating
+                | Self::Installing
+                | Self::Draining
+                | Self::Rebooting
+                | Self::WaitingReady
+                | Self::Verifying
+        )
     }
 
     /// Whether the phase ends the machine's turn and lasts to the end of the chart.
@@ -97,8 +111,9 @@ impl Phase {
         matches!(self, Self::Converged | Self::Removed | Self::Failed)
     }
 
-    /// The phase that `event` moves a machine in `current` to, if any.
-    fn next(current: Option<Self>, event: &str) -> Option<Self> {
+    /// The phase that `event` moves a machine in `current` to, if any; `called`: its turn
+    /// has made a legacy Upgrade call, whose drain is Talos's own, inside the call.
+    fn next(current: Option<Self>, event: &str, called: bool) -> Option<Self> {
         let started = current.is_some_and(|p| p.in_turn());
         let restartable = current.is_none_or(|p| matches!(p, Self::Pulling | Self::Held | Self::Failed));
         match event {
@@ -106,15 +121,23 @@ impl Phase {
             "image-pull-start" if current.is_none() => Some(Self::Pulling),
             "preflight-blocked" if current.is_none() || current == Some(Self::Pulling) => Some(Self::Held),
             "evacuation-start" if restartable => Some(Self::Evacuating),
-            "upgrade-call" | "install-start" | "installed" | "cordon" | "drain" | "call-lost"
+            "upgrade-call" | "install-start" | "installed" | "call-lost"
                 if restartable || current == Some(Self::Evacuating) =>
             {
                 Some(Self::Installing)
             }
-            "reboot-call" | "reboot-start" | "not-ready" | "shown-not-ready" if current == Some(Self::Installing) => {
+            "cordon" | "drain" if current == Some(Self::Installing) && called => None,
+            "cordon" | "drain" if restartable || matches!(current, Some(Self::Evacuating | Self::Installing)) => {
+                Some(Self::Draining)
+            }
+            "reboot-call" | "reboot-start" | "not-ready" | "shown-not-ready"
+                if matches!(current, Some(Self::Installing | Self::Draining)) =>
+            {
                 Some(Self::Rebooting)
             }
-            "reboot-end" if matches!(current, Some(Self::Installing | Self::Rebooting)) => Some(Self::WaitingReady),
+            "reboot-end" if matches!(current, Some(Self::Installing | Self::Draining | Self::Rebooting)) => {
+                Some(Self::WaitingReady)
+            }
             "ready" if matches!(current, Some(Self::Rebooting | Self::WaitingReady)) => Some(Self::Verifying),
             "converged" => Some(Self::Converged),
             "removed" => Some(Self::Removed),
@@ -153,11 +176,20 @@ pub struct Machine {
     pub started: Option<f64>,
     /// When its turn ended (converged, removed or failed), if it has.
     pub finished: Option<f64>,
+    /// Its turn has made a legacy Upgrade call.
+    called: bool,
 }
 
 impl Machine {
     fn new(node: &str, role: &str) -> Self {
-        Self { node: node.to_owned(), role: role.to_owned(), bars: Vec::new(), started: None, finished: None }
+        Self {
+            node: node.to_owned(),
+            role: role.to_owned(),
+            bars: Vec::new(),
+            started: None,
+            finished: None,
+            called: false,
+        }
     }
 
     /// The phase the machine is in, if any.
@@ -174,7 +206,7 @@ impl Machine {
 
     fn observe(&mut self, t: f64, event: &str) {
         let current = self.phase();
-        if let Some(next) = Phase::next(current, event) {
+        if let Some(next) = Phase::next(current, event, self.called) {
             if current == Some(next) {
                 return;
             }
@@ -183,6 +215,10 @@ impl Machine {
             if next.in_turn() && (self.started.is_none() || current == Some(Phase::Failed)) {
                 self.started = Some(t);
                 self.finished = None;
+                self.called = false;
+            }
+            if event == "upgrade-call" {
+                self.called = true;
             }
             if next.is_final() {
                 self.finished = Some(t);
@@ -328,6 +364,13 @@ impl Tracker {
             };
             if let Some(kind) = kind {
                 self.markers.push(Marker { kind, t, node: Some(record.node.clone()), text: message() });
+            }
+            // A pause is the operation's, whichever row it is written on (the simulator and
+            // the operator put it on the failed machine's).
+            match record.event.as_str() {
+                "paused" => self.open_span(SpanKind::Paused, t, message()),
+                "resumed" => self.close_span(SpanKind::Paused, t),
+                _ => {}
             }
             return;
         }
@@ -549,6 +592,50 @@ mod tests {
     }
 
     #[test]
+    fn the_engines_drain_is_its_own_phase_but_talos_drain_in_an_upgrade_call_is_not() {
+        let lifecycle: Vec<TraceRecord> = [
+            (1.0, "install-start"),
+            (50.0, "installed"),
+            (51.0, "cordon"),
+            (52.0, "drain"),
+            (80.0, "reboot-call"),
+            (200.0, "reboot-end"),
+        ]
+        .iter()
+        .map(|(t, e)| TraceRecord::new(*t, "w-1", "worker", e))
+        .collect();
+        let timeline = Timeline::from_records(&lifecycle);
+        assert_eq!(
+            phases(&timeline.rows[0]),
+            vec![
+                (Phase::Installing, 1.0, Some(51.0)),
+                (Phase::Draining, 51.0, Some(80.0)),
+                (Phase::Rebooting, 80.0, Some(200.0)),
+                (Phase::WaitingReady, 200.0, Some(200.0)),
+            ]
+        );
+        let legacy: Vec<TraceRecord> = [(1.0, "upgrade-call"), (1.0, "drain"), (60.0, "reboot-start")]
+            .iter()
+            .map(|(t, e)| TraceRecord::new(*t, "w-1", "worker", e))
+            .collect();
+        let got: Vec<Phase> = Timeline::from_records(&legacy).rows[0].bars.iter().map(|b| b.phase).collect();
+        assert_eq!(got, [Phase::Installing, Phase::Rebooting]);
+        let removal: Vec<TraceRecord> = [
+            (0.1, "evacuation-start"),
+            (62.0, "evacuated"),
+            (62.5, "cordon"),
+            (62.7, "drain"),
+            (108.0, "not-ready"),
+            (168.0, "removed"),
+        ]
+        .iter()
+        .map(|(t, e)| TraceRecord::new(*t, "w-2", "worker", e))
+        .collect();
+        let got: Vec<Phase> = Timeline::from_records(&removal).rows[0].bars.iter().map(|b| b.phase).collect();
+        assert_eq!(got, [Phase::Evacuating, Phase::Draining, Phase::Rebooting, Phase::Removed]);
+    }
+
+    #[test]
     fn a_not_ready_outside_the_turn_is_not_a_reboot() {
         let records = vec![
             TraceRecord::new(1.0, "w-1", "worker", "not-ready"),
@@ -630,6 +717,23 @@ mod tests {
         let spans: Vec<(SpanKind, f64, Option<f64>)> =
             timeline.spans.iter().map(|s| (s.kind, s.start, s.end)).collect();
         assert_eq!(spans, [(SpanKind::ApiOutage, 4.0, Some(6.0)), (SpanKind::Paused, 7.0, Some(7.0))]);
+    }
+
+    #[test]
+    fn a_pause_on_a_machines_row_is_the_operations_span() {
+        let records = vec![
+            TraceRecord::new(1.0, "w-1", "worker", "upgrade-call"),
+            TraceRecord::new(5.0, "w-1", "worker", "failed").with_reason("AbFallback"),
+            TraceRecord::new(5.0, "w-1", "worker", "paused").with_reason("MachineFailed"),
+            TraceRecord::new(9.0, "w-1", "worker", "resumed"),
+            TraceRecord::new(12.0, "w-2", "worker", "upgrade-call"),
+        ];
+        let timeline = Timeline::from_records(&records);
+        let spans: Vec<(SpanKind, f64, Option<f64>)> =
+            timeline.spans.iter().map(|s| (s.kind, s.start, s.end)).collect();
+        assert_eq!(spans, [(SpanKind::Paused, 5.0, Some(9.0))]);
+        let phases: Vec<Phase> = timeline.rows[0].bars.iter().map(|b| b.phase).collect();
+        assert_eq!(phases, [Phase::Installing, Phase::Failed], "the pause is not a phase of the machine");
     }
 
     #[test]
