@@ -54,8 +54,7 @@ use ichor_upgrade_core::conditions::{Condition, ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::Scheduling;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::preflight::ClusterFacts;
-use ichor_upgrade_core::rollout::{OperationStatus, Phase};
-use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::talos_step::MachineStage;
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
 
@@ -432,42 +431,18 @@ impl Recorder {
     fn status_written(&self, operation: &str, after: &OperationStatus) {
         let mut state = self.lock();
         let before = state.statuses.insert(operation.to_owned(), after.clone()).unwrap_or_default();
-        let failed =
-            |s: &OperationStatus, name: &str| s.machines.get(name).is_some_and(|r| r.state == RecordState::Failed);
-        for (name, record) in &after.machines {
-            if failed(after, name)
-                && !failed(&before, name)
-                && let Some(subject) = state.by_machine(name)
-            {
-                let why = Some((record.reason.clone(), record.message.clone()));
-                self.emit(&state, &subject, TraceKind::Failed, why);
-            }
-        }
-        let why = || Some((after.phase.reason().to_owned(), after.phase.to_string()));
-        let paused = |p: &Phase| matches!(p, Phase::Paused(_));
-        let failed_machine = |s: &OperationStatus| {
-            s.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone())
-        };
-        let subject = failed_machine(after)
-            .or_else(|| failed_machine(&before))
-            .and_then(|name| state.by_machine(&name))
-            .unwrap_or_else(|| Subject { node: "operation".to_owned(), role: "operation" });
-        if paused(&after.phase) && !paused(&before.phase) {
-            self.emit(&state, &subject, TraceKind::Paused, why());
-        } else if paused(&before.phase) && !paused(&after.phase) {
-            self.emit(&state, &subject, TraceKind::Resumed, why());
-        }
-        let changed = before.phase.reason() != after.phase.reason();
-        let operation = Subject { node: "operation".to_owned(), role: "operation" };
-        match &after.phase {
-            Phase::Refused(_) if changed => self.emit(&state, &operation, TraceKind::Refused, why()),
-            Phase::Waiting(_) if changed => self.emit(&state, &operation, TraceKind::Waiting, why()),
-            Phase::Refused(_)
-            | Phase::Waiting(_)
-            | Phase::Pending
-            | Phase::Progressing
-            | Phase::Paused(_)
-            | Phase::Completed => {}
+        let operation = || Subject { node: "operation".to_owned(), role: "operation" };
+        for change in ichor_adapters::trace::status_changes(&before, after) {
+            let subject = match &change.machine {
+                Some(name) => match state.by_machine(name) {
+                    Some(subject) => subject,
+                    // A failure is a machine's: one this recorder does not know is not traced.
+                    None if change.event == TraceKind::Failed => continue,
+                    None => operation(),
+                },
+                None => operation(),
+            };
+            self.emit(&state, &subject, change.event, Some((change.reason, change.message)));
         }
     }
 
@@ -850,8 +825,8 @@ mod tests {
     use ichor_talos_executor::kube_api::Metadata;
     use ichor_upgrade_core::Timestamp;
     use ichor_upgrade_core::conditions::ConditionUpdate;
-    use ichor_upgrade_core::rollout::PauseReason;
-    use ichor_upgrade_core::status::MachineRecord;
+    use ichor_upgrade_core::rollout::{PauseReason, Phase};
+    use ichor_upgrade_core::status::{MachineRecord, RecordState};
 
     use super::*;
 

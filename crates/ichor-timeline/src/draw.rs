@@ -403,10 +403,15 @@ fn drawn_end(bar: &crate::model::Bar, timeline: &Timeline, scale: Scale) -> f64 
     }
 }
 
+/// The height of a row when there are `n`: thinner as there are more, to fit.
+fn row_height(n: usize) -> f64 {
+    (ROWS_HEIGHT / n as f64).clamp(ROW_MIN, ROW_MAX)
+}
+
 /// One row per machine, from `top`; and the rows' bottom.
 fn rows(timeline: &Timeline, scale: Scale, top: f64) -> (SvgGroup, f64) {
     let n = timeline.rows.len().max(1);
-    let h = (ROWS_HEIGHT / n as f64).clamp(ROW_MIN, ROW_MAX);
+    let h = row_height(n);
     let bar_h = if h >= 6.0 { h * 0.78 } else { h };
     let stride = (LABEL_HEIGHT / h).ceil().max(1.0) as usize;
     let mut group = SvgGroup::new().set("class", "rows").set("data-row-height", px(h)).set("data-label-every", stride);
@@ -644,8 +649,7 @@ fn spans(timeline: &Timeline, scale: Scale, top: f64, bottom: f64) -> SvgGroup {
 /// The markers: on their machine's row when there are rows, in the strip above the plot
 /// otherwise; an etcd snapshot also as a line across.
 fn markers(timeline: &Timeline, scale: Scale, top: f64, bottom: f64, dense: bool) -> SvgGroup {
-    let n = timeline.rows.len().max(1);
-    let h = (ROWS_HEIGHT / n as f64).clamp(ROW_MIN, ROW_MAX);
+    let h = row_height(timeline.rows.len().max(1));
     let mut group = SvgGroup::new().set("class", "markers");
     for marker in &timeline.markers {
         let x = scale.x(marker.t);

@@ -568,6 +568,11 @@ mod tests {
         .collect()
     }
 
+    /// `node`'s events (a worker's) at their times.
+    fn events(node: &str, at: &[(f64, &str)]) -> Vec<TraceRecord> {
+        at.iter().map(|(t, e)| TraceRecord::new(*t, node, "worker", e)).collect()
+    }
+
     fn phases(machine: &Machine) -> Vec<(Phase, f64, Option<f64>)> {
         machine.bars.iter().map(|b| (b.phase, b.start, b.end)).collect()
     }
@@ -593,17 +598,17 @@ mod tests {
 
     #[test]
     fn the_engines_drain_is_its_own_phase_but_talos_drain_in_an_upgrade_call_is_not() {
-        let lifecycle: Vec<TraceRecord> = [
-            (1.0, "install-start"),
-            (50.0, "installed"),
-            (51.0, "cordon"),
-            (52.0, "drain"),
-            (80.0, "reboot-call"),
-            (200.0, "reboot-end"),
-        ]
-        .iter()
-        .map(|(t, e)| TraceRecord::new(*t, "w-1", "worker", e))
-        .collect();
+        let lifecycle: Vec<TraceRecord> = events(
+            "w-1",
+            &[
+                (1.0, "install-start"),
+                (50.0, "installed"),
+                (51.0, "cordon"),
+                (52.0, "drain"),
+                (80.0, "reboot-call"),
+                (200.0, "reboot-end"),
+            ],
+        );
         let timeline = Timeline::from_records(&lifecycle);
         assert_eq!(
             phases(&timeline.rows[0]),
@@ -614,23 +619,20 @@ mod tests {
                 (Phase::WaitingReady, 200.0, Some(200.0)),
             ]
         );
-        let legacy: Vec<TraceRecord> = [(1.0, "upgrade-call"), (1.0, "drain"), (60.0, "reboot-start")]
-            .iter()
-            .map(|(t, e)| TraceRecord::new(*t, "w-1", "worker", e))
-            .collect();
+        let legacy: Vec<TraceRecord> = events("w-1", &[(1.0, "upgrade-call"), (1.0, "drain"), (60.0, "reboot-start")]);
         let got: Vec<Phase> = Timeline::from_records(&legacy).rows[0].bars.iter().map(|b| b.phase).collect();
         assert_eq!(got, [Phase::Installing, Phase::Rebooting]);
-        let removal: Vec<TraceRecord> = [
-            (0.1, "evacuation-start"),
-            (62.0, "evacuated"),
-            (62.5, "cordon"),
-            (62.7, "drain"),
-            (108.0, "not-ready"),
-            (168.0, "removed"),
-        ]
-        .iter()
-        .map(|(t, e)| TraceRecord::new(*t, "w-2", "worker", e))
-        .collect();
+        let removal: Vec<TraceRecord> = events(
+            "w-2",
+            &[
+                (0.1, "evacuation-start"),
+                (62.0, "evacuated"),
+                (62.5, "cordon"),
+                (62.7, "drain"),
+                (108.0, "not-ready"),
+                (168.0, "removed"),
+            ],
+        );
         let got: Vec<Phase> = Timeline::from_records(&removal).rows[0].bars.iter().map(|b| b.phase).collect();
         assert_eq!(got, [Phase::Evacuating, Phase::Draining, Phase::Rebooting, Phase::Removed]);
     }
@@ -648,10 +650,8 @@ mod tests {
 
     #[test]
     fn the_operators_trace_without_reboot_start_still_shows_the_reboot() {
-        let records: Vec<TraceRecord> = [(1.0, "upgrade-call"), (40.0, "shown-not-ready"), (90.0, "reboot-end")]
-            .iter()
-            .map(|(t, e)| TraceRecord::new(*t, "w-1", "worker", e))
-            .collect();
+        let records: Vec<TraceRecord> =
+            events("w-1", &[(1.0, "upgrade-call"), (40.0, "shown-not-ready"), (90.0, "reboot-end")]);
         let timeline = Timeline::from_records(&records);
         let got: Vec<Phase> = timeline.rows[0].bars.iter().map(|b| b.phase).collect();
         assert_eq!(got, vec![Phase::Installing, Phase::Rebooting, Phase::WaitingReady]);
@@ -660,10 +660,7 @@ mod tests {
 
     #[test]
     fn a_failed_machine_that_is_retried_starts_again() {
-        let records: Vec<TraceRecord> = [(1.0, "upgrade-call"), (5.0, "failed"), (9.0, "upgrade-call")]
-            .iter()
-            .map(|(t, e)| TraceRecord::new(*t, "w-1", "worker", e))
-            .collect();
+        let records: Vec<TraceRecord> = events("w-1", &[(1.0, "upgrade-call"), (5.0, "failed"), (9.0, "upgrade-call")]);
         let timeline = Timeline::from_records(&records);
         let got: Vec<Phase> = timeline.rows[0].bars.iter().map(|b| b.phase).collect();
         assert_eq!(got, vec![Phase::Installing, Phase::Failed, Phase::Installing]);

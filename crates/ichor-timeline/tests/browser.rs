@@ -35,6 +35,13 @@ fn screenshot(page: &Path, png: &Path, width: u32, height: u32, profile: &Path) 
             "--disable-component-update",
             "--disable-sync",
             "--hide-scrollbars",
+            // Loopback only: no host name resolves, any connection goes to a closed
+            // loopback port (the page is a local file and needs neither).
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            "--proxy-server=127.0.0.1:9",
+            "--no-pings",
+            "--disable-domain-reliability",
+            "--disable-breakpad",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg(format!("--window-size={width},{height}"))

@@ -19,8 +19,7 @@ use ichor_talos_executor::talos_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::Scheduling;
-use ichor_upgrade_core::rollout::{OperationStatus, Phase};
-use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
 use ichor_upgrade_core::versions::TalosVersion;
@@ -847,42 +846,17 @@ impl KubeApi for SimCluster {
 }
 
 /// Failures, pauses, resumes, refusals and new reasons to wait, as the operation's status
-/// records them, each with its reason and message.
+/// records them, each with its reason and message ([`crate::trace::status_changes`]).
 fn trace_status_change(w: &mut World, before: &OperationStatus, after: &OperationStatus) {
-    let failed = |s: &OperationStatus, name: &str| s.machines.get(name).is_some_and(|r| r.state == RecordState::Failed);
-    let newly_failed: Vec<(String, String, String)> = after
-        .machines
-        .iter()
-        .filter(|(name, _)| failed(after, name) && !failed(before, name))
-        .map(|(name, r)| (name.clone(), r.reason.clone(), r.message.clone()))
-        .collect();
-    for (name, reason, message) in newly_failed {
-        if let Some(i) = w.node_index(&name) {
-            w.record_why(i, TraceKind::Failed, Some((reason, message)));
+    for change in crate::trace::status_changes(before, after) {
+        match change.machine {
+            Some(name) => {
+                if let Some(i) = w.node_index(&name) {
+                    w.record_why(i, change.event, Some((change.reason, change.message)));
+                }
+            }
+            None => w.record_operation(change.event, &change.reason, change.message),
         }
-    }
-    let why = (after.phase.reason().to_owned(), after.phase.to_string());
-    let paused = |p: &Phase| matches!(p, Phase::Paused(_));
-    let subject = after.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone());
-    let subject = subject
-        .or_else(|| before.machines.iter().find(|(_, r)| r.state == RecordState::Failed).map(|(n, _)| n.clone()));
-    if let Some(i) = subject.and_then(|n| w.node_index(&n)) {
-        if paused(&after.phase) && !paused(&before.phase) {
-            w.record_why(i, TraceKind::Paused, Some(why.clone()));
-        } else if paused(&before.phase) && !paused(&after.phase) {
-            w.record_why(i, TraceKind::Resumed, Some(why.clone()));
-        }
-    }
-    let changed = before.phase.reason() != after.phase.reason();
-    match &after.phase {
-        Phase::Refused(_) if changed => w.record_operation(TraceKind::Refused, &why.0, why.1),
-        Phase::Waiting(_) if changed => w.record_operation(TraceKind::Waiting, &why.0, why.1),
-        Phase::Refused(_)
-        | Phase::Waiting(_)
-        | Phase::Pending
-        | Phase::Progressing
-        | Phase::Paused(_)
-        | Phase::Completed => {}
     }
 }
 
