@@ -409,3 +409,37 @@ async fn a_node_an_operator_made_unschedulable_in_storage_stays_so_after_its_upg
         }
     });
 }
+
+/// Found by a random draw of the downstream properties: an outage that begins while a
+/// worker's replicas are moving. The storage watch reports the last one gone during the
+/// outage, the pass that looks at the machine fails on a refused call, and that wait (a
+/// transient error) had no time of its own: the machine stood until its objects next
+/// changed, which nothing would make them do, and the rollout never ended.
+#[tokio::test(start_paused = true)]
+async fn a_machine_whose_pass_failed_in_an_outage_is_looked_at_again_after_it() {
+    let sim = SimCluster::new(SimConfig::new(1, 2, v("v1.14.3"), v("v1.14.4")).with_seed(5));
+    sim.create_operation("upgrade", spec(1));
+    let mut armed = false;
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 5_000, |sim| {
+        if armed {
+            return;
+        }
+        sim.with_world(|w| {
+            if w.node("worker-1").is_some_and(|n| n.evacuation.is_some()) {
+                armed = true;
+                let now = w.now;
+                w.outage = Some((now, now.saturating_add(std::time::Duration::from_secs(300))));
+            }
+        });
+    })
+    .await;
+    assert!(armed, "the outage came while worker-1 evacuated");
+    assert_eq!(end, RunEnd::Completed);
+    sim.read_world(|w| {
+        let back = w.trace.iter().find(|e| e.event == TraceKind::ApiBack).expect("the outage ended").t;
+        let evacuated = w.trace.iter().find(|e| e.node == "worker-1" && e.event == TraceKind::Evacuated).unwrap().t;
+        let call = w.trace.iter().find(|e| e.node == "worker-1" && e.event == TraceKind::UpgradeCall).unwrap().t;
+        assert!(evacuated < back, "its replicas were gone before the outage ended ({evacuated} s, {back} s)");
+        assert!(call - back < 15.0, "called {} s after the outage ended", call - back);
+    });
+}

@@ -65,6 +65,15 @@ pub struct Executor<'a> {
     pub background: Option<&'a dyn crate::background::Background>,
 }
 
+impl Executor<'_> {
+    /// When a machine whose pass failed on a transient error is looked at again: one
+    /// [`poll`](ichor_upgrade_core::talos_step::StepTimeouts::poll) from now.
+    #[must_use]
+    pub fn retry_at(&self) -> Timestamp {
+        self.clock.now().saturating_add(self.config.step.poll)
+    }
+}
+
 /// A call that outlived its bound.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{call} did not answer within {bound:?}")]
@@ -225,12 +234,14 @@ impl AdvanceError {
         }
     }
 
-    /// What the rollout engine makes of it: a wait when transient, else a failure.
+    /// What the rollout engine makes of it: when transient, a wait looked at again at
+    /// `retry_at` (no watch reports the end of an outage or a timeout: a wait without a
+    /// time of its own would stand until its machine or Node next changed); else a failure.
     #[must_use]
-    pub fn outcome(&self) -> MachineOutcome {
+    pub fn outcome(&self, retry_at: Timestamp) -> MachineOutcome {
         let message = report(self);
         if self.is_transient() {
-            MachineOutcome::Waiting { reason: self.reason().to_owned(), message, recheck_at: None }
+            MachineOutcome::Waiting { reason: self.reason().to_owned(), message, recheck_at: Some(retry_at) }
         } else {
             MachineOutcome::Failed { reason: self.reason().to_owned(), message }
         }

@@ -199,7 +199,9 @@ impl Background for JobQueue {
 pub async fn run_job(ex: &Executor<'_>, job: &Job) -> MachineOutcome {
     match job {
         Job::Install { machine, image, marker } => {
-            crate::lifecycle::install(ex, machine, image.clone(), marker.clone()).await.unwrap_or_else(|e| e.outcome())
+            crate::lifecycle::install(ex, machine, image.clone(), marker.clone())
+                .await
+                .unwrap_or_else(|e| e.outcome(ex.retry_at()))
         }
         Job::Prepull { machine, address, image } => {
             let pull = PullRequest { image: image.clone(), timeout: ex.config.step.upgrade_call };

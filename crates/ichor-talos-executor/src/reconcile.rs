@@ -509,7 +509,7 @@ pub async fn reconcile_with(
     }
     for machine in decision.stop.iter().filter_map(|n| by_name.get(n.as_str())) {
         if let Err(e) = stop_machine(ex, machine).await {
-            outcomes.push((machine.machine.name.clone(), e.outcome()));
+            outcomes.push((machine.machine.name.clone(), e.outcome(ex.retry_at())));
         }
     }
     // A machine reset for a retry is stepped from the next observation, not from the
@@ -535,10 +535,12 @@ pub async fn reconcile_with(
         let machine = Arc::clone(&o.machine);
         async move {
             let outcome = match target {
-                _ if removal => remove_machine(ex, &machine, control_planes).await.unwrap_or_else(|e| e.outcome()),
+                _ if removal => {
+                    remove_machine(ex, &machine, control_planes).await.unwrap_or_else(|e| e.outcome(ex.retry_at()))
+                }
                 Ok(target) => advance_machine_with(ex, kind, &machine, target, &authority, &finish)
                     .await
-                    .unwrap_or_else(|e| e.outcome()),
+                    .unwrap_or_else(|e| e.outcome(ex.retry_at())),
                 Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
             };
             (machine.name.clone(), outcome)

@@ -260,7 +260,7 @@ async fn carry_out(
                     progressed("Reset")
                 }
                 // Unreachable: the intent stays, and the step settles it from the node.
-                Err(e) if e.is_transient() => Ok(e.outcome()),
+                Err(e) if e.is_transient() => Ok(e.outcome(ex.retry_at())),
                 Err(e) => {
                     let message = format!("the reset was refused: {e}");
                     write_removal(

@@ -508,7 +508,11 @@ async fn an_unreadable_nodename_is_transient_when_unreachable_and_a_failure_when
     m.hostname = None;
     let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
     assert!(err.is_transient());
-    assert!(matches!(err.outcome(), MachineOutcome::Waiting { .. }));
+    let retry_at = Timestamp::from_unix_millis(5_000);
+    assert!(
+        matches!(err.outcome(retry_at), MachineOutcome::Waiting { recheck_at: Some(t), .. } if t == retry_at),
+        "a transient error is looked at again at its retry time, not left to a watch"
+    );
 
     let mut world = World::new(None, Ok(MachineStage::Running));
     world
@@ -517,7 +521,7 @@ async fn an_unreadable_nodename_is_transient_when_unreachable_and_a_failure_when
         .returning(|_| Err(TalosError::Answered { code: "PermissionDenied".into(), message: "not allowed".into() }));
     let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
     assert!(!err.is_transient());
-    assert!(matches!(err.outcome(), MachineOutcome::Failed { .. }));
+    assert!(matches!(err.outcome(Timestamp::from_unix_millis(0)), MachineOutcome::Failed { .. }));
 }
 
 #[tokio::test]
@@ -587,9 +591,9 @@ async fn a_certificate_problem_before_the_call_fails_the_machine_naming_the_caus
     let err = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap_err();
     assert!(!err.is_transient(), "{err:?}");
     assert!(
-        matches!(err.outcome(), MachineOutcome::Failed { ref message, .. } if message.contains("CertificateExpired")),
+        matches!(err.outcome(Timestamp::from_unix_millis(0)), MachineOutcome::Failed { ref message, .. } if message.contains("CertificateExpired")),
         "{:?}",
-        err.outcome()
+        err.outcome(Timestamp::from_unix_millis(0))
     );
 }
 

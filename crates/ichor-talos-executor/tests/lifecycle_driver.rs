@@ -129,7 +129,7 @@ impl World {
         };
         advance_machine_with(&ex, "talos", m, &target(), &CallAuthority::Granted, &finish)
             .await
-            .unwrap_or_else(|e| e.outcome())
+            .unwrap_or_else(|e| e.outcome(ex.retry_at()))
     }
 }
 

@@ -10,8 +10,10 @@
 //! answers for one node. A machine with blockers is not started; one already started is
 //! never stopped by them (the rollout engine's rule, not this module's).
 //!
-//! What the drain itself skips is skipped here too: DaemonSet pods, mirror (static) pods
-//! and pods no controller owns (Talos's drain and `kubectl drain` leave them).
+//! What every drain skips is skipped here too: DaemonSet pods and mirror (static) pods. A
+//! pod no controller owns counts: Talos's own drain (the legacy Upgrade call) leaves it,
+//! but the engine's drain (the lifecycle executor, a removal) evicts it as `talosctl` and
+//! `kubectl drain --force` do, and a reboot takes it down either way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -264,7 +266,7 @@ type WorkloadKey = (WorkloadKind, String, String);
 pub struct Preflight<'a> {
     facts: &'a ClusterFacts,
     config: &'a PreflightConfig,
-    /// Pods by node (indices into `facts.pods`), only those a drain evicts.
+    /// Pods by node (indices into `facts.pods`), only those a drain may evict.
     evicted_on: BTreeMap<&'a str, Vec<usize>>,
     /// Each pod's workload, where known.
     workload_of: Vec<Option<WorkloadKey>>,
@@ -311,7 +313,7 @@ impl<'a> Preflight<'a> {
         let mut ready_on: BTreeMap<WorkloadKey, BTreeMap<&str, usize>> = BTreeMap::new();
         for (i, pod) in facts.pods.iter().enumerate() {
             let Some(node) = pod.node.as_deref() else { continue };
-            let skipped = pod.mirror || pod.owner.as_ref().is_none_or(|o| o.kind == "DaemonSet");
+            let skipped = pod.mirror || pod.owner.as_ref().is_some_and(|o| o.kind == "DaemonSet");
             if !skipped {
                 evicted_on.entry(node).or_default().push(i);
             }

@@ -24,6 +24,7 @@ use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
 use ichor_upgrade_core::strategies::ClusterShape;
 use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::upgrade_marker::TALOS_UPGRADE;
 
 /// A Talos API that refuses every Upgrade call to one address (as a node whose installer
 /// image cannot be verified would) and passes everything else on to the simulator,
@@ -88,23 +89,53 @@ impl TalosApi for RefusesOneUpgrade<'_> {
 }
 
 /// A Kubernetes API that loses the first `conflicts` writes of an operation's status to a
-/// conflict (another writer got there first) and passes everything else on to the
-/// simulator, recording the phases it wrote.
-struct LosesStatusWrites<'a> {
+/// conflict (another writer got there first), and the first `intents` writes of the upgrade
+/// intent (the `TalosUpgrade` condition, written before the call) of the machine
+/// `lose_intent_of` (the API server unreachable), and passes everything else on to the simulator,
+/// recording the phases it wrote.
+struct LosesWrites<'a> {
     sim: &'a SimCluster,
     conflicts: Mutex<usize>,
+    lose_intent_of: Option<String>,
+    intents: Mutex<usize>,
     written: Mutex<Vec<Phase>>,
 }
 
+impl<'a> LosesWrites<'a> {
+    fn new(sim: &'a SimCluster, conflicts: usize, lose_intent_of: Option<(&str, usize)>) -> Self {
+        Self {
+            sim,
+            conflicts: Mutex::new(conflicts),
+            lose_intent_of: lose_intent_of.map(|(machine, _)| machine.to_owned()),
+            intents: Mutex::new(lose_intent_of.map_or(0, |(_, n)| n)),
+            written: Mutex::new(Vec::new()),
+        }
+    }
+}
+
 #[async_trait]
-impl ConditionStore for LosesStatusWrites<'_> {
+impl ConditionStore for LosesWrites<'_> {
     async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+        {
+            let mut intents = self.intents.lock().unwrap();
+            if *intents > 0
+                && self.lose_intent_of.as_deref() == Some(machine)
+                && conditions.get(TALOS_UPGRADE).is_some()
+            {
+                *intents -= 1;
+                return Err(ConditionWriteError {
+                    machine: machine.to_owned(),
+                    message: "dial tcp 127.0.0.1:6443: connect: connection refused".to_owned(),
+                    transient: true,
+                });
+            }
+        }
         self.sim.write_conditions(machine, conditions).await
     }
 }
 
 #[async_trait]
-impl KubeApi for LosesStatusWrites<'_> {
+impl KubeApi for LosesWrites<'_> {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
         self.sim.node(name).await
     }
@@ -212,13 +243,32 @@ fn an_upgrade_the_talos_api_refuses_fails_its_machine_once_and_pauses_the_rest()
 fn status_writes_lost_to_conflicts_are_retried_and_the_rollout_completes() {
     let case = plain_case(9);
     let sim = case.build();
-    let kube = LosesStatusWrites { sim: &sim, conflicts: Mutex::new(3), written: Mutex::new(Vec::new()) };
+    let kube = LosesWrites::new(&sim, 3, None);
     let end = runtime().block_on(run_with(&sim, &sim, &kube, OPERATION, &ExecutorConfig::default(), 20_000));
 
     assert_eq!(end, RunEnd::Completed);
     assert_eq!(*kube.conflicts.lock().unwrap(), 0, "every conflict was met");
     let written = kube.written.into_inner().unwrap();
     assert_eq!(written.last(), Some(&Phase::Completed), "{written:?}");
+    let report = sim.report(1);
+    assert_eq!((report.on_target, report.upgrade_calls), (6, 6), "{report:?}");
+}
+
+/// Found by a random draw of the downstream properties (an API outage while a worker's
+/// replicas moved): the write of a machine's upgrade intent, just before its call, fails on
+/// an unreachable API server. That wait had no time of its own: the next storage event
+/// (its last replica gone) woke it once, and when that write failed too nothing the
+/// watches report changed for the machine again, and the rollout never ended. It is
+/// looked at again a poll later, and the call goes out then, once.
+#[test]
+fn a_lost_write_of_the_upgrade_intent_is_retried_and_the_rollout_completes() {
+    let case = plain_case(9);
+    let sim = case.build();
+    let kube = LosesWrites::new(&sim, 0, Some(("worker-2", 2)));
+    let end = runtime().block_on(run_with(&sim, &sim, &kube, OPERATION, &ExecutorConfig::default(), 20_000));
+
+    assert_eq!(end, RunEnd::Completed);
+    assert_eq!(*kube.intents.lock().unwrap(), 0, "the intent's write was lost twice");
     let report = sim.report(1);
     assert_eq!((report.on_target, report.upgrade_calls), (6, 6), "{report:?}");
 }

@@ -323,7 +323,7 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
                         .map(|n| ControlPlane { address: n.address.clone(), node: n.name.clone() })
                         .collect()
                 });
-                remove_machine(&ex, &machine, &control_planes).await.unwrap_or_else(|e| e.outcome())
+                remove_machine(&ex, &machine, &control_planes).await.unwrap_or_else(|e| e.outcome(ex.retry_at()))
             }
             Ok(None) => return RunEnd::Stalled(Phase::Pending),
             Err(_) => {

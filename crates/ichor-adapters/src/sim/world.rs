@@ -970,11 +970,12 @@ impl World {
         let workers =
             i32::try_from(self.nodes.iter().filter(|n| n.role == MachineRole::Worker).count()).unwrap_or(i32::MAX);
         let replicated = workers >= 2;
+        // A pod's app label; it is part of a Deployment the preflight is told of only when
+        // the cluster has two workers or more (one replica per worker: on one worker the
+        // single-replica rule would hold it for ever). The budget over `invoice-api` is
+        // always told of: it is the one that refuses evictions under `pdb-blocked`.
         let app = |pod: &SimPod| {
-            DEPLOYMENTS
-                .into_iter()
-                .filter(|_| replicated)
-                .find(|d| pod.name.strip_prefix(d).is_some_and(|rest| rest.starts_with('-')))
+            DEPLOYMENTS.into_iter().find(|d| pod.name.strip_prefix(d).is_some_and(|rest| rest.starts_with('-')))
         };
         let mut pods = Vec::new();
         let mut shown_elsewhere = [false; 2];
@@ -985,12 +986,13 @@ impl World {
             let here = here.contains(&i);
             for pod in &node.pods {
                 let ready = node.ready && pod.terminating_until.is_none();
-                let app = app(pod);
-                if ready && app == Some(DEPLOYMENTS[0]) {
+                let label = app(pod);
+                let app = label.filter(|_| replicated);
+                if ready && label == Some(DEPLOYMENTS[0]) {
                     healthy = healthy.saturating_add(1);
                 }
                 if !here {
-                    let Some(k) = app.and_then(|d| DEPLOYMENTS.iter().position(|x| *x == d)) else { continue };
+                    let Some(k) = label.and_then(|d| DEPLOYMENTS.iter().position(|x| *x == d)) else { continue };
                     if !ready || shown_elsewhere[k] {
                         continue;
                     }
@@ -1002,7 +1004,7 @@ impl World {
                     (_, _, Some(d)) => Some(Owner { kind: "ReplicaSet".into(), name: format!("{d}-7d9f") }),
                     _ => None,
                 };
-                let label = app.unwrap_or(pod.name.as_str());
+                let label = label.unwrap_or(pod.name.as_str());
                 pods.push(PodFacts {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
@@ -1030,9 +1032,7 @@ impl World {
                 current_healthy: healthy,
                 desired_healthy: desired,
             }]
-            .into_iter()
-            .filter(|_| replicated)
-            .collect(),
+            .into(),
             workloads: DEPLOYMENTS
                 .iter()
                 .filter(|_| replicated)
