@@ -372,6 +372,13 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
     }
     let namespace = op.namespace().unwrap_or_default();
     let name = op.name_any();
+    // At most one pass per pass interval: what woke this one early rides with the next.
+    let now = SystemClock.now();
+    if let Some(at) = ctx.memory(&namespace, &name).defer_pass(now, ctx.config.executor.pass_interval) {
+        ctx.metrics.pass("deferred");
+        let wait = Duration::from_millis(u64::try_from(at.unix_millis() - now.unix_millis()).unwrap_or(0));
+        return Ok(Action::requeue(wait.max(MIN_REQUEUE)));
+    }
     let started = Instant::now();
     let kube = ctx.kube(&namespace);
     let result: Result<_, ControllerError> = async {

@@ -33,6 +33,16 @@ pub struct ExecutorConfig {
     /// Pulling the installer image onto the machines expected to start next, while the
     /// current ones upgrade.
     pub prepull: Prepull,
+    /// The least time from the start of one pass of an operation to the start of the next
+    /// (default 1 s). What arrives meanwhile (watch events, requeues, an install's end) is
+    /// folded into that next pass, which then starts at once. A pass reads and decides
+    /// over every machine of the cluster; at 5,000 machines with 100 under way, watch
+    /// events come every few hundred milliseconds, and without this each one would bring
+    /// a pass of its own (and its reads) for one machine's change. It costs a rollout at
+    /// most this much per step a machine waits on (an evacuation's end, a Node Ready, a
+    /// slot freed): under 1% of a machine's few minutes. Unlike kube-runtime's trailing
+    /// debounce it cannot be put off for ever by a stream of events (a Node changes often).
+    pub pass_interval: Duration,
 }
 
 /// Pre-pulling the installer image ahead of a machine's turn.
@@ -63,6 +73,7 @@ impl Default for ExecutorConfig {
             snapshot_timeout: Duration::from_secs(30 * 60),
             executor: ExecutorChoice::Auto,
             prepull: Prepull::default(),
+            pass_interval: Duration::from_secs(1),
         }
     }
 }
@@ -72,6 +83,13 @@ impl ExecutorConfig {
     #[must_use]
     pub fn with_call_timeout(mut self, bound: Duration) -> Self {
         self.call_timeout = bound;
+        self
+    }
+
+    /// The same configuration with another [`ExecutorConfig::pass_interval`].
+    #[must_use]
+    pub fn with_pass_interval(mut self, interval: Duration) -> Self {
+        self.pass_interval = interval;
         self
     }
 

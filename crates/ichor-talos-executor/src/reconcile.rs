@@ -157,6 +157,8 @@ pub struct PassMemory {
     storage_changed: Mutex<HashSet<String>>,
     /// The machines the preflight held back, as last reported in an Event.
     preflight_reported: Mutex<Vec<(String, Vec<Blocker>)>>,
+    /// When the last pass started (see [`PassMemory::defer_pass`]).
+    last_pass: Mutex<Option<Timestamp>>,
 }
 
 /// The machine views of the last pass, with what each was built from.
@@ -247,6 +249,24 @@ impl PassMemory {
         *self.views.lock().unwrap_or_else(PoisonError::into_inner) = ViewCache::default();
         *self.held() = None;
         self.take_storage_changed();
+        *self.last_pass.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Whether a pass may start at `now`, [`ExecutorConfig::pass_interval`] after the last
+    /// one started: `None` if it may (and it is counted as started), else the time it may.
+    /// A controller that is woken sooner requeues for that time: what woke it is folded
+    /// into that pass.
+    ///
+    /// [`ExecutorConfig::pass_interval`]: crate::ExecutorConfig::pass_interval
+    pub fn defer_pass(&self, now: Timestamp, interval: std::time::Duration) -> Option<Timestamp> {
+        let mut last = self.last_pass.lock().unwrap_or_else(PoisonError::into_inner);
+        match *last {
+            Some(at) if now < at.saturating_add(interval) => Some(at.saturating_add(interval)),
+            _ => {
+                *last = Some(now);
+                None
+            }
+        }
     }
 
     /// Says that the storage on Node `node` changed (a replica moved or went, the storage

@@ -8,8 +8,9 @@ use std::time::Duration;
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::kube_api::{ClusterInfo, LeaseInfo, MachineInfo, NodeInfo, OperationInfo};
-use ichor_talos_executor::reconcile::reconcile;
+use ichor_talos_executor::reconcile::{PassMemory, reconcile};
 use ichor_talos_executor::talos_api::TalosError;
+use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
@@ -142,4 +143,18 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
     let stopping = &status.machines["m-evacuating"];
     assert_eq!(stopping.state, RecordState::InProgress, "still to be stopped: {stopping:?}");
     assert_eq!(stopping.reason, "NodeNameUnknown");
+}
+
+#[test]
+fn passes_start_at_least_the_pass_interval_apart_and_a_restart_passes_at_once() {
+    let memory = PassMemory::new();
+    let t = Timestamp::from_unix_millis;
+    let second = Duration::from_secs(1);
+    assert_eq!(memory.defer_pass(t(10_000), second), None, "the first pass at once");
+    assert_eq!(memory.defer_pass(t(10_400), second), Some(t(11_000)), "woken early: requeued for the interval's end");
+    assert_eq!(memory.defer_pass(t(10_999), second), Some(t(11_000)));
+    assert_eq!(memory.defer_pass(t(11_000), second), None);
+    assert_eq!(memory.defer_pass(t(11_500), Duration::ZERO), None, "no interval: every wake passes");
+    memory.clear();
+    assert_eq!(memory.defer_pass(t(11_600), second), None, "a restarted controller passes at once");
 }

@@ -75,6 +75,7 @@ pub async fn run_operation(
             w.counters.passes += 1;
             w.take_deliveries()
         });
+        let not_before = sim.now().saturating_add(config.pass_interval);
         // As the operator's watch of Longhorn's replicas does.
         for node in &storage {
             memory.storage_changed(node);
@@ -136,7 +137,7 @@ pub async fn run_operation(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
-        if !jobs.beside_wait(sim, requeue).await {
+        if !jobs.beside_wait(sim, requeue, not_before).await {
             return RunEnd::Stalled(sim.with_world_untouched(|w| w.operations[name].info.status.phase.clone()));
         }
     }
@@ -190,8 +191,8 @@ impl<'a> Jobs<'a> {
     /// [`wait_for_wake`], the jobs going on meanwhile; an install that ends wakes the
     /// controller (it wrote what the next pass must see), a pre-pull does not (it wrote
     /// nothing, and the machine's turn comes by itself).
-    async fn beside_wait(&mut self, sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
-        let waiting = wait_for_wake(sim, requeue);
+    async fn beside_wait(&mut self, sim: &SimCluster, requeue: Option<Timestamp>, not_before: Timestamp) -> bool {
+        let waiting = wait_for_wake(sim, requeue, not_before);
         let mut waiting = std::pin::pin!(waiting);
         // Whether nothing in the world will wake the controller: then only a job's end can.
         let mut silent = false;
@@ -216,7 +217,9 @@ impl<'a> Jobs<'a> {
             let wakes = matches!(job, Job::Install { .. });
             self.queue.done(&job, outcome);
             if wakes {
-                return true;
+                // As a requeue for now: the next pass, once the pass interval allows it.
+                waiting.set(wait_for_wake(sim, Some(sim.now()), not_before));
+                silent = false;
             }
         }
     }
@@ -265,7 +268,7 @@ impl PreflightWatch {
 /// Waits, in virtual time, until the controller is woken: its requeue time, or a watch
 /// event reaching it (under [`Wake::Oracle`], any change of the world). The world moves on
 /// meanwhile, change by change. `false` when nothing will ever wake it.
-pub(crate) async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) -> bool {
+pub(crate) async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>, not_before: Timestamp) -> bool {
     loop {
         let (now, wake, change, oracle) = sim.with_world_untouched(|w| {
             w.sync_clock();
@@ -274,7 +277,9 @@ pub(crate) async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>) 
             let wake = if oracle { change } else { w.next_delivery() };
             (w.now, wake, change, oracle)
         });
-        let target = Timestamp::min_opt(requeue, wake);
+        // The oracle is woken at the instant of each change: no pass interval.
+        let not_before = if oracle { now } else { not_before };
+        let target = Timestamp::min_opt(requeue, wake).map(|t| t.max(not_before));
         if target.is_some_and(|t| t <= now) {
             return true;
         }
@@ -343,7 +348,7 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
             MachineOutcome::Progressed { .. } => Some(now),
             MachineOutcome::Waiting { recheck_at, .. } => recheck_at.or(Some(now.saturating_add(ERROR_BACKOFF))),
         };
-        if !wait_for_wake(sim, requeue).await {
+        if !wait_for_wake(sim, requeue, now.saturating_add(config.pass_interval)).await {
             return RunEnd::Stalled(Phase::Pending);
         }
     }

@@ -281,6 +281,7 @@ pub async fn run_with(
         for node in &storage {
             memory.storage_changed(node);
         }
+        let not_before = sim.now().saturating_add(config.pass_interval);
         let store = sim.snapshot_store();
         let ex = Executor {
             talos,
@@ -302,7 +303,7 @@ pub async fn run_with(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
-        if !wait_for_wake(sim, requeue).await {
+        if !wait_for_wake(sim, requeue, not_before).await {
             let phase = sim.read_world(|w| w.operations.get(name).map(|op| op.info.status.phase.clone()));
             return RunEnd::Stalled(phase.unwrap_or(Phase::Pending));
         }

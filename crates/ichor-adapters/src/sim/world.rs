@@ -1,7 +1,7 @@
 //! The simulated world's state and how it changes with virtual time.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -443,6 +443,8 @@ pub struct World {
     pod_nodes: HashMap<(String, String), usize, FixedState>,
     /// When each node next changes by itself, indexed.
     timers: Timers,
+    /// What [`World::measure`] counts, node by node.
+    census: Census,
     /// The image pulls under way.
     pulls: Pulls,
     /// What the controller's reads return, shared as a reflector's store shares its
@@ -477,6 +479,90 @@ struct Timers {
     dirty: Vec<usize>,
     /// Any node may have changed (a direct change through [`super::SimCluster::with_world`]).
     all: bool,
+}
+
+/// What [`World::measure`] counts, kept per node and summed: only the nodes changed since
+/// the last measure are looked at again (a measure after every change would otherwise scan
+/// every node, every time).
+#[derive(Debug, Default)]
+struct Census {
+    /// Each node's share, by node index.
+    of: Vec<Share>,
+    /// The sums of the shares.
+    sum: Share,
+    /// Nodes changed since the last measure.
+    dirty: Vec<usize>,
+    /// Any node may have changed: count them all again.
+    all: bool,
+}
+
+/// What one node adds to the census (or, summed, the census itself).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Share {
+    control_planes_down: usize,
+    workers_down: usize,
+    voters: usize,
+    members: usize,
+    /// Workers not removed.
+    workers: usize,
+    /// Ready `invoice-api` pods (the budget's healthy pods).
+    invoice_api_ready: usize,
+    /// Pods of the pdb-zero and single-replica faults' workloads.
+    fault_pods: usize,
+}
+
+impl Share {
+    fn of(n: &SimNode) -> Self {
+        if n.removed {
+            return Self::default();
+        }
+        // Down because of the operation: upgrading, or (a control plane) NotReady other
+        // than for a reason of its own; a node the world takes down by itself is not the
+        // engine's.
+        let down = n.upgrading()
+            || n.cordoned_by_engine()
+            || (n.role == MachineRole::ControlPlane && !n.ready && n.not_ready_until.is_none());
+        let billing = |(namespace, app): (&'static str, &'static str)| {
+            n.pods.iter().filter(move |p| p.namespace == namespace && p.name.starts_with(app))
+        };
+        Self {
+            control_planes_down: usize::from(down && n.role == MachineRole::ControlPlane),
+            workers_down: usize::from(down && n.role == MachineRole::Worker),
+            voters: usize::from(n.etcd == Some(EtcdMember::Voter)),
+            members: usize::from(n.etcd.is_some()),
+            workers: usize::from(n.role == MachineRole::Worker),
+            invoice_api_ready: if n.ready {
+                billing(("billing", "invoice-api-")).filter(|p| p.terminating_until.is_none()).count()
+            } else {
+                0
+            },
+            fault_pods: billing(LEDGER).count() + billing(EXPORTER).count(),
+        }
+    }
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            control_planes_down: self.control_planes_down + other.control_planes_down,
+            workers_down: self.workers_down + other.workers_down,
+            voters: self.voters + other.voters,
+            members: self.members + other.members,
+            workers: self.workers + other.workers,
+            invoice_api_ready: self.invoice_api_ready + other.invoice_api_ready,
+            fault_pods: self.fault_pods + other.fault_pods,
+        }
+    }
+
+    fn sub(self, other: Self) -> Self {
+        Self {
+            control_planes_down: self.control_planes_down - other.control_planes_down,
+            workers_down: self.workers_down - other.workers_down,
+            voters: self.voters - other.voters,
+            members: self.members - other.members,
+            workers: self.workers - other.workers,
+            invoice_api_ready: self.invoice_api_ready - other.invoice_api_ready,
+            fault_pods: self.fault_pods - other.fault_pods,
+        }
+    }
 }
 
 /// The installer image pulls under way: each has its bytes left, and all share the
@@ -659,6 +745,7 @@ impl World {
             pod_nodes: HashMap::default(),
             name_order: Vec::new(),
             timers: Timers { all: true, ..Timers::default() },
+            census: Census { all: true, ..Census::default() },
             pulls: Pulls { active: Vec::new(), at: start },
             read_cache: ReadCache::default(),
         };
@@ -961,14 +1048,14 @@ impl World {
     /// Of the nodes not asked about it reports, for each Deployment, one Ready pod if it
     /// has one (all the gate needs to see that not every Ready pod runs on a node asked
     /// about): a cluster of 5,000 workers would otherwise build 20,000 pods per question.
-    pub fn preflight_facts(&self, asked: &[&str]) -> ichor_upgrade_core::preflight::ClusterFacts {
+    pub fn preflight_facts(&mut self, asked: &[&str]) -> ichor_upgrade_core::preflight::ClusterFacts {
         use ichor_upgrade_core::labels::LabelSelector;
         use ichor_upgrade_core::preflight::{
             BudgetFacts, ClusterFacts, Owner, PodFacts, ReplicaSetFacts, WorkloadFacts, WorkloadKind,
         };
         const DEPLOYMENTS: [&str; 2] = ["invoice-api", "invoice-worker"];
-        let workers =
-            i32::try_from(self.nodes.iter().filter(|n| n.role == MachineRole::Worker).count()).unwrap_or(i32::MAX);
+        let census = self.census();
+        let workers = i32::try_from(self.config.workers).unwrap_or(i32::MAX);
         let replicated = workers >= 2;
         // A pod's app label; it is part of a Deployment the preflight is told of only when
         // the cluster has two workers or more (one replica per worker: on one worker the
@@ -977,43 +1064,55 @@ impl World {
         let app = |pod: &SimPod| {
             DEPLOYMENTS.into_iter().find(|d| pod.name.strip_prefix(d).is_some_and(|rest| rest.starts_with('-')))
         };
+        let healthy = i32::try_from(census.invoice_api_ready).unwrap_or(i32::MAX);
+        let pod_facts = |node: &SimNode, pod: &SimPod| {
+            let ready = node.ready && pod.terminating_until.is_none();
+            let label = app(pod);
+            let app = label.filter(|_| replicated);
+            let owner = match (pod.daemonset, pod.mirror, app) {
+                (true, _, _) => Some(Owner { kind: "DaemonSet".into(), name: "cilium".into() }),
+                (_, true, _) => Some(Owner { kind: "Node".into(), name: node.name.clone() }),
+                (_, _, Some(d)) => Some(Owner { kind: "ReplicaSet".into(), name: format!("{d}-7d9f") }),
+                _ => None,
+            };
+            PodFacts {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                node: Some(node.name.clone()),
+                ready,
+                labels: [("app".to_owned(), label.unwrap_or(pod.name.as_str()).to_owned())].into(),
+                owner,
+                mirror: pod.mirror,
+            }
+        };
+        // The nodes asked about, in node order: every pod. One lookup each.
+        let mut here: Vec<usize> = asked.iter().filter_map(|name| self.node_index(name)).collect();
+        here.sort_unstable();
+        here.dedup();
         let mut pods = Vec::new();
-        let mut shown_elsewhere = [false; 2];
-        let mut healthy = 0_i32;
-        // The nodes asked about, by index: one lookup each, not a scan of them per node.
-        let here: HashSet<usize, FixedState> = asked.iter().filter_map(|name| self.node_index(name)).collect();
-        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| !n.removed) {
-            let here = here.contains(&i);
-            for pod in &node.pods {
-                let ready = node.ready && pod.terminating_until.is_none();
-                let label = app(pod);
-                let app = label.filter(|_| replicated);
-                if ready && label == Some(DEPLOYMENTS[0]) {
-                    healthy = healthy.saturating_add(1);
+        for &i in &here {
+            let node = &self.nodes[i];
+            if !node.removed {
+                pods.extend(node.pods.iter().map(|pod| pod_facts(node, pod)));
+            }
+        }
+        // Elsewhere, one Ready pod of each Deployment: the first nodes in order have them.
+        if replicated {
+            let mut shown_elsewhere = [false; 2];
+            for (i, node) in self.nodes.iter().enumerate() {
+                if shown_elsewhere.iter().all(|s| *s) {
+                    break;
                 }
-                if !here {
-                    let Some(k) = label.and_then(|d| DEPLOYMENTS.iter().position(|x| *x == d)) else { continue };
-                    if !ready || shown_elsewhere[k] {
-                        continue;
+                if node.removed || !node.ready || here.binary_search(&i).is_ok() {
+                    continue;
+                }
+                for pod in node.pods.iter().filter(|p| p.terminating_until.is_none()) {
+                    let Some(k) = app(pod).and_then(|d| DEPLOYMENTS.iter().position(|x| *x == d)) else { continue };
+                    if !shown_elsewhere[k] {
+                        shown_elsewhere[k] = true;
+                        pods.push(pod_facts(node, pod));
                     }
-                    shown_elsewhere[k] = true;
                 }
-                let owner = match (pod.daemonset, pod.mirror, app) {
-                    (true, _, _) => Some(Owner { kind: "DaemonSet".into(), name: "cilium".into() }),
-                    (_, true, _) => Some(Owner { kind: "Node".into(), name: node.name.clone() }),
-                    (_, _, Some(d)) => Some(Owner { kind: "ReplicaSet".into(), name: format!("{d}-7d9f") }),
-                    _ => None,
-                };
-                let label = label.unwrap_or(pod.name.as_str());
-                pods.push(PodFacts {
-                    namespace: pod.namespace.clone(),
-                    name: pod.name.clone(),
-                    node: Some(node.name.clone()),
-                    ready,
-                    labels: [("app".to_owned(), label.to_owned())].into(),
-                    owner,
-                    mirror: pod.mirror,
-                });
             }
         }
         let blocked = self.pdb_blocked_until.is_some_and(|t| self.now < t);
@@ -1054,7 +1153,9 @@ impl World {
                 })
                 .collect(),
         };
-        self.fault_workloads(asked, &mut facts);
+        if census.fault_pods > 0 {
+            self.fault_workloads(asked, &mut facts);
+        }
         facts
     }
 
@@ -1325,6 +1426,7 @@ impl World {
     /// the shared copies of what the controller reads are made again.
     pub(crate) fn touched(&mut self) {
         self.timers.all = true;
+        self.census.all = true;
         self.read_cache = ReadCache::default();
     }
 
@@ -1340,6 +1442,7 @@ impl World {
     /// Node `i` changed (its next change is read again).
     pub(crate) fn changed(&mut self, i: usize) {
         self.timers.dirty.push(i);
+        self.census.dirty.push(i);
     }
 
     /// The earliest time something changes by itself, if anything will.
@@ -1571,30 +1674,38 @@ impl World {
         }
     }
 
-    /// Updates the maxima of nodes down and the minimum of etcd voters.
+    /// Updates the maxima of nodes down and the minimum of etcd voters, looking again only
+    /// at the nodes changed since the last time (every change marks its node).
     pub(crate) fn measure(&mut self) {
-        // Down because of the operation: upgrading, or (a control plane) NotReady other than
-        // for a reason of its own; a node the world takes down by itself is not the engine's.
-        let down = |role: MachineRole| {
-            self.nodes
-                .iter()
-                .filter(|n| {
-                    !n.removed
-                        && n.role == role
-                        && (n.upgrading()
-                            || n.cordoned_by_engine()
-                            || (role == MachineRole::ControlPlane && !n.ready && n.not_ready_until.is_none()))
-                })
-                .count()
-        };
-        let (cps, workers) = (down(MachineRole::ControlPlane), down(MachineRole::Worker));
-        let voters = self.nodes.iter().filter(|n| !n.removed && n.etcd == Some(EtcdMember::Voter)).count();
+        let sum = self.census();
         let c = &mut self.counters;
-        c.max_control_planes_down = c.max_control_planes_down.max(cps);
-        c.max_workers_down = c.max_workers_down.max(workers);
-        if self.nodes.iter().any(|n| n.etcd.is_some()) {
-            c.min_etcd_voters = Some(c.min_etcd_voters.map_or(voters, |m| m.min(voters)));
+        c.max_control_planes_down = c.max_control_planes_down.max(sum.control_planes_down);
+        c.max_workers_down = c.max_workers_down.max(sum.workers_down);
+        if sum.members > 0 {
+            c.min_etcd_voters = Some(c.min_etcd_voters.map_or(sum.voters, |m| m.min(sum.voters)));
         }
+    }
+
+    /// The census brought up to date: the nodes changed since the last time counted again.
+    fn census(&mut self) -> Share {
+        let census = &mut self.census;
+        if census.all || census.of.len() != self.nodes.len() {
+            census.all = false;
+            census.dirty.clear();
+            census.of = self.nodes.iter().map(Share::of).collect();
+            census.sum = census.of.iter().fold(Share::default(), |a, b| a.add(*b));
+        }
+        for i in census.dirty.drain(..) {
+            let share = Share::of(&self.nodes[i]);
+            census.sum = census.sum.sub(census.of[i]).add(share);
+            census.of[i] = share;
+        }
+        debug_assert_eq!(
+            census.of,
+            self.nodes.iter().map(Share::of).collect::<Vec<_>>(),
+            "a node changed without being marked"
+        );
+        census.sum
     }
 
     /// Whether the APIs refuse calls now.
