@@ -125,9 +125,9 @@ struct Args {
     /// pauses and waits are printed as lines either way.
     #[arg(long, value_enum)]
     progress: Option<Switch>,
-    /// The least time between the starts of two passes, in milliseconds (default: the
-    /// engine's, 1,000); what arrives meanwhile folds into the next pass. 0 passes at every
-    /// wake.
+    /// The least time between the starts of two passes woken from outside, in milliseconds
+    /// (default: the engine's, 2,000); what arrives meanwhile folds into the next pass. 0
+    /// passes at every wake.
     #[arg(long, value_name = "MS")]
     pass_interval_ms: Option<u64>,
 }

@@ -398,6 +398,9 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         };
         let memory = ctx.memory(&namespace, &name);
         let outcome = ichor_talos_executor::reconcile_with(&executor, &name, &memory).await;
+        if let Ok(outcome) = &outcome {
+            memory.pass_ended(SystemClock.now(), outcome.requeue_at);
+        }
         ctx.start_jobs(&queue, &talos, &kube, &namespace, &name);
         Ok(outcome?)
     }

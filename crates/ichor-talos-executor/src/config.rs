@@ -34,14 +34,16 @@ pub struct ExecutorConfig {
     /// current ones upgrade.
     pub prepull: Prepull,
     /// The least time from the start of one pass of an operation to the start of the next
-    /// (default 1 s). What arrives meanwhile (watch events, requeues, an install's end) is
-    /// folded into that next pass, which then starts at once. A pass reads and decides
-    /// over every machine of the cluster; at 5,000 machines with 100 under way, watch
-    /// events come every few hundred milliseconds, and without this each one would bring
-    /// a pass of its own (and its reads) for one machine's change. It costs a rollout at
-    /// most this much per step a machine waits on (an evacuation's end, a Node Ready, a
-    /// slot freed): under 1% of a machine's few minutes. Unlike kube-runtime's trailing
-    /// debounce it cannot be put off for ever by a stream of events (a Node changes often).
+    /// one woken from outside (default 2 s). What arrives meanwhile (watch events, timed
+    /// requeues, an install's end) is folded into that next pass, which then starts at
+    /// once; a pass that asks to look again at once (it wrote what it must read back, or
+    /// its step goes on) is followed at once. A pass reads and decides over every machine
+    /// of the cluster; at 5,000 machines with 100 under way, watch events come every few
+    /// hundred milliseconds, and without this each one would bring a pass of its own (and
+    /// its reads) for one machine's change. It costs a rollout at most this much per step
+    /// a machine waits on from outside (an evacuation's end, a Node Ready, a slot freed):
+    /// under 1% of a machine's few minutes (`docs/performance.md`). Unlike kube-runtime's
+    /// trailing debounce it cannot be put off for ever by a stream of events.
     pub pass_interval: Duration,
 }
 
@@ -73,7 +75,7 @@ impl Default for ExecutorConfig {
             snapshot_timeout: Duration::from_secs(30 * 60),
             executor: ExecutorChoice::Auto,
             prepull: Prepull::default(),
-            pass_interval: Duration::from_secs(1),
+            pass_interval: Duration::from_secs(2),
         }
     }
 }

@@ -157,8 +157,9 @@ pub struct PassMemory {
     storage_changed: Mutex<HashSet<String>>,
     /// The machines the preflight held back, as last reported in an Event.
     preflight_reported: Mutex<Vec<(String, Vec<Blocker>)>>,
-    /// When the last pass started (see [`PassMemory::defer_pass`]).
-    last_pass: Mutex<Option<Timestamp>>,
+    /// When the last pass started, and whether it asked to look again at once (see
+    /// [`PassMemory::defer_pass`]).
+    last_pass: Mutex<Option<(Timestamp, bool)>>,
 }
 
 /// The machine views of the last pass, with what each was built from.
@@ -255,17 +256,28 @@ impl PassMemory {
     /// Whether a pass may start at `now`, [`ExecutorConfig::pass_interval`] after the last
     /// one started: `None` if it may (and it is counted as started), else the time it may.
     /// A controller that is woken sooner requeues for that time: what woke it is folded
-    /// into that pass.
+    /// into that pass. A pass that asked to look again at once ([`PassMemory::pass_ended`]:
+    /// it wrote what it must read back, or its step goes on) is followed at once.
     ///
     /// [`ExecutorConfig::pass_interval`]: crate::ExecutorConfig::pass_interval
     pub fn defer_pass(&self, now: Timestamp, interval: std::time::Duration) -> Option<Timestamp> {
         let mut last = self.last_pass.lock().unwrap_or_else(PoisonError::into_inner);
         match *last {
-            Some(at) if now < at.saturating_add(interval) => Some(at.saturating_add(interval)),
+            Some((at, false)) if now < at.saturating_add(interval) => Some(at.saturating_add(interval)),
             _ => {
-                *last = Some(now);
+                *last = Some((now, false));
                 None
             }
+        }
+    }
+
+    /// Says that the pass begun at the last [`PassMemory::defer_pass`] ended at `now` and
+    /// asked to be looked at again at `requeue_at`: at once (`requeue_at` not after `now`),
+    /// the next pass is not held to the pass interval.
+    pub fn pass_ended(&self, now: Timestamp, requeue_at: Option<Timestamp>) {
+        let mut last = self.last_pass.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, again)) = last.as_mut() {
+            *again = requeue_at.is_some_and(|t| t <= now);
         }
     }
 

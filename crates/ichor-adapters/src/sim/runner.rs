@@ -137,6 +137,9 @@ pub async fn run_operation(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
+        // A pass that asks to look again at once (it wrote what it must read back, or its
+        // step goes on) is not held to the interval: only wakes from outside are folded.
+        let not_before = if requeue.is_some_and(|t| t <= now) { now } else { not_before };
         if !jobs.beside_wait(sim, requeue, not_before).await {
             return RunEnd::Stalled(sim.with_world_untouched(|w| w.operations[name].info.status.phase.clone()));
         }
@@ -348,7 +351,8 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
             MachineOutcome::Progressed { .. } => Some(now),
             MachineOutcome::Waiting { recheck_at, .. } => recheck_at.or(Some(now.saturating_add(ERROR_BACKOFF))),
         };
-        if !wait_for_wake(sim, requeue, now.saturating_add(config.pass_interval)).await {
+        let not_before = if requeue.is_some_and(|t| t <= now) { now } else { now.saturating_add(config.pass_interval) };
+        if !wait_for_wake(sim, requeue, not_before).await {
             return RunEnd::Stalled(Phase::Pending);
         }
     }

@@ -303,6 +303,7 @@ pub async fn run_with(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
+        let not_before = if requeue.is_some_and(|t| t <= now) { now } else { not_before };
         if !wait_for_wake(sim, requeue, not_before).await {
             let phase = sim.read_world(|w| w.operations.get(name).map(|op| op.info.status.phase.clone()));
             return RunEnd::Stalled(phase.unwrap_or(Phase::Pending));
