@@ -8,7 +8,7 @@
 //!     [--longhorn-namespace NS]
 //!     [--etcd-snapshot-dir DIR | --etcd-snapshot-s3-bucket B [--etcd-snapshot-s3-prefix P]
 //!      [--etcd-snapshot-s3-endpoint URL] [--etcd-snapshot-s3-region R]]
-//!     [--trace FILE]
+//!     [--trace FILE] [--pass-interval-ms MS]
 //! ```
 //! Without `--kubeconfig` the configuration is inferred as kubectl does (`KUBECONFIG`,
 //! `~/.kube/config`, or the pod's service account). Replicas elect a leader on the Lease
@@ -41,6 +41,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use ichor_adapters::snapshot_store::{DirectoryStore, S3Config, S3Store};
@@ -59,6 +60,14 @@ enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// The executor's configuration with the pass interval of the command line, divided by the
+/// simulated fleet's time scale if there is one.
+fn pass_interval(config: ichor_talos_executor::ExecutorConfig, args: &Args) -> ichor_talos_executor::ExecutorConfig {
+    let interval = args.pass_interval_ms.map_or(config.pass_interval, Duration::from_millis);
+    let scale = if args.simulate_fleet.is_some() { args.time_scale } else { 1.0 };
+    config.with_pass_interval(interval.div_f64(scale))
 }
 
 /// Run the Ichor operator (and optionally a simulated Talos fleet) against a Kubernetes API server.
@@ -124,6 +133,12 @@ struct Args {
     /// ones upgrade (`on`), or only in each machine's own turn (`off`).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     prepull: Switch,
+    /// The least time between the starts of two passes of an operation woken from outside,
+    /// in milliseconds (default: the engine's, 2,000). With `--simulate-fleet` it is
+    /// divided by the time scale, as the fleet's durations are: the controller meets the
+    /// fleet's changes as it would a real cluster's.
+    #[arg(long, value_name = "MS", conflicts_with = "fleet_only")]
+    pass_interval_ms: Option<u64>,
     /// Write the controller's trace to this file, as JSON lines (the rollout example's
     /// records).
     #[arg(long, value_name = "FILE", conflicts_with = "fleet_only")]
@@ -254,7 +269,7 @@ async fn run(args: Args) -> i32 {
             trace,
             namespace,
             identity: identity.clone(),
-            executor: executor_config(args.executor, args.prepull),
+            executor: pass_interval(executor_config(args.executor, args.prepull), &args),
             talos: ichor_adapters::talos::ClientOptions::default(),
             longhorn_namespace: args.longhorn_namespace.clone(),
         };
