@@ -262,12 +262,27 @@ impl PassMemory {
     /// [`ExecutorConfig::pass_interval`]: crate::ExecutorConfig::pass_interval
     pub fn defer_pass(&self, now: Timestamp, interval: std::time::Duration) -> Option<Timestamp> {
         let mut last = self.last_pass.lock().unwrap_or_else(PoisonError::into_inner);
-        match *last {
-            Some((at, false)) if now < at.saturating_add(interval) => Some(at.saturating_add(interval)),
+        match Self::next_pass_from(*last, interval) {
+            Some(at) if now < at => Some(at),
             _ => {
                 *last = Some((now, false));
                 None
             }
+        }
+    }
+
+    /// The earliest a pass woken from outside may start, by the rule of
+    /// [`PassMemory::defer_pass`]; `None`: at any time (no pass yet, or the last one asked
+    /// to look again at once). A runner that waits for its wake itself waits for this too.
+    #[must_use]
+    pub fn next_pass_at(&self, interval: std::time::Duration) -> Option<Timestamp> {
+        Self::next_pass_from(*self.last_pass.lock().unwrap_or_else(PoisonError::into_inner), interval)
+    }
+
+    fn next_pass_from(last: Option<(Timestamp, bool)>, interval: std::time::Duration) -> Option<Timestamp> {
+        match last {
+            Some((at, false)) => Some(at.saturating_add(interval)),
+            Some((_, true)) | None => None,
         }
     }
 

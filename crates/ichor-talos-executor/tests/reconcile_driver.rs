@@ -151,10 +151,12 @@ fn passes_start_at_least_the_pass_interval_apart_and_a_restart_passes_at_once() 
     let t = Timestamp::from_unix_millis;
     let second = Duration::from_secs(1);
     assert_eq!(memory.defer_pass(t(10_000), second), None, "the first pass at once");
+    assert_eq!(memory.next_pass_at(second), Some(t(11_000)), "what a runner that waits itself waits for");
     assert_eq!(memory.defer_pass(t(10_400), second), Some(t(11_000)), "woken early: requeued for the interval's end");
     assert_eq!(memory.defer_pass(t(10_999), second), Some(t(11_000)));
     assert_eq!(memory.defer_pass(t(11_000), second), None);
     memory.pass_ended(t(11_050), Some(t(11_050)));
+    assert_eq!(memory.next_pass_at(second), None);
     assert_eq!(memory.defer_pass(t(11_100), second), None, "a pass that asked to look again at once is followed");
     memory.pass_ended(t(11_150), Some(t(20_000)));
     assert_eq!(memory.defer_pass(t(11_200), second), Some(t(12_100)), "a later requeue waits for the interval");

@@ -75,7 +75,8 @@ pub async fn run_operation(
             w.counters.passes += 1;
             w.take_deliveries()
         });
-        let not_before = sim.now().saturating_add(config.pass_interval);
+        // Waited for as the operator defers: it is due.
+        let _ = memory.defer_pass(sim.now(), config.pass_interval);
         // As the operator's watch of Longhorn's replicas does.
         for node in &storage {
             memory.storage_changed(node);
@@ -137,9 +138,9 @@ pub async fn run_operation(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
-        // A pass that asks to look again at once (it wrote what it must read back, or its
-        // step goes on) is not held to the interval: only wakes from outside are folded.
-        let not_before = if requeue.is_some_and(|t| t <= now) { now } else { not_before };
+        // The operator's rule: only wakes from outside are held to the pass interval.
+        memory.pass_ended(now, requeue);
+        let not_before = memory.next_pass_at(config.pass_interval).unwrap_or(now);
         if !jobs.beside_wait(sim, requeue, not_before).await {
             return RunEnd::Stalled(sim.with_world_untouched(|w| w.operations[name].info.status.phase.clone()));
         }
@@ -305,12 +306,15 @@ pub(crate) async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>, 
 /// `Completed` when the Node is deleted, `Paused` when the removal failed.
 pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, max_passes: usize) -> RunEnd {
     sim.with_world_untouched(World::start_clock);
+    // Only for the pass interval: a removal's pass is `remove_machine`, not a reconcile.
+    let memory = PassMemory::new();
     for _ in 0..max_passes {
         sim.with_world_untouched(|w| {
             w.sync_clock();
             w.take_deliveries();
             w.counters.passes += 1;
         });
+        let _ = memory.defer_pass(sim.now(), config.pass_interval);
         let store = sim.snapshot_store();
         let ex = Executor {
             talos: sim,
@@ -351,7 +355,8 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
             MachineOutcome::Progressed { .. } => Some(now),
             MachineOutcome::Waiting { recheck_at, .. } => recheck_at.or(Some(now.saturating_add(ERROR_BACKOFF))),
         };
-        let not_before = if requeue.is_some_and(|t| t <= now) { now } else { now.saturating_add(config.pass_interval) };
+        memory.pass_ended(sim.now(), requeue);
+        let not_before = memory.next_pass_at(config.pass_interval).unwrap_or(now);
         if !wait_for_wake(sim, requeue, not_before).await {
             return RunEnd::Stalled(Phase::Pending);
         }

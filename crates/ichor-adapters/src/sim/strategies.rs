@@ -281,7 +281,7 @@ pub async fn run_with(
         for node in &storage {
             memory.storage_changed(node);
         }
-        let not_before = sim.now().saturating_add(config.pass_interval);
+        let _ = memory.defer_pass(sim.now(), config.pass_interval);
         let store = sim.snapshot_store();
         let ex = Executor {
             talos,
@@ -303,7 +303,8 @@ pub async fn run_with(
             }
             Err(_) => Some(now.saturating_add(ERROR_BACKOFF)),
         };
-        let not_before = if requeue.is_some_and(|t| t <= now) { now } else { not_before };
+        memory.pass_ended(now, requeue);
+        let not_before = memory.next_pass_at(config.pass_interval).unwrap_or(now);
         if !wait_for_wake(sim, requeue, not_before).await {
             let phase = sim.read_world(|w| w.operations.get(name).map(|op| op.info.status.phase.clone()));
             return RunEnd::Stalled(phase.unwrap_or(Phase::Pending));
