@@ -429,6 +429,7 @@ fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg
         "kube_reads": r.kube_reads,
         "status_bytes_max": r.status_bytes_max,
         "talos_calls": r.talos_calls,
+        "talos_calls_by_method": r.talos_calls_by_method,
         "passes": r.passes,
         "preflight_waits": r.preflight_waits_s,
         "etcd_snapshot": why.snapshot.as_ref().map(|s| serde_json::json!({

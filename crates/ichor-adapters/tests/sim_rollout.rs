@@ -464,3 +464,36 @@ async fn passes_woken_from_outside_start_at_most_once_per_pass_interval() {
     assert!(long < folded, "{long} passes with a 20 s interval, {folded} with 2 s");
     assert!(long_makespan > makespan, "each wake from outside waited up to 20 s: {long_makespan} s, {makespan} s");
 }
+
+#[tokio::test(start_paused = true)]
+async fn talos_is_asked_a_few_times_per_machine_plus_stage_polls_at_the_poll_rate_while_it_installs() {
+    let sim = SimCluster::new(SimConfig::new(3, 30, v("v1.14.3"), v("v1.14.4")).with_seed(11));
+    sim.create_operation("upgrade", spec(4));
+    let config = ExecutorConfig::default();
+    let end = run_operation(&sim, "upgrade", &config, 5_000, |_| {}).await;
+    assert_eq!(end, RunEnd::Completed);
+    let poll = config.step.poll.as_secs_f64();
+    sim.read_world(|w| {
+        let machines = w.nodes.len() as u64;
+        let by = &w.counters.talos_calls_by_method;
+        assert_eq!(by.values().sum::<u64>(), w.counters.talos_calls, "{by:?}");
+        let stage = by.get("machine_stage").copied().unwrap_or(0);
+        // Besides the waits: the Upgrade call, its pre-pull, and the etcd gate's reads
+        // for a control plane.
+        let others = w.counters.talos_calls - stage;
+        assert!(others <= 4 * machines, "{others} calls other than stage polls for {machines} machines: {by:?}");
+        // The stage is polled while a machine installs (from its call to its reboot), at
+        // most once per poll interval, and a few times around it (the first look, the
+        // verification after the reboot).
+        let at = |node: &str, k: TraceKind| w.trace.iter().find(|e| e.node == node && e.event == k).map(|e| e.t);
+        let windows: f64 = w
+            .nodes
+            .iter()
+            .map(|n| at(&n.name, TraceKind::RebootStart).unwrap() - at(&n.name, TraceKind::UpgradeCall).unwrap())
+            .map(|window| (window / poll).ceil())
+            .sum();
+        let most = windows as u64 + 3 * machines;
+        assert!(stage <= most, "{stage} stage polls, at most {most} at one per {poll} s of the installs");
+        assert!(stage >= machines, "every machine's stage is looked at");
+    });
+}

@@ -121,6 +121,7 @@ impl SimCluster {
     /// answer: when calls take time, the call fails only at its dial timeout.
     async fn talos<T>(
         &self,
+        method: &'static str,
         address: &str,
         f: impl FnOnce(&mut World, usize) -> Result<T, TalosError>,
     ) -> Result<T, TalosError> {
@@ -135,7 +136,7 @@ impl SimCluster {
                 tokio::time::sleep(timeout).await;
                 let mut w = self.lock();
                 w.sync_clock();
-                w.counters.talos_calls += 1;
+                w.counters.talos_call(method);
                 return Err(TalosError::dial(format!("{address}:50000"), "i/o timeout"));
             }
             None => self.latency().await,
@@ -146,7 +147,7 @@ impl SimCluster {
             Gate::Refuse => return Err(refused_talos(address)),
             Gate::Go { killed } => killed,
         };
-        w.counters.talos_calls += 1;
+        w.counters.talos_call(method);
         let result = match w.node_index_by_address(address) {
             Some(i) if w.nodes[i].reachable() => {
                 let before = (std::mem::discriminant(&w.nodes[i].phase), w.nodes[i].etcd);
@@ -219,11 +220,11 @@ impl SimCluster {
 #[async_trait]
 impl TalosApi for SimCluster {
     async fn nodename(&self, node: &str) -> Result<String, TalosError> {
-        self.talos(node, |w, i| Ok(w.nodes[i].name.clone())).await
+        self.talos("nodename", node, |w, i| Ok(w.nodes[i].name.clone())).await
     }
 
     async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
-        self.talos(node, |w, i| {
+        self.talos("machine_stage", node, |w, i| {
             Ok(match w.nodes[i].phase {
                 NodePhase::Running => MachineStage::Running,
                 NodePhase::Installing { .. } => MachineStage::Upgrading,
@@ -246,7 +247,7 @@ impl TalosApi for SimCluster {
                 w.arm_crash(1, before_effect);
             }
         });
-        self.talos(node, |w, i| {
+        self.talos("upgrade", node, |w, i| {
             let answered = |code: &str, message: String| TalosError::Answered { code: code.to_owned(), message };
             if w.nodes[i].phase != NodePhase::Running {
                 return Err(answered("FailedPrecondition", "another upgrade is already in progress".to_owned()));
@@ -303,7 +304,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
-        self.talos(node, |w, i| {
+        self.talos("etcd_members", node, |w, i| {
             match w.nodes[i].etcd {
                 None => {
                     return Err(TalosError::Answered {
@@ -335,7 +336,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
-        self.talos(node, |w, i| {
+        self.talos("etcd_status", node, |w, i| {
             let is_learner = match w.nodes[i].etcd {
                 Some(SimMember::Voter) => false,
                 Some(SimMember::Learner { .. }) => true,
@@ -354,7 +355,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
-        self.talos(node, |w, i| match w.nodes[i].etcd {
+        self.talos("etcd_alarms", node, |w, i| match w.nodes[i].etcd {
             Some(SimMember::Voter | SimMember::Learner { .. }) => Ok(Vec::new()),
             Some(SimMember::Missing) | None => {
                 Err(TalosError::Answered { code: "Unavailable".to_owned(), message: "etcd is not running".to_owned() })
@@ -364,7 +365,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        self.talos(node, |w, i| match w.nodes[i].etcd {
+        self.talos("etcd_leave_cluster", node, |w, i| match w.nodes[i].etcd {
             Some(SimMember::Voter | SimMember::Learner { .. }) => {
                 w.nodes[i].etcd = None;
                 w.record(i, TraceKind::EtcdMemberMissing);
@@ -379,7 +380,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
-        self.talos(node, |w, i| {
+        self.talos("etcd_remove_member", node, |w, i| {
             if !matches!(w.nodes[i].etcd, Some(SimMember::Voter | SimMember::Learner { .. })) {
                 return Err(TalosError::answer("FailedPrecondition", "etcd is not running on this node"));
             }
@@ -397,7 +398,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.talos(node, |w, i| {
+        self.talos("reset", node, |w, i| {
             if !request.graceful || request.reboot {
                 return Err(TalosError::Answered {
                     code: "InvalidArgument".to_owned(),
@@ -419,7 +420,7 @@ impl TalosApi for SimCluster {
 
     async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
         let (seed, size, fails, takes_time) = self
-            .talos(node, |w, i| {
+            .talos("etcd_snapshot", node, |w, i| {
                 if w.nodes[i].etcd != Some(SimMember::Voter) {
                     return Err(TalosError::answer("FailedPrecondition", "etcd is not a voting member on this node"));
                 }
@@ -434,10 +435,10 @@ impl TalosApi for SimCluster {
     async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
         if self.with_world_untouched(|w| installer_version(w, &request.image)).is_none() {
             let missing = format!("failed to pull image {}: not found", request.image);
-            return self.talos(node, |_, _| Err(TalosError::answer("NotFound", missing))).await;
+            return self.talos("image_pull", node, |_, _| Err(TalosError::answer("NotFound", missing))).await;
         }
         self.pull_installer(node, &request.image).await;
-        self.talos(node, |w, i| {
+        self.talos("image_pull", node, |w, i| {
             // Under the oracle a pull takes no time; its least time is counted in the reboot.
             w.nodes[i].pulled = Some(request.image.clone());
             Ok(request.image.clone())
@@ -446,7 +447,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
-        self.talos(node, |w, i| {
+        self.talos("image_list", node, |w, i| {
             let size = i64::try_from(w.config.registry.image_bytes).unwrap_or(i64::MAX);
             Ok(w.nodes[i]
                 .pulled
@@ -467,7 +468,7 @@ impl TalosApi for SimCluster {
         });
         // The install begins: one at a time, from an image already in the store.
         let (install, boot_id) = self
-            .talos(node, |w, i| {
+            .talos("lifecycle_upgrade", node, |w, i| {
                 let n = &w.nodes[i];
                 if n.phase != NodePhase::Running {
                     return Err(TalosError::answer("FailedPrecondition", "the machine is not running"));
@@ -496,7 +497,7 @@ impl TalosApi for SimCluster {
         // The install ends: the other slot holds the target, unless the node rebooted or the
         // controller's stream went away first (then the installer was stopped with it).
         let outcome = self
-            .talos(node, |w, i| {
+            .talos("lifecycle_upgrade_end", node, |w, i| {
                 w.nodes[i].installing = false;
                 stopped.started.store(false, std::sync::atomic::Ordering::Relaxed);
                 if w.nodes[i].boot_id != boot_id {
@@ -531,7 +532,7 @@ impl TalosApi for SimCluster {
             w.sync_clock();
             w.now
         });
-        self.talos(node, |w, i| {
+        self.talos("reboot", node, |w, i| {
             if w.nodes[i].phase != NodePhase::Running {
                 return Err(TalosError::answer("FailedPrecondition", "the machine is not running"));
             }
@@ -570,7 +571,7 @@ impl TalosApi for SimCluster {
     }
 
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
-        self.talos(node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
+        self.talos("boot_id", node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
     }
 }
 

@@ -197,6 +197,9 @@ pub struct Report {
     pub status_bytes_max: usize,
     /// Calls to the Talos API.
     pub talos_calls: u64,
+    /// Of which, by the `TalosApi` method called (a lifecycle install's stream counts
+    /// twice: its start and its end, as `lifecycle_upgrade_end`).
+    pub talos_calls_by_method: std::collections::BTreeMap<&'static str, u64>,
     /// Reconcile passes.
     pub passes: u64,
     /// Machine-seconds spent held back by the preflight gate.
@@ -249,6 +252,7 @@ impl SimCluster {
                 kube_reads: w.counters.kube_reads,
                 status_bytes_max: w.counters.status_bytes_max,
                 talos_calls: w.counters.talos_calls,
+                talos_calls_by_method: w.counters.talos_calls_by_method.clone(),
                 passes: w.counters.passes,
                 preflight_waits_s: w.counters.preflight_wait_ms as f64 / 1000.0,
             }

@@ -320,6 +320,8 @@ pub struct Counters {
     pub kube_writes: u64,
     /// Calls to the Talos API.
     pub talos_calls: u64,
+    /// Of which, by the `TalosApi` method called.
+    pub talos_calls_by_method: std::collections::BTreeMap<&'static str, u64>,
     /// Acknowledged Upgrade calls.
     pub upgrade_calls: u64,
     /// Lifecycle installs carried out to their end.
@@ -358,6 +360,14 @@ pub struct Counters {
     /// Machine-milliseconds spent held back by the preflight gate (each machine the gate
     /// blocked, for as long as it did).
     pub preflight_wait_ms: u64,
+}
+
+impl Counters {
+    /// Counts one call to the Talos API, of this `TalosApi` method.
+    pub fn talos_call(&mut self, method: &'static str) {
+        self.talos_calls += 1;
+        *self.talos_calls_by_method.entry(method).or_default() += 1;
+    }
 }
 
 /// How an API call may proceed.
