@@ -70,6 +70,9 @@ pub enum TraceKind {
     /// The controller was killed and restarted (the simulator), or began to lead (the
     /// operator, on the row `controller`).
     ControllerRestart,
+    /// The node took a graceful Reset call (a removal): it leaves etcd, wipes its disks
+    /// and powers off.
+    ResetCall,
     /// The node was removed from the cluster.
     Removed,
     /// An Upgrade call broke off on the wire before it reached the node (the call-lost
@@ -121,6 +124,7 @@ impl TraceKind {
             Self::Paused => "paused",
             Self::Resumed => "resumed",
             Self::ControllerRestart => "controller-restart",
+            Self::ResetCall => "reset-call",
             Self::Removed => "removed",
             Self::CallLost => "call-lost",
             Self::PreflightBlocked => "preflight-blocked",

@@ -33,7 +33,9 @@ async fn a_worker_is_evacuated_cordoned_drained_reset_and_deleted_in_that_order(
     assert_eq!(remove(&sim, "worker-2", 500).await, RunEnd::Completed);
     let events = events_of(&sim, "worker-2");
     assert!(position(&events, TraceKind::Evacuated) < position(&events, TraceKind::Drain), "{events:?}");
-    assert!(position(&events, TraceKind::Drain) < position(&events, TraceKind::NotReady), "{events:?}");
+    assert!(position(&events, TraceKind::Drain) < position(&events, TraceKind::ResetCall), "{events:?}");
+    assert!(position(&events, TraceKind::ResetCall) < position(&events, TraceKind::NotReady), "{events:?}");
+    assert_eq!(events.iter().filter(|e| **e == TraceKind::ResetCall).count(), 1, "one reset: {events:?}");
     assert_eq!(events.last(), Some(&TraceKind::Removed));
     sim.with_world(|w| {
         let node = w.nodes.iter().find(|n| n.name == "worker-2").unwrap();

@@ -595,7 +595,11 @@ impl TalosApi for TracedTalos<'_> {
         self.inner.etcd_remove_member(node, member_id).await
     }
     async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.inner.reset(node, request).await
+        self.inner.reset(node, request).await?;
+        if let Some(r) = self.recorder {
+            r.talos_call(node, TraceKind::ResetCall);
+        }
+        Ok(())
     }
     async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
         let stream = self.inner.etcd_snapshot(node).await?;

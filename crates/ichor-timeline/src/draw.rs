@@ -63,6 +63,7 @@ pub fn colour(phase: Phase) -> &'static str {
         Phase::Installing => "#56B4E9",
         Phase::Draining => "#A6761D",
         Phase::Rebooting => "#0072B2",
+        Phase::Resetting => "#332288",
         Phase::WaitingReady => "#F0E442",
         Phase::Verifying => "#009E73",
         Phase::Converged => "#BFE3D4",

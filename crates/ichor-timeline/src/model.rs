@@ -27,6 +27,8 @@ pub enum Phase {
     Draining,
     /// The node is rebooting.
     Rebooting,
+    /// The node is being reset (a removal): it leaves etcd, wipes its disks, powers off.
+    Resetting,
     /// Booted; the Node is not Ready yet.
     WaitingReady,
     /// Ready; the engine verifies the version, the etcd member, the uncordon.
@@ -41,13 +43,14 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the legend's order.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::Pulling,
         Self::Held,
         Self::Evacuating,
         Self::Installing,
         Self::Draining,
         Self::Rebooting,
+        Self::Resetting,
         Self::WaitingReady,
         Self::Verifying,
         Self::Converged,
@@ -65,6 +68,7 @@ impl Phase {
             Self::Installing => "upgrade call / install",
             Self::Draining => "cordon / drain",
             Self::Rebooting => "rebooting",
+            Self::Resetting => "resetting (removal)",
             Self::WaitingReady => "waiting for Ready",
             Self::Verifying => "verifying",
             Self::Converged => "converged",
@@ -83,6 +87,7 @@ impl Phase {
             Self::Installing => "installing",
             Self::Draining => "draining",
             Self::Rebooting => "rebooting",
+            Self::Resetting => "resetting",
             Self::WaitingReady => "waiting-ready",
             Self::Verifying => "verifying",
             Self::Converged => "converged",
@@ -100,6 +105,7 @@ impl Phase {
                 | Self::Installing
                 | Self::Draining
                 | Self::Rebooting
+                | Self::Resetting
                 | Self::WaitingReady
                 | Self::Verifying
         )
@@ -129,6 +135,9 @@ impl Phase {
             "cordon" | "drain" if current == Some(Self::Installing) && called => None,
             "cordon" | "drain" if restartable || matches!(current, Some(Self::Evacuating | Self::Installing)) => {
                 Some(Self::Draining)
+            }
+            "reset-call" if restartable || matches!(current, Some(Self::Evacuating | Self::Draining)) => {
+                Some(Self::Resetting)
             }
             "reboot-call" | "reboot-start" | "not-ready" | "shown-not-ready"
                 if matches!(current, Some(Self::Installing | Self::Draining)) =>
@@ -629,12 +638,21 @@ mod tests {
                 (62.0, "evacuated"),
                 (62.5, "cordon"),
                 (62.7, "drain"),
+                (107.0, "reset-call"),
                 (108.0, "not-ready"),
                 (168.0, "removed"),
             ],
         );
-        let got: Vec<Phase> = Timeline::from_records(&removal).rows[0].bars.iter().map(|b| b.phase).collect();
-        assert_eq!(got, [Phase::Evacuating, Phase::Draining, Phase::Rebooting, Phase::Removed]);
+        let timeline = Timeline::from_records(&removal);
+        assert_eq!(
+            phases(&timeline.rows[0]),
+            vec![
+                (Phase::Evacuating, 0.1, Some(62.5)),
+                (Phase::Draining, 62.5, Some(107.0)),
+                (Phase::Resetting, 107.0, Some(168.0)),
+                (Phase::Removed, 168.0, Some(168.0)),
+            ]
+        );
     }
 
     #[test]

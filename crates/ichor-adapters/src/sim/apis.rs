@@ -413,6 +413,7 @@ impl TalosApi for SimCluster {
             }
             let until = w.now.saturating_add(secs(30));
             w.nodes[i].phase = NodePhase::Resetting { until };
+            w.record(i, TraceKind::ResetCall);
             Ok(())
         })
         .await
