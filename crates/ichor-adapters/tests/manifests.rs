@@ -13,7 +13,7 @@ fn check(file: &str, generated: &str) {
     assert!(
         committed == generated,
         "deploy/{file} differs from what the code generates; regenerate with \
-         ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-adapters --test manifests"
+         ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-adapters --test suite manifests"
     );
 }
 

@@ -308,7 +308,7 @@ pub fn operator_yaml() -> String {
         yaml(&deployment()),
     ];
     format!(
-        "# Generated from crates/ichor-operator/src/rbac.rs; do not edit.\n# Regenerate: ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test manifests\n---\n{}",
+        "# Generated from crates/ichor-operator/src/rbac.rs; do not edit.\n# Regenerate: ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests\n---\n{}",
         docs.join("---\n")
     )
 }

@@ -15,7 +15,7 @@ fn the_committed_operator_manifests_are_the_generated_ones() {
     assert!(
         committed == generated,
         "deploy/operator.yaml differs from what the code generates; regenerate with \
-         ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test manifests"
+         ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests"
     );
 }
 

@@ -25,8 +25,7 @@ use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as
 use ichor_upgrade_core::versions::TalosVersion;
 use mockall::predicate::eq;
 
-mod support;
-use support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
+use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 
 const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
 const BOOT_BEFORE: &str = "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11";

@@ -2,12 +2,11 @@
 //! writes, in order, and how each answer of Talos is classified (an installer exit code is
 //! a typed failure, a stream broken off a wait, a reboot's record before its call).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 use ichor_talos_executor::config::ExecutorConfig;
 use ichor_talos_executor::kube_api::{MachineInfo, NodeInfo, PodInfo};
 use ichor_talos_executor::talos_api::{InstallOutcome, TalosError};
@@ -22,7 +21,6 @@ use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
 use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 use ichor_upgrade_core::versions::TalosVersion;
 use mockall::predicate::eq;
-use support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 
 const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
 const IMAGE: &str =

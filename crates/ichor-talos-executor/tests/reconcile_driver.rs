@@ -19,8 +19,7 @@ use ichor_upgrade_core::status::{MachineRecord, RecordState};
 use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::predicate::eq;
 
-mod support;
-use support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
+use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 
 const IDENTITY: &str = "default/upgrade/uid-1";
 

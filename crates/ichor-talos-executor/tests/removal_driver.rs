@@ -20,9 +20,8 @@ use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::predicate::eq;
 
-mod support;
+use crate::support::{FixedClock, MockKube, MockStorage, MockTalos};
 use ichor_talos_executor::Clock;
-use support::{FixedClock, MockKube, MockStorage, MockTalos};
 
 fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
     MachineInfo {

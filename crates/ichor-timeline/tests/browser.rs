@@ -4,7 +4,7 @@
 //! Needs `/usr/bin/chromium` (`.ci/run` installs it). Without it the test says so and
 //! passes, except under CI (`CI` set), where a missing browser is a failure.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

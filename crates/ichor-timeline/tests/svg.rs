@@ -1,7 +1,7 @@
 //! The SVG as a reader sees it: well-formed XML, one row per machine, bars in time order
 //! and within the axis, density bands at thousands of machines.
 
-mod common;
+use crate::common;
 
 use ichor_timeline::{Options, Phase, Timeline, render};
 

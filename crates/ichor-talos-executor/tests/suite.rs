@@ -1,0 +1,7 @@
+//! The integration tests of ichor-talos-executor, one module per file, in one test binary.
+
+mod advance_driver;
+mod lifecycle_driver;
+mod reconcile_driver;
+mod removal_driver;
+mod support;

@@ -1,0 +1,4 @@
+//! The integration tests of downstream, one module per file, in one test binary.
+
+mod own_doubles;
+mod properties;
