@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::support::{Process, TIME_SCALE, eventually};
 use ichor_adapters::kubernetes::crd::{TalosMachine, TalosOperation, TalosOperationSpec};
 use ichor_operator::{fleet, rbac};
 use ichor_testkit::kube::TestNamespace;
@@ -17,9 +18,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::{Process, TIME_SCALE, eventually};
-
-mod support;
 
 /// A scenario: its namespace, a temporary directory, and a client.
 struct Scene {

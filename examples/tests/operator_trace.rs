@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
+use crate::support::{Process, TIME_SCALE, eventually};
 use ichor_adapters::kubernetes::crd::{TalosOperation, TalosOperationSpec};
 use ichor_operator::fleet;
 use ichor_testkit::example_binary;
@@ -14,9 +15,6 @@ use ichor_testkit::kube::TestNamespace;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::Value;
-use support::{Process, TIME_SCALE, eventually};
-
-mod support;
 
 /// One record of the trace file, as the operator wrote it.
 #[derive(Debug, Clone)]

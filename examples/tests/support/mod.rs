@@ -1,6 +1,6 @@
 //! What the tests of the operator example share: the example as a process, and waiting
 //! for a condition within a bound.
-#![allow(dead_code, unreachable_pub, reason = "each test file is its own crate and uses a part")]
+#![allow(dead_code, unreachable_pub, reason = "not every test uses every helper")]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

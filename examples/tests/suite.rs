@@ -1,0 +1,9 @@
+//! The tests of the examples, run as processes, one module per file, in one test binary.
+
+mod operator_e2e;
+mod operator_example;
+mod operator_trace;
+mod rollout_example;
+mod support;
+mod talos_example;
+mod timeline_example;
