@@ -130,6 +130,12 @@ struct Args {
     /// passes at every wake.
     #[arg(long, value_name = "MS")]
     pass_interval_ms: Option<u64>,
+    /// The installer image's compressed size in MB (default: the simulator's 100, a metal
+    /// installer from the Image Factory; system extensions such as GPU drivers make it
+    /// several times larger). Pulls share the registry's bandwidth: a larger image makes
+    /// the pull a larger part of each machine's time, and pre-pulling worth more.
+    #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    installer_mb: Option<u64>,
 }
 
 /// The wake models on the command line.
@@ -188,7 +194,7 @@ fn main() {
         Ok(file) => file,
         Err(e) => bad_argument(&format!("--timeline {}: {e}", path.display())),
     });
-    let config = SimConfig::new(control_planes, workers, args.from.clone(), args.to.clone())
+    let mut config = SimConfig::new(control_planes, workers, args.from.clone(), args.to.clone())
         .with_seed(args.seed)
         .with_kubernetes(args.kubernetes.to_string())
         .with_faults(args.faults.clone())
@@ -196,6 +202,9 @@ fn main() {
             WakeArg::Watch => Realism::cluster(),
             WakeArg::Oracle => Realism::oracle(),
         });
+    if let Some(mb) = args.installer_mb {
+        config.registry.image_bytes = mb * 1_000_000;
+    }
     let sim = SimCluster::new(config.clone());
     let snapshot_dir = args
         .etcd_snapshot_dir

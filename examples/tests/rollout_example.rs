@@ -239,3 +239,39 @@ fn the_executor_and_prepull_options_are_checked() {
     let output = rollout(&["--prepull", "maybe"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
 }
+
+#[test]
+fn a_larger_installer_makes_each_pull_longer_and_pre_pulling_worth_more() {
+    let ratios = |mb: &str| {
+        let output = rollout(&[
+            "--workers",
+            "30",
+            "--max-unavailable",
+            "3",
+            "--seed",
+            "2",
+            "--installer-mb",
+            mb,
+            "--json",
+            "--compare",
+        ]);
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        let json = summary(&output);
+        let ratio = |policy: &str| json["compare"][policy].as_f64().unwrap_or_else(|| panic!("{policy}: {json}"));
+        (ratio("engine"), ratio("engine-no-prepull"))
+    };
+    let (small_on, small_off) = ratios("100");
+    let (large_on, large_off) = ratios("1000");
+    // The bound counts each pull, so it grows with the image; what pre-pulling saves of it
+    // grows with it too.
+    assert!(
+        large_off - large_on > small_off - small_on,
+        "100 MB: {small_on}/{small_off}, 1 GB: {large_on}/{large_off}"
+    );
+    assert!(large_on < 1.0, "a 1 GB installer pre-pulled: {large_on} of the bound");
+    for bad in ["0", "many"] {
+        let output = rollout(&["--installer-mb", bad]);
+        assert_eq!(output.status.code(), Some(2), "{output:?}");
+        assert!(String::from_utf8_lossy(&output.stdout).contains("--installer-mb"), "{output:?}");
+    }
+}
