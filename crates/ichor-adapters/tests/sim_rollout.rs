@@ -15,6 +15,11 @@ fn spec(max_unavailable: i64) -> OperationSpec {
     OperationSpec::talos("v1.14.4", max_unavailable)
 }
 
+/// When `node` first saw `kind`, in seconds from the start.
+fn first_at(w: &ichor_adapters::sim::World, node: &str, kind: TraceKind) -> Option<f64> {
+    w.trace.iter().find(|e| e.node == node && e.event == kind).map(|e| e.t)
+}
+
 async fn run(sim: &SimCluster) -> RunEnd {
     run_operation(sim, "upgrade", &ExecutorConfig::default(), 5_000, |_| {}).await
 }
@@ -267,7 +272,7 @@ async fn an_evacuations_end_is_noticed_by_the_watch_of_its_replicas_not_at_the_n
     sim.create_operation("upgrade", spec(5));
     assert_eq!(run(&sim).await, RunEnd::Completed);
     sim.read_world(|w| {
-        let at = |node: &str, k: TraceKind| w.trace.iter().find(|e| e.node == node && e.event == k).map(|e| e.t);
+        let at = |node: &str, k: TraceKind| first_at(w, node, k);
         let mut longest: f64 = 0.0;
         for node in w.nodes.iter().filter(|n| n.name.starts_with("worker-")) {
             let (evacuated, pulling) =
@@ -485,7 +490,7 @@ async fn talos_is_asked_a_few_times_per_machine_plus_stage_polls_at_the_poll_rat
         // The stage is polled while a machine installs (from its call to its reboot), at
         // most once per poll interval, and a few times around it (the first look, the
         // verification after the reboot).
-        let at = |node: &str, k: TraceKind| w.trace.iter().find(|e| e.node == node && e.event == k).map(|e| e.t);
+        let at = |node: &str, k: TraceKind| first_at(w, node, k);
         let windows: f64 = w
             .nodes
             .iter()

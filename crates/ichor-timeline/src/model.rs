@@ -586,6 +586,11 @@ mod tests {
         machine.bars.iter().map(|b| (b.phase, b.start, b.end)).collect()
     }
 
+    /// The bars of one machine's row, drawn from its events alone.
+    fn bars_of(node: &str, at: &[(f64, &str)]) -> Vec<(Phase, f64, Option<f64>)> {
+        phases(&Timeline::from_records(&events(node, at)).rows[0])
+    }
+
     #[test]
     fn a_legacy_upgrade_goes_through_its_phases_in_order() {
         let timeline = Timeline::from_records(&legacy("cp-1", "control-plane", 10.0));
@@ -607,20 +612,16 @@ mod tests {
 
     #[test]
     fn the_engines_drain_is_its_own_phase_but_talos_drain_in_an_upgrade_call_is_not() {
-        let lifecycle: Vec<TraceRecord> = events(
-            "w-1",
-            &[
-                (1.0, "install-start"),
-                (50.0, "installed"),
-                (51.0, "cordon"),
-                (52.0, "drain"),
-                (80.0, "reboot-call"),
-                (200.0, "reboot-end"),
-            ],
-        );
-        let timeline = Timeline::from_records(&lifecycle);
+        let lifecycle = [
+            (1.0, "install-start"),
+            (50.0, "installed"),
+            (51.0, "cordon"),
+            (52.0, "drain"),
+            (80.0, "reboot-call"),
+            (200.0, "reboot-end"),
+        ];
         assert_eq!(
-            phases(&timeline.rows[0]),
+            bars_of("w-1", &lifecycle),
             vec![
                 (Phase::Installing, 1.0, Some(51.0)),
                 (Phase::Draining, 51.0, Some(80.0)),
@@ -628,24 +629,24 @@ mod tests {
                 (Phase::WaitingReady, 200.0, Some(200.0)),
             ]
         );
-        let legacy: Vec<TraceRecord> = events("w-1", &[(1.0, "upgrade-call"), (1.0, "drain"), (60.0, "reboot-start")]);
-        let got: Vec<Phase> = Timeline::from_records(&legacy).rows[0].bars.iter().map(|b| b.phase).collect();
+        let legacy = bars_of("w-1", &[(1.0, "upgrade-call"), (1.0, "drain"), (60.0, "reboot-start")]);
+        let got: Vec<Phase> = legacy.iter().map(|b| b.0).collect();
         assert_eq!(got, [Phase::Installing, Phase::Rebooting]);
-        let removal: Vec<TraceRecord> = events(
-            "w-2",
-            &[
-                (0.1, "evacuation-start"),
-                (62.0, "evacuated"),
-                (62.5, "cordon"),
-                (62.7, "drain"),
-                (107.0, "reset-call"),
-                (108.0, "not-ready"),
-                (168.0, "removed"),
-            ],
-        );
-        let timeline = Timeline::from_records(&removal);
+    }
+
+    #[test]
+    fn a_removals_reset_is_its_own_phase_not_a_reboot() {
+        let removal = [
+            (0.1, "evacuation-start"),
+            (62.0, "evacuated"),
+            (62.5, "cordon"),
+            (62.7, "drain"),
+            (107.0, "reset-call"),
+            (108.0, "not-ready"),
+            (168.0, "removed"),
+        ];
         assert_eq!(
-            phases(&timeline.rows[0]),
+            bars_of("w-2", &removal),
             vec![
                 (Phase::Evacuating, 0.1, Some(62.5)),
                 (Phase::Draining, 62.5, Some(107.0)),
