@@ -20,7 +20,8 @@
 //!   deletion no longer interrupts it) and a reboot into another version is an A/B
 //!   fallback. An intent found later, with the node on the same boot and answering, is
 //!   installed again: the stream ended with the controller that made it, and the installer
-//!   writes the same slot with the same image (decision 0010).
+//!   writes the same slot with the same image (decision 0010). That repeated install
+//!   finishes a machine past its call, so it takes the finish authority.
 //! - `True/Installed`, on exit code 0: the drain's clock starts at its transition time.
 //! - `Unknown/RebootRequested`, written before the Reboot call, with the boot ID before it.
 //!   Found later with the node on that boot (as Talos itself reports its boot ID) and
@@ -32,10 +33,11 @@
 //! uncordon lifts only the engine's own cordon, never a person's.
 //!
 //! # Authority
-//! The install, first or repeated, is the Upgrade call of this path: it goes out only with
-//! the full authority of its pass ([`StepInput::authority`]). The reboot of a machine
-//! already installed is the end of a machine past its call, which a pause or a hold does
-//! not interrupt; it takes [`LifecycleInput::finish_authority`]: the lock held and, on a
+//! The first install is the Upgrade call of this path: it goes out only with the full
+//! authority of its pass ([`StepInput::authority`]). An install repeated after a lost
+//! stream, and the reboot of a machine already installed, are the end of a machine past its
+//! call, which a pause or a hold does not interrupt; they take
+//! [`LifecycleInput::finish_authority`]: the lock held and, on a
 //! control plane, every other control plane Ready and the engine's etcd gate passed in the
 //! same pass. Talos's own etcd check does not run on this path: the engine's gate is the
 //! only quorum guard.
@@ -535,7 +537,11 @@ fn before_install(input: &LifecycleInput<'_>) -> LifecycleAction {
 }
 
 /// An install intent, the node on the same boot: the stream ended with the controller that
-/// made it; install again (the same image into the same slot), with the full authority.
+/// made it; install again (the same image into the same slot). The slot may be written
+/// already, so the machine is past its call: the repeated install takes the finish
+/// authority, which a pause or a hold does not withdraw (a paused operation whose install
+/// died with its controller would otherwise leave the machine to fail at the verify bound,
+/// where the same operation never killed finishes it).
 fn after_install_intent(input: &LifecycleInput<'_>, verify_deadline: Timestamp) -> LifecycleAction {
     let s = &input.step;
     match s.talos {
@@ -553,7 +559,8 @@ fn after_install_intent(input: &LifecycleInput<'_>, verify_deadline: Timestamp) 
     if input.install_running {
         return lwait(MachineWait::InstallUnderWay, Some(verify_deadline));
     }
-    match before_call(s) {
+    let finishing = StepInput { authority: input.finish_authority, ..*s };
+    match before_call(&finishing) {
         Action::Upgrade { image, marker } => LifecycleAction::Install { image, marker },
         other => from_legacy(other),
     }

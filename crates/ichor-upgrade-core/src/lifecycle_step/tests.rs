@@ -279,9 +279,14 @@ fn an_install_intent_found_on_the_same_boot_is_installed_again() {
 }
 
 #[test]
-fn an_install_intent_is_installed_again_only_with_the_full_authority() {
+fn an_install_intent_is_installed_again_on_the_finish_authority_a_pause_does_not_withdraw() {
     let paused = Observed { authority: CallAuthority::Denied(CallDenied::Paused), ..Observed::fixture() };
-    assert_eq!(waits(&paused.install_intent().step()), "CallNotAuthorised");
+    assert!(matches!(paused.install_intent().step(), LifecycleAction::Install { .. }));
+    let not_ready = CallDenied::ControlPlaneNotReady { nodes: vec!["cp-2".into()] };
+    let unsafe_now = Observed { finish: CallAuthority::Denied(not_ready), ..Observed::fixture().control_plane() };
+    assert_eq!(waits(&unsafe_now.install_intent().step()), "CallNotAuthorised");
+    let first = Observed { authority: CallAuthority::Denied(CallDenied::Paused), ..Observed::fixture() };
+    assert_eq!(waits(&first.step()), "CallNotAuthorised", "the first install still needs the full authority");
 }
 
 #[test]
