@@ -55,7 +55,7 @@ fn faults() -> impl Strategy<Value = Vec<Fault>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::cases("EVACUATION_CASES", 300), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn upgrades_keep_every_evacuation_invariant(

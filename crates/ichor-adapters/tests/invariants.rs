@@ -33,7 +33,7 @@ fn faults() -> impl Strategy<Value = Vec<Fault>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 500, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::cases("INVARIANT_CASES", 500), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn every_design_invariant_holds(

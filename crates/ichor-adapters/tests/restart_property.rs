@@ -93,7 +93,7 @@ fn run_with(config: SimConfig, max_unavailable: i64, executor: &ExecutorConfig) 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: std::env::var("RESTART_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000), failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: crate::cases("RESTART_CASES", 1_000), failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn a_controller_killed_anywhere_ends_as_one_never_killed(

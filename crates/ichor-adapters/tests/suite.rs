@@ -15,3 +15,9 @@ mod sim_rollout;
 mod snapshot_store;
 mod talos_client;
 mod talos_server;
+
+/// How many cases a property runs: the environment variable `var` if set (a soak run, for
+/// instance `RESTART_CASES=40000`), else `default`.
+pub(crate) fn cases(var: &str, default: u32) -> u32 {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
