@@ -4,6 +4,7 @@
 #   scripts/s3-test-server.sh start DIR    start moto_server on 127.0.0.1 and a free port,
 #                                          print ICHOR_TEST_S3_ENDPOINT=http://127.0.0.1:PORT
 #   scripts/s3-test-server.sh stop DIR     stop what `start DIR` started (by PID only)
+#   scripts/s3-test-server.sh install      install moto only (what `start` does first)
 #
 # moto is installed once, with pip, into a virtual environment outside the checkout:
 # $ICHOR_MOTO_VENV, default ${XDG_CACHE_HOME:-$HOME/.cache}/ichor/moto-venv. Python 3 is
@@ -166,12 +167,13 @@ cmd_stop() {
 }
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
 case "${1:-}" in
 start) shift; cmd_start "$@" ;;
 stop) shift; cmd_stop "$@" ;;
+install) ensure_venv ;;
 *) usage ;;
 esac
