@@ -268,7 +268,7 @@ pub struct DrainObservation {
 #[derive(Debug, Clone, Copy)]
 pub struct LifecycleInput<'a> {
     /// What the legacy step looks at (the pre-call checks are the same). Its `authority` is
-    /// the install's: the full authority of the pass.
+    /// the first install's: the full authority of the pass.
     pub step: StepInput<'a>,
     /// The Node's cordon.
     pub cordon: CordonState,
@@ -277,7 +277,8 @@ pub struct LifecycleInput<'a> {
     /// The boot ID Talos reports (`/proc/sys/kernel/random/boot_id`), read while a reboot
     /// was requested and the Node still shows the boot before it.
     pub talos_boot_id: Option<&'a str>,
-    /// The authority of the reboot of a machine already installed (see the module doc).
+    /// The authority of a machine past its call: an install repeated under an intent, and
+    /// the reboot of a machine already installed (see the module doc).
     pub finish_authority: &'a CallAuthority,
     /// Whether this controller's install of the machine is under way (its stream runs
     /// outside the pass): it is waited for, never started again.
