@@ -4,8 +4,9 @@
 //! | --- | --- |
 //! | `storage_objects` | `GET /apis/ichor.dev/v1alpha1/talosstorages` (Ichor's own CRD; `spec.nodeSelector`) |
 //! | `set_scheduling(n, false)` | `PATCH .../nodes/<n>` merge patch `{"spec":{"allowScheduling":false}}` |
-//! | `request_evacuation(n)` | `GET .../nodes/<n>`, then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/scheduling-before":<its scheduling>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
-//! | `restore_scheduling(n, before)` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/scheduling-before":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
+//! | `request_evacuation(n, since)` | `GET .../nodes/<n>`, then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/evacuation":<its scheduling and since>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
+//! | `evacuation_record(n)` | `GET .../nodes/<n>`: its `ichor.dev/evacuation` annotation (any 404: no record) |
+//! | `restore_scheduling(n, before)` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/evacuation":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
 //! | `set_scheduling(n, true)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":true,"evictionRequested":false}}` |
 //! | `backing_images_on(n)` (removal only) | `GET .../nodes/<n>` (its disks' `status.diskStatus.*.diskUUID`), `GET .../backingimages`: those with a file, or one to be, on those disks (`status.diskFileStatusMap`, `spec.diskFileSpecMap`, keyed by disk UUID) |
 //! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>` and, where Longhorn serves shards (1.12.1 and later), `GET .../shards?labelSelector=longhornnode=<n>`, metadata only, every item counted |
@@ -28,7 +29,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use ichor_storage::{EvacuationRequest, LabelSelector, StorageApi, StorageError, StorageObject};
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::OnceCell;
@@ -44,10 +46,14 @@ pub const REPLICA_NODE_LABEL: &str = "longhornnode";
 /// The field manager of every write to Longhorn's objects.
 pub const FIELD_MANAGER: &str = "ichor";
 
-/// The annotation of a Longhorn Node that keeps its scheduling from before the engine's
-/// evacuation, written in the patch that requests the eviction and removed by the one that
-/// puts the scheduling back: a repeated request (after a crash) keeps the first state.
-pub const SCHEDULING_BEFORE_ANNOTATION: &str = "ichor.dev/scheduling-before";
+/// The annotation of a Longhorn Node that records the engine's evacuation of it: the
+/// node's scheduling from before and when it was asked for
+/// (`allowScheduling=<bool>,evictionRequested=<bool>,since=<Unix milliseconds>`). Written
+/// in the patch that requests the eviction and removed by the one that puts the
+/// scheduling back, so it is atomic with both; a repeated request (after a crash) keeps the
+/// first record. It is the evacuation's only record until the machine's conditions carry
+/// it (decision 0011).
+pub const EVACUATION_ANNOTATION: &str = "ichor.dev/evacuation";
 
 /// Longhorn's group and version.
 const GROUP_VERSION: &str = "longhorn.io/v1beta2";
@@ -124,17 +130,41 @@ fn patch_params() -> PatchParams {
     PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() }
 }
 
-/// The annotation's text: `allowScheduling=<bool>,evictionRequested=<bool>`.
-fn scheduling_text(s: Scheduling) -> String {
-    format!("allowScheduling={},evictionRequested={}", s.allowed, s.eviction_requested)
+/// The annotation's text: `allowScheduling=<bool>,evictionRequested=<bool>,since=<ms>`.
+fn record_text(record: EvacuationRecord) -> String {
+    let EvacuationRecord { before, since } = record;
+    let mut text = format!("allowScheduling={},evictionRequested={}", before.allowed, before.eviction_requested);
+    if let Some(since) = since {
+        text.push_str(&format!(",since={}", since.unix_millis()));
+    }
+    text
 }
 
-fn parse_scheduling(text: &str) -> Option<Scheduling> {
-    let (allowed, eviction) = text.split_once(',')?;
-    let flag = |part: &str, key: &str| part.strip_prefix(key)?.parse::<bool>().ok();
-    Some(Scheduling {
-        allowed: flag(allowed, "allowScheduling=")?,
-        eviction_requested: flag(eviction, "evictionRequested=")?,
+/// The annotation's record; `since` may be missing (it then counts as now), anything else
+/// missing or malformed is no record.
+fn parse_record(text: &str) -> Option<EvacuationRecord> {
+    let mut parts = text.split(',');
+    let flag = |part: Option<&str>, key: &str| part?.strip_prefix(key)?.parse::<bool>().ok();
+    let before = Scheduling {
+        allowed: flag(parts.next(), "allowScheduling=")?,
+        eviction_requested: flag(parts.next(), "evictionRequested=")?,
+    };
+    let since = match parts.next() {
+        None => None,
+        Some(part) => Some(Timestamp::from_unix_millis(part.strip_prefix("since=")?.parse().ok()?)),
+    };
+    parts.next().is_none().then_some(EvacuationRecord { before, since })
+}
+
+/// The record of the Longhorn Node `object` (named `node`, for errors).
+fn record_of(object: &DynamicObject, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+    let Some(kept) = object.metadata.annotations.as_ref().and_then(|a| a.get(EVACUATION_ANNOTATION)) else {
+        return Ok(None);
+    };
+    parse_record(kept).map(Some).ok_or_else(|| {
+        StorageError::failure(format!(
+            "Longhorn Node {node}: annotation {EVACUATION_ANNOTATION} does not parse: {kept:?}"
+        ))
     })
 }
 
@@ -196,7 +226,7 @@ impl StorageApi for LonghornStorage {
         }
     }
 
-    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError> {
+    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
         let what = || format!("patch Longhorn Node {node} (eviction)");
         let object = match self.nodes.get(node).await {
             Ok(object) => object,
@@ -204,23 +234,22 @@ impl StorageApi for LonghornStorage {
             Err(e) => return Err(storage_error(&format!("get Longhorn Node {node}"), &e)),
         };
         // Kept from the first request of this evacuation; else as the node is now.
-        let before = match object.metadata.annotations.as_ref().and_then(|a| a.get(SCHEDULING_BEFORE_ANNOTATION)) {
-            Some(kept) => parse_scheduling(kept).ok_or_else(|| {
-                StorageError::failure(format!(
-                    "Longhorn Node {node}: annotation {SCHEDULING_BEFORE_ANNOTATION} does not parse: {kept:?}"
-                ))
-            })?,
+        let record = match record_of(&object, node)? {
+            Some(kept) => kept,
             None => {
                 let flag = |key: &str| object.data["spec"][key].as_bool().unwrap_or(false);
-                Scheduling { allowed: flag("allowScheduling"), eviction_requested: flag("evictionRequested") }
+                let before =
+                    Scheduling { allowed: flag("allowScheduling"), eviction_requested: flag("evictionRequested") };
+                EvacuationRecord { before, since: Some(since) }
             }
         };
-        // The annotation rides with the eviction request, on the version read: a change
-        // in between is a conflict (transient), never a record of the wrong state.
+        let before = record.before;
+        // The record rides with the eviction request, on the version read: a change in
+        // between is a conflict (transient), never a record of the wrong state.
         let patch = json!({
             "metadata": {
                 "resourceVersion": object.metadata.resource_version,
-                "annotations": { SCHEDULING_BEFORE_ANNOTATION: scheduling_text(before) },
+                "annotations": { EVACUATION_ANNOTATION: record_text(record) },
             },
             "spec": { "allowScheduling": false, "evictionRequested": true },
         });
@@ -231,9 +260,18 @@ impl StorageApi for LonghornStorage {
         }
     }
 
+    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+        match self.nodes.get(node).await {
+            Ok(object) => record_of(&object, node),
+            // No such Node, or no Longhorn at all (its CRD not served): nothing recorded.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+            Err(e) => Err(storage_error(&format!("get Longhorn Node {node}"), &e)),
+        }
+    }
+
     async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
         let patch = json!({
-            "metadata": { "annotations": { SCHEDULING_BEFORE_ANNOTATION: null } },
+            "metadata": { "annotations": { EVACUATION_ANNOTATION: null } },
             "spec": { "allowScheduling": before.allowed, "evictionRequested": before.eviction_requested },
         });
         match self.nodes.patch(node, &patch_params(), &Patch::Merge(&patch)).await {
@@ -277,5 +315,36 @@ impl StorageApi for LonghornStorage {
                 .any(|files| files.keys().any(|uuid| disks.contains(uuid.as_str())))
         };
         Ok(u32::try_from(list.items.iter().filter(|i| on_node(i)).count()).unwrap_or(u32::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_annotation_keeps_the_scheduling_and_the_time_and_refuses_what_it_did_not_write() {
+        for allowed in [true, false] {
+            for eviction_requested in [true, false] {
+                for since in [None, Some(Timestamp::from_unix_millis(1_764_640_488_123))] {
+                    let record = EvacuationRecord { before: Scheduling { allowed, eviction_requested }, since };
+                    assert_eq!(parse_record(&record_text(record)), Some(record), "{record:?}");
+                }
+            }
+        }
+        assert_eq!(
+            record_text(EvacuationRecord { before: Scheduling::ON, since: Some(Timestamp::from_unix_millis(5)) }),
+            "allowScheduling=true,evictionRequested=false,since=5"
+        );
+        for text in [
+            "",
+            "allowScheduling=true",
+            "allowScheduling=yes,evictionRequested=false",
+            "allowScheduling=true,evictionRequested=false,since=soon",
+            "allowScheduling=true,evictionRequested=false,at=5",
+            "allowScheduling=true,evictionRequested=false,since=5,more",
+        ] {
+            assert_eq!(parse_record(text), None, "{text:?}");
+        }
     }
 }

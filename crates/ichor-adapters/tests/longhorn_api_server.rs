@@ -7,10 +7,11 @@
 
 use std::time::Duration;
 
-use ichor_adapters::longhorn::{FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL, SCHEDULING_BEFORE_ANNOTATION};
+use ichor_adapters::longhorn::{EVACUATION_ANNOTATION, FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_storage::{EvacuationRequest, StorageApi};
 use ichor_testkit::kube::{TestNamespace, apply_crd};
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
@@ -86,7 +87,7 @@ async fn longhorn_an_evacuation_and_its_end_patch_the_node_as_ichor() {
     create_node(&ns, "worker-1").await;
     let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
 
-    let request = bounded(storage.request_evacuation("worker-1")).await.unwrap();
+    let request = bounded(storage.request_evacuation("worker-1", Timestamp::EPOCH)).await.unwrap();
     assert_eq!(request, EvacuationRequest::Requested { before: Scheduling::ON });
     let (spec, managers) = node_spec(&ns, "worker-1").await;
     assert_eq!(spec, (false, true), "scheduling off and eviction requested, in one patch");
@@ -110,18 +111,27 @@ async fn longhorn_an_evacuation_puts_back_the_scheduling_an_operator_had_set() {
     bounded(nodes.patch("worker-1", &params, &kube::api::Patch::Merge(&by_hand))).await.unwrap();
     let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
     let before = Scheduling { allowed: false, eviction_requested: false };
-    assert_eq!(bounded(storage.request_evacuation("worker-1")).await.unwrap(), EvacuationRequest::Requested { before });
-    // Asked again, as a pass after a crash between the patch and the condition would: the
-    // state from before the first request, not the engine's own.
-    assert_eq!(bounded(storage.request_evacuation("worker-1")).await.unwrap(), EvacuationRequest::Requested { before });
+    let (first, again) =
+        (Timestamp::from_unix_millis(1_764_640_000_000), Timestamp::from_unix_millis(1_764_640_060_000));
+    let request = bounded(storage.request_evacuation("worker-1", first)).await.unwrap();
+    assert_eq!(request, EvacuationRequest::Requested { before });
+    // Asked again, as a pass after a crash would: the state from before the first request,
+    // not the engine's own, and the first request's time.
+    let request = bounded(storage.request_evacuation("worker-1", again)).await.unwrap();
+    assert_eq!(request, EvacuationRequest::Requested { before });
     assert_eq!(node_spec(&ns, "worker-1").await.0, (false, true));
+    let record = bounded(storage.evacuation_record("worker-1")).await.unwrap();
+    assert_eq!(record, Some(EvacuationRecord { before, since: Some(first) }), "the record, as the server keeps it");
     bounded(storage.restore_scheduling("worker-1", before)).await.unwrap();
     assert_eq!(node_spec(&ns, "worker-1").await.0, (false, false), "still unschedulable, as the operator left it");
     let node = bounded(nodes.get("worker-1")).await.unwrap();
     let annotations = node.metadata.annotations.unwrap_or_default();
-    assert!(!annotations.contains_key(SCHEDULING_BEFORE_ANNOTATION), "the record is gone: {annotations:?}");
+    assert!(!annotations.contains_key(EVACUATION_ANNOTATION), "the record is gone: {annotations:?}");
+    assert_eq!(bounded(storage.evacuation_record("worker-1")).await.unwrap(), None);
+    assert_eq!(bounded(storage.evacuation_record("no-such-node")).await.unwrap(), None);
     // The next evacuation reads the node afresh.
-    assert_eq!(bounded(storage.request_evacuation("worker-1")).await.unwrap(), EvacuationRequest::Requested { before });
+    let request = bounded(storage.request_evacuation("worker-1", again)).await.unwrap();
+    assert_eq!(request, EvacuationRequest::Requested { before });
     ns.delete().await;
 }
 
@@ -163,7 +173,10 @@ async fn longhorn_only_a_404_for_that_node_counts_as_gone() {
     // The real server's 404 for a Node that is not there names it: re-enabling is done.
     bounded(storage.set_scheduling("removed", true)).await.unwrap();
     // Evacuating it has nothing to do, and says so.
-    assert_eq!(bounded(storage.request_evacuation("removed")).await.unwrap(), EvacuationRequest::NoSuchNode);
+    assert_eq!(
+        bounded(storage.request_evacuation("removed", Timestamp::EPOCH)).await.unwrap(),
+        EvacuationRequest::NoSuchNode
+    );
     bounded(storage.restore_scheduling("removed", Scheduling::ON)).await.unwrap();
     ns.delete().await;
 }

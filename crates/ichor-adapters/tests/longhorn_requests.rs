@@ -5,7 +5,8 @@
 use http::{Method, Request, Response, StatusCode};
 use ichor_adapters::longhorn::{DEFAULT_NAMESPACE, LonghornStorage};
 use ichor_storage::{EvacuationRequest, StorageApi};
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use kube::client::Body;
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, pair};
@@ -79,7 +80,7 @@ async fn an_evacuation_is_an_eviction_request_with_scheduling_off_that_keeps_wha
             body,
             json!({
                 "metadata": { "resourceVersion": "2",
-                              "annotations": { "ichor.dev/scheduling-before": "allowScheduling=false,evictionRequested=false" } },
+                              "annotations": { "ichor.dev/evacuation": "allowScheduling=false,evictionRequested=false,since=1000" } },
                 "spec": { "allowScheduling": false, "evictionRequested": true }
             })
         );
@@ -87,26 +88,32 @@ async fn an_evacuation_is_an_eviction_request_with_scheduling_off_that_keeps_wha
         // Asked again (a pass after a crash): what was kept is what was before.
         let mut node = longhorn_node("worker-1", json!({ "allowScheduling": false, "evictionRequested": true }));
         node["metadata"]["annotations"] =
-            json!({ "ichor.dev/scheduling-before": "allowScheduling=false,evictionRequested=false" });
+            json!({ "ichor.dev/evacuation": "allowScheduling=false,evictionRequested=false,since=1000" });
         expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
         let (body, send) = expect_patch(&mut server, "worker-1").await;
         assert_eq!(
-            body["metadata"]["annotations"]["ichor.dev/scheduling-before"],
-            "allowScheduling=false,evictionRequested=false"
+            body["metadata"]["annotations"]["ichor.dev/evacuation"],
+            "allowScheduling=false,evictionRequested=false,since=1000",
+            "the first request's record, its time included"
         );
         send.send_response(respond(StatusCode::OK, &node));
+        // The record is read back from the node.
+        expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
         // Its end puts it back and forgets it.
         let (body, send) = expect_patch(&mut server, "worker-1").await;
         assert_eq!(
             body,
-            json!({ "metadata": { "annotations": { "ichor.dev/scheduling-before": null } },
+            json!({ "metadata": { "annotations": { "ichor.dev/evacuation": null } },
                     "spec": { "allowScheduling": false, "evictionRequested": false } })
         );
         send.send_response(respond(StatusCode::OK, &longhorn_node("worker-1", body["spec"].clone())));
     });
     let before = Scheduling { allowed: false, eviction_requested: false };
-    assert_eq!(storage.request_evacuation("worker-1").await.unwrap(), EvacuationRequest::Requested { before });
-    assert_eq!(storage.request_evacuation("worker-1").await.unwrap(), EvacuationRequest::Requested { before });
+    let (first, again) = (Timestamp::from_unix_millis(1000), Timestamp::from_unix_millis(9000));
+    assert_eq!(storage.request_evacuation("worker-1", first).await.unwrap(), EvacuationRequest::Requested { before });
+    assert_eq!(storage.request_evacuation("worker-1", again).await.unwrap(), EvacuationRequest::Requested { before });
+    let record = storage.evacuation_record("worker-1").await.unwrap();
+    assert_eq!(record, Some(EvacuationRecord { before, since: Some(first) }));
     storage.restore_scheduling("worker-1", before).await.unwrap();
     api.await.unwrap();
 }
@@ -259,9 +266,9 @@ async fn errors_without_an_answer_are_transient_unless_they_are_tls() {
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
         )));
     });
-    let refused = storage.request_evacuation("worker-1").await.unwrap_err();
+    let refused = storage.request_evacuation("worker-1", Timestamp::EPOCH).await.unwrap_err();
     assert!(refused.transient, "{refused}");
-    let tls = storage.request_evacuation("worker-1").await.unwrap_err();
+    let tls = storage.request_evacuation("worker-1", Timestamp::EPOCH).await.unwrap_err();
     assert!(!tls.transient, "a certificate the client does not trust is not an outage: {tls}");
     api.await.unwrap();
 }
@@ -287,12 +294,46 @@ async fn re_enabling_scheduling_on_a_node_longhorn_no_longer_knows_is_done() {
     });
     storage.set_scheduling("gone", true).await.unwrap();
     assert_eq!(
-        storage.request_evacuation("gone").await.unwrap(),
+        storage.request_evacuation("gone", Timestamp::EPOCH).await.unwrap(),
         EvacuationRequest::NoSuchNode,
         "a node Longhorn does not know has nothing to evacuate"
     );
     let err = storage.set_scheduling("worker-1", true).await.unwrap_err();
     assert!(!err.transient, "a missing CRD is not a node that is gone: {err}");
     storage.set_scheduling("worker-1", true).await.unwrap_err();
+    api.await.unwrap();
+}
+
+// Decision 0011: the annotation is the evacuation's only record until the machine's
+// conditions carry it, so reading it must neither invent one nor lose one.
+#[tokio::test]
+async fn the_evacuations_record_is_read_from_the_nodes_annotation_and_a_404_is_no_record() {
+    let (storage, mut server) = storage();
+    let api = tokio::spawn(async move {
+        let mut node = longhorn_node("worker-1", json!({ "allowScheduling": false, "evictionRequested": true }));
+        node["metadata"]["annotations"] =
+            json!({ "ichor.dev/evacuation": "allowScheduling=true,evictionRequested=false,since=42" });
+        expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
+        // No annotation: no evacuation of the engine's.
+        let plain = longhorn_node("worker-1", json!({ "allowScheduling": true, "evictionRequested": false }));
+        expect_get(&mut server, "worker-1", StatusCode::OK, &plain).await;
+        // No Longhorn at all (its CRD not served): nothing can be recorded there.
+        let (_, send) = server.next_request().await.expect("a request");
+        send.send_response(Response::builder().status(404).body(Body::from(b"404 page not found\n".to_vec())).unwrap());
+        // A record it did not write is a failure, not "none".
+        node["metadata"]["annotations"] = json!({ "ichor.dev/evacuation": "allowScheduling=maybe" });
+        expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
+        // Forbidden (RBAC): a failure, never "no record".
+        let (_, send) = server.next_request().await.expect("a request");
+        send.send_response(respond(StatusCode::FORBIDDEN, &status(403, "Forbidden", "nodes.longhorn.io is forbidden")));
+    });
+    let record = storage.evacuation_record("worker-1").await.unwrap();
+    assert_eq!(record, Some(EvacuationRecord { before: Scheduling::ON, since: Some(Timestamp::from_unix_millis(42)) }));
+    assert_eq!(storage.evacuation_record("worker-1").await.unwrap(), None);
+    assert_eq!(storage.evacuation_record("worker-1").await.unwrap(), None);
+    let err = storage.evacuation_record("worker-1").await.unwrap_err();
+    assert!(!err.transient && err.message.contains("ichor.dev/evacuation"), "{err}");
+    let err = storage.evacuation_record("worker-1").await.unwrap_err();
+    assert!(!err.transient, "{err}");
     api.await.unwrap();
 }

@@ -408,7 +408,7 @@ async fn a_node_an_operator_made_unschedulable_in_storage_stays_so_after_its_upg
     sim.with_world(|w| {
         for n in w.nodes.iter().filter(|n| n.name.starts_with("worker")) {
             assert_eq!(n.scheduling, n.name != "worker-2", "{}: storage scheduling as before the rollout", n.name);
-            assert!(n.storage_before.is_none() && n.evacuation.is_none(), "{}: the evacuation ended", n.name);
+            assert!(n.storage_record.is_none() && n.evacuation.is_none(), "{}: the evacuation ended", n.name);
             let evacuation = w.conditions[&n.name].get(STORAGE_EVACUATION).unwrap();
             assert_eq!(evacuation.status, ConditionStatus::False);
         }

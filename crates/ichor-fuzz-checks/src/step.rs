@@ -100,6 +100,8 @@ fn case(u: &mut Unstructured<'_>) -> Result<Case> {
     let storage = StorageObservation {
         selected_by: if u.arbitrary()? { vec!["replicated".to_owned()] } else { vec![] },
         replicas_left: if u.arbitrary()? { Some(u.int_in_range(0u32..=3)?) } else { None },
+        // The driver folds the backend's record into the conditions before the step.
+        recorded: None,
     };
     let etcd_member = match u.int_in_range(0u8..=4)? {
         0 => None,

@@ -50,8 +50,9 @@ use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
     SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition, ConditionStatus, Conditions};
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::preflight::ClusterFacts;
 use ichor_upgrade_core::rollout::OperationStatus;
@@ -798,12 +799,15 @@ impl StorageApi for TracedStorage<'_> {
         }
         Ok(())
     }
-    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError> {
-        let request = self.inner.request_evacuation(node).await?;
+    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
+        let request = self.inner.request_evacuation(node, since).await?;
         if let (Some(r), EvacuationRequest::Requested { .. }) = (self.recorder, &request) {
             r.evacuation_requested(node);
         }
         Ok(request)
+    }
+    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+        self.inner.evacuation_record(node).await
     }
     async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
         self.inner.restore_scheduling(node, before).await?;
@@ -827,7 +831,6 @@ impl StorageApi for TracedStorage<'_> {
 #[cfg(test)]
 mod tests {
     use ichor_talos_executor::kube_api::Metadata;
-    use ichor_upgrade_core::Timestamp;
     use ichor_upgrade_core::conditions::ConditionUpdate;
     use ichor_upgrade_core::rollout::{PauseReason, Phase};
     use ichor_upgrade_core::status::{MachineRecord, RecordState};
@@ -1002,8 +1005,11 @@ mod tests {
         async fn set_scheduling(&self, _node: &str, _enabled: bool) -> Result<(), StorageError> {
             Ok(())
         }
-        async fn request_evacuation(&self, _node: &str) -> Result<EvacuationRequest, StorageError> {
+        async fn request_evacuation(&self, _node: &str, _since: Timestamp) -> Result<EvacuationRequest, StorageError> {
             Ok(EvacuationRequest::Requested { before: Scheduling { allowed: true, eviction_requested: false } })
+        }
+        async fn evacuation_record(&self, _node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+            Ok(None)
         }
         async fn restore_scheduling(&self, _node: &str, _before: Scheduling) -> Result<(), StorageError> {
             Ok(())
@@ -1110,8 +1116,8 @@ mod tests {
         kube.machines("demo").await.unwrap();
         let node = "node-cp-1";
 
-        storage.request_evacuation(node).await.unwrap();
-        storage.request_evacuation(node).await.unwrap();
+        storage.request_evacuation(node, Timestamp::EPOCH).await.unwrap();
+        storage.request_evacuation(node, Timestamp::EPOCH).await.unwrap();
         assert_eq!(storage.replicas_on(node).await.unwrap(), 2);
         *doubles.replicas.lock().unwrap() = 0;
         storage.replicas_on(node).await.unwrap();

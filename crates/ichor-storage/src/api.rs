@@ -3,8 +3,9 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 
 use crate::selection::StorageObject;
 
@@ -41,14 +42,18 @@ pub trait StorageApi: Send + Sync {
     /// Turns storage scheduling on the node on or off. Idempotent.
     async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
     /// Turns storage scheduling on the node off and asks the backend to move its replicas
-    /// elsewhere, in one write where the backend allows (Longhorn: one patch of its Node).
-    /// Idempotent: says the node's scheduling from before the first request of this
-    /// evacuation, which the backend keeps across repeated requests (Longhorn: in an
-    /// annotation of its Node, written in the same patch), or that it has no such node.
-    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError>;
+    /// elsewhere, and keeps the evacuation's [`EvacuationRecord`] (the node's scheduling
+    /// before it, and `since`) in the same write (Longhorn: one patch of its Node, the
+    /// record in an annotation). Idempotent: a repeated request keeps the first record and
+    /// says its scheduling from before, or that the backend has no such node. That write
+    /// is the evacuation's only record until the machine's conditions carry it.
+    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError>;
+    /// The record [`Self::request_evacuation`] keeps on the node, while the evacuation is
+    /// open; `None` when there is none, or no such node.
+    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError>;
     /// Puts the node's scheduling back as `before` (what [`Self::request_evacuation`] said)
-    /// and forgets what the backend kept of it. Idempotent; a node the backend no longer
-    /// has is done.
+    /// and removes the record, in one write. Idempotent; a node the backend no longer has
+    /// is done.
     async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
     /// How many replicas are still on the node.
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;

@@ -1,9 +1,13 @@
 //! The one definition of starting and ending an evacuation, called by both the upgrade
 //! driver and the removal driver.
 //!
-//! Each function does its backend calls first and writes `StorageEvacuation` last, so a
-//! crash in between leaves the condition as it was and the next pass repeats the
-//! (idempotent) calls. The condition's transition time is the timeout clock.
+//! An evacuation begins with one write, the backend's: scheduling off, the replicas asked
+//! to move and the evacuation's record kept on the backend's object (decision 0011); the
+//! machine's next conditions write carries `StorageEvacuation=True` from that record
+//! ([`with_recorded_evacuation`](ichor_upgrade_core::evacuation::with_recorded_evacuation)).
+//! It ends with the backend's write that puts the scheduling back and drops the record,
+//! then `StorageEvacuation=False`: a crash in between leaves the condition open and the
+//! next pass repeats the (idempotent) call. The record's time is the timeout clock.
 
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
@@ -54,9 +58,11 @@ pub enum EvacuationEnd {
     TimedOut,
 }
 
-/// What storage says about a node: which storage objects select it and, when one does or
-/// an evacuation is open, how much of its data is left on it: its replicas, and for a
-/// removal its backing images' files too (the observation's `replicas_left` counts both).
+/// What storage says about a node: which storage objects select it, the backend's record
+/// of an evacuation of it (asked for whatever selects it: a selector changed during an
+/// evacuation must not hide it), and, when one selects it or an evacuation is open, how
+/// much of its data is left on it: its replicas, and for a removal its backing images'
+/// files too (the observation's `replicas_left` counts both).
 ///
 /// # Errors
 /// The backend's error, or a selector that cannot be evaluated.
@@ -73,7 +79,8 @@ pub async fn observe_storage(
         .into_iter()
         .map(str::to_owned)
         .collect::<Vec<_>>();
-    let open = conditions.is_true(STORAGE_EVACUATION);
+    let recorded = storage.evacuation_record(node).await?;
+    let open = conditions.is_true(STORAGE_EVACUATION) || recorded.is_some();
     let replicas_left = if selected_by.is_empty() && !open {
         None
     } else {
@@ -84,14 +91,15 @@ pub async fn observe_storage(
         };
         Some(replicas.saturating_add(backing_images))
     };
-    Ok(StorageObservation { selected_by, replicas_left })
+    Ok(StorageObservation { selected_by, replicas_left, recorded })
 }
 
-/// Starts evacuating a node: storage scheduling off, replicas asked to move, then
-/// `StorageEvacuation=True/Evacuating` written (its transition time starts the clock) with
-/// the node's scheduling from before, which the evacuation's end puts back. A node the
-/// storage system does not have opens the evacuation all the same, saying there is nothing
-/// to evacuate: it has no replica to wait for, and nothing pauses.
+/// Starts evacuating a node: storage scheduling off, replicas asked to move and the
+/// evacuation's record kept by the backend (its time, `now`, starts the clock; its
+/// scheduling from before is what the end puts back), in the backend's one write; the
+/// machine's conditions are not written. A node the storage system does not have keeps
+/// no record, so it opens the evacuation in the conditions instead, saying there is
+/// nothing to evacuate: it has no replica to wait for, and nothing pauses.
 ///
 /// # Errors
 /// The first call or write that failed; nothing after it was done.
@@ -103,17 +111,13 @@ pub async fn evacuate_machine(
     conditions: &Conditions,
     now: Timestamp,
 ) -> Result<EvacuationRequest, EvacuationError> {
-    // Scheduling off and the eviction asked for, in one write.
-    let request = storage.request_evacuation(node).await?;
-    let message = match request {
-        EvacuationRequest::Requested { before } => {
-            format!("storage scheduling disabled on {node}; replicas asked to move{}", before.marker())
-        }
-        EvacuationRequest::NoSuchNode => format!("the storage system has no node {node}: nothing to evacuate"),
-    };
-    let mut next = conditions.clone();
-    next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message), now);
-    store.write_conditions(machine, &next).await?;
+    let request = storage.request_evacuation(node, now).await?;
+    if request == EvacuationRequest::NoSuchNode {
+        let message = format!("the storage system has no node {node}: nothing to evacuate");
+        let mut next = conditions.clone();
+        next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message), now);
+        store.write_conditions(machine, &next).await?;
+    }
     Ok(request)
 }
 
@@ -162,7 +166,7 @@ mod tests {
     use mockall::Sequence;
     use mockall::predicate::eq;
 
-    use ichor_upgrade_core::evacuation::Scheduling;
+    use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 
     use super::*;
     use crate::api::{MockConditionStore, MockStorageApi};
@@ -183,42 +187,43 @@ mod tests {
         }
     }
 
+    // Decision 0011: the backend's write is the evacuation's record; the conditions are
+    // not written to open it (one Kubernetes write per worker fewer).
     #[tokio::test]
-    async fn evacuation_disables_scheduling_asks_the_backend_then_writes_the_condition() {
-        let mut seq = Sequence::new();
+    async fn evacuation_is_one_backend_write_that_keeps_its_record_and_no_conditions_write() {
         let mut storage = MockStorageApi::new();
-        let mut store = MockConditionStore::new();
+        let store = MockConditionStore::new(); // any write would panic: none expected
         storage.expect_set_scheduling().never();
         // An operator had turned scheduling off by hand.
         let before = Scheduling { allowed: false, eviction_requested: false };
         storage
             .expect_request_evacuation()
-            .with(eq("worker-1"))
+            .with(eq("worker-1"), eq(now()))
             .times(1)
-            .in_sequence(&mut seq)
-            .returning(move |_| Ok(EvacuationRequest::Requested { before }));
-        store
-            .expect_write_conditions()
-            .withf(move |machine, c| {
-                let cond = c.get(STORAGE_EVACUATION).unwrap();
-                machine == "m-1"
-                    && cond.status == ConditionStatus::True
-                    && cond.reason == reason::EVACUATING
-                    && cond.last_transition_time == Timestamp::from_unix_secs(1_000)
-                    && Scheduling::from_message(&cond.message) == Some(before)
-            })
-            .times(1)
-            .in_sequence(&mut seq)
-            .returning(|_, _| Ok(()));
+            .returning(move |_, _| Ok(EvacuationRequest::Requested { before }));
         let request = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
         assert_eq!(request, EvacuationRequest::Requested { before });
+    }
+
+    #[tokio::test]
+    async fn an_observation_carries_the_backends_record_and_counts_replicas_for_it_even_unselected() {
+        let record = EvacuationRecord { before: Scheduling::ON, since: Some(now()) };
+        let mut storage = MockStorageApi::new();
+        // The selector no longer selects the node: the open evacuation still counts.
+        storage.expect_storage_objects().returning(|| Ok(vec![]));
+        storage.expect_evacuation_record().with(eq("worker-1")).returning(move |_| Ok(Some(record)));
+        storage.expect_replicas_on().with(eq("worker-1")).times(1).returning(|_| Ok(2));
+        let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Upgrade)
+            .await
+            .unwrap();
+        assert_eq!(seen, StorageObservation { selected_by: vec![], replicas_left: Some(2), recorded: Some(record) });
     }
 
     #[tokio::test]
     async fn a_node_the_storage_system_does_not_have_opens_an_evacuation_with_nothing_to_wait_for() {
         let mut storage = MockStorageApi::new();
         let mut store = MockConditionStore::new();
-        storage.expect_request_evacuation().returning(|_| Ok(EvacuationRequest::NoSuchNode));
+        storage.expect_request_evacuation().returning(|_, _| Ok(EvacuationRequest::NoSuchNode));
         store
             .expect_write_conditions()
             .withf(|_, c| {
@@ -237,7 +242,7 @@ mod tests {
     async fn a_backend_failure_writes_nothing() {
         let mut storage = MockStorageApi::new();
         let store = MockConditionStore::new();
-        storage.expect_request_evacuation().returning(|_| Err(StorageError::transient("connection refused")));
+        storage.expect_request_evacuation().returning(|_, _| Err(StorageError::transient("connection refused")));
         let err = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap_err();
         assert!(err.is_transient());
     }
@@ -296,15 +301,20 @@ mod tests {
     async fn observing_asks_for_replicas_only_when_selected_or_open() {
         let mut storage = MockStorageApi::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+        storage.expect_evacuation_record().returning(|_| Ok(None));
         storage.expect_replicas_on().with(eq("worker-1")).times(1).returning(|_| Ok(3));
         storage.expect_backing_images_on().never();
         let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Upgrade)
             .await
             .unwrap();
-        assert_eq!(seen, StorageObservation { selected_by: vec!["longhorn".into()], replicas_left: Some(3) });
+        assert_eq!(
+            seen,
+            StorageObservation { selected_by: vec!["longhorn".into()], replicas_left: Some(3), recorded: None }
+        );
 
         let mut storage = MockStorageApi::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+        storage.expect_evacuation_record().returning(|_| Ok(None));
         storage.expect_replicas_on().never();
         let seen = observe_storage(&storage, "cp-1", &Labels::new(), &Conditions::new(), EvacuationFor::Upgrade)
             .await
@@ -318,6 +328,7 @@ mod tests {
     async fn a_removal_waits_for_backing_images_as_well_as_replicas() {
         let mut storage = MockStorageApi::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+        storage.expect_evacuation_record().returning(|_| Ok(None));
         storage.expect_replicas_on().returning(|_| Ok(0));
         storage.expect_backing_images_on().with(eq("worker-1")).times(1).returning(|_| Ok(2));
         let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Removal)

@@ -5,6 +5,7 @@
 //! [`ichor_upgrade_core::talos_step::step`], carries out its one action, writes the
 //! machine's conditions, and says what came of it. It keeps nothing between passes.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use ichor_storage::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
-use ichor_upgrade_core::evacuation::{StorageObservation, scheduling_to_restore};
+use ichor_upgrade_core::evacuation::{StorageObservation, scheduling_to_restore, with_recorded_evacuation};
 use ichor_upgrade_core::lifecycle_step::{
     ExecutorKind, TALOS_LIFECYCLE, executor_for, lifecycle_in_flight, reason as lifecycle_reason,
 };
@@ -340,6 +341,7 @@ pub async fn advance_machine_with(
         Some(name) if asks => observe(ex, name, &labels, &machine.conditions, EvacuationFor::Upgrade).await?,
         Some(_) | None => StorageObservation::default(),
     };
+    let machine = &*seen_with_storage(ex, machine, &storage, node_name.as_deref());
     let etcd_member = match (machine.role, &node_name) {
         (MachineRole::ControlPlane, Some(_)) if !asks => None,
         (MachineRole::ControlPlane, Some(name)) => {
@@ -409,6 +411,22 @@ pub(crate) async fn observe(
         .await
         .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
         .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source })
+}
+
+/// The machine as its step sees it: with `StorageEvacuation` open from the storage
+/// backend's record of an evacuation of its node when its conditions do not show one yet
+/// (decision 0011). Every write of its conditions from here carries the condition.
+pub(crate) fn seen_with_storage<'m>(
+    ex: &Executor<'_>,
+    machine: &'m MachineInfo,
+    storage: &StorageObservation,
+    node: Option<&str>,
+) -> Cow<'m, MachineInfo> {
+    let opened = node.and_then(|node| with_recorded_evacuation(&machine.conditions, storage, node, ex.clock.now()));
+    match opened {
+        Some(conditions) => Cow::Owned(MachineInfo { conditions, ..machine.clone() }),
+        None => Cow::Borrowed(machine),
+    }
 }
 
 /// Sets one condition in `conditions` and writes them all (under the ordinary bound).

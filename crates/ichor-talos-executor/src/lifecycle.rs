@@ -62,6 +62,7 @@ pub(crate) async fn advance(
         }
         Some(_) | None => ichor_upgrade_core::evacuation::StorageObservation::default(),
     };
+    let machine = &*crate::advance::seen_with_storage(ex, machine, &storage, node_name);
     let etcd_member = match (machine.role, node_name) {
         (MachineRole::ControlPlane, Some(name)) if reads.talos => {
             Some(crate::etcd::membership(ex, &[machine.address.as_str()], name).await)

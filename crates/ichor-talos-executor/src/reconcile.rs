@@ -806,8 +806,9 @@ async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bo
     else {
         return false;
     };
+    let machine = crate::advance::seen_with_storage(ex, &o.machine, &storage, Some(node));
     matches!(
-        evacuation_state(&o.machine.conditions, &storage, ex.config.step.evacuation, now),
+        evacuation_state(&machine.conditions, &storage, ex.config.step.evacuation, now),
         EvacuationState::InProgress { replicas_left: Some(n), .. } if n > 0
     )
 }
@@ -1004,17 +1005,30 @@ async fn write_lock(
         .map_err(|source| ReconcileError::WriteLease { cluster: cluster.to_owned(), source })
 }
 
-/// A machine interrupted before its Upgrade call: its evacuation, if open, is ended. Storage
+/// A machine interrupted before its Upgrade call: its evacuation, if open (in its
+/// conditions, or only in the storage backend's record: decision 0011), is ended. Storage
 /// knows the node by its name: when that is unknown this waits, never ending the
-/// evacuation of a guessed name (which would leave the real node unschedulable).
+/// evacuation of a guessed name (which would leave the real node unschedulable), nor
+/// guessing that the backend holds none.
 async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceError> {
-    if !o.machine.conditions.is_true(STORAGE_EVACUATION) {
-        return Ok(());
-    }
     let Some(node) = o.node_name() else {
         return Err(AdvanceError::NodeNameUnknown { machine: o.machine.name.clone() });
     };
-    end_evacuation(ex, &o.machine, node, EvacuationEnd::Ended).await
+    let machine = if o.machine.conditions.is_true(STORAGE_EVACUATION) {
+        std::borrow::Cow::Borrowed(&*o.machine)
+    } else {
+        let reading = ex.storage.evacuation_record(node);
+        let recorded = bounded("read the evacuation's record", ex.config.call_timeout, reading)
+            .await
+            .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
+            .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source: source.into() })?;
+        let storage = ichor_upgrade_core::evacuation::StorageObservation { recorded, ..Default::default() };
+        match crate::advance::seen_with_storage(ex, &o.machine, &storage, Some(node)) {
+            std::borrow::Cow::Owned(seen) => std::borrow::Cow::Owned(seen),
+            std::borrow::Cow::Borrowed(_) => return Ok(()),
+        }
+    };
+    end_evacuation(ex, &machine, node, EvacuationEnd::Ended).await
 }
 
 /// Writes the operation's status, unless it is what was read: a pass that changed nothing

@@ -115,6 +115,7 @@ pub async fn remove_machine(
         }
         None => StorageObservation::default(),
     };
+    let machine = &*crate::advance::seen_with_storage(ex, machine, &storage, Some(&node_name));
     // A control plane's member is read through the others, whether or not its Node is
     // still there: it is not Removed while the others still list it.
     let (member, etcd_gate) = if machine.role == MachineRole::ControlPlane {

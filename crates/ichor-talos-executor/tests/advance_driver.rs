@@ -159,6 +159,7 @@ impl World {
         });
         let mut storage = MockStorage::new();
         storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+        storage.expect_evacuation_record().returning(|_| Ok(None));
         Self { talos, kube, storage, writes }
     }
 
@@ -416,6 +417,7 @@ fn longhorn() -> StorageObject {
 fn storage_selecting(world: &mut World, replicas: u32) {
     world.storage = MockStorage::new();
     world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+    world.storage.expect_evacuation_record().returning(|_| Ok(None));
     world.storage.expect_replicas_on().returning(move |_| Ok(replicas));
 }
 
@@ -427,13 +429,69 @@ async fn storage_selecting_the_node_begins_an_evacuation_before_any_call() {
     world
         .storage
         .expect_request_evacuation()
-        .with(eq("worker-1"))
+        .with(eq("worker-1"), eq(NOW))
         .times(1)
-        .returning(|_| Ok(ichor_storage::EvacuationRequest::Requested { before: Scheduling::ON }));
+        .returning(|_, _| Ok(ichor_storage::EvacuationRequest::Requested { before: Scheduling::ON }));
     world.talos.expect_upgrade().never();
     let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
     assert_eq!(outcome, MachineOutcome::Progressed { action: "BeginEvacuation" });
-    assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::True, evac::EVACUATING.to_owned())]);
+    // Decision 0011: the backend's write is the record; the conditions are not written.
+    assert!(world.writes.lock().unwrap().is_empty(), "no conditions write");
+}
+
+/// Storage selecting the node, with `replicas` left and the backend's record of an
+/// evacuation begun at `since` (by a pass before a crash, say).
+fn storage_recording(world: &mut World, replicas: u32, before: Scheduling, since: Timestamp) {
+    world.storage = MockStorage::new();
+    world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
+    world.storage.expect_replicas_on().returning(move |_| Ok(replicas));
+    let record = ichor_upgrade_core::evacuation::EvacuationRecord { before, since: Some(since) };
+    world.storage.expect_evacuation_record().with(eq("worker-1")).returning(move |_| Ok(Some(record)));
+}
+
+#[tokio::test]
+async fn an_evacuation_only_the_backend_records_is_awaited_from_its_time_never_begun_again() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let since = Timestamp::from_unix_millis(NOW.unix_millis() - 60_000);
+    storage_recording(&mut world, 3, Scheduling::ON, since);
+    world.storage.expect_request_evacuation().never();
+    world.talos.expect_upgrade().never();
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    let MachineOutcome::Waiting { reason, recheck_at, .. } = outcome else { panic!("{outcome:?}") };
+    assert_eq!(reason, "Evacuating");
+    let timeout = ExecutorConfig::default().step.evacuation;
+    assert!(recheck_at.is_some_and(|t| t <= since.saturating_add(timeout)), "the deadline counts from the record");
+    assert!(world.writes.lock().unwrap().is_empty(), "a wait writes nothing");
+}
+
+#[tokio::test]
+async fn the_upgrade_intent_carries_the_evacuation_the_backend_recorded_with_its_scheduling_and_time() {
+    let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let since = Timestamp::from_unix_millis(NOW.unix_millis() - 60_000);
+    let before = Scheduling { allowed: false, eviction_requested: false };
+    storage_recording(&mut world, 0, before, since);
+    world.talos.expect_upgrade().times(1).returning(|_, _| Ok(UpgradeAck { ack: "ok".into(), actor_id: "a".into() }));
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "UpgradeRequested" });
+    let writes = world.writes.lock().unwrap();
+    let intent = writes.first().expect("the intent");
+    let c = intent.get(STORAGE_EVACUATION).expect("the evacuation rides with the intent");
+    assert_eq!((c.status, c.reason.as_str(), c.last_transition_time), (ConditionStatus::True, evac::EVACUATING, since));
+    assert_eq!(ichor_upgrade_core::evacuation::scheduling_to_restore(intent), before);
+    assert!(writes.iter().all(|w| w.is_true(STORAGE_EVACUATION)), "every later write keeps it");
+}
+
+#[tokio::test]
+async fn a_converged_machine_ends_an_evacuation_only_the_backend_records() {
+    // Begun, then the node was found on the target before its call (upgraded by hand).
+    let mut world = World::new(Some(node("Talos (v1.14.4)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
+    let before = Scheduling { allowed: false, eviction_requested: true };
+    storage_recording(&mut world, 3, before, NOW);
+    world.storage.expect_restore_scheduling().with(eq("worker-1"), eq(before)).times(1).returning(|_, _| Ok(()));
+    world.talos.expect_upgrade().never();
+    let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
+    assert!(matches!(outcome, MachineOutcome::Progressed { .. } | MachineOutcome::Converged), "{outcome:?}");
+    assert_eq!(world.written_of(STORAGE_EVACUATION).last().map(|w| w.0), Some(ConditionStatus::False));
 }
 
 // Issue 17: a node that storage selects but Longhorn has no Node object for paused the
@@ -442,7 +500,11 @@ async fn storage_selecting_the_node_begins_an_evacuation_before_any_call() {
 async fn a_node_the_storage_system_lacks_is_said_once_and_does_not_pause() {
     let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
     storage_selecting(&mut world, 0);
-    world.storage.expect_request_evacuation().times(1).returning(|_| Ok(ichor_storage::EvacuationRequest::NoSuchNode));
+    world
+        .storage
+        .expect_request_evacuation()
+        .times(1)
+        .returning(|_, _| Ok(ichor_storage::EvacuationRequest::NoSuchNode));
     world.talos.expect_upgrade().never();
     let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
     assert_eq!(outcome, MachineOutcome::Progressed { action: ichor_talos_executor::advance::NO_STORAGE_NODE });
@@ -734,6 +796,7 @@ async fn an_acknowledged_call_not_rebooted_yet_asks_neither_talos_nor_etcd_nor_s
     world.talos.expect_upgrade().never();
     world.storage = MockStorage::new();
     world.storage.expect_replicas_on().never();
+    world.storage.expect_evacuation_record().never();
     world.storage.expect_storage_objects().never();
     let m = requested(MachineRole::ControlPlane);
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();

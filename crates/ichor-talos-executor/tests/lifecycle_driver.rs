@@ -101,6 +101,7 @@ impl World {
         });
         let mut storage = MockStorage::new();
         storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+        storage.expect_evacuation_record().returning(|_| Ok(None));
         Self { talos, kube, storage, writes }
     }
 

@@ -125,6 +125,7 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
     let mut storage = MockStorage::new();
     storage.expect_set_scheduling().never();
     storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+    storage.expect_evacuation_record().returning(|_| Ok(None));
 
     let config = ExecutorConfig::default();
     let ex = Executor {

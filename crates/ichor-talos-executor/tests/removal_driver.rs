@@ -74,6 +74,7 @@ impl World {
         });
         let mut storage = MockStorage::new();
         storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+        storage.expect_evacuation_record().returning(|_| Ok(None));
         Self { talos, kube, storage, writes }
     }
 
@@ -167,6 +168,7 @@ async fn a_refused_reset_closes_the_intent_and_fails() {
 /// Storage that selects the node (a `longhorn` object with a label selector).
 fn storage_selecting(world: &mut World) {
     world.storage = MockStorage::new();
+    world.storage.expect_evacuation_record().returning(|_| Ok(None));
     world.storage.expect_storage_objects().returning(|| {
         Ok(vec![StorageObject {
             name: "longhorn".into(),

@@ -2,13 +2,20 @@
 //! what the storage backend reports. One definition, used by the upgrade step and by node
 //! removal.
 //!
-//! `StorageEvacuation` is `True` from the write that started the evacuation (its transition
-//! time is the timeout clock, surviving restarts) until the evacuation ends, when it turns
-//! `False` with storage scheduling re-enabled.
+//! An evacuation is recorded where it happens: the storage backend's write that turns the
+//! node's scheduling off and asks for its replicas to move also keeps an
+//! [`EvacuationRecord`] on the backend's own object (Longhorn: an annotation of its Node),
+//! and the write that puts the scheduling back removes it. So no crash can leave a node
+//! unschedulable with nothing saying so, and opening an evacuation costs no write of the
+//! machine's conditions (decision 0011). The machine's next conditions write (its upgrade
+//! intent) carries `StorageEvacuation=True` from the record, its transition time the
+//! record's time: [`with_recorded_evacuation`] is the machine's conditions as its step
+//! sees them meanwhile. `StorageEvacuation` is `True` until the evacuation ends, when it
+//! turns `False` with storage scheduling put back.
 
 use std::time::Duration;
 
-use crate::conditions::{ConditionStatus, Conditions};
+use crate::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use crate::time::Timestamp;
 
 /// The condition type that marks an evacuation.
@@ -28,9 +35,9 @@ pub mod reason {
 
 /// A node's storage scheduling as the backend has it: whether new replicas may be placed
 /// there, and whether an eviction of its replicas is requested. An evacuation records the
-/// node's scheduling from before it in the `StorageEvacuation` condition it opens, and its
-/// end puts that back, not "on": a node an operator had made unschedulable, or was evicting
-/// by hand, stays so.
+/// node's scheduling from before it (in the backend's [`EvacuationRecord`], then in the
+/// `StorageEvacuation` condition), and its end puts that back, not "on": a node an
+/// operator had made unschedulable, or was evicting by hand, stays so.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scheduling {
     /// New replicas may be scheduled on the node.
@@ -83,6 +90,52 @@ pub fn scheduling_to_restore(conditions: &Conditions) -> Scheduling {
         .unwrap_or(Scheduling::ON)
 }
 
+/// The storage backend's own record of an evacuation the engine asked for on a node: kept
+/// on the backend's object by the very write that asks for it and removed by the write
+/// that puts the node's scheduling back, so it is atomic with the change it records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvacuationRecord {
+    /// The node's scheduling from before the evacuation, which its end puts back.
+    pub before: Scheduling,
+    /// When the evacuation was first asked for: its timeout's clock. `None` from a record
+    /// that kept no time, which counts as now (the timeout never fires early).
+    pub since: Option<Timestamp>,
+}
+
+/// The message of `StorageEvacuation=True/Evacuating` for an evacuation of `node` asked
+/// for with the backend's scheduling from before it.
+#[must_use]
+pub fn opened_message(node: &str, before: Scheduling) -> String {
+    format!("storage scheduling disabled on {node}; replicas asked to move{}", before.marker())
+}
+
+/// The machine's conditions as its step sees them, when the storage backend records an
+/// evacuation of its node that `conditions` do not show open: `StorageEvacuation=True/
+/// Evacuating` added from the record (the scheduling from before it in the message, the
+/// record's time as the transition time, at most `now`). `None` when nothing is to add.
+/// The next write of the machine's conditions carries it.
+#[must_use]
+pub fn with_recorded_evacuation(
+    conditions: &Conditions,
+    storage: &StorageObservation,
+    node: &str,
+    now: Timestamp,
+) -> Option<Conditions> {
+    let record = storage.recorded?;
+    if conditions.is_true(STORAGE_EVACUATION) {
+        return None;
+    }
+    let mut seen = conditions.clone();
+    let update = ConditionUpdate::new(
+        STORAGE_EVACUATION,
+        ConditionStatus::True,
+        reason::EVACUATING,
+        opened_message(node, record.before),
+    );
+    seen.upsert(update, record.since.map_or(now, |since| since.min(now)));
+    Some(seen)
+}
+
 /// What storage says about one node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StorageObservation {
@@ -91,6 +144,9 @@ pub struct StorageObservation {
     /// Replicas still on the node, as the backend reports; `None` when not asked (the
     /// driver asks whenever the node is selected or an evacuation is open).
     pub replicas_left: Option<u32>,
+    /// The backend's record of an evacuation of the node, if it keeps one: an evacuation
+    /// open whatever the conditions say (see [`with_recorded_evacuation`]).
+    pub recorded: Option<EvacuationRecord>,
 }
 
 /// Where an evacuation stands.
@@ -158,7 +214,6 @@ pub fn evacuation_state(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditions::ConditionUpdate;
 
     const TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -173,7 +228,7 @@ mod tests {
     }
 
     fn selected(replicas_left: Option<u32>) -> StorageObservation {
-        StorageObservation { selected_by: vec!["longhorn".into()], replicas_left }
+        StorageObservation { selected_by: vec!["longhorn".into()], replicas_left, recorded: None }
     }
 
     #[test]
@@ -254,10 +309,55 @@ mod tests {
     fn an_open_evacuation_stays_open_when_the_selector_stops_selecting() {
         let s = evacuation_state(
             &open_since(0),
-            &StorageObservation { selected_by: vec![], replicas_left: Some(2) },
+            &StorageObservation { selected_by: vec![], replicas_left: Some(2), recorded: None },
             TIMEOUT,
             at(1),
         );
         assert!(s.is_open(), "scheduling was turned off; only ending the evacuation turns it back on");
+    }
+
+    fn recorded(since: Option<i64>) -> StorageObservation {
+        let before = Scheduling { allowed: false, eviction_requested: false };
+        StorageObservation { recorded: Some(EvacuationRecord { before, since: since.map(at) }), ..selected(Some(3)) }
+    }
+
+    #[test]
+    fn the_backends_record_opens_the_evacuation_with_its_time_and_its_scheduling() {
+        let storage = recorded(Some(100));
+        let seen = with_recorded_evacuation(&Conditions::new(), &storage, "w-1", at(200)).expect("recorded");
+        let c = seen.get(STORAGE_EVACUATION).unwrap();
+        assert_eq!(
+            (c.status, c.reason.as_str(), c.last_transition_time),
+            (ConditionStatus::True, reason::EVACUATING, at(100))
+        );
+        assert_eq!(scheduling_to_restore(&seen), Scheduling { allowed: false, eviction_requested: false });
+        // The timeout runs from the record's time, across restarts.
+        assert_eq!(
+            evacuation_state(&seen, &storage, TIMEOUT, at(200)),
+            EvacuationState::InProgress { replicas_left: Some(3), deadline: at(700) }
+        );
+        assert_eq!(
+            evacuation_state(&seen, &storage, TIMEOUT, at(700)),
+            EvacuationState::TimedOut { replicas_left: Some(3) }
+        );
+    }
+
+    #[test]
+    fn a_record_without_a_time_or_with_one_ahead_counts_from_now() {
+        for since in [None, Some(9_000)] {
+            let seen = with_recorded_evacuation(&Conditions::new(), &recorded(since), "w-1", at(200)).unwrap();
+            assert_eq!(seen.get(STORAGE_EVACUATION).unwrap().last_transition_time, at(200), "{since:?}");
+        }
+    }
+
+    #[test]
+    fn conditions_that_show_the_evacuation_open_or_no_record_add_nothing() {
+        assert_eq!(with_recorded_evacuation(&open_since(50), &recorded(Some(100)), "w-1", at(200)), None);
+        assert_eq!(with_recorded_evacuation(&Conditions::new(), &selected(Some(3)), "w-1", at(200)), None);
+        // An ended evacuation with the backend still recording one: open again, from the record.
+        let mut ended = open_since(0);
+        ended.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::False, reason::ENDED, ""), at(5));
+        let seen = with_recorded_evacuation(&ended, &recorded(Some(100)), "w-1", at(200)).unwrap();
+        assert!(seen.is_true(STORAGE_EVACUATION));
     }
 }

@@ -381,8 +381,11 @@ mod tests {
         }
 
         fn storage(mut self, replicas_left: u32) -> Self {
-            self.storage =
-                StorageObservation { selected_by: vec!["longhorn".into()], replicas_left: Some(replicas_left) };
+            self.storage = StorageObservation {
+                selected_by: vec!["longhorn".into()],
+                replicas_left: Some(replicas_left),
+                recorded: None,
+            };
             self
         }
 

@@ -18,7 +18,7 @@ use ichor_talos_executor::talos_api::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
@@ -882,7 +882,7 @@ impl StorageApi for SimCluster {
         .map_err(storage_error)
     }
 
-    async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError> {
+    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
         // Longhorn's backend reads its Node first (what to keep of its scheduling).
         let known = self.kube(KubeCall::Read, |w| Ok(w.storage_node(node).is_some())).await.map_err(storage_error)?;
         if !known {
@@ -894,7 +894,7 @@ impl StorageApi for SimCluster {
             // backend keeps it in an annotation written with the same patch.
             let n = &mut w.nodes[i];
             let now = Scheduling { allowed: n.scheduling, eviction_requested: n.evacuation.is_some() };
-            let before = *n.storage_before.get_or_insert(now);
+            let before = n.storage_record.get_or_insert(EvacuationRecord { before: now, since: Some(since) }).before;
             // Scheduling off and the eviction asked for, as Longhorn's one patch does.
             n.scheduling = false;
             if n.evacuation.is_some() {
@@ -920,13 +920,19 @@ impl StorageApi for SimCluster {
         .map_err(storage_error)
     }
 
+    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+        self.kube(KubeCall::Read, |w| Ok(w.storage_node(node).and_then(|i| w.nodes[i].storage_record)))
+            .await
+            .map_err(storage_error)
+    }
+
     async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
         self.kube(KubeCall::StorageWrite, |w| {
             // A node the storage system no longer has: nothing to put back.
             let Some(i) = w.storage_node(node) else { return Ok(()) };
             let n = &mut w.nodes[i];
             n.scheduling = before.allowed;
-            n.storage_before = None;
+            n.storage_record = None;
             let ended = !before.eviction_requested && n.evacuation.take().is_some();
             w.changed(i);
             if ended {

@@ -10,7 +10,7 @@ use ichor_storage::{LabelSelector, StorageObject};
 use ichor_talos_executor::kube_api::{ClusterInfo, Event, LeaseInfo, MachineInfo, Metadata, NodeInfo, OperationInfo};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::evacuation::EvacuationRecord;
 use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::versions::TalosVersion;
@@ -188,10 +188,10 @@ pub struct SimNode {
     pub replicas: u32,
     /// Whether storage may schedule replicas on it.
     pub scheduling: bool,
-    /// Its storage scheduling from before the engine's evacuation, kept across repeated
-    /// requests until the evacuation's end puts it back (Longhorn's backend keeps it in an
-    /// annotation of its Node).
-    pub storage_before: Option<Scheduling>,
+    /// The engine's evacuation's record (its scheduling from before, its time), kept
+    /// across repeated requests until the evacuation's end puts the scheduling back
+    /// (Longhorn's backend keeps it in an annotation of its Node).
+    pub storage_record: Option<EvacuationRecord>,
     /// An evacuation under way.
     pub evacuation: Option<Evacuation>,
     /// Its replicas never move.
@@ -680,7 +680,7 @@ impl World {
                 annotations,
                 replicas,
                 scheduling: true,
-                storage_before: None,
+                storage_record: None,
                 evacuation: None,
                 stuck: false,
                 drawn,

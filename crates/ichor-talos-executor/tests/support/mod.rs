@@ -14,7 +14,7 @@ use ichor_talos_executor::talos_api::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
-use ichor_upgrade_core::evacuation::Scheduling;
+use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::mock;
@@ -78,7 +78,8 @@ mock! {
     impl StorageApi for Storage {
         async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
         async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
-        async fn request_evacuation(&self, node: &str) -> Result<EvacuationRequest, StorageError>;
+        async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError>;
+        async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError>;
         async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
         async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
         async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError>;
