@@ -240,6 +240,38 @@ fn killed_before_the_call_reached_the_node_it_is_made_once_after_its_deadline() 
     });
 }
 
+// Decision 0011: no conditions write opens an evacuation; the backend's write keeps its
+// record. A controller killed right after that write must find the evacuation there: wait
+// on it without asking again, and end it with the scheduling from before it.
+#[test]
+fn killed_after_the_evacuation_request_the_backends_record_carries_it_to_the_end() {
+    let sim = SimCluster::new(config(1, 1, 5, false, true, false));
+    let worker = sim.with_world(|w| {
+        let i = w.nodes.iter().position(|n| n.name.starts_with("worker")).expect("a worker");
+        // An operator had made the worker unschedulable for storage.
+        w.nodes[i].scheduling = false;
+        w.crash.on_next_evacuation = true;
+        i
+    });
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+    sim.with_world(|w| {
+        assert_eq!(w.counters.restarts, 1, "killed once, at the request");
+        let n = &w.nodes[worker];
+        let starts = w.trace.iter().filter(|e| e.node == n.name && e.event == TraceKind::EvacuationStart).count();
+        assert_eq!(starts, 1);
+        assert_eq!(w.counters.storage_writes, 2, "the request and its end: never asked again after the restart");
+        assert!(
+            !n.scheduling && n.storage_record.is_none() && n.evacuation.is_none(),
+            "put back as the operator had it"
+        );
+        assert_eq!(n.version.to_string(), "v1.14.4");
+        assert_eq!(w.upgrades.len(), 2, "one call per machine");
+    });
+}
+
 #[test]
 fn a_lost_acknowledgement_then_a_fallback_is_resumed_like_any_fallback() {
     let sim = SimCluster::new(config(1, 0, 5, true, false, false));

@@ -1014,21 +1014,19 @@ async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceErro
     let Some(node) = o.node_name() else {
         return Err(AdvanceError::NodeNameUnknown { machine: o.machine.name.clone() });
     };
-    let machine = if o.machine.conditions.is_true(STORAGE_EVACUATION) {
-        std::borrow::Cow::Borrowed(&*o.machine)
-    } else {
-        let reading = ex.storage.evacuation_record(node);
-        let recorded = bounded("read the evacuation's record", ex.config.call_timeout, reading)
-            .await
-            .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
-            .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source: source.into() })?;
-        let storage = ichor_upgrade_core::evacuation::StorageObservation { recorded, ..Default::default() };
-        match crate::advance::seen_with_storage(ex, &o.machine, &storage, Some(node)) {
-            std::borrow::Cow::Owned(seen) => std::borrow::Cow::Owned(seen),
-            std::borrow::Cow::Borrowed(_) => return Ok(()),
-        }
-    };
-    end_evacuation(ex, &machine, node, EvacuationEnd::Ended).await
+    if o.machine.conditions.is_true(STORAGE_EVACUATION) {
+        return end_evacuation(ex, &o.machine, node, EvacuationEnd::Ended).await;
+    }
+    let reading = ex.storage.evacuation_record(node);
+    let recorded = bounded("read the evacuation's record", ex.config.call_timeout, reading)
+        .await
+        .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
+        .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source: source.into() })?;
+    let storage = ichor_upgrade_core::evacuation::StorageObservation { recorded, ..Default::default() };
+    match crate::advance::seen_with_storage(ex, &o.machine, &storage, Some(node)) {
+        std::borrow::Cow::Owned(seen) => end_evacuation(ex, &seen, node, EvacuationEnd::Ended).await,
+        std::borrow::Cow::Borrowed(_) => Ok(()),
+    }
 }
 
 /// Writes the operation's status, unless it is what was read: a pass that changed nothing

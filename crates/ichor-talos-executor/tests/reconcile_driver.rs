@@ -8,11 +8,11 @@ use std::time::Duration;
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::kube_api::{ClusterInfo, LeaseInfo, MachineInfo, NodeInfo, OperationInfo};
-use ichor_talos_executor::reconcile::{PassMemory, reconcile};
+use ichor_talos_executor::reconcile::{PassMemory, ReconcileOutcome, reconcile};
 use ichor_talos_executor::talos_api::TalosError;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
-use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
+use ichor_upgrade_core::evacuation::{EvacuationRecord, STORAGE_EVACUATION, Scheduling, reason as evac};
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{OperationStatus, PauseReason, Phase};
 use ichor_upgrade_core::status::{MachineRecord, RecordState};
@@ -48,10 +48,81 @@ fn worker(name: &str, hostname: Option<&str>, address: &str, conditions: Conditi
 async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
     let mut evacuating = Conditions::new();
     evacuating.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, evac::EVACUATING, ""), NOW);
-    let machines = [
+    let machines = vec![
         worker("m-failed", Some("node-a"), "10.0.0.21", Conditions::new()),
         worker("m-evacuating", None, "10.0.0.22", evacuating),
     ];
+    let mut kube = paused_cluster(machines);
+    kube.expect_write_conditions().never();
+    let written = capture_status(&mut kube);
+    let mut talos = MockTalos::new();
+    talos
+        .expect_nodename()
+        .with(eq("10.0.0.22"))
+        .returning(|_| Err(TalosError::dial("10.0.0.22:50000", "connection refused")));
+    talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    let mut storage = MockStorage::new();
+    storage.expect_set_scheduling().never();
+    storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+    storage.expect_evacuation_record().returning(|_| Ok(None));
+
+    let outcome = reconcile_once(&talos, &kube, &storage).await;
+    assert!(matches!(outcome.phase, Phase::Paused(_)), "{:?}", outcome.phase);
+    let status = written.lock().unwrap().last().cloned().expect("a status write");
+    let stopping = &status.machines["m-evacuating"];
+    assert_eq!(stopping.state, RecordState::InProgress, "still to be stopped: {stopping:?}");
+    assert_eq!(stopping.reason, "NodeNameUnknown");
+}
+
+/// Decision 0011: an evacuation begun just before the pause may be recorded only by the
+/// storage backend (no conditions write opens one). The stop finds it there and ends it
+/// with the scheduling from before; a machine the backend records nothing for is left be.
+#[tokio::test]
+async fn a_stop_ends_an_evacuation_only_the_backend_records() {
+    for recorded in [true, false] {
+        let machines = vec![
+            worker("m-failed", Some("node-a"), "10.0.0.21", Conditions::new()),
+            worker("m-evacuating", Some("node-b"), "10.0.0.22", Conditions::new()),
+        ];
+        let mut kube = paused_cluster(machines);
+        let conditions = Arc::new(Mutex::new(Vec::new()));
+        let captured = Arc::clone(&conditions);
+        kube.expect_write_conditions().returning(move |machine, c| {
+            captured.lock().unwrap().push((machine.to_owned(), c.clone()));
+            Ok(())
+        });
+        let written = capture_status(&mut kube);
+        let mut talos = MockTalos::new();
+        talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+        let mut storage = MockStorage::new();
+        storage.expect_storage_objects().returning(|| Ok(Vec::new()));
+        let before = Scheduling { allowed: false, eviction_requested: false };
+        let record = EvacuationRecord { before, since: Some(NOW) };
+        storage.expect_evacuation_record().with(eq("node-a")).returning(|_| Ok(None));
+        storage.expect_evacuation_record().with(eq("node-b")).returning(move |_| Ok(recorded.then_some(record)));
+        storage
+            .expect_restore_scheduling()
+            .with(eq("node-b"), eq(before))
+            .times(usize::from(recorded))
+            .returning(|_, _| Ok(()));
+
+        let outcome = reconcile_once(&talos, &kube, &storage).await;
+        assert!(matches!(outcome.phase, Phase::Paused(_)), "{:?}", outcome.phase);
+        let conditions = conditions.lock().unwrap();
+        if recorded {
+            let (machine, c) = conditions.first().expect("the evacuation's end written");
+            assert_eq!(machine, "m-evacuating");
+            assert_eq!(c.get(STORAGE_EVACUATION).map(|c| c.status), Some(ConditionStatus::False));
+        } else {
+            assert!(conditions.is_empty(), "{conditions:?}");
+        }
+        let status = written.lock().unwrap().last().cloned().expect("a status write");
+        assert!(!status.machines.contains_key("m-evacuating"), "stopped: {:?}", status.machines);
+    }
+}
+
+/// A cluster with operation `upgrade` paused on `m-failed`, with `m-evacuating` in progress.
+fn paused_cluster(machines: Vec<MachineInfo>) -> MockKube {
     let mut status = OperationStatus {
         phase: Phase::Paused(PauseReason::MachineFailed { machines: vec![] }),
         observed_generation: Some(1),
@@ -97,9 +168,9 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
             resource_version: "7".into(),
         }))
     });
-    kube.expect_node().with(eq("node-a")).returning(|_| {
+    kube.expect_node().returning(|name| {
         Ok(Some(NodeInfo {
-            name: "node-a".into(),
+            name: name.to_owned(),
             ready: true,
             unschedulable: false,
             os_image: "Talos (v1.14.3)".into(),
@@ -108,41 +179,25 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
             annotations: BTreeMap::new(),
         }))
     });
-    kube.expect_write_conditions().never();
+    kube.expect_event().returning(|_| Ok(()));
+    kube
+}
+
+/// The operation statuses `kube` is asked to write, in order.
+fn capture_status(kube: &mut MockKube) -> Arc<Mutex<Vec<OperationStatus>>> {
     let written = Arc::new(Mutex::new(Vec::new()));
     let captured = Arc::clone(&written);
     kube.expect_write_operation_status().returning(move |_, s| {
         captured.lock().unwrap().push(s.clone());
         Ok(())
     });
-    kube.expect_event().returning(|_| Ok(()));
-    let mut talos = MockTalos::new();
-    talos
-        .expect_nodename()
-        .with(eq("10.0.0.22"))
-        .returning(|_| Err(TalosError::dial("10.0.0.22:50000", "connection refused")));
-    talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
-    let mut storage = MockStorage::new();
-    storage.expect_set_scheduling().never();
-    storage.expect_storage_objects().returning(|| Ok(Vec::new()));
-    storage.expect_evacuation_record().returning(|_| Ok(None));
+    written
+}
 
+async fn reconcile_once(talos: &MockTalos, kube: &MockKube, storage: &MockStorage) -> ReconcileOutcome {
     let config = ExecutorConfig::default();
-    let ex = Executor {
-        talos: &talos,
-        kube: &kube,
-        storage: &storage,
-        clock: &FixedClock,
-        config: &config,
-        snapshots: None,
-        background: None,
-    };
-    let outcome = reconcile(&ex, "upgrade").await.unwrap();
-    assert!(matches!(outcome.phase, Phase::Paused(_)), "{:?}", outcome.phase);
-    let status = written.lock().unwrap().last().cloned().expect("a status write");
-    let stopping = &status.machines["m-evacuating"];
-    assert_eq!(stopping.state, RecordState::InProgress, "still to be stopped: {stopping:?}");
-    assert_eq!(stopping.reason, "NodeNameUnknown");
+    let ex = Executor { talos, kube, storage, clock: &FixedClock, config: &config, snapshots: None, background: None };
+    reconcile(&ex, "upgrade").await.unwrap()
 }
 
 #[test]

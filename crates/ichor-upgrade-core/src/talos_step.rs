@@ -252,8 +252,11 @@ pub enum Action {
         /// When to look again at the latest, if a deadline is known.
         recheck_at: Option<Timestamp>,
     },
-    /// Disable storage scheduling on the node, ask the backend to move its replicas, write
-    /// `StorageEvacuation=True/Evacuating`.
+    /// Disable storage scheduling on the node and ask the backend to move its replicas, in
+    /// the backend's one write that also keeps the evacuation's record
+    /// ([`EvacuationRecord`](crate::evacuation::EvacuationRecord)); the driver shows the
+    /// step `StorageEvacuation=True/Evacuating` from that record until the next write of
+    /// the conditions carries it.
     BeginEvacuation,
     /// Re-enable storage scheduling and write `StorageEvacuation=False/Ended`.
     EndEvacuation,

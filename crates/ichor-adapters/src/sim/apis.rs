@@ -888,6 +888,11 @@ impl StorageApi for SimCluster {
         if !known {
             return Ok(EvacuationRequest::NoSuchNode);
         }
+        self.with_world_untouched(|w| {
+            if std::mem::take(&mut w.crash.on_next_evacuation) {
+                w.arm_crash(1, false);
+            }
+        });
         self.kube(KubeCall::StorageWrite, |w| {
             let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
             // What it was before the first request is kept beside it, as Longhorn's

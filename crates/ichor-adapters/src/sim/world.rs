@@ -305,6 +305,9 @@ pub struct CrashState {
     /// Kill the controller at the next Upgrade call: before its effect (`true`, the call
     /// never reaches the node) or after it (`false`, the acknowledgement is lost).
     pub on_next_upgrade: Option<bool>,
+    /// Kill the controller at the next storage evacuation request, once its write took
+    /// effect (the answer is lost): the backend's record is then all that says so.
+    pub on_next_evacuation: bool,
     /// At most this many kills in a run (`None`: no bound). A lifecycle install lasts as
     /// long as its stream, and Talos stops the installer when its controller dies: a
     /// controller killed every few seconds for ever never installs anything (and pauses at
