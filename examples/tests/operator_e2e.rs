@@ -449,3 +449,130 @@ async fn a_bad_kind_is_refused_with_a_warning_event() {
     assert_eq!(both.value("ichor_fleet_talos_calls_total").await, Some(0.0), "nothing was called on the fleet");
     scene.end().await;
 }
+
+/// Longhorn's kind `kind` (`plural`) in the scene's namespace, where its operator is told
+/// Longhorn runs.
+fn longhorn(scene: &Scene, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural);
+    Api::namespaced_with(scene.ns.client.clone(), &scene.ns.name, &resource)
+}
+
+/// The Longhorn Node with the engine's evacuation record, and the record.
+async fn recorded_evacuation(nodes: &Api<DynamicObject>) -> Option<(String, String)> {
+    let list = nodes.list(&ListParams::default()).await.unwrap().items;
+    list.into_iter().find_map(|n| Some((n.name_any(), n.annotations().get("ichor.dev/evacuation")?.clone())))
+}
+
+/// Plays Longhorn's manager: the replicas of every Longhorn Node with an eviction
+/// requested are gone (moved elsewhere).
+async fn evict_replicas(nodes: &Api<DynamicObject>, replicas: &Api<DynamicObject>) {
+    for node in nodes.list(&ListParams::default()).await.unwrap().items {
+        if node.data["spec"]["evictionRequested"] == json!(true) {
+            let on = ListParams::default().labels(&format!("longhornnode={}", node.name_any()));
+            replicas.delete_collection(&Default::default(), &on).await.unwrap();
+        }
+    }
+}
+
+// Decision 0011, through the operator on a real API server with Longhorn's kinds: the
+// patch that starts an evacuation is its only record (no condition is written for it),
+// and an operator killed while it stands resumes from it: the same record, one Upgrade
+// call per machine, and each node's storage scheduling put back as it was before,
+// including the one an operator had made unschedulable by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_record() {
+    let Some(scene) = Scene::new("e2e-longhorn").await else { return };
+    ichor_testkit::kube::apply_longhorn_crds(&scene.ns.client).await;
+    let fleet = scene.fleet("1+2", &["--fleet-only"]);
+    scene.fleet_up(3).await;
+    let workers: Vec<String> = (1..=2).map(|i| format!("{}-worker-{i}.{}", fleet::CLUSTER, scene.ns.name)).collect();
+    // Storage on this scene's workers: a TalosStorage, Longhorn's Nodes and a replica each.
+    let storage: Api<DynamicObject> = Api::namespaced_with(
+        scene.ns.client.clone(),
+        &scene.ns.name,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("ichor.dev", "v1alpha1", "TalosStorage"),
+            "talosstorages",
+        ),
+    );
+    let talos_storage: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "ichor.dev/v1alpha1", "kind": "TalosStorage",
+        "metadata": { "name": "longhorn" },
+        "spec": { "backend": "longhorn", "nodeSelector": {
+            "matchLabels": { fleet::FLEET_LABEL: scene.ns.name },
+            "matchExpressions": [{ "key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist" }],
+        } },
+    }))
+    .unwrap();
+    storage.create(&PostParams::default(), &talos_storage).await.unwrap();
+    let (nodes, replicas) = (longhorn(&scene, "Node", "nodes"), longhorn(&scene, "Replica", "replicas"));
+    for (i, worker) in workers.iter().enumerate() {
+        // The first worker was made unschedulable for storage by hand.
+        let node: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "longhorn.io/v1beta2", "kind": "Node", "metadata": { "name": worker },
+            "spec": { "name": worker, "allowScheduling": i != 0, "evictionRequested": false, "disks": {} },
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let replica: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+            "metadata": { "name": format!("pvc-data-r-{i}"), "labels": { "longhornnode": worker } },
+            "spec": { "nodeID": worker },
+        }))
+        .unwrap();
+        replicas.create(&PostParams::default(), &replica).await.unwrap();
+    }
+
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let namespace = scene.ns.name.clone();
+    let extra = ["--identity", "replica-a", "--longhorn-namespace", &namespace];
+    let mut first = scene.operator("operator-1", &kubeconfig, &extra);
+    scene.create_operation("upgrade", "talos", None).await;
+    // The first evacuation asked for: its replica is still there, so it stands.
+    eventually("an evacuation recorded on Longhorn's Node", || async { recorded_evacuation(&nodes).await.is_some() })
+        .await;
+    only_allowed_requests(&first).await;
+    first.kill();
+    let (node, record) = recorded_evacuation(&nodes).await.expect("it still stands");
+    assert!(record.contains(",since="), "the record keeps its time: {record}");
+    let hostname = node.split('.').next().unwrap().to_owned();
+    let machines: Api<TalosMachine> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let machine = machines.get(&hostname).await.unwrap();
+    let conditions = machine.status.map(|s| s.conditions).unwrap_or_default();
+    assert!(
+        !conditions.iter().any(|c| c.type_ == "StorageEvacuation"),
+        "no condition opened the evacuation: Longhorn's Node is its record ({conditions:?})"
+    );
+
+    let second = scene.operator("operator-2", &kubeconfig, &extra);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = nodes.get(&node).await.unwrap();
+    assert_eq!(kept.annotations().get("ichor.dev/evacuation"), Some(&record), "the same record, not a new one");
+    eventually("the operation completes after the restart", || {
+        let (nodes, replicas) = (nodes.clone(), replicas.clone());
+        let scene = &scene;
+        async move {
+            evict_replicas(&nodes, &replicas).await;
+            scene.phase("upgrade").await == "Completed"
+        }
+    })
+    .await;
+
+    let calls = upgrade_calls(&fleet).await;
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    assert!(calls.iter().all(|(_, n)| *n == 1.0), "one Upgrade call per machine: {calls:?}");
+    assert!(all_on_target(&scene.fleet_nodes().await));
+    for (i, worker) in workers.iter().enumerate() {
+        let node = nodes.get(worker).await.unwrap();
+        let spec = (&node.data["spec"]["allowScheduling"], &node.data["spec"]["evictionRequested"]);
+        assert_eq!(spec, (&json!(i != 0), &json!(false)), "{worker}: put back as it was before");
+        assert!(!node.annotations().contains_key("ichor.dev/evacuation"), "{worker}: the record is gone");
+        let machine = machines.get(worker.split('.').next().unwrap()).await.unwrap();
+        let conditions = machine.status.map(|s| s.conditions).unwrap_or_default();
+        let evacuation = conditions.iter().find(|c| c.type_ == "StorageEvacuation").expect("the evacuation's end");
+        assert_eq!((evacuation.status.as_str(), evacuation.reason.as_str()), ("False", "Ended"), "{worker}");
+    }
+    only_allowed_requests(&second).await;
+    drop(fleet);
+    scene.end().await;
+}

@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use ichor_adapters::longhorn::{EVACUATION_ANNOTATION, FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_storage::{EvacuationRequest, StorageApi};
-use ichor_testkit::kube::{TestNamespace, apply_crd};
+use ichor_testkit::kube::{TestNamespace, apply_longhorn_crds};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 
@@ -22,33 +21,10 @@ async fn bounded<T>(future: impl Future<Output = T>) -> T {
     tokio::time::timeout(BOUND, future).await.expect("the test's own bound")
 }
 
-/// A stand-in for one of Longhorn's CRDs: its names and scope, any content kept.
-fn longhorn_crd(kind: &str, plural: &str) -> CustomResourceDefinition {
-    serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": { "name": format!("{plural}.longhorn.io") },
-        "spec": {
-            "group": "longhorn.io",
-            "scope": "Namespaced",
-            "names": { "kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List") },
-            "versions": [{
-                "name": "v1beta2", "served": true, "storage": true,
-                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } }
-            }]
-        }
-    }))
-    .expect("a CRD")
-}
-
-/// A namespace of its own, with Longhorn's Node, Replica and Shard kinds served.
+/// A namespace of its own, with Longhorn's Node, Replica, Shard and BackingImage kinds served.
 async fn longhorn_namespace(prefix: &str) -> Option<TestNamespace> {
     let ns = TestNamespace::create(prefix).await?;
-    for (kind, plural) in
-        [("Node", "nodes"), ("Replica", "replicas"), ("Shard", "shards"), ("BackingImage", "backingimages")]
-    {
-        bounded(apply_crd(&ns.client, &longhorn_crd(kind, plural))).await;
-    }
+    bounded(apply_longhorn_crds(&ns.client)).await;
     Some(ns)
 }
 

@@ -171,6 +171,46 @@ pub async fn apply_crds(client: &Client) {
     }
 }
 
+/// Longhorn's kinds that Ichor reads and writes (`longhorn.io/v1beta2`, namespaced), by
+/// kind and plural.
+pub const LONGHORN_KINDS: [(&str, &str); 4] =
+    [("Node", "nodes"), ("Replica", "replicas"), ("Shard", "shards"), ("BackingImage", "backingimages")];
+
+/// A stand-in for one of Longhorn's CRDs (Longhorn 1.12.1's manifests are not committed):
+/// its group, version, names and scope, no status subresource (a test writes a status as
+/// Longhorn's manager would), any content kept.
+///
+/// # Panics
+/// Never: the object is fixed.
+#[must_use]
+pub fn longhorn_crd(kind: &str, plural: &str) -> CustomResourceDefinition {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": format!("{plural}.longhorn.io") },
+        "spec": {
+            "group": "longhorn.io",
+            "scope": "Namespaced",
+            "names": { "kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List") },
+            "versions": [{
+                "name": "v1beta2", "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } }
+            }]
+        }
+    }))
+    .expect("a CRD")
+}
+
+/// Applies the stand-ins of [`LONGHORN_KINDS`] and waits until they are established.
+///
+/// # Panics
+/// As [`apply_crd`].
+pub async fn apply_longhorn_crds(client: &Client) {
+    for (kind, plural) in LONGHORN_KINDS {
+        apply_crd(client, &longhorn_crd(kind, plural)).await;
+    }
+}
+
 /// Applies one CRD (creating it when missing, replacing it when its schema differs) and
 /// waits until it is established: Ichor's own, or another system's minimal stand-in that a
 /// test brings (Longhorn's kinds).
