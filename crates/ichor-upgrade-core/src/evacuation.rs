@@ -105,7 +105,7 @@ pub struct EvacuationRecord {
 /// The message of `StorageEvacuation=True/Evacuating` for an evacuation of `node` asked
 /// for with the backend's scheduling from before it.
 #[must_use]
-pub fn opened_message(node: &str, before: Scheduling) -> String {
+fn opened_message(node: &str, before: Scheduling) -> String {
     format!("storage scheduling disabled on {node}; replicas asked to move{}", before.marker())
 }
 
