@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::{Process, TIME_SCALE, eventually};
-use ichor_adapters::kubernetes::crd::{TalosMachine, TalosOperation, TalosOperationSpec};
+use ichor_adapters::kubernetes::crd::{
+    TalosMachine, TalosOperation, TalosOperationSpec, TalosStorage, TalosStorageSpec,
+};
 use ichor_operator::{fleet, rbac};
 use ichor_testkit::kube::TestNamespace;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -450,13 +452,6 @@ async fn a_bad_kind_is_refused_with_a_warning_event() {
     scene.end().await;
 }
 
-/// Longhorn's kind `kind` (`plural`) in the scene's namespace, where its operator is told
-/// Longhorn runs.
-fn longhorn(scene: &Scene, kind: &str, plural: &str) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural);
-    Api::namespaced_with(scene.ns.client.clone(), &scene.ns.name, &resource)
-}
-
 /// The Longhorn Node with the engine's evacuation record, and the record.
 async fn recorded_evacuation(nodes: &Api<DynamicObject>) -> Option<(String, String)> {
     let list = nodes.list(&ListParams::default()).await.unwrap().items;
@@ -487,25 +482,17 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
     scene.fleet_up(3).await;
     let workers: Vec<String> = (1..=2).map(|i| format!("{}-worker-{i}.{}", fleet::CLUSTER, scene.ns.name)).collect();
     // Storage on this scene's workers: a TalosStorage, Longhorn's Nodes and a replica each.
-    let storage: Api<DynamicObject> = Api::namespaced_with(
-        scene.ns.client.clone(),
-        &scene.ns.name,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("ichor.dev", "v1alpha1", "TalosStorage"),
-            "talosstorages",
-        ),
-    );
-    let talos_storage: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "ichor.dev/v1alpha1", "kind": "TalosStorage",
-        "metadata": { "name": "longhorn" },
-        "spec": { "backend": "longhorn", "nodeSelector": {
-            "matchLabels": { fleet::FLEET_LABEL: scene.ns.name },
-            "matchExpressions": [{ "key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist" }],
-        } },
+    let storage: Api<TalosStorage> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let selector = serde_json::from_value(json!({
+        "matchLabels": { fleet::FLEET_LABEL: scene.ns.name },
+        "matchExpressions": [{ "key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist" }],
     }))
     .unwrap();
+    let talos_storage =
+        TalosStorage::new("longhorn", TalosStorageSpec { backend: "longhorn".into(), node_selector: selector });
     storage.create(&PostParams::default(), &talos_storage).await.unwrap();
-    let (nodes, replicas) = (longhorn(&scene, "Node", "nodes"), longhorn(&scene, "Replica", "replicas"));
+    let longhorn = |kind, plural| ichor_testkit::kube::longhorn_api(&scene.ns.client, &scene.ns.name, kind, plural);
+    let (nodes, replicas) = (longhorn("Node", "nodes"), longhorn("Replica", "replicas"));
     for (i, worker) in workers.iter().enumerate() {
         // The first worker was made unschedulable for storage by hand.
         let node: DynamicObject = serde_json::from_value(json!({

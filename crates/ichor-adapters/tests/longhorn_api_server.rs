@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use ichor_adapters::longhorn::{EVACUATION_ANNOTATION, FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_storage::{EvacuationRequest, StorageApi};
-use ichor_testkit::kube::{TestNamespace, apply_longhorn_crds};
+use ichor_testkit::kube::{TestNamespace, apply_longhorn_crds, longhorn_api};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 
 const BOUND: Duration = Duration::from_secs(60);
@@ -29,8 +29,7 @@ async fn longhorn_namespace(prefix: &str) -> Option<TestNamespace> {
 }
 
 fn api(ns: &TestNamespace, kind: &str, plural: &str) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural);
-    Api::namespaced_with(ns.client.clone(), &ns.name, &resource)
+    longhorn_api(&ns.client, &ns.name, kind, plural)
 }
 
 async fn create(api: &Api<DynamicObject>, object: Value) {

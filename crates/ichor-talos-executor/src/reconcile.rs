@@ -12,7 +12,9 @@ use futures::future::join_all;
 use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
-use ichor_upgrade_core::evacuation::{EvacuationState, STORAGE_EVACUATION, evacuation_state};
+use ichor_upgrade_core::evacuation::{
+    EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state, with_recorded_evacuation,
+};
 use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
@@ -1022,11 +1024,12 @@ async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceErro
         .await
         .map_err(|source| AdvanceError::StorageTimedOut { node: node.to_owned(), source })?
         .map_err(|source| AdvanceError::Storage { node: node.to_owned(), source: source.into() })?;
-    let storage = ichor_upgrade_core::evacuation::StorageObservation { recorded, ..Default::default() };
-    match crate::advance::seen_with_storage(ex, &o.machine, &storage, Some(node)) {
-        std::borrow::Cow::Owned(seen) => end_evacuation(ex, &seen, node, EvacuationEnd::Ended).await,
-        std::borrow::Cow::Borrowed(_) => Ok(()),
-    }
+    let storage = StorageObservation { recorded, ..StorageObservation::default() };
+    let Some(conditions) = with_recorded_evacuation(&o.machine.conditions, &storage, node, ex.clock.now()) else {
+        return Ok(());
+    };
+    let machine = MachineInfo { conditions, ..(*o.machine).clone() };
+    end_evacuation(ex, &machine, node, EvacuationEnd::Ended).await
 }
 
 /// Writes the operation's status, unless it is what was read: a pass that changed nothing

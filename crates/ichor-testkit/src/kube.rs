@@ -12,7 +12,7 @@ use std::time::Duration;
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, CustomResourceExt};
 
@@ -199,6 +199,13 @@ pub fn longhorn_crd(kind: &str, plural: &str) -> CustomResourceDefinition {
         }
     }))
     .expect("a CRD")
+}
+
+/// Longhorn's kind `kind` (`plural`) in `namespace` (where a test tells Ichor Longhorn runs).
+#[must_use]
+pub fn longhorn_api(client: &Client, namespace: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural);
+    Api::namespaced_with(client.clone(), namespace, &resource)
 }
 
 /// Applies the stand-ins of [`LONGHORN_KINDS`] and waits until they are established.
