@@ -113,8 +113,13 @@ ensure_deb_src() {
     APT_UPDATED=0 # the new entry needs its index
 }
 
+# Kubernetes 1.20.2 builds with Debian's Go 1.19. A newer Go first in PATH (the machines
+# carry Go 1.26 in /usr/local/go) fails on the vendored tree, so the build puts this one
+# first in PATH and never uses whichever `go` the machine has.
+GO119_BIN=/usr/lib/go-1.19/bin
+
 have_build_deps() {
-    command -v go >/dev/null 2>&1 &&
+    [ -x "$GO119_BIN/go" ] &&
         command -v etcd >/dev/null 2>&1 &&
         command -v rsync >/dev/null 2>&1 &&
         command -v openssl >/dev/null 2>&1 &&
@@ -149,7 +154,7 @@ cmd_build() {
     if have_build_deps; then
         log "build dependencies already installed"
     else
-        apt_install golang-go etcd-server golang-github-modern-go-reflect2-dev rsync openssl curl
+        apt_install golang-1.19-go etcd-server golang-github-modern-go-reflect2-dev rsync openssl curl
     fi
 
     # Step 3: the source package, in a temporary folder outside the repository.
@@ -198,7 +203,9 @@ cmd_build() {
     log "make WHAT=\"cmd/kube-apiserver cmd/kube-controller-manager\" (log: $work/make.log)"
     (
         cd "$src"
+        export PATH="$GO119_BIN:$PATH" GOROOT="${GO119_BIN%/bin}"
         export GOPROXY=off GOSUMDB=off GOTOOLCHAIN=local
+        log "go: $(command -v go) ($(go version))"
         export KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean
         make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >"$work/make.log" 2>&1
     ) || { tail -n 60 "$work/make.log" >&2; die "make failed"; }
