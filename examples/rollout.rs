@@ -77,7 +77,7 @@ struct Args {
     kubernetes: KubernetesVersion,
     /// Faults, comma-separated: ab-fallback, controller-crash, api-outage, evacuation-stuck,
     /// slow-reboot, pdb-blocked, etcd-lag, not-ready, call-lost, control-plane-not-ready,
-    /// snapshot-fails, pdb-zero, single-replica.
+    /// snapshot-fails, pdb-zero, single-replica, hold-during-install.
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<Fault>,
     /// Upgrade the cluster, or remove one node.

@@ -173,7 +173,9 @@ impl Context {
         let mut queues = self.backgrounds.lock().unwrap_or_else(PoisonError::into_inner);
         let limit = self.config.executor.prepull.limit;
         Arc::clone(
-            queues.entry((namespace.to_owned(), name.to_owned())).or_insert_with(|| Arc::new(JobQueue::new(limit))),
+            queues
+                .entry((namespace.to_owned(), name.to_owned()))
+                .or_insert_with(|| Arc::new(JobQueue::new(name, limit))),
         )
     }
 

@@ -665,6 +665,19 @@ impl ConditionStore for TracedKube<'_> {
         }
         Ok(())
     }
+
+    async fn write_conditions_at(
+        &self,
+        machine: &str,
+        resource_version: &str,
+        conditions: &Conditions,
+    ) -> Result<(), ConditionWriteError> {
+        self.inner.write_conditions_at(machine, resource_version, conditions).await?;
+        if let Some(r) = self.recorder {
+            r.conditions_seen(machine, conditions, true);
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -867,6 +880,7 @@ mod tests {
                 labels: Metadata::new(),
                 annotations: Metadata::new(),
                 conditions: Conditions::new(),
+                resource_version: None,
             };
             let pod = |name: &str| PodInfo {
                 namespace: "apps".to_owned(),
@@ -941,6 +955,14 @@ mod tests {
     #[async_trait]
     impl ConditionStore for Doubles {
         async fn write_conditions(&self, _machine: &str, _conditions: &Conditions) -> Result<(), ConditionWriteError> {
+            Ok(())
+        }
+        async fn write_conditions_at(
+            &self,
+            _machine: &str,
+            _resource_version: &str,
+            _conditions: &Conditions,
+        ) -> Result<(), ConditionWriteError> {
             Ok(())
         }
     }

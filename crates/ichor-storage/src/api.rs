@@ -105,6 +105,16 @@ pub struct ConditionWriteError {
 pub trait ConditionStore: Send + Sync {
     /// Replaces the machine's conditions with these.
     async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
+    /// Replaces the machine's conditions with these only if the machine is still at
+    /// `resource_version`, the version it was read at: a write authorised by that read
+    /// fails (a transient conflict) when anything changed the machine since, instead of
+    /// winning with what it read.
+    async fn write_conditions_at(
+        &self,
+        machine: &str,
+        resource_version: &str,
+        conditions: &Conditions,
+    ) -> Result<(), ConditionWriteError>;
 }
 
 /// A node's labels, by key.

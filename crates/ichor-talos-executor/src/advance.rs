@@ -468,6 +468,25 @@ pub(crate) async fn write_conditions(
     }
 }
 
+/// Writes the machine's conditions under the ordinary call bound, only if the machine is
+/// still at `resource_version` (the read that authorised the write).
+pub(crate) async fn write_conditions_at(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    resource_version: &str,
+    conditions: &Conditions,
+) -> Result<(), AdvanceError> {
+    let bound = ex.config.call_timeout;
+    match tokio::time::timeout(bound, ex.kube.write_conditions_at(&machine.name, resource_version, conditions)).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(AdvanceError::PatchConditions(ConditionWriteError {
+            machine: machine.name.clone(),
+            message: CallTimedOut { call: "write conditions", bound }.to_string(),
+            transient: true,
+        })),
+    }
+}
+
 pub(crate) fn failed(failure: &MachineFailure) -> MachineOutcome {
     MachineOutcome::Failed { reason: failure.reason().to_owned(), message: failure.to_string() }
 }

@@ -8,8 +8,20 @@
 //! (the install's intent before the stream, its outcome after), exactly as the pass would
 //! write it. A controller that dies takes its jobs with it; the next one finds the intent
 //! and installs again (decision 0010).
+//!
+//! # Authority (DESIGN §3.11, decision 0012)
+//! An install job carries the authority of the pass that submitted it and no more: before
+//! each side effect (the intent's write, the install call) it reads the operation, the
+//! Lease, the machine and its Node again and goes on only if that fresh read still
+//! authorises it ([`crate::lifecycle`]: not held, not paused, not deleting, the lock held,
+//! the machine still recorded as started), and it writes the intent under a precondition
+//! on the machine's resourceVersion as read then. A pass that stops the machine (a hold, a
+//! pause, a deletion) sets the job's [`StopFlag`] first, so the job ends before its next
+//! side effect even when no read would show it yet. A stopped job reports nothing: the
+//! machine is as the stop left it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ichor_upgrade_core::status::MachineOutcome;
@@ -19,18 +31,56 @@ use crate::advance::Executor;
 use crate::kube_api::MachineInfo;
 use crate::talos_api::PullRequest;
 
+/// The reason of the outcome of an install job that stopped before a side effect: not a
+/// step of the machine, so no pass records it.
+pub const INSTALL_STOPPED: &str = "InstallStopped";
+
+/// Set by a pass that stops a machine (a hold, a pause, a deletion): the machine's install
+/// job ends before its next side effect. Shared by the job and the queue; two flags are
+/// equal only if they are the same flag.
+#[derive(Debug, Clone, Default)]
+pub struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    /// Asks the job to stop before its next side effect.
+    pub fn stop(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether it was asked to stop.
+    #[must_use]
+    pub fn stopped(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl PartialEq for StopFlag {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for StopFlag {}
+
 /// Work handed out of a pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Job {
     /// A machine's lifecycle install: the pull (at once if the image is there), the
-    /// `TalosLifecycle` intent, `LifecycleService.Upgrade`, and its outcome written.
+    /// `TalosLifecycle` intent, `LifecycleService.Upgrade`, and its outcome written, each
+    /// side effect under an authority read again (see the module's doc).
     Install {
         /// The machine as the pass read it.
         machine: Arc<MachineInfo>,
+        /// Its node name, as the pass knew it.
+        node: Option<String>,
         /// The installer image.
         image: String,
         /// What the intent records.
         marker: UpgradeMarker,
+        /// The operation whose pass submitted it.
+        operation: String,
+        /// Set when a pass stops the machine.
+        stop: StopFlag,
     },
     /// A pull of the installer image onto a machine ahead of its turn. Nothing is written
     /// and a failure is no failure: the upgrade pulls again.
@@ -71,6 +121,11 @@ enum JobKind {
 
 /// Where a pass hands jobs, and learns which are under way.
 pub trait Background: Send + Sync {
+    /// The operation whose jobs these are.
+    fn operation(&self) -> &str;
+    /// A pass stops `machine` (a hold, a pause, a deletion): its install job, if one is
+    /// under way, ends before its next side effect.
+    fn stop_install(&self, machine: &str);
     /// A pass begins: until the next one, an install under way now counts as under way
     /// even if it ends meanwhile, since the pass read the machine before that end (and
     /// would otherwise take the intent it read for one left by a dead controller).
@@ -93,6 +148,7 @@ pub trait Background: Send + Sync {
 /// [`done`](JobQueue::done).
 #[derive(Debug)]
 pub struct JobQueue {
+    operation: String,
     prepull_limit: usize,
     state: Mutex<QueueState>,
 }
@@ -108,13 +164,16 @@ struct QueueState {
     prepulled: BTreeSet<String>,
     /// Outcomes of install jobs not yet seen by a pass.
     finished: Vec<(String, MachineOutcome)>,
+    /// The stop flag of each machine's install job under way.
+    stops: BTreeMap<String, StopFlag>,
 }
 
 impl JobQueue {
-    /// A queue allowing `prepull_limit` pre-pulls under way at once.
+    /// The queue of operation `operation`, allowing `prepull_limit` pre-pulls under way at
+    /// once.
     #[must_use]
-    pub fn new(prepull_limit: usize) -> Self {
-        Self { prepull_limit, state: Mutex::new(QueueState::default()) }
+    pub fn new(operation: &str, prepull_limit: usize) -> Self {
+        Self { operation: operation.to_owned(), prepull_limit, state: Mutex::new(QueueState::default()) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
@@ -133,8 +192,14 @@ impl JobQueue {
         if state.under_way.get(job.machine()) == Some(&job.kind()) {
             state.under_way.remove(job.machine());
         }
-        if let Job::Install { machine, .. } = job {
-            state.finished.push((machine.name.clone(), outcome));
+        if let Job::Install { machine, stop, .. } = job {
+            if state.stops.get(&machine.name) == Some(stop) {
+                state.stops.remove(&machine.name);
+            }
+            // A job that stopped before a side effect did nothing a pass must record.
+            if !matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == INSTALL_STOPPED) {
+                state.finished.push((machine.name.clone(), outcome));
+            }
         }
     }
 
@@ -151,6 +216,16 @@ impl JobQueue {
 }
 
 impl Background for JobQueue {
+    fn operation(&self) -> &str {
+        &self.operation
+    }
+
+    fn stop_install(&self, machine: &str) {
+        if let Some(stop) = self.lock().stops.get(machine) {
+            stop.stop();
+        }
+    }
+
     fn begin_pass(&self) {
         let mut state = self.lock();
         let installing =
@@ -176,6 +251,9 @@ impl Background for JobQueue {
         if job.kind() == JobKind::Prepull {
             state.prepulled.insert(machine.clone());
         }
+        if let Job::Install { stop, .. } = &job {
+            state.stops.insert(machine.clone(), stop.clone());
+        }
         state.under_way.insert(machine, job.kind());
         state.pending.push(job);
         true
@@ -198,8 +276,9 @@ impl Background for JobQueue {
 /// Carries a job out to its end: what a runner's task does with each job it takes.
 pub async fn run_job(ex: &Executor<'_>, job: &Job) -> MachineOutcome {
     match job {
-        Job::Install { machine, image, marker } => {
-            crate::lifecycle::install(ex, machine, image.clone(), marker.clone())
+        Job::Install { machine, node, image, marker, operation, stop } => {
+            let check = crate::lifecycle::JobCheck { operation, node: node.as_deref(), stop };
+            crate::lifecycle::install(ex, machine, image.clone(), marker.clone(), Some(&check))
                 .await
                 .unwrap_or_else(|e| e.outcome(ex.retry_at()))
         }
@@ -231,6 +310,7 @@ mod tests {
             labels: Default::default(),
             annotations: Default::default(),
             conditions: Default::default(),
+            resource_version: None,
         })
     }
 
@@ -241,7 +321,14 @@ mod tests {
             call_deadline: Timestamp::from_unix_secs(1),
             node: None,
         };
-        Job::Install { machine: machine(name), image: "i".into(), marker }
+        Job::Install {
+            machine: machine(name),
+            node: Some(name.into()),
+            image: "i".into(),
+            marker,
+            operation: "op".into(),
+            stop: StopFlag::default(),
+        }
     }
 
     fn prepull(name: &str) -> Job {
@@ -250,7 +337,7 @@ mod tests {
 
     #[test]
     fn one_install_per_machine_and_a_bound_on_pre_pulls() {
-        let queue = JobQueue::new(2);
+        let queue = JobQueue::new("op", 2);
         assert!(queue.submit(install("w1")));
         assert!(!queue.submit(install("w1")), "one install at a time per machine");
         assert!(queue.installing("w1"));
@@ -266,7 +353,7 @@ mod tests {
     fn a_pre_pull_that_ends_during_its_machines_install_leaves_the_install_under_way() {
         // Found by the restart property: the pre-pull's end freed the machine, and the next
         // pass installed it a second time.
-        let queue = JobQueue::new(2);
+        let queue = JobQueue::new("op", 2);
         let pulling = prepull("w1");
         assert!(queue.submit(pulling.clone()));
         assert!(queue.submit(install("w1")), "an install does not wait for its machine's pre-pull");
@@ -283,7 +370,7 @@ mod tests {
     fn an_install_that_ends_during_a_pass_counts_as_under_way_until_the_next() {
         // Found by the restart property: a pass read the machine's intent, the install ended
         // meanwhile, and the pass took the intent for one a dead controller left.
-        let queue = JobQueue::new(2);
+        let queue = JobQueue::new("op", 2);
         let job = install("w1");
         assert!(queue.submit(job.clone()));
         queue.begin_pass();
@@ -294,8 +381,25 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_reaches_the_machines_install_job_and_a_stopped_job_reports_nothing() {
+        let queue = JobQueue::new("op", 2);
+        let job = install("w1");
+        let Job::Install { stop, .. } = &job else { unreachable!() };
+        assert!(queue.submit(job.clone()));
+        queue.stop_install("w2");
+        assert!(!stop.stopped(), "another machine's stop");
+        queue.stop_install("w1");
+        assert!(stop.stopped());
+        let stopped =
+            MachineOutcome::Waiting { reason: INSTALL_STOPPED.into(), message: "held".into(), recheck_at: None };
+        queue.done(&job, stopped);
+        assert!(queue.take_finished().is_empty(), "nothing for a pass to record");
+        assert!(!queue.installing("w1"));
+    }
+
+    #[test]
     fn a_restart_forgets_every_job() {
-        let queue = JobQueue::new(2);
+        let queue = JobQueue::new("op", 2);
         assert!(queue.submit(install("w1")));
         queue.clear();
         assert!(!queue.installing("w1") && queue.take().is_empty() && queue.under_way() == 0);

@@ -79,6 +79,9 @@ pub struct MachineInfo {
     pub annotations: Metadata,
     /// Its conditions (`TalosUpgrade`, `StorageEvacuation`).
     pub conditions: Conditions,
+    /// The resourceVersion it was read at (`None` from a source that keeps none): the
+    /// precondition of a write this read authorises.
+    pub resource_version: Option<String>,
 }
 
 /// A `TalosCluster`, as far as an upgrade needs it.

@@ -9,14 +9,15 @@
 use std::sync::Arc;
 
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
+use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::lifecycle_step::{
     CORDONED_ANNOTATION, CordonState, DrainObservation, InstallExit, LifecycleAction, LifecycleInput, TALOS_LIFECYCLE,
     lifecycle_reads, lifecycle_step, reason,
 };
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole};
 use ichor_upgrade_core::removal_step::PodRef;
-use ichor_upgrade_core::rollout::CallAuthority;
-use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::rollout::{CallAuthority, Phase};
+use ichor_upgrade_core::status::{MachineOutcome, RecordState};
 use ichor_upgrade_core::talos_step::{
     Action, EtcdMembership, MachineFailure, MachineSpec, MachineWait, StepInput, TalosObservation, UpgradeTarget,
 };
@@ -25,7 +26,7 @@ use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 use crate::advance::{
     AdvanceError, Executor, bounded, carry_out, failed, node_observation, observe, talos_observation, write_condition,
 };
-use crate::background::Job;
+use crate::background::{INSTALL_STOPPED, Job, StopFlag};
 use crate::cause::report;
 use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
 use crate::removal::{drains, kube};
@@ -169,7 +170,14 @@ async fn carry_out_lifecycle(
         LifecycleAction::Install { image, marker } => match ex.background {
             // Out of the pass: the install's stream would hold every other machine.
             Some(background) => {
-                let job = Job::Install { machine: Arc::new(machine.clone()), image: image.clone(), marker };
+                let job = Job::Install {
+                    machine: Arc::new(machine.clone()),
+                    node: node_name.map(str::to_owned),
+                    image: image.clone(),
+                    marker,
+                    operation: background.operation().to_owned(),
+                    stop: StopFlag::default(),
+                };
                 let message = if background.submit(job) {
                     format!("installing {image}")
                 } else {
@@ -177,7 +185,7 @@ async fn carry_out_lifecycle(
                 };
                 waiting(&MachineWait::InstallUnderWay, message, ex)
             }
-            None => install(ex, machine, image, marker).await,
+            None => install(ex, machine, image, marker, None).await,
         },
         LifecycleAction::Cordon => {
             let Some(node_name) = node_name else { return Ok(name_unknown()) };
@@ -229,14 +237,129 @@ async fn write_lifecycle(
     write_condition(ex, machine, conditions, ConditionUpdate::new(TALOS_LIFECYCLE, status, reason, message)).await
 }
 
+/// What an install run outside its pass checks again before each side effect.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobCheck<'a> {
+    /// The operation whose pass submitted it.
+    pub(crate) operation: &'a str,
+    /// The machine's node name, as that pass knew it.
+    pub(crate) node: Option<&'a str>,
+    /// Set by a pass that stops the machine.
+    pub(crate) stop: &'a StopFlag,
+}
+
+/// Which side effect a job is about to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobStep {
+    /// The intent's write: from here the machine is past its call. Everything that denies
+    /// a start denies it.
+    Intent,
+    /// The install, after the intent: the machine is past its call, which a hold or a
+    /// pause does not interrupt; the lock and the operation must still be there, and the
+    /// machine not failed.
+    Install,
+}
+
+/// The machine as a fresh read shows it, if that read still authorises `step`; else why not.
+async fn job_authority(
+    ex: &Executor<'_>,
+    check: &JobCheck<'_>,
+    submitted: &MachineInfo,
+    step: JobStep,
+) -> Result<MachineInfo, String> {
+    if check.stop.stopped() {
+        return Err("a pass stopped the machine (a hold, a pause or a deletion)".to_owned());
+    }
+    let bound = ex.config.call_timeout;
+    let read =
+        |what: &'static str, e: String| format!("{what} could not be read again ({e}); nothing is done on an old read");
+    let op = match bounded("read operation", bound, ex.kube.operation(check.operation)).await {
+        Ok(Ok(Some(op))) => op,
+        Ok(Ok(None)) => return Err(format!("operation {} is gone", check.operation)),
+        Ok(Err(e)) => return Err(read("the operation", e.to_string())),
+        Err(e) => return Err(read("the operation", e.to_string())),
+    };
+    if op.deleting {
+        return Err(format!("operation {} is being deleted", check.operation));
+    }
+    let lease = match bounded("read Lease", bound, ex.kube.lease(&op.cluster)).await {
+        Ok(Ok(lease)) => lease,
+        Ok(Err(e)) => return Err(read("the Lease", e.to_string())),
+        Err(e) => return Err(read("the Lease", e.to_string())),
+    };
+    if lease.as_ref().and_then(|l| l.holder.as_deref()) != Some(op.identity.as_str()) {
+        return Err(format!("operation {} no longer holds the cluster lock", check.operation));
+    }
+    let name = &submitted.name;
+    let machine = match bounded("read machine", bound, ex.kube.machine(name)).await {
+        Ok(Ok(Some(machine))) => machine,
+        Ok(Ok(None)) => return Err(format!("TalosMachine {name} is gone")),
+        Ok(Err(e)) => return Err(read("the machine", e.to_string())),
+        Err(e) => return Err(read("the machine", e.to_string())),
+    };
+    let record = op.status.machines.get(name).map(|r| r.state);
+    if record == Some(RecordState::Failed) {
+        return Err(format!("machine {name} failed; only a resume touches it again"));
+    }
+    if step == JobStep::Install {
+        return Ok(machine);
+    }
+    if matches!(op.status.phase, Phase::Paused(_)) {
+        return Err(format!("operation {} is paused", check.operation));
+    }
+    if record != Some(RecordState::InProgress) {
+        return Err(format!("the operation no longer records machine {name} as started"));
+    }
+    let held = |annotations: &crate::kube_api::Metadata| annotations.contains_key(HOLD_ANNOTATION);
+    if held(&machine.annotations) {
+        return Err(format!("machine {name} is held"));
+    }
+    if let Some(node) = check.node {
+        match bounded("read Node", bound, ex.kube.node(node)).await {
+            Ok(Ok(Some(n))) if held(&n.annotations) => return Err(format!("Node {node} is held")),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(read("the Node", e.to_string())),
+            Err(e) => return Err(read("the Node", e.to_string())),
+        }
+    }
+    // The evacuation the pass saw is carried into the intent's write (decision 0011: it
+    // may be only in the storage backend's record, which the pass read). A stop that ended
+    // it dropped the machine's record above, and set the stop flag first.
+    let mut machine = machine;
+    if let Some(evacuation) = submitted.conditions.get(STORAGE_EVACUATION)
+        && !machine.conditions.is_true(STORAGE_EVACUATION)
+        && evacuation.status == ConditionStatus::True
+    {
+        machine.conditions.upsert(
+            ConditionUpdate::new(STORAGE_EVACUATION, evacuation.status, &evacuation.reason, evacuation.message.clone()),
+            evacuation.last_transition_time,
+        );
+    }
+    Ok(machine)
+}
+
+fn stopped(machine: &str, why: &str) -> Result<MachineOutcome, AdvanceError> {
+    tracing::info!(%machine, why, "install job stopped before its next side effect");
+    Ok(MachineOutcome::Waiting { reason: INSTALL_STOPPED.to_owned(), message: why.to_owned(), recheck_at: None })
+}
+
 /// The pull (no record: an image in the store is harmless, and a pull of one already there
 /// ends at once), the intent, the install under what is left of its bound, its outcome.
+/// Run outside its pass (`check` given), it checks its authority again against a fresh
+/// read before the intent and before the install, and writes the intent under a
+/// precondition on the machine's resourceVersion as read then.
 pub(crate) async fn install(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     image: String,
     mut marker: UpgradeMarker,
+    check: Option<&JobCheck<'_>>,
 ) -> Result<MachineOutcome, AdvanceError> {
+    if let Some(check) = check
+        && check.stop.stopped()
+    {
+        return stopped(&machine.name, "a pass stopped the machine before its pull");
+    }
     let bound = ex.config.step.upgrade_call;
     let pull = PullRequest { image: image.clone(), timeout: bound };
     match bounded("ImageService.Pull", bound, ex.talos.image_pull(&machine.address, &pull)).await {
@@ -247,6 +370,27 @@ pub(crate) async fn install(
         Ok(Err(e)) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {}", report(&e))))),
         Err(timed_out) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {timed_out}")))),
     }
+    // Outside a pass, the intent is written on what a fresh read shows, if it still
+    // authorises it, and only if nothing changed the machine since that read.
+    // An install asked for again under an intent finishes a machine already past its call
+    // (a hold or a pause does not interrupt it): it is checked as the install is.
+    let repeated = machine
+        .conditions
+        .get(TALOS_LIFECYCLE)
+        .is_some_and(|c| c.status == ConditionStatus::Unknown && c.reason == reason::INSTALL_INTENT);
+    let step = if repeated { JobStep::Install } else { JobStep::Intent };
+    let fresh;
+    let (machine, precondition) = match check {
+        Some(check) => match job_authority(ex, check, machine, step).await {
+            Ok(read) => {
+                fresh = read;
+                let version = fresh.resource_version.clone();
+                (&fresh, version)
+            }
+            Err(why) => return stopped(&machine.name, &why),
+        },
+        None => (machine, None),
+    };
     // The install's bound counts from now, after the pull.
     marker.call_deadline = ex.clock.now().saturating_add(bound);
     let mut conditions = machine.conditions.clone();
@@ -260,8 +404,21 @@ pub(crate) async fn install(
         conditions.remove(TALOS_LIFECYCLE);
     }
     let text = marker.to_string();
-    write_lifecycle(ex, machine, &mut conditions, ConditionStatus::Unknown, reason::INSTALL_INTENT, text.clone())
-        .await?;
+    let intent = ConditionUpdate::new(TALOS_LIFECYCLE, ConditionStatus::Unknown, reason::INSTALL_INTENT, text.clone());
+    match &precondition {
+        Some(version) => {
+            conditions.upsert(intent, ex.clock.now());
+            crate::advance::write_conditions_at(ex, machine, version, &conditions).await?;
+        }
+        None => write_condition(ex, machine, &mut conditions, intent).await?,
+    }
+    if let Some(check) = check
+        && let Err(why) = job_authority(ex, check, machine, JobStep::Install).await
+    {
+        // The intent stands: the machine is past its call, and a later pass finishes it
+        // under the authority it then has.
+        return stopped(&machine.name, &why);
+    }
     let left = marker.call_deadline.saturating_since(ex.clock.now()).min(bound);
     let request = InstallRequest { image, timeout: left };
     tracing::info!(machine = %machine.name, image = %request.image, "LifecycleService.Upgrade");

@@ -667,13 +667,36 @@ pub async fn reconcile_with(
             }),
             authority => authority,
         };
+        // One verdict authorises at most one disruptive control-plane step (the decision's
+        // grants count): a machine past its call first.
+        let mut spent: Option<String> = decision
+            .authority
+            .iter()
+            .chain(&decision.finish_authority)
+            .filter(|(_, a)| **a == CallAuthority::Granted)
+            .map(|(name, _)| name)
+            .find(|name| by_name.get(name.as_str()).is_some_and(|o| o.machine.role == MachineRole::ControlPlane))
+            .cloned();
+        let mut needs_gate = needs_gate;
+        needs_gate.sort_by_key(|&i| {
+            !by_name.get(advanced[i].0.as_str()).is_some_and(|o| machine_past_upgrade_call(&o.machine))
+        });
         for i in needs_gate {
             let name = advanced[i].0.clone();
-            let authority = gathered_or_denied(call_authority(&rollout_input, &name));
-            let finish = gathered_or_denied(finish_authority(&rollout_input, &name));
-            if let Some(o) = by_name.get(name.as_str()) {
-                advanced[i] = advance(o, (authority, finish)).await;
+            let Some(o) = by_name.get(name.as_str()) else { continue };
+            let mut authority = gathered_or_denied(call_authority(&rollout_input, &name));
+            let mut finish = gathered_or_denied(finish_authority(&rollout_input, &name));
+            let grants = authority == CallAuthority::Granted || finish == CallAuthority::Granted;
+            if grants && o.machine.role == MachineRole::ControlPlane {
+                match &spent {
+                    Some(on) if *on != name => {
+                        let denied = CallAuthority::Denied(CallDenied::GateSpent { on: on.clone() });
+                        (authority, finish) = (denied.clone(), denied);
+                    }
+                    _ => spent = Some(name.clone()),
+                }
             }
+            advanced[i] = advance(o, (authority, finish)).await;
         }
     }
     {
@@ -710,10 +733,15 @@ pub async fn reconcile_with(
     } else {
         status.next(op.generation, &decision, &outcomes)
     };
+    // A Completed operation stays as it was written, records and counts included: it is
+    // not judged again against a target that moved on since.
+    let terminal = op.status.phase == Phase::Completed
+        && decision.phase == Phase::Completed
+        && op.status.observed_generation == Some(op.generation);
     if snapshot.is_some() {
         next.etcd_snapshot.clone_from(&snapshot);
     }
-    if !removal {
+    if !removal && !terminal {
         // A machine converged before this pass is not advanced in it: the two add up.
         let converged_in_pass = |name: &str| outcomes.iter().any(|(n, o)| n == name && *o == MachineOutcome::Converged);
         let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count()
@@ -1013,6 +1041,11 @@ async fn write_lock(
 /// evacuation of a guessed name (which would leave the real node unschedulable), nor
 /// guessing that the backend holds none.
 async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceError> {
+    // Its install job, if one is under way, ends before its next side effect: first, so
+    // that nothing this pass ends below is put back by it.
+    if let Some(background) = ex.background {
+        background.stop_install(&o.machine.name);
+    }
     let Some(node) = o.node_name() else {
         return Err(AdvanceError::NodeNameUnknown { machine: o.machine.name.clone() });
     };

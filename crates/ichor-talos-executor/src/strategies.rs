@@ -63,6 +63,7 @@ impl ClusterObjects {
                 labels: m.labels(),
                 annotations: m.annotations(),
                 conditions: Conditions::default(),
+                resource_version: None,
             })
             .collect();
         let nodes = shape

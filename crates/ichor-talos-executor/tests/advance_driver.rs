@@ -89,6 +89,7 @@ fn machine(role: MachineRole) -> MachineInfo {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         conditions: Conditions::new(),
+        resource_version: None,
     }
 }
 

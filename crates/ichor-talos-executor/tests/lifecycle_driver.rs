@@ -45,6 +45,7 @@ fn machine(conditions: Conditions) -> MachineInfo {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         conditions,
+        resource_version: None,
     }
 }
 

@@ -36,6 +36,7 @@ fn worker(name: &str, hostname: Option<&str>, address: &str, conditions: Conditi
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         conditions,
+        resource_version: None,
     }
 }
 

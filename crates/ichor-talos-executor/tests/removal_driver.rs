@@ -32,6 +32,7 @@ fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         conditions: Conditions::new(),
+        resource_version: None,
     }
 }
 

@@ -532,6 +532,12 @@ pub enum CallDenied {
     },
     /// `spec.etcdSnapshot: Required` and no snapshot is recorded yet.
     EtcdSnapshotMissing,
+    /// The etcd gate's verdict of this pass already authorises another control plane: one
+    /// verdict authorises at most one disruptive control-plane step.
+    GateSpent {
+        /// The control plane it authorises.
+        on: String,
+    },
 }
 
 impl CallDenied {
@@ -548,6 +554,7 @@ impl CallDenied {
             Self::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
             Self::EtcdUnhealthy { .. } => "EtcdUnhealthy",
             Self::EtcdSnapshotMissing => "EtcdSnapshotMissing",
+            Self::GateSpent { .. } => "EtcdGateSpent",
         }
     }
 }
@@ -566,6 +573,9 @@ impl fmt::Display for CallDenied {
             }
             Self::EtcdUnhealthy { reason } => write!(f, "the etcd gate fails: {reason}"),
             Self::EtcdSnapshotMissing => f.write_str("no etcd snapshot is recorded (spec.etcdSnapshot: Required)"),
+            Self::GateSpent { on } => {
+                write!(f, "this pass's etcd gate verdict already authorises control plane {on} (one per verdict)")
+            }
         }
     }
 }
@@ -661,7 +671,42 @@ impl Decision {
             .collect();
         self.authority = authority;
         self.finish_authority = finish;
+        self.one_control_plane_per_verdict(input);
         self
+    }
+
+    /// One gate verdict authorises at most one disruptive control-plane step: of the
+    /// control planes granted in this pass, the first one already past its call (else the
+    /// first to start) keeps its grants; every other one is denied, naming it. The rules
+    /// keep one control plane in progress; this holds even when a race left two there.
+    fn one_control_plane_per_verdict(&mut self, input: &RolloutInput<'_>) {
+        let role_of = |name: &str| input.machines.iter().find(|m| m.name == name);
+        let granted = |d: &Self, name: &str| {
+            d.authority.get(name) == Some(&CallAuthority::Granted)
+                || d.finish_authority.get(name) == Some(&CallAuthority::Granted)
+        };
+        let past_call = |name: &str| {
+            role_of(name).is_some_and(|m| m.progress == MachineProgress::InProgress { past_upgrade_call: true })
+        };
+        let mut candidates: Vec<String> = self
+            .advance
+            .iter()
+            .chain(&self.start)
+            .filter(|name| role_of(name).is_some_and(|m| m.role == MachineRole::ControlPlane))
+            .filter(|name| granted(self, name))
+            .cloned()
+            .collect();
+        if candidates.len() < 2 {
+            return;
+        }
+        // Stable: past their call first, then in the decision's order.
+        candidates.sort_by_key(|name| !past_call(name));
+        let on = candidates[0].clone();
+        for name in &candidates[1..] {
+            let denied = CallAuthority::Denied(CallDenied::GateSpent { on: on.clone() });
+            self.authority.insert(name.clone(), denied.clone());
+            self.finish_authority.insert(name.clone(), denied);
+        }
     }
 
     /// The preflight gate, for a machine the rules would start now: whether to start it.
@@ -722,6 +767,14 @@ enum Plan<'a> {
 fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     let op = input.operation;
     let lock = LockState::observe(input);
+    // A terminal phase is terminal: a Completed operation is never judged again against a
+    // release set or a cluster that changed since (a release bump once turned one into
+    // Refused and wiped its records). Only a new generation of its spec, or its deletion,
+    // moves it.
+    if op.status.phase == Phase::Completed && op.status.observed_generation == Some(op.generation) && !op.deleting {
+        let action = if matches!(lock, LockState::Ours { .. }) { LockAction::Release } else { LockAction::Leave };
+        return Decision::new(action, Phase::Completed);
+    }
 
     let plan_of = if op.spec.is_removal() {
         match op.spec.validate_removal() {
@@ -747,10 +800,6 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     }
     if op.deleting {
         return wind_down(input, &lock, Phase::Waiting(WaitReason::WindingDown { machines: Vec::new() }));
-    }
-    if op.status.phase == Phase::Completed && op.status.observed_generation == Some(op.generation) {
-        let action = if matches!(lock, LockState::Ours { .. }) { LockAction::Release } else { LockAction::Leave };
-        return Decision::new(action, Phase::Completed);
     }
 
     let renewed_at = match lock {

@@ -165,6 +165,12 @@ impl OperationStatus {
             // in its own conditions and in the log, not rewritten into the operation's
             // status at every pass (a write per change of reason would cost the API server
             // more than the whole upgrade).
+            // A failure stands until a person resumes (the retry above drops its record):
+            // nothing the machine does meanwhile (an install that ended outside the pass,
+            // a later step) rewrites it, so a pause never lifts itself.
+            if next.machines.get(name).is_some_and(|r| r.state == RecordState::Failed) {
+                continue;
+            }
             let under_way = next.machines.get(name).is_some_and(|r| r.state == RecordState::InProgress);
             if under_way
                 && !track_waits
@@ -269,6 +275,25 @@ mod tests {
         // A snapshot's record is never held back like bookkeeping.
         let before = OperationStatus::default();
         assert!(!status.only_bookkeeping_since(&before));
+    }
+
+    #[test]
+    fn a_failure_stands_whatever_the_machine_reports_until_a_resume() {
+        // Seen in the simulator: a failed machine's install ended outside the pass, its
+        // outcome overwrote the failure, and the pause lifted itself.
+        let mut status = OperationStatus::default();
+        status.machines.insert("w".into(), record(RecordState::Failed));
+        let late = [
+            ("w".to_owned(), MachineOutcome::Progressed { action: "Installed" }),
+            ("w".to_owned(), MachineOutcome::Converged),
+        ];
+        let next = status.next(1, &decision(Phase::Progressing), &late);
+        assert_eq!(next.machines["w"].state, RecordState::Failed);
+        assert_eq!(next.machines["w"].message, "m", "the failure's own words");
+        let mut resume = decision(Phase::Progressing);
+        resume.retry = vec!["w".into()];
+        let retried = status.next(1, &resume, &[("w".to_owned(), MachineOutcome::Progressed { action: "Retry" })]);
+        assert_eq!(retried.machines["w"].state, RecordState::InProgress, "a resume retries it");
     }
 
     #[test]

@@ -132,6 +132,14 @@ impl ConditionStore for LosesWrites<'_> {
         }
         self.sim.write_conditions(machine, conditions).await
     }
+    async fn write_conditions_at(
+        &self,
+        machine: &str,
+        resource_version: &str,
+        conditions: &Conditions,
+    ) -> Result<(), ConditionWriteError> {
+        self.sim.write_conditions_at(machine, resource_version, conditions).await
+    }
 }
 
 #[async_trait]

@@ -418,8 +418,23 @@ impl KubeCluster {
     where
         K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
+        self.apply_status_at(api, kind, name, self.version(kind, name), status).await
+    }
+
+    /// As `apply_status`, under the precondition `version` (none: unconditional).
+    async fn apply_status_at<K>(
+        &self,
+        api: &Api<K>,
+        kind: &'static str,
+        name: &str,
+        version: Option<String>,
+        status: serde_json::Value,
+    ) -> Result<K, KubeError>
+    where
+        K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
         let mut metadata = json!({ "name": name });
-        if let Some(version) = self.version(kind, name) {
+        if let Some(version) = version {
             metadata["resourceVersion"] = json!(version);
         }
         let patch = json!({
@@ -528,6 +543,7 @@ fn machine_info(machine: &TalosMachine) -> MachineInfo {
         labels: metadata_map(machine.labels()),
         annotations: metadata_map(machine.annotations()),
         conditions: machine.status.as_ref().map(|s| from_kube_conditions(&s.conditions)).unwrap_or_default(),
+        resource_version: machine.resource_version(),
     }
 }
 
@@ -646,6 +662,25 @@ impl ConditionStore for KubeCluster {
         }
         let status = serde_json::to_value(TalosMachineStatus { conditions: desired }).unwrap_or_default();
         let written = self.apply_status(&self.machines_api(), MACHINE, machine, status).await;
+        keep_written(&self.written.machines, machine, written).map_err(failed)
+    }
+
+    async fn write_conditions_at(
+        &self,
+        machine: &str,
+        resource_version: &str,
+        conditions: &Conditions,
+    ) -> Result<(), ConditionWriteError> {
+        let failed = |e: KubeError| ConditionWriteError {
+            machine: machine.to_owned(),
+            transient: e.is_transient(),
+            message: e.to_string(),
+        };
+        let status =
+            serde_json::to_value(TalosMachineStatus { conditions: to_kube_conditions(conditions) }).unwrap_or_default();
+        let written = self
+            .apply_status_at(&self.machines_api(), MACHINE, machine, Some(resource_version.to_owned()), status)
+            .await;
         keep_written(&self.written.machines, machine, written).map_err(failed)
     }
 }

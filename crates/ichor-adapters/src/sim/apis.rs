@@ -438,6 +438,12 @@ impl TalosApi for SimCluster {
             let missing = format!("failed to pull image {}: not found", request.image);
             return self.talos("image_pull", node, |_, _| Err(TalosError::answer("NotFound", missing))).await;
         }
+        self.with_world_untouched(|w| {
+            if let Some(i) = w.node_index_by_address(node) {
+                let machine = w.nodes[i].name.clone();
+                w.arm_hold_during_install(&machine);
+            }
+        });
         self.pull_installer(node, &request.image).await;
         self.talos("image_pull", node, |w, i| {
             // Under the oracle a pull takes no time; its least time is counted in the reboot.
@@ -607,10 +613,40 @@ fn installer_version(w: &World, image: &str) -> Option<TalosVersion> {
 #[async_trait]
 impl ConditionStore for SimCluster {
     async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+        self.write_machine_conditions(machine, None, conditions).await
+    }
+
+    async fn write_conditions_at(
+        &self,
+        machine: &str,
+        resource_version: &str,
+        conditions: &Conditions,
+    ) -> Result<(), ConditionWriteError> {
+        self.write_machine_conditions(machine, Some(resource_version), conditions).await
+    }
+}
+
+impl SimCluster {
+    /// A write of a machine's conditions, under a precondition on its resourceVersion if
+    /// one is given (a [`KubeError::Conflict`] when the machine changed since).
+    async fn write_machine_conditions(
+        &self,
+        machine: &str,
+        expected: Option<&str>,
+        conditions: &Conditions,
+    ) -> Result<(), ConditionWriteError> {
         self.kube(KubeCall::ConditionWrite, |w| {
             let Some(i) = w.storage_node(machine) else {
                 return Err(KubeError::NotFound(format!("TalosMachine {machine}")));
             };
+            if let Some(expected) = expected
+                && w.machine_version(i) != expected
+            {
+                w.counters.conflicts += 1;
+                return Err(KubeError::Conflict(format!(
+                    "TalosMachine {machine} changed since it was read at resourceVersion {expected}"
+                )));
+            }
             if w.failing_condition_writes > 0 {
                 w.failing_condition_writes -= 1;
                 return Err(KubeError::Unreachable("the API server did not answer".to_owned()));

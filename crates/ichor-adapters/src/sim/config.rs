@@ -43,11 +43,16 @@ pub enum Fault {
     /// to two 10 to 30 minutes in (as an operator answering the Warning would): until
     /// then the preflight gate keeps that machine waiting.
     SingleReplica,
+    /// A person holds a machine at a drawn instant of its upgrade's start (within a minute
+    /// of its first installer pull, while the pull, the install job or the Upgrade call is
+    /// under way) and lifts the hold 2 to 10 minutes later: whatever runs for the machine
+    /// must stop before its next side effect unless the machine is past its call.
+    HoldDuringInstall,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 13] = [
+    pub const ALL: [Self; 14] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -61,6 +66,7 @@ impl Fault {
         Self::SnapshotFails,
         Self::PdbZero,
         Self::SingleReplica,
+        Self::HoldDuringInstall,
     ];
 
     /// The name on the command line.
@@ -80,6 +86,7 @@ impl Fault {
             Self::SnapshotFails => "snapshot-fails",
             Self::PdbZero => "pdb-zero",
             Self::SingleReplica => "single-replica",
+            Self::HoldDuringInstall => "hold-during-install",
         }
     }
 

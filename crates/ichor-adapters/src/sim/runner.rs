@@ -65,7 +65,7 @@ pub async fn run_operation(
     let mut preflight = PreflightWatch::new(sim.now());
     // Calls that outlive a pass (the lifecycle install, pre-pulls) run beside the passes, as
     // a controller's tasks do; they die with the controller.
-    let queue = JobQueue::new(config.prepull.limit);
+    let queue = JobQueue::new(name, config.prepull.limit);
     let job_ex =
         Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: None, background: None };
     let mut jobs = Jobs::new(&queue, job_ex);

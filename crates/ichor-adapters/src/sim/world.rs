@@ -321,6 +321,8 @@ pub struct CrashState {
 pub struct Counters {
     /// Writes to the Kubernetes API.
     pub kube_writes: u64,
+    /// Writes refused because the object changed since the read that authorised them.
+    pub conflicts: u64,
     /// Calls to the Talos API.
     pub talos_calls: u64,
     /// Of which, by the `TalosApi` method called.
@@ -437,6 +439,9 @@ pub struct World {
     pub pdb_zero_until: Option<Timestamp>,
     /// `reports/exporter` has one replica until then (the single-replica fault).
     pub single_replica_until: Option<Timestamp>,
+    /// The hold-during-install fault: the machine to hold and when, once drawn; then when
+    /// its hold is lifted.
+    pub hold_during_install: HoldDuringInstall,
     /// The next this many writes of a machine's conditions fail as if the API server were
     /// unreachable (tests set it to fail one write at a chosen moment).
     pub failing_condition_writes: u32,
@@ -463,6 +468,29 @@ pub struct World {
     /// What the controller's reads return, shared as a reflector's store shares its
     /// objects: by node index, rebuilt only when the object changed.
     read_cache: ReadCache,
+}
+
+/// Where the hold-during-install fault stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum HoldDuringInstall {
+    /// Not drawn yet (or the fault is off).
+    #[default]
+    Idle,
+    /// Machine `.0` is held at `.1`.
+    Armed(String, Timestamp),
+    /// Machine `.0` is held; the hold is lifted at `.1`.
+    Held(String, Timestamp),
+    /// Held and lifted.
+    Done,
+}
+
+impl HoldDuringInstall {
+    fn due(&self) -> Option<Timestamp> {
+        match self {
+            Self::Armed(_, t) | Self::Held(_, t) => Some(*t),
+            Self::Idle | Self::Done => None,
+        }
+    }
 }
 
 /// Talos's server-side drain bound (`DrainTimeout`, 5 min): past it the upgrade goes on,
@@ -749,6 +777,7 @@ impl World {
             pdb_blocked_until: None,
             pdb_zero_until: None,
             single_replica_until: None,
+            hold_during_install: HoldDuringInstall::Idle,
             failing_condition_writes: 0,
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),
             clock: None,
@@ -927,9 +956,71 @@ impl World {
             labels: self.machine_labels.get(&n.name).cloned().unwrap_or_default(),
             annotations: self.machine_annotations.get(&n.name).cloned().unwrap_or_default(),
             conditions: self.conditions.get(&n.name).cloned().unwrap_or_default(),
+            resource_version: Some(self.machine_version(i)),
         });
         self.read_cache.machines[i] = Some(Arc::clone(&info));
         info
+    }
+
+    /// Machine `i`'s resourceVersion: it changes with anything a write or a person changes
+    /// on its `TalosMachine` (labels, annotations, conditions), as the API server's does.
+    #[must_use]
+    pub fn machine_version(&self, i: usize) -> String {
+        use std::hash::{Hash, Hasher};
+        let name = &self.nodes[i].name;
+        let mut hasher = std::hash::DefaultHasher::new();
+        format!("{:?}", self.machine_labels.get(name)).hash(&mut hasher);
+        format!("{:?}", self.machine_annotations.get(name)).hash(&mut hasher);
+        format!("{:?}", self.conditions.get(name)).hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
+    }
+
+    /// The hold-during-install fault, at its first installer pull on a machine the
+    /// operation records as started: draws the instant of the hold, within a minute.
+    pub(crate) fn arm_hold_during_install(&mut self, machine: &str) {
+        if !self.config.has(Fault::HoldDuringInstall) || self.hold_during_install != HoldDuringInstall::Idle {
+            return;
+        }
+        let started = self.operations.values().any(|op| {
+            op.info
+                .status
+                .machines
+                .get(machine)
+                .is_some_and(|r| r.state == ichor_upgrade_core::status::RecordState::InProgress)
+        });
+        if started {
+            let after = Duration::from_millis(self.rng.in_range(0..=60_000));
+            self.hold_during_install = HoldDuringInstall::Armed(machine.to_owned(), self.now.saturating_add(after));
+        }
+    }
+
+    /// Places or lifts the fault's hold when due, as a person's edit the watch reports.
+    fn apply_hold_during_install(&mut self, now: Timestamp) {
+        let (next, hold) = match &self.hold_during_install {
+            HoldDuringInstall::Armed(machine, at) if *at <= now => {
+                let lift = Duration::from_secs(self.rng.in_range(120..=600));
+                (HoldDuringInstall::Held(machine.clone(), now.saturating_add(lift)), Some((machine.clone(), true)))
+            }
+            HoldDuringInstall::Held(machine, at) if *at <= now => {
+                (HoldDuringInstall::Done, Some((machine.clone(), false)))
+            }
+            _ => return,
+        };
+        self.hold_during_install = next;
+        let Some((machine, on)) = hold else { return };
+        let annotations = self.machine_annotations.entry(machine.clone()).or_default();
+        if on {
+            annotations
+                .insert(ichor_upgrade_core::operation::HOLD_ANNOTATION.to_owned(), "hold-during-install".to_owned());
+        } else {
+            annotations.remove(ichor_upgrade_core::operation::HOLD_ANNOTATION);
+        }
+        if let Some(i) = self.node_index(&machine)
+            && let Some(cached) = self.read_cache.machines.get_mut(i)
+        {
+            *cached = None;
+        }
+        self.watch_event();
     }
 
     /// Sets machine `i`'s conditions (a write through the API).
@@ -1469,6 +1560,7 @@ impl World {
         next = Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now));
         next = Timestamp::min_opt(next, self.pdb_zero_until.filter(|t| *t > self.now));
         next = Timestamp::min_opt(next, self.single_replica_until.filter(|t| *t > self.now));
+        next = Timestamp::min_opt(next, self.hold_during_install.due().map(|t| t.max(self.now)));
         debug_assert_eq!(next, self.scan_next_event(), "a node changed without being marked");
         next
     }
@@ -1505,6 +1597,7 @@ impl World {
         }
         next = Timestamp::min_opt(next, self.pdb_zero_until.filter(|t| *t > self.now));
         next = Timestamp::min_opt(next, self.single_replica_until.filter(|t| *t > self.now));
+        next = Timestamp::min_opt(next, self.hold_during_install.due().map(|t| t.max(self.now)));
         Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now))
     }
 
@@ -1531,6 +1624,7 @@ impl World {
             }
             self.changed(i);
         }
+        self.apply_hold_during_install(now);
         if let Some((from, until)) = self.outage {
             if now >= from && !self.outage_traced {
                 self.outage_traced = true;

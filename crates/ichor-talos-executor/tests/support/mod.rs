@@ -49,6 +49,12 @@ mock! {
     #[async_trait]
     impl ConditionStore for Kube {
         async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
+        async fn write_conditions_at(
+            &self,
+            machine: &str,
+            resource_version: &str,
+            conditions: &Conditions,
+        ) -> Result<(), ConditionWriteError>;
     }
     #[async_trait]
     impl KubeApi for Kube {

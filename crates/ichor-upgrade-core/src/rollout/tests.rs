@@ -257,6 +257,28 @@ fn rule1_the_lock_is_released_on_completion_and_completion_is_sticky() {
 }
 
 #[test]
+fn a_completed_operation_stays_completed_when_the_release_set_moves_on() {
+    // Seen on a real API server: an operation to v1.14.3 Completed 5/5 became Refused
+    // (TargetNotReleaseSet) at the next release bump, its records wiped.
+    let done = OperationStatus {
+        phase: Phase::Completed,
+        observed_generation: Some(1),
+        converged: 2,
+        ..OperationStatus::default()
+    };
+    let mut bumped = Fixture::cluster(1, 1).no_lease().status(done.clone());
+    bumped.release = "v1.14.5".into();
+    bumped.kubernetes = "not a version".into();
+    let d = bumped.decide();
+    assert_eq!((d.lock, d.phase), (LockAction::Leave, Phase::Completed), "terminal");
+    assert!(d.start.is_empty() && d.stop.is_empty() && d.advance.is_empty());
+    // Its deletion is still carried out (the finalizer is removed).
+    let mut deleted = Fixture::cluster(1, 1).no_lease().status(done);
+    deleted.op.deleting = true;
+    assert!(deleted.decide().finalized);
+}
+
+#[test]
 fn rule1_a_deleted_operation_releases_the_lock_once_nothing_is_in_flight() {
     let d = Fixture::cluster(3, 0).deleting().decide();
     assert_eq!(d.lock, LockAction::Release);
@@ -1098,4 +1120,22 @@ fn no_pre_pull_for_a_machine_held_under_way_failed_or_not_ready() {
     assert!(!d.prepull.iter().any(|m| ["worker-1", "worker-2", "worker-3"].contains(&m.as_str())), "{:?}", d.prepull);
     let paused = Fixture::cluster(3, 3).all_control_planes_converged().failed("worker-1", "x").decide();
     assert!(paused.prepull.is_empty(), "a paused operation pulls nothing ahead");
+}
+
+#[test]
+fn one_etcd_gate_verdict_authorises_one_control_plane() {
+    // Found by the review: cp-1 and cp-2, both installed and drained after a race, waited on
+    // the gate; the one verdict of a pass authorised both, and they rebooted 0.1 s apart.
+    let past = MachineProgress::InProgress { past_upgrade_call: true };
+    let f = Fixture::cluster(3, 0).with("cp-1", |m| m.progress = past.clone()).with("cp-2", |m| m.progress = past);
+    let d = f.decide();
+    let grants: Vec<&str> =
+        ["cp-1", "cp-2"].into_iter().filter(|m| d.finish_authority.get(*m) == Some(&CallAuthority::Granted)).collect();
+    assert_eq!(grants, vec!["cp-1"], "{:?}", d.finish_authority);
+    let spent = CallAuthority::Denied(CallDenied::GateSpent { on: "cp-1".into() });
+    assert_eq!(d.finish_authority.get("cp-2"), Some(&spent));
+    assert_eq!(d.authority.get("cp-2"), Some(&spent));
+    // Workers are not counted against it.
+    let w = Fixture::cluster(1, 2).max_unavailable(2).decide();
+    assert!(w.start.iter().all(|m| w.authority.get(m) == Some(&CallAuthority::Granted)), "{w:?}");
 }
