@@ -136,6 +136,10 @@ fn check_invariants(
         for node in &w.nodes {
             let events: Vec<_> = w.trace.iter().filter(|e| e.node == node.name).collect();
             let mut evacuating = false;
+            // An evacuation ended (a stop, a timeout) and not begun again: no install, no
+            // call and no reboot until it is (issue 29: a pause's stop ended an evacuation
+            // while the machine's install job, past its intent, installed and rebooted it).
+            let mut ended = false;
             for e in &events {
                 prop_assert!(
                     !(e.event == TraceKind::UpgradeCall && evacuating),
@@ -143,9 +147,21 @@ fn check_invariants(
                     node.name,
                     replay
                 );
+                let disruptive =
+                    matches!(e.event, TraceKind::UpgradeCall | TraceKind::InstallStart | TraceKind::RebootCall);
+                prop_assert!(
+                    !(disruptive && ended),
+                    "{} {:?} at {} s after its evacuation was ended\n{}",
+                    node.name,
+                    e.event,
+                    e.t,
+                    replay
+                );
                 match e.event {
-                    TraceKind::EvacuationStart => evacuating = true,
-                    TraceKind::Evacuated | TraceKind::EvacuationEnd => evacuating = false,
+                    TraceKind::EvacuationStart => (evacuating, ended) = (true, false),
+                    TraceKind::Evacuated => evacuating = false,
+                    TraceKind::EvacuationEnd => (evacuating, ended) = (false, true),
+                    TraceKind::Converged => ended = false,
                     _ => {}
                 }
             }
@@ -377,4 +393,18 @@ fn check_invariants(
 fn an_install_cut_off_by_an_api_outage_is_made_again() {
     let lifecycle = Executor { lifecycle: true, prepull: false };
     check_invariants(1, 59, 1, 6_373_846_157_584_119_075, &[Fault::ApiOutage, Fault::CallLost], lifecycle).unwrap();
+}
+
+/// Issue 29, item 2's run with no hold: worker-7's install job wrote its intent just before
+/// the pass that recorded worker-3's fallback wrote the pause; that pass had read worker-7
+/// before the intent, stopped it and ended its evacuation while the job installed, and
+/// worker-7 was rebooted with its storage no longer evacuated. A stop now learns from the
+/// job's flag that the job committed to its intent first, and leaves the machine alone.
+#[test]
+fn a_pause_that_crosses_an_install_jobs_intent_leaves_the_machines_evacuation_open() {
+    let executor = Executor { lifecycle: true, prepull: false };
+    let faults = [Fault::EtcdLag, Fault::AbFallback];
+    if let Err(e) = check_invariants(3, 26, 10, 397_070, &faults, executor) {
+        panic!("{e}");
+    }
 }

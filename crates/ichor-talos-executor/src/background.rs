@@ -21,7 +21,6 @@
 //! machine is as the stop left it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ichor_upgrade_core::status::MachineOutcome;
@@ -38,19 +37,47 @@ pub const INSTALL_STOPPED: &str = "InstallStopped";
 /// Set by a pass that stops a machine (a hold, a pause, a deletion): the machine's install
 /// job ends before its next side effect. Shared by the job and the queue; two flags are
 /// equal only if they are the same flag.
+///
+/// The job commits to its intent's write through the same flag ([`StopFlag::commit`]), so
+/// that a stop and the intent cannot cross: either the stop comes first and the job writes
+/// nothing, or the job committed first and the stop learns that the machine is past its
+/// call (its evacuation must not be ended under the install).
 #[derive(Debug, Clone, Default)]
-pub struct StopFlag(Arc<AtomicBool>);
+pub struct StopFlag(Arc<Mutex<FlagState>>);
+
+#[derive(Debug, Default)]
+struct FlagState {
+    stopped: bool,
+    committed: bool,
+}
 
 impl StopFlag {
-    /// Asks the job to stop before its next side effect.
-    pub fn stop(&self) {
-        self.0.store(true, Ordering::SeqCst);
+    fn state(&self) -> std::sync::MutexGuard<'_, FlagState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks the job to stop before its next side effect; `true` when it is too late for
+    /// the intent: the job committed to it, and the machine is to be taken as past its call.
+    pub fn stop(&self) -> bool {
+        let mut state = self.state();
+        state.stopped = true;
+        state.committed
+    }
+
+    /// The job is about to write its intent: `false` if a stop came first (it must not).
+    #[must_use]
+    pub fn commit(&self) -> bool {
+        let mut state = self.state();
+        if !state.stopped {
+            state.committed = true;
+        }
+        !state.stopped
     }
 
     /// Whether it was asked to stop.
     #[must_use]
     pub fn stopped(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.state().stopped
     }
 }
 
@@ -124,8 +151,9 @@ pub trait Background: Send + Sync {
     /// The operation whose jobs these are.
     fn operation(&self) -> &str;
     /// A pass stops `machine` (a hold, a pause, a deletion): its install job, if one is
-    /// under way, ends before its next side effect.
-    fn stop_install(&self, machine: &str);
+    /// under way, ends before its next side effect. `true` when the job already committed
+    /// to its intent: the machine is past its call, and the stop leaves it alone.
+    fn stop_install(&self, machine: &str) -> bool;
     /// A pass begins: until the next one, an install under way now counts as under way
     /// even if it ends meanwhile, since the pass read the machine before that end (and
     /// would otherwise take the intent it read for one left by a dead controller).
@@ -220,10 +248,8 @@ impl Background for JobQueue {
         &self.operation
     }
 
-    fn stop_install(&self, machine: &str) {
-        if let Some(stop) = self.lock().stops.get(machine) {
-            stop.stop();
-        }
+    fn stop_install(&self, machine: &str) -> bool {
+        self.lock().stops.get(machine).is_some_and(StopFlag::stop)
     }
 
     fn begin_pass(&self) {
@@ -386,15 +412,28 @@ mod tests {
         let job = install("w1");
         let Job::Install { stop, .. } = &job else { unreachable!() };
         assert!(queue.submit(job.clone()));
-        queue.stop_install("w2");
+        assert!(!queue.stop_install("w2"));
         assert!(!stop.stopped(), "another machine's stop");
-        queue.stop_install("w1");
+        assert!(!queue.stop_install("w1"), "not committed to its intent");
         assert!(stop.stopped());
+        assert!(!stop.commit(), "a stopped job writes no intent");
         let stopped =
             MachineOutcome::Waiting { reason: INSTALL_STOPPED.into(), message: "held".into(), recheck_at: None };
         queue.done(&job, stopped);
         assert!(queue.take_finished().is_empty(), "nothing for a pass to record");
         assert!(!queue.installing("w1"));
+    }
+
+    #[test]
+    fn a_stop_after_the_job_committed_to_its_intent_leaves_the_machine_past_its_call() {
+        // Seen in the simulator: a pause's stop ended worker-7's evacuation while its job,
+        // past the intent, installed and rebooted it with its storage no longer evacuated.
+        let queue = JobQueue::new("op", 2);
+        let job = install("w1");
+        let Job::Install { stop, .. } = &job else { unreachable!() };
+        assert!(queue.submit(job.clone()));
+        assert!(stop.commit(), "no stop yet");
+        assert!(queue.stop_install("w1"), "too late: the stop must leave the machine alone");
     }
 
     #[test]

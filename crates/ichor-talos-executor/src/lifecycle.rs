@@ -403,6 +403,12 @@ pub(crate) async fn install(
     if !again {
         conditions.remove(TALOS_LIFECYCLE);
     }
+    if let Some(check) = check
+        && !repeated
+        && !check.stop.commit()
+    {
+        return stopped(&machine.name, "a pass stopped the machine before its intent");
+    }
     let text = marker.to_string();
     let intent = ConditionUpdate::new(TALOS_LIFECYCLE, ConditionStatus::Unknown, reason::INSTALL_INTENT, text.clone());
     match &precondition {

@@ -1043,8 +1043,10 @@ async fn write_lock(
 async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceError> {
     // Its install job, if one is under way, ends before its next side effect: first, so
     // that nothing this pass ends below is put back by it.
-    if let Some(background) = ex.background {
-        background.stop_install(&o.machine.name);
+    // A job that committed to its intent first has made the machine past its call: the
+    // stop leaves it alone (its evacuation stays until the upgrade ends it).
+    if ex.background.is_some_and(|b| b.stop_install(&o.machine.name)) {
+        return Ok(());
     }
     let Some(node) = o.node_name() else {
         return Err(AdvanceError::NodeNameUnknown { machine: o.machine.name.clone() });
