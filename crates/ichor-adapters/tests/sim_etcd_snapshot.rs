@@ -203,3 +203,79 @@ async fn a_controller_killed_between_the_snapshot_and_its_record_takes_it_again_
         assert!(snapshots.iter().all(|t| *t <= first_cp_call), "{snapshots:?} vs {first_cp_call}");
     });
 }
+
+/// A store whose snapshot ends as control plane cp-3's Node turns NotReady (shown at once):
+/// the gate and the Nodes the pass read before the snapshot are stale by then.
+#[derive(Debug)]
+struct NotReadyAfterSnapshot {
+    inner: MemoryStore,
+    sim: Arc<SimCluster>,
+}
+
+struct NotReadySink {
+    inner: Box<dyn SnapshotSink>,
+    sim: Arc<SimCluster>,
+}
+
+#[async_trait::async_trait]
+impl SnapshotStore for NotReadyAfterSnapshot {
+    async fn begin(&self, name: &str) -> Result<Box<dyn SnapshotSink>, SnapshotStoreError> {
+        let inner = self.inner.begin(name).await?;
+        Ok(Box::new(NotReadySink { inner, sim: Arc::clone(&self.sim) }))
+    }
+
+    fn describe(&self) -> String {
+        "memory (cp-3 NotReady as the snapshot ends)".to_owned()
+    }
+}
+
+#[async_trait::async_trait]
+impl SnapshotSink for NotReadySink {
+    async fn write(&mut self, chunk: &[u8]) -> Result<(), SnapshotStoreError> {
+        self.inner.write(chunk).await
+    }
+
+    async fn finish(self: Box<Self>) -> Result<String, SnapshotStoreError> {
+        let location = self.inner.finish().await?;
+        self.sim.with_world(|w| {
+            let i = w.nodes.iter().position(|n| n.name == "cp-3").expect("cp-3");
+            let until = w.now.saturating_add(std::time::Duration::from_secs(600));
+            w.nodes[i].ready = false;
+            w.nodes[i].view.ready = false;
+            w.nodes[i].not_ready_until = Some(until);
+        });
+        Ok(location)
+    }
+
+    async fn abort(self: Box<Self>) {
+        self.inner.abort().await;
+    }
+}
+
+/// Issue 29, item 9: the gate and Node readiness were gathered before the snapshot (up to
+/// 30 minutes) and the first control plane was authorised from that verdict. Now the pass
+/// that records the snapshot ends there; the next one reads the gate and the Nodes again.
+#[tokio::test(start_paused = true)]
+async fn the_first_control_plane_waits_for_a_control_plane_that_went_not_ready_during_the_snapshot() {
+    let sim = Arc::new(SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(5)));
+    let store = NotReadyAfterSnapshot { inner: MemoryStore::default(), sim: Arc::clone(&sim) };
+    sim.set_snapshot_store(Arc::new(store));
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
+    assert_eq!(run(&sim).await, RunEnd::Completed);
+    sim.read_world(|w| {
+        let snapshot = w.trace.iter().find(|e| e.event == TraceKind::EtcdSnapshot).map(|e| e.t).expect("a snapshot");
+        let back = w
+            .trace
+            .iter()
+            .find(|e| e.node == "cp-3" && e.event == TraceKind::Ready && e.t > snapshot)
+            .map(|e| e.t)
+            .expect("cp-3 Ready again");
+        let first_cp_call = w
+            .trace
+            .iter()
+            .find(|e| e.event == TraceKind::UpgradeCall && e.role == "control-plane")
+            .map(|e| e.t)
+            .expect("a control plane's call");
+        assert!(first_cp_call > back, "first control plane called at {first_cp_call} s, cp-3 Ready again at {back} s");
+    });
+}

@@ -465,6 +465,20 @@ pub async fn reconcile_with(
             // a snapshot the status does not hold.
             let recorded = OperationStatus { etcd_snapshot: Some(state.clone()), ..op.status.clone() };
             write_status(ex, name, &op.status, &recorded).await?;
+            if state.taken().is_some() {
+                // The gate and the Nodes were read before the snapshot, which can take
+                // minutes: the first control plane is authorised by the next pass, which
+                // reads them again, never by this one's old verdict.
+                memory.keep_views(cache);
+                // The phase this pass decided (a resume's), which the next pass writes.
+                return Ok(ReconcileOutcome {
+                    phase: decision.phase.clone(),
+                    requeue_at: Some(ex.clock.now()),
+                    finished: false,
+                    preflight_blocked: blocked_lines(&decision),
+                    preflight_cleared: Vec::new(),
+                });
+            }
             let mut with_it = view.clone();
             with_it.status.etcd_snapshot = Some(state);
             recorded_view = Some(with_it);
