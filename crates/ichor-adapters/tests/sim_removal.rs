@@ -143,3 +143,34 @@ async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
         assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "released");
     });
 }
+
+/// Issue 29, item 7: in a removal operation, control planes removed earlier stayed among the
+/// control planes the etcd health check asked, and the wiped node's member list is
+/// unreadable: a second control-plane removal waited for ever (`EtcdUnhealthy: cp-5: member
+/// list unreadable`). `run_removal` filtered them; the operation's pass did not.
+#[tokio::test(start_paused = true)]
+async fn a_second_control_plane_removal_through_an_operation_completes() {
+    use ichor_adapters::sim::run_operation;
+    use ichor_upgrade_core::operation::OperationSpec;
+
+    let sim = cluster(5, 1, &[]);
+    let config = ExecutorConfig::default();
+    for machine in ["cp-5", "cp-4"] {
+        let name = format!("remove-{machine}");
+        let spec = OperationSpec {
+            preflight: None,
+            etcd_snapshot: None,
+            kind: "remove".into(),
+            target_version: String::new(),
+            max_unavailable: 1,
+            machine: Some(machine.into()),
+        };
+        sim.create_operation(&name, spec);
+        assert_eq!(run_operation(&sim, &name, &config, 2_000, |_| {}).await, RunEnd::Completed, "{machine}");
+    }
+    sim.with_world(|w| {
+        let members = w.nodes.iter().filter(|n| n.etcd.is_some()).count();
+        assert_eq!(members, 3, "two members left etcd");
+        assert!(w.nodes.iter().filter(|n| n.name == "cp-4" || n.name == "cp-5").all(|n| n.removed));
+    });
+}

@@ -584,9 +584,11 @@ pub async fn reconcile_with(
         .filter(|n| !decision.retry.contains(n))
         .filter_map(|n| by_name.get(n.as_str()).copied())
         .collect();
+    // A control plane removed earlier is no longer one (its node is wiped, its member gone):
+    // a removal keeps it observed, never asks its etcd.
     let control_planes: Vec<ControlPlane> = observed
         .iter()
-        .filter(|o| o.machine.role == MachineRole::ControlPlane)
+        .filter(|o| o.machine.role == MachineRole::ControlPlane && !is_removed(&o.machine.conditions))
         .filter_map(|o| {
             o.node_name().map(|node| ControlPlane { address: o.machine.address.clone(), node: node.to_owned() })
         })
