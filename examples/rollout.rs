@@ -77,7 +77,8 @@ struct Args {
     kubernetes: KubernetesVersion,
     /// Faults, comma-separated: ab-fallback, controller-crash, api-outage, evacuation-stuck,
     /// slow-reboot, pdb-blocked, etcd-lag, not-ready, call-lost, control-plane-not-ready,
-    /// snapshot-fails, pdb-zero, single-replica, hold-during-install.
+    /// snapshot-fails, pdb-zero, single-replica, hold-during-install, pause-during-install,
+    /// delete-during-install.
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<Fault>,
     /// Upgrade the cluster, or remove one node.
@@ -276,6 +277,7 @@ fn main() {
         RunEnd::Completed => "completed",
         RunEnd::Paused => "paused",
         RunEnd::Refused => "refused",
+        RunEnd::Deleted => "deleted",
         RunEnd::Stalled(_) | RunEnd::PassBound => "failed",
     };
     let why = Why::of(&sim, &end);

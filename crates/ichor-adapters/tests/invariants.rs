@@ -104,7 +104,8 @@ fn check_invariants(
     if control_planes == 2 {
         prop_assert_eq!(&end, &RunEnd::Refused, "two control planes are refused at planning\n{}", replay);
     } else {
-        prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused), "{:?}\n{}", end, replay);
+        let deleted = end == RunEnd::Deleted && faults.contains(&Fault::DeleteDuringInstall);
+        prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused) || deleted, "{:?}\n{}", end, replay);
     }
 
     sim.with_world(|w| -> Result<(), TestCaseError> {
@@ -355,6 +356,23 @@ fn check_invariants(
                 prop_assert!(
                     ready && !n.upgrading() && !n.unschedulable && n.scheduling && !n.cordoned_by_engine(),
                     "{} left unready, cordoned or unschedulable\n{}",
+                    n.name,
+                    replay
+                );
+            }
+            prop_assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "lock not released\n{}", replay);
+        }
+        if end == RunEnd::Deleted {
+            // A deletion winds down: machines not past their call stopped (evacuations
+            // ended), the others finished; nothing left half done, the lock released. A
+            // failed machine is left as it failed (cordoned), for a person to look at.
+            for n in &w.nodes {
+                if w.trace.iter().any(|e| e.node == n.name && e.event == TraceKind::Failed) {
+                    continue;
+                }
+                prop_assert!(
+                    !n.upgrading() && !n.cordoned_by_engine() && n.scheduling,
+                    "{} left mid-upgrade, cordoned or with storage scheduling off after a deletion\n{}",
                     n.name,
                     replay
                 );

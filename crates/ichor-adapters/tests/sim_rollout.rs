@@ -551,7 +551,7 @@ async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control
         let held_installs = std::cell::Cell::new(0_usize);
         let end = run_operation(&sim, "upgrade", &executor, 20_000, |sim| {
             sim.read_world(|w| {
-                if let ichor_adapters::sim::HoldDuringInstall::Held(machine, _) = &w.hold_during_install {
+                if let ichor_adapters::sim::StopDuringInstall::Held(machine, _) = &w.stop_during_install {
                     let installs = w.trace.iter().filter(|e| &e.node == machine && e.event == TraceKind::InstallStart);
                     held_installs.set(held_installs.get().max(installs.count()));
                 }
@@ -561,8 +561,8 @@ async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control
         assert_eq!(end, RunEnd::Completed, "seed {seed}");
         sim.with_world(|w| {
             assert_eq!(
-                w.hold_during_install,
-                ichor_adapters::sim::HoldDuringInstall::Done,
+                w.stop_during_install,
+                ichor_adapters::sim::StopDuringInstall::Done,
                 "seed {seed}: held, lifted"
             );
             assert_eq!(w.counters.max_control_planes_down, 1, "seed {seed}: one control plane at a time");
@@ -570,5 +570,77 @@ async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control
             assert_eq!(w.counters.min_etcd_voters, Some(2), "seed {seed}: quorum kept");
         });
         assert!(held_installs.get() <= 1, "seed {seed}: at most the install begun before the hold");
+    }
+}
+
+/// A 3 + 4 rollout on the lifecycle executor, a 3 GB installer, no pre-pulls, with `fault`:
+/// its end, the world, and the stop's machine and instant (as first seen armed).
+async fn stopped_during_an_install(fault: Fault, seed: u64) -> (RunEnd, SimCluster, String, f64) {
+    use ichor_adapters::sim::StopDuringInstall;
+    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    let mut config = SimConfig::new(3, 4, v("v1.14.3"), v("v1.14.4")).with_seed(seed).with_faults(vec![fault]);
+    config.registry.image_bytes = 3_000_000_000;
+    let sim = SimCluster::new(config);
+    sim.create_operation("upgrade", spec(1));
+    let executor = ExecutorConfig::default().with_executor(ExecutorChoice::Lifecycle).with_prepull(false);
+    let armed = std::cell::RefCell::new(None);
+    let end = run_operation(&sim, "upgrade", &executor, 20_000, |sim| {
+        sim.read_world(|w| {
+            if let StopDuringInstall::Armed(_, machine, at) = &w.stop_during_install
+                && armed.borrow().is_none()
+            {
+                *armed.borrow_mut() = Some((machine.clone(), at.saturating_since(w.start).as_secs_f64()));
+            }
+        });
+    })
+    .await;
+    let (machine, at) = armed.into_inner().expect("the stop was armed");
+    assert_eq!(sim.read_world(|w| w.stop_during_install.clone()), StopDuringInstall::Done, "seed {seed}: carried out");
+    (end, sim, machine, at)
+}
+
+/// Issue 29, items 1 and 5: a pause recorded while a machine's install job runs (its
+/// failure, as a pass records one). The job stops before its next side effect, the pause
+/// never lifts itself, and the failed machine is never cordoned or rebooted.
+#[tokio::test(start_paused = true)]
+async fn a_pause_during_an_install_job_stays_and_the_failed_machine_is_not_touched_again() {
+    for seed in 1..=4 {
+        let (end, sim, machine, at) = stopped_during_an_install(Fault::PauseDuringInstall, seed).await;
+        assert_eq!(end, RunEnd::Paused, "seed {seed}");
+        sim.with_world(|w| {
+            let after: Vec<_> = w
+                .trace
+                .iter()
+                .filter(|e| e.node == machine && e.t > at)
+                .filter(|e| matches!(e.event, TraceKind::Cordon | TraceKind::RebootCall | TraceKind::InstallStart))
+                .map(|e| (e.t, e.event))
+                .collect();
+            assert!(after.is_empty(), "seed {seed}: {machine} touched after its failure at {at} s: {after:?}");
+            assert!(matches!(w.operations["upgrade"].info.status.phase, ichor_upgrade_core::rollout::Phase::Paused(_)));
+            assert!(w.counters.max_control_planes_down <= 1, "seed {seed}");
+        });
+    }
+}
+
+/// Issue 29, item 1: the operation deleted while a machine's install job runs. It winds
+/// down: nothing is left mid-upgrade, cordoned by the engine or with storage scheduling
+/// off, and the lock is released.
+#[tokio::test(start_paused = true)]
+async fn a_deletion_during_an_install_job_winds_down_with_nothing_half_done() {
+    for seed in 1..=4 {
+        let (end, sim, _, _) = stopped_during_an_install(Fault::DeleteDuringInstall, seed).await;
+        assert_eq!(end, RunEnd::Deleted, "seed {seed}");
+        sim.with_world(|w| {
+            for n in &w.nodes {
+                assert!(
+                    !n.upgrading() && !n.cordoned_by_engine() && n.scheduling,
+                    "seed {seed}: {} left half done",
+                    n.name
+                );
+            }
+            assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "seed {seed}: lock released");
+            assert!(w.counters.max_control_planes_down <= 1, "seed {seed}");
+            assert!(w.nodes.iter().any(|n| n.version == v("v1.14.3")), "seed {seed}: the deletion stopped the rollout");
+        });
     }
 }

@@ -441,7 +441,7 @@ impl TalosApi for SimCluster {
         self.with_world_untouched(|w| {
             if let Some(i) = w.node_index_by_address(node) {
                 let machine = w.nodes[i].name.clone();
-                w.arm_hold_during_install(&machine);
+                w.arm_stop_during_install(&machine);
             }
         });
         self.pull_installer(node, &request.image).await;
@@ -701,8 +701,13 @@ impl KubeApi for SimCluster {
     }
 
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
-        self.kube(KubeCall::CachedRead, |w| Ok(w.operations.get(name).filter(|o| !o.finalized).map(|o| o.info.clone())))
-            .await
+        self.kube(KubeCall::CachedRead, |w| {
+            Ok(w.operations.get_mut(name).filter(|o| !o.finalized).map(|o| {
+                o.seen = o.version;
+                o.info.clone()
+            }))
+        })
+        .await
     }
 
     async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
@@ -852,11 +857,17 @@ impl KubeApi for SimCluster {
             let Some(before) = w.operations.get(name).map(|o| o.info.status.clone()) else {
                 return Err(KubeError::NotFound(format!("TalosOperation {name}")));
             };
+            if w.operations.get(name).is_some_and(|o| o.seen != o.version) {
+                w.counters.conflicts += 1;
+                return Err(KubeError::Conflict(format!("TalosOperation {name} changed since it was read")));
+            }
             trace_status_change(w, &before, status);
             let bytes = serde_json::to_vec(status).map_or(0, |v| v.len());
             w.counters.status_bytes_max = w.counters.status_bytes_max.max(bytes);
             if let Some(op) = w.operations.get_mut(name) {
                 op.info.status = status.clone();
+                op.version += 1;
+                op.seen = op.version;
             }
             Ok(())
         })

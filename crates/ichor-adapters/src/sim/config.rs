@@ -48,11 +48,20 @@ pub enum Fault {
     /// under way) and lifts the hold 2 to 10 minutes later: whatever runs for the machine
     /// must stop before its next side effect unless the machine is past its call.
     HoldDuringInstall,
+    /// The operation pauses at a drawn instant of a machine's upgrade start (within a
+    /// minute of its first installer pull): that machine's failure is recorded in the
+    /// operation's status, as a pass of the same controller would record it. Nobody
+    /// resumes: the run ends paused, and the failed machine is never touched again.
+    PauseDuringInstall,
+    /// A person deletes the operation at a drawn instant of a machine's upgrade start:
+    /// the operation winds down (machines not past their call stopped, the others finished)
+    /// and its finalizer is removed.
+    DeleteDuringInstall,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 16] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -67,6 +76,8 @@ impl Fault {
         Self::PdbZero,
         Self::SingleReplica,
         Self::HoldDuringInstall,
+        Self::PauseDuringInstall,
+        Self::DeleteDuringInstall,
     ];
 
     /// The name on the command line.
@@ -87,6 +98,8 @@ impl Fault {
             Self::PdbZero => "pdb-zero",
             Self::SingleReplica => "single-replica",
             Self::HoldDuringInstall => "hold-during-install",
+            Self::PauseDuringInstall => "pause-during-install",
+            Self::DeleteDuringInstall => "delete-during-install",
         }
     }
 

@@ -32,7 +32,7 @@ use ichor_upgrade_core::rollout::OperationStatus;
 pub use config::{Durations, Fault, Naming, Realism, Registry, SimConfig, Wake};
 pub use runner::{RunEnd, run_operation, run_removal};
 pub use trace::{TraceEvent, TraceKind};
-pub use world::{CLUSTER, HoldDuringInstall, SimOperation, World};
+pub use world::{CLUSTER, SimOperation, StopDuringInstall, StopKind, World};
 
 /// The simulated cluster. Cheap to share by reference; every call locks its world briefly.
 pub struct SimCluster {
@@ -109,7 +109,7 @@ impl SimCluster {
                 spec,
                 status: OperationStatus::default(),
             };
-            w.operations.insert(name.to_owned(), SimOperation { info, finalized: false });
+            w.operations.insert(name.to_owned(), SimOperation { info, finalized: false, version: 0, seen: 0 });
         });
     }
 

@@ -42,6 +42,8 @@ pub enum RunEnd {
     Stalled(Phase),
     /// The pass bound was reached: a livelock.
     PassBound,
+    /// The operation was deleted and its deletion carried out (its finalizer removed).
+    Deleted,
 }
 
 /// After a failed pass (an outage), the controller retries after this long, as a
@@ -366,6 +368,9 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
 
 /// Whether the run is over: completed, refused, or paused with nothing in flight.
 pub(crate) fn finished(sim: &SimCluster, name: &str, phase: &Phase) -> Option<RunEnd> {
+    if sim.with_world_untouched(|w| w.operations.get(name).is_some_and(|op| op.finalized)) {
+        return Some(RunEnd::Deleted);
+    }
     match phase {
         Phase::Completed => Some(RunEnd::Completed),
         Phase::Refused(_) => Some(RunEnd::Refused),

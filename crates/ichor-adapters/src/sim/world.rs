@@ -258,6 +258,11 @@ pub struct SimOperation {
     pub info: OperationInfo,
     /// Whether its finalizer was removed after deletion.
     pub finalized: bool,
+    /// Its resourceVersion: every write and edit changes it.
+    pub version: u64,
+    /// The version the controller last read or wrote: its status write is applied under
+    /// it, as `KubeCluster`'s is (a write by anyone else since makes it a conflict).
+    pub seen: u64,
 }
 
 /// A lifecycle install or reboot call the node carried out.
@@ -439,9 +444,9 @@ pub struct World {
     pub pdb_zero_until: Option<Timestamp>,
     /// `reports/exporter` has one replica until then (the single-replica fault).
     pub single_replica_until: Option<Timestamp>,
-    /// The hold-during-install fault: the machine to hold and when, once drawn; then when
-    /// its hold is lifted.
-    pub hold_during_install: HoldDuringInstall,
+    /// The hold-, pause- and delete-during-install faults: what stops which machine's start
+    /// and when, once drawn; then when a hold is lifted.
+    pub stop_during_install: StopDuringInstall,
     /// The next this many writes of a machine's conditions fail as if the API server were
     /// unreachable (tests set it to fail one write at a chosen moment).
     pub failing_condition_writes: u32,
@@ -470,24 +475,35 @@ pub struct World {
     read_cache: ReadCache,
 }
 
-/// Where the hold-during-install fault stands.
+/// What a stop-during-install fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopKind {
+    /// A person holds the machine, and lifts the hold later.
+    Hold,
+    /// The machine's failure is recorded: the operation pauses.
+    Pause,
+    /// A person deletes the operation.
+    Delete,
+}
+
+/// Where the stop-during-install faults stand.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum HoldDuringInstall {
-    /// Not drawn yet (or the fault is off).
+pub enum StopDuringInstall {
+    /// Not drawn yet (or no such fault is on).
     #[default]
     Idle,
-    /// Machine `.0` is held at `.1`.
-    Armed(String, Timestamp),
+    /// `.0` is done to machine `.1` at `.2`.
+    Armed(StopKind, String, Timestamp),
     /// Machine `.0` is held; the hold is lifted at `.1`.
     Held(String, Timestamp),
-    /// Held and lifted.
+    /// Done (and a hold lifted).
     Done,
 }
 
-impl HoldDuringInstall {
+impl StopDuringInstall {
     fn due(&self) -> Option<Timestamp> {
         match self {
-            Self::Armed(_, t) | Self::Held(_, t) => Some(*t),
+            Self::Armed(_, _, t) | Self::Held(_, t) => Some(*t),
             Self::Idle | Self::Done => None,
         }
     }
@@ -777,7 +793,7 @@ impl World {
             pdb_blocked_until: None,
             pdb_zero_until: None,
             single_replica_until: None,
-            hold_during_install: HoldDuringInstall::Idle,
+            stop_during_install: StopDuringInstall::Idle,
             failing_condition_writes: 0,
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),
             clock: None,
@@ -975,10 +991,23 @@ impl World {
         format!("{:016x}", hasher.finish())
     }
 
-    /// The hold-during-install fault, at its first installer pull on a machine the
-    /// operation records as started: draws the instant of the hold, within a minute.
-    pub(crate) fn arm_hold_during_install(&mut self, machine: &str) {
-        if !self.config.has(Fault::HoldDuringInstall) || self.hold_during_install != HoldDuringInstall::Idle {
+    /// The stop-during-install faults, at the first installer pull on a machine the
+    /// operation records as started: draws what is done (among the faults on) and when,
+    /// within a minute.
+    pub(crate) fn arm_stop_during_install(&mut self, machine: &str) {
+        if self.stop_during_install != StopDuringInstall::Idle {
+            return;
+        }
+        let kinds: Vec<StopKind> = [
+            (Fault::HoldDuringInstall, StopKind::Hold),
+            (Fault::PauseDuringInstall, StopKind::Pause),
+            (Fault::DeleteDuringInstall, StopKind::Delete),
+        ]
+        .into_iter()
+        .filter(|(f, _)| self.config.has(*f))
+        .map(|(_, k)| k)
+        .collect();
+        if kinds.is_empty() {
             return;
         }
         let started = self.operations.values().any(|op| {
@@ -989,38 +1018,90 @@ impl World {
                 .is_some_and(|r| r.state == ichor_upgrade_core::status::RecordState::InProgress)
         });
         if started {
+            let kind = kinds[self.rng.in_range(0..=(kinds.len() as u64 - 1)) as usize];
             let after = Duration::from_millis(self.rng.in_range(0..=60_000));
-            self.hold_during_install = HoldDuringInstall::Armed(machine.to_owned(), self.now.saturating_add(after));
+            self.stop_during_install =
+                StopDuringInstall::Armed(kind, machine.to_owned(), self.now.saturating_add(after));
         }
     }
 
-    /// Places or lifts the fault's hold when due, as a person's edit the watch reports.
-    fn apply_hold_during_install(&mut self, now: Timestamp) {
-        let (next, hold) = match &self.hold_during_install {
-            HoldDuringInstall::Armed(machine, at) if *at <= now => {
-                let lift = Duration::from_secs(self.rng.in_range(120..=600));
-                (HoldDuringInstall::Held(machine.clone(), now.saturating_add(lift)), Some((machine.clone(), true)))
+    /// Carries out the fault's stop when due (a person's edit, or a pass's record of a
+    /// failure, which the watch reports), and lifts a hold when due.
+    fn apply_stop_during_install(&mut self, now: Timestamp) {
+        match self.stop_during_install.clone() {
+            StopDuringInstall::Armed(kind, machine, at) if at <= now => {
+                self.stop_during_install = match kind {
+                    StopKind::Hold => {
+                        let lift = Duration::from_secs(self.rng.in_range(120..=600));
+                        self.set_hold(&machine, true);
+                        StopDuringInstall::Held(machine, now.saturating_add(lift))
+                    }
+                    StopKind::Pause => {
+                        self.record_failure(&machine);
+                        StopDuringInstall::Done
+                    }
+                    StopKind::Delete => {
+                        for op in self.operations.values_mut() {
+                            op.info.deleting = true;
+                            op.version += 1;
+                        }
+                        StopDuringInstall::Done
+                    }
+                };
+                self.watch_event();
             }
-            HoldDuringInstall::Held(machine, at) if *at <= now => {
-                (HoldDuringInstall::Done, Some((machine.clone(), false)))
+            StopDuringInstall::Held(machine, at) if at <= now => {
+                self.set_hold(&machine, false);
+                self.stop_during_install = StopDuringInstall::Done;
+                self.watch_event();
             }
-            _ => return,
-        };
-        self.hold_during_install = next;
-        let Some((machine, on)) = hold else { return };
-        let annotations = self.machine_annotations.entry(machine.clone()).or_default();
+            _ => {}
+        }
+    }
+
+    /// Holds machine `machine` (or lifts its hold), as a person's annotation does.
+    fn set_hold(&mut self, machine: &str, on: bool) {
+        let annotations = self.machine_annotations.entry(machine.to_owned()).or_default();
         if on {
             annotations
-                .insert(ichor_upgrade_core::operation::HOLD_ANNOTATION.to_owned(), "hold-during-install".to_owned());
+                .insert(ichor_upgrade_core::operation::HOLD_ANNOTATION.to_owned(), "stop-during-install".to_owned());
         } else {
             annotations.remove(ichor_upgrade_core::operation::HOLD_ANNOTATION);
         }
-        if let Some(i) = self.node_index(&machine)
+        if let Some(i) = self.node_index(machine)
             && let Some(cached) = self.read_cache.machines.get_mut(i)
         {
             *cached = None;
         }
-        self.watch_event();
+    }
+
+    /// Records machine `machine`'s failure in every operation's status that has it
+    /// started, pausing it, as a pass of the controller records one.
+    fn record_failure(&mut self, machine: &str) {
+        use ichor_upgrade_core::rollout::{FailedMachine, PauseReason, Phase};
+        use ichor_upgrade_core::status::{MachineRecord, RecordState};
+        let reason = "a failure recorded by the pause-during-install fault".to_owned();
+        for op in self.operations.values_mut() {
+            let status = &mut op.info.status;
+            if !status.machines.get(machine).is_some_and(|r| r.state == RecordState::InProgress) {
+                continue;
+            }
+            let record = MachineRecord {
+                state: RecordState::Failed,
+                reason: "FaultInjected".to_owned(),
+                message: reason.clone(),
+                recheck_at: None,
+            };
+            status.machines.insert(machine.to_owned(), record);
+            let failed = status
+                .machines
+                .iter()
+                .filter(|(_, r)| r.state == RecordState::Failed)
+                .map(|(name, r)| FailedMachine { name: name.clone(), reason: r.message.clone() })
+                .collect();
+            status.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
+            op.version += 1;
+        }
     }
 
     /// Sets machine `i`'s conditions (a write through the API).
@@ -1560,7 +1641,7 @@ impl World {
         next = Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now));
         next = Timestamp::min_opt(next, self.pdb_zero_until.filter(|t| *t > self.now));
         next = Timestamp::min_opt(next, self.single_replica_until.filter(|t| *t > self.now));
-        next = Timestamp::min_opt(next, self.hold_during_install.due().map(|t| t.max(self.now)));
+        next = Timestamp::min_opt(next, self.stop_during_install.due().map(|t| t.max(self.now)));
         debug_assert_eq!(next, self.scan_next_event(), "a node changed without being marked");
         next
     }
@@ -1597,7 +1678,7 @@ impl World {
         }
         next = Timestamp::min_opt(next, self.pdb_zero_until.filter(|t| *t > self.now));
         next = Timestamp::min_opt(next, self.single_replica_until.filter(|t| *t > self.now));
-        next = Timestamp::min_opt(next, self.hold_during_install.due().map(|t| t.max(self.now)));
+        next = Timestamp::min_opt(next, self.stop_during_install.due().map(|t| t.max(self.now)));
         Timestamp::min_opt(next, self.pdb_blocked_until.filter(|t| *t > self.now))
     }
 
@@ -1624,7 +1705,7 @@ impl World {
             }
             self.changed(i);
         }
-        self.apply_hold_during_install(now);
+        self.apply_stop_during_install(now);
         if let Some((from, until)) = self.outage {
             if now >= from && !self.outage_traced {
                 self.outage_traced = true;
