@@ -644,3 +644,41 @@ async fn a_deletion_during_an_install_job_winds_down_with_nothing_half_done() {
         });
     }
 }
+
+/// Issue 29, item 13: the cluster lock compared the time another replica's wall clock wrote
+/// in the Lease with this one's: a holder whose clock runs 10 minutes behind had its live
+/// lock taken over at once. A holder is now judged as leader election judges one: its
+/// record unchanged for a whole lease duration on this controller's own clock.
+#[tokio::test(start_paused = true)]
+async fn a_live_holders_lease_written_by_a_skewed_clock_is_taken_over_only_after_a_whole_duration_unchanged() {
+    use ichor_talos_executor::kube_api::LeaseInfo;
+    use ichor_upgrade_core::Timestamp;
+    let sim = SimCluster::new(SimConfig::new(1, 1, v("v1.14.3"), v("v1.14.4")).with_seed(3));
+    sim.create_operation("other", spec(1));
+    sim.create_operation("upgrade", spec(1));
+    let duration = std::time::Duration::from_secs(120);
+    let other = sim.with_world(|w| {
+        let other = w.operations["other"].info.identity.clone();
+        let skewed = Timestamp::from_unix_millis(w.now.unix_millis() - 600_000);
+        w.lease = Some(LeaseInfo {
+            holder: Some(other.clone()),
+            renewed_at: skewed,
+            duration,
+            resource_version: "41".into(),
+        });
+        other
+    });
+    let taken_at = std::cell::Cell::new(None);
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 5_000, |sim| {
+        sim.read_world(|w| {
+            let ours = w.lease.as_ref().and_then(|l| l.holder.as_deref()) != Some(other.as_str());
+            if ours && taken_at.get().is_none() {
+                taken_at.set(Some(w.now.saturating_since(w.start)));
+            }
+        });
+    })
+    .await;
+    assert_eq!(end, RunEnd::Completed);
+    let taken_at = taken_at.get().expect("taken over");
+    assert!(taken_at >= duration, "taken over after {taken_at:?}, before a whole lease duration unchanged");
+}

@@ -162,6 +162,9 @@ pub struct PassMemory {
     /// When the last pass started, and whether it asked to look again at once (see
     /// [`PassMemory::defer_pass`]).
     last_pass: Mutex<Option<(Timestamp, bool)>>,
+    /// The cluster Lease's resourceVersion as last read, and since when (on this
+    /// controller's clock) it has been read unchanged.
+    lease_seen: Mutex<Option<(String, Timestamp)>>,
 }
 
 /// The machine views of the last pass, with what each was built from.
@@ -253,6 +256,22 @@ impl PassMemory {
         *self.held() = None;
         self.take_storage_changed();
         *self.last_pass.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.lease_seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Since when, on this controller's clock, the Lease has been read at `version`: `now`
+    /// when it changed since the last read (or none was made). Another holder's lease runs
+    /// out only once its record stood unchanged for its whole duration by this clock, never
+    /// by the time another replica's clock wrote in it.
+    fn lease_unchanged_since(&self, version: &str, now: Timestamp) -> Timestamp {
+        let mut seen = self.lease_seen.lock().unwrap_or_else(PoisonError::into_inner);
+        match seen.as_ref() {
+            Some((v, since)) if v == version => *since,
+            _ => {
+                *seen = Some((version.to_owned(), now));
+                now
+            }
+        }
     }
 
     /// Whether a pass may start at `now`, [`ExecutorConfig::pass_interval`] after the last
@@ -348,7 +367,9 @@ impl Observed {
     }
 }
 
-/// One pass of the operation `name`.
+/// One pass of the operation `name`, with a memory of its own: it never sees another
+/// holder's Lease unchanged for long, so it takes over only a Lease whose holder is gone
+/// (use [`reconcile_with`] across passes for the rest).
 ///
 /// # Errors
 /// A [`ReconcileError`] when the operation, its cluster or its Lease could not be read or
@@ -390,7 +411,14 @@ pub async fn reconcile_with(
                 || kube_call(ex, "read Lease holder", ex.kube.operation_exists(&identity))
                     .await
                     .map_err(read_cluster)?;
-            Some(LeaseHolder { identity, renewed_at: l.renewed_at, lease_duration: l.duration, holder_exists: exists })
+            // Our own Lease carries the time we wrote; another holder's is judged by how
+            // long this controller has seen it unchanged.
+            let renewed_at = if identity == op.identity {
+                l.renewed_at
+            } else {
+                memory.lease_unchanged_since(&l.resource_version, ex.clock.now())
+            };
+            Some(LeaseHolder { identity, renewed_at, lease_duration: l.duration, holder_exists: exists })
         }
         None => None,
     };

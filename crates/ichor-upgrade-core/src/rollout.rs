@@ -68,7 +68,11 @@ impl Default for RolloutConfig {
 pub struct LeaseHolder {
     /// The holder's identity (an operation's [`OperationView::identity`]).
     pub identity: String,
-    /// When the holder last acquired or renewed the Lease.
+    /// When the holder last acquired or renewed the Lease. For a holder other than the
+    /// operation deciding, the caller passes since when it has seen the Lease's record
+    /// unchanged, on its own clock, never the time the holder wrote: replicas' clocks
+    /// differ, and a holder is judged as leader election judges one (its record unchanged
+    /// for a whole lease duration).
     pub renewed_at: Timestamp,
     /// The Lease's duration as written by its holder.
     pub lease_duration: Duration,
