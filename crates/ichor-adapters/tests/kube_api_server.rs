@@ -13,6 +13,7 @@ use ichor_talos_executor::kube_api::{EventType, Eviction, KubeApi, KubeError, Le
 use ichor_testkit::kube::TestNamespace;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordoned_since};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -410,7 +411,8 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
     })
     .await;
     let kube = kube_cluster(&ns).await;
-    kube.cordon(&node_name).await.unwrap();
+    let cordoned_at = Timestamp::from_unix_secs(1_767_225_600);
+    kube.cordon(&node_name, cordoned_at).await.unwrap();
     eventually(|| {
         kube.stores()
             .nodes
@@ -418,6 +420,10 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
             .is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
     })
     .await;
+    // The cordon records when it was made: the drain's clock starts there.
+    let node = kube.stores().nodes.get(&kube::runtime::reflector::ObjectRef::new(&node_name)).unwrap();
+    let recorded = node.metadata.annotations.as_ref().and_then(|a| a.get(CORDONED_ANNOTATION)).cloned();
+    assert_eq!(recorded.as_deref().and_then(cordoned_since), Some(cordoned_at), "{recorded:?}");
     let on_node = kube.pods_on(&node_name).await.unwrap();
     assert_eq!(on_node.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), vec!["invoice-worker"]);
     let blocked = kube.evict(&ns.name, "invoice-worker").await.unwrap();

@@ -747,8 +747,8 @@ impl KubeApi for TracedKube<'_> {
         }
         Ok(machine)
     }
-    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
-        self.inner.cordon(node).await?;
+    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
+        self.inner.cordon(node, at).await?;
         if let Some(r) = self.recorder {
             r.node_event(node, TraceKind::Cordon);
         }
@@ -1002,7 +1002,7 @@ mod tests {
         async fn machine(&self, _name: &str) -> Result<Option<MachineInfo>, KubeError> {
             refused()
         }
-        async fn cordon(&self, _node: &str) -> Result<(), KubeError> {
+        async fn cordon(&self, _node: &str, _at: Timestamp) -> Result<(), KubeError> {
             Ok(())
         }
         async fn uncordon(&self, _node: &str) -> Result<(), KubeError> {
@@ -1147,7 +1147,7 @@ mod tests {
         let pull = PullRequest { image: "installer:v1.14.3".to_owned(), timeout: std::time::Duration::from_secs(60) };
         talos.image_pull(ADDRESS, &pull).await.unwrap();
         talos.image_pull(ADDRESS, &pull).await.unwrap();
-        kube.cordon(node).await.unwrap();
+        kube.cordon(node, Timestamp::from_unix_secs(1)).await.unwrap();
         for pod in kube.pods_on(node).await.unwrap() {
             kube.evict(&pod.namespace, &pod.name).await.unwrap();
         }

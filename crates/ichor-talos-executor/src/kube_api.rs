@@ -248,7 +248,9 @@ pub trait KubeApi: ConditionStore {
     /// Cordons a Node: `spec.unschedulable=true` and the annotation
     /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION), in
     /// one write, so that only the engine's own cordon is ever lifted.
-    async fn cordon(&self, node: &str) -> Result<(), KubeError>;
+    /// `at` is when: the annotation's value records it
+    /// ([`cordon_annotation`](ichor_upgrade_core::lifecycle_step::cordon_annotation)).
+    async fn cordon(&self, node: &str, at: ichor_upgrade_core::Timestamp) -> Result<(), KubeError>;
     /// Lifts the engine's cordon: `spec.unschedulable=false` and the annotation removed, in
     /// one write. The caller checks the annotation first: a person's cordon stays.
     async fn uncordon(&self, node: &str) -> Result<(), KubeError>;

@@ -12,7 +12,7 @@ use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::lifecycle_step::{
     CORDONED_ANNOTATION, CordonState, DrainObservation, InstallExit, LifecycleAction, LifecycleInput, TALOS_LIFECYCLE,
-    lifecycle_reads, lifecycle_step, reason,
+    cordoned_since, lifecycle_reads, lifecycle_step, reason,
 };
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole};
 use ichor_upgrade_core::removal_step::PodRef;
@@ -90,6 +90,7 @@ pub(crate) async fn advance(
     let cordon = node.map_or_else(CordonState::default, |n| CordonState {
         unschedulable: n.unschedulable,
         by_ichor: n.annotations.contains_key(CORDONED_ANNOTATION),
+        since: n.annotations.get(CORDONED_ANNOTATION).and_then(|v| cordoned_since(v)),
     });
     let observation = node.map(node_observation);
     let spec = MachineSpec { name: machine.name.clone(), role: machine.role };
@@ -189,7 +190,7 @@ async fn carry_out_lifecycle(
         },
         LifecycleAction::Cordon => {
             let Some(node_name) = node_name else { return Ok(name_unknown()) };
-            kube(ex, "cordon", ex.kube.cordon(node_name)).await?;
+            kube(ex, "cordon", ex.kube.cordon(node_name, ex.clock.now())).await?;
             progressed("Cordon")
         }
         LifecycleAction::Uncordon => {

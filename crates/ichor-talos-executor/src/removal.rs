@@ -208,7 +208,7 @@ async fn carry_out(
             })
         }
         RemovalAction::Cordon => {
-            kube(ex, "cordon", ex.kube.cordon(node_name)).await?;
+            kube(ex, "cordon", ex.kube.cordon(node_name, ex.clock.now())).await?;
             progressed("Cordon")
         }
         RemovalAction::Evict { pods } => {

@@ -200,7 +200,7 @@ async fn a_pull_the_registry_refuses_fails_before_anything_is_written() {
 async fn an_installed_machine_is_cordoned_with_the_engines_annotation() {
     let mut world = World::new(node(false, false));
     world.kube.expect_pods_on().returning(|_| Ok(Vec::new()));
-    world.kube.expect_cordon().with(eq("worker-1")).times(1).returning(|_| Ok(()));
+    world.kube.expect_cordon().with(eq("worker-1"), eq(NOW)).times(1).returning(|_, _| Ok(()));
     let outcome =
         world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
     assert_eq!(outcome, MachineOutcome::Progressed { action: "Cordon" });

@@ -20,7 +20,7 @@ use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::predicate::eq;
 
-use crate::support::{FixedClock, MockKube, MockStorage, MockTalos};
+use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 use ichor_talos_executor::Clock;
 
 fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
@@ -101,7 +101,7 @@ impl World {
 #[tokio::test]
 async fn an_uncordoned_node_is_cordoned_first() {
     let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
-    world.kube.expect_cordon().with(eq("worker-2")).times(1).returning(|_| Ok(()));
+    world.kube.expect_cordon().with(eq("worker-2"), eq(NOW)).times(1).returning(|_, _| Ok(()));
     world.kube.expect_evict().never();
     let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
     assert_eq!(outcome, MachineOutcome::Progressed { action: "Cordon" });

@@ -60,7 +60,22 @@ use crate::versions::TalosVersion;
 pub const TALOS_LIFECYCLE: &str = "TalosLifecycle";
 
 /// The Node annotation the engine's cordon carries, so that only its own cordon is lifted.
+/// Its value records when the engine cordoned ([`cordon_annotation`]); an older engine
+/// wrote `true`.
 pub const CORDONED_ANNOTATION: &str = "ichor.dev/cordoned";
+
+/// The value of [`CORDONED_ANNOTATION`] for a cordon made at `at`: `since=<Unix ms>`.
+#[must_use]
+pub fn cordon_annotation(at: Timestamp) -> String {
+    format!("since={}", at.unix_millis())
+}
+
+/// When the engine cordoned, from the value of [`CORDONED_ANNOTATION`]; `None` for a value
+/// that records no time (`true`, from an older engine) or does not parse.
+#[must_use]
+pub fn cordoned_since(value: &str) -> Option<Timestamp> {
+    value.strip_prefix("since=")?.parse::<i64>().ok().map(Timestamp::from_unix_millis)
+}
 
 /// Condition reasons of [`TALOS_LIFECYCLE`].
 pub mod reason {
@@ -253,6 +268,8 @@ pub struct CordonState {
     pub unschedulable: bool,
     /// Whether it carries [`CORDONED_ANNOTATION`]: the cordon is the engine's own.
     pub by_ichor: bool,
+    /// When the engine cordoned, as its annotation records ([`cordoned_since`]).
+    pub since: Option<Timestamp>,
 }
 
 /// The pods the drain has left to do on the node.
@@ -573,7 +590,12 @@ fn installed(input: &LifecycleInput<'_>, marker: &MarkerRef<'_>, since: Timestam
     if !input.cordon.unschedulable {
         return LifecycleAction::Cordon;
     }
-    let drain_deadline = since.saturating_add(s.timeouts.drain);
+    // The drain's clock starts at the engine's cordon, which comes right before the first
+    // eviction: a controller down for a while after the install does not find its drain
+    // timed out before it tried a single eviction (the install's time when the cordon
+    // records none).
+    let drain_from = input.cordon.since.filter(|_| input.cordon.by_ichor).map_or(since, |c| c.max(since)).min(s.now);
+    let drain_deadline = drain_from.saturating_add(s.timeouts.drain);
     let Some(drain) = input.drain else {
         return from_legacy(polled(s, MachineWait::Draining { terminating: 0 }, Some(drain_deadline)));
     };

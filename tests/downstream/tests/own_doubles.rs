@@ -19,6 +19,7 @@ use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
     SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
@@ -191,8 +192,8 @@ impl KubeApi for LosesWrites<'_> {
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
         self.sim.machine(name).await
     }
-    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
-        self.sim.cordon(node).await
+    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
+        self.sim.cordon(node, at).await
     }
     async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
         self.sim.uncordon(node).await

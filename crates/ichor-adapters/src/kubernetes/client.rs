@@ -36,7 +36,7 @@ use ichor_talos_executor::kube_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
-use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
+use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordon_annotation};
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
@@ -906,11 +906,11 @@ impl KubeApi for KubeCluster {
         }))
     }
 
-    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
         self.wrote();
         let patch = json!({
-            "metadata": { "annotations": { CORDONED_ANNOTATION: "true" } },
+            "metadata": { "annotations": { CORDONED_ANNOTATION: cordon_annotation(at) } },
             "spec": { "unschedulable": true },
         });
         api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))

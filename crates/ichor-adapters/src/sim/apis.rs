@@ -743,10 +743,10 @@ impl KubeApi for SimCluster {
             .await
     }
 
-    async fn cordon(&self, node: &str) -> Result<(), KubeError> {
+    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
         self.kube(KubeCall::NodeWrite, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
-            w.nodes[i].set_engine_cordon(true);
+            w.nodes[i].set_engine_cordon(Some(at));
             w.node_edited(i);
             w.record(i, TraceKind::Cordon);
             Ok(())
@@ -758,7 +758,7 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::NodeWrite, |w| {
             let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
             let n = &mut w.nodes[i];
-            n.set_engine_cordon(false);
+            n.set_engine_cordon(None);
             // The replacements of the pods the drain evicted are scheduled here again.
             let back = std::mem::take(&mut n.evicted);
             n.pods.extend(back);

@@ -11,7 +11,7 @@ use ichor_talos_executor::kube_api::{ClusterInfo, Event, LeaseInfo, MachineInfo,
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::EvacuationRecord;
-use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
+use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordon_annotation};
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::versions::TalosVersion;
 
@@ -240,13 +240,17 @@ impl SimNode {
 
     /// Cordons it as the engine does (`spec.unschedulable` and the annotation), or lifts
     /// that cordon.
-    pub(crate) fn set_engine_cordon(&mut self, on: bool) {
-        self.unschedulable = on;
-        self.engine_cordon = on;
-        if on {
-            self.annotations.insert(CORDONED_ANNOTATION.to_owned(), "true".to_owned());
-        } else {
-            self.annotations.remove(CORDONED_ANNOTATION);
+    /// `at`: when it is cordoned; `None` lifts the cordon.
+    pub(crate) fn set_engine_cordon(&mut self, at: Option<Timestamp>) {
+        self.unschedulable = at.is_some();
+        self.engine_cordon = at.is_some();
+        match at {
+            Some(at) => {
+                self.annotations.insert(CORDONED_ANNOTATION.to_owned(), cordon_annotation(at));
+            }
+            None => {
+                self.annotations.remove(CORDONED_ANNOTATION);
+            }
         }
     }
 }

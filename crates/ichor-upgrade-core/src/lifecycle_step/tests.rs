@@ -131,7 +131,7 @@ impl Observed {
     }
 
     fn cordoned_by_ichor(mut self) -> Self {
-        self.cordon = CordonState { unschedulable: true, by_ichor: true };
+        self.cordon = CordonState { unschedulable: true, by_ichor: true, since: None };
         self
     }
 
@@ -267,7 +267,7 @@ fn a_node_on_the_target_cordoned_by_the_engine_is_uncordoned_before_its_converge
 #[test]
 fn a_cordon_by_someone_else_is_never_lifted() {
     let on_target = Observed::fixture().node(|n| n.os_image = "Talos (v1.14.4)".into());
-    let by_hand = Observed { cordon: CordonState { unschedulable: true, by_ichor: false }, ..on_target };
+    let by_hand = Observed { cordon: CordonState { unschedulable: true, by_ichor: false, since: None }, ..on_target };
     assert_eq!(by_hand.step(), LifecycleAction::RecordConverged);
 }
 
@@ -340,6 +340,23 @@ fn a_drain_past_its_five_minutes_pauses_naming_the_pod() {
 }
 
 #[test]
+fn the_drain_clock_starts_at_the_engines_cordon_not_at_the_install() {
+    // Issue 29, item 11: a controller down for more than five minutes after an install
+    // paused the machine with DrainTimedOut before a single eviction was tried.
+    let mut late = Observed::fixture().installed().drain(&["api-1"], 0).now(at(900 + 600));
+    late.cordon = CordonState { unschedulable: true, by_ichor: true, since: Some(at(900 + 590)) };
+    assert!(matches!(late.step(), LifecycleAction::Evict { .. }), "{:?}", late.step());
+    let timed_out = Observed { now: at(900 + 590 + 300), ..late.clone() };
+    assert_eq!(fails(&timed_out.step()), "DrainTimedOut", "five minutes from the cordon");
+    // A person's cordon, or one that records no time, leaves the install's time.
+    let by_hand =
+        Observed { cordon: CordonState { unschedulable: true, by_ichor: false, since: Some(at(900 + 590)) }, ..late };
+    assert_eq!(fails(&by_hand.step()), "DrainTimedOut");
+    assert_eq!(cordoned_since(&cordon_annotation(at(1234))), Some(at(1234)));
+    assert_eq!(cordoned_since("true"), None, "an older engine's value");
+}
+
+#[test]
 fn a_drained_machine_is_rebooted_with_a_marker_of_its_boot() {
     let observed = Observed::fixture().installed().cordoned_by_ichor().drain(&[], 0);
     match observed.step() {
@@ -367,7 +384,8 @@ fn the_reboot_of_an_installed_machine_needs_only_the_finish_authority() {
 
 #[test]
 fn a_node_cordoned_by_hand_is_drained_without_a_cordon_of_the_engine() {
-    let by_hand = Observed { cordon: CordonState { unschedulable: true, by_ichor: false }, ..Observed::fixture() };
+    let by_hand =
+        Observed { cordon: CordonState { unschedulable: true, by_ichor: false, since: None }, ..Observed::fixture() };
     let observed = by_hand.installed().drain(&[], 0);
     assert!(matches!(observed.step(), LifecycleAction::Reboot { .. }));
 }
