@@ -16,9 +16,10 @@
 //! authorises it ([`crate::lifecycle`]: not held, not paused, not deleting, the lock held,
 //! the machine still recorded as started), and it writes the intent under a precondition
 //! on the machine's resourceVersion as read then. A pass that stops the machine (a hold, a
-//! pause, a deletion) sets the job's [`StopFlag`] first, so the job ends before its next
-//! side effect even when no read would show it yet. A stopped job reports nothing: the
-//! machine is as the stop left it.
+//! pause, a deletion) sets the job's [`StopFlag`] first, so the job writes no intent even
+//! when no read would show the stop yet; a job that committed to its intent first makes the
+//! machine past its call, and the stop leaves it to be finished. A stopped job reports
+//! nothing: the machine is as the stop left it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -255,10 +255,23 @@ enum JobStep {
     /// The intent's write: from here the machine is past its call. Everything that denies
     /// a start denies it.
     Intent,
-    /// The install, after the intent: the machine is past its call, which a hold or a
-    /// pause does not interrupt; the lock and the operation must still be there, and the
-    /// machine not failed.
+    /// The install, after the intent: the machine is past its call, which a hold, a pause,
+    /// a deletion or a stop does not interrupt; the lock and the operation must still be
+    /// there, and the machine not failed.
     Install,
+}
+
+/// A read made again for a job's check: its answer, or why nothing can be done on it.
+async fn reread<T>(
+    ex: &Executor<'_>,
+    what: &'static str,
+    call: impl Future<Output = Result<T, crate::kube_api::KubeError>>,
+) -> Result<T, String> {
+    match bounded(what, ex.config.call_timeout, call).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(format!("{what}: {e}; nothing is done on an old read")),
+        Err(e) => Err(format!("{what}: {e}; nothing is done on an old read")),
+    }
 }
 
 /// The machine as a fresh read shows it, if that read still authorises `step`; else why not.
@@ -268,42 +281,32 @@ async fn job_authority(
     submitted: &MachineInfo,
     step: JobStep,
 ) -> Result<MachineInfo, String> {
-    if check.stop.stopped() {
+    // Past its call, a stop leaves the machine to be finished (the pass learns so from
+    // the flag); before, it ends the job.
+    if step == JobStep::Intent && check.stop.stopped() {
         return Err("a pass stopped the machine (a hold, a pause or a deletion)".to_owned());
     }
-    let bound = ex.config.call_timeout;
-    let read =
-        |what: &'static str, e: String| format!("{what} could not be read again ({e}); nothing is done on an old read");
-    let op = match bounded("read operation", bound, ex.kube.operation(check.operation)).await {
-        Ok(Ok(Some(op))) => op,
-        Ok(Ok(None)) => return Err(format!("operation {} is gone", check.operation)),
-        Ok(Err(e)) => return Err(read("the operation", e.to_string())),
-        Err(e) => return Err(read("the operation", e.to_string())),
+    let Some(op) = reread(ex, "read operation", ex.kube.operation(check.operation)).await? else {
+        return Err(format!("operation {} is gone", check.operation));
     };
-    if op.deleting {
-        return Err(format!("operation {} is being deleted", check.operation));
-    }
-    let lease = match bounded("read Lease", bound, ex.kube.lease(&op.cluster)).await {
-        Ok(Ok(lease)) => lease,
-        Ok(Err(e)) => return Err(read("the Lease", e.to_string())),
-        Err(e) => return Err(read("the Lease", e.to_string())),
-    };
+    let lease = reread(ex, "read Lease", ex.kube.lease(&op.cluster)).await?;
     if lease.as_ref().and_then(|l| l.holder.as_deref()) != Some(op.identity.as_str()) {
         return Err(format!("operation {} no longer holds the cluster lock", check.operation));
     }
     let name = &submitted.name;
-    let machine = match bounded("read machine", bound, ex.kube.machine(name)).await {
-        Ok(Ok(Some(machine))) => machine,
-        Ok(Ok(None)) => return Err(format!("TalosMachine {name} is gone")),
-        Ok(Err(e)) => return Err(read("the machine", e.to_string())),
-        Err(e) => return Err(read("the machine", e.to_string())),
+    let Some(machine) = reread(ex, "read machine", ex.kube.machine(name)).await? else {
+        return Err(format!("TalosMachine {name} is gone"));
     };
     let record = op.status.machines.get(name).map(|r| r.state);
     if record == Some(RecordState::Failed) {
         return Err(format!("machine {name} failed; only a resume touches it again"));
     }
+    // Past its call a machine is finished whatever holds, pauses or deletes the rest.
     if step == JobStep::Install {
         return Ok(machine);
+    }
+    if op.deleting {
+        return Err(format!("operation {} is being deleted", check.operation));
     }
     if matches!(op.status.phase, Phase::Paused(_)) {
         return Err(format!("operation {} is paused", check.operation));
@@ -315,13 +318,10 @@ async fn job_authority(
     if held(&machine.annotations) {
         return Err(format!("machine {name} is held"));
     }
-    if let Some(node) = check.node {
-        match bounded("read Node", bound, ex.kube.node(node)).await {
-            Ok(Ok(Some(n))) if held(&n.annotations) => return Err(format!("Node {node} is held")),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(read("the Node", e.to_string())),
-            Err(e) => return Err(read("the Node", e.to_string())),
-        }
+    if let Some(node) = check.node
+        && reread(ex, "read Node", ex.kube.node(node)).await?.is_some_and(|n| held(&n.annotations))
+    {
+        return Err(format!("Node {node} is held"));
     }
     // The evacuation the pass saw is carried into the intent's write (decision 0011: it
     // may be only in the storage backend's record, which the pass read). A stop that ended
