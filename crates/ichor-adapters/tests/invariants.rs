@@ -18,7 +18,7 @@
 //! - a cluster of two control planes is refused at planning, untouched;
 //! - a run without a failing fault always completes.
 
-use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_adapters::sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
@@ -44,8 +44,9 @@ proptest! {
         faults in faults(),
         lifecycle in any::<bool>(),
         prepull in any::<bool>(),
+        oracle in prop::bool::weighted(0.25),
     ) {
-        check_invariants(control_planes, workers, max_unavailable, seed, &faults, Executor { lifecycle, prepull })?;
+        check_invariants(control_planes, workers, max_unavailable, seed, &faults, Executor { lifecycle, prepull, oracle })?;
     }
 }
 
@@ -54,7 +55,7 @@ proptest! {
 /// Rule 3 is judged when a call is sent, which is what the engine decided on.
 #[test]
 fn a_control_plane_shown_not_ready_during_another_ones_pull_is_judged_at_the_send() {
-    let legacy = Executor { lifecycle: false, prepull: false };
+    let legacy = Executor { lifecycle: false, prepull: false, oracle: false };
     check_invariants(4, 6, 1, 17_112_763_045_346_648_911, &[Fault::ControlPlaneNotReady], legacy).unwrap();
 }
 
@@ -63,6 +64,9 @@ fn a_control_plane_shown_not_ready_during_another_ones_pull_is_judged_at_the_sen
 struct Executor {
     lifecycle: bool,
     prepull: bool,
+    /// Under the oracle wake model (woken at every change, calls taking no time): every
+    /// run must end under every wake model (issue 29 item 6).
+    oracle: bool,
 }
 
 impl Executor {
@@ -84,14 +88,18 @@ fn check_invariants(
     let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
     let replay = format!(
         "replay: cargo run --example rollout -- --control-planes {control_planes} --workers {workers} \
-         --max-unavailable {max_unavailable} --seed {seed}{} --executor {} --prepull {}",
+         --max-unavailable {max_unavailable} --seed {seed}{} --executor {} --prepull {}{}",
         if names.is_empty() { String::new() } else { format!(" --faults {}", names.join(",")) },
         if executor.lifecycle { "lifecycle" } else { "legacy" },
         if executor.prepull { "on" } else { "off" },
+        if executor.oracle { " --wake oracle" } else { "" },
     );
     let v = |t: &str| TalosVersion::parse(t).unwrap();
     let sim = SimCluster::new(
-        SimConfig::new(control_planes, workers, v("v1.14.3"), v(TARGET)).with_seed(seed).with_faults(faults.to_vec()),
+        SimConfig::new(control_planes, workers, v("v1.14.3"), v(TARGET))
+            .with_seed(seed)
+            .with_faults(faults.to_vec())
+            .with_realism(if executor.oracle { Realism::oracle() } else { Realism::cluster() }),
     );
     sim.create_operation("upgrade", OperationSpec::talos(TARGET, max_unavailable));
     let runtime = ichor_adapters::sim::runtime();
@@ -409,7 +417,7 @@ fn check_invariants(
 /// bound, so the install was never made again.
 #[test]
 fn an_install_cut_off_by_an_api_outage_is_made_again() {
-    let lifecycle = Executor { lifecycle: true, prepull: false };
+    let lifecycle = Executor { lifecycle: true, prepull: false, oracle: false };
     check_invariants(1, 59, 1, 6_373_846_157_584_119_075, &[Fault::ApiOutage, Fault::CallLost], lifecycle).unwrap();
 }
 
@@ -420,7 +428,7 @@ fn an_install_cut_off_by_an_api_outage_is_made_again() {
 /// job's flag that the job committed to its intent first, and leaves the machine alone.
 #[test]
 fn a_pause_that_crosses_an_install_jobs_intent_leaves_the_machines_evacuation_open() {
-    let executor = Executor { lifecycle: true, prepull: false };
+    let executor = Executor { lifecycle: true, prepull: false, oracle: false };
     let faults = [Fault::EtcdLag, Fault::AbFallback];
     if let Err(e) = check_invariants(3, 26, 10, 397_070, &faults, executor) {
         panic!("{e}");

@@ -682,3 +682,34 @@ async fn a_live_holders_lease_written_by_a_skewed_clock_is_taken_over_only_after
     let taken_at = taken_at.get().expect("taken over");
     assert!(taken_at >= duration, "taken over after {taken_at:?}, before a whole lease duration unchanged");
 }
+
+/// Issue 29 item 6: under the oracle wake model (calls taking no time, the controller woken
+/// at every change) no lifecycle install was ever made (the job's zero-length sleep never
+/// ended, and nothing polled it), a change made at the pass's instant was never applied,
+/// and a legacy run with every worker preflight-blocked asked for a pass at once for ever.
+/// Each ran into the pass bound; each now ends.
+#[tokio::test(start_paused = true)]
+async fn every_run_ends_under_the_oracle_wake_model() {
+    use ichor_adapters::sim::Realism;
+    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    let cases = [
+        (3, 5, 1, 1, ExecutorChoice::Lifecycle, vec![]),
+        (1, 6, 1, 192_322, ExecutorChoice::Legacy, vec![Fault::PdbBlocked]),
+    ];
+    for (control_planes, workers, max_unavailable, seed, executor, faults) in cases {
+        let config = SimConfig::new(control_planes, workers, v("v1.14.3"), v("v1.14.4"))
+            .with_seed(seed)
+            .with_faults(faults)
+            .with_realism(Realism::oracle());
+        let sim = SimCluster::new(config);
+        sim.create_operation("upgrade", spec(max_unavailable));
+        let config = ExecutorConfig::default()
+            .with_executor(executor)
+            .with_prepull(false)
+            .with_pass_interval(std::time::Duration::ZERO);
+        let end = run_operation(&sim, "upgrade", &config, 5_000, |_| {}).await;
+        assert_eq!(end, RunEnd::Completed, "seed {seed}, {executor:?}");
+        let passes = sim.with_world(|w| w.counters.passes);
+        assert!(passes < 1_000, "seed {seed}: {passes} passes");
+    }
+}

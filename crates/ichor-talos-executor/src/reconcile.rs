@@ -481,7 +481,7 @@ pub async fn reconcile_with(
     let mut checked: BTreeMap<String, Vec<Blocker>> = BTreeMap::new();
     // The operation as this pass sees it once it took (or failed to take) the etcd snapshot.
     let mut recorded_view: Option<OperationView> = None;
-    for _ in 0..GATE_ROUNDS {
+    for round in 1..=GATE_ROUNDS {
         let needs_etcd = decision.check_etcd && verdict.is_none();
         let needs_snapshot = decision.take_etcd_snapshot.is_some() && recorded_view.is_none();
         if !needs_etcd && decision.check_preflight.is_empty() && !needs_snapshot {
@@ -537,7 +537,12 @@ pub async fn reconcile_with(
                 }
             }
         }
-        let verdicts = PreflightVerdict::Checked(checked.clone());
+        // No round follows the last: what it did not gather waits for the next recheck.
+        let verdicts = if round == GATE_ROUNDS {
+            PreflightVerdict::Last(checked.clone())
+        } else {
+            PreflightVerdict::Checked(checked.clone())
+        };
         let etcd = verdict.clone().unwrap_or(EtcdVerdict::NotChecked);
         let operation = recorded_view.as_ref().unwrap_or(&view);
         decision = decide(&RolloutInput { operation, etcd: &etcd, preflight: &verdicts, ..input });

@@ -217,6 +217,12 @@ pub enum PreflightVerdict {
     /// Gathered: each machine checked, with its blockers (none: clear). A machine not in
     /// the map was not checked.
     Checked(BTreeMap<String, Vec<Blocker>>),
+    /// Gathered as far as the pass goes (its last round): as [`Self::Checked`], but a
+    /// machine not in the map is not asked for either. It waits, starting nothing, until
+    /// the blocked machines are looked at again ([`RolloutConfig::preflight_recheck`]):
+    /// asking for it made a pass that could not gather it request another at once, for
+    /// ever, while every machine it had checked stayed blocked (issue 29 item 6).
+    Last(BTreeMap<String, Vec<Blocker>>),
     /// No gate: every machine is clear (a caller with nothing to check, as a test).
     Off,
 }
@@ -226,7 +232,7 @@ impl PreflightVerdict {
     fn of(&self, machine: &str) -> Option<&[Blocker]> {
         match self {
             Self::NotChecked => None,
-            Self::Checked(found) => found.get(machine).map(Vec::as_slice),
+            Self::Checked(found) | Self::Last(found) => found.get(machine).map(Vec::as_slice),
             Self::Off => Some(&[]),
         }
     }
@@ -720,7 +726,9 @@ impl Decision {
     fn preflight_admits(&mut self, input: &RolloutInput<'_>, mode: PreflightMode, machine: &str) -> bool {
         match input.preflight.of(machine) {
             None => {
-                self.check_preflight.push(machine.to_owned());
+                if !matches!(input.preflight, PreflightVerdict::Last(_)) {
+                    self.check_preflight.push(machine.to_owned());
+                }
                 false
             }
             Some([]) => true,

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::LocalBoxFuture;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::background::{Job, JobQueue, run_job};
@@ -198,6 +198,18 @@ impl<'a> Jobs<'a> {
     /// controller (it wrote what the next pass must see), a pre-pull does not (it wrote
     /// nothing, and the machine's turn comes by itself).
     async fn beside_wait(&mut self, sim: &SimCluster, requeue: Option<Timestamp>, not_before: Timestamp) -> bool {
+        let mut requeue = requeue;
+        if sim.with_world_untouched(|w| w.config.realism.wake == Wake::Oracle) {
+            // Under the oracle nothing a job awaits takes time, and the wait below is over
+            // at its first poll: the jobs run first, until each waits on the world (issue
+            // 29 item 6: no lifecycle install was ever made under the oracle).
+            while let Some(Some((job, outcome))) = self.running.next().now_or_never() {
+                if matches!(job, Job::Install { .. }) {
+                    requeue = Some(sim.now());
+                }
+                self.queue.done(&job, outcome);
+            }
+        }
         let waiting = wait_for_wake(sim, requeue, not_before);
         let mut waiting = std::pin::pin!(waiting);
         // Whether nothing in the world will wake the controller: then only a job's end can.
@@ -279,6 +291,13 @@ pub(crate) async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>, 
         let (now, wake, change, oracle) = sim.with_world_untouched(|w| {
             w.sync_clock();
             let oracle = w.config.realism.wake == Wake::Oracle;
+            if oracle {
+                // No clock runs under the oracle: what fell due at this instant (a change
+                // the last pass made, as a Node shown NotReady at once) is applied here, or
+                // it stays due, and the controller is woken by it for ever (issue 29 item 6).
+                let now = w.now;
+                w.advance_to(now);
+            }
             let change = w.next_event_at();
             let wake = if oracle { change } else { w.next_delivery() };
             (w.now, wake, change, oracle)

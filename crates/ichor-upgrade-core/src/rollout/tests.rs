@@ -914,6 +914,27 @@ fn preflight_enforce_skips_a_blocked_worker_and_names_the_next_to_check() {
     assert_eq!(d.phase.reason(), "PreflightBlocked");
 }
 
+/// Issue 29 item 6: with maxUnavailable 1 and every worker blocked, each round of a pass
+/// names the next; the last round's decision asked for one more and so for a pass at
+/// once, whose rounds found the same: a pass after a pass, the clock never moving under
+/// the oracle. What the last round did not gather waits for the blocked ones' recheck.
+#[test]
+fn preflight_gathered_in_a_passs_last_round_asks_for_no_more_and_rechecks_later() {
+    let blocked = [("worker-1", true), ("worker-2", true)];
+    let f = Fixture { preflight: checked(&blocked), ..Fixture::cluster(0, 4) };
+    let d = f.decide();
+    assert_eq!(d.check_preflight, names(&["worker-3"]), "a round to come gathers the next one");
+    assert_eq!(d.recheck_at, Some(f.now));
+
+    let PreflightVerdict::Checked(found) = checked(&blocked) else { unreachable!() };
+    let f = Fixture { preflight: PreflightVerdict::Last(found), ..Fixture::cluster(0, 4) };
+    let d = f.decide();
+    assert!(d.start.is_empty() && d.check_preflight.is_empty(), "{d:?}");
+    assert_eq!(d.preflight_blocked.len(), 2);
+    assert_eq!(d.phase.reason(), "PreflightBlocked");
+    assert_eq!(d.recheck_at, Some(f.now.saturating_add(f.config.preflight_recheck)));
+}
+
 #[test]
 fn preflight_warn_starts_a_blocked_machine_with_a_warning() {
     let mut f = Fixture::cluster(0, 1);
