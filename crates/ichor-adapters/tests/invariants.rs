@@ -299,6 +299,88 @@ fn check_invariants(
             );
         }
 
+        // Issue 29 item 4: a worker is in progress from its evacuation's start (or its call,
+        // install or cordon) until it converges, fails, or its evacuation is ended before any
+        // call (a stop): never more of them at once than maxUnavailable, whatever the status
+        // records. And a machine the preflight holds is never evacuated.
+        let mut edges: Vec<(f64, bool, &str)> = Vec::new();
+        for node in w.nodes.iter().filter(|n| n.role == ichor_upgrade_core::operation::MachineRole::Worker) {
+            let (mut since, mut called, mut held) = (None::<f64>, false, false);
+            for e in w.trace.iter().filter(|e| e.node == node.name || e.event == TraceKind::ControllerRestart) {
+                match e.event {
+                    // What a killed pass found is not traced: a restart knows nothing of it.
+                    TraceKind::ControllerRestart => {
+                        held = false;
+                        continue;
+                    }
+                    TraceKind::PreflightBlocked => held = true,
+                    TraceKind::PreflightClear => held = false,
+                    _ => {}
+                }
+                let starts = matches!(
+                    e.event,
+                    TraceKind::EvacuationStart | TraceKind::UpgradeCall | TraceKind::InstallStart | TraceKind::Cordon
+                );
+                if e.event == TraceKind::EvacuationStart {
+                    // The pass that starts a machine clears it after (the gate's trace is
+                    // written when the pass ends, a few calls later): held means the pass
+                    // that evacuated it did not clear it.
+                    let cleared_now = w
+                        .trace
+                        .iter()
+                        .filter(|c| c.t >= e.t)
+                        .find(|c| {
+                            c.event == TraceKind::ControllerRestart
+                                || (c.node == node.name
+                                    && matches!(c.event, TraceKind::PreflightClear | TraceKind::PreflightBlocked))
+                        })
+                        // A pass killed before it ended reported nothing of its gate.
+                        .is_some_and(|c| {
+                            c.event == TraceKind::ControllerRestart
+                                || (c.event == TraceKind::PreflightClear && c.t - e.t < 30.0)
+                        });
+                    prop_assert!(
+                        !held || cleared_now,
+                        "{} evacuated at {} s while the preflight held it\n{}",
+                        node.name,
+                        e.t,
+                        replay
+                    );
+                }
+                if starts && since.is_none() {
+                    since = Some(e.t);
+                    edges.push((e.t, true, node.name.as_str()));
+                }
+                called |= matches!(e.event, TraceKind::UpgradeCall | TraceKind::InstallStart);
+                let ends = matches!(e.event, TraceKind::Converged | TraceKind::Failed)
+                    || (e.event == TraceKind::EvacuationEnd && !called);
+                if ends && since.is_some() {
+                    since = None;
+                    called = false;
+                    edges.push((e.t, false, node.name.as_str()));
+                }
+            }
+        }
+        // Ends before starts at one instant: a machine that converges frees its slot.
+        edges.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let mut in_progress: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        for (t, start, node) in edges {
+            if start {
+                in_progress.insert(node);
+            } else {
+                in_progress.remove(node);
+            }
+            prop_assert!(
+                in_progress.len() <= max_unavailable as usize,
+                "{} workers in progress at {} s: {:?}, max {}\n{}",
+                in_progress.len(),
+                t,
+                in_progress,
+                max_unavailable,
+                replay
+            );
+        }
+
         // The lifecycle path: never a cordon or a drain with an evacuation open; one reboot
         // per boot; one install per boot by any one controller; nothing of it on the legacy
         // path.
@@ -431,6 +513,18 @@ fn a_pause_that_crosses_an_install_jobs_intent_leaves_the_machines_evacuation_op
     let executor = Executor { lifecycle: true, prepull: false, oracle: false };
     let faults = [Fault::EtcdLag, Fault::AbFallback];
     if let Err(e) = check_invariants(3, 26, 10, 397_070, &faults, executor) {
+        panic!("{e}");
+    }
+}
+
+/// Issue 29 item 4's run: worker-4, held by the preflight, began evacuating across
+/// controller restarts beside worker-1 with maxUnavailable 1. The property now counts every
+/// worker from its evacuation's start as in progress, and fails an evacuation of a held one.
+#[test]
+fn an_evacuation_begun_across_restarts_counts_against_max_unavailable() {
+    let legacy = Executor { lifecycle: false, prepull: false, oracle: false };
+    let faults = [Fault::ControllerCrash, Fault::ControlPlaneNotReady, Fault::PdbBlocked, Fault::AbFallback];
+    if let Err(e) = check_invariants(1, 9, 1, 250_763, &faults, legacy) {
         panic!("{e}");
     }
 }

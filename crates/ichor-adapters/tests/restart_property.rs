@@ -334,3 +334,42 @@ fn a_restart_during_a_fallback_fails_no_other_machine() {
         panic!("{e}");
     }
 }
+
+/// Issue 29 item 4: a controller killed right after asking for worker-1's evacuation, before
+/// any status write, and worker-1 held (by a person, or the preflight) when the new process
+/// looks: its evacuation was counted nowhere, left open (storage scheduling off, replicas
+/// moved) while worker-2 went with maxUnavailable 1. The backend's record makes worker-1 in
+/// progress: held, it is stopped (its evacuation ended) before any other worker starts.
+#[test]
+fn an_evacuation_whose_pass_was_killed_is_ended_when_its_machine_is_held_before_another_starts() {
+    let sim = SimCluster::new(config(1, 2, 5, false, true, false));
+    sim.with_world(|w| w.crash.on_next_evacuation = true);
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 2_000, |sim| {
+        let hold = ichor_upgrade_core::operation::HOLD_ANNOTATION;
+        let due = sim.read_world(|w| {
+            w.counters.restarts == 1 && !w.machine_annotations.get("worker-1").is_some_and(|a| a.contains_key(hold))
+        });
+        if due {
+            sim.with_world(|w| {
+                w.machine_annotations
+                    .entry("worker-1".to_owned())
+                    .or_default()
+                    .insert(hold.to_owned(), "by hand".to_owned());
+            });
+        }
+    }));
+    // It waits on the held machine, renewing its lock, until the bound.
+    assert!(matches!(end, RunEnd::Stalled(_) | RunEnd::PassBound), "{end:?}");
+    sim.with_world(|w| {
+        assert_eq!(w.counters.restarts, 1, "killed once, at the request");
+        let at = |node: &str, kind: TraceKind| w.trace.iter().find(|e| e.node == node && e.event == kind).map(|e| e.t);
+        let ended = at("worker-1", TraceKind::EvacuationEnd).expect("worker-1's evacuation ended");
+        let next = at("worker-2", TraceKind::EvacuationStart).expect("worker-2 went");
+        assert!(ended <= next, "worker-1's evacuation ended at {ended} s, worker-2's began at {next} s");
+        let n = w.nodes.iter().find(|n| n.name == "worker-1").unwrap();
+        assert!(n.scheduling && n.storage_record.is_none(), "worker-1's storage put back");
+        assert_eq!(n.version.to_string(), "v1.14.3", "held: never upgraded");
+    });
+}

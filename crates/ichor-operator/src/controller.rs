@@ -116,6 +116,7 @@ impl ControllerError {
             Self::Reconcile(E::WriteLease { .. }) => "write-lease",
             Self::Reconcile(E::WriteOperation { .. }) => "write-operation",
             Self::Reconcile(E::RetryReset { .. }) => "retry-reset",
+            Self::Reconcile(E::EvacuationRecord { .. }) => "evacuation-record",
         }
     }
 }

@@ -107,6 +107,16 @@ pub enum ReconcileError {
         #[source]
         source: AdvanceError,
     },
+    /// After a pass that did not end, the storage backend's record of an evacuation could
+    /// not be read: whether the machine is in progress is unknown, so nothing is decided.
+    #[error("reading the evacuation record of machine {machine}: {source}")]
+    EvacuationRecord {
+        /// The machine.
+        machine: String,
+        /// The cause.
+        #[source]
+        source: AdvanceError,
+    },
 }
 
 impl ReconcileError {
@@ -118,7 +128,7 @@ impl ReconcileError {
             | Self::ReadCluster { source, .. }
             | Self::WriteLease { source, .. }
             | Self::WriteOperation { source, .. } => source.is_transient(),
-            Self::RetryReset { source, .. } => source.is_transient(),
+            Self::RetryReset { source, .. } | Self::EvacuationRecord { source, .. } => source.is_transient(),
         }
     }
 }
@@ -165,6 +175,8 @@ pub struct PassMemory {
     /// The cluster Lease's resourceVersion as last read, and since when (on this
     /// controller's clock) it has been read unchanged.
     lease_seen: Mutex<Option<(String, Timestamp)>>,
+    /// Whether this process's last pass ended (not killed, not failed midway).
+    last_pass_ended: Mutex<bool>,
 }
 
 /// The machine views of the last pass, with what each was built from.
@@ -257,6 +269,7 @@ impl PassMemory {
         self.take_storage_changed();
         *self.last_pass.lock().unwrap_or_else(PoisonError::into_inner) = None;
         *self.lease_seen.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.last_pass_ended.lock().unwrap_or_else(PoisonError::into_inner) = false;
     }
 
     /// Since when, on this controller's clock, the Lease has been read at `version`: `now`
@@ -388,6 +401,71 @@ pub async fn reconcile_with(
     name: &str,
     memory: &PassMemory,
 ) -> Result<ReconcileOutcome, ReconcileError> {
+    // A pass that did not end (this process's first, or one that failed midway) may have
+    // asked for an evacuation it never recorded: the next one looks for such records.
+    let recover =
+        !std::mem::replace(&mut *memory.last_pass_ended.lock().unwrap_or_else(PoisonError::into_inner), false);
+    let outcome = reconcile_pass(ex, name, memory, recover).await;
+    if outcome.is_ok() {
+        *memory.last_pass_ended.lock().unwrap_or_else(PoisonError::into_inner) = true;
+    }
+    outcome
+}
+
+/// What the storage backends record of evacuations the status and the conditions do not
+/// show: added to the machine's conditions as the step would see them (see
+/// [`with_recorded_evacuation`]), so that the machine counts as in progress and is carried
+/// on or stopped, never left evacuated beside others. Asked only of machines with no record
+/// and no evacuation open, after a pass that did not end.
+async fn recover_evacuations(
+    ex: &Executor<'_>,
+    observed: &mut [Observed],
+    status: &OperationStatus,
+) -> Result<(), ReconcileError> {
+    let asked: Vec<usize> = (0..observed.len())
+        .filter(|&i| {
+            let m = &observed[i].machine;
+            !status.machines.contains_key(&m.name)
+                && !m.conditions.is_true(STORAGE_EVACUATION)
+                && !machine_past_upgrade_call(m)
+                && observed[i].node_name().is_some()
+        })
+        .collect();
+    let records = join_all(asked.iter().map(|&i| {
+        let node = observed[i].node_name().unwrap_or_default().to_owned();
+        async move {
+            let reading =
+                bounded("read the evacuation's record", ex.config.call_timeout, ex.storage.evacuation_record(&node));
+            let recorded = reading
+                .await
+                .map_err(|source| AdvanceError::StorageTimedOut { node: node.clone(), source })?
+                .map_err(|source| AdvanceError::Storage { node: node.clone(), source: source.into() })?;
+            Ok::<_, AdvanceError>((node, recorded))
+        }
+    }))
+    .await;
+    for (i, record) in asked.into_iter().zip(records) {
+        let (node, recorded) = record
+            .map_err(|source| ReconcileError::EvacuationRecord { machine: observed[i].machine.name.clone(), source })?;
+        if recorded.is_none() {
+            continue;
+        }
+        let storage = StorageObservation { recorded, ..StorageObservation::default() };
+        let machine = &observed[i].machine;
+        if let Some(conditions) = with_recorded_evacuation(&machine.conditions, &storage, &node, ex.clock.now()) {
+            observed[i].machine = Arc::new(MachineInfo { conditions, ..(**machine).clone() });
+        }
+    }
+    Ok(())
+}
+
+/// One pass; `recover` after a pass that did not end (see [`recover_evacuations`]).
+async fn reconcile_pass(
+    ex: &Executor<'_>,
+    name: &str,
+    memory: &PassMemory,
+    recover: bool,
+) -> Result<ReconcileOutcome, ReconcileError> {
     if let Some(background) = ex.background {
         background.begin_pass();
     }
@@ -427,14 +505,22 @@ pub async fn reconcile_with(
     // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
     let machines: Vec<Arc<MachineInfo>> =
         machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
-    let observed = observe_machines(ex, machines).await;
+    let mut observed = observe_machines(ex, machines).await;
     let status = op.status.clone().for_generation(op.generation);
+    if recover {
+        recover_evacuations(ex, &mut observed, &status).await?;
+    }
     let target = upgrade_target(&cluster);
     // An upgrade's converged machines are recorded in their own conditions, for this target.
     let converged_on_target = target.as_ref().ok().filter(|_| !removal).map(|t| ConvergedOn::new(&t.version));
     let converged = |m: &MachineInfo| converged_on_target.as_ref().is_some_and(|c| c.recorded(&m.conditions));
     let progress = |o: &Observed| {
-        status.progress_of(&o.machine.name, past_the_point_of_no_return(removal, &o.machine), converged(&o.machine))
+        status.progress_of(
+            &o.machine.name,
+            past_the_point_of_no_return(removal, &o.machine),
+            o.machine.conditions.is_true(STORAGE_EVACUATION),
+            converged(&o.machine),
+        )
     };
     let build = |o: &Observed| {
         let held = o.machine.annotations.contains_key(HOLD_ANNOTATION)

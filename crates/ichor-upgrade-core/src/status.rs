@@ -67,15 +67,25 @@ impl OperationStatus {
     /// show an Upgrade call in flight (left by an earlier operation or controller); such a
     /// machine is observed to the end, never treated as not started. `converged` is whether
     /// the machine's own conditions record it verified on the target: that is its record
-    /// of convergence, unless a failure is recorded.
+    /// of convergence, unless a failure is recorded. `evacuating` is whether its
+    /// conditions (or its storage backend's record) show an evacuation open: a machine
+    /// whose evacuation began is in progress, whatever the status says (a pass killed
+    /// between the backend's write and its status write left it so; counted as pending, it
+    /// stayed evacuated beside another machine, and the preflight held it, issue 29 item 4).
     #[must_use]
-    pub fn progress_of(&self, machine: &str, past_upgrade_call: bool, converged: bool) -> MachineProgress {
+    pub fn progress_of(
+        &self,
+        machine: &str,
+        past_upgrade_call: bool,
+        evacuating: bool,
+        converged: bool,
+    ) -> MachineProgress {
         match self.machines.get(machine).map(|r| (r.state, r)) {
             Some((RecordState::Failed, record)) => MachineProgress::Failed { reason: record.message.clone() },
             Some((RecordState::Converged, _)) => MachineProgress::Converged,
             _ if converged && !past_upgrade_call => MachineProgress::Converged,
             Some((RecordState::InProgress, _)) => MachineProgress::InProgress { past_upgrade_call },
-            None if past_upgrade_call => MachineProgress::InProgress { past_upgrade_call: true },
+            None if past_upgrade_call || evacuating => MachineProgress::InProgress { past_upgrade_call },
             None => MachineProgress::Pending,
         }
     }
@@ -302,18 +312,27 @@ mod tests {
         status.machines.insert("a".into(), record(RecordState::Converged));
         status.machines.insert("b".into(), record(RecordState::Failed));
         status.machines.insert("c".into(), record(RecordState::InProgress));
-        assert_eq!(status.progress_of("a", false, false), MachineProgress::Converged);
-        assert_eq!(status.progress_of("b", true, false), MachineProgress::Failed { reason: "m".into() });
-        assert_eq!(status.progress_of("b", false, true), MachineProgress::Failed { reason: "m".into() });
-        assert_eq!(status.progress_of("c", true, false), MachineProgress::InProgress { past_upgrade_call: true });
-        assert_eq!(status.progress_of("c", false, true), MachineProgress::Converged, "its conditions say so");
-        assert_eq!(status.progress_of("d", false, false), MachineProgress::Pending);
-        assert_eq!(status.progress_of("d", false, true), MachineProgress::Converged, "no record needed");
+        assert_eq!(status.progress_of("a", false, false, false), MachineProgress::Converged);
+        assert_eq!(status.progress_of("b", true, false, false), MachineProgress::Failed { reason: "m".into() });
+        assert_eq!(status.progress_of("b", false, false, true), MachineProgress::Failed { reason: "m".into() });
         assert_eq!(
-            status.progress_of("d", true, false),
+            status.progress_of("c", true, false, false),
+            MachineProgress::InProgress { past_upgrade_call: true }
+        );
+        assert_eq!(status.progress_of("c", false, false, true), MachineProgress::Converged, "its conditions say so");
+        assert_eq!(status.progress_of("d", false, false, false), MachineProgress::Pending);
+        assert_eq!(status.progress_of("d", false, false, true), MachineProgress::Converged, "no record needed");
+        assert_eq!(
+            status.progress_of("d", true, false, false),
             MachineProgress::InProgress { past_upgrade_call: true },
             "a call in flight from an earlier controller is observed, not ignored"
         );
+        assert_eq!(
+            status.progress_of("d", false, true, false),
+            MachineProgress::InProgress { past_upgrade_call: false },
+            "an evacuation begun is in progress with no record"
+        );
+        assert_eq!(status.progress_of("a", false, true, false), MachineProgress::Converged, "a record wins");
     }
 
     #[test]

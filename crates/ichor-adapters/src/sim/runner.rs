@@ -127,6 +127,9 @@ pub async fn run_operation(
             // A new process: nothing in memory, none of the old one's calls under way.
             memory.clear();
             jobs.clear();
+            // What the killed pass found of the preflight was never reported: the new
+            // process traces what its own passes find.
+            preflight = PreflightWatch::new(sim.now());
             continue;
         }
         let now = sim.now();
