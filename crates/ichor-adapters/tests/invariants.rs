@@ -103,11 +103,8 @@ fn check_invariants(
     );
     sim.create_operation("upgrade", OperationSpec::talos(TARGET, max_unavailable));
     let runtime = ichor_adapters::sim::runtime();
-    if executor.lifecycle {
-        // An install lives as long as its stream (see the restart property): a bounded
-        // number of kills, anywhere.
-        sim.with_world(|w| w.crash.max_kills = Some(8));
-    }
+    // No bound on the kills on either path: an install runs on the node to its end
+    // whether or not its stream does, as Talos's does (issue 29 item 3).
     let end = runtime.block_on(run_operation(&sim, "upgrade", &executor.config(), 50_000, |_| {}));
     if control_planes == 2 {
         prop_assert_eq!(&end, &RunEnd::Refused, "two control planes are refused at planning\n{}", replay);
@@ -409,12 +406,17 @@ fn check_invariants(
         for ((node, boot), n) in reboots {
             prop_assert_eq!(n, 1, "{} rebooted {} times from boot {}\n{}", node, n, boot, replay);
         }
+        // Never an install after one on the same boot (issue 29 item 3): the engine knows an
+        // install ran once it saw the node run it, which takes the install's time. Under the
+        // oracle an install takes none (its time is counted in the reboot), so no one can
+        // see it run: there, once per boot by any one controller.
         let mut installs: std::collections::BTreeMap<(&str, &str, u64), usize> = std::collections::BTreeMap::new();
         for i in &w.installs {
-            *installs.entry((i.node.as_str(), i.boot_id.as_str(), i.restarts)).or_default() += 1;
+            let by = if executor.oracle { i.restarts } else { 0 };
+            *installs.entry((i.node.as_str(), i.boot_id.as_str(), by)).or_default() += 1;
         }
         for ((node, boot, _), n) in installs {
-            prop_assert_eq!(n, 1, "{} installed {} times on boot {} by one controller\n{}", node, n, boot, replay);
+            prop_assert_eq!(n, 1, "{} installed {} times on boot {}\n{}", node, n, boot, replay);
         }
         if !executor.lifecycle {
             prop_assert!(

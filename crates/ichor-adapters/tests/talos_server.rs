@@ -87,8 +87,17 @@ async fn the_lifecycle_path_is_served_as_talos_serves_it() {
             client.image_list(worker).await.unwrap().into_iter().map(|i| i.name).collect::<Vec<_>>(),
             vec![image.to_owned()]
         );
-        let outcome = client.lifecycle_upgrade(worker, &install).await.unwrap();
+        // No install under way: no installer PID (NotFound), which the client reads as
+        // none; while one runs (set in the world: under the oracle an install takes no
+        // time), the PID is there.
+        assert_eq!(client.install_running(worker).await.unwrap(), Some(false));
+        sim.with_world(|w| w.nodes[3].installing = true);
+        assert_eq!(client.install_running(worker).await.unwrap(), Some(true));
+        sim.with_world(|w| w.nodes[3].installing = false);
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let outcome = client.lifecycle_upgrade_reporting(worker, &install, &started).await.unwrap();
         assert_eq!(outcome.exit_code, 0);
+        assert!(started.load(std::sync::atomic::Ordering::Relaxed), "the stream's first message reports the start");
         // The install neither drains nor reboots: the node still runs, on its old boot.
         assert_eq!(client.machine_stage(worker).await.unwrap(), MachineStage::Running);
         let before = client.boot_id(worker).await.unwrap();

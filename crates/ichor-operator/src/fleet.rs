@@ -184,6 +184,19 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.lifecycle_upgrade(node, request).await
     }
+    async fn lifecycle_upgrade_reporting(
+        &self,
+        node: &str,
+        request: &InstallRequest,
+        started: &std::sync::atomic::AtomicBool,
+    ) -> Result<InstallOutcome, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.lifecycle_upgrade_reporting(node, request, started).await
+    }
+    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.install_running(node).await
+    }
     async fn reboot(&self, node: &str) -> Result<String, TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.reboot(node).await

@@ -620,13 +620,26 @@ impl TalosApi for TracedTalos<'_> {
         self.inner.image_list(node).await
     }
     async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        let Some(r) = self.recorder else { return self.inner.lifecycle_upgrade(node, request).await };
+        self.lifecycle_upgrade_reporting(node, request, &std::sync::atomic::AtomicBool::new(false)).await
+    }
+    async fn lifecycle_upgrade_reporting(
+        &self,
+        node: &str,
+        request: &InstallRequest,
+        started: &std::sync::atomic::AtomicBool,
+    ) -> Result<InstallOutcome, TalosError> {
+        let Some(r) = self.recorder else {
+            return self.inner.lifecycle_upgrade_reporting(node, request, started).await;
+        };
         r.talos_call(node, TraceKind::InstallStart);
-        let outcome = self.inner.lifecycle_upgrade(node, request).await?;
+        let outcome = self.inner.lifecycle_upgrade_reporting(node, request, started).await?;
         if outcome.exit_code == 0 {
             r.talos_call(node, TraceKind::Installed);
         }
         Ok(outcome)
+    }
+    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
+        self.inner.install_running(node).await
     }
     async fn reboot(&self, node: &str) -> Result<String, TalosError> {
         let actor = self.inner.reboot(node).await?;

@@ -170,6 +170,17 @@ pub trait Background: Send + Sync {
     /// The outcomes of install jobs that ended since the last call: a pass records them
     /// (a failure pauses the operation), as if it had carried the install out itself.
     fn take_finished(&self) -> Vec<(String, MachineOutcome)>;
+    /// This process saw `machine`'s install begin on boot `boot` (the node answered the
+    /// call): kept for as long as the process lives, for a stream an outage cuts before
+    /// the record of it could be written.
+    fn install_started(&self, machine: &str, boot: &str) {
+        let _ = (machine, boot);
+    }
+    /// Whether this process saw `machine`'s install begin on boot `boot`.
+    fn install_seen(&self, machine: &str, boot: &str) -> bool {
+        let _ = (machine, boot);
+        false
+    }
 }
 
 /// A [`Background`] for a runner that polls it: jobs submitted wait in it until the
@@ -195,6 +206,8 @@ struct QueueState {
     finished: Vec<(String, MachineOutcome)>,
     /// The stop flag of each machine's install job under way.
     stops: BTreeMap<String, StopFlag>,
+    /// Machine -> the boot on which this process saw its install begin.
+    started: BTreeMap<String, String>,
 }
 
 impl JobQueue {
@@ -251,6 +264,14 @@ impl Background for JobQueue {
 
     fn stop_install(&self, machine: &str) -> bool {
         self.lock().stops.get(machine).is_some_and(StopFlag::stop)
+    }
+
+    fn install_started(&self, machine: &str, boot: &str) {
+        self.lock().started.insert(machine.to_owned(), boot.to_owned());
+    }
+
+    fn install_seen(&self, machine: &str, boot: &str) -> bool {
+        self.lock().started.get(machine).is_some_and(|b| b == boot)
     }
 
     fn begin_pass(&self) {

@@ -87,6 +87,29 @@ pub(crate) async fn advance(
     } else {
         None
     };
+    // Asked only of an intent on the same boot with no install of this controller's under
+    // way: an answer that cannot be had is `None` (an intent is then installed again, and
+    // an install seen running is waited for).
+    let own_install = ex.background.is_some_and(|b| b.installing(&machine.name));
+    let node_installing = if reads.install && !own_install {
+        match bounded("read the installer's ServicePID", bound, ex.talos.install_running(&machine.address)).await {
+            Ok(Ok(running)) => running,
+            Ok(Err(e)) => {
+                tracing::debug!(machine = %machine.name, error = %report(&e), "install state unread");
+                None
+            }
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    let install_seen = ex.background.is_some_and(|b| {
+        machine
+            .conditions
+            .get(TALOS_LIFECYCLE)
+            .and_then(|c| ichor_upgrade_core::upgrade_marker::MarkerRef::parse(&c.message).ok())
+            .is_some_and(|m| b.install_seen(&machine.name, m.boot_id))
+    });
     let cordon = node.map_or_else(CordonState::default, |n| CordonState {
         unschedulable: n.unschedulable,
         by_ichor: n.annotations.contains_key(CORDONED_ANNOTATION),
@@ -111,7 +134,9 @@ pub(crate) async fn advance(
         drain: drain.as_ref(),
         talos_boot_id: talos_boot_id.as_deref(),
         finish_authority: finish,
-        install_running: ex.background.is_some_and(|b| b.installing(&machine.name)),
+        install_running: own_install,
+        node_installing,
+        install_seen,
     });
     tracing::debug!(machine = %machine.name, ?action, "lifecycle step");
     carry_out_lifecycle(ex, machine, node_name, node, target, action).await
@@ -159,6 +184,8 @@ async fn carry_out_lifecycle(
         LifecycleAction::Fail(ref failure) => Some(Action::Fail(failure.clone())),
         LifecycleAction::FailEndingEvacuation(ref failure) => Some(Action::FailEndingEvacuation(failure.clone())),
         LifecycleAction::Install { .. }
+        | LifecycleAction::RecordInstallRunning
+        | LifecycleAction::RecordInstallEnded
         | LifecycleAction::Cordon
         | LifecycleAction::Evict { .. }
         | LifecycleAction::Reboot { .. }
@@ -188,6 +215,20 @@ async fn carry_out_lifecycle(
             }
             None => install(ex, machine, image, marker, None).await,
         },
+        LifecycleAction::RecordInstallRunning | LifecycleAction::RecordInstallEnded => {
+            let (status, why, outcome) = if action == LifecycleAction::RecordInstallRunning {
+                (ConditionStatus::Unknown, reason::INSTALL_RUNNING, "InstallRunning")
+            } else {
+                (ConditionStatus::True, reason::INSTALLED, "InstallEnded")
+            };
+            let mut conditions = machine.conditions.clone();
+            let marker = conditions.get(TALOS_LIFECYCLE).map(|c| c.message.clone()).unwrap_or_default();
+            write_lifecycle(ex, machine, &mut conditions, status, why, marker).await?;
+            if action == LifecycleAction::RecordInstallRunning {
+                return waiting(&MachineWait::InstallUnderWay, "the node runs the install".to_owned(), ex);
+            }
+            progressed(outcome)
+        }
         LifecycleAction::Cordon => {
             let Some(node_name) = node_name else { return Ok(name_unknown()) };
             kube(ex, "cordon", ex.kube.cordon(node_name, ex.clock.now())).await?;
@@ -429,7 +470,11 @@ pub(crate) async fn install(
     let left = marker.call_deadline.saturating_since(ex.clock.now()).min(bound);
     let request = InstallRequest { image, timeout: left };
     tracing::info!(machine = %machine.name, image = %request.image, "LifecycleService.Upgrade");
-    match bounded("LifecycleService.Upgrade", left, ex.talos.lifecycle_upgrade(&machine.address, &request)).await {
+    let started = std::sync::atomic::AtomicBool::new(false);
+    let call = ex.talos.lifecycle_upgrade_reporting(&machine.address, &request, &started);
+    let call = bounded("LifecycleService.Upgrade", left, call);
+    let answer = follow_install(ex, machine, &mut conditions, &marker, &started, call).await?;
+    match answer {
         Ok(Ok(outcome)) => match InstallExit::from_code(outcome.exit_code) {
             InstallExit::Success => {
                 write_lifecycle(ex, machine, &mut conditions, ConditionStatus::True, reason::INSTALLED, text).await?;
@@ -462,6 +507,51 @@ pub(crate) async fn install(
             Ok(failed(&failure))
         }
         Err(timed_out) => Ok(failed(&MachineFailure::UpgradeCallTimedOut(timed_out.bound))),
+    }
+}
+
+/// How often a running install's stream asks the node whether the installer runs, until
+/// it is seen (then recorded) once.
+const INSTALL_SEEN_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs the install's `call` to its end and, beside it, records `InstallRunning` as soon as
+/// the node shows the installer running: from then on a controller that died with the
+/// stream (or a stream an outage cut) knows the install ran on this boot, and never makes
+/// it again (its exit code unseen, the reboot's verification judges it).
+async fn follow_install<T>(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &mut ichor_upgrade_core::conditions::Conditions,
+    marker: &UpgradeMarker,
+    started: &std::sync::atomic::AtomicBool,
+    call: impl Future<Output = T>,
+) -> Result<T, AdvanceError> {
+    let mut call = std::pin::pin!(call);
+    let text = marker.to_string();
+    let mut remembered = false;
+    loop {
+        // The call first, so that a seed replays the same run.
+        let tick = std::pin::pin!(tokio::time::sleep(INSTALL_SEEN_POLL));
+        if let futures::future::Either::Left((answer, _)) = futures::future::select(call.as_mut(), tick).await {
+            return Ok(answer);
+        }
+        let seen = started.load(std::sync::atomic::Ordering::Relaxed) || {
+            let asked = ex.talos.install_running(&machine.address);
+            matches!(bounded("read the installer's ServicePID", INSTALL_SEEN_POLL, asked).await, Ok(Ok(Some(true))))
+        };
+        if !seen {
+            continue;
+        }
+        if !remembered && let Some(background) = ex.background {
+            background.install_started(&machine.name, &marker.boot_id);
+            remembered = true;
+        }
+        let status = ConditionStatus::Unknown;
+        match write_lifecycle(ex, machine, conditions, status, reason::INSTALL_RUNNING, text.clone()).await {
+            Ok(()) => return Ok(call.await),
+            // (An outage: this process remembers it; the record is tried again.)
+            Err(e) => tracing::debug!(machine = %machine.name, error = %e, "InstallRunning not recorded yet"),
+        }
     }
 }
 

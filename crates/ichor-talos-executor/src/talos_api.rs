@@ -248,6 +248,27 @@ pub trait TalosApi: Send + Sync {
         let _ = request;
         Err(unimplemented("LifecycleService.Upgrade", node))
     }
+    /// Whether an install runs on the node now: Talos keeps the `installer` ServicePID
+    /// (`ServicePIDs.runtime.talos.dev`, namespace `runtime`) while the installer's task
+    /// runs, and removes it when it exits (`internal/app/lifecycle/container.go`).
+    /// `Ok(None)` when this API cannot tell (the default, for doubles).
+    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
+        let _ = node;
+        Ok(None)
+    }
+    /// [`Self::lifecycle_upgrade`], setting `started` once the node answered that the
+    /// install began (the stream's first message: Talos took its one-install lock and
+    /// started the installer, which then runs to its end whatever becomes of the stream).
+    /// The default sets nothing; wrappers must forward it.
+    async fn lifecycle_upgrade_reporting(
+        &self,
+        node: &str,
+        request: &InstallRequest,
+        started: &std::sync::atomic::AtomicBool,
+    ) -> Result<InstallOutcome, TalosError> {
+        let _ = started;
+        self.lifecycle_upgrade(node, request).await
+    }
     /// `MachineService.Reboot` in the default mode; the actor ID. It does not drain.
     async fn reboot(&self, node: &str) -> Result<String, TalosError> {
         Err(unimplemented("MachineService.Reboot", node))

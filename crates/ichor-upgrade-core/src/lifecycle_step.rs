@@ -18,10 +18,18 @@
 //! - `Unknown/InstallIntent`, written before the install: from here the other boot slot
 //!   may be written, so the machine is past the point of no return (a hold, a pause or a
 //!   deletion no longer interrupts it) and a reboot into another version is an A/B
-//!   fallback. An intent found later, with the node on the same boot and answering, is
-//!   installed again: the stream ended with the controller that made it, and the installer
-//!   writes the same slot with the same image (decision 0010). That repeated install
-//!   finishes a machine past its call, so it takes the finish authority.
+//!   fallback. An intent found later, with the node on the same boot and answering, no
+//!   install shown on the node and none seen, is installed again (the call never reached
+//!   the node; the installer would write the same slot with the same image). That repeated
+//!   install finishes a machine past its call, so it takes the finish authority.
+//! - `Unknown/InstallRunning`, once the node shows the installer running (Talos keeps an
+//!   `installer` ServicePID while its task runs, and runs it to its end whether or not a
+//!   stream follows it: `internal/app/lifecycle/container.go` waits on a detached
+//!   context). An intent is installed again only while the node shows no install and none
+//!   was ever seen: an install seen running and now gone ended on this boot, its exit code
+//!   unseen; it is taken as installed, and the reboot's verification judges it (on the old
+//!   version it is reported as a fallback, never converged). Never an install after one
+//!   that ran on the same boot (issue 29 item 3).
 //! - `True/Installed`, on exit code 0: the drain's clock starts at its transition time.
 //! - `Unknown/RebootRequested`, written before the Reboot call, with the boot ID before it.
 //!   Found later with the node on that boot (as Talos itself reports its boot ID) and
@@ -81,6 +89,9 @@ pub fn cordoned_since(value: &str) -> Option<Timestamp> {
 pub mod reason {
     /// `Unknown`: written before the install; the other boot slot may be written.
     pub const INSTALL_INTENT: &str = "InstallIntent";
+    /// `Unknown`: the node was seen running the install; it is never made again on this
+    /// boot.
+    pub const INSTALL_RUNNING: &str = "InstallRunning";
     /// `True`: the install ended with exit code 0; the drain follows.
     pub const INSTALLED: &str = "Installed";
     /// `Unknown`: written before the Reboot call.
@@ -300,6 +311,12 @@ pub struct LifecycleInput<'a> {
     /// Whether this controller's install of the machine is under way (its stream runs
     /// outside the pass): it is waited for, never started again.
     pub install_running: bool,
+    /// Whether the node shows an install under way (asked when [`LifecycleReads::install`]
+    /// says so); `None` when not asked or not known.
+    pub node_installing: Option<bool>,
+    /// Whether this controller saw the intent's install begin on the node (the call's
+    /// answer) and could not record it yet (an outage cut the stream and the write).
+    pub install_seen: bool,
 }
 
 /// What the driver must read for the step, beyond the Node: the lifecycle step asks only
@@ -314,6 +331,8 @@ pub struct LifecycleReads {
     pub drain: bool,
     /// The boot ID as Talos reports it.
     pub talos_boot_id: bool,
+    /// Whether the node runs an install (an intent's, on the same boot).
+    pub install: bool,
 }
 
 /// What [`lifecycle_step`] needs read for a machine with these conditions whose Node shows
@@ -323,19 +342,20 @@ pub struct LifecycleReads {
 /// monitor's grace, and its API would hold the pass until the dial timeout).
 #[must_use]
 pub fn lifecycle_reads(conditions: &Conditions, node: Option<(&str, bool)>, now: Timestamp) -> LifecycleReads {
-    let all = LifecycleReads { talos: true, storage: true, drain: false, talos_boot_id: false };
+    let all = LifecycleReads { talos: true, storage: true, drain: false, talos_boot_id: false, install: false };
     let Some(condition) = conditions.get(TALOS_LIFECYCLE).filter(|c| c.status != ConditionStatus::False) else {
         return all;
     };
     let Ok(marker) = MarkerRef::parse(&condition.message) else { return all };
     let rebooted = node.is_some_and(|(boot, _)| boot != marker.boot_id);
     let ready = node.is_some_and(|(_, ready)| ready);
-    let nothing = LifecycleReads { talos: false, storage: false, drain: false, talos_boot_id: false };
+    let nothing = LifecycleReads { talos: false, storage: false, drain: false, talos_boot_id: false, install: false };
     match condition.reason.as_str() {
         // A node shown on a new boot is verified from the Node (and etcd, read with Talos).
         _ if rebooted => LifecycleReads { talos: true, ..nothing },
         // The install again goes through every pre-call check, the evacuation's included.
-        reason::INSTALL_INTENT => all,
+        reason::INSTALL_INTENT => LifecycleReads { install: true, ..all },
+        reason::INSTALL_RUNNING => LifecycleReads { talos: true, install: true, ..nothing },
         reason::INSTALLED => LifecycleReads { drain: true, ..nothing },
         reason::REBOOT_REQUESTED if ready && now >= marker.call_deadline => {
             LifecycleReads { talos: true, talos_boot_id: true, ..nothing }
@@ -377,6 +397,13 @@ pub enum LifecycleAction {
         /// What `TalosLifecycle` records.
         marker: UpgradeMarker,
     },
+    /// Write `TalosLifecycle=Unknown/InstallRunning` (the same marker): the node shows the
+    /// intent's install running.
+    RecordInstallRunning,
+    /// Write `TalosLifecycle=True/Installed` (the same marker): the install seen running
+    /// ended on this boot with no stream to report its exit code; the reboot's
+    /// verification judges it.
+    RecordInstallEnded,
     /// Cordon the Node with [`CORDONED_ANNOTATION`], in one write.
     Cordon,
     /// Evict these pods through the Eviction API (a PodDisruptionBudget's 429 is a wait).
@@ -411,6 +438,8 @@ impl LifecycleAction {
             Self::BeginEvacuation => "BeginEvacuation",
             Self::EndEvacuation => "EndEvacuation",
             Self::Install { .. } => "Install",
+            Self::RecordInstallRunning => "RecordInstallRunning",
+            Self::RecordInstallEnded => "RecordInstallEnded",
             Self::Cordon => "Cordon",
             Self::Evict { .. } => "Evict",
             Self::Reboot { .. } => "Reboot",
@@ -472,6 +501,7 @@ pub fn lifecycle_step(input: &LifecycleInput<'_>) -> LifecycleAction {
     let since = condition.last_transition_time.min(s.now);
     let phase = match (condition.status, condition.reason.as_str()) {
         (ConditionStatus::Unknown, reason::INSTALL_INTENT) => Phase::InstallIntent,
+        (ConditionStatus::Unknown, reason::INSTALL_RUNNING) => Phase::InstallRunning,
         (ConditionStatus::True, reason::INSTALLED) => Phase::Installed,
         (ConditionStatus::Unknown, reason::REBOOT_REQUESTED) => Phase::RebootRequested,
         (status, other) => {
@@ -490,6 +520,7 @@ pub fn lifecycle_step(input: &LifecycleInput<'_>) -> LifecycleAction {
     }
     match phase {
         Phase::InstallIntent => after_install_intent(input, verify_deadline),
+        Phase::InstallRunning => install_seen_running(input, verify_deadline),
         Phase::Installed => installed(input, &marker, since),
         Phase::RebootRequested => after_reboot_request(input, &marker, verify_deadline),
     }
@@ -498,6 +529,7 @@ pub fn lifecycle_step(input: &LifecycleInput<'_>) -> LifecycleAction {
 #[derive(Debug, Clone, Copy)]
 enum Phase {
     InstallIntent,
+    InstallRunning,
     Installed,
     RebootRequested,
 }
@@ -554,8 +586,9 @@ fn before_install(input: &LifecycleInput<'_>) -> LifecycleAction {
     }
 }
 
-/// An install intent, the node on the same boot: the stream ended with the controller that
-/// made it; install again (the same image into the same slot). The slot may be written
+/// An install intent, the node on the same boot: an install the node shows (or this
+/// process saw begin) is recorded as running; with none, install again (the same image
+/// into the same slot: the call never reached the node). The slot may be written
 /// already, so the machine is past its call: the repeated install takes the finish
 /// authority, which a pause or a hold does not withdraw (a paused operation whose install
 /// died with its controller would otherwise leave the machine to fail at the verify bound,
@@ -577,11 +610,35 @@ fn after_install_intent(input: &LifecycleInput<'_>, verify_deadline: Timestamp) 
     if input.install_running {
         return lwait(MachineWait::InstallUnderWay, Some(verify_deadline));
     }
+    if input.node_installing == Some(true) || input.install_seen {
+        // The stream that began it is gone (or runs beside the pass); the node runs it,
+        // or ran it on this boot.
+        return LifecycleAction::RecordInstallRunning;
+    }
     let finishing = StepInput { authority: input.finish_authority, ..*s };
     match before_call(&finishing) {
         Action::Upgrade { image, marker } => LifecycleAction::Install { image, marker },
         other => from_legacy(other),
     }
+}
+
+/// The node was seen running the intent's install, on the same boot: waited for while it
+/// runs (or cannot be asked); once gone, it ended, and is never made again.
+fn install_seen_running(input: &LifecycleInput<'_>, verify_deadline: Timestamp) -> LifecycleAction {
+    let s = &input.step;
+    match s.talos {
+        TalosObservation::Answered { stage: MachineStage::Running } => {}
+        TalosObservation::Answered { stage } => {
+            return polled_waiting(input, verify_deadline, MachineWait::MachineBusy { stage: *stage }, "the install");
+        }
+        TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {
+            return polled_waiting(input, verify_deadline, MachineWait::TalosApiUnreachable, "the install");
+        }
+    }
+    if input.install_running || input.node_installing != Some(false) {
+        return polled_waiting(input, verify_deadline, MachineWait::InstallUnderWay, "the install");
+    }
+    LifecycleAction::RecordInstallEnded
 }
 
 /// Installed, the node on the same boot: cordon, drain, then the reboot.

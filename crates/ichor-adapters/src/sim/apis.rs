@@ -466,15 +466,25 @@ impl TalosApi for SimCluster {
     }
 
     async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        // A stream the controller drops (it died, even at the very call that began the
-        // install) stops the installer with it.
-        let stopped = InstallStopped { sim: self, address: node, started: std::sync::atomic::AtomicBool::new(false) };
+        self.lifecycle_upgrade_reporting(node, request, &std::sync::atomic::AtomicBool::new(false)).await
+    }
+
+    async fn lifecycle_upgrade_reporting(
+        &self,
+        node: &str,
+        request: &InstallRequest,
+        started: &std::sync::atomic::AtomicBool,
+    ) -> Result<InstallOutcome, TalosError> {
+        // The install runs on the node, not in the stream: Talos waits for the installer's
+        // task on a context detached from the call (`internal/app/lifecycle/container.go`,
+        // `task.Wait(detachedCtx)`) and holds its one-install lock until the installer
+        // exits. A controller that dies mid-stream leaves the install to finish by itself.
         let sent_at = self.with_world_untouched(|w| {
             w.sync_clock();
             w.now
         });
         // The install begins: one at a time, from an image already in the store.
-        let (install, boot_id) = self
+        let boot_id = self
             .talos("lifecycle_upgrade", node, |w, i| {
                 let n = &w.nodes[i];
                 if n.phase != NodePhase::Running {
@@ -492,49 +502,39 @@ impl TalosApi for SimCluster {
                         format!("installer image {} not found in containerd store", request.image),
                     ));
                 }
-                let takes = if w.config.realism.takes_time() { secs(n.drawn.install) } else { Duration::ZERO };
                 let boot_id = n.boot_id.clone();
-                w.nodes[i].installing = true;
-                stopped.started.store(true, std::sync::atomic::Ordering::Relaxed);
-                w.record(i, TraceKind::InstallStart);
-                Ok((takes, boot_id))
+                let version = installer_version(w, &request.image);
+                w.start_install(i, version, sent_at);
+                Ok(boot_id)
             })
             .await?;
-        if !install.is_zero() {
-            // (Under the oracle no timer turns: a sleep of nothing would never end.)
-            tokio::time::sleep(install).await;
+        started.store(true, std::sync::atomic::Ordering::Relaxed);
+        // The stream follows the install to its end (under the oracle it ended in the call).
+        loop {
+            let left = self.with_world_untouched(|w| {
+                w.sync_clock();
+                let i = w.node_index_by_address(node)?;
+                let run = w.nodes[i].install_run.as_ref().filter(|r| r.boot_id == boot_id)?;
+                Some(run.until.saturating_since(w.now).max(Duration::from_millis(1)))
+            });
+            let Some(left) = left else { break };
+            tokio::time::sleep(left).await;
         }
-        // The install ends: the other slot holds the target, unless the node rebooted or the
-        // controller's stream went away first (then the installer was stopped with it).
-        let outcome = self
-            .talos("lifecycle_upgrade_end", node, |w, i| {
-                w.nodes[i].installing = false;
-                stopped.started.store(false, std::sync::atomic::Ordering::Relaxed);
-                if w.nodes[i].boot_id != boot_id {
-                    return Err(TalosError::transport("the node rebooted during the install"));
-                }
-                let Some(version) = installer_version(w, &request.image) else {
-                    return Ok(InstallOutcome { exit_code: 2, output: vec!["invalid installer image".to_owned()] });
-                };
-                w.nodes[i].installed = Some(version);
-                let restarts = w.counters.restarts;
-                let record = LifecycleRecord {
-                    node: w.nodes[i].name.clone(),
-                    boot_id: boot_id.clone(),
-                    at: w.now,
-                    sent_at,
-                    restarts,
-                };
-                w.installs.push(record);
-                w.counters.install_calls += 1;
-                w.record(i, TraceKind::Installed);
+        // Its last message: the installer's exit code, unless the node rebooted first.
+        self.talos("lifecycle_upgrade_end", node, |w, i| match &w.nodes[i].install_exit {
+            Some((boot, 0)) if *boot == boot_id => {
                 Ok(InstallOutcome { exit_code: 0, output: vec!["upgrade successful".to_owned()] })
-            })
-            .await;
-        // A last call that never reached the node (the controller died first) leaves the
-        // install to be stopped with the stream, as the guard does when dropped.
-        drop(stopped);
-        outcome
+            }
+            Some((boot, code)) if *boot == boot_id => {
+                Ok(InstallOutcome { exit_code: *code, output: vec!["invalid installer image".to_owned()] })
+            }
+            _ => Err(TalosError::transport("the node rebooted during the install")),
+        })
+        .await
+    }
+
+    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
+        self.talos("install_running", node, |w, i| Ok(Some(w.nodes[i].installing))).await
     }
 
     async fn reboot(&self, node: &str) -> Result<String, TalosError> {
@@ -582,27 +582,6 @@ impl TalosApi for SimCluster {
 
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         self.talos("boot_id", node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
-    }
-}
-
-/// Stops a node's install when its stream is dropped before its end.
-struct InstallStopped<'a> {
-    sim: &'a SimCluster,
-    address: &'a str,
-    /// Whether this stream's install is under way on the node.
-    started: std::sync::atomic::AtomicBool,
-}
-
-impl Drop for InstallStopped<'_> {
-    fn drop(&mut self) {
-        if !self.started.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        self.sim.with_world_untouched(|w| {
-            if let Some(i) = w.node_index_by_address(self.address) {
-                w.nodes[i].installing = false;
-            }
-        });
     }
 }
 

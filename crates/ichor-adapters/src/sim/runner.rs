@@ -46,6 +46,9 @@ pub enum RunEnd {
     Deleted,
 }
 
+/// How soon a controller killed in a job's call is restarted.
+const DEAD_CHECK: Duration = Duration::from_secs(1);
+
 /// After a failed pass (an outage), the controller retries after this long, as a
 /// controller's error backoff would.
 const ERROR_BACKOFF: Duration = Duration::from_secs(5);
@@ -215,11 +218,26 @@ impl<'a> Jobs<'a> {
         }
         let waiting = wait_for_wake(sim, requeue, not_before);
         let mut waiting = std::pin::pin!(waiting);
+        // A controller killed in a job's call is a process gone: it is restarted within a
+        // second, not when its jobs next end (an install's stream outlived its process by
+        // minutes, and the new one found the install over, unrecorded).
+        let crashes = sim.with_world_untouched(|w| w.config.has(Fault::ControllerCrash));
+        let mut dead_check = std::pin::pin!(tokio::time::sleep(DEAD_CHECK));
         // Whether nothing in the world will wake the controller: then only a job's end can.
         let mut silent = false;
         loop {
             let finished = if silent {
-                self.running.next().await
+                tokio::select! {
+                    biased;
+                    done = self.running.next() => done,
+                    () = &mut dead_check, if crashes => {
+                        if sim.with_world_untouched(|w| w.crash.dead) {
+                            return true;
+                        }
+                        dead_check.set(tokio::time::sleep(DEAD_CHECK));
+                        continue;
+                    }
+                }
             } else {
                 tokio::select! {
                     // In a fixed order, so that a seed replays the same run.
@@ -232,6 +250,13 @@ impl<'a> Jobs<'a> {
                         continue;
                     }
                     done = self.running.next(), if !self.running.is_empty() => done,
+                    () = &mut dead_check, if crashes && !self.running.is_empty() => {
+                        if sim.with_world_untouched(|w| w.crash.dead) {
+                            return true;
+                        }
+                        dead_check.set(tokio::time::sleep(DEAD_CHECK));
+                        continue;
+                    }
                 }
             };
             let Some((job, outcome)) = finished else { return false };

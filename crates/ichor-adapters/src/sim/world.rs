@@ -212,6 +212,10 @@ pub struct SimNode {
     pub installed: Option<TalosVersion>,
     /// A lifecycle install is under way (one at a time per node, as Talos allows).
     pub installing: bool,
+    /// The install under way, which ends by itself whether or not a stream follows it.
+    pub install_run: Option<InstallRun>,
+    /// The last install's exit code, with the boot it ran on (what its stream reports).
+    pub install_exit: Option<(String, i32)>,
     /// Whether its Node carries the engine's cordon annotation (kept beside the
     /// annotations: every measure of who is down asks it of every node).
     engine_cordon: bool,
@@ -281,6 +285,22 @@ pub struct LifecycleRecord {
     /// When the call was sent (what the engine knew then is what it decided on).
     pub sent_at: Timestamp,
     /// How many times the controller had been restarted by then.
+    pub restarts: u64,
+}
+
+/// A lifecycle install running on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallRun {
+    /// When it ends.
+    pub until: Timestamp,
+    /// The boot it runs on: a reboot ends it unfinished.
+    pub boot_id: String,
+    /// What it writes into the other slot (`None`: an image that is no installer of this
+    /// platform, which exits 2).
+    pub version: Option<TalosVersion>,
+    /// When its call was sent.
+    pub sent_at: Timestamp,
+    /// How many times the controller had been restarted when it began.
     pub restarts: u64,
 }
 
@@ -747,6 +767,8 @@ impl World {
                 evicted: Vec::new(),
                 installed: None,
                 installing: false,
+                install_run: None,
+                install_exit: None,
                 engine_cordon: false,
             });
         }
@@ -1758,6 +1780,9 @@ impl World {
     }
 
     fn apply_node_rest(&mut self, i: usize, now: Timestamp) {
+        if self.nodes[i].install_run.as_ref().is_some_and(|r| now >= r.until || r.boot_id != self.nodes[i].boot_id) {
+            self.finish_install(i);
+        }
         if self.nodes[i].not_ready_until.is_some_and(|t| now >= t) {
             self.nodes[i].not_ready_until = None;
             if matches!(self.nodes[i].phase, NodePhase::Running) {
@@ -1933,6 +1958,54 @@ impl World {
         self.crash.before_effect = before_effect;
     }
 
+    /// Begins a lifecycle install on node `i` (its call sent at `sent_at`): it ends by
+    /// itself after the node's drawn install time (at once under the oracle, which counts
+    /// that time in the reboot).
+    pub(crate) fn start_install(&mut self, i: usize, version: Option<TalosVersion>, sent_at: Timestamp) {
+        let takes = if self.config.realism.takes_time() { secs(self.nodes[i].drawn.install) } else { Duration::ZERO };
+        let run = InstallRun {
+            until: self.now.saturating_add(takes),
+            boot_id: self.nodes[i].boot_id.clone(),
+            version,
+            sent_at,
+            restarts: self.counters.restarts,
+        };
+        self.nodes[i].installing = true;
+        self.nodes[i].install_run = Some(run);
+        self.record(i, TraceKind::InstallStart);
+        if takes.is_zero() {
+            self.finish_install(i);
+        } else {
+            self.changed(i);
+        }
+    }
+
+    /// Ends node `i`'s install: the other slot holds its version (exit 0), unless the node
+    /// rebooted first (then it never finished) or the image was no installer (exit 2).
+    fn finish_install(&mut self, i: usize) {
+        let Some(run) = self.nodes[i].install_run.take() else { return };
+        self.nodes[i].installing = false;
+        if self.nodes[i].boot_id != run.boot_id {
+            return;
+        }
+        let Some(version) = run.version else {
+            self.nodes[i].install_exit = Some((run.boot_id, 2));
+            return;
+        };
+        self.nodes[i].installed = Some(version);
+        self.nodes[i].install_exit = Some((run.boot_id.clone(), 0));
+        let record = LifecycleRecord {
+            node: self.nodes[i].name.clone(),
+            boot_id: run.boot_id,
+            at: self.now,
+            sent_at: run.sent_at,
+            restarts: run.restarts,
+        };
+        self.installs.push(record);
+        self.counters.install_calls += 1;
+        self.record(i, TraceKind::Installed);
+    }
+
     /// If the controller died, restarts it and says so. A crash armed for a later call
     /// stays armed.
     pub fn take_restart(&mut self) -> bool {
@@ -1968,5 +2041,6 @@ fn node_next_change(n: &SimNode) -> Option<Timestamp> {
     }
     consider(n.evacuation.as_ref().and_then(|e| e.next_move_at));
     consider(n.view.pending.first().map(|(t, _)| *t));
+    consider(n.install_run.as_ref().map(|r| r.until));
     next
 }

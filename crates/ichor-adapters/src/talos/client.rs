@@ -600,6 +600,24 @@ impl TalosApi for TalosClient {
     }
 
     async fn lifecycle_upgrade(&self, node: &str, install: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+        self.lifecycle_upgrade_reporting(node, install, &std::sync::atomic::AtomicBool::new(false)).await
+    }
+
+    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
+        // The installer's PID record exists while its task runs (pid.NewStateRecorder).
+        match self.get(node, "runtime", "ServicePIDs.runtime.talos.dev", "installer").await {
+            Ok(_) => Ok(Some(true)),
+            Err(TalosError::Answered { code, .. }) if code == "NotFound" => Ok(Some(false)),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn lifecycle_upgrade_reporting(
+        &self,
+        node: &str,
+        install: &InstallRequest,
+        started: &std::sync::atomic::AtomicBool,
+    ) -> Result<InstallOutcome, TalosError> {
         use pb::lifecycle_service_install_progress::Response;
         let message = pb::LifecycleServiceUpgradeRequest {
             containerd: Some(system_namespace()),
@@ -613,6 +631,8 @@ impl TalosApi for TalosClient {
             install.timeout,
             |channel, r| async move { LifecycleServiceClient::new(channel).upgrade(r).await },
             |reply: pb::LifecycleServiceUpgradeResponse| {
+                // Any message: the node took its install lock and runs the installer.
+                started.store(true, std::sync::atomic::Ordering::Relaxed);
                 match reply.progress.and_then(|p| p.response) {
                     Some(Response::Message(line)) => {
                         if output.len() == INSTALL_OUTPUT_LINES {

@@ -348,6 +348,15 @@ impl<T: TalosApi + 'static> State for Apid<T> {
                 };
                 MachineStatusSpec { stage: stage as i32, status: None }.encode_to_vec()
             }
+            // Talos keeps the installer's PID while its task runs (the spec's content is
+            // not read: its existence is the answer).
+            ("runtime", "ServicePIDs.runtime.talos.dev", "installer") => {
+                match self.api.install_running(&node).await.map_err(|e| status(&e))? {
+                    Some(true) => Vec::new(),
+                    Some(false) => return Err(Status::not_found("runtime/ServicePIDs.runtime.talos.dev/installer")),
+                    None => return Err(Status::unimplemented("this Talos API cannot tell an install under way")),
+                }
+            }
             (namespace, kind, id) => return Err(Status::not_found(format!("{namespace}/{kind}/{id}"))),
         };
         let resource = Resource { metadata: None, spec: Some(Spec { proto_spec, yaml_spec: String::new() }) };

@@ -43,6 +43,8 @@ struct Observed {
     drain: Option<DrainObservation>,
     talos_boot_id: Option<String>,
     install_running: bool,
+    node_installing: Option<bool>,
+    install_seen: bool,
     now: Timestamp,
 }
 
@@ -74,6 +76,8 @@ impl Observed {
             drain: None,
             talos_boot_id: None,
             install_running: false,
+            node_installing: None,
+            install_seen: false,
             now: at(1000),
         }
     }
@@ -125,6 +129,11 @@ impl Observed {
         self.lifecycle(ConditionStatus::True, reason::INSTALLED, at(1500), at(900))
     }
 
+    /// The intent of t=900, its install seen running on the node.
+    fn install_running(self) -> Self {
+        self.lifecycle(ConditionStatus::Unknown, reason::INSTALL_RUNNING, at(1500), at(900))
+    }
+
     /// The reboot requested at t=900, to be confirmed by t=1020.
     fn reboot_requested(self) -> Self {
         self.lifecycle(ConditionStatus::Unknown, reason::REBOOT_REQUESTED, at(1020), at(900))
@@ -167,6 +176,8 @@ impl Observed {
             talos_boot_id: self.talos_boot_id.as_deref(),
             finish_authority: &self.finish,
             install_running: self.install_running,
+            node_installing: self.node_installing,
+            install_seen: self.install_seen,
         })
     }
 }
@@ -501,26 +512,26 @@ fn each_phase_reads_only_what_it_looks_at() {
     let none = Observed::fixture();
     assert_eq!(
         lifecycle_reads(&none.conditions, before, at(1000)),
-        LifecycleReads { talos: true, storage: true, drain: false, talos_boot_id: false }
+        LifecycleReads { talos: true, storage: true, drain: false, talos_boot_id: false, install: false }
     );
     let installed = Observed::fixture().installed();
     assert_eq!(
         lifecycle_reads(&installed.conditions, before, at(1000)),
-        LifecycleReads { talos: false, storage: false, drain: true, talos_boot_id: false }
+        LifecycleReads { talos: false, storage: false, drain: true, talos_boot_id: false, install: false }
     );
     let requested = Observed::fixture().reboot_requested();
-    let nothing = LifecycleReads { talos: false, storage: false, drain: false, talos_boot_id: false };
+    let nothing = LifecycleReads { talos: false, storage: false, drain: false, talos_boot_id: false, install: false };
     // Before its deadline, or with the Node NotReady, a reboot is never asked about: the
     // node may be down, and its API would hold the pass until the dial timeout.
     assert_eq!(lifecycle_reads(&requested.conditions, before, at(1000)), nothing);
     assert_eq!(lifecycle_reads(&requested.conditions, Some((BOOT_BEFORE, false)), at(1100)), nothing);
     assert_eq!(
         lifecycle_reads(&requested.conditions, before, at(1020)),
-        LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: true }
+        LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: true, install: false }
     );
     assert_eq!(
         lifecycle_reads(&requested.conditions, Some((BOOT_AFTER, false)), at(1000)),
-        LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: false }
+        LifecycleReads { talos: true, storage: false, drain: false, talos_boot_id: false, install: false }
     );
 }
 
@@ -553,6 +564,37 @@ fn an_install_under_way_in_this_controller_is_waited_for_never_started_again() {
     let running = Observed { install_running: true, ..Observed::fixture() };
     assert_eq!(waits(&running.clone().step()), "InstallUnderWay");
     assert_eq!(waits(&running.install_intent().step()), "InstallUnderWay");
+}
+
+/// Issue 29 item 3: Talos runs an install to its end whether or not a stream follows it.
+/// An intent whose install the node shows running is recorded so, and waited for; once it
+/// is gone it ended on this boot and is taken as installed (its exit code unseen: the
+/// reboot's verification judges it), never made again. An intent the node shows no install
+/// for, and none was seen, is installed again.
+#[test]
+fn an_install_seen_running_on_the_node_is_recorded_waited_for_and_never_made_again() {
+    let intent = Observed::fixture().install_intent();
+    let on_node = Observed { node_installing: Some(true), ..intent.clone() };
+    assert_eq!(on_node.step(), LifecycleAction::RecordInstallRunning);
+    let seen = Observed { install_seen: true, node_installing: Some(false), ..intent.clone() };
+    assert_eq!(seen.step(), LifecycleAction::RecordInstallRunning, "seen by this process, not recorded yet");
+    let none = Observed { node_installing: Some(false), ..intent.clone() };
+    assert!(matches!(none.step(), LifecycleAction::Install { .. }), "provably none ran: made again");
+
+    let running = Observed::fixture().install_running();
+    assert_eq!(waits(&Observed { node_installing: Some(true), ..running.clone() }.step()), "InstallUnderWay");
+    assert_eq!(waits(&running.clone().step()), "InstallUnderWay", "the node cannot tell: waited for");
+    let ended = Observed { node_installing: Some(false), ..running.clone() };
+    assert_eq!(ended.step(), LifecycleAction::RecordInstallEnded);
+    // Past the verify bound it fails, as any wait on the install.
+    let late = Observed { node_installing: Some(true), now: at(900 + 3600), ..running };
+    assert_eq!(fails(&late.step()), "NotVerifiedInTime");
+    // The install is asked of the node only for an intent on the same boot.
+    let before = Some((BOOT_BEFORE, true));
+    assert!(lifecycle_reads(&intent.conditions, before, at(1000)).install);
+    assert!(lifecycle_reads(&Observed::fixture().install_running().conditions, before, at(1000)).install);
+    assert!(!lifecycle_reads(&Observed::fixture().installed().conditions, before, at(1000)).install);
+    assert!(crate::talos_step::past_upgrade_call(&Observed::fixture().install_running().conditions));
 }
 
 #[test]
