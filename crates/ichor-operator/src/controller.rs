@@ -42,6 +42,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::fence::{Fence, FencedKube, FencedStorage, FencedTalos};
 use crate::leader::leads;
 use crate::metrics::{EngineCalls, Metrics, Operations};
 use crate::trace::{Recorder, TraceSink, TracedKube, TracedStorage, TracedTalos};
@@ -154,6 +155,8 @@ pub struct Context {
     jobs: Mutex<Vec<tokio::task::AbortHandle>>,
     /// Asks for a pass of an operation: an install that ended wrote what it must see.
     wake: futures::channel::mpsc::UnboundedSender<ObjectRef<TalosOperation>>,
+    /// This replica's leadership, checked before every side effect.
+    fence: Fence,
 }
 
 impl Context {
@@ -198,10 +201,12 @@ impl Context {
             let recorder = self.recorder(namespace);
             let task = tokio::spawn(async move {
                 let recorder = recorder.as_deref();
+                // Every side effect of the job checks this replica's leadership first.
+                let fence = &ctx.fence;
                 let ex = Executor {
-                    talos: &TracedTalos { inner: talos.as_ref(), recorder },
-                    kube: &TracedKube { inner: &kube, recorder },
-                    storage: &TracedStorage { inner: &ctx.storage, recorder },
+                    talos: &FencedTalos { inner: &TracedTalos { inner: talos.as_ref(), recorder }, fence },
+                    kube: &FencedKube { inner: &TracedKube { inner: &kube, recorder }, fence },
+                    storage: &FencedStorage { inner: &TracedStorage { inner: &ctx.storage, recorder }, fence },
                     clock: &SystemClock,
                     config: &ctx.config.executor,
                     snapshots: None,
@@ -390,11 +395,14 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         let queue = ctx.background(&namespace, &name);
         let recorder = ctx.recorder(&namespace);
         let recorder = recorder.as_deref();
+        // Leadership is checked before every side effect of the pass, not only at its start:
+        // a pass can last minutes.
+        let fence = &ctx.fence;
         let executor = Executor {
             snapshots: ctx.config.snapshots.as_deref(),
-            talos: &TracedTalos { inner: talos.as_ref(), recorder },
-            kube: &TracedKube { inner: &kube, recorder },
-            storage: &TracedStorage { inner: &ctx.storage, recorder },
+            talos: &FencedTalos { inner: &TracedTalos { inner: talos.as_ref(), recorder }, fence },
+            kube: &FencedKube { inner: &TracedKube { inner: &kube, recorder }, fence },
+            storage: &FencedStorage { inner: &TracedStorage { inner: &ctx.storage, recorder }, fence },
             clock: &SystemClock,
             config: &ctx.config.executor,
             background: Some(queue.as_ref()),
@@ -602,7 +610,6 @@ pub async fn run(
         stores: stores.clone(),
         counters,
         metrics,
-        leading,
         storage,
         trace: recorder,
         recorders: Mutex::new(HashMap::new()),
@@ -612,7 +619,27 @@ pub async fn run(
         backgrounds: Mutex::new(HashMap::new()),
         jobs: Mutex::new(Vec::new()),
         wake: wake_tx,
+        fence: Fence::new(leading.clone()),
+        leading,
     });
+    // A replica that stops leading aborts its jobs at once (another may act meanwhile), not
+    // when its next pass is triggered.
+    let lapse = {
+        let ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            let mut was = false;
+            loop {
+                let now = ctx.fence.leads();
+                if was && !now {
+                    tracing::warn!("no longer leading: jobs aborted, memory forgotten");
+                    ctx.forget();
+                }
+                was = now;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let at_end = Arc::clone(&ctx);
 
     let ops = stores.operations.clone();
     let by_machine = move |m: TalosMachine| operations_of(&ops, m.namespace().as_deref(), &m.spec.cluster);
@@ -694,8 +721,11 @@ pub async fn run(
             }
         })
         .await;
+    // Before the caller releases the Lease: nothing of this replica's acts after it.
+    lapse.abort();
+    at_end.forget();
     health.live.store(false, Ordering::Relaxed);
-    tracing::info!("controller stopped");
+    tracing::info!("controller stopped; jobs aborted");
 }
 
 #[cfg(test)]
