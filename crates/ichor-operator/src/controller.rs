@@ -210,7 +210,9 @@ impl Context {
                     clock: &SystemClock,
                     config: &ctx.config.executor,
                     snapshots: None,
-                    background: None,
+                    // An install that began is remembered in its queue (an outage may keep
+                    // its record from being written).
+                    background: Some(queue.as_ref()),
                 };
                 let outcome = run_job(&ex, &job).await;
                 let install = matches!(job, Job::Install { .. });

@@ -71,8 +71,10 @@ pub async fn run_operation(
     // Calls that outlive a pass (the lifecycle install, pre-pulls) run beside the passes, as
     // a controller's tasks do; they die with the controller.
     let queue = JobQueue::new(name, config.prepull.limit);
+    // The jobs see the queue too: an install that began is remembered in it (an outage may
+    // keep its record from being written).
     let job_ex =
-        Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: None, background: None };
+        Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: None, background: Some(&queue) };
     let mut jobs = Jobs::new(&queue, job_ex);
     for _ in 0..max_passes {
         let storage = sim.with_world_untouched(|w| {
