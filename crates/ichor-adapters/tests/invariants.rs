@@ -413,8 +413,8 @@ fn check_invariants(
         // can keep the record of an install from being written and a restart then forget
         // that it began: nothing on the node tells an install that ended from one that
         // never began (decision 0012, rule 6's known gap).
-        let unseen = executor.oracle
-            || (faults.contains(&Fault::ApiOutage) && faults.contains(&Fault::ControllerCrash));
+        let unseen =
+            executor.oracle || (faults.contains(&Fault::ApiOutage) && faults.contains(&Fault::ControllerCrash));
         let mut installs: std::collections::BTreeMap<(&str, &str, u64), usize> = std::collections::BTreeMap::new();
         for i in &w.installs {
             let by = if unseen { i.restarts } else { 0 };
