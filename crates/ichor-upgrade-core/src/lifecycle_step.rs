@@ -595,14 +595,8 @@ fn before_install(input: &LifecycleInput<'_>) -> LifecycleAction {
 /// where the same operation never killed finishes it).
 fn after_install_intent(input: &LifecycleInput<'_>, verify_deadline: Timestamp) -> LifecycleAction {
     let s = &input.step;
-    match s.talos {
-        TalosObservation::Answered { stage: MachineStage::Running } => {}
-        TalosObservation::Answered { stage } => {
-            return polled_waiting(input, verify_deadline, MachineWait::MachineBusy { stage: *stage }, "the install");
-        }
-        TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {
-            return polled_waiting(input, verify_deadline, MachineWait::TalosApiUnreachable, "the install");
-        }
+    if let Some(wait) = unless_running(input, verify_deadline) {
+        return wait;
     }
     if s.now >= verify_deadline {
         return waiting(input, verify_deadline, MachineWait::InstallUnderWay, "the install");
@@ -622,18 +616,25 @@ fn after_install_intent(input: &LifecycleInput<'_>, verify_deadline: Timestamp) 
     }
 }
 
+/// A polled wait while the node is not running or cannot be asked (an install is judged
+/// only on a running node); `None` once it runs.
+fn unless_running(input: &LifecycleInput<'_>, verify_deadline: Timestamp) -> Option<LifecycleAction> {
+    match input.step.talos {
+        TalosObservation::Answered { stage: MachineStage::Running } => None,
+        TalosObservation::Answered { stage } => {
+            Some(polled_waiting(input, verify_deadline, MachineWait::MachineBusy { stage: *stage }, "the install"))
+        }
+        TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {
+            Some(polled_waiting(input, verify_deadline, MachineWait::TalosApiUnreachable, "the install"))
+        }
+    }
+}
+
 /// The node was seen running the intent's install, on the same boot: waited for while it
 /// runs (or cannot be asked); once gone, it ended, and is never made again.
 fn install_seen_running(input: &LifecycleInput<'_>, verify_deadline: Timestamp) -> LifecycleAction {
-    let s = &input.step;
-    match s.talos {
-        TalosObservation::Answered { stage: MachineStage::Running } => {}
-        TalosObservation::Answered { stage } => {
-            return polled_waiting(input, verify_deadline, MachineWait::MachineBusy { stage: *stage }, "the install");
-        }
-        TalosObservation::Unreachable { .. } | TalosObservation::Error { .. } => {
-            return polled_waiting(input, verify_deadline, MachineWait::TalosApiUnreachable, "the install");
-        }
+    if let Some(wait) = unless_running(input, verify_deadline) {
+        return wait;
     }
     if input.install_running || input.node_installing != Some(false) {
         return polled_waiting(input, verify_deadline, MachineWait::InstallUnderWay, "the install");
