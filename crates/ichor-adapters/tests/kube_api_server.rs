@@ -9,11 +9,11 @@ use ichor_adapters::kubernetes::crd::{
 };
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores};
 use ichor_storage::ConditionStore;
-use ichor_talos_executor::kube_api::{EventType, Eviction, KubeApi, KubeError, LeaseWrite};
+use ichor_talos_executor::kube_api::{EventType, Eviction, KubeApi, KubeError, LeaseWrite, NodeInfo};
 use ichor_testkit::kube::TestNamespace;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
-use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordoned_since};
+use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordon_annotation, cordoned_for, cordoned_since};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -412,7 +412,32 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
     .await;
     let kube = kube_cluster(&ns).await;
     let cordoned_at = Timestamp::from_unix_secs(1_767_225_600);
-    kube.cordon(&node_name, cordoned_at).await.unwrap();
+    let operation = format!("{}/upgrade/uid-1", ns.name);
+    let annotation = cordon_annotation(cordoned_at, &operation);
+    // The cordon is written under the Node as read: a Node changed since (a person's
+    // `kubectl label`, or cordon, in between) makes it a conflict, and nothing is written.
+    eventually(|| kube.stores().nodes.get(&kube::runtime::reflector::ObjectRef::new(&node_name)).is_some()).await;
+    let stale = kube.node(&node_name).await.unwrap().unwrap();
+    assert!(!stale.resource_version.is_empty(), "a Node read carries its resourceVersion");
+    let by_hand = json!({ "metadata": { "labels": { "rack": "r7" } } });
+    nodes.patch(&node_name, &PatchParams::default(), &Patch::Merge(&by_hand)).await.unwrap();
+    let err = kube.cordon(&stale, &annotation).await.unwrap_err();
+    assert!(matches!(err, KubeError::Conflict(_)), "{err:?}");
+    assert_eq!(nodes.get(&node_name).await.unwrap().spec.and_then(|s| s.unschedulable), None, "nothing written");
+    let fresh = async {
+        bounded(async {
+            loop {
+                let read = kube.node(&node_name).await.unwrap().unwrap();
+                if read.labels.contains_key("rack") {
+                    return read;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+    };
+    let read = fresh.await;
+    kube.cordon(&read, &annotation).await.unwrap();
     eventually(|| {
         kube.stores()
             .nodes
@@ -420,10 +445,27 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
             .is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
     })
     .await;
-    // The cordon records when it was made: the drain's clock starts there.
+    // The cordon records when it was made (the drain's clock starts there) and which
+    // operation made it (only that one lifts it).
     let node = kube.stores().nodes.get(&kube::runtime::reflector::ObjectRef::new(&node_name)).unwrap();
     let recorded = node.metadata.annotations.as_ref().and_then(|a| a.get(CORDONED_ANNOTATION)).cloned();
     assert_eq!(recorded.as_deref().and_then(cordoned_since), Some(cordoned_at), "{recorded:?}");
+    assert_eq!(recorded.as_deref().and_then(cordoned_for), Some(operation.as_str()), "{recorded:?}");
+    // The uncordon too: from the read before the cordon it is a conflict; from a read of the
+    // cordon it lifts it, annotation and all.
+    let err = kube.uncordon(&read).await.unwrap_err();
+    assert!(matches!(err, KubeError::Conflict(_)), "{err:?}");
+    // The store has seen the cordon (awaited above).
+    let cordoned = kube.node(&node_name).await.unwrap().unwrap();
+    assert!(cordoned.unschedulable);
+    kube.uncordon(&cordoned).await.unwrap();
+    let lifted = nodes.get(&node_name).await.unwrap();
+    assert_ne!(lifted.spec.and_then(|s| s.unschedulable), Some(true));
+    assert!(!lifted.metadata.annotations.unwrap_or_default().contains_key(CORDONED_ANNOTATION));
+    let relisted = nodes.get(&node_name).await.unwrap();
+    let read = kube.node(&node_name).await.unwrap().unwrap();
+    let read = NodeInfo { resource_version: relisted.resource_version().unwrap(), ..read };
+    kube.cordon(&read, &annotation).await.unwrap();
     let on_node = kube.pods_on(&node_name).await.unwrap();
     assert_eq!(on_node.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), vec!["invoice-worker"]);
     let blocked = kube.evict(&ns.name, "invoice-worker").await.unwrap();

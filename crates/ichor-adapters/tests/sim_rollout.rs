@@ -296,6 +296,86 @@ fn cordon_by_hand(sim: &SimCluster, node: &str) {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_cordon_another_operation_left_holds_the_upgrade_names_its_owner_and_is_never_lifted() {
+    use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, ExecutorChoice, cordon_annotation};
+    // worker-3 was cordoned by a removal that was deleted before it ended (issue 29 item
+    // 8): its engine annotation names that removal. Before, any engine annotation counted
+    // as this operation's: the cordon blocked nothing, and the lifecycle executor lifted it
+    // at worker-3's convergence.
+    let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3));
+    let abandoned = "default/remove-worker-3/uid-old";
+    sim.with_world(|w| {
+        let i = w.nodes.iter().position(|n| n.name == "worker-3").unwrap();
+        w.nodes[i].unschedulable = true;
+        w.nodes[i].annotations.insert(CORDONED_ANNOTATION.to_owned(), cordon_annotation(w.start, abandoned));
+    });
+    sim.create_operation("upgrade", spec(1));
+    let executor = ExecutorConfig::default().with_executor(ExecutorChoice::Lifecycle).with_prepull(false);
+    assert_eq!(run_operation(&sim, "upgrade", &executor, 60, |_| {}).await, RunEnd::PassBound);
+    sim.read_world(|w| {
+        assert_eq!(w.counters.upgrade_calls + w.counters.install_calls, 0, "nothing was started");
+        let phase = w.operations["upgrade"].info.status.phase.to_string();
+        assert!(phase.contains(&format!("node worker-3 is cordoned by operation {abandoned}")), "{phase}");
+        let i = w.nodes.iter().position(|n| n.name == "worker-3").unwrap();
+        assert!(w.nodes[i].unschedulable, "never lifted by another operation");
+    });
+    // A person lifts it (`kubectl uncordon` leaves the annotation); the upgrade goes on and
+    // converges worker-3 under its own cordon, which it lifts.
+    sim.with_world(|w| {
+        let i = w.nodes.iter().position(|n| n.name == "worker-3").unwrap();
+        w.nodes[i].unschedulable = false;
+    });
+    assert_eq!(run_operation(&sim, "upgrade", &executor, 20_000, |_| {}).await, RunEnd::Completed);
+    sim.read_world(|w| {
+        assert!(w.nodes.iter().all(|n| !n.unschedulable), "every cordon the upgrade placed is lifted");
+        assert!(w.nodes.iter().all(|n| !n.annotations.contains_key(CORDONED_ANNOTATION)));
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kubectl_cordon_landing_before_the_engines_is_never_taken_over_nor_lifted() {
+    use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, ExecutorChoice};
+    // A person cordons worker-1 after the engine read its Node and before its cordon
+    // arrives. Before, the cordon was a merge patch with no precondition: it wrote the
+    // engine's annotation over the person's cordon, and lifted it at the convergence. Now the
+    // cordon is a conflict; the next pass finds a cordon not its own, drains under it, and
+    // leaves it: converged, worker-1 is a node a person cordoned, which holds worker-2 until
+    // the person lifts it.
+    let sim = SimCluster::new(SimConfig::new(1, 2, v("v1.14.3"), v("v1.14.4")).with_seed(5));
+    sim.with_world(|w| w.cordon_race = Some("worker-1".to_owned()));
+    sim.create_operation("upgrade", spec(1));
+    let executor = ExecutorConfig::default().with_executor(ExecutorChoice::Lifecycle).with_prepull(false);
+    assert_eq!(run_operation(&sim, "upgrade", &executor, 300, |_| {}).await, RunEnd::PassBound);
+    sim.read_world(|w| {
+        assert_eq!(w.cordon_race, None, "the person's cordon landed");
+        let i = w.nodes.iter().position(|n| n.name == "worker-1").unwrap();
+        assert_eq!(w.nodes[i].version, v("v1.14.4"), "worker-1 was upgraded under the person's cordon");
+        assert!(w.nodes[i].unschedulable, "the person's cordon stands");
+        assert!(!w.nodes[i].annotations.contains_key(CORDONED_ANNOTATION), "never taken over");
+        assert!(first_at(w, "worker-1", TraceKind::Cordon).is_none(), "the engine's cordon never landed");
+        assert!(first_at(w, "worker-1", TraceKind::Uncordon).is_none(), "never lifted by the engine");
+        let phase = w.operations["upgrade"].info.status.phase.to_string();
+        assert!(phase.contains("worker-2: node worker-1 is cordoned (not by this operation)"), "{phase}");
+    });
+    // The person lifts it; the drained pods' replacements are scheduled there again (as the
+    // simulator models it for the engine's own uncordon).
+    sim.with_world(|w| {
+        let i = w.nodes.iter().position(|n| n.name == "worker-1").unwrap();
+        w.nodes[i].unschedulable = false;
+        let back = std::mem::take(&mut w.nodes[i].evicted);
+        w.nodes[i].pods.extend(back);
+    });
+    let end = run_operation(&sim, "upgrade", &executor, 20_000, |_| {}).await;
+    let phase = sim.read_world(|w| w.operations["upgrade"].info.status.phase.to_string());
+    assert_eq!(end, RunEnd::Completed, "{phase}");
+    sim.read_world(|w| {
+        let j = w.nodes.iter().position(|n| n.name == "worker-2").unwrap();
+        assert!(!w.nodes[j].unschedulable, "the engine's own cordon of worker-2 was lifted");
+        assert!(first_at(w, "worker-2", TraceKind::Uncordon).is_some());
+    });
+}
+
+#[tokio::test(start_paused = true)]
 async fn preflight_a_node_cordoned_by_hand_holds_every_other_machine_until_it_is_uncordoned() {
     let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(3));
     cordon_by_hand(&sim, "worker-3");

@@ -233,13 +233,13 @@ impl KubeApi for FencedKube<'_> {
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
         self.inner.machine(name).await
     }
-    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
+    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
         self.fence.kube()?;
-        self.inner.cordon(node, at).await
+        self.inner.cordon(read, annotation).await
     }
-    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
+    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
         self.fence.kube()?;
-        self.inner.uncordon(node).await
+        self.inner.uncordon(read).await
     }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.inner.pods_on(node).await

@@ -760,17 +760,17 @@ impl KubeApi for TracedKube<'_> {
         }
         Ok(machine)
     }
-    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
-        self.inner.cordon(node, at).await?;
+    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
+        self.inner.cordon(read, annotation).await?;
         if let Some(r) = self.recorder {
-            r.node_event(node, TraceKind::Cordon);
+            r.node_event(&read.name, TraceKind::Cordon);
         }
         Ok(())
     }
-    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
-        self.inner.uncordon(node).await?;
+    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        self.inner.uncordon(read).await?;
         if let Some(r) = self.recorder {
-            r.node_event(node, TraceKind::Uncordon);
+            r.node_event(&read.name, TraceKind::Uncordon);
         }
         Ok(())
     }
@@ -925,6 +925,7 @@ mod tests {
             boot_id: boot_id.to_owned(),
             labels: Metadata::new(),
             annotations: Metadata::new(),
+            resource_version: "1".to_owned(),
         }
     }
 
@@ -1015,10 +1016,10 @@ mod tests {
         async fn machine(&self, _name: &str) -> Result<Option<MachineInfo>, KubeError> {
             refused()
         }
-        async fn cordon(&self, _node: &str, _at: Timestamp) -> Result<(), KubeError> {
+        async fn cordon(&self, _read: &NodeInfo, _annotation: &str) -> Result<(), KubeError> {
             Ok(())
         }
-        async fn uncordon(&self, _node: &str) -> Result<(), KubeError> {
+        async fn uncordon(&self, _read: &NodeInfo) -> Result<(), KubeError> {
             Ok(())
         }
         async fn pods_on(&self, _node: &str) -> Result<Vec<PodInfo>, KubeError> {
@@ -1160,11 +1161,12 @@ mod tests {
         let pull = PullRequest { image: "installer:v1.14.3".to_owned(), timeout: std::time::Duration::from_secs(60) };
         talos.image_pull(ADDRESS, &pull).await.unwrap();
         talos.image_pull(ADDRESS, &pull).await.unwrap();
-        kube.cordon(node, Timestamp::from_unix_secs(1)).await.unwrap();
+        let read = NodeInfo { name: node.to_owned(), ..self::node(true, "boot-1", "v1.14.3") };
+        kube.cordon(&read, "since=1000;operation=default/demo/1").await.unwrap();
         for pod in kube.pods_on(node).await.unwrap() {
             kube.evict(&pod.namespace, &pod.name).await.unwrap();
         }
-        kube.uncordon(node).await.unwrap();
+        kube.uncordon(&read).await.unwrap();
         let before = Scheduling { allowed: true, eviction_requested: false };
         storage.restore_scheduling(node, before).await.unwrap();
         storage.set_scheduling(node, true).await.unwrap();

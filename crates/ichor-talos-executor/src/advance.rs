@@ -258,6 +258,17 @@ pub(crate) async fn bounded<T>(
     tokio::time::timeout(bound, future).await.map_err(|_| CallTimedOut { call, bound })
 }
 
+/// The operation a machine is advanced for: its kind, and its identity (the one it writes
+/// into the cluster's Lease, [`OperationInfo::identity`](crate::kube_api::OperationInfo::identity)),
+/// which the engine's cordon names so that only this operation lifts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OperationRef<'a> {
+    /// Its kind (only `talos` is advanced here).
+    pub kind: &'a str,
+    /// Its identity.
+    pub identity: &'a str,
+}
+
 /// How a machine's progress reads from its own conditions: whether an Upgrade call was
 /// made or may have been.
 #[must_use]
@@ -275,12 +286,12 @@ pub fn machine_past_upgrade_call(machine: &MachineInfo) -> bool {
 /// otherwise an observation or a write that failed (see [`AdvanceError::is_transient`]).
 pub async fn advance_machine(
     ex: &Executor<'_>,
-    kind: &str,
+    operation: OperationRef<'_>,
     machine: &MachineInfo,
     target: &UpgradeTarget,
     authority: &CallAuthority,
 ) -> Result<MachineOutcome, AdvanceError> {
-    advance_machine_with(ex, kind, machine, target, authority, authority).await
+    advance_machine_with(ex, operation, machine, target, authority, authority).await
 }
 
 /// [`advance_machine`] with the authority to finish a machine already past its call as
@@ -293,14 +304,14 @@ pub async fn advance_machine(
 /// As [`advance_machine`].
 pub async fn advance_machine_with(
     ex: &Executor<'_>,
-    kind: &str,
+    operation: OperationRef<'_>,
     machine: &MachineInfo,
     target: &UpgradeTarget,
     authority: &CallAuthority,
     finish: &CallAuthority,
 ) -> Result<MachineOutcome, AdvanceError> {
-    if kind != OperationKind::TALOS {
-        return Err(AdvanceError::UnsupportedKind(kind.to_owned()));
+    if operation.kind != OperationKind::TALOS {
+        return Err(AdvanceError::UnsupportedKind(operation.kind.to_owned()));
     }
     let bound = ex.config.call_timeout;
     let node_name = match node_name(ex, machine).await {
@@ -324,7 +335,11 @@ pub async fn advance_machine_with(
     };
     let running = node.as_ref().and_then(|n| TalosVersion::from_os_image(&n.os_image).ok());
     if executor_for(ex.config.executor, &machine.conditions, running.as_ref()) == ExecutorKind::Lifecycle {
-        let observed = crate::lifecycle::Seen { node_name: node_name.as_deref(), node: node.as_ref() };
+        let observed = crate::lifecycle::Seen {
+            node_name: node_name.as_deref(),
+            node: node.as_ref(),
+            operation: operation.identity,
+        };
         return crate::lifecycle::advance(ex, machine, observed, target, authority, finish).await;
     }
     // An acknowledged call whose node has not shown its new boot: the step waits on the

@@ -60,6 +60,9 @@ pub struct NodeInfo {
     pub labels: Metadata,
     /// Its annotations.
     pub annotations: Metadata,
+    /// `metadata.resourceVersion` as read: the precondition of the engine's cordon and
+    /// uncordon.
+    pub resource_version: String,
 }
 
 /// A `TalosMachine`.
@@ -245,15 +248,19 @@ pub trait KubeApi: ConditionStore {
     async fn event(&self, event: &Event) -> Result<(), KubeError>;
     /// One machine, if it exists.
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError>;
-    /// Cordons a Node: `spec.unschedulable=true` and the annotation
-    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION), in
-    /// one write, so that only the engine's own cordon is ever lifted.
-    /// `at` is when: the annotation's value records it
-    /// ([`cordon_annotation`](ichor_upgrade_core::lifecycle_step::cordon_annotation)).
-    async fn cordon(&self, node: &str, at: ichor_upgrade_core::Timestamp) -> Result<(), KubeError>;
-    /// Lifts the engine's cordon: `spec.unschedulable=false` and the annotation removed, in
-    /// one write. The caller checks the annotation first: a person's cordon stays.
-    async fn uncordon(&self, node: &str) -> Result<(), KubeError>;
+    /// Cordons the Node `read`: `spec.unschedulable=true` and the annotation
+    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION) set to
+    /// `annotation` ([`cordon_annotation`](ichor_upgrade_core::lifecycle_step::cordon_annotation):
+    /// when, and which operation), in one write, so that only that operation's cordon is
+    /// ever lifted. Written under `read.resource_version`: a Node changed since it was read
+    /// (a `kubectl cordon` landing in between) makes it [`KubeError::Conflict`], never a
+    /// takeover.
+    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError>;
+    /// Lifts the engine's cordon of the Node `read`: `spec.unschedulable=false` and the
+    /// annotation removed, in one write, under `read.resource_version` (else
+    /// [`KubeError::Conflict`]). The caller checks the annotation first: a person's cordon,
+    /// or another operation's, stays.
+    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError>;
     /// The pods scheduled on a Node.
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
     /// Evicts a pod through the Eviction API (`policy/v1` Eviction).

@@ -30,7 +30,7 @@ pub mod snapshot;
 pub mod strategies;
 pub mod talos_api;
 
-pub use advance::{AdvanceError, Executor, advance_machine, advance_machine_with};
+pub use advance::{AdvanceError, Executor, OperationRef, advance_machine, advance_machine_with};
 pub use cause::{Cause, report};
 pub use clock::Clock;
 pub use config::ExecutorConfig;

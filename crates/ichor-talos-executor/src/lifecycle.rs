@@ -12,7 +12,7 @@ use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::lifecycle_step::{
     CORDONED_ANNOTATION, CordonState, DrainObservation, InstallExit, LifecycleAction, LifecycleInput, TALOS_LIFECYCLE,
-    cordoned_since, lifecycle_reads, lifecycle_step, reason,
+    cordon_annotation, cordoned_for, cordoned_since, lifecycle_reads, lifecycle_step, reason,
 };
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole};
 use ichor_upgrade_core::removal_step::PodRef;
@@ -32,11 +32,13 @@ use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
 use crate::removal::{drains, kube};
 use crate::talos_api::{InstallRequest, PullRequest, TalosError};
 
-/// What the caller already read of the machine: its node name and Node.
+/// What the caller already read of the machine (its node name and Node), and the identity
+/// of the operation it is advanced for (its cordon names it).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Seen<'a> {
     pub(crate) node_name: Option<&'a str>,
     pub(crate) node: Option<&'a NodeInfo>,
+    pub(crate) operation: &'a str,
 }
 
 /// One pass over a machine on the lifecycle executor.
@@ -49,7 +51,7 @@ pub(crate) async fn advance(
     finish: &CallAuthority,
 ) -> Result<MachineOutcome, AdvanceError> {
     let bound = ex.config.call_timeout;
-    let Seen { node_name, node } = seen;
+    let Seen { node_name, node, operation } = seen;
     let reads = lifecycle_reads(&machine.conditions, node.map(|n| (n.boot_id.as_str(), n.ready)), ex.clock.now());
     let talos = if reads.talos {
         talos_observation(bounded("machine stage", bound, ex.talos.machine_stage(&machine.address)).await)
@@ -110,10 +112,13 @@ pub(crate) async fn advance(
             .and_then(|c| ichor_upgrade_core::upgrade_marker::MarkerRef::parse(&c.message).ok())
             .is_some_and(|m| b.install_seen(&machine.name, m.boot_id))
     });
-    let cordon = node.map_or_else(CordonState::default, |n| CordonState {
-        unschedulable: n.unschedulable,
-        by_ichor: n.annotations.contains_key(CORDONED_ANNOTATION),
-        since: n.annotations.get(CORDONED_ANNOTATION).and_then(|v| cordoned_since(v)),
+    let cordon = node.map_or_else(CordonState::default, |n| {
+        let ours = n.annotations.get(CORDONED_ANNOTATION).filter(|v| cordoned_for(v) == Some(operation));
+        CordonState {
+            unschedulable: n.unschedulable,
+            ours: ours.is_some(),
+            since: ours.and_then(|v| cordoned_since(v)),
+        }
     });
     let observation = node.map(node_observation);
     let spec = MachineSpec { name: machine.name.clone(), role: machine.role };
@@ -139,7 +144,7 @@ pub(crate) async fn advance(
         install_seen,
     });
     tracing::debug!(machine = %machine.name, ?action, "lifecycle step");
-    carry_out_lifecycle(ex, machine, node_name, node, target, action).await
+    carry_out_lifecycle(ex, machine, seen, target, action).await
 }
 
 /// The pods the drain has left on `node`.
@@ -164,15 +169,15 @@ fn waiting(reason: &MachineWait, message: String, ex: &Executor<'_>) -> Result<M
 async fn carry_out_lifecycle(
     ex: &Executor<'_>,
     machine: &MachineInfo,
-    node_name: Option<&str>,
-    node: Option<&NodeInfo>,
+    seen: Seen<'_>,
     target: &UpgradeTarget,
     action: LifecycleAction,
 ) -> Result<MachineOutcome, AdvanceError> {
-    let name_unknown = || MachineOutcome::Waiting {
-        reason: "NodeNameUnknown".to_owned(),
-        message: "the node name cannot be read from Talos and none was recorded".to_owned(),
-        recheck_at: None,
+    let Seen { node_name, node, operation } = seen;
+    let node_unread = || MachineOutcome::Waiting {
+        reason: "NodeNotFound".to_owned(),
+        message: "the Node was not read in this pass: it is cordoned or uncordoned only as read".to_owned(),
+        recheck_at: Some(ex.retry_at()),
     };
     // What the legacy driver already carries out the same way.
     let shared = match action {
@@ -229,14 +234,16 @@ async fn carry_out_lifecycle(
             }
             progressed(outcome)
         }
+        // Both written under the Node as this pass read it (its resourceVersion): a cordon
+        // placed or lifted by anyone since is a conflict, and the next pass decides again.
         LifecycleAction::Cordon => {
-            let Some(node_name) = node_name else { return Ok(name_unknown()) };
-            kube(ex, "cordon", ex.kube.cordon(node_name, ex.clock.now())).await?;
+            let Some(read) = node else { return Ok(node_unread()) };
+            kube(ex, "cordon", ex.kube.cordon(read, &cordon_annotation(ex.clock.now(), operation))).await?;
             progressed("Cordon")
         }
         LifecycleAction::Uncordon => {
-            let Some(node_name) = node_name else { return Ok(name_unknown()) };
-            kube(ex, "uncordon", ex.kube.uncordon(node_name)).await?;
+            let Some(read) = node else { return Ok(node_unread()) };
+            kube(ex, "uncordon", ex.kube.uncordon(read)).await?;
             progressed("Uncordon")
         }
         LifecycleAction::Evict { pods } => {

@@ -15,7 +15,7 @@ use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::{
     EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state, with_recorded_evacuation,
 };
-use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
+use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordoned_for};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
@@ -29,8 +29,8 @@ use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget, in
 use ichor_upgrade_core::versions::TalosVersion;
 
 use crate::advance::{
-    AdvanceError, Executor, KubeCallError, advance_machine_with, bounded, end_evacuation, machine_past_upgrade_call,
-    outcome_recheck, reset_for_retry,
+    AdvanceError, Executor, KubeCallError, OperationRef, advance_machine_with, bounded, end_evacuation,
+    machine_past_upgrade_call, outcome_recheck, reset_for_retry,
 };
 use crate::background::{Background, Job};
 use crate::cause::report;
@@ -609,7 +609,7 @@ async fn reconcile_pass(
                 .collect();
             let nodes: Vec<&str> = asked.iter().map(|(_, node)| *node).collect();
             let config = PreflightConfig::default();
-            match gather_preflight(ex, &observed, &status, removal, &nodes).await {
+            match gather_preflight(ex, &observed, &status, &op.identity, removal, &nodes).await {
                 Ok(facts) => {
                     let gate = Preflight::new(&facts, &config);
                     for (machine, node) in &asked {
@@ -715,14 +715,14 @@ async fn reconcile_pass(
     let control_planes = &control_planes;
     let advance = |o: &Observed, (authority, finish): (CallAuthority, CallAuthority)| {
         let target = &target;
-        let kind = &op.spec.kind;
+        let operation = OperationRef { kind: &op.spec.kind, identity: &op.identity };
         let machine = Arc::clone(&o.machine);
         async move {
             let outcome = match target {
-                _ if removal => {
-                    remove_machine(ex, &machine, control_planes).await.unwrap_or_else(|e| e.outcome(ex.retry_at()))
-                }
-                Ok(target) => advance_machine_with(ex, kind, &machine, target, &authority, &finish)
+                _ if removal => remove_machine(ex, operation.identity, &machine, control_planes)
+                    .await
+                    .unwrap_or_else(|e| e.outcome(ex.retry_at())),
+                Ok(target) => advance_machine_with(ex, operation, &machine, target, &authority, &finish)
                     .await
                     .unwrap_or_else(|e| e.outcome(ex.retry_at())),
                 Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
@@ -1017,13 +1017,15 @@ fn by_name_in<'o>(observed: &'o [Observed], machine: &str) -> Option<&'o Observe
 }
 
 /// What the preflight gate reads: the cluster's workloads from the API, and its Nodes as
-/// this pass observed them, each marked when this operation took it out (a machine it
-/// recorded, or one past its Upgrade call). A read that fails is said, with its cause: it
+/// this pass observed them, each marked when this operation (`operation`, its identity)
+/// took it out (a machine it recorded, one past its Upgrade call, or one carrying its
+/// cordon). A read that fails is said, with its cause: it
 /// blocks every machine, since nothing can be said to be safe.
 async fn gather_preflight(
     ex: &Executor<'_>,
     observed: &[Observed],
     status: &OperationStatus,
+    operation: &str,
     removal: bool,
     asked: &[&str],
 ) -> Result<ClusterFacts, String> {
@@ -1039,13 +1041,17 @@ async fn gather_preflight(
         .iter()
         .filter_map(|o| {
             let node = o.node.as_ref().filter(|n| !n.ready || n.unschedulable)?;
+            let cordoned_by = node.annotations.get(CORDONED_ANNOTATION).and_then(|v| cordoned_for(v));
             Some(NodeFacts {
                 name: node.name.clone(),
                 ready: node.ready,
                 unschedulable: node.unschedulable,
                 by_operation: status.machines.contains_key(&o.machine.name)
                     || past_the_point_of_no_return(removal, &o.machine)
-                    || node.annotations.contains_key(CORDONED_ANNOTATION),
+                    || cordoned_by.is_some_and(|by| by == operation),
+                // Another operation's engine cordon (an aborted removal, a deleted upgrade)
+                // is never lifted here: it blocks as a person's does, and says whose it is.
+                cordoned_by: cordoned_by.filter(|by| *by != operation).map(str::to_owned),
             })
         })
         .collect();

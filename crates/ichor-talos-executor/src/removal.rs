@@ -9,6 +9,7 @@
 use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::StorageObservation;
+use ichor_upgrade_core::lifecycle_step::cordon_annotation;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::removal_step::{
     NODE_REMOVAL, PodRef, RemovalAction, RemovalInput, RemovalNode, reason as removal_reason, removal_step,
@@ -22,7 +23,7 @@ use crate::advance::{
     observe, talos_observation, write_condition,
 };
 use crate::etcd::{self, ControlPlane};
-use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, PodInfo};
+use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, NodeInfo, PodInfo};
 
 /// How soon an eviction a PodDisruptionBudget refused is tried again (`kubectl drain`
 /// retries every 5 s).
@@ -78,6 +79,7 @@ pub(crate) async fn talos<T>(
 /// An observation or a write that failed (see [`AdvanceError::is_transient`]).
 pub async fn remove_machine(
     ex: &Executor<'_>,
+    operation: &str,
     machine: &MachineInfo,
     control_planes: &[ControlPlane],
 ) -> Result<MachineOutcome, AdvanceError> {
@@ -145,7 +147,8 @@ pub async fn remove_machine(
     });
     tracing::debug!(machine = %machine.name, ?action, "removal step");
     let asked = member.and_then(|m| m.answered_by);
-    carry_out(ex, machine, &node_name, asked.as_deref(), action).await
+    let cordon = node.as_ref().map(|read| (read, operation));
+    carry_out(ex, machine, &node_name, cordon, asked.as_deref(), action).await
 }
 
 async fn write_removal(
@@ -165,6 +168,7 @@ async fn carry_out(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     node_name: &str,
+    cordon: Option<(&NodeInfo, &str)>,
     etcd_peer: Option<&str>,
     action: RemovalAction,
 ) -> Result<MachineOutcome, AdvanceError> {
@@ -207,8 +211,15 @@ async fn carry_out(
                 recheck_at: Some(ex.clock.now()),
             })
         }
+        // Under the Node as this pass read it, naming this operation: a cordon a person
+        // placed since is a conflict, and one left by this removal, if it is abandoned, is
+        // never lifted by another operation.
         RemovalAction::Cordon => {
-            kube(ex, "cordon", ex.kube.cordon(node_name, ex.clock.now())).await?;
+            let Some((read, operation)) = cordon else {
+                let source = KubeCallError::from(KubeError::NotFound(format!("Node {node_name}")));
+                return Err(AdvanceError::KubeCall { call: "cordon", source });
+            };
+            kube(ex, "cordon", ex.kube.cordon(read, &cordon_annotation(ex.clock.now(), operation))).await?;
             progressed("Cordon")
         }
         RemovalAction::Evict { pods } => {

@@ -77,6 +77,7 @@ impl ClusterObjects {
                 boot_id: format!("boot-{}-1", m.name),
                 labels: Metadata::new(),
                 annotations: Metadata::new(),
+                resource_version: "1".to_owned(),
             })
             .collect();
         let cluster = ClusterInfo {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ichor_storage::StorageObject;
 use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::advance::{AdvanceError, Executor, advance_machine};
+use ichor_talos_executor::advance::{AdvanceError, Executor, OperationRef, advance_machine};
 use ichor_talos_executor::kube_api::{KubeError, MachineInfo, NodeInfo};
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
@@ -27,6 +27,8 @@ use mockall::predicate::eq;
 
 use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 
+/// The operation every machine here is advanced for.
+const TALOS_OP: OperationRef<'static> = OperationRef { kind: "talos", identity: "default/upgrade/uid-1" };
 const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
 const BOOT_BEFORE: &str = "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11";
 const BOOT_AFTER: &str = "7e2d9c40-13b1-4c8f-8d7e-52a0c6f1e3b2";
@@ -102,6 +104,7 @@ fn node(os_image: &str, boot_id: &str, ready: bool) -> NodeInfo {
         boot_id: boot_id.into(),
         labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
         annotations: [("extensions.talos.dev/schematic".to_owned(), SCHEMATIC.to_owned())].into(),
+        resource_version: "1".into(),
     }
 }
 
@@ -198,7 +201,7 @@ async fn run(
         snapshots: None,
         background: None,
     };
-    advance_machine(&ex, "talos", m, &target(), &CallAuthority::Granted).await
+    advance_machine(&ex, TALOS_OP, m, &target(), &CallAuthority::Granted).await
 }
 
 #[tokio::test]
@@ -215,9 +218,15 @@ async fn kinds_other_than_talos_are_errors_and_touch_nothing() {
         background: None,
     };
     for kind in ["kubernetes", "ichor"] {
-        let err = advance_machine(&ex, kind, &machine(MachineRole::Worker), &target(), &CallAuthority::Granted)
-            .await
-            .unwrap_err();
+        let err = advance_machine(
+            &ex,
+            OperationRef { kind, identity: TALOS_OP.identity },
+            &machine(MachineRole::Worker),
+            &target(),
+            &CallAuthority::Granted,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err, AdvanceError::UnsupportedKind(kind.into()));
         assert!(!err.is_transient());
     }
@@ -769,16 +778,16 @@ async fn no_upgrade_call_goes_out_without_the_authority_of_this_pass() {
     // The void intent is closed first (whatever the authority); then nothing is called
     // without the authority of the pass.
     let outcome =
-        advance_machine(&ex, "talos", &void, &target(), &CallAuthority::Denied(denied.clone())).await.unwrap();
+        advance_machine(&ex, TALOS_OP, &void, &target(), &CallAuthority::Denied(denied.clone())).await.unwrap();
     assert_eq!(outcome, MachineOutcome::Progressed { action: "CloseVoidIntent" });
     assert_eq!(world.written(), vec![(ConditionStatus::False, upgrade::INTENT_VOID.to_owned())]);
     let closed = MachineInfo { conditions: world.writes.lock().unwrap()[0].clone(), ..void };
-    let outcome = advance_machine(&ex, "talos", &closed, &target(), &CallAuthority::Denied(denied)).await.unwrap();
+    let outcome = advance_machine(&ex, TALOS_OP, &closed, &target(), &CallAuthority::Denied(denied)).await.unwrap();
     assert!(
         matches!(&outcome, MachineOutcome::Waiting { reason, message, .. } if reason == "CallNotAuthorised" && message.contains("cp-2")),
         "{outcome:?}"
     );
-    let outcome = advance_machine(&ex, "talos", &closed, &target(), &CallAuthority::NeedsEtcdGate).await.unwrap();
+    let outcome = advance_machine(&ex, TALOS_OP, &closed, &target(), &CallAuthority::NeedsEtcdGate).await.unwrap();
     assert!(
         matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "EtcdGateNotChecked"),
         "{outcome:?}"

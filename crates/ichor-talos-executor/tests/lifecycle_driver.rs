@@ -10,10 +10,12 @@ use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 use ichor_talos_executor::config::ExecutorConfig;
 use ichor_talos_executor::kube_api::{MachineInfo, NodeInfo, PodInfo};
 use ichor_talos_executor::talos_api::{InstallOutcome, TalosError};
-use ichor_talos_executor::{Executor, advance_machine_with};
+use ichor_talos_executor::{Executor, OperationRef, advance_machine_with};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
-use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, ExecutorChoice, TALOS_LIFECYCLE, reason};
+use ichor_upgrade_core::lifecycle_step::{
+    CORDONED_ANNOTATION, ExecutorChoice, TALOS_LIFECYCLE, cordon_annotation, reason,
+};
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::status::MachineOutcome;
@@ -22,6 +24,8 @@ use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 use ichor_upgrade_core::versions::TalosVersion;
 use mockall::predicate::eq;
 
+/// The operation every machine here is advanced for.
+const OPERATION: OperationRef<'static> = OperationRef { kind: "talos", identity: "default/upgrade/uid-1" };
 const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
 const IMAGE: &str =
     "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.4";
@@ -53,7 +57,7 @@ fn node(unschedulable: bool, ours: bool) -> NodeInfo {
     let mut annotations: BTreeMap<String, String> =
         [("extensions.talos.dev/schematic".to_owned(), SCHEMATIC.to_owned())].into();
     if ours {
-        annotations.insert(CORDONED_ANNOTATION.to_owned(), "true".to_owned());
+        annotations.insert(CORDONED_ANNOTATION.to_owned(), cordon_annotation(NOW, OPERATION.identity));
     }
     NodeInfo {
         name: "worker-1".into(),
@@ -63,6 +67,7 @@ fn node(unschedulable: bool, ours: bool) -> NodeInfo {
         boot_id: BOOT.into(),
         labels: BTreeMap::new(),
         annotations,
+        resource_version: "41".into(),
     }
 }
 
@@ -127,7 +132,7 @@ impl World {
             snapshots: None,
             background: None,
         };
-        advance_machine_with(&ex, "talos", m, &target(), &CallAuthority::Granted, &finish)
+        advance_machine_with(&ex, OPERATION, m, &target(), &CallAuthority::Granted, &finish)
             .await
             .unwrap_or_else(|e| e.outcome(ex.retry_at()))
     }
@@ -200,7 +205,16 @@ async fn a_pull_the_registry_refuses_fails_before_anything_is_written() {
 async fn an_installed_machine_is_cordoned_with_the_engines_annotation() {
     let mut world = World::new(node(false, false));
     world.kube.expect_pods_on().returning(|_| Ok(Vec::new()));
-    world.kube.expect_cordon().with(eq("worker-1"), eq(NOW)).times(1).returning(|_, _| Ok(()));
+    world
+        .kube
+        .expect_cordon()
+        .withf(|read, annotation| {
+            read.name == "worker-1"
+                && read.resource_version == "41"
+                && annotation == cordon_annotation(NOW, OPERATION.identity)
+        })
+        .times(1)
+        .returning(|_, _| Ok(()));
     let outcome =
         world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
     assert_eq!(outcome, MachineOutcome::Progressed { action: "Cordon" });

@@ -178,6 +178,7 @@ fn paused_cluster(machines: Vec<MachineInfo>) -> MockKube {
             boot_id: "b".into(),
             labels: BTreeMap::new(),
             annotations: BTreeMap::new(),
+            resource_version: "3".into(),
         }))
     });
     kube.expect_event().returning(|_| Ok(()));

@@ -14,6 +14,7 @@ use ichor_talos_executor::talos_api::{EtcdMember, EtcdStatus, TalosError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
+use ichor_upgrade_core::lifecycle_step::cordon_annotation;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::removal_step::{NODE_REMOVAL, reason};
 use ichor_upgrade_core::status::MachineOutcome;
@@ -21,6 +22,9 @@ use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::predicate::eq;
 
 use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
+
+/// The removal's operation identity.
+const OPERATION: &str = "default/remove-worker-2/uid-9";
 use ichor_talos_executor::Clock;
 
 fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
@@ -45,6 +49,7 @@ fn node(name: &str, unschedulable: bool) -> NodeInfo {
         boot_id: "0b6c1f8e-4a5e-4d0e-9a43-1f6f3d2a9c11".into(),
         labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
         annotations: BTreeMap::new(),
+        resource_version: "12".into(),
     }
 }
 
@@ -90,7 +95,7 @@ impl World {
             clock: &FixedClock,
             config: &config,
         };
-        remove_machine(&ex, m, control_planes).await.unwrap()
+        remove_machine(&ex, OPERATION, m, control_planes).await.unwrap()
     }
 
     fn written(&self, type_: &str) -> Vec<(ConditionStatus, String)> {
@@ -101,7 +106,14 @@ impl World {
 #[tokio::test]
 async fn an_uncordoned_node_is_cordoned_first() {
     let mut world = World::new(Some(node("worker-2", false)), vec![pod("api-1", "ReplicaSet", false)]);
-    world.kube.expect_cordon().with(eq("worker-2"), eq(NOW)).times(1).returning(|_, _| Ok(()));
+    world
+        .kube
+        .expect_cordon()
+        .withf(|read, annotation| {
+            read.name == "worker-2" && read.resource_version == "12" && annotation == cordon_annotation(NOW, OPERATION)
+        })
+        .times(1)
+        .returning(|_, _| Ok(()));
     world.kube.expect_evict().never();
     let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;
     assert_eq!(outcome, MachineOutcome::Progressed { action: "Cordon" });

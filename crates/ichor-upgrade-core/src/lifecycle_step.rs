@@ -37,8 +37,10 @@
 //! - `False/Converged` (with `TalosUpgrade=False/Converged`, the engine's record of a
 //!   convergence whatever the executor), `False/InstallFailed`, `False/Retry`.
 //!
-//! The cordon carries the Node annotation [`CORDONED_ANNOTATION`] in the same write, so the
-//! uncordon lifts only the engine's own cordon, never a person's.
+//! The cordon carries the Node annotation [`CORDONED_ANNOTATION`] in the same write, naming
+//! the operation, so the uncordon lifts only this operation's own cordon, never a person's
+//! nor another operation's. Both writes carry the Node's resourceVersion as the pass read
+//! it: a `kubectl cordon` landing in between makes the write a conflict, never a takeover.
 //!
 //! # Authority
 //! The first install is the Upgrade call of this path: it goes out only with the full
@@ -68,21 +70,36 @@ use crate::versions::TalosVersion;
 pub const TALOS_LIFECYCLE: &str = "TalosLifecycle";
 
 /// The Node annotation the engine's cordon carries, so that only its own cordon is lifted.
-/// Its value records when the engine cordoned ([`cordon_annotation`]); an older engine
-/// wrote `true`.
+/// Its value names the operation that cordoned and when ([`cordon_annotation`]); an older
+/// engine wrote `true` or `since=<Unix ms>`, which name no operation.
 pub const CORDONED_ANNOTATION: &str = "ichor.dev/cordoned";
 
-/// The value of [`CORDONED_ANNOTATION`] for a cordon made at `at`: `since=<Unix ms>`.
+/// The value of [`CORDONED_ANNOTATION`] for a cordon made at `at` by the operation whose
+/// identity is `operation`: `since=<Unix ms>;operation=<identity>`.
 #[must_use]
-pub fn cordon_annotation(at: Timestamp) -> String {
-    format!("since={}", at.unix_millis())
+pub fn cordon_annotation(at: Timestamp, operation: &str) -> String {
+    format!("since={};operation={operation}", at.unix_millis())
+}
+
+/// A field of a [`CORDONED_ANNOTATION`] value (`key=value`, separated by `;`).
+fn cordon_field<'a>(value: &'a str, key: &str) -> Option<&'a str> {
+    value.split(';').find_map(|field| field.strip_prefix(key)?.strip_prefix('='))
 }
 
 /// When the engine cordoned, from the value of [`CORDONED_ANNOTATION`]; `None` for a value
 /// that records no time (`true`, from an older engine) or does not parse.
 #[must_use]
 pub fn cordoned_since(value: &str) -> Option<Timestamp> {
-    value.strip_prefix("since=")?.parse::<i64>().ok().map(Timestamp::from_unix_millis)
+    cordon_field(value, "since")?.parse::<i64>().ok().map(Timestamp::from_unix_millis)
+}
+
+/// The identity of the operation that cordoned, from the value of [`CORDONED_ANNOTATION`];
+/// `None` for a value that names none (an older engine's). Only that operation lifts the
+/// cordon: one that names no operation, or another, is never lifted by the engine (issue
+/// 29 item 8), and the preflight counts it as a cordon not this operation's.
+#[must_use]
+pub fn cordoned_for(value: &str) -> Option<&str> {
+    cordon_field(value, "operation").filter(|o| !o.is_empty())
 }
 
 /// Condition reasons of [`TALOS_LIFECYCLE`].
@@ -277,9 +294,11 @@ impl InstallExit {
 pub struct CordonState {
     /// `spec.unschedulable`.
     pub unschedulable: bool,
-    /// Whether it carries [`CORDONED_ANNOTATION`]: the cordon is the engine's own.
-    pub by_ichor: bool,
-    /// When the engine cordoned, as its annotation records ([`cordoned_since`]).
+    /// Whether it carries [`CORDONED_ANNOTATION`] naming this operation
+    /// ([`cordoned_for`]): the cordon is this operation's own, the only one it lifts. A
+    /// person's cordon, another operation's, or an older engine's that names none, is left.
+    pub ours: bool,
+    /// When this operation cordoned, as its annotation records ([`cordoned_since`]).
     pub since: Option<Timestamp>,
 }
 
@@ -579,9 +598,7 @@ fn before_install(input: &LifecycleInput<'_>) -> LifecycleAction {
         LifecycleAction::Install { .. } if input.install_running => lwait(MachineWait::InstallUnderWay, None),
         // On the target: the engine's own cordon (left by a crash before its convergence)
         // is lifted before the convergence is recorded.
-        LifecycleAction::RecordConverged | LifecycleAction::Converged if input.cordon.by_ichor => {
-            LifecycleAction::Uncordon
-        }
+        LifecycleAction::RecordConverged | LifecycleAction::Converged if input.cordon.ours => LifecycleAction::Uncordon,
         action => action,
     }
 }
@@ -652,7 +669,7 @@ fn installed(input: &LifecycleInput<'_>, marker: &MarkerRef<'_>, since: Timestam
     // eviction: a controller down for a while after the install does not find its drain
     // timed out before it tried a single eviction (the install's time when the cordon
     // records none).
-    let drain_from = input.cordon.since.filter(|_| input.cordon.by_ichor).map_or(since, |c| c.max(since)).min(s.now);
+    let drain_from = input.cordon.since.filter(|_| input.cordon.ours).map_or(since, |c| c.max(since)).min(s.now);
     let drain_deadline = drain_from.saturating_add(s.timeouts.drain);
     let Some(drain) = input.drain else {
         return from_legacy(polled(s, MachineWait::Draining { terminating: 0 }, Some(drain_deadline)));
@@ -761,7 +778,7 @@ fn rebooted(input: &LifecycleInput<'_>, marker: &MarkerRef<'_>, verify_deadline:
     if let Some(reason) = etcd_wait(s) {
         return polled_waiting(input, verify_deadline, reason, "a voting etcd member");
     }
-    if input.cordon.by_ichor {
+    if input.cordon.ours {
         return LifecycleAction::Uncordon;
     }
     LifecycleAction::RecordConverged

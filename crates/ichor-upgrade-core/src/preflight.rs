@@ -34,6 +34,10 @@ pub struct NodeFacts {
     /// Taken out by this operation (a machine it started): neither its NotReady nor its
     /// cordon blocks the next machine, or no two machines could ever be in flight.
     pub by_operation: bool,
+    /// The operation whose engine cordon it carries, when that is another operation (an
+    /// aborted removal, a deleted upgrade): a cordon this operation never lifts, named in
+    /// its blocker so that a person knows whose it is.
+    pub cordoned_by: Option<String>,
 }
 
 /// The controller that owns a pod (`metadata.ownerReferences` with `controller: true`).
@@ -172,6 +176,10 @@ pub enum Blocker {
     NodeCordoned {
         /// The node.
         node: String,
+        /// The other operation whose engine cordon it is, if it is one (`None`: a person's,
+        /// or an older engine's that names no operation).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        operation: Option<String>,
     },
     /// A budget that allows no disruption covers a pod on the node: its drain would stall.
     BudgetAtZero {
@@ -233,7 +241,14 @@ impl fmt::Display for Blocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NodeNotReady { node } => write!(f, "node {node} is not Ready"),
-            Self::NodeCordoned { node } => write!(f, "node {node} is cordoned (not by this operation)"),
+            Self::NodeCordoned { node, operation: None } => {
+                write!(f, "node {node} is cordoned (not by this operation)")
+            }
+            Self::NodeCordoned { node, operation: Some(operation) } => write!(
+                f,
+                "node {node} is cordoned by operation {operation} (annotation ichor.dev/cordoned), never lifted by \
+                 another operation: uncordon it once that operation is done with it"
+            ),
             Self::BudgetAtZero { namespace, name, healthy, desired } => {
                 write!(f, "PDB {namespace}/{name} allows 0 disruptions (healthy {healthy}/{desired})")
             }
@@ -329,7 +344,7 @@ impl<'a> Preflight<'a> {
                 let blocker = if !n.ready {
                     Blocker::NodeNotReady { node: n.name.clone() }
                 } else if n.unschedulable {
-                    Blocker::NodeCordoned { node: n.name.clone() }
+                    Blocker::NodeCordoned { node: n.name.clone(), operation: n.cordoned_by.clone() }
                 } else {
                     return None;
                 };

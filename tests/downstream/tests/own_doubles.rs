@@ -19,7 +19,6 @@ use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
     SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
-use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
@@ -192,11 +191,11 @@ impl KubeApi for LosesWrites<'_> {
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
         self.sim.machine(name).await
     }
-    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
-        self.sim.cordon(node, at).await
+    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
+        self.sim.cordon(read, annotation).await
     }
-    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
-        self.sim.uncordon(node).await
+    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        self.sim.uncordon(read).await
     }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.sim.pods_on(node).await

@@ -36,7 +36,7 @@ use ichor_talos_executor::kube_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
-use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordon_annotation};
+use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
@@ -381,6 +381,16 @@ impl KubeCluster {
         fresher(&self.written.machines, name, stored)
     }
 
+    /// A merge patch of a Node (the engine's cordon and uncordon).
+    async fn patch_node(&self, node: &str, what: &str, patch: &serde_json::Value) -> Result<(), KubeError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        self.wrote();
+        api.patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(drop)
+            .map_err(|e| kube_error(&format!("{what} Node {node}"), &e))
+    }
+
     fn wrote(&self) {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
     }
@@ -513,6 +523,18 @@ fn metadata_map(map: &std::collections::BTreeMap<String, String>) -> Metadata {
     map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
+/// The resourceVersion a Node write is made under: the one it was read at. A Node read
+/// without one (never from an API server) is refused rather than written unconditionally.
+fn node_precondition<'a>(read: &'a NodeInfo, what: &str) -> Result<&'a str, KubeError> {
+    if read.resource_version.is_empty() {
+        return Err(KubeError::Refused(format!(
+            "{what} Node {}: read without a resourceVersion, so it cannot be written under one",
+            read.name
+        )));
+    }
+    Ok(&read.resource_version)
+}
+
 fn node_info(node: &Node) -> NodeInfo {
     let status = node.status.as_ref();
     let info = status.and_then(|s| s.node_info.as_ref());
@@ -528,6 +550,7 @@ fn node_info(node: &Node) -> NodeInfo {
         boot_id: info.map(|i| i.boot_id.clone()).unwrap_or_default(),
         labels: metadata_map(node.labels()),
         annotations: metadata_map(node.annotations()),
+        resource_version: node.resource_version().unwrap_or_default(),
     }
 }
 
@@ -906,31 +929,29 @@ impl KubeApi for KubeCluster {
         }))
     }
 
-    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        self.wrote();
+    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
+        // A merge patch carrying `metadata.resourceVersion` is applied only to that version
+        // (409 Conflict otherwise): the cordon is decided from this read and from no other.
         let patch = json!({
-            "metadata": { "annotations": { CORDONED_ANNOTATION: cordon_annotation(at) } },
+            "metadata": {
+                "resourceVersion": node_precondition(read, "cordon")?,
+                "annotations": { CORDONED_ANNOTATION: annotation },
+            },
             "spec": { "unschedulable": true },
         });
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(drop)
-            .map_err(|e| kube_error(&format!("cordon Node {node}"), &e))
+        self.patch_node(&read.name, "cordon", &patch).await
     }
 
-    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        self.wrote();
+    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
         // A JSON merge patch: null removes the annotation.
         let patch = json!({
-            "metadata": { "annotations": { CORDONED_ANNOTATION: null } },
+            "metadata": {
+                "resourceVersion": node_precondition(read, "uncordon")?,
+                "annotations": { CORDONED_ANNOTATION: null },
+            },
             "spec": { "unschedulable": false },
         });
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(drop)
-            .map_err(|e| kube_error(&format!("uncordon Node {node}"), &e))
+        self.patch_node(&read.name, "uncordon", &patch).await
     }
 
     async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {

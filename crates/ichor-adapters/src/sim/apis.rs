@@ -725,10 +725,17 @@ impl KubeApi for SimCluster {
             .await
     }
 
-    async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError> {
+    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
         self.kube(KubeCall::NodeWrite, |w| {
-            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
-            w.nodes[i].set_engine_cordon(Some(at));
+            if w.cordon_race.as_deref() == Some(read.name.as_str())
+                && let Some(i) = w.node_index(&read.name)
+            {
+                w.cordon_race = None;
+                w.nodes[i].unschedulable = true;
+                w.node_edited(i);
+            }
+            let i = w.node_written_under(read)?;
+            w.nodes[i].set_engine_cordon(Some(annotation));
             w.node_edited(i);
             w.record(i, TraceKind::Cordon);
             Ok(())
@@ -736,9 +743,9 @@ impl KubeApi for SimCluster {
         .await
     }
 
-    async fn uncordon(&self, node: &str) -> Result<(), KubeError> {
+    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
         self.kube(KubeCall::NodeWrite, |w| {
-            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+            let i = w.node_written_under(read)?;
             let n = &mut w.nodes[i];
             n.set_engine_cordon(None);
             // The replacements of the pods the drain evicted are scheduled here again.

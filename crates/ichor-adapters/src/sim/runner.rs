@@ -353,6 +353,12 @@ pub(crate) async fn wait_for_wake(sim: &SimCluster, requeue: Option<Timestamp>, 
     }
 }
 
+/// The identity the main job's removal of machine `name` goes by (its cordon names it).
+#[must_use]
+pub fn removal_identity(name: &str) -> String {
+    format!("rollout/remove-{name}")
+}
+
 /// Removes machine `name` through the removal path, at most `max_passes` passes. Ends
 /// `Completed` when the Node is deleted, `Paused` when the removal failed.
 pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, max_passes: usize) -> RunEnd {
@@ -386,7 +392,9 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
                         .map(|n| ControlPlane { address: n.address.clone(), node: n.name.clone() })
                         .collect()
                 });
-                remove_machine(&ex, &machine, &control_planes).await.unwrap_or_else(|e| e.outcome(ex.retry_at()))
+                remove_machine(&ex, &removal_identity(name), &machine, &control_planes)
+                    .await
+                    .unwrap_or_else(|e| e.outcome(ex.retry_at()))
             }
             Ok(None) => return RunEnd::Stalled(Phase::Pending),
             Err(_) => {

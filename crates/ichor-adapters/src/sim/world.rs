@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use foldhash::fast::FixedState;
 use ichor_storage::{LabelSelector, StorageObject};
-use ichor_talos_executor::kube_api::{ClusterInfo, Event, LeaseInfo, MachineInfo, Metadata, NodeInfo, OperationInfo};
+use ichor_talos_executor::kube_api::{
+    ClusterInfo, Event, KubeError, LeaseInfo, MachineInfo, Metadata, NodeInfo, OperationInfo,
+};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::EvacuationRecord;
-use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordon_annotation};
+use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::versions::TalosVersion;
 
@@ -244,13 +246,14 @@ impl SimNode {
 
     /// Cordons it as the engine does (`spec.unschedulable` and the annotation), or lifts
     /// that cordon.
-    /// `at`: when it is cordoned; `None` lifts the cordon.
-    pub(crate) fn set_engine_cordon(&mut self, at: Option<Timestamp>) {
-        self.unschedulable = at.is_some();
-        self.engine_cordon = at.is_some();
-        match at {
-            Some(at) => {
-                self.annotations.insert(CORDONED_ANNOTATION.to_owned(), cordon_annotation(at));
+    /// `annotation`: the annotation's value ([`cordon_annotation`](ichor_upgrade_core::lifecycle_step::cordon_annotation));
+    /// `None` lifts the cordon.
+    pub(crate) fn set_engine_cordon(&mut self, annotation: Option<&str>) {
+        self.unschedulable = annotation.is_some();
+        self.engine_cordon = annotation.is_some();
+        match annotation {
+            Some(value) => {
+                self.annotations.insert(CORDONED_ANNOTATION.to_owned(), value.to_owned());
             }
             None => {
                 self.annotations.remove(CORDONED_ANNOTATION);
@@ -471,6 +474,10 @@ pub struct World {
     /// The hold-, pause- and delete-during-install faults: what stops which machine's start
     /// and when, once drawn; then when a hold is lifted.
     pub stop_during_install: StopDuringInstall,
+    /// A Node a person cordons (`kubectl cordon`) in the instant before the engine's next
+    /// cordon of it arrives, after the engine read it: the race the cordon's precondition
+    /// is for (issue 29 item 8). Taken when it fires.
+    pub cordon_race: Option<String>,
     /// The next this many writes of a machine's conditions fail as if the API server were
     /// unreachable (tests set it to fail one write at a chosen moment).
     pub failing_condition_writes: u32,
@@ -497,6 +504,11 @@ pub struct World {
     /// What the controller's reads return, shared as a reflector's store shares its
     /// objects: by node index, rebuilt only when the object changed.
     read_cache: ReadCache,
+    /// Each Node as last shown, kept through [`World::touched`] (which drops the shared
+    /// copies): its resourceVersion changes only when what it shows does.
+    node_shown: Vec<Option<Arc<NodeInfo>>>,
+    /// The last Node resourceVersion given.
+    node_versions: u64,
 }
 
 /// What a stop-during-install fault does.
@@ -820,6 +832,7 @@ impl World {
             pdb_zero_until: None,
             single_replica_until: None,
             stop_during_install: StopDuringInstall::Idle,
+            cordon_race: None,
             failing_condition_writes: 0,
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),
             clock: None,
@@ -832,6 +845,8 @@ impl World {
             census: Census { all: true, ..Census::default() },
             pulls: Pulls { active: Vec::new(), at: start },
             read_cache: ReadCache::default(),
+            node_shown: Vec::new(),
+            node_versions: 0,
         };
         world.by_name = world.nodes.iter().enumerate().map(|(i, n)| (n.name.clone(), i)).collect();
         world.by_address = world.nodes.iter().enumerate().map(|(i, n)| (n.address.clone(), i)).collect();
@@ -1154,7 +1169,7 @@ impl World {
         {
             return Arc::clone(cached);
         }
-        let info = Arc::new(NodeInfo {
+        let mut info = NodeInfo {
             name: n.name.clone(),
             ready: n.view.ready,
             unschedulable,
@@ -1162,7 +1177,24 @@ impl World {
             boot_id: n.view.boot_id.clone(),
             labels: n.labels.clone(),
             annotations: n.annotations.clone(),
-        });
+            resource_version: String::new(),
+        };
+        // A real API server's resourceVersion changes with every write of the object, and
+        // only then: the same version while it shows the same.
+        if self.node_shown.len() != self.nodes.len() {
+            self.node_shown.resize(self.nodes.len(), None);
+        }
+        match &self.node_shown[i] {
+            Some(last) if NodeInfo { resource_version: String::new(), ..NodeInfo::clone(last) } == info => {
+                info.resource_version.clone_from(&last.resource_version);
+            }
+            _ => {
+                self.node_versions += 1;
+                info.resource_version = self.node_versions.to_string();
+            }
+        }
+        let info = Arc::new(info);
+        self.node_shown[i] = Some(Arc::clone(&info));
         self.read_cache.nodes[i] = Some(Arc::clone(&info));
         info
     }
@@ -1641,6 +1673,22 @@ impl World {
         self.read_cache = ReadCache::default();
     }
 
+    /// The index of the Node `read` names, if it still shows what it showed at that read
+    /// (its resourceVersion unchanged), as an API server applies a write made under a
+    /// resourceVersion: else [`KubeError::Conflict`] (or `NotFound`).
+    pub(crate) fn node_written_under(&mut self, read: &NodeInfo) -> Result<usize, KubeError> {
+        let node = &read.name;
+        let i = self.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+        let now = self.node_info(i);
+        if now.resource_version != read.resource_version {
+            return Err(KubeError::Conflict(format!(
+                "Node {node}: written under resourceVersion {}, it is now at {}",
+                read.resource_version, now.resource_version
+            )));
+        }
+        Ok(i)
+    }
+
     /// Node `i`'s object was written (its labels, annotations or cordon): its shared copy is
     /// made again, and its next change read again.
     pub(crate) fn node_edited(&mut self, i: usize) {
@@ -1845,9 +1893,10 @@ impl World {
             | NodePhase::PoweredOff => {}
         }
         let node = &mut self.nodes[i];
-        if node.cordoned_by_engine() {
-            // The engine's drain: the replacements of the pods it evicts come back here once
-            // it lifts its cordon.
+        if node.unschedulable {
+            // The engine's drain of a cordoned node: the replacements of the pods it evicts
+            // come back here once the cordon is lifted (by the engine; a test that lifts a
+            // person's cordon brings them back itself).
             for pod in node.pods.iter().filter(|p| p.terminating_until.is_some_and(|t| now >= t)) {
                 node.evicted.push(SimPod { terminating_until: None, ..pod.clone() });
             }

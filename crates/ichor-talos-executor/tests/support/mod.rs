@@ -69,8 +69,8 @@ mock! {
         async fn remove_finalizer(&self, name: &str) -> Result<(), KubeError>;
         async fn event(&self, event: &Event) -> Result<(), KubeError>;
         async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError>;
-        async fn cordon(&self, node: &str, at: Timestamp) -> Result<(), KubeError>;
-        async fn uncordon(&self, node: &str) -> Result<(), KubeError>;
+        async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError>;
+        async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError>;
         async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
         async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
         async fn delete_node(&self, node: &str) -> Result<(), KubeError>;

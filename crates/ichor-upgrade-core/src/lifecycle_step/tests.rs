@@ -139,8 +139,8 @@ impl Observed {
         self.lifecycle(ConditionStatus::Unknown, reason::REBOOT_REQUESTED, at(1020), at(900))
     }
 
-    fn cordoned_by_ichor(mut self) -> Self {
-        self.cordon = CordonState { unschedulable: true, by_ichor: true, since: None };
+    fn cordoned_ours(mut self) -> Self {
+        self.cordon = CordonState { unschedulable: true, ours: true, since: None };
         self
     }
 
@@ -272,13 +272,13 @@ fn a_node_before_talos_1_13_cannot_take_the_lifecycle_path() {
 fn a_node_on_the_target_cordoned_by_the_engine_is_uncordoned_before_its_convergence() {
     let on_target = Observed::fixture().node(|n| n.os_image = "Talos (v1.14.4)".into());
     assert_eq!(on_target.clone().step(), LifecycleAction::RecordConverged);
-    assert_eq!(on_target.cordoned_by_ichor().step(), LifecycleAction::Uncordon);
+    assert_eq!(on_target.cordoned_ours().step(), LifecycleAction::Uncordon);
 }
 
 #[test]
 fn a_cordon_by_someone_else_is_never_lifted() {
     let on_target = Observed::fixture().node(|n| n.os_image = "Talos (v1.14.4)".into());
-    let by_hand = Observed { cordon: CordonState { unschedulable: true, by_ichor: false, since: None }, ..on_target };
+    let by_hand = Observed { cordon: CordonState { unschedulable: true, ours: false, since: None }, ..on_target };
     assert_eq!(by_hand.step(), LifecycleAction::RecordConverged);
 }
 
@@ -325,13 +325,13 @@ fn an_installed_machine_is_cordoned_first() {
 
 #[test]
 fn a_cordoned_machine_has_its_pods_evicted() {
-    let observed = Observed::fixture().installed().cordoned_by_ichor().drain(&["api-1", "worker-1"], 0);
+    let observed = Observed::fixture().installed().cordoned_ours().drain(&["api-1", "worker-1"], 0);
     assert_eq!(observed.step(), LifecycleAction::Evict { pods: vec![pod("api-1"), pod("worker-1")] });
 }
 
 #[test]
 fn the_drain_waits_for_evicted_pods_to_go_polled() {
-    let observed = Observed::fixture().installed().cordoned_by_ichor().drain(&[], 2);
+    let observed = Observed::fixture().installed().cordoned_ours().drain(&[], 2);
     match observed.step() {
         LifecycleAction::Wait { reason: MachineWait::Draining { terminating: 2 }, recheck_at } => {
             assert_eq!(recheck_at, Some(at(1001)), "kubectl drain's pace");
@@ -342,7 +342,7 @@ fn the_drain_waits_for_evicted_pods_to_go_polled() {
 
 #[test]
 fn a_drain_past_its_five_minutes_pauses_naming_the_pod() {
-    let observed = Observed::fixture().installed().cordoned_by_ichor().drain(&["api-1"], 1).now(at(900 + 300));
+    let observed = Observed::fixture().installed().cordoned_ours().drain(&["api-1"], 1).now(at(900 + 300));
     let action = observed.step();
     assert_eq!(fails(&action), "DrainTimedOut");
     let LifecycleAction::Fail(failure) = action else { unreachable!() };
@@ -355,21 +355,44 @@ fn the_drain_clock_starts_at_the_engines_cordon_not_at_the_install() {
     // Issue 29, item 11: a controller down for more than five minutes after an install
     // paused the machine with DrainTimedOut before a single eviction was tried.
     let mut late = Observed::fixture().installed().drain(&["api-1"], 0).now(at(900 + 600));
-    late.cordon = CordonState { unschedulable: true, by_ichor: true, since: Some(at(900 + 590)) };
+    late.cordon = CordonState { unschedulable: true, ours: true, since: Some(at(900 + 590)) };
     assert!(matches!(late.step(), LifecycleAction::Evict { .. }), "{:?}", late.step());
     let timed_out = Observed { now: at(900 + 590 + 300), ..late.clone() };
     assert_eq!(fails(&timed_out.step()), "DrainTimedOut", "five minutes from the cordon");
     // A person's cordon, or one that records no time, leaves the install's time.
     let by_hand =
-        Observed { cordon: CordonState { unschedulable: true, by_ichor: false, since: Some(at(900 + 590)) }, ..late };
+        Observed { cordon: CordonState { unschedulable: true, ours: false, since: Some(at(900 + 590)) }, ..late };
     assert_eq!(fails(&by_hand.step()), "DrainTimedOut");
-    assert_eq!(cordoned_since(&cordon_annotation(at(1234))), Some(at(1234)));
+    assert_eq!(cordoned_since(&cordon_annotation(at(1234), "ops/up/1")), Some(at(1234)));
     assert_eq!(cordoned_since("true"), None, "an older engine's value");
+    assert_eq!(cordoned_since("since=1234000"), Some(at(1234)), "the previous engine's value");
+}
+
+#[test]
+fn the_cordon_annotation_names_its_operation_and_only_that_one() {
+    let value = cordon_annotation(at(1234), "ichor-system/upgrade-1/0b6e");
+    assert_eq!(value, "since=1234000;operation=ichor-system/upgrade-1/0b6e");
+    assert_eq!(cordoned_for(&value), Some("ichor-system/upgrade-1/0b6e"));
+    assert_eq!(cordoned_for("since=1234000"), None, "the previous engine named no operation");
+    assert_eq!(cordoned_for("true"), None);
+    assert_eq!(cordoned_for("since=1;operation="), None, "an empty identity is nobody's");
+}
+
+#[test]
+fn a_cordon_not_this_operations_is_never_lifted() {
+    // On the target after a reboot, cordoned: only this operation's own cordon is lifted
+    // before the convergence is recorded; another's (an aborted removal, a deleted upgrade)
+    // or a person's stays, and the machine converges under it.
+    let rebooted = Observed::fixture().reboot_requested().rebooted_into("v1.14.4");
+    assert_eq!(rebooted.clone().cordoned_ours().step(), LifecycleAction::Uncordon);
+    let anothers =
+        Observed { cordon: CordonState { unschedulable: true, ours: false, since: Some(at(1)) }, ..rebooted };
+    assert_eq!(anothers.step(), LifecycleAction::RecordConverged);
 }
 
 #[test]
 fn a_drained_machine_is_rebooted_with_a_marker_of_its_boot() {
-    let observed = Observed::fixture().installed().cordoned_by_ichor().drain(&[], 0);
+    let observed = Observed::fixture().installed().cordoned_ours().drain(&[], 0);
     match observed.step() {
         LifecycleAction::Reboot { marker } => {
             assert_eq!(marker.boot_id, BOOT_BEFORE);
@@ -382,7 +405,7 @@ fn a_drained_machine_is_rebooted_with_a_marker_of_its_boot() {
 #[test]
 fn the_reboot_of_an_installed_machine_needs_only_the_finish_authority() {
     // A pause does not interrupt a machine past its call: the reboot goes on.
-    let drained = Observed::fixture().installed().cordoned_by_ichor().drain(&[], 0);
+    let drained = Observed::fixture().installed().cordoned_ours().drain(&[], 0);
     let paused = Observed { authority: CallAuthority::Denied(CallDenied::Paused), ..drained.clone() };
     assert!(matches!(paused.step(), LifecycleAction::Reboot { .. }));
     // The etcd gate does.
@@ -396,7 +419,7 @@ fn the_reboot_of_an_installed_machine_needs_only_the_finish_authority() {
 #[test]
 fn a_node_cordoned_by_hand_is_drained_without_a_cordon_of_the_engine() {
     let by_hand =
-        Observed { cordon: CordonState { unschedulable: true, by_ichor: false, since: None }, ..Observed::fixture() };
+        Observed { cordon: CordonState { unschedulable: true, ours: false, since: None }, ..Observed::fixture() };
     let observed = by_hand.installed().drain(&[], 0);
     assert!(matches!(observed.step(), LifecycleAction::Reboot { .. }));
 }
@@ -405,7 +428,7 @@ fn a_node_cordoned_by_hand_is_drained_without_a_cordon_of_the_engine() {
 
 #[test]
 fn a_requested_reboot_waits_for_the_node_to_show_it() {
-    let requested = Observed::fixture().installed().cordoned_by_ichor().reboot_requested();
+    let requested = Observed::fixture().installed().cordoned_ours().reboot_requested();
     // Before its deadline: the Node's watch tells, whatever Talos says.
     assert_eq!(waits(&requested.clone().unreachable().step()), "RebootUnconfirmed");
     // The Node NotReady: the node is down, rebooting.
@@ -448,14 +471,14 @@ fn without_talos_own_boot_id_a_reboot_is_never_asked_for_again() {
 #[test]
 fn a_reboot_into_the_target_is_verified_uncordoned_then_converged() {
     let rebooted = Observed::fixture().reboot_requested().rebooted_into("v1.14.4");
-    assert_eq!(rebooted.clone().cordoned_by_ichor().step(), LifecycleAction::Uncordon);
+    assert_eq!(rebooted.clone().cordoned_ours().step(), LifecycleAction::Uncordon);
     assert_eq!(rebooted.clone().step(), LifecycleAction::RecordConverged);
     assert_eq!(waits(&rebooted.node(|n| n.ready = false).step()), "NodeNotReady");
 }
 
 #[test]
 fn a_reboot_into_another_version_is_an_ab_fallback_never_converged() {
-    let fell_back = Observed::fixture().reboot_requested().cordoned_by_ichor().rebooted_into("v1.14.3");
+    let fell_back = Observed::fixture().reboot_requested().cordoned_ours().rebooted_into("v1.14.3");
     let action = fell_back.step();
     assert_eq!(fails(&action), "AbFallback");
 }

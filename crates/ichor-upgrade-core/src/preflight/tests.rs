@@ -4,7 +4,7 @@ use super::*;
 use crate::labels::LabelSelectorRequirement;
 
 fn node(name: &str) -> NodeFacts {
-    NodeFacts { name: name.into(), ready: true, unschedulable: false, by_operation: false }
+    NodeFacts { name: name.into(), ready: true, unschedulable: false, by_operation: false, cordoned_by: None }
 }
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -123,10 +123,13 @@ fn other_nodes_not_ready_or_cordoned_block_unless_this_operation_took_them_out()
     let config = PreflightConfig::default();
     assert_eq!(
         Preflight::new(&facts, &config).blockers("a"),
-        vec![Blocker::NodeNotReady { node: "b".into() }, Blocker::NodeCordoned { node: "c".into() }]
+        vec![Blocker::NodeNotReady { node: "b".into() }, Blocker::NodeCordoned { node: "c".into(), operation: None }]
     );
     // The node at hand does not block itself.
-    assert_eq!(Preflight::new(&facts, &config).blockers("b"), vec![Blocker::NodeCordoned { node: "c".into() }]);
+    assert_eq!(
+        Preflight::new(&facts, &config).blockers("b"),
+        vec![Blocker::NodeCordoned { node: "c".into(), operation: None }]
+    );
     facts.nodes[1].by_operation = true;
     facts.nodes[2].by_operation = true;
     assert_eq!(Preflight::new(&facts, &config).blockers("a"), vec![], "machines this operation started");
@@ -278,6 +281,7 @@ fn arbitrary_cluster() -> impl Strategy<Value = ClusterFacts> {
                     ready,
                     unschedulable,
                     by_operation,
+                    cordoned_by: None,
                 })
                 .collect(),
             pods: pods
@@ -351,4 +355,23 @@ proptest! {
             prop_assert!(matches!(b, Blocker::NodeNotReady { .. } | Blocker::NodeCordoned { .. }), "{}", b);
         }
     }
+}
+
+#[test]
+fn a_node_another_operation_left_cordoned_blocks_and_says_whose_it_is() {
+    let mut left = node("c");
+    left.unschedulable = true;
+    left.cordoned_by = Some("ichor-system/remove-cp/7f3a".into());
+    let facts = ClusterFacts { nodes: vec![node("a"), left], ..ClusterFacts::default() };
+    let blockers = Preflight::new(&facts, &PreflightConfig::default()).blockers("a");
+    assert_eq!(
+        blockers,
+        vec![Blocker::NodeCordoned { node: "c".into(), operation: Some("ichor-system/remove-cp/7f3a".into()) }]
+    );
+    let said = blockers[0].to_string();
+    assert!(said.contains("cordoned by operation ichor-system/remove-cp/7f3a"), "{said}");
+    let json = serde_json::to_value(&blockers[0]).unwrap();
+    assert_eq!(json["operation"], "ichor-system/remove-cp/7f3a");
+    let person = serde_json::to_value(Blocker::NodeCordoned { node: "c".into(), operation: None }).unwrap();
+    assert!(person.get("operation").is_none(), "a person's cordon is written as before: {person}");
 }
