@@ -303,7 +303,12 @@ fn check_invariants(
         let mut edges: Vec<(f64, bool, &str)> = Vec::new();
         for node in w.nodes.iter().filter(|n| n.role == ichor_upgrade_core::operation::MachineRole::Worker) {
             let (mut since, mut called, mut held) = (None::<f64>, false, false);
-            for e in w.trace.iter().filter(|e| e.node == node.name || e.event == TraceKind::ControllerRestart) {
+            for (k, e) in w
+                .trace
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.node == node.name || e.event == TraceKind::ControllerRestart)
+            {
                 match e.event {
                     // What a killed pass found is not traced: a restart knows nothing of it.
                     TraceKind::ControllerRestart => {
@@ -322,10 +327,10 @@ fn check_invariants(
                     // The pass that starts a machine clears it after (the gate's trace is
                     // written when the pass ends, a few calls later): held means the pass
                     // that evacuated it did not clear it.
-                    let cleared_now = w
-                        .trace
+                    // In the trace's order: a pass at the same instant (the oracle's) that
+                    // blocked it before this one started it is not this pass's verdict.
+                    let cleared_now = w.trace[k + 1..]
                         .iter()
-                        .filter(|c| c.t >= e.t)
                         .find(|c| {
                             c.event == TraceKind::ControllerRestart
                                 || (c.node == node.name

@@ -364,7 +364,7 @@ fn an_evacuation_whose_pass_was_killed_is_ended_when_its_machine_is_held_before_
 /// every restart (444 `LifecycleService.Upgrade` calls for 43 machines, makespan 1.64 of
 /// the physical bound): the sim stopped the installer with its stream, where Talos runs it
 /// to its end, and a restarted controller had no way to see it. Now each machine gets one
-/// install, and over five worlds the makespan is within 2% of the legacy executor's.
+/// install, and over fifteen worlds the makespan is within 2% of the legacy executor's.
 #[test]
 fn under_controller_crashes_each_machine_is_installed_once_and_as_fast_as_the_legacy_path() {
     let v = |t: &str| TalosVersion::parse(t).unwrap();
@@ -383,8 +383,13 @@ fn under_controller_crashes_each_machine_is_installed_once_and_as_fast_as_the_le
             w.now.saturating_since(w.start).as_secs_f64()
         })
     };
+    // Over fifteen worlds: where the crashes strike moves either executor's makespan by up
+    // to a tenth on one world (the legacy one's ran 2,580 to 3,246 s on these), so five
+    // worlds measured the kills' placement as much as the executors (the preflight's
+    // judgement before each call, issue 29 item 10, left the lifecycle sum within 0.2%
+    // and moved the legacy one by 3.4% on two worlds).
     let (mut lifecycle, mut legacy) = (0.0, 0.0);
-    for seed in 7..12 {
+    for seed in 7..22 {
         lifecycle += makespan(seed, true);
         legacy += makespan(seed, false);
     }

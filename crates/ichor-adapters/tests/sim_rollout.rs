@@ -287,6 +287,75 @@ async fn an_evacuations_end_is_noticed_by_the_watch_of_its_replicas_not_at_the_n
     });
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_budget_that_falls_to_zero_during_the_evacuation_holds_the_upgrade_call() {
+    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    // Issue 29 item 10: the preflight ran only when a machine started. worker-1 starts
+    // clear; during its evacuation the `invoice-api` budget (a pod on every worker) falls
+    // to zero for 15 minutes. Before, the Upgrade call went out after the evacuation and
+    // Talos's own drain gave up on the budget after 5 minutes and rebooted anyway; now the
+    // call waits, evacuated, until the budget allows the eviction.
+    let sim = SimCluster::new(SimConfig::new(1, 3, v("v1.14.3"), v("v1.14.4")).with_seed(4));
+    sim.create_operation("upgrade", spec(1));
+    let executor = ExecutorConfig::default().with_executor(ExecutorChoice::Legacy);
+    let armed: std::cell::Cell<Option<(String, f64)>> = std::cell::Cell::new(None);
+    let end = run_operation(&sim, "upgrade", &executor, 20_000, |sim| {
+        if armed.take().map(|a| armed.set(Some(a))).is_some() {
+            return;
+        }
+        sim.with_world(|w| {
+            let started = w.trace.iter().find(|e| e.event == TraceKind::EvacuationStart).map(|e| e.node.clone());
+            if let Some(node) = started {
+                let until = w.now.saturating_add(std::time::Duration::from_secs(15 * 60));
+                w.pdb_blocked_until = Some(until);
+                armed.set(Some((node, until.saturating_since(w.start).as_secs_f64())));
+            }
+        });
+    })
+    .await;
+    assert_eq!(end, RunEnd::Completed);
+    let (node, released) = armed.take().expect("a worker evacuated");
+    sim.read_world(|w| {
+        let call = first_at(w, &node, TraceKind::UpgradeCall).expect("called");
+        assert!(call >= released, "{node}'s Upgrade call at {call} s, the budget released at {released} s");
+        let evacuated = first_at(w, &node, TraceKind::Evacuated).expect("evacuated");
+        assert!(evacuated < released, "{node} evacuated at {evacuated} s, before the release: it waited evacuated");
+        assert!(w.counters.max_workers_down <= 1);
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_nodes_that_hold_every_ready_pod_of_a_workload_are_not_down_together() {
+    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    // Issue 29 item 10: with maxUnavailable 2, two workers that hold the only two Ready
+    // pods of `invoice-api` were each judged alone (the other keeps one) and went down
+    // together. Now the second's call is judged beside the first, past its call: it waits
+    // until the first is back and Ready.
+    for seed in 1..=3 {
+        let sim = SimCluster::new(SimConfig::new(1, 2, v("v1.14.3"), v("v1.14.4")).with_seed(seed));
+        sim.create_operation("upgrade", spec(2));
+        let executor = ExecutorConfig::default().with_executor(ExecutorChoice::Legacy);
+        assert_eq!(run_operation(&sim, "upgrade", &executor, 20_000, |_| {}).await, RunEnd::Completed, "seed {seed}");
+        sim.read_world(|w| {
+            let call = |n: &str| first_at(w, n, TraceKind::UpgradeCall).unwrap();
+            let (first, second) =
+                if call("worker-1") <= call("worker-2") { ("worker-1", "worker-2") } else { ("worker-2", "worker-1") };
+            let back = w
+                .trace
+                .iter()
+                .find(|e| e.node == first && e.event == TraceKind::Ready && e.t > call(first))
+                .map(|e| e.t)
+                .unwrap();
+            assert!(
+                call(second) >= back,
+                "seed {seed}: {second} called at {} s, {first} back at {back} s",
+                call(second)
+            );
+            assert_eq!(w.counters.max_workers_down, 1, "seed {seed}");
+        });
+    }
+}
+
 /// A node cordoned by hand, not by the operation.
 fn cordon_by_hand(sim: &SimCluster, node: &str) {
     sim.with_world(|w| {

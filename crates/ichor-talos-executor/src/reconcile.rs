@@ -561,6 +561,13 @@ async fn reconcile_pass(
     };
     let mut verdict = None;
     let mut decision = decide(&input);
+    // The nodes of the machines past their disruptive call (down, or about to be): every
+    // machine is judged by the preflight as one more beside them (issue 29 item 10).
+    let down: Vec<&str> = observed
+        .iter()
+        .filter(|o| past_the_point_of_no_return(removal, &o.machine) && !converged(&o.machine))
+        .filter_map(Observed::node_name)
+        .collect();
     // The gates are gathered only for machines about to start, and decided again with
     // them: the etcd gate once, the preflight for each machine named (a blocked machine
     // lets the next one be named, up to a few rounds).
@@ -602,26 +609,8 @@ async fn reconcile_pass(
         }
         if !decision.check_preflight.is_empty() {
             // Read about the nodes asked in this round (each round asks about new ones).
-            let asked: Vec<(&String, &str)> = decision
-                .check_preflight
-                .iter()
-                .map(|m| (m, by_name_in(&observed, m).and_then(Observed::node_name).unwrap_or(m)))
-                .collect();
-            let nodes: Vec<&str> = asked.iter().map(|(_, node)| *node).collect();
-            let config = PreflightConfig::default();
-            match gather_preflight(ex, &observed, &status, &op.identity, removal, &nodes).await {
-                Ok(facts) => {
-                    let gate = Preflight::new(&facts, &config);
-                    for (machine, node) in &asked {
-                        checked.insert((*machine).clone(), gate.blockers(node));
-                    }
-                }
-                Err(error) => {
-                    for machine in &decision.check_preflight {
-                        checked.insert(machine.clone(), vec![Blocker::NotObserved { error: error.clone() }]);
-                    }
-                }
-            }
+            let asked: Vec<&str> = decision.check_preflight.iter().map(String::as_str).collect();
+            checked.extend(judge_preflight(ex, &observed, &status, &op.identity, removal, &asked, &down).await);
         }
         // No round follows the last: what it did not gather waits for the next recheck.
         let verdicts = if round == GATE_ROUNDS {
@@ -779,26 +768,42 @@ async fn reconcile_pass(
     let still = join_all(storage_only.iter().map(|o| still_evacuating(ex, o, now))).await;
     moving.extend(storage_only.into_iter().zip(still).filter(|(_, still)| !still).map(|(o, _)| o));
     let mut advanced = join_all(moving.iter().map(|o| advance(o, authorities_of(o)))).await;
-    // A control plane ready for its Upgrade call waits for the etcd gate, gathered now (once
-    // per pass, only when a call is due) and asked again for its authority: the call goes
-    // out only on a gate passed in this same pass.
+    // A machine ready for its first call waits for the preflight, judged now about its
+    // node beside those down already; a control plane, for the etcd gate too, gathered now
+    // (once per pass, only when a call is due). Both are asked again for its authority:
+    // the call goes out only on gates passed in this same pass.
     let gate_due = MachineWait::EtcdGateNotChecked.reason();
+    let preflight_due = MachineWait::PreflightNotChecked.reason();
+    let due = |outcome: &MachineOutcome, reason_due: &str| matches!(outcome, MachineOutcome::Waiting { reason, .. } if reason == reason_due);
     let needs_gate: Vec<usize> = advanced
         .iter()
         .enumerate()
-        .filter(|(_, (_, outcome))| matches!(outcome, MachineOutcome::Waiting { reason, .. } if reason == gate_due))
+        .filter(|(_, (_, outcome))| due(outcome, gate_due) || due(outcome, preflight_due))
         .map(|(i, _)| i)
         .collect();
     if !needs_gate.is_empty() {
+        let asked: Vec<&str> =
+            needs_gate.iter().map(|&i| advanced[i].0.as_str()).filter(|m| !checked.contains_key(*m)).collect();
+        if !asked.is_empty() {
+            checked.extend(judge_preflight(ex, &observed, &status, &op.identity, removal, &asked, &down).await);
+        }
+        let control_plane = |i: &usize| {
+            by_name.get(advanced[*i].0.as_str()).is_some_and(|o| o.machine.role == MachineRole::ControlPlane)
+        };
         let gathered = match verdict.take() {
             Some(verdict) => verdict,
-            None => gather_etcd_gate(ex, &observed).await,
+            None if needs_gate.iter().any(control_plane) => gather_etcd_gate(ex, &observed).await,
+            None => EtcdVerdict::NotChecked,
         };
-        let rollout_input = RolloutInput { etcd: &gathered, ..input };
+        let judged = PreflightVerdict::Checked(checked.clone());
+        let rollout_input = RolloutInput { etcd: &gathered, preflight: &judged, ..input };
         // Still not gathered cannot happen with a verdict; never call on it.
         let gathered_or_denied = |authority| match authority {
             CallAuthority::NeedsEtcdGate => CallAuthority::Denied(CallDenied::EtcdUnhealthy {
                 reason: "the etcd gate could not be gathered".to_owned(),
+            }),
+            CallAuthority::NeedsPreflight => CallAuthority::Denied(CallDenied::PreflightBlocked {
+                blockers: "the preflight could not be judged".to_owned(),
             }),
             authority => authority,
         };
@@ -831,7 +836,14 @@ async fn reconcile_pass(
                     _ => spent = Some(name.clone()),
                 }
             }
+            let blocked = matches!(authority, CallAuthority::Denied(CallDenied::PreflightBlocked { .. }));
             advanced[i] = advance(o, (authority, finish)).await;
+            // Blockers no watch reports (pods, budgets) are looked at again at the
+            // preflight's own pace, not at every poll.
+            if blocked && let MachineOutcome::Waiting { recheck_at, .. } = &mut advanced[i].1 {
+                let at = now.saturating_add(ex.config.rollout.preflight_recheck);
+                *recheck_at = Some(recheck_at.map_or(at, |r| r.max(at)));
+            }
         }
     }
     {
@@ -1014,6 +1026,37 @@ async fn take_snapshot(
 
 fn by_name_in<'o>(observed: &'o [Observed], machine: &str) -> Option<&'o Observed> {
     observed.iter().find(|o| o.machine.name == machine)
+}
+
+/// The preflight's verdict on each machine `asked` (by name), its node judged beside the
+/// nodes `down` (those of machines past their disruptive call): its blockers, or, when the
+/// facts could not be read, the read's failure as every one's blocker.
+async fn judge_preflight(
+    ex: &Executor<'_>,
+    observed: &[Observed],
+    status: &OperationStatus,
+    operation: &str,
+    removal: bool,
+    asked: &[&str],
+    down: &[&str],
+) -> BTreeMap<String, Vec<Blocker>> {
+    let asked: Vec<(&str, &str)> =
+        asked.iter().map(|m| (*m, by_name_in(observed, m).and_then(Observed::node_name).unwrap_or(m))).collect();
+    // Every pod on the nodes down too: a workload is judged over the whole set.
+    let mut nodes: Vec<&str> = asked.iter().map(|(_, node)| *node).chain(down.iter().copied()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    match gather_preflight(ex, observed, status, operation, removal, &nodes).await {
+        Ok(facts) => {
+            let config = PreflightConfig::default();
+            let gate = Preflight::new(&facts, &config);
+            asked.iter().map(|(machine, node)| ((*machine).to_owned(), gate.blockers_with(node, down))).collect()
+        }
+        Err(error) => asked
+            .iter()
+            .map(|(machine, _)| ((*machine).to_owned(), vec![Blocker::NotObserved { error: error.clone() }]))
+            .collect(),
+    }
 }
 
 /// What the preflight gate reads: the cluster's workloads from the API, and its Nodes as

@@ -705,6 +705,7 @@ fn reboot(input: &LifecycleInput<'_>, boot_id: &str) -> LifecycleAction {
             },
         },
         CallAuthority::NeedsEtcdGate => lwait(MachineWait::EtcdGateNotChecked, None),
+        CallAuthority::NeedsPreflight => lwait(MachineWait::PreflightNotChecked, None),
         CallAuthority::Denied(denied) => from_legacy(polled(s, MachineWait::CallNotAuthorised(denied.clone()), None)),
     }
 }

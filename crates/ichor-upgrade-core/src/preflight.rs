@@ -235,6 +235,23 @@ pub enum Blocker {
         /// The node.
         node: String,
     },
+    /// A workload whose Ready pods all run on the node and on nodes that would be down
+    /// with it (machines of this operation past their disruptive call): judged one at a
+    /// time, each node keeps a Ready pod elsewhere, yet together they take every one.
+    AllReadyPodsOnNodesDownTogether {
+        /// Its kind.
+        workload: WorkloadKind,
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Its replicas.
+        replicas: i32,
+        /// Its Ready pods, all on those nodes.
+        ready: usize,
+        /// The node asked about, then the others down with it that hold its Ready pods.
+        nodes: Vec<String>,
+    },
 }
 
 impl fmt::Display for Blocker {
@@ -263,6 +280,11 @@ impl fmt::Display for Blocker {
             Self::AllReadyPodsOnNode { workload, namespace, name, replicas, ready, node } => {
                 write!(f, "{workload} {namespace}/{name}: all {ready} Ready pods of {replicas} run on {node}")
             }
+            Self::AllReadyPodsOnNodesDownTogether { workload, namespace, name, replicas, ready, nodes } => write!(
+                f,
+                "{workload} {namespace}/{name}: all {ready} Ready pods of {replicas} run on {}, which would be down together",
+                nodes.join(" and ")
+            ),
         }
     }
 }
@@ -357,6 +379,17 @@ impl<'a> Preflight<'a> {
     /// Why `node` cannot be taken out now, in a stable order; empty when it can.
     #[must_use]
     pub fn blockers(&self, node: &str) -> Vec<Blocker> {
+        self.blockers_with(node, &[])
+    }
+
+    /// Why `node` cannot be taken out now while the nodes `together` are down too (the
+    /// machines of this operation past their disruptive call): as [`Self::blockers`], and
+    /// a workload is blocked when its Ready pods all run on `node` and those nodes, not
+    /// only on `node` (issue 29 item 10: with `maxUnavailable` of 2 or more, two nodes
+    /// each judged alone can together hold every Ready pod of a workload). The facts must
+    /// hold every pod on `together` too (ask the adapter about them).
+    #[must_use]
+    pub fn blockers_with(&self, node: &str, together: &[&str]) -> Vec<Blocker> {
         let mut found: BTreeSet<Blocker> =
             self.bad_nodes.iter().filter(|(name, _)| *name != node).map(|(_, b)| b.clone()).collect();
         let ignored = |namespace: &str| self.config.ignored_namespaces.contains(namespace);
@@ -407,10 +440,13 @@ impl<'a> Preflight<'a> {
                 found.insert(Blocker::SingleReplica { workload, namespace, name, replicas, node: node.to_owned() });
                 continue;
             }
-            let ready = self.ready_on.get(key);
-            let all_here = ready.is_some_and(|nodes| nodes.len() == 1 && nodes.contains_key(node));
-            if all_here {
-                let ready = ready.and_then(|nodes| nodes.get(node)).copied().unwrap_or(0);
+            let Some(ready_on) = self.ready_on.get(key) else { continue };
+            let down = |n: &str| n == node || together.contains(&n);
+            if !ready_on.keys().all(|n| down(n)) {
+                continue;
+            }
+            let ready: usize = ready_on.values().sum();
+            if ready_on.len() == 1 && ready_on.contains_key(node) {
                 found.insert(Blocker::AllReadyPodsOnNode {
                     workload,
                     namespace,
@@ -418,6 +454,16 @@ impl<'a> Preflight<'a> {
                     replicas,
                     ready,
                     node: node.to_owned(),
+                });
+            } else if ready_on.contains_key(node) {
+                let others = ready_on.keys().filter(|n| **n != node).map(|n| (*n).to_owned());
+                found.insert(Blocker::AllReadyPodsOnNodesDownTogether {
+                    workload,
+                    namespace,
+                    name,
+                    replicas,
+                    ready,
+                    nodes: std::iter::once(node.to_owned()).chain(others).collect(),
                 });
             }
         }

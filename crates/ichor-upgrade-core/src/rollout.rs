@@ -511,6 +511,11 @@ pub enum CallAuthority {
     /// A control plane's call needs the etcd gate, not gathered in this pass: gather it and
     /// authorise again with [`call_authority`] before the call.
     NeedsEtcdGate,
+    /// The call needs the preflight gate, judged in this pass about the machine's node
+    /// and the nodes down with it: gather it and authorise again with [`call_authority`]
+    /// before the call (issue 29 item 10: a machine is judged before its disruptive step,
+    /// not only when it starts, whose evacuation can take its whole timeout first).
+    NeedsPreflight,
     /// The call may not go out now; the machine waits.
     Denied(CallDenied),
 }
@@ -548,6 +553,13 @@ pub enum CallDenied {
         /// The control plane it authorises.
         on: String,
     },
+    /// The preflight gate, judged again before the call, finds blockers
+    /// ([`PreflightMode::Enforce`]): the machine, started, waits (evacuated) until they
+    /// clear, looked at again every [`RolloutConfig::preflight_recheck`].
+    PreflightBlocked {
+        /// The blockers, as users read them.
+        blockers: String,
+    },
 }
 
 impl CallDenied {
@@ -565,6 +577,7 @@ impl CallDenied {
             Self::EtcdUnhealthy { .. } => "EtcdUnhealthy",
             Self::EtcdSnapshotMissing => "EtcdSnapshotMissing",
             Self::GateSpent { .. } => "EtcdGateSpent",
+            Self::PreflightBlocked { .. } => "PreflightBlocked",
         }
     }
 }
@@ -586,6 +599,7 @@ impl fmt::Display for CallDenied {
             Self::GateSpent { on } => {
                 write!(f, "this pass's etcd gate verdict already authorises control plane {on} (one per verdict)")
             }
+            Self::PreflightBlocked { blockers } => write!(f, "the preflight blocks it now: {blockers}"),
         }
     }
 }
@@ -956,7 +970,24 @@ impl<'a> Authoriser<'a> {
             }
             return CallAuthority::Denied(CallDenied::EtcdSnapshotMissing);
         }
+        if let Some(not_now) = self.preflight(m) {
+            return not_now;
+        }
         self.disruption(m)
+    }
+
+    /// The preflight gate before the first call (the Upgrade call, the install): `None`
+    /// when it lets the call go; judged in this pass or to be gathered. Under
+    /// [`PreflightMode::Warn`] it never stops a call (the start recorded the warning).
+    fn preflight(&self, m: &MachineView) -> Option<CallAuthority> {
+        let mode = self.input.operation.spec.preflight.unwrap_or_default();
+        match (self.input.preflight.of(&m.name), mode) {
+            (_, PreflightMode::Warn) | (Some([]), PreflightMode::Enforce) => None,
+            (None, PreflightMode::Enforce) => Some(CallAuthority::NeedsPreflight),
+            (Some(blockers), PreflightMode::Enforce) => {
+                Some(CallAuthority::Denied(CallDenied::PreflightBlocked { blockers: describe(blockers) }))
+            }
+        }
     }
 
     /// The authority to finish a machine already past its call (the lifecycle executor's

@@ -324,6 +324,10 @@ pub enum MachineWait {
     /// Ready for the Upgrade call of a control plane; the etcd gate is to be gathered in
     /// this pass before it may go out.
     EtcdGateNotChecked,
+    /// Ready for the first call (the Upgrade call, the install); the preflight gate is to
+    /// be judged again in this pass, about its node and those down with it, before it may
+    /// go out.
+    PreflightNotChecked,
     /// Lifecycle executor: the node answers that an install is already under way.
     InstallUnderWay,
     /// Lifecycle executor: pods evicted by the drain are still terminating (or the pods
@@ -361,6 +365,7 @@ impl MachineWait {
             Self::EtcdMemberUnknown => "EtcdMemberUnknown",
             Self::CallNotAuthorised(_) => "CallNotAuthorised",
             Self::EtcdGateNotChecked => "EtcdGateNotChecked",
+            Self::PreflightNotChecked => "PreflightNotChecked",
             Self::InstallUnderWay => "InstallUnderWay",
             Self::Draining { .. } => "Draining",
             Self::EvictionBlocked { .. } => "EvictionBlocked",
@@ -551,6 +556,7 @@ impl fmt::Display for MachineWait {
             Self::EtcdMemberUnknown => f.write_str("the etcd member list could not be read"),
             Self::CallNotAuthorised(denied) => write!(f, "the Upgrade call waits: {denied}"),
             Self::EtcdGateNotChecked => f.write_str("the Upgrade call waits for the etcd gate"),
+            Self::PreflightNotChecked => f.write_str("the Upgrade call waits for the preflight gate"),
             Self::InstallUnderWay => f.write_str("the node is already running an install"),
             Self::Draining { terminating } => write!(f, "draining: {terminating} pods still terminating"),
             Self::EvictionBlocked { pod } => {
@@ -697,6 +703,7 @@ pub(crate) fn before_call(input: &StepInput<'_>) -> Action {
     match input.authority {
         CallAuthority::Granted => Action::Upgrade { image, marker: marker_for(input, &node.boot_id) },
         CallAuthority::NeedsEtcdGate => wait(MachineWait::EtcdGateNotChecked, None),
+        CallAuthority::NeedsPreflight => wait(MachineWait::PreflightNotChecked, None),
         // A denial may rest on the etcd gate, which no watch reports.
         CallAuthority::Denied(denied) => polled(input, MachineWait::CallNotAuthorised(denied.clone()), None),
     }

@@ -331,7 +331,8 @@ proptest! {
                 Blocker::BudgetAtZero { namespace, .. }
                 | Blocker::BudgetUnreadable { namespace, .. }
                 | Blocker::SingleReplica { namespace, .. }
-                | Blocker::AllReadyPodsOnNode { namespace, .. } => namespace.as_str(),
+                | Blocker::AllReadyPodsOnNode { namespace, .. }
+                | Blocker::AllReadyPodsOnNodesDownTogether { namespace, .. } => namespace.as_str(),
                 Blocker::NodeNotReady { .. } | Blocker::NodeCordoned { .. } | Blocker::NotObserved { .. } => continue,
             };
             prop_assert_ne!(namespace, "kube-system");
@@ -342,6 +343,25 @@ proptest! {
             ..facts.clone()
         };
         prop_assert_eq!(Preflight::new(&without, &config).blockers(node), blockers);
+    }
+
+    /// Judging a node with others down beside it only adds blockers: whatever blocks it
+    /// alone still does (as itself or as the set's), and a set of none is the node alone.
+    #[test]
+    fn nodes_down_together_only_add_blockers(facts in arbitrary_cluster(), node in prop::sample::select(vec!["n1", "n2", "n3"]), other in prop::sample::select(vec!["n1", "n2", "n3"])) {
+        let config = PreflightConfig::default();
+        let gate = Preflight::new(&facts, &config);
+        let alone = gate.blockers(node);
+        prop_assert_eq!(&gate.blockers_with(node, &[]), &alone);
+        let together = gate.blockers_with(node, &[other]);
+        for b in &alone {
+            let kept = together.contains(b) || match b {
+                Blocker::AllReadyPodsOnNode { namespace, name, .. } => together.iter().any(|t| matches!(t,
+                    Blocker::AllReadyPodsOnNodesDownTogether { namespace: n, name: w, .. } if n == namespace && w == name)),
+                _ => false,
+            };
+            prop_assert!(kept, "{} lost beside {}: {:?}", b, other, together);
+        }
     }
 
     /// A node's workload and budget blockers are about pods a drain of that node evicts:
@@ -374,4 +394,39 @@ fn a_node_another_operation_left_cordoned_blocks_and_says_whose_it_is() {
     assert_eq!(json["operation"], "ichor-system/remove-cp/7f3a");
     let person = serde_json::to_value(Blocker::NodeCordoned { node: "c".into(), operation: None }).unwrap();
     assert!(person.get("operation").is_none(), "a person's cordon is written as before: {person}");
+}
+
+#[test]
+fn two_nodes_down_together_that_hold_every_ready_pod_block_the_second() {
+    // web has a Ready pod on a and one on b, none elsewhere: each node alone is clear
+    // (the other keeps one), but with a down (past its call), b is not.
+    let (web, web_rs) = deployment("shop", "web", 2);
+    let owner = Some(("ReplicaSet", "web-5d4f"));
+    let mut facts = ClusterFacts {
+        nodes: ["a", "b", "c"].map(node).into(),
+        pods: vec![pod("shop", "web-1", "a", owner, "web"), pod("shop", "web-2", "b", owner, "web")],
+        workloads: vec![web],
+        replica_sets: vec![web_rs],
+        ..ClusterFacts::default()
+    };
+    let config = PreflightConfig::default();
+    let gate = Preflight::new(&facts, &config);
+    assert_eq!(gate.blockers("b"), vec![], "alone, b is clear");
+    let together = gate.blockers_with("b", &["a"]);
+    assert_eq!(
+        together.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        vec!["Deployment shop/web: all 2 Ready pods of 2 run on b and a, which would be down together"]
+    );
+    assert_eq!(gate.blockers_with("b", &["c"]), vec![], "a node down elsewhere holds none of them");
+    // Once a's pod is gone (drained) the question is b's alone, as before.
+    facts.pods[0].ready = false;
+    let gate = Preflight::new(&facts, &config);
+    assert_eq!(
+        gate.blockers_with("b", &["a"]).iter().map(ToString::to_string).collect::<Vec<_>>(),
+        vec!["Deployment shop/web: all 1 Ready pods of 2 run on b"]
+    );
+    // A third Ready pod on c clears it.
+    facts.pods[0].ready = true;
+    facts.pods.push(pod("shop", "web-3", "c", owner, "web"));
+    assert_eq!(Preflight::new(&facts, &config).blockers_with("b", &["a"]), vec![]);
 }

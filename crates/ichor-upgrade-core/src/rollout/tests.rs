@@ -701,6 +701,42 @@ fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
     assert_eq!(call_authority(&input, "cp-1"), CallAuthority::Denied(CallDenied::LockNotHeld));
 }
 
+// Issue 29 item 10: the preflight is judged again before the first call, not only at the
+// start (an evacuation can take its whole timeout between the two).
+
+#[test]
+fn an_advancing_machines_first_call_needs_the_preflight_judged_in_its_own_pass() {
+    let mut going = Fixture::cluster(3, 2).all_control_planes_converged().in_progress("worker-1", true);
+    going.preflight = PreflightVerdict::NotChecked;
+    assert_eq!(authority(&going.decide(), "worker-1"), CallAuthority::NeedsPreflight);
+    let budget = Blocker::BudgetAtZero { namespace: "pay".into(), name: "ledger".into(), healthy: 2, desired: 2 };
+    going.preflight = PreflightVerdict::Checked([("worker-1".to_owned(), vec![budget.clone()])].into());
+    let denied = authority(&going.decide(), "worker-1");
+    assert_eq!(
+        denied,
+        CallAuthority::Denied(CallDenied::PreflightBlocked { blockers: describe(std::slice::from_ref(&budget)) })
+    );
+    let CallAuthority::Denied(why) = denied else { unreachable!() };
+    assert!(why.to_string().contains("PDB pay/ledger allows 0 disruptions"), "{why}");
+    going.preflight = PreflightVerdict::Checked([("worker-1".to_owned(), Vec::new())].into());
+    assert_eq!(authority(&going.decide(), "worker-1"), CallAuthority::Granted);
+    // Under `preflight: Warn` the start recorded the warning; the call is not stopped.
+    going.op.spec.preflight = Some(crate::operation::PreflightMode::Warn);
+    going.preflight = PreflightVerdict::Checked([("worker-1".to_owned(), vec![budget])].into());
+    assert_eq!(authority(&going.decide(), "worker-1"), CallAuthority::Granted);
+}
+
+#[test]
+fn the_preflight_comes_before_the_etcd_gate_and_never_stops_a_machine_past_its_call() {
+    let mut going = Fixture::cluster(3, 1).in_progress("cp-1", true).etcd(EtcdVerdict::NotChecked);
+    going.preflight = PreflightVerdict::NotChecked;
+    let d = going.decide();
+    assert_eq!(authority(&d, "cp-1"), CallAuthority::NeedsPreflight);
+    assert_eq!(finish(&d, "cp-1"), CallAuthority::NeedsEtcdGate, "the finish does not ask the preflight");
+    going.preflight = PreflightVerdict::Checked([("cp-1".to_owned(), Vec::new())].into());
+    assert_eq!(authority(&going.decide(), "cp-1"), CallAuthority::NeedsEtcdGate);
+}
+
 // The lifecycle executor's reboot of an installed machine: a pause, a hold or a deletion
 // does not interrupt a machine past its call, the lock and the etcd gate still decide.
 
