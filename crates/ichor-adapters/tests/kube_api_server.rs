@@ -471,8 +471,16 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
     let blocked = kube.evict(&ns.name, "invoice-worker").await.unwrap();
     assert!(matches!(&blocked, Eviction::Blocked { message } if message.contains("disruption budget")), "{blocked:?}");
     assert_eq!(kube.evict(&ns.name, "gone").await.unwrap(), Eviction::Evicted, "a pod already gone");
-    kube.delete_node(&node_name).await.unwrap();
-    kube.delete_node(&node_name).await.unwrap();
+    // The delete too is made under the Node as read: `read` is from before the cordon
+    // above, so it is a conflict and the Node stays; from a read of it as it is, it goes,
+    // and a Node already gone is no error.
+    let err = kube.delete_node(&read).await.unwrap_err();
+    assert!(matches!(err, KubeError::Conflict(_)), "{err:?}");
+    let current = nodes.get(&node_name).await.unwrap();
+    let current = NodeInfo { resource_version: current.resource_version().unwrap(), ..read };
+    kube.delete_node(&current).await.unwrap();
+    kube.delete_node(&current).await.unwrap();
+    assert!(nodes.get_opt(&node_name).await.unwrap().is_none(), "deleted");
     ns.delete().await;
 }
 

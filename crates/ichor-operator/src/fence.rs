@@ -248,9 +248,9 @@ impl KubeApi for FencedKube<'_> {
         self.fence.kube()?;
         self.inner.evict(namespace, name).await
     }
-    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
+    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
         self.fence.kube()?;
-        self.inner.delete_node(node).await
+        self.inner.delete_node(read).await
     }
 }
 

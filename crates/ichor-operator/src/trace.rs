@@ -788,10 +788,10 @@ impl KubeApi for TracedKube<'_> {
         }
         Ok(eviction)
     }
-    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
-        self.inner.delete_node(node).await?;
+    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        self.inner.delete_node(read).await?;
         if let Some(r) = self.recorder {
-            r.node_event(node, TraceKind::Removed);
+            r.node_event(&read.name, TraceKind::Removed);
         }
         Ok(())
     }
@@ -1028,7 +1028,7 @@ mod tests {
         async fn evict(&self, _namespace: &str, _name: &str) -> Result<Eviction, KubeError> {
             Ok(Eviction::Evicted)
         }
-        async fn delete_node(&self, _node: &str) -> Result<(), KubeError> {
+        async fn delete_node(&self, _read: &NodeInfo) -> Result<(), KubeError> {
             refused()
         }
     }

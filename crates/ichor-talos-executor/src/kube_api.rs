@@ -265,6 +265,8 @@ pub trait KubeApi: ConditionStore {
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
     /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
     async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
-    /// Deletes a Node object.
-    async fn delete_node(&self, node: &str) -> Result<(), KubeError>;
+    /// Deletes the Node object `read`, only if it is still at `read.resource_version`
+    /// ([`KubeError::Conflict`] otherwise: a Node changed since, or another that joined
+    /// under the same name, is never deleted on an old read). One already gone is `Ok`.
+    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError>;
 }

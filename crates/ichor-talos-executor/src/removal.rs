@@ -12,7 +12,8 @@ use ichor_upgrade_core::evacuation::StorageObservation;
 use ichor_upgrade_core::lifecycle_step::cordon_annotation;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::removal_step::{
-    NODE_REMOVAL, PodRef, RemovalAction, RemovalInput, RemovalNode, reason as removal_reason, removal_step,
+    ETCD_DEPARTURE, NODE_REMOVAL, PodRef, RemovalAction, RemovalInput, RemovalNode, reason as removal_reason,
+    removal_step,
 };
 use ichor_upgrade_core::rollout::EtcdVerdict;
 use ichor_upgrade_core::status::MachineOutcome;
@@ -147,8 +148,8 @@ pub async fn remove_machine(
     });
     tracing::debug!(machine = %machine.name, ?action, "removal step");
     let asked = member.and_then(|m| m.answered_by);
-    let cordon = node.as_ref().map(|read| (read, operation));
-    carry_out(ex, machine, &node_name, cordon, asked.as_deref(), action).await
+    let read = Read { node: node.as_ref(), operation };
+    carry_out(ex, machine, &node_name, read, asked.as_deref(), action).await
 }
 
 async fn write_removal(
@@ -164,11 +165,40 @@ async fn write_removal(
 
 /// Carries out one removal action; `etcd_peer` is the control plane that listed the etcd
 /// members in this pass (it is asked to remove a member by ID).
+/// What a removal's writes are made under: the Node as this pass read it (its
+/// resourceVersion is the precondition of the cordon and the delete) and the operation
+/// (the cordon names it).
+#[derive(Clone, Copy)]
+struct Read<'a> {
+    node: Option<&'a NodeInfo>,
+    operation: &'a str,
+}
+
+/// Records, under the machine's resourceVersion as this pass read it, that etcd is asked
+/// to let its member go: a stale writer fails here, before the call.
+async fn record_etcd_departure(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    reason: &str,
+    message: String,
+) -> Result<(), AdvanceError> {
+    let Some(version) = machine.resource_version.as_deref() else {
+        return Err(AdvanceError::PatchConditions(ichor_storage::ConditionWriteError {
+            machine: machine.name.clone(),
+            message: "read without a resourceVersion: the etcd departure cannot be recorded under it".to_owned(),
+            transient: false,
+        }));
+    };
+    let mut conditions = machine.conditions.clone();
+    conditions.upsert(ConditionUpdate::new(ETCD_DEPARTURE, ConditionStatus::Unknown, reason, message), ex.clock.now());
+    crate::advance::write_conditions_at(ex, machine, version, &conditions).await
+}
+
 async fn carry_out(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     node_name: &str,
-    cordon: Option<(&NodeInfo, &str)>,
+    read: Read<'_>,
     etcd_peer: Option<&str>,
     action: RemovalAction,
 ) -> Result<MachineOutcome, AdvanceError> {
@@ -215,11 +245,12 @@ async fn carry_out(
         // placed since is a conflict, and one left by this removal, if it is abandoned, is
         // never lifted by another operation.
         RemovalAction::Cordon => {
-            let Some((read, operation)) = cordon else {
+            let Some(node) = read.node else {
                 let source = KubeCallError::from(KubeError::NotFound(format!("Node {node_name}")));
                 return Err(AdvanceError::KubeCall { call: "cordon", source });
             };
-            kube(ex, "cordon", ex.kube.cordon(read, &cordon_annotation(ex.clock.now(), operation))).await?;
+            let annotation = cordon_annotation(ex.clock.now(), read.operation);
+            kube(ex, "cordon", ex.kube.cordon(node, &annotation)).await?;
             progressed("Cordon")
         }
         RemovalAction::Evict { pods } => {
@@ -243,6 +274,8 @@ async fn carry_out(
             }
         }
         RemovalAction::LeaveEtcd => {
+            let reason = removal_reason::ETCD_LEAVE_REQUESTED;
+            record_etcd_departure(ex, machine, reason, format!("EtcdLeaveCluster asked of {node_name}")).await?;
             talos(ex, "leave etcd", ex.talos.etcd_leave_cluster(&machine.address)).await?;
             progressed("LeaveEtcd")
         }
@@ -255,6 +288,9 @@ async fn carry_out(
                     recheck_at: None,
                 });
             };
+            let reason = removal_reason::ETCD_MEMBER_REMOVE_REQUESTED;
+            let message = format!("EtcdRemoveMemberByID {member_id:x} asked of {peer}");
+            record_etcd_departure(ex, machine, reason, message).await?;
             talos(ex, "remove etcd member", ex.talos.etcd_remove_member(peer, member_id)).await?;
             progressed("RemoveEtcdMember")
         }
@@ -288,8 +324,14 @@ async fn carry_out(
                 }
             }
         }
+        // Under the Node as read: a Node changed since (another machine that joined under
+        // the same name) is a conflict, never deleted.
         RemovalAction::DeleteNode => {
-            kube(ex, "delete Node", ex.kube.delete_node(node_name)).await?;
+            let Some(node) = read.node else {
+                let source = KubeCallError::from(KubeError::NotFound(format!("Node {node_name}")));
+                return Err(AdvanceError::KubeCall { call: "delete Node", source });
+            };
+            kube(ex, "delete Node", ex.kube.delete_node(node)).await?;
             progressed("DeleteNode")
         }
     }

@@ -4,6 +4,7 @@ use ichor_upgrade_core::evacuation::Scheduling;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use ichor_storage::ConditionWriteError;
 use ichor_storage::{LabelSelector, StorageObject};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
@@ -16,7 +17,7 @@ use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Condition
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
 use ichor_upgrade_core::lifecycle_step::cordon_annotation;
 use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::removal_step::{NODE_REMOVAL, reason};
+use ichor_upgrade_core::removal_step::{ETCD_DEPARTURE, NODE_REMOVAL, reason};
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::predicate::eq;
@@ -36,7 +37,7 @@ fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
         labels: BTreeMap::new(),
         annotations: BTreeMap::new(),
         conditions: Conditions::new(),
-        resource_version: None,
+        resource_version: Some("5".into()),
     }
 }
 
@@ -264,9 +265,52 @@ async fn a_control_plane_leaves_etcd_through_talos_when_the_gate_passes() {
     world.talos.expect_etcd_members().returning(|_| Ok(members()));
     world.talos.expect_etcd_status().returning(|node| Ok(status(node)));
     world.talos.expect_etcd_alarms().returning(|_| Ok(vec![]));
-    world.talos.expect_etcd_leave_cluster().with(eq("10.0.0.13")).times(1).returning(|_| Ok(()));
+    // The departure is recorded first, under the machine as this pass read it.
+    let recorded = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&recorded);
+    world.kube.expect_write_conditions_at().times(1).returning(move |_, version, c| {
+        seen.lock().unwrap().push((version.to_owned(), c.get(ETCD_DEPARTURE).map(|c| (c.status, c.reason.clone()))));
+        Ok(())
+    });
+    let left = Arc::clone(&recorded);
+    world.talos.expect_etcd_leave_cluster().with(eq("10.0.0.13")).times(1).returning(move |_| {
+        assert_eq!(left.lock().unwrap().len(), 1, "recorded before the call");
+        Ok(())
+    });
     let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
     assert_eq!(outcome, MachineOutcome::Progressed { action: "LeaveEtcd" });
+    assert_eq!(
+        *recorded.lock().unwrap(),
+        vec![("5".to_owned(), Some((ConditionStatus::Unknown, reason::ETCD_LEAVE_REQUESTED.to_owned())))]
+    );
+}
+
+#[tokio::test]
+async fn a_stale_read_never_asks_etcd_to_let_a_member_go() {
+    // The machine changed since this pass read it (another writer, a replica that lost its
+    // lead): the departure's record is a conflict, and no leave is asked for.
+    let mut world = World::new(Some(node("cp-3", true)), vec![pod("kube-apiserver-cp-3", "Node", true)]);
+    world.talos.expect_etcd_members().returning(|_| Ok(members()));
+    world.talos.expect_etcd_status().returning(|node| Ok(status(node)));
+    world.talos.expect_etcd_alarms().returning(|_| Ok(vec![]));
+    world.kube.expect_write_conditions_at().times(1).returning(|machine, _, _| {
+        Err(ConditionWriteError { machine: machine.to_owned(), message: "conflict".into(), transient: true })
+    });
+    world.talos.expect_etcd_leave_cluster().never();
+    let config = ExecutorConfig::default();
+    let ex = Executor {
+        snapshots: None,
+        background: None,
+        talos: &world.talos,
+        kube: &world.kube,
+        storage: &world.storage,
+        clock: &FixedClock,
+        config: &config,
+    };
+    let err = remove_machine(&ex, OPERATION, &machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps())
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
 }
 
 #[tokio::test]
@@ -314,6 +358,13 @@ async fn a_control_plane_whose_node_is_gone_is_not_removed_while_its_member_vote
     world.talos.expect_etcd_alarms().with(eq("10.0.0.13")).returning(move |_| Err(down()));
     world.talos.expect_etcd_alarms().returning(|_| Ok(vec![]));
     world.talos.expect_etcd_leave_cluster().never();
+    world.kube.expect_write_conditions_at().times(1).returning(|_, version, c| {
+        assert_eq!(version, "5");
+        let departure = c.get(ETCD_DEPARTURE).unwrap();
+        assert_eq!(departure.reason, reason::ETCD_MEMBER_REMOVE_REQUESTED);
+        assert!(departure.message.contains("10.0.0.11"), "{}", departure.message);
+        Ok(())
+    });
     world.talos.expect_etcd_remove_member().with(eq("10.0.0.11"), eq(3)).times(1).returning(|_, _| Ok(()));
     let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
     assert_eq!(outcome, MachineOutcome::Progressed { action: "RemoveEtcdMember" });

@@ -28,10 +28,22 @@ use crate::time::Timestamp;
 /// The condition type that marks a removal's progress.
 pub const NODE_REMOVAL: &str = "NodeRemoval";
 
+/// The condition type recording, before the call, that a removal asked etcd to let the
+/// machine's member go (`Unknown`, reason [`reason::ETCD_LEAVE_REQUESTED`] or
+/// [`reason::ETCD_MEMBER_REMOVE_REQUESTED`]). Written under the machine's resourceVersion
+/// as the pass read it, so a writer whose read is stale (a replica that no longer leads, a
+/// pass overtaken by a change) fails there and never makes the call. Read by no step: the
+/// member list is what tells whether the member is gone.
+pub const ETCD_DEPARTURE: &str = "EtcdDeparture";
+
 /// Condition reasons of [`NODE_REMOVAL`].
 pub mod reason {
     /// `Unknown`: the graceful reset was asked for; the node is wiping itself.
     pub const RESET_REQUESTED: &str = "ResetRequested";
+    /// [`super::ETCD_DEPARTURE`]: `EtcdLeaveCluster` asked of the node.
+    pub const ETCD_LEAVE_REQUESTED: &str = "EtcdLeaveRequested";
+    /// [`super::ETCD_DEPARTURE`]: `EtcdRemoveMemberByID` asked of another control plane.
+    pub const ETCD_MEMBER_REMOVE_REQUESTED: &str = "EtcdMemberRemoveRequested";
     /// `True`: the Node is deleted; the machine is gone from the cluster.
     pub const REMOVED: &str = "Removed";
 }

@@ -203,8 +203,8 @@ impl KubeApi for LosesWrites<'_> {
     async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
         self.sim.evict(namespace, name).await
     }
-    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
-        self.sim.delete_node(node).await
+    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        self.sim.delete_node(read).await
     }
 }
 

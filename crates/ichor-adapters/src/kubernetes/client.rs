@@ -991,10 +991,16 @@ impl KubeApi for KubeCluster {
         }
     }
 
-    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
+    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
+        let node = &read.name;
+        let preconditions = kube::api::Preconditions {
+            resource_version: Some(node_precondition(read, "delete")?.to_owned()),
+            uid: None,
+        };
+        let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
         self.wrote();
-        match api.delete(node, &DeleteParams::default()).await {
+        match api.delete(node, &params).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(e) => Err(kube_error(&format!("delete Node {node}"), &e)),

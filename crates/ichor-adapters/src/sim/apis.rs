@@ -808,9 +808,9 @@ impl KubeApi for SimCluster {
         .await
     }
 
-    async fn delete_node(&self, node: &str) -> Result<(), KubeError> {
+    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
         self.kube(KubeCall::Write, |w| {
-            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+            let i = w.node_written_under(read)?;
             w.nodes[i].removed = true;
             w.changed(i);
             w.record(i, TraceKind::Removed);

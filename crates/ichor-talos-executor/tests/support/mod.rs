@@ -73,7 +73,7 @@ mock! {
         async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError>;
         async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
         async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
-        async fn delete_node(&self, node: &str) -> Result<(), KubeError>;
+        async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError>;
     }
 }
 
