@@ -559,8 +559,6 @@ async fn reconcile_pass(
         config: &ex.config.rollout,
         now,
     };
-    let mut verdict = None;
-    let mut decision = decide(&input);
     // The nodes of the machines past their disruptive call (down, or about to be): every
     // machine is judged by the preflight as one more beside them (issue 29 item 10).
     let down: Vec<&str> = observed
@@ -568,25 +566,11 @@ async fn reconcile_pass(
         .filter(|o| past_the_point_of_no_return(removal, &o.machine) && !converged(&o.machine))
         .filter_map(Observed::node_name)
         .collect();
-    // The gates are gathered only for machines about to start, and decided again with
-    // them: the etcd gate once, the preflight for each machine named (a blocked machine
-    // lets the next one be named, up to a few rounds).
-    let mut checked: BTreeMap<String, Vec<Blocker>> = BTreeMap::new();
-    // The operation as this pass sees it once it took (or failed to take) the etcd snapshot.
-    let mut recorded_view: Option<OperationView> = None;
-    for round in 1..=GATE_ROUNDS {
-        let needs_etcd = decision.check_etcd && verdict.is_none();
-        let needs_snapshot = decision.take_etcd_snapshot.is_some() && recorded_view.is_none();
-        if !needs_etcd && decision.check_preflight.is_empty() && !needs_snapshot {
-            break;
-        }
-        if needs_snapshot {
-            let state = take_snapshot(ex, &op.cluster, &view, &observed, decision.take_etcd_snapshot.as_deref()).await;
-            // Recorded before anything else in the pass: no control plane's call goes out on
-            // a snapshot the status does not hold.
-            let recorded = OperationStatus { etcd_snapshot: Some(state.clone()), ..op.status.clone() };
-            write_status(ex, name, &op.status, &recorded).await?;
-            if state.taken().is_some() {
+    let pass = Pass { ex, name, op: &op, observed: &observed, status: &status, removal, down };
+    let Gates { decision, etcd: mut verdict, mut checked, recorded_view } =
+        match gather_gates(&pass, &view, input).await? {
+            GatesEnd::Decided(gates) => *gates,
+            GatesEnd::SnapshotRecorded(decision) => {
                 // The gate and the Nodes were read before the snapshot, which can take
                 // minutes: the first control plane is authorised by the next pass, which
                 // reads them again, never by this one's old verdict.
@@ -600,28 +584,7 @@ async fn reconcile_pass(
                     preflight_cleared: Vec::new(),
                 });
             }
-            let mut with_it = view.clone();
-            with_it.status.etcd_snapshot = Some(state);
-            recorded_view = Some(with_it);
-        }
-        if needs_etcd {
-            verdict = Some(gather_etcd_gate(ex, &observed).await);
-        }
-        if !decision.check_preflight.is_empty() {
-            // Read about the nodes asked in this round (each round asks about new ones).
-            let asked: Vec<&str> = decision.check_preflight.iter().map(String::as_str).collect();
-            checked.extend(judge_preflight(ex, &observed, &status, &op.identity, removal, &asked, &down).await);
-        }
-        // No round follows the last: what it did not gather waits for the next recheck.
-        let verdicts = if round == GATE_ROUNDS {
-            PreflightVerdict::Last(checked.clone())
-        } else {
-            PreflightVerdict::Checked(checked.clone())
         };
-        let etcd = verdict.clone().unwrap_or(EtcdVerdict::NotChecked);
-        let operation = recorded_view.as_ref().unwrap_or(&view);
-        decision = decide(&RolloutInput { operation, etcd: &etcd, preflight: &verdicts, ..input });
-    }
     let input = RolloutInput { operation: recorded_view.as_ref().unwrap_or(&view), ..input };
     let snapshot: Option<SnapshotState> = recorded_view.as_ref().and_then(|v| v.status.etcd_snapshot.clone());
     let cleared: Vec<String> = checked
@@ -768,6 +731,267 @@ async fn reconcile_pass(
     let still = join_all(storage_only.iter().map(|o| still_evacuating(ex, o, now))).await;
     moving.extend(storage_only.into_iter().zip(still).filter(|(_, still)| !still).map(|(o, _)| o));
     let mut advanced = join_all(moving.iter().map(|o| advance(o, authorities_of(o)))).await;
+    authorise_due(&pass, &input, &decision, &by_name, (&mut verdict, &mut checked), &mut advanced, &advance, now).await;
+    {
+        let mut waits = memory.lock();
+        for (o, (_, outcome)) in moving.iter().zip(&advanced) {
+            match outcome {
+                MachineOutcome::Waiting { recheck_at, reason, .. } => {
+                    let remembered = Remembered {
+                        machine: Arc::clone(&o.machine),
+                        node: o.node.clone(),
+                        authority: authorities_of(o),
+                        installing: installing(o),
+                        recheck_at: *recheck_at,
+                        reason: reason.clone(),
+                    };
+                    waits.insert(o.machine.name.clone(), remembered);
+                }
+                MachineOutcome::Progressed { .. } | MachineOutcome::Converged | MachineOutcome::Failed { .. } => {
+                    waits.remove(&o.machine.name);
+                }
+            }
+        }
+    }
+    outcomes.extend(advanced);
+    // Installs that ended outside a pass since the last one: recorded as if this pass had
+    // carried them out (a failure pauses), before this pass's own outcome of the machine.
+    if let Some(background) = ex.background {
+        let finished: Vec<(String, MachineOutcome)> = background.take_finished();
+        outcomes.splice(0..0, finished);
+    }
+
+    let acted = Acted {
+        decision: &decision,
+        outcomes: &outcomes,
+        views,
+        by_name: &by_name,
+        target: &target,
+        snapshot,
+        kept_recheck,
+        cleared,
+        now,
+    };
+    let outcome = record_pass(&pass, memory, acted, &converged).await?;
+    memory.keep_views(cache);
+    Ok(outcome)
+}
+
+/// What a pass observed, as its stages after the observation share it.
+struct Pass<'p> {
+    ex: &'p Executor<'p>,
+    name: &'p str,
+    op: &'p crate::kube_api::OperationInfo,
+    observed: &'p [Observed],
+    status: &'p OperationStatus,
+    removal: bool,
+    /// The nodes of the machines past their disruptive call and not converged.
+    down: Vec<&'p str>,
+}
+
+impl Pass<'_> {
+    /// The preflight's verdict on each machine `asked`, beside the nodes down.
+    async fn judge_preflight(&self, asked: &[&str]) -> BTreeMap<String, Vec<Blocker>> {
+        judge_preflight(self.ex, self.observed, self.status, &self.op.identity, self.removal, asked, &self.down).await
+    }
+}
+
+/// The decision of a pass with the gates it asked for gathered (stage "decide").
+struct Gates {
+    decision: Decision,
+    /// The etcd gate's verdict, if gathered in this pass.
+    etcd: Option<EtcdVerdict>,
+    /// The preflight's verdicts gathered in this pass, by machine.
+    checked: BTreeMap<String, Vec<Blocker>>,
+    /// The operation as this pass sees it once it took (or failed to take) the snapshot.
+    recorded_view: Option<OperationView>,
+}
+
+/// How stage "decide" ended.
+enum GatesEnd {
+    Decided(Box<Gates>),
+    /// The etcd snapshot was taken and recorded: the pass ends there, and the next one
+    /// authorises the first control plane from gates read again.
+    SnapshotRecorded(Box<Decision>),
+}
+
+/// What stage "act" leaves for stage "record".
+struct Acted<'a> {
+    decision: &'a Decision,
+    /// What became of each machine in this pass (installs that ended outside it first).
+    outcomes: &'a [(String, MachineOutcome)],
+    views: &'a [MachineView],
+    by_name: &'a BTreeMap<&'a str, &'a Observed>,
+    target: &'a Result<UpgradeTarget, String>,
+    snapshot: Option<SnapshotState>,
+    /// The earliest recheck of the machines passed over (their waits stand).
+    kept_recheck: Option<Timestamp>,
+    /// The machines the preflight found clear, or started.
+    cleared: Vec<String>,
+    now: Timestamp,
+}
+
+/// Stage "record": the operation's next status from the decision and the outcomes,
+/// written (or held back when only bookkeeping changed, for at most `status_hold`), its
+/// Events, the pre-pulls offered, the finalizer removed when the decision says so, and
+/// when to look again.
+async fn record_pass(
+    pass: &Pass<'_>,
+    memory: &PassMemory,
+    acted: Acted<'_>,
+    converged: &(dyn Fn(&MachineInfo) -> bool + Sync),
+) -> Result<ReconcileOutcome, ReconcileError> {
+    let Pass { ex, name, op, status, removal, .. } = *pass;
+    let Acted { decision, outcomes, views, by_name, target, snapshot, kept_recheck, cleared, now } = acted;
+    let mut next = if removal {
+        status.next_tracking_waits(op.generation, decision, outcomes)
+    } else {
+        status.next(op.generation, decision, outcomes)
+    };
+    // A Completed operation stays as it was written, records and counts included: it is
+    // not judged again against a target that moved on since.
+    let terminal = op.status.phase == Phase::Completed
+        && decision.phase == Phase::Completed
+        && op.status.observed_generation == Some(op.generation);
+    if snapshot.is_some() {
+        next.etcd_snapshot.clone_from(&snapshot);
+    }
+    if !removal && !terminal {
+        // A machine converged before this pass is not advanced in it: the two add up.
+        let converged_in_pass = |name: &str| outcomes.iter().any(|(n, o)| n == name && *o == MachineOutcome::Converged);
+        let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count()
+            + outcomes.iter().filter(|(_, o)| *o == MachineOutcome::Converged).count();
+        next.forget_converged(count, |name| {
+            converged_in_pass(name) || by_name.get(name).is_some_and(|o| converged(&o.machine))
+        });
+    }
+    if let (Some(background), Ok(target)) = (ex.background, target)
+        && ex.config.prepull.enabled
+        && !removal
+    {
+        prepull(background, target, by_name, &decision.prepull);
+    }
+    emit_events(ex, name, &op.status.phase, &next.phase, decision, outcomes).await;
+    // A change that may wait (convergences, the reasons of machines in progress) is held
+    // back for at most `status_hold`, so that it rides with the next write that must be
+    // made (usually the next machine's start): one status write per machine, not two.
+    let held_until = if !removal && next != op.status && next.only_bookkeeping_since(&op.status) {
+        let since = *memory.held().get_or_insert(now);
+        let until = since.saturating_add(ex.config.status_hold);
+        (now < until).then_some(until)
+    } else {
+        None
+    };
+    let wrote = match held_until {
+        Some(_) => false,
+        None => {
+            let wrote = write_status(ex, name, &op.status, &next).await?;
+            *memory.held() = None;
+            wrote
+        }
+    };
+    if decision.finalized {
+        let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
+        kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
+    }
+    // A machine reset for a retry was not stepped: observe again at once.
+    let retried = (!decision.retry.is_empty()).then_some(now);
+    let requeue_at = outcomes
+        .iter()
+        .map(|(_, o)| outcome_recheck(o, now))
+        .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
+    // What the pass wrote is not watched (the status and conditions are the controller's
+    // own): a pass that wrote its status looks again at once.
+    let requeue_at = Timestamp::min_opt(Timestamp::min_opt(requeue_at, kept_recheck), wrote.then_some(now));
+    let requeue_at = Timestamp::min_opt(requeue_at, held_until);
+    let (preflight_blocked, preflight_cleared) = (blocked_lines(decision), cleared);
+    Ok(ReconcileOutcome {
+        phase: next.phase,
+        requeue_at,
+        finished: decision.finalized,
+        preflight_blocked,
+        preflight_cleared,
+    })
+}
+
+/// Stage "decide": the rollout engine's decision, with the gates it asks for (the etcd
+/// snapshot, the etcd gate, the preflight of the machines it would start) gathered and
+/// decided again, up to [`GATE_ROUNDS`] rounds.
+async fn gather_gates(
+    pass: &Pass<'_>,
+    view: &OperationView,
+    input: RolloutInput<'_>,
+) -> Result<GatesEnd, ReconcileError> {
+    let Pass { ex, name, op, observed, .. } = *pass;
+    let mut verdict = None;
+    let mut decision = decide(&input);
+    // The gates are gathered only for machines about to start, and decided again with
+    // them: the etcd gate once, the preflight for each machine named (a blocked machine
+    // lets the next one be named, up to a few rounds).
+    let mut checked: BTreeMap<String, Vec<Blocker>> = BTreeMap::new();
+    // The operation as this pass sees it once it took (or failed to take) the etcd snapshot.
+    let mut recorded_view: Option<OperationView> = None;
+    for round in 1..=GATE_ROUNDS {
+        let needs_etcd = decision.check_etcd && verdict.is_none();
+        let needs_snapshot = decision.take_etcd_snapshot.is_some() && recorded_view.is_none();
+        if !needs_etcd && decision.check_preflight.is_empty() && !needs_snapshot {
+            break;
+        }
+        if needs_snapshot {
+            let state = take_snapshot(ex, &op.cluster, view, observed, decision.take_etcd_snapshot.as_deref()).await;
+            // Recorded before anything else in the pass: no control plane's call goes out on
+            // a snapshot the status does not hold.
+            let recorded = OperationStatus { etcd_snapshot: Some(state.clone()), ..op.status.clone() };
+            write_status(ex, name, &op.status, &recorded).await?;
+            if state.taken().is_some() {
+                return Ok(GatesEnd::SnapshotRecorded(Box::new(decision)));
+            }
+            let mut with_it = view.clone();
+            with_it.status.etcd_snapshot = Some(state);
+            recorded_view = Some(with_it);
+        }
+        if needs_etcd {
+            verdict = Some(gather_etcd_gate(ex, observed).await);
+        }
+        if !decision.check_preflight.is_empty() {
+            // Read about the nodes asked in this round (each round asks about new ones).
+            let asked: Vec<&str> = decision.check_preflight.iter().map(String::as_str).collect();
+            checked.extend(pass.judge_preflight(&asked).await);
+        }
+        // No round follows the last: what it did not gather waits for the next recheck.
+        let verdicts = if round == GATE_ROUNDS {
+            PreflightVerdict::Last(checked.clone())
+        } else {
+            PreflightVerdict::Checked(checked.clone())
+        };
+        let etcd = verdict.clone().unwrap_or(EtcdVerdict::NotChecked);
+        let operation = recorded_view.as_ref().unwrap_or(view);
+        decision = decide(&RolloutInput { operation, etcd: &etcd, preflight: &verdicts, ..input });
+    }
+    Ok(GatesEnd::Decided(Box::new(Gates { decision, etcd: verdict, checked, recorded_view })))
+}
+
+/// Stage "authorise": the machines whose first call or finish is due and whose authority
+/// waits on a gate not gathered in this pass (`advanced`, as stepped) get it now: the
+/// preflight about them, beside the nodes down, and for a control plane the etcd gate
+/// (once per pass, only when a call is due). Each is asked again for its authority and
+/// stepped again with it: a call goes out only on gates passed in this same pass, and one
+/// gate verdict authorises at most one disruptive control-plane step.
+#[allow(clippy::too_many_arguments)]
+async fn authorise_due<F, Fut>(
+    pass: &Pass<'_>,
+    input: &RolloutInput<'_>,
+    decision: &Decision,
+    by_name: &BTreeMap<&str, &Observed>,
+    (verdict, checked): (&mut Option<EtcdVerdict>, &mut BTreeMap<String, Vec<Blocker>>),
+    advanced: &mut [(String, MachineOutcome)],
+    advance: F,
+    now: Timestamp,
+) where
+    F: Fn(&Observed, (CallAuthority, CallAuthority)) -> Fut,
+    Fut: Future<Output = (String, MachineOutcome)>,
+{
+    let ex = pass.ex;
     // A machine ready for its first call waits for the preflight, judged now about its
     // node beside those down already; a control plane, for the etcd gate too, gathered now
     // (once per pass, only when a call is due). Both are asked again for its authority:
@@ -785,18 +1009,18 @@ async fn reconcile_pass(
         let asked: Vec<&str> =
             needs_gate.iter().map(|&i| advanced[i].0.as_str()).filter(|m| !checked.contains_key(*m)).collect();
         if !asked.is_empty() {
-            checked.extend(judge_preflight(ex, &observed, &status, &op.identity, removal, &asked, &down).await);
+            checked.extend(pass.judge_preflight(&asked).await);
         }
         let control_plane = |i: &usize| {
             by_name.get(advanced[*i].0.as_str()).is_some_and(|o| o.machine.role == MachineRole::ControlPlane)
         };
         let gathered = match verdict.take() {
             Some(verdict) => verdict,
-            None if needs_gate.iter().any(control_plane) => gather_etcd_gate(ex, &observed).await,
+            None if needs_gate.iter().any(control_plane) => gather_etcd_gate(ex, pass.observed).await,
             None => EtcdVerdict::NotChecked,
         };
         let judged = PreflightVerdict::Checked(checked.clone());
-        let rollout_input = RolloutInput { etcd: &gathered, preflight: &judged, ..input };
+        let rollout_input = RolloutInput { etcd: &gathered, preflight: &judged, ..*input };
         // Still not gathered cannot happen with a verdict; never call on it.
         let gathered_or_denied = |authority| match authority {
             CallAuthority::NeedsEtcdGate => CallAuthority::Denied(CallDenied::EtcdUnhealthy {
@@ -846,105 +1070,6 @@ async fn reconcile_pass(
             }
         }
     }
-    {
-        let mut waits = memory.lock();
-        for (o, (_, outcome)) in moving.iter().zip(&advanced) {
-            match outcome {
-                MachineOutcome::Waiting { recheck_at, reason, .. } => {
-                    let remembered = Remembered {
-                        machine: Arc::clone(&o.machine),
-                        node: o.node.clone(),
-                        authority: authorities_of(o),
-                        installing: installing(o),
-                        recheck_at: *recheck_at,
-                        reason: reason.clone(),
-                    };
-                    waits.insert(o.machine.name.clone(), remembered);
-                }
-                MachineOutcome::Progressed { .. } | MachineOutcome::Converged | MachineOutcome::Failed { .. } => {
-                    waits.remove(&o.machine.name);
-                }
-            }
-        }
-    }
-    outcomes.extend(advanced);
-    // Installs that ended outside a pass since the last one: recorded as if this pass had
-    // carried them out (a failure pauses), before this pass's own outcome of the machine.
-    if let Some(background) = ex.background {
-        let finished: Vec<(String, MachineOutcome)> = background.take_finished();
-        outcomes.splice(0..0, finished);
-    }
-
-    let mut next = if removal {
-        status.next_tracking_waits(op.generation, &decision, &outcomes)
-    } else {
-        status.next(op.generation, &decision, &outcomes)
-    };
-    // A Completed operation stays as it was written, records and counts included: it is
-    // not judged again against a target that moved on since.
-    let terminal = op.status.phase == Phase::Completed
-        && decision.phase == Phase::Completed
-        && op.status.observed_generation == Some(op.generation);
-    if snapshot.is_some() {
-        next.etcd_snapshot.clone_from(&snapshot);
-    }
-    if !removal && !terminal {
-        // A machine converged before this pass is not advanced in it: the two add up.
-        let converged_in_pass = |name: &str| outcomes.iter().any(|(n, o)| n == name && *o == MachineOutcome::Converged);
-        let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count()
-            + outcomes.iter().filter(|(_, o)| *o == MachineOutcome::Converged).count();
-        next.forget_converged(count, |name| {
-            converged_in_pass(name) || by_name.get(name).is_some_and(|o| converged(&o.machine))
-        });
-    }
-    if let (Some(background), Ok(target)) = (ex.background, &target)
-        && ex.config.prepull.enabled
-        && !removal
-    {
-        prepull(background, target, &by_name, &decision.prepull);
-    }
-    emit_events(ex, name, &op.status.phase, &next.phase, &decision, &outcomes).await;
-    // A change that may wait (convergences, the reasons of machines in progress) is held
-    // back for at most `status_hold`, so that it rides with the next write that must be
-    // made (usually the next machine's start): one status write per machine, not two.
-    let held_until = if !removal && next != op.status && next.only_bookkeeping_since(&op.status) {
-        let since = *memory.held().get_or_insert(now);
-        let until = since.saturating_add(ex.config.status_hold);
-        (now < until).then_some(until)
-    } else {
-        None
-    };
-    let wrote = match held_until {
-        Some(_) => false,
-        None => {
-            let wrote = write_status(ex, name, &op.status, &next).await?;
-            *memory.held() = None;
-            wrote
-        }
-    };
-    if decision.finalized {
-        let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
-        kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
-    }
-    // A machine reset for a retry was not stepped: observe again at once.
-    let retried = (!decision.retry.is_empty()).then_some(now);
-    let requeue_at = outcomes
-        .iter()
-        .map(|(_, o)| outcome_recheck(o, now))
-        .fold(Timestamp::min_opt(decision.recheck_at, retried), Timestamp::min_opt);
-    // What the pass wrote is not watched (the status and conditions are the controller's
-    // own): a pass that wrote its status looks again at once.
-    let requeue_at = Timestamp::min_opt(Timestamp::min_opt(requeue_at, kept_recheck), wrote.then_some(now));
-    let requeue_at = Timestamp::min_opt(requeue_at, held_until);
-    memory.keep_views(cache);
-    let (preflight_blocked, preflight_cleared) = (blocked_lines(&decision), cleared);
-    Ok(ReconcileOutcome {
-        phase: next.phase,
-        requeue_at,
-        finished: decision.finalized,
-        preflight_blocked,
-        preflight_cleared,
-    })
 }
 
 /// Hands the pre-pulls of the machines the decision names to `background` (those not pulled
