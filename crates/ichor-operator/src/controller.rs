@@ -26,7 +26,8 @@ use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch};
 use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
-use ichor_talos_executor::background::{Job, JobQueue, run_job};
+use ichor_talos_executor::background::{Job, JobQueue};
+use ichor_talos_executor::jobs::run_job;
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi,
     TalosError, UpgradeAck, UpgradeRequest,

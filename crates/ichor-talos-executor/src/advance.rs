@@ -258,6 +258,36 @@ pub(crate) async fn bounded<T>(
     tokio::time::timeout(bound, future).await.map_err(|_| CallTimedOut { call, bound })
 }
 
+/// Whether the drain evicts this pod: not a DaemonSet's, not a mirror (static) pod.
+#[must_use]
+pub fn drains(pod: &crate::kube_api::PodInfo) -> bool {
+    !pod.mirror && !pod.owner_kinds.iter().any(|k| k == "DaemonSet")
+}
+
+pub(crate) async fn kube<T>(
+    ex: &Executor<'_>,
+    call: &'static str,
+    future: impl Future<Output = Result<T, KubeError>>,
+) -> Result<T, AdvanceError> {
+    bounded(call, ex.config.call_timeout, future)
+        .await
+        .map_err(KubeCallError::from)
+        .and_then(|r| r.map_err(KubeCallError::from))
+        .map_err(|source| AdvanceError::KubeCall { call, source })
+}
+
+pub(crate) async fn talos<T>(
+    ex: &Executor<'_>,
+    call: &'static str,
+    future: impl Future<Output = Result<T, TalosError>>,
+) -> Result<T, AdvanceError> {
+    bounded(call, ex.config.call_timeout, future)
+        .await
+        .map_err(TalosCallError::from)
+        .and_then(|r| r.map_err(TalosCallError::from))
+        .map_err(|source| AdvanceError::TalosCall { call, source })
+}
+
 /// The operation a machine is advanced for: its kind, and its identity (the one it writes
 /// into the cluster's Lease, [`OperationInfo::identity`](crate::kube_api::OperationInfo::identity)),
 /// which the engine's cordon names so that only this operation lifts it.

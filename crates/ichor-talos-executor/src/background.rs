@@ -1,7 +1,7 @@
 //! Calls that outlive a reconcile pass: the lifecycle executor's install (a stream of 30 s
 //! to minutes) and installer pre-pulls. A pass that waited for them would hold every other
 //! machine of the operation; instead it hands them to a [`Background`], which the
-//! controller's runner carries out beside its passes ([`run_job`]) and which tells later
+//! controller's runner carries out beside its passes ([`crate::jobs::run_job`]) and which tells later
 //! passes what is still under way.
 //!
 //! Nothing here is a record: what must survive a restart is written by the job itself
@@ -27,9 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 
-use crate::advance::Executor;
 use crate::kube_api::MachineInfo;
-use crate::talos_api::PullRequest;
 
 /// The reason of the outcome of an install job that stopped before a side effect: not a
 /// step of the machine, so no pass records it.
@@ -318,28 +316,6 @@ impl Background for JobQueue {
 
     fn take_finished(&self) -> Vec<(String, MachineOutcome)> {
         std::mem::take(&mut self.lock().finished)
-    }
-}
-
-/// Carries a job out to its end: what a runner's task does with each job it takes.
-pub async fn run_job(ex: &Executor<'_>, job: &Job) -> MachineOutcome {
-    match job {
-        Job::Install { machine, node, image, marker, operation, stop } => {
-            let check = crate::lifecycle::JobCheck { operation, node: node.as_deref(), stop };
-            crate::lifecycle::install(ex, machine, image.clone(), marker.clone(), Some(&check))
-                .await
-                .unwrap_or_else(|e| e.outcome(ex.retry_at()))
-        }
-        Job::Prepull { machine, address, image } => {
-            let pull = PullRequest { image: image.clone(), timeout: ex.config.step.upgrade_call };
-            match crate::advance::bounded("pre-pull", pull.timeout, ex.talos.image_pull(address, &pull)).await {
-                Ok(Ok(_)) => tracing::debug!(%machine, %image, "pre-pulled"),
-                // Not a failure: the upgrade pulls again.
-                Ok(Err(e)) => tracing::info!(%machine, %image, error = %crate::cause::report(&e), "pre-pull failed"),
-                Err(e) => tracing::info!(%machine, %image, error = %e, "pre-pull failed"),
-            }
-            MachineOutcome::Progressed { action: "Prepull" }
-        }
     }
 }
 

@@ -21,6 +21,7 @@ pub mod clock;
 pub mod config;
 pub mod etcd;
 pub mod etcd_snapshot;
+pub mod jobs;
 pub mod kube_api;
 pub mod lifecycle;
 pub mod reconcile;

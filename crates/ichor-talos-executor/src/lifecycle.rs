@@ -24,12 +24,12 @@ use ichor_upgrade_core::talos_step::{
 use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 
 use crate::advance::{
-    AdvanceError, Executor, bounded, carry_out, failed, node_observation, observe, talos_observation, write_condition,
+    AdvanceError, Executor, bounded, carry_out, drains, failed, kube, node_observation, observe, talos_observation,
+    write_condition,
 };
 use crate::background::{INSTALL_STOPPED, Job, StopFlag};
 use crate::cause::report;
 use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
-use crate::removal::{drains, kube};
 use crate::talos_api::{InstallRequest, PullRequest, TalosError};
 
 /// What the caller already read of the machine (its node name and Node), and the identity

@@ -483,23 +483,7 @@ async fn reconcile_pass(
     let cluster = kube_call(ex, "read cluster", ex.kube.cluster(&op.cluster)).await.map_err(read_cluster)?;
     let machines = kube_call(ex, "list machines", ex.kube.machines(&op.cluster)).await.map_err(read_cluster)?;
     let lease = kube_call(ex, "read Lease", ex.kube.lease(&op.cluster)).await.map_err(read_cluster)?;
-    let holder = match lease.as_ref().and_then(|l| l.holder.clone().map(|h| (h, l))) {
-        Some((identity, l)) => {
-            let exists = identity == op.identity
-                || kube_call(ex, "read Lease holder", ex.kube.operation_exists(&identity))
-                    .await
-                    .map_err(read_cluster)?;
-            // Our own Lease carries the time we wrote; another holder's is judged by how
-            // long this controller has seen it unchanged.
-            let renewed_at = if identity == op.identity {
-                l.renewed_at
-            } else {
-                memory.lease_unchanged_since(&l.resource_version, ex.clock.now())
-            };
-            Some(LeaseHolder { identity, renewed_at, lease_duration: l.duration, holder_exists: exists })
-        }
-        None => None,
-    };
+    let holder = lease_holder(ex, memory, &op, lease.as_ref()).await.map_err(read_cluster)?;
 
     let removal = op.spec.is_removal();
     // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
@@ -775,6 +759,33 @@ async fn reconcile_pass(
     let outcome = record_pass(&pass, memory, acted, &converged).await?;
     memory.keep_views(cache);
     Ok(outcome)
+}
+
+/// Stage "lock", its observation: who holds the cluster's Lease, as the rollout engine
+/// judges it. Our own Lease carries the time we wrote; another holder's is judged by how
+/// long this controller has seen it unchanged (never by the time another replica's clock
+/// wrote in it), and whether its operation still exists is asked.
+async fn lease_holder(
+    ex: &Executor<'_>,
+    memory: &PassMemory,
+    op: &crate::kube_api::OperationInfo,
+    lease: Option<&crate::kube_api::LeaseInfo>,
+) -> Result<Option<LeaseHolder>, KubeCallError> {
+    Ok(match lease.as_ref().and_then(|l| l.holder.clone().map(|h| (h, l))) {
+        Some((identity, l)) => {
+            let exists = identity == op.identity
+                || kube_call(ex, "read Lease holder", ex.kube.operation_exists(&identity)).await?;
+            // Our own Lease carries the time we wrote; another holder's is judged by how
+            // long this controller has seen it unchanged.
+            let renewed_at = if identity == op.identity {
+                l.renewed_at
+            } else {
+                memory.lease_unchanged_since(&l.resource_version, ex.clock.now())
+            };
+            Some(LeaseHolder { identity, renewed_at, lease_duration: l.duration, holder_exists: exists })
+        }
+        None => None,
+    })
 }
 
 /// What a pass observed, as its stages after the observation share it.

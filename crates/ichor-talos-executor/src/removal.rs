@@ -20,8 +20,8 @@ use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{EtcdMembership, MachineSpec};
 
 use crate::advance::{
-    AdvanceError, Executor, KubeCallError, TalosCallError, begin_evacuation, bounded, end_evacuation, node_name,
-    observe, talos_observation, write_condition,
+    AdvanceError, Executor, KubeCallError, begin_evacuation, bounded, drains, end_evacuation, kube, node_name, observe,
+    talos, talos_observation, write_condition,
 };
 use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, NodeInfo, PodInfo};
@@ -29,7 +29,7 @@ use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, NodeIn
 /// How soon an eviction a PodDisruptionBudget refused is tried again (`kubectl drain`
 /// retries every 5 s).
 pub const EVICTION_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
-use crate::talos_api::{ResetRequest, TalosError};
+use crate::talos_api::ResetRequest;
 
 /// How the reset's intent records the node name, as the message's last word.
 const NODE_KEY: &str = "node=";
@@ -40,36 +40,6 @@ pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
     let message = &conditions.get(NODE_REMOVAL)?.message;
     let name = message.rsplit(' ').next()?.strip_prefix(NODE_KEY)?;
     (!name.is_empty()).then(|| name.to_owned())
-}
-
-/// Whether the drain evicts this pod: not a DaemonSet's, not a mirror (static) pod.
-#[must_use]
-pub fn drains(pod: &PodInfo) -> bool {
-    !pod.mirror && !pod.owner_kinds.iter().any(|k| k == "DaemonSet")
-}
-
-pub(crate) async fn kube<T>(
-    ex: &Executor<'_>,
-    call: &'static str,
-    future: impl Future<Output = Result<T, KubeError>>,
-) -> Result<T, AdvanceError> {
-    bounded(call, ex.config.call_timeout, future)
-        .await
-        .map_err(KubeCallError::from)
-        .and_then(|r| r.map_err(KubeCallError::from))
-        .map_err(|source| AdvanceError::KubeCall { call, source })
-}
-
-pub(crate) async fn talos<T>(
-    ex: &Executor<'_>,
-    call: &'static str,
-    future: impl Future<Output = Result<T, TalosError>>,
-) -> Result<T, AdvanceError> {
-    bounded(call, ex.config.call_timeout, future)
-        .await
-        .map_err(TalosCallError::from)
-        .and_then(|r| r.map_err(TalosCallError::from))
-        .map_err(|source| AdvanceError::TalosCall { call, source })
 }
 
 /// One pass of removing `machine`. `control_planes` are the cluster's control planes
