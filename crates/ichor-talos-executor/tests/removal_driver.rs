@@ -86,6 +86,14 @@ impl World {
     }
 
     async fn remove(&self, m: &MachineInfo, control_planes: &[ControlPlane]) -> MachineOutcome {
+        self.try_remove(m, control_planes).await.unwrap()
+    }
+
+    async fn try_remove(
+        &self,
+        m: &MachineInfo,
+        control_planes: &[ControlPlane],
+    ) -> Result<MachineOutcome, ichor_talos_executor::AdvanceError> {
         let config = ExecutorConfig::default();
         let ex = Executor {
             snapshots: None,
@@ -96,7 +104,7 @@ impl World {
             clock: &FixedClock,
             config: &config,
         };
-        remove_machine(&ex, OPERATION, m, control_planes).await.unwrap()
+        remove_machine(&ex, OPERATION, m, control_planes).await
     }
 
     fn written(&self, type_: &str) -> Vec<(ConditionStatus, String)> {
@@ -297,19 +305,7 @@ async fn a_stale_read_never_asks_etcd_to_let_a_member_go() {
         Err(ConditionWriteError { machine: machine.to_owned(), message: "conflict".into(), transient: true })
     });
     world.talos.expect_etcd_leave_cluster().never();
-    let config = ExecutorConfig::default();
-    let ex = Executor {
-        snapshots: None,
-        background: None,
-        talos: &world.talos,
-        kube: &world.kube,
-        storage: &world.storage,
-        clock: &FixedClock,
-        config: &config,
-    };
-    let err = remove_machine(&ex, OPERATION, &machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps())
-        .await
-        .unwrap_err();
+    let err = world.try_remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
 }
 
