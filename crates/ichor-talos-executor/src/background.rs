@@ -13,7 +13,7 @@
 //! An install job carries the authority of the pass that submitted it and no more: before
 //! each side effect (the intent's write, the install call) it reads the operation, the
 //! Lease, the machine and its Node again and goes on only if that fresh read still
-//! authorises it ([`crate::lifecycle`]: not held, not paused, not deleting, the lock held,
+//! authorises it ([`crate::effects`]'s job authority: not held, not paused, not deleting, the lock held,
 //! the machine still recorded as started), and it writes the intent under a precondition
 //! on the machine's resourceVersion as read then. A pass that stops the machine (a hold, a
 //! pause, a deletion) sets the job's [`StopFlag`] first, so the job writes no intent even

@@ -52,7 +52,7 @@ pub struct ExecutorConfig {
 #[non_exhaustive]
 pub struct Prepull {
     /// Whether to (default on). Only with a runner for calls outside the pass
-    /// ([`crate::advance::Executor::background`]).
+    /// ([`crate::calls::Executor::background`]).
     pub enabled: bool,
     /// How many pre-pulls may be under way at once (default 10): each shares the
     /// registry's bandwidth with the pulls of the machines upgrading now.

@@ -6,7 +6,7 @@ use ichor_upgrade_core::etcd_gate::{self, ControlPlaneReport, Member, member_of}
 use ichor_upgrade_core::rollout::EtcdVerdict;
 use ichor_upgrade_core::talos_step::EtcdMembership;
 
-use crate::advance::Executor;
+use crate::calls::Executor;
 use crate::talos_api::EtcdMember;
 
 /// A control plane to ask: its Talos address and its node name.

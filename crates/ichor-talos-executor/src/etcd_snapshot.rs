@@ -9,7 +9,7 @@ use futures::StreamExt;
 use ichor_upgrade_core::etcd_snapshot::{SnapshotRecord, SnapshotState, snapshot_name};
 use sha2::{Digest, Sha256};
 
-use crate::advance::Executor;
+use crate::calls::Executor;
 use crate::cause::report;
 use crate::snapshot::SnapshotSink;
 

@@ -6,6 +6,12 @@
 //! through the rollout engine. Each pass re-reads the world, calls a pure function of
 //! `ichor-upgrade-core`, carries out what it returned and writes conditions and status.
 //!
+//! Every side effect on a machine, its Node, its pods, its storage or etcd goes through
+//! [`effects`], which takes the authority the pass's decision gave (or a background job's
+//! fresh read) and the precondition each needs, by type. The modules depend downwards
+//! only: [`reconcile`] on the drivers ([`advance`], [`removal`], [`lifecycle`],
+//! [`upgrade_step`]), the drivers on [`effects`] and [`etcd`], and those on [`calls`].
+//!
 //! # What this crate must not do
 //! It makes no decision of its own: every choice lives in `ichor-upgrade-core`. It keeps no
 //! state between passes (everything to remember is written to the cluster), and it talks
@@ -16,9 +22,11 @@
 
 pub mod advance;
 pub mod background;
+pub mod calls;
 pub mod cause;
 pub mod clock;
 pub mod config;
+pub mod effects;
 pub mod etcd;
 pub mod etcd_snapshot;
 pub mod jobs;
@@ -30,6 +38,7 @@ pub mod snapshot;
 #[cfg(feature = "proptest")]
 pub mod strategies;
 pub mod talos_api;
+pub mod upgrade_step;
 
 pub use advance::{AdvanceError, Executor, OperationRef, advance_machine, advance_machine_with};
 pub use cause::{Cause, report};

@@ -9,28 +9,29 @@
 use std::sync::Arc;
 
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
-use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::lifecycle_step::{
     CORDONED_ANNOTATION, CordonState, DrainObservation, InstallExit, LifecycleAction, LifecycleInput, TALOS_LIFECYCLE,
     cordon_annotation, cordoned_for, cordoned_since, lifecycle_reads, lifecycle_step, reason,
 };
-use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole};
+use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::removal_step::PodRef;
-use ichor_upgrade_core::rollout::{CallAuthority, Phase};
-use ichor_upgrade_core::status::{MachineOutcome, RecordState};
+use ichor_upgrade_core::rollout::CallAuthority;
+use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{
     Action, EtcdMembership, MachineFailure, MachineSpec, MachineWait, StepInput, TalosObservation, UpgradeTarget,
 };
 use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 
-use crate::advance::{
-    AdvanceError, Executor, bounded, carry_out, drains, failed, kube, node_observation, observe, talos_observation,
-    write_condition,
-};
 use crate::background::{INSTALL_STOPPED, Job, StopFlag};
+use crate::calls::{
+    AdvanceError, Executor, bounded, drains, failed, kube, node_observation, observe, seen_with_storage,
+    talos_observation,
+};
 use crate::cause::report;
+use crate::effects::{self, Calling, Grants, Intent, JobCheck, JobStep};
 use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
 use crate::talos_api::{InstallRequest, PullRequest, TalosError};
+use crate::upgrade_step::carry_out;
 
 /// What the caller already read of the machine (its node name and Node), and the identity
 /// of the operation it is advanced for (its cordon names it).
@@ -44,6 +45,7 @@ pub(crate) struct Seen<'a> {
 /// One pass over a machine on the lifecycle executor.
 pub(crate) async fn advance(
     ex: &Executor<'_>,
+    grants: &Grants,
     machine: &MachineInfo,
     seen: Seen<'_>,
     target: &UpgradeTarget,
@@ -65,7 +67,7 @@ pub(crate) async fn advance(
         }
         Some(_) | None => ichor_upgrade_core::evacuation::StorageObservation::default(),
     };
-    let machine = &*crate::advance::seen_with_storage(ex, machine, &storage, node_name);
+    let machine = &*seen_with_storage(ex, machine, &storage, node_name);
     let etcd_member = match (machine.role, node_name) {
         (MachineRole::ControlPlane, Some(name)) if reads.talos => {
             Some(crate::etcd::membership(ex, &[machine.address.as_str()], name).await)
@@ -144,7 +146,7 @@ pub(crate) async fn advance(
         install_seen,
     });
     tracing::debug!(machine = %machine.name, ?action, "lifecycle step");
-    carry_out_lifecycle(ex, machine, seen, target, action).await
+    carry_out_lifecycle(ex, grants, machine, seen, target, action).await
 }
 
 /// The pods the drain has left on `node`.
@@ -168,6 +170,7 @@ fn waiting(reason: &MachineWait, message: String, ex: &Executor<'_>) -> Result<M
 
 async fn carry_out_lifecycle(
     ex: &Executor<'_>,
+    grants: &Grants,
     machine: &MachineInfo,
     seen: Seen<'_>,
     target: &UpgradeTarget,
@@ -197,7 +200,7 @@ async fn carry_out_lifecycle(
         | LifecycleAction::Uncordon => None,
     };
     if let Some(action) = shared {
-        return carry_out(ex, machine, node_name, node, target, action).await;
+        return carry_out(ex, grants, machine, node_name, node, target, action).await;
     }
     match action {
         LifecycleAction::Install { image, marker } => match ex.background {
@@ -218,7 +221,7 @@ async fn carry_out_lifecycle(
                 };
                 waiting(&MachineWait::InstallUnderWay, message, ex)
             }
-            None => install(ex, machine, image, marker, None).await,
+            None => install(ex, machine, image, marker, Launch::Pass(grants)).await,
         },
         LifecycleAction::RecordInstallRunning | LifecycleAction::RecordInstallEnded => {
             let (status, why, outcome) = if action == LifecycleAction::RecordInstallRunning {
@@ -228,7 +231,7 @@ async fn carry_out_lifecycle(
             };
             let mut conditions = machine.conditions.clone();
             let marker = conditions.get(TALOS_LIFECYCLE).map(|c| c.message.clone()).unwrap_or_default();
-            write_lifecycle(ex, machine, &mut conditions, status, why, marker).await?;
+            note_lifecycle(ex, machine, &mut conditions, status, why, marker).await?;
             if action == LifecycleAction::RecordInstallRunning {
                 return waiting(&MachineWait::InstallUnderWay, "the node runs the install".to_owned(), ex);
             }
@@ -238,18 +241,18 @@ async fn carry_out_lifecycle(
         // placed or lifted by anyone since is a conflict, and the next pass decides again.
         LifecycleAction::Cordon => {
             let Some(read) = node else { return Ok(node_unread()) };
-            kube(ex, "cordon", ex.kube.cordon(read, &cordon_annotation(ex.clock.now(), operation))).await?;
+            effects::cordon(ex, &grants.advancing, read, &cordon_annotation(ex.clock.now(), operation)).await?;
             progressed("Cordon")
         }
         LifecycleAction::Uncordon => {
             let Some(read) = node else { return Ok(node_unread()) };
-            kube(ex, "uncordon", ex.kube.uncordon(read)).await?;
+            effects::uncordon(ex, read).await?;
             progressed("Uncordon")
         }
         LifecycleAction::Evict { pods } => {
             let mut blocked = Vec::new();
             for pod in &pods {
-                match kube(ex, "evict", ex.kube.evict(&pod.namespace, &pod.name)).await? {
+                match effects::evict(ex, &grants.advancing, pod).await? {
                     Eviction::Evicted => {}
                     Eviction::Blocked { message } => blocked.push((pod.to_string(), message)),
                 }
@@ -264,7 +267,7 @@ async fn carry_out_lifecycle(
                 }
             }
         }
-        LifecycleAction::Reboot { marker } => reboot(ex, machine, &marker).await,
+        LifecycleAction::Reboot { marker } => reboot(ex, grants, machine, &marker).await,
         LifecycleAction::Converged
         | LifecycleAction::RecordConverged
         | LifecycleAction::Wait { .. }
@@ -275,7 +278,7 @@ async fn carry_out_lifecycle(
     }
 }
 
-async fn write_lifecycle(
+async fn note_lifecycle(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     conditions: &mut ichor_upgrade_core::conditions::Conditions,
@@ -283,108 +286,8 @@ async fn write_lifecycle(
     reason: &str,
     message: String,
 ) -> Result<(), AdvanceError> {
-    write_condition(ex, machine, conditions, ConditionUpdate::new(TALOS_LIFECYCLE, status, reason, message)).await
-}
-
-/// What an install run outside its pass checks again before each side effect.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct JobCheck<'a> {
-    /// The operation whose pass submitted it.
-    pub(crate) operation: &'a str,
-    /// The machine's node name, as that pass knew it.
-    pub(crate) node: Option<&'a str>,
-    /// Set by a pass that stops the machine.
-    pub(crate) stop: &'a StopFlag,
-}
-
-/// Which side effect a job is about to make.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum JobStep {
-    /// The intent's write: from here the machine is past its call. Everything that denies
-    /// a start denies it.
-    Intent,
-    /// The install, after the intent: the machine is past its call, which a hold, a pause,
-    /// a deletion or a stop does not interrupt; the lock and the operation must still be
-    /// there, and the machine not failed.
-    Install,
-}
-
-/// A read made again for a job's check: its answer, or why nothing can be done on it.
-async fn reread<T>(
-    ex: &Executor<'_>,
-    what: &'static str,
-    call: impl Future<Output = Result<T, crate::kube_api::KubeError>>,
-) -> Result<T, String> {
-    match bounded(what, ex.config.call_timeout, call).await {
-        Ok(Ok(answer)) => Ok(answer),
-        Ok(Err(e)) => Err(format!("{what}: {e}; nothing is done on an old read")),
-        Err(e) => Err(format!("{what}: {e}; nothing is done on an old read")),
-    }
-}
-
-/// The machine as a fresh read shows it, if that read still authorises `step`; else why not.
-async fn job_authority(
-    ex: &Executor<'_>,
-    check: &JobCheck<'_>,
-    submitted: &MachineInfo,
-    step: JobStep,
-) -> Result<MachineInfo, String> {
-    // Past its call, a stop leaves the machine to be finished (the pass learns so from
-    // the flag); before, it ends the job.
-    if step == JobStep::Intent && check.stop.stopped() {
-        return Err("a pass stopped the machine (a hold, a pause or a deletion)".to_owned());
-    }
-    let Some(op) = reread(ex, "read operation", ex.kube.operation(check.operation)).await? else {
-        return Err(format!("operation {} is gone", check.operation));
-    };
-    let lease = reread(ex, "read Lease", ex.kube.lease(&op.cluster)).await?;
-    if lease.as_ref().and_then(|l| l.holder.as_deref()) != Some(op.identity.as_str()) {
-        return Err(format!("operation {} no longer holds the cluster lock", check.operation));
-    }
-    let name = &submitted.name;
-    let Some(machine) = reread(ex, "read machine", ex.kube.machine(name)).await? else {
-        return Err(format!("TalosMachine {name} is gone"));
-    };
-    let record = op.status.machines.get(name).map(|r| r.state);
-    if record == Some(RecordState::Failed) {
-        return Err(format!("machine {name} failed; only a resume touches it again"));
-    }
-    // Past its call a machine is finished whatever holds, pauses or deletes the rest.
-    if step == JobStep::Install {
-        return Ok(machine);
-    }
-    if op.deleting {
-        return Err(format!("operation {} is being deleted", check.operation));
-    }
-    if matches!(op.status.phase, Phase::Paused(_)) {
-        return Err(format!("operation {} is paused", check.operation));
-    }
-    if record != Some(RecordState::InProgress) {
-        return Err(format!("the operation no longer records machine {name} as started"));
-    }
-    let held = |annotations: &crate::kube_api::Metadata| annotations.contains_key(HOLD_ANNOTATION);
-    if held(&machine.annotations) {
-        return Err(format!("machine {name} is held"));
-    }
-    if let Some(node) = check.node
-        && reread(ex, "read Node", ex.kube.node(node)).await?.is_some_and(|n| held(&n.annotations))
-    {
-        return Err(format!("Node {node} is held"));
-    }
-    // The evacuation the pass saw is carried into the intent's write (decision 0011: it
-    // may be only in the storage backend's record, which the pass read). A stop that ended
-    // it dropped the machine's record above, and set the stop flag first.
-    let mut machine = machine;
-    if let Some(evacuation) = submitted.conditions.get(STORAGE_EVACUATION)
-        && !machine.conditions.is_true(STORAGE_EVACUATION)
-        && evacuation.status == ConditionStatus::True
-    {
-        machine.conditions.upsert(
-            ConditionUpdate::new(STORAGE_EVACUATION, evacuation.status, &evacuation.reason, evacuation.message.clone()),
-            evacuation.last_transition_time,
-        );
-    }
-    Ok(machine)
+    effects::note_condition(ex, machine, conditions, ConditionUpdate::new(TALOS_LIFECYCLE, status, reason, message))
+        .await
 }
 
 fn stopped(machine: &str, why: &str) -> Result<MachineOutcome, AdvanceError> {
@@ -392,18 +295,31 @@ fn stopped(machine: &str, why: &str) -> Result<MachineOutcome, AdvanceError> {
     Ok(MachineOutcome::Waiting { reason: INSTALL_STOPPED.to_owned(), message: why.to_owned(), recheck_at: None })
 }
 
+/// Where an install is carried out: in its pass, under the pass's grants, or outside it, by
+/// a job that checks its authority again against fresh reads.
+#[derive(Clone, Copy)]
+pub(crate) enum Launch<'a> {
+    /// In the pass.
+    Pass(&'a Grants),
+    /// By a background job.
+    Job(&'a JobCheck<'a>),
+}
+
 /// The pull (no record: an image in the store is harmless, and a pull of one already there
 /// ends at once), the intent, the install under what is left of its bound, its outcome.
-/// Run outside its pass (`check` given), it checks its authority again against a fresh
-/// read before the intent and before the install, and writes the intent under a
-/// precondition on the machine's resourceVersion as read then.
+/// Run outside its pass ([`Launch::Job`]), it checks its authority again against a fresh
+/// read before the intent and before the install, and writes the intent on that read.
 pub(crate) async fn install(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     image: String,
     mut marker: UpgradeMarker,
-    check: Option<&JobCheck<'_>>,
+    launch: Launch<'_>,
 ) -> Result<MachineOutcome, AdvanceError> {
+    let check = match launch {
+        Launch::Job(check) => Some(check),
+        Launch::Pass(_) => None,
+    };
     if let Some(check) = check
         && check.stop.stopped()
     {
@@ -411,7 +327,7 @@ pub(crate) async fn install(
     }
     let bound = ex.config.step.upgrade_call;
     let pull = PullRequest { image: image.clone(), timeout: bound };
-    match bounded("ImageService.Pull", bound, ex.talos.image_pull(&machine.address, &pull)).await {
+    match effects::pull(ex, &machine.address, &pull).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) if e.is_unreachable() => {
             return waiting(&MachineWait::TalosApiUnreachable, format!("pulling {image}: {}", report(&e)), ex);
@@ -419,8 +335,6 @@ pub(crate) async fn install(
         Ok(Err(e)) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {}", report(&e))))),
         Err(timed_out) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {timed_out}")))),
     }
-    // Outside a pass, the intent is written on what a fresh read shows, if it still
-    // authorises it, and only if nothing changed the machine since that read.
     // An install asked for again under an intent finishes a machine already past its call
     // (a hold or a pause does not interrupt it): it is checked as the install is.
     let repeated = machine
@@ -428,17 +342,18 @@ pub(crate) async fn install(
         .get(TALOS_LIFECYCLE)
         .is_some_and(|c| c.status == ConditionStatus::Unknown && c.reason == reason::INSTALL_INTENT);
     let step = if repeated { JobStep::Install } else { JobStep::Intent };
+    // The intent is written under the pass's grant on the pass's read; outside a pass, on
+    // what a fresh read shows, if it still authorises it.
     let fresh;
-    let (machine, precondition) = match check {
-        Some(check) => match job_authority(ex, check, machine, step).await {
-            Ok(read) => {
+    let (machine, calling): (&MachineInfo, Calling) = match launch {
+        Launch::Pass(grants) => (machine, grants.calling("LifecycleService.Upgrade")?.clone()),
+        Launch::Job(check) => match effects::job_calling(ex, check, machine, step).await {
+            Ok((calling, read)) => {
                 fresh = read;
-                let version = fresh.resource_version.clone();
-                (&fresh, version)
+                (&fresh, calling)
             }
             Err(why) => return stopped(&machine.name, &why),
         },
-        None => (machine, None),
     };
     // The install's bound counts from now, after the pull.
     marker.call_deadline = ex.clock.now().saturating_add(bound);
@@ -446,10 +361,7 @@ pub(crate) async fn install(
     // A new intent starts a new clock (the verify bound counts from it); an install asked
     // for again under an intent keeps the intent's clock, so that a node that never takes
     // it fails at the verify bound instead of being asked for ever.
-    let again = conditions
-        .get(TALOS_LIFECYCLE)
-        .is_some_and(|c| c.status == ConditionStatus::Unknown && c.reason == reason::INSTALL_INTENT);
-    if !again {
+    if !repeated {
         conditions.remove(TALOS_LIFECYCLE);
     }
     if let Some(check) = check
@@ -459,38 +371,40 @@ pub(crate) async fn install(
         return stopped(&machine.name, "a pass stopped the machine before its intent");
     }
     let text = marker.to_string();
-    let intent = ConditionUpdate::new(TALOS_LIFECYCLE, ConditionStatus::Unknown, reason::INSTALL_INTENT, text.clone());
-    match &precondition {
-        Some(version) => {
-            conditions.upsert(intent, ex.clock.now());
-            crate::advance::write_conditions_at(ex, machine, version, &conditions).await?;
-        }
-        None => write_condition(ex, machine, &mut conditions, intent).await?,
-    }
-    if let Some(check) = check
-        && let Err(why) = job_authority(ex, check, machine, JobStep::Install).await
-    {
-        // The intent stands: the machine is past its call, and a later pass finishes it
-        // under the authority it then has.
-        return stopped(&machine.name, &why);
-    }
+    let intent = Intent {
+        condition: TALOS_LIFECYCLE,
+        status: ConditionStatus::Unknown,
+        reason: reason::INSTALL_INTENT,
+        message: text.clone(),
+    };
+    let recorded = effects::record(ex, &calling, machine, &mut conditions, intent).await?;
+    // Outside a pass the install is authorised by a fresh read again. If it is not, the
+    // intent stands: the machine is past its call, and a later pass finishes it under the
+    // authority it then has.
+    let calling = match check {
+        Some(check) => match effects::job_calling(ex, check, machine, JobStep::Install).await {
+            Ok((calling, _)) => calling,
+            Err(why) => return stopped(&machine.name, &why),
+        },
+        None => calling,
+    };
     let left = marker.call_deadline.saturating_since(ex.clock.now()).min(bound);
     let request = InstallRequest { image, timeout: left };
     tracing::info!(machine = %machine.name, image = %request.image, "LifecycleService.Upgrade");
     let started = std::sync::atomic::AtomicBool::new(false);
-    let call = ex.talos.lifecycle_upgrade_reporting(&machine.address, &request, &started);
+    let call = effects::install(ex, &calling, &recorded, machine, &request, &started)?;
     let call = bounded("LifecycleService.Upgrade", left, call);
     let answer = follow_install(ex, machine, &mut conditions, &marker, &started, call).await?;
     match answer {
         Ok(Ok(outcome)) => match InstallExit::from_code(outcome.exit_code) {
             InstallExit::Success => {
-                write_lifecycle(ex, machine, &mut conditions, ConditionStatus::True, reason::INSTALLED, text).await?;
+                note_lifecycle(ex, machine, &mut conditions, ConditionStatus::True, reason::INSTALLED, text).await?;
                 progressed("Installed")
             }
             exit => {
                 let failure = MachineFailure::Install { exit, output: outcome.output.join(" | ") };
                 let message = failure.to_string();
-                write_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
+                note_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
                     .await?;
                 Ok(failed(&failure))
             }
@@ -509,7 +423,7 @@ pub(crate) async fn install(
             let failure =
                 MachineFailure::LifecycleCallRefused { call: "LifecycleService.Upgrade", message: report(&e) };
             let message = failure.to_string();
-            write_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
+            note_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
                 .await?;
             Ok(failed(&failure))
         }
@@ -554,7 +468,7 @@ async fn follow_install<T>(
             remembered = true;
         }
         let status = ConditionStatus::Unknown;
-        match write_lifecycle(ex, machine, conditions, status, reason::INSTALL_RUNNING, text.clone()).await {
+        match note_lifecycle(ex, machine, conditions, status, reason::INSTALL_RUNNING, text.clone()).await {
             Ok(()) => return Ok(call.await),
             // (An outage: this process remembers it; the record is tried again.)
             Err(e) => tracing::debug!(machine = %machine.name, error = %e, "InstallRunning not recorded yet"),
@@ -562,17 +476,24 @@ async fn follow_install<T>(
     }
 }
 
-/// The reboot's record, then the call.
+/// The reboot's record, then the call, under the pass's authority to finish.
 async fn reboot(
     ex: &Executor<'_>,
+    grants: &Grants,
     machine: &MachineInfo,
     marker: &UpgradeMarker,
 ) -> Result<MachineOutcome, AdvanceError> {
+    let finishing = grants.finishing("Reboot")?;
     let mut conditions = machine.conditions.clone();
-    let text = marker.to_string();
-    write_lifecycle(ex, machine, &mut conditions, ConditionStatus::Unknown, reason::REBOOT_REQUESTED, text).await?;
+    let intent = Intent {
+        condition: TALOS_LIFECYCLE,
+        status: ConditionStatus::Unknown,
+        reason: reason::REBOOT_REQUESTED,
+        message: marker.to_string(),
+    };
+    let recorded = effects::record(ex, finishing, machine, &mut conditions, intent).await?;
     tracing::info!(machine = %machine.name, "MachineService.Reboot");
-    match bounded("Reboot", ex.config.call_timeout, ex.talos.reboot(&machine.address)).await {
+    match effects::reboot(ex, finishing, &recorded, machine).await? {
         Ok(Ok(actor)) => {
             tracing::info!(machine = %machine.name, %actor, "Reboot acknowledged");
             progressed("RebootRequested")

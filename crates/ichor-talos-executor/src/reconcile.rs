@@ -28,12 +28,11 @@ use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget, installer_image_for};
 use ichor_upgrade_core::versions::TalosVersion;
 
-use crate::advance::{
-    AdvanceError, Executor, KubeCallError, OperationRef, advance_machine_with, bounded, end_evacuation,
-    machine_past_upgrade_call, outcome_recheck, reset_for_retry,
-};
+use crate::advance::{advance_machine_with, machine_past_upgrade_call, outcome_recheck, reset_for_retry};
 use crate::background::{Background, Job};
+use crate::calls::{AdvanceError, Executor, KubeCallError, OperationRef, bounded};
 use crate::cause::report;
+use crate::effects::{self, Advancing};
 use crate::etcd::{self, ControlPlane};
 use crate::etcd_snapshot;
 use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
@@ -140,7 +139,7 @@ async fn kube_call<T>(
 ) -> Result<T, KubeCallError> {
     match tokio::time::timeout(ex.config.call_timeout, future).await {
         Ok(result) => result.map_err(KubeCallError::from),
-        Err(_) => Err(crate::advance::CallTimedOut { call, bound: ex.config.call_timeout }.into()),
+        Err(_) => Err(crate::calls::CallTimedOut { call, bound: ex.config.call_timeout }.into()),
     }
 }
 
@@ -469,8 +468,7 @@ async fn reconcile_pass(
     if let Some(background) = ex.background {
         background.begin_pass();
     }
-    let read_op = |source| ReconcileError::ReadOperation { name: name.to_owned(), source };
-    let Some(op) = kube_call(ex, "read operation", ex.kube.operation(name)).await.map_err(read_op)? else {
+    let Some(seen) = observe(ex, name, memory, recover).await? else {
         return Ok(ReconcileOutcome {
             phase: Phase::Completed,
             requeue_at: None,
@@ -479,21 +477,8 @@ async fn reconcile_pass(
             preflight_cleared: Vec::new(),
         });
     };
-    let read_cluster = |source| ReconcileError::ReadCluster { cluster: op.cluster.clone(), source };
-    let cluster = kube_call(ex, "read cluster", ex.kube.cluster(&op.cluster)).await.map_err(read_cluster)?;
-    let machines = kube_call(ex, "list machines", ex.kube.machines(&op.cluster)).await.map_err(read_cluster)?;
-    let lease = kube_call(ex, "read Lease", ex.kube.lease(&op.cluster)).await.map_err(read_cluster)?;
-    let holder = lease_holder(ex, memory, &op, lease.as_ref()).await.map_err(read_cluster)?;
-
+    let Observation { op, cluster, lease, holder, observed, status } = seen;
     let removal = op.spec.is_removal();
-    // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
-    let machines: Vec<Arc<MachineInfo>> =
-        machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
-    let mut observed = observe_machines(ex, machines).await;
-    let status = op.status.clone().for_generation(op.generation);
-    if recover {
-        recover_evacuations(ex, &mut observed, &status).await?;
-    }
     let target = upgrade_target(&cluster);
     // An upgrade's converged machines are recorded in their own conditions, for this target.
     let converged_on_target = target.as_ref().ok().filter(|_| !removal).map(|t| ConvergedOn::new(&t.version));
@@ -551,24 +536,23 @@ async fn reconcile_pass(
         .filter_map(Observed::node_name)
         .collect();
     let pass = Pass { ex, name, op: &op, observed: &observed, status: &status, removal, down };
-    let Gates { decision, etcd: mut verdict, mut checked, recorded_view } =
-        match gather_gates(&pass, &view, input).await? {
-            GatesEnd::Decided(gates) => *gates,
-            GatesEnd::SnapshotRecorded(decision) => {
-                // The gate and the Nodes were read before the snapshot, which can take
-                // minutes: the first control plane is authorised by the next pass, which
-                // reads them again, never by this one's old verdict.
-                memory.keep_views(cache);
-                // The phase this pass decided (a resume's), which the next pass writes.
-                return Ok(ReconcileOutcome {
-                    phase: decision.phase.clone(),
-                    requeue_at: Some(ex.clock.now()),
-                    finished: false,
-                    preflight_blocked: blocked_lines(&decision),
-                    preflight_cleared: Vec::new(),
-                });
-            }
-        };
+    let Gates { decision, etcd: verdict, checked, recorded_view } = match gather_gates(&pass, &view, input).await? {
+        GatesEnd::Decided(gates) => *gates,
+        GatesEnd::SnapshotRecorded(decision) => {
+            // The gate and the Nodes were read before the snapshot, which can take
+            // minutes: the first control plane is authorised by the next pass, which
+            // reads them again, never by this one's old verdict.
+            memory.keep_views(cache);
+            // The phase this pass decided (a resume's), which the next pass writes.
+            return Ok(ReconcileOutcome {
+                phase: decision.phase.clone(),
+                requeue_at: Some(ex.clock.now()),
+                finished: false,
+                preflight_blocked: blocked_lines(&decision),
+                preflight_cleared: Vec::new(),
+            });
+        }
+    };
     let input = RolloutInput { operation: recorded_view.as_ref().unwrap_or(&view), ..input };
     let snapshot: Option<SnapshotState> = recorded_view.as_ref().and_then(|v| v.status.etcd_snapshot.clone());
     let cleared: Vec<String> = checked
@@ -617,6 +601,89 @@ async fn reconcile_pass(
         .filter(|o| wanted.contains(o.machine.name.as_str()))
         .map(|o| (o.machine.name.as_str(), o))
         .collect();
+    let (outcomes, kept_recheck) =
+        act(&pass, memory, &decision, &by_name, &input, (verdict, checked), &target, now).await?;
+
+    let acted = Acted {
+        decision: &decision,
+        outcomes: &outcomes,
+        views,
+        by_name: &by_name,
+        target: &target,
+        snapshot,
+        kept_recheck,
+        cleared,
+        now,
+    };
+    let outcome = record_pass(&pass, memory, acted, &converged).await?;
+    memory.keep_views(cache);
+    Ok(outcome)
+}
+
+/// What stage "observe" read, once for the pass.
+struct Observation {
+    /// The operation.
+    op: crate::kube_api::OperationInfo,
+    /// Its cluster.
+    cluster: ClusterInfo,
+    /// The cluster's Lease.
+    lease: Option<LeaseInfo>,
+    /// Who holds it, as stage lock judges it.
+    holder: Option<LeaseHolder>,
+    /// The cluster's machines (an upgrade's without those removed earlier), with their Nodes.
+    observed: Vec<Observed>,
+    /// The operation's status, for its generation.
+    status: OperationStatus,
+}
+
+/// Stage "observe": the operation, its cluster, its machines with their Nodes and the
+/// Lease (its holder judged by stage lock's [`lease_holder`], in the order of the reads),
+/// read once for the pass; `None` when the operation is gone. `recover` after a pass that
+/// did not end ([`recover_evacuations`]).
+async fn observe(
+    ex: &Executor<'_>,
+    name: &str,
+    memory: &PassMemory,
+    recover: bool,
+) -> Result<Option<Observation>, ReconcileError> {
+    let read_op = |source| ReconcileError::ReadOperation { name: name.to_owned(), source };
+    let Some(op) = kube_call(ex, "read operation", ex.kube.operation(name)).await.map_err(read_op)? else {
+        return Ok(None);
+    };
+    let read_cluster = |source| ReconcileError::ReadCluster { cluster: op.cluster.clone(), source };
+    let cluster = kube_call(ex, "read cluster", ex.kube.cluster(&op.cluster)).await.map_err(read_cluster)?;
+    let machines = kube_call(ex, "list machines", ex.kube.machines(&op.cluster)).await.map_err(read_cluster)?;
+    let lease = kube_call(ex, "read Lease", ex.kube.lease(&op.cluster)).await.map_err(read_cluster)?;
+    let holder = lease_holder(ex, memory, &op, lease.as_ref()).await.map_err(read_cluster)?;
+    let removal = op.spec.is_removal();
+    // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
+    let machines: Vec<Arc<MachineInfo>> =
+        machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
+    let mut observed = observe_machines(ex, machines).await;
+    let status = op.status.clone().for_generation(op.generation);
+    if recover {
+        recover_evacuations(ex, &mut observed, &status).await?;
+    }
+    Ok(Some(Observation { op, cluster, lease, holder, observed, status }))
+}
+
+/// Stage "act": carries the decision out. The retries' records are closed, the stopped
+/// machines stopped, and every machine the decision starts or advances is stepped under
+/// the authority the decision gives it (its last wait passed over while it still stands),
+/// then authorised and stepped again where a gate was due ([`authorise_due`]). The
+/// outcomes, and the earliest recheck of the waits passed over.
+#[allow(clippy::too_many_arguments)]
+async fn act(
+    pass: &Pass<'_>,
+    memory: &PassMemory,
+    decision: &Decision,
+    by_name: &BTreeMap<&str, &Observed>,
+    input: &RolloutInput<'_>,
+    (mut verdict, mut checked): (Option<EtcdVerdict>, BTreeMap<String, Vec<Blocker>>),
+    target: &Result<UpgradeTarget, String>,
+    now: Timestamp,
+) -> Result<(Vec<(String, MachineOutcome)>, Option<Timestamp>), ReconcileError> {
+    let (ex, op, observed, removal) = (pass.ex, pass.op, pass.observed, pass.removal);
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
     for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
         // A resume is carried out whole or not at all: a machine whose failed attempt
@@ -653,12 +720,20 @@ async fn reconcile_pass(
         let target = &target;
         let operation = OperationRef { kind: &op.spec.kind, identity: &op.identity };
         let machine = Arc::clone(&o.machine);
+        // Every side effect on the machine is made under the authority this pass's decision
+        // gives it ([`crate::effects`]).
+        let advancing = Advancing::of(&machine.name, decision);
         async move {
+            let Some(advancing) = advancing else {
+                let message = "the pass's decision does not advance it under a lock it holds".to_owned();
+                let waiting = MachineOutcome::Waiting { reason: "NotAdvanced".into(), message, recheck_at: None };
+                return (machine.name.clone(), waiting);
+            };
             let outcome = match target {
-                _ if removal => remove_machine(ex, operation.identity, &machine, control_planes)
+                _ if removal => remove_machine(ex, &advancing, operation.identity, &machine, control_planes)
                     .await
                     .unwrap_or_else(|e| e.outcome(ex.retry_at())),
-                Ok(target) => advance_machine_with(ex, operation, &machine, target, &authority, &finish)
+                Ok(target) => advance_machine_with(ex, &advancing, operation, &machine, target, &authority, &finish)
                     .await
                     .unwrap_or_else(|e| e.outcome(ex.retry_at())),
                 Err(error) => MachineOutcome::Failed { reason: "InvalidTarget".into(), message: error.clone() },
@@ -715,7 +790,7 @@ async fn reconcile_pass(
     let still = join_all(storage_only.iter().map(|o| still_evacuating(ex, o, now))).await;
     moving.extend(storage_only.into_iter().zip(still).filter(|(_, still)| !still).map(|(o, _)| o));
     let mut advanced = join_all(moving.iter().map(|o| advance(o, authorities_of(o)))).await;
-    authorise_due(&pass, &input, &decision, &by_name, (&mut verdict, &mut checked), &mut advanced, &advance, now).await;
+    authorise_due(pass, input, decision, by_name, (&mut verdict, &mut checked), &mut advanced, &advance, now).await;
     {
         let mut waits = memory.lock();
         for (o, (_, outcome)) in moving.iter().zip(&advanced) {
@@ -745,20 +820,7 @@ async fn reconcile_pass(
         outcomes.splice(0..0, finished);
     }
 
-    let acted = Acted {
-        decision: &decision,
-        outcomes: &outcomes,
-        views,
-        by_name: &by_name,
-        target: &target,
-        snapshot,
-        kept_recheck,
-        cleared,
-        now,
-    };
-    let outcome = record_pass(&pass, memory, acted, &converged).await?;
-    memory.keep_views(cache);
-    Ok(outcome)
+    Ok((outcomes, kept_recheck))
 }
 
 /// Stage "lock", its observation: who holds the cluster's Lease, as the rollout engine
@@ -1098,7 +1160,7 @@ fn prepull(
         }
         let Some(o) = by_name.get(machine.as_str()) else { continue };
         let Some(node) = o.node.as_deref() else { continue };
-        let Ok(image) = installer_image_for(target, &crate::advance::node_observation(node)) else { continue };
+        let Ok(image) = installer_image_for(target, &crate::calls::node_observation(node)) else { continue };
         let job = Job::Prepull { machine: machine.clone(), address: o.machine.address.clone(), image };
         if !background.submit(job) {
             // As many pre-pulls run as allowed: the next pass offers the rest.
@@ -1115,11 +1177,11 @@ async fn still_evacuating(ex: &Executor<'_>, o: &Observed, now: Timestamp) -> bo
     let Some(node) = o.node_name() else { return false };
     let labels = o.node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
     let Ok(storage) =
-        crate::advance::observe(ex, node, &labels, &o.machine.conditions, ichor_storage::EvacuationFor::Upgrade).await
+        crate::calls::observe(ex, node, &labels, &o.machine.conditions, ichor_storage::EvacuationFor::Upgrade).await
     else {
         return false;
     };
-    let machine = crate::advance::seen_with_storage(ex, &o.machine, &storage, Some(node));
+    let machine = crate::calls::seen_with_storage(ex, &o.machine, &storage, Some(node));
     matches!(
         evacuation_state(&machine.conditions, &storage, ex.config.step.evacuation, now),
         EvacuationState::InProgress { replicas_left: Some(n), .. } if n > 0
@@ -1372,7 +1434,7 @@ async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceErro
         return Err(AdvanceError::NodeNameUnknown { machine: o.machine.name.clone() });
     };
     if o.machine.conditions.is_true(STORAGE_EVACUATION) {
-        return end_evacuation(ex, &o.machine, node, EvacuationEnd::Ended).await;
+        return effects::end_evacuation(ex, &o.machine, node, EvacuationEnd::Ended).await;
     }
     let reading = ex.storage.evacuation_record(node);
     let recorded = bounded("read the evacuation's record", ex.config.call_timeout, reading)
@@ -1384,7 +1446,7 @@ async fn stop_machine(ex: &Executor<'_>, o: &Observed) -> Result<(), AdvanceErro
         return Ok(());
     };
     let machine = MachineInfo { conditions, ..(*o.machine).clone() };
-    end_evacuation(ex, &machine, node, EvacuationEnd::Ended).await
+    effects::end_evacuation(ex, &machine, node, EvacuationEnd::Ended).await
 }
 
 /// Writes the operation's status, unless it is what was read: a pass that changed nothing
@@ -1408,7 +1470,7 @@ async fn write_status(
 /// call: the moment the node goes down), a void intent closed (rare, and worth a look),
 /// and storage that selects a node its backend does not have (a Normal Event, no pause).
 const EVENT_ACTIONS: [&str; 4] =
-    ["UpgradeRequested", "RebootRequested", "CloseVoidIntent", crate::advance::NO_STORAGE_NODE];
+    ["UpgradeRequested", "RebootRequested", "CloseVoidIntent", crate::calls::NO_STORAGE_NODE];
 
 /// Events are best effort: a failed Event never fails the pass.
 async fn emit_events(

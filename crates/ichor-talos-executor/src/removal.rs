@@ -19,10 +19,11 @@ use ichor_upgrade_core::rollout::EtcdVerdict;
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{EtcdMembership, MachineSpec};
 
-use crate::advance::{
-    AdvanceError, Executor, KubeCallError, begin_evacuation, bounded, drains, end_evacuation, kube, node_name, observe,
-    talos, talos_observation, write_condition,
+use crate::calls::{
+    AdvanceError, Executor, KubeCallError, bounded, drains, kube, node_name, observe, seen_with_storage,
+    talos_observation,
 };
+use crate::effects::{self, Advancing, Intent};
 use crate::etcd::{self, ControlPlane};
 use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, NodeInfo, PodInfo};
 
@@ -42,7 +43,8 @@ pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
     (!name.is_empty()).then(|| name.to_owned())
 }
 
-/// One pass of removing `machine`. `control_planes` are the cluster's control planes
+/// One pass of removing `machine`, under `advancing` (the pass's decision advances it).
+/// `control_planes` are the cluster's control planes
 /// (this machine included if it is one): etcd is read through the others, and a control
 /// plane leaves etcd only while the gate over all of them passes.
 ///
@@ -50,6 +52,7 @@ pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
 /// An observation or a write that failed (see [`AdvanceError::is_transient`]).
 pub async fn remove_machine(
     ex: &Executor<'_>,
+    advancing: &Advancing,
     operation: &str,
     machine: &MachineInfo,
     control_planes: &[ControlPlane],
@@ -88,7 +91,7 @@ pub async fn remove_machine(
         }
         None => StorageObservation::default(),
     };
-    let machine = &*crate::advance::seen_with_storage(ex, machine, &storage, Some(&node_name));
+    let machine = &*seen_with_storage(ex, machine, &storage, Some(&node_name));
     // A control plane's member is read through the others, whether or not its Node is
     // still there: it is not Removed while the others still list it.
     let (member, etcd_gate) = if machine.role == MachineRole::ControlPlane {
@@ -118,11 +121,11 @@ pub async fn remove_machine(
     });
     tracing::debug!(machine = %machine.name, ?action, "removal step");
     let asked = member.and_then(|m| m.answered_by);
-    let read = Read { node: node.as_ref(), operation };
+    let read = Read { node: node.as_ref(), operation, advancing };
     carry_out(ex, machine, &node_name, read, asked.as_deref(), action).await
 }
 
-async fn write_removal(
+async fn note_removal(
     ex: &Executor<'_>,
     machine: &MachineInfo,
     conditions: &mut Conditions,
@@ -130,40 +133,42 @@ async fn write_removal(
     reason: &str,
     message: String,
 ) -> Result<(), AdvanceError> {
-    write_condition(ex, machine, conditions, ConditionUpdate::new(NODE_REMOVAL, status, reason, message)).await
+    effects::note_condition(ex, machine, conditions, ConditionUpdate::new(NODE_REMOVAL, status, reason, message)).await
 }
 
-/// Carries out one removal action; `etcd_peer` is the control plane that listed the etcd
-/// members in this pass (it is asked to remove a member by ID).
 /// What a removal's writes are made under: the Node as this pass read it (its
 /// resourceVersion is the precondition of the cordon and the delete) and the operation
-/// (the cordon names it).
+/// (the cordon names it), and the pass's authority over the machine.
 #[derive(Clone, Copy)]
 struct Read<'a> {
     node: Option<&'a NodeInfo>,
     operation: &'a str,
+    advancing: &'a Advancing,
 }
 
 /// Records, under the machine's resourceVersion as this pass read it, that etcd is asked
 /// to let its member go: a stale writer fails here, before the call.
-async fn record_etcd_departure(
+async fn record_etcd_departure<'m>(
     ex: &Executor<'_>,
-    machine: &MachineInfo,
-    reason: &str,
+    advancing: &Advancing,
+    machine: &'m MachineInfo,
+    reason: &'static str,
     message: String,
-) -> Result<(), AdvanceError> {
-    let Some(version) = machine.resource_version.as_deref() else {
+) -> Result<effects::Recorded<'m>, AdvanceError> {
+    if machine.resource_version.is_none() {
         return Err(AdvanceError::PatchConditions(ichor_storage::ConditionWriteError {
             machine: machine.name.clone(),
             message: "read without a resourceVersion: the etcd departure cannot be recorded under it".to_owned(),
             transient: false,
         }));
-    };
+    }
     let mut conditions = machine.conditions.clone();
-    conditions.upsert(ConditionUpdate::new(ETCD_DEPARTURE, ConditionStatus::Unknown, reason, message), ex.clock.now());
-    crate::advance::write_conditions_at(ex, machine, version, &conditions).await
+    let intent = Intent { condition: ETCD_DEPARTURE, status: ConditionStatus::Unknown, reason, message };
+    effects::record(ex, advancing, machine, &mut conditions, intent).await
 }
 
+/// Carries out one removal action; `etcd_peer` is the control plane that listed the etcd
+/// members in this pass (it is asked to remove a member by ID).
 async fn carry_out(
     ex: &Executor<'_>,
     machine: &MachineInfo,
@@ -179,7 +184,7 @@ async fn carry_out(
             if !done {
                 let mut conditions = machine.conditions.clone();
                 let message = format!("Node {node_name} deleted");
-                write_removal(ex, machine, &mut conditions, ConditionStatus::True, removal_reason::REMOVED, message)
+                note_removal(ex, machine, &mut conditions, ConditionStatus::True, removal_reason::REMOVED, message)
                     .await?;
             }
             Ok(MachineOutcome::Converged)
@@ -188,11 +193,11 @@ async fn carry_out(
             Ok(MachineOutcome::Waiting { reason: reason.reason().to_owned(), message: reason.to_string(), recheck_at })
         }
         RemovalAction::BeginEvacuation => {
-            begin_evacuation(ex, machine, node_name).await?;
+            effects::begin_evacuation(ex, read.advancing, machine, node_name).await?;
             progressed("BeginEvacuation")
         }
         RemovalAction::RestartEvacuation => {
-            end_evacuation(ex, machine, node_name, EvacuationEnd::TimedOut).await?;
+            effects::end_evacuation(ex, machine, node_name, EvacuationEnd::TimedOut).await?;
             let event = Event {
                 kind: "TalosMachine",
                 name: machine.name.clone(),
@@ -220,13 +225,13 @@ async fn carry_out(
                 return Err(AdvanceError::KubeCall { call: "cordon", source });
             };
             let annotation = cordon_annotation(ex.clock.now(), read.operation);
-            kube(ex, "cordon", ex.kube.cordon(node, &annotation)).await?;
+            effects::cordon(ex, read.advancing, node, &annotation).await?;
             progressed("Cordon")
         }
         RemovalAction::Evict { pods } => {
             let mut blocked = Vec::new();
             for pod in &pods {
-                match kube(ex, "evict", ex.kube.evict(&pod.namespace, &pod.name)).await? {
+                match effects::evict(ex, read.advancing, pod).await? {
                     Eviction::Evicted => {}
                     Eviction::Blocked { message } => blocked.push(format!("{pod}: {message}")),
                 }
@@ -245,8 +250,9 @@ async fn carry_out(
         }
         RemovalAction::LeaveEtcd => {
             let reason = removal_reason::ETCD_LEAVE_REQUESTED;
-            record_etcd_departure(ex, machine, reason, format!("EtcdLeaveCluster asked of {node_name}")).await?;
-            talos(ex, "leave etcd", ex.talos.etcd_leave_cluster(&machine.address)).await?;
+            let message = format!("EtcdLeaveCluster asked of {node_name}");
+            let recorded = record_etcd_departure(ex, read.advancing, machine, reason, message).await?;
+            effects::etcd_leave(ex, read.advancing, &recorded, machine).await?;
             progressed("LeaveEtcd")
         }
         RemovalAction::RemoveEtcdMember { member_id } => {
@@ -260,36 +266,30 @@ async fn carry_out(
             };
             let reason = removal_reason::ETCD_MEMBER_REMOVE_REQUESTED;
             let message = format!("EtcdRemoveMemberByID {member_id:x} asked of {peer}");
-            record_etcd_departure(ex, machine, reason, message).await?;
-            talos(ex, "remove etcd member", ex.talos.etcd_remove_member(peer, member_id)).await?;
+            let recorded = record_etcd_departure(ex, read.advancing, machine, reason, message).await?;
+            effects::etcd_remove_member(ex, read.advancing, &recorded, machine, peer, member_id).await?;
             progressed("RemoveEtcdMember")
         }
         RemovalAction::Reset => {
             let mut conditions = machine.conditions.clone();
             conditions.remove(NODE_REMOVAL);
-            let intent = format!("graceful reset asked for; {NODE_KEY}{node_name}");
             let reason = removal_reason::RESET_REQUESTED;
-            write_removal(ex, machine, &mut conditions, ConditionStatus::Unknown, reason, intent).await?;
+            let message = format!("graceful reset asked for; {NODE_KEY}{node_name}");
+            let intent = Intent { condition: NODE_REMOVAL, status: ConditionStatus::Unknown, reason, message };
+            let recorded = effects::record(ex, read.advancing, machine, &mut conditions, intent).await?;
             let request = ResetRequest { graceful: true, reboot: false };
-            match talos(ex, "reset", ex.talos.reset(&machine.address, &request)).await {
+            match effects::reset(ex, read.advancing, &recorded, machine, &request).await {
                 Ok(()) => {
                     let message = format!("graceful reset acknowledged; {NODE_KEY}{node_name}");
-                    write_removal(ex, machine, &mut conditions, ConditionStatus::True, reason, message).await?;
+                    note_removal(ex, machine, &mut conditions, ConditionStatus::True, reason, message).await?;
                     progressed("Reset")
                 }
                 // Unreachable: the intent stays, and the step settles it from the node.
                 Err(e) if e.is_transient() => Ok(e.outcome(ex.retry_at())),
                 Err(e) => {
                     let message = format!("the reset was refused: {e}");
-                    write_removal(
-                        ex,
-                        machine,
-                        &mut conditions,
-                        ConditionStatus::False,
-                        "ResetRefused",
-                        message.clone(),
-                    )
-                    .await?;
+                    note_removal(ex, machine, &mut conditions, ConditionStatus::False, "ResetRefused", message.clone())
+                        .await?;
                     Ok(MachineOutcome::Failed { reason: "ResetRefused".to_owned(), message })
                 }
             }
@@ -301,7 +301,7 @@ async fn carry_out(
                 let source = KubeCallError::from(KubeError::NotFound(format!("Node {node_name}")));
                 return Err(AdvanceError::KubeCall { call: "delete Node", source });
             };
-            kube(ex, "delete Node", ex.kube.delete_node(node)).await?;
+            effects::delete_node(ex, read.advancing, node).await?;
             progressed("DeleteNode")
         }
     }

@@ -201,7 +201,7 @@ async fn run(
         snapshots: None,
         background: None,
     };
-    advance_machine(&ex, TALOS_OP, m, &target(), &CallAuthority::Granted).await
+    advance_machine(&ex, &advancing(&m.name), TALOS_OP, m, &target(), &CallAuthority::Granted).await
 }
 
 #[tokio::test]
@@ -220,6 +220,7 @@ async fn kinds_other_than_talos_are_errors_and_touch_nothing() {
     for kind in ["kubernetes", "ichor"] {
         let err = advance_machine(
             &ex,
+            &advancing("m"),
             OperationRef { kind, identity: TALOS_OP.identity },
             &machine(MachineRole::Worker),
             &target(),
@@ -777,17 +778,31 @@ async fn no_upgrade_call_goes_out_without_the_authority_of_this_pass() {
     );
     // The void intent is closed first (whatever the authority); then nothing is called
     // without the authority of the pass.
-    let outcome =
-        advance_machine(&ex, TALOS_OP, &void, &target(), &CallAuthority::Denied(denied.clone())).await.unwrap();
+    let outcome = advance_machine(
+        &ex,
+        &advancing(&void.name),
+        TALOS_OP,
+        &void,
+        &target(),
+        &CallAuthority::Denied(denied.clone()),
+    )
+    .await
+    .unwrap();
     assert_eq!(outcome, MachineOutcome::Progressed { action: "CloseVoidIntent" });
     assert_eq!(world.written(), vec![(ConditionStatus::False, upgrade::INTENT_VOID.to_owned())]);
     let closed = MachineInfo { conditions: world.writes.lock().unwrap()[0].clone(), ..void };
-    let outcome = advance_machine(&ex, TALOS_OP, &closed, &target(), &CallAuthority::Denied(denied)).await.unwrap();
+    let outcome =
+        advance_machine(&ex, &advancing(&closed.name), TALOS_OP, &closed, &target(), &CallAuthority::Denied(denied))
+            .await
+            .unwrap();
     assert!(
         matches!(&outcome, MachineOutcome::Waiting { reason, message, .. } if reason == "CallNotAuthorised" && message.contains("cp-2")),
         "{outcome:?}"
     );
-    let outcome = advance_machine(&ex, TALOS_OP, &closed, &target(), &CallAuthority::NeedsEtcdGate).await.unwrap();
+    let outcome =
+        advance_machine(&ex, &advancing(&closed.name), TALOS_OP, &closed, &target(), &CallAuthority::NeedsEtcdGate)
+            .await
+            .unwrap();
     assert!(
         matches!(&outcome, MachineOutcome::Waiting { reason, .. } if reason == "EtcdGateNotChecked"),
         "{outcome:?}"
@@ -812,4 +827,10 @@ async fn an_acknowledged_call_not_rebooted_yet_asks_neither_talos_nor_etcd_nor_s
     let outcome = run(&world.talos, &world, &m, &ExecutorConfig::default()).await.unwrap();
     assert!(matches!(outcome, MachineOutcome::Waiting { ref reason, .. } if reason == "NotRebootedYet"), "{outcome:?}");
     assert!(world.written().is_empty());
+}
+
+/// The authority of a pass that advances `machine` (and nothing else).
+fn advancing(machine: &str) -> ichor_talos_executor::effects::Advancing {
+    let decision = ichor_upgrade_core::rollout::Decision::advancing([machine.to_owned()]);
+    ichor_talos_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
 }

@@ -132,7 +132,7 @@ impl World {
             snapshots: None,
             background: None,
         };
-        advance_machine_with(&ex, OPERATION, m, &target(), &CallAuthority::Granted, &finish)
+        advance_machine_with(&ex, &advancing(&m.name), OPERATION, m, &target(), &CallAuthority::Granted, &finish)
             .await
             .unwrap_or_else(|e| e.outcome(ex.retry_at()))
     }
@@ -278,4 +278,10 @@ async fn a_refused_reboot_fails_and_leaves_the_record() {
         "{outcome:?}"
     );
     assert_eq!(world.written(), vec![(ConditionStatus::Unknown, reason::REBOOT_REQUESTED.to_owned())]);
+}
+
+/// The authority of a pass that advances `machine` (and nothing else).
+fn advancing(machine: &str) -> ichor_talos_executor::effects::Advancing {
+    let decision = ichor_upgrade_core::rollout::Decision::advancing([machine.to_owned()]);
+    ichor_talos_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
 }

@@ -104,7 +104,7 @@ impl World {
             clock: &FixedClock,
             config: &config,
         };
-        remove_machine(&ex, OPERATION, m, control_planes).await
+        remove_machine(&ex, &advancing(&m.name), OPERATION, m, control_planes).await
     }
 
     fn written(&self, type_: &str) -> Vec<(ConditionStatus, String)> {
@@ -154,6 +154,13 @@ async fn the_drain_evicts_only_what_it_should_and_a_429_is_a_wait() {
 async fn the_reset_writes_its_intent_first_then_the_acknowledgement() {
     let mut world = World::new(Some(node("worker-2", true)), vec![pod("cilium-x", "DaemonSet", false)]);
     let writes = Arc::clone(&world.writes);
+    // The intent is written on the machine as this pass read it.
+    let intents = Arc::clone(&world.writes);
+    world.kube.expect_write_conditions_at().times(1).returning(move |_, version, c| {
+        assert_eq!(version, "5", "under the resourceVersion the pass read");
+        intents.lock().unwrap().push(c.clone());
+        Ok(())
+    });
     world
         .talos
         .expect_reset()
@@ -178,6 +185,11 @@ async fn the_reset_writes_its_intent_first_then_the_acknowledgement() {
 #[tokio::test]
 async fn a_refused_reset_closes_the_intent_and_fails() {
     let mut world = World::new(Some(node("worker-2", true)), vec![]);
+    let intents = Arc::clone(&world.writes);
+    world.kube.expect_write_conditions_at().times(1).returning(move |_, _, c| {
+        intents.lock().unwrap().push(c.clone());
+        Ok(())
+    });
     world
         .talos
         .expect_reset()
@@ -376,4 +388,21 @@ async fn a_control_plane_whose_node_is_gone_is_not_removed_while_its_member_vote
     let outcome = world.remove(&machine("cp-3", MachineRole::ControlPlane, "10.0.0.13"), &cps()).await;
     assert_eq!(outcome, MachineOutcome::Converged);
     assert_eq!(world.written(NODE_REMOVAL), vec![(ConditionStatus::True, reason::REMOVED.to_owned())]);
+}
+
+/// The authority of a pass that advances `machine` (and nothing else).
+fn advancing(machine: &str) -> ichor_talos_executor::effects::Advancing {
+    let decision = ichor_upgrade_core::rollout::Decision::advancing([machine.to_owned()]);
+    ichor_talos_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
+}
+
+#[tokio::test]
+async fn a_reset_on_a_stale_read_is_never_made() {
+    let mut world = World::new(Some(node("worker-2", true)), vec![]);
+    world.kube.expect_write_conditions_at().times(1).returning(|machine, _, _| {
+        Err(ConditionWriteError { machine: machine.to_owned(), message: "conflict".into(), transient: true })
+    });
+    world.talos.expect_reset().never();
+    let err = world.try_remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
 }

@@ -681,6 +681,16 @@ impl Decision {
         }
     }
 
+    /// A decision that advances `machines` and nothing else, under a lock the operation
+    /// keeps: what a driver of single machines (a driver's own tests, the simulator's
+    /// removal runner) hands the executor in place of a pass's decision. It grants no call
+    /// ([`Decision::authority`] is empty): calls take their own [`CallAuthority`].
+    pub fn advancing(machines: impl IntoIterator<Item = String>) -> Self {
+        let mut decision = Self::new(LockAction::Keep, Phase::Progressing);
+        decision.advance = machines.into_iter().collect();
+        decision
+    }
+
     /// Fills [`Decision::authority`] for every machine it starts or advances.
     fn authorise(mut self, input: &RolloutInput<'_>) -> Self {
         let wanted: Vec<&str> = self.start.iter().chain(&self.advance).map(String::as_str).collect();

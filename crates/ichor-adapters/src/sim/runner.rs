@@ -14,6 +14,7 @@ use futures::{FutureExt, StreamExt};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::background::{Job, JobQueue};
+use ichor_talos_executor::effects::Advancing;
 use ichor_talos_executor::etcd::ControlPlane;
 use ichor_talos_executor::jobs::run_job;
 use ichor_talos_executor::kube_api::KubeApi;
@@ -393,7 +394,12 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
                         .map(|n| ControlPlane { address: n.address.clone(), node: n.name.clone() })
                         .collect()
                 });
-                remove_machine(&ex, &removal_identity(name), &machine, &control_planes)
+                // One machine, driven alone: the runner is its pass, advancing only it.
+                let decision = ichor_upgrade_core::rollout::Decision::advancing([machine.name.clone()]);
+                let Some(advancing) = Advancing::of(&machine.name, &decision) else {
+                    unreachable!("a decision that advances a machine gives the authority to advance it")
+                };
+                remove_machine(&ex, &advancing, &removal_identity(name), &machine, &control_planes)
                     .await
                     .unwrap_or_else(|e| e.outcome(ex.retry_at()))
             }

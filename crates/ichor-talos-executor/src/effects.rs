@@ -1,0 +1,727 @@
+//! The one seam every side effect of the drivers goes through (decision 0012, rule 12).
+//!
+//! Each function here changes the cluster, and takes what authorises it as an argument
+//! whose type only an authority can produce, and the precondition it is made on:
+//!
+//! | side effect | authority | precondition |
+//! |---|---|---|
+//! | `MachineService.Upgrade`, the lifecycle install | [`Calling`] (the call granted in this pass, or a job's fresh read) | [`Recorded`] intent |
+//! | the lifecycle reboot | [`Finishing`] (the finish granted in this pass) | [`Recorded`] reboot request |
+//! | etcd leave, member removal, the reset | [`Advancing`] (the pass advances the machine) | [`Recorded`] departure or reset intent |
+//! | cordon, Node deletion | [`Advancing`] | the Node as read ([`NodeInfo`]: its resourceVersion) |
+//! | eviction, the beginning of a storage evacuation | [`Advancing`] | the machine as read |
+//! | an intent's record | the authority of the call it precedes | the machine as read (its resourceVersion) |
+//!
+//! What only gives back (an uncordon, the end of an evacuation, a record of what a node
+//! showed, a retry's closing record) takes no authority: a stop, a pause or a deletion
+//! must always be able to restore. An uncordon still takes the Node as read. Image pulls
+//! change nothing a workload sees, and take neither.
+//!
+//! The authorities are built from what the rollout engine decided in this pass
+//! ([`Advancing::of`] from the [`Decision`], [`Calling::of`] and [`Finishing::of`] from a
+//! granted [`CallAuthority`]) or, for work outside a pass, from a fresh read that still
+//! authorises it ([`job_calling`]); nothing else makes one. That nothing in this crate
+//! reaches the adapters' side effects around this module is checked by
+//! `effects::tests::no_side_effect_outside_the_seam`.
+
+use std::future::Future;
+
+use ichor_storage::{ConditionWriteError, EvacuationEnd, EvacuationRequest, end_machine_evacuation, evacuate_machine};
+use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
+use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
+use ichor_upgrade_core::operation::HOLD_ANNOTATION;
+use ichor_upgrade_core::removal_step::PodRef;
+use ichor_upgrade_core::rollout::{CallAuthority, Decision, LockAction, Phase};
+use ichor_upgrade_core::status::RecordState;
+
+use crate::background::StopFlag;
+use crate::calls::{AdvanceError, CallTimedOut, Executor, bounded, kube, talos};
+use crate::kube_api::{Eviction, KubeError, MachineInfo, NodeInfo};
+use crate::talos_api::{
+    InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosError, UpgradeAck, UpgradeRequest,
+};
+
+/// The authority to advance one machine in this pass: the pass's decision starts or
+/// advances it, under a cluster lock the operation holds. It authorises the steps on the
+/// way to a call (the evacuation, the cordon, the drain) and a removal's steps (whose
+/// etcd steps the removal's step gates on the etcd gate besides).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advancing {
+    machine: String,
+}
+
+impl Advancing {
+    /// The authority to advance `machine`, if `decision` gives it: the machine is in its
+    /// [`start`](Decision::start) or [`advance`](Decision::advance), and the operation
+    /// keeps the lock ([`LockAction::Keep`] or [`LockAction::Renew`]).
+    #[must_use]
+    pub fn of(machine: &str, decision: &Decision) -> Option<Self> {
+        let listed = decision.start.iter().chain(&decision.advance).any(|m| m == machine);
+        let holds = matches!(decision.lock, LockAction::Keep | LockAction::Renew);
+        (listed && holds).then(|| Self { machine: machine.to_owned() })
+    }
+}
+
+/// The authority to make a machine's first disruptive call (the Upgrade call, the
+/// lifecycle install).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Calling {
+    machine: String,
+}
+
+impl Calling {
+    /// The authority of the call, if the rollout engine granted it in this pass to a
+    /// machine the pass advances.
+    #[must_use]
+    pub fn of(advancing: &Advancing, authority: &CallAuthority) -> Option<Self> {
+        (*authority == CallAuthority::Granted).then(|| Self { machine: advancing.machine.clone() })
+    }
+}
+
+/// The authority to finish a machine past its call (the lifecycle reboot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finishing {
+    machine: String,
+}
+
+impl Finishing {
+    /// The authority to finish, if the rollout engine granted it in this pass
+    /// ([`Decision::finish_authority`]) to a machine the pass advances.
+    #[must_use]
+    pub fn of(advancing: &Advancing, finish: &CallAuthority) -> Option<Self> {
+        (*finish == CallAuthority::Granted).then(|| Self { machine: advancing.machine.clone() })
+    }
+}
+
+/// An authority over one machine: what [`record`] takes (the record is made under the
+/// authority of the call it precedes). Sealed: only this module's authorities are one.
+pub trait Authority: sealed::Sealed {
+    /// The machine it is over.
+    fn machine(&self) -> &str;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Advancing {}
+    impl Sealed for super::Calling {}
+    impl Sealed for super::Finishing {}
+}
+
+impl Authority for Advancing {
+    fn machine(&self) -> &str {
+        &self.machine
+    }
+}
+
+impl Authority for Calling {
+    fn machine(&self) -> &str {
+        &self.machine
+    }
+}
+
+impl Authority for Finishing {
+    fn machine(&self) -> &str {
+        &self.machine
+    }
+}
+
+/// Proof that a call's intent is recorded on its machine, written on the machine as read
+/// (under its resourceVersion). Made only by [`record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded<'a> {
+    machine: &'a str,
+    condition: &'static str,
+    reason: &'static str,
+}
+
+/// A side effect asked for on a machine its authority or record is not for: refused.
+fn mismatch(call: &'static str, machine: &str, why: String) -> AdvanceError {
+    AdvanceError::NotAuthorised { call, machine: machine.to_owned(), why }
+}
+
+/// Whether a side effect on `machine` may be made with an authority over `authorised` and
+/// `recorded` as its intent, which must be `reason`.
+fn check(
+    call: &'static str,
+    machine: &str,
+    authorised: &str,
+    recorded: &Recorded<'_>,
+    reason: &str,
+) -> Result<(), AdvanceError> {
+    if authorised != machine {
+        return Err(mismatch(call, machine, format!("its authority is for machine {authorised}")));
+    }
+    if recorded.machine != machine || recorded.reason != reason {
+        let why = format!(
+            "it needs {reason} recorded on it first; the record given is {}={} on machine {}",
+            recorded.condition, recorded.reason, recorded.machine
+        );
+        return Err(mismatch(call, machine, why));
+    }
+    Ok(())
+}
+
+fn timed_out_write(machine: &str, bound: std::time::Duration) -> AdvanceError {
+    AdvanceError::PatchConditions(ConditionWriteError {
+        machine: machine.to_owned(),
+        message: CallTimedOut { call: "write conditions", bound }.to_string(),
+        transient: true,
+    })
+}
+
+/// What a call's intent says: its condition, status, reason and message.
+#[derive(Debug, Clone)]
+pub(crate) struct Intent {
+    pub(crate) condition: &'static str,
+    pub(crate) status: ConditionStatus,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+}
+
+/// Records `intent` on `machine` (with the rest of `conditions`) before the call it is the
+/// intent of, on the machine as read: under its resourceVersion when the read carries one
+/// (a writer whose read is stale fails here, before its call). `authority` is the
+/// authority of that call.
+///
+/// # Errors
+/// The write failed or outlived its bound (a conflict is transient); or the authority is
+/// for another machine.
+pub(crate) async fn record<'a>(
+    ex: &Executor<'_>,
+    authority: &impl Authority,
+    machine: &'a MachineInfo,
+    conditions: &mut Conditions,
+    intent: Intent,
+) -> Result<Recorded<'a>, AdvanceError> {
+    let authorised = authority.machine();
+    if authorised != machine.name {
+        return Err(mismatch("record", &machine.name, format!("its authority is for machine {authorised}")));
+    }
+    let Intent { condition, status, reason, message } = intent;
+    conditions.upsert(ConditionUpdate::new(condition, status, reason, message), ex.clock.now());
+    let bound = ex.config.call_timeout;
+    let writing = async {
+        match &machine.resource_version {
+            Some(version) => ex.kube.write_conditions_at(&machine.name, version, conditions).await,
+            // A client that keeps no versions (a test double): the write is unconditional.
+            None => ex.kube.write_conditions(&machine.name, conditions).await,
+        }
+    };
+    match tokio::time::timeout(bound, writing).await {
+        Ok(result) => result?,
+        Err(_) => return Err(timed_out_write(&machine.name, bound)),
+    }
+    Ok(Recorded { machine: &machine.name, condition, reason })
+}
+
+/// Writes the machine's conditions as they are: a record of what a node showed or of an
+/// outcome (the install running, installed, converged, a closed or void intent), never an
+/// authorisation of a call. Under the ordinary bound; the client's own precondition is the
+/// last version of the machine it saw.
+///
+/// # Errors
+/// The write failed or outlived its bound.
+pub(crate) async fn note(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &Conditions,
+) -> Result<(), AdvanceError> {
+    let bound = ex.config.call_timeout;
+    match tokio::time::timeout(bound, ex.kube.write_conditions(&machine.name, conditions)).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(timed_out_write(&machine.name, bound)),
+    }
+}
+
+/// Sets one condition in `conditions` and writes them all ([`note`]).
+///
+/// # Errors
+/// As [`note`].
+pub(crate) async fn note_condition(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &mut Conditions,
+    update: ConditionUpdate,
+) -> Result<(), AdvanceError> {
+    conditions.upsert(update, ex.clock.now());
+    note(ex, machine, conditions).await
+}
+
+/// `MachineService.Upgrade` on the machine at `address`, under `bound`.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] when the authority or the record is not for this
+/// machine's intent; nothing is called then. The call's own failure is the inner result.
+pub(crate) async fn upgrade(
+    ex: &Executor<'_>,
+    calling: &Calling,
+    recorded: &Recorded<'_>,
+    machine: &MachineInfo,
+    request: &UpgradeRequest,
+    bound: std::time::Duration,
+) -> Result<Result<Result<UpgradeAck, TalosError>, CallTimedOut>, AdvanceError> {
+    use ichor_upgrade_core::upgrade_marker::reason;
+    check("Upgrade", &machine.name, &calling.machine, recorded, reason::UPGRADE_INTENT)?;
+    Ok(bounded("Upgrade", bound, ex.talos.upgrade(&machine.address, request)).await)
+}
+
+/// The lifecycle install (`LifecycleService.Upgrade`) on the machine, reporting through
+/// `started` when the node takes it. Not bounded here: the caller follows its stream.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] when the authority or the record is not for this
+/// machine's install intent; nothing is called then.
+pub(crate) fn install<'f>(
+    ex: &'f Executor<'_>,
+    calling: &Calling,
+    recorded: &Recorded<'_>,
+    machine: &'f MachineInfo,
+    request: &'f InstallRequest,
+    started: &'f std::sync::atomic::AtomicBool,
+) -> Result<impl Future<Output = Result<InstallOutcome, TalosError>> + 'f, AdvanceError> {
+    use ichor_upgrade_core::lifecycle_step::reason;
+    check("LifecycleService.Upgrade", &machine.name, &calling.machine, recorded, reason::INSTALL_INTENT)?;
+    Ok(ex.talos.lifecycle_upgrade_reporting(&machine.address, request, started))
+}
+
+/// `MachineService.Reboot` of the machine, under the ordinary bound.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] when the authority or the record is not for this
+/// machine's reboot request; nothing is called then.
+pub(crate) async fn reboot(
+    ex: &Executor<'_>,
+    finishing: &Finishing,
+    recorded: &Recorded<'_>,
+    machine: &MachineInfo,
+) -> Result<Result<Result<String, TalosError>, CallTimedOut>, AdvanceError> {
+    use ichor_upgrade_core::lifecycle_step::reason;
+    check("Reboot", &machine.name, &finishing.machine, recorded, reason::REBOOT_REQUESTED)?;
+    Ok(bounded("Reboot", ex.config.call_timeout, ex.talos.reboot(&machine.address)).await)
+}
+
+/// `EtcdLeaveCluster` on the machine.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] without its departure recorded; the call's failure.
+pub(crate) async fn etcd_leave(
+    ex: &Executor<'_>,
+    advancing: &Advancing,
+    recorded: &Recorded<'_>,
+    machine: &MachineInfo,
+) -> Result<(), AdvanceError> {
+    use ichor_upgrade_core::removal_step::reason;
+    check("leave etcd", &machine.name, &advancing.machine, recorded, reason::ETCD_LEAVE_REQUESTED)?;
+    talos(ex, "leave etcd", ex.talos.etcd_leave_cluster(&machine.address)).await
+}
+
+/// `EtcdRemoveMemberByID` of the machine's member, asked of `peer`.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] without its departure recorded; the call's failure.
+pub(crate) async fn etcd_remove_member(
+    ex: &Executor<'_>,
+    advancing: &Advancing,
+    recorded: &Recorded<'_>,
+    machine: &MachineInfo,
+    peer: &str,
+    member_id: u64,
+) -> Result<(), AdvanceError> {
+    use ichor_upgrade_core::removal_step::reason;
+    check("remove etcd member", &machine.name, &advancing.machine, recorded, reason::ETCD_MEMBER_REMOVE_REQUESTED)?;
+    talos(ex, "remove etcd member", ex.talos.etcd_remove_member(peer, member_id)).await
+}
+
+/// The graceful reset of the machine.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] without its intent recorded; the call's failure.
+pub(crate) async fn reset(
+    ex: &Executor<'_>,
+    advancing: &Advancing,
+    recorded: &Recorded<'_>,
+    machine: &MachineInfo,
+    request: &ResetRequest,
+) -> Result<(), AdvanceError> {
+    use ichor_upgrade_core::removal_step::reason;
+    check("reset", &machine.name, &advancing.machine, recorded, reason::RESET_REQUESTED)?;
+    talos(ex, "reset", ex.talos.reset(&machine.address, request)).await
+}
+
+/// Cordons the Node as read (its resourceVersion the precondition), naming the operation.
+///
+/// # Errors
+/// The call's failure (a Node changed since the read is a conflict).
+pub(crate) async fn cordon(
+    ex: &Executor<'_>,
+    advancing: &Advancing,
+    node: &NodeInfo,
+    annotation: &str,
+) -> Result<(), AdvanceError> {
+    tracing::debug!(machine = %advancing.machine, node = %node.name, "cordon");
+    kube(ex, "cordon", ex.kube.cordon(node, annotation)).await
+}
+
+/// Lifts the cordon of the Node as read: gives back, so no authority.
+///
+/// # Errors
+/// The call's failure (a Node changed since the read is a conflict).
+pub(crate) async fn uncordon(ex: &Executor<'_>, node: &NodeInfo) -> Result<(), AdvanceError> {
+    kube(ex, "uncordon", ex.kube.uncordon(node)).await
+}
+
+/// Evicts `pod` through the Eviction API (a PodDisruptionBudget may refuse).
+///
+/// # Errors
+/// The call's failure.
+pub(crate) async fn evict(ex: &Executor<'_>, advancing: &Advancing, pod: &PodRef) -> Result<Eviction, AdvanceError> {
+    tracing::debug!(machine = %advancing.machine, %pod, "evict");
+    kube(ex, "evict", ex.kube.evict(&pod.namespace, &pod.name)).await
+}
+
+/// Deletes the Node as read (its resourceVersion the precondition).
+///
+/// # Errors
+/// The call's failure (a Node changed since the read is a conflict).
+pub(crate) async fn delete_node(ex: &Executor<'_>, advancing: &Advancing, node: &NodeInfo) -> Result<(), AdvanceError> {
+    tracing::debug!(machine = %advancing.machine, node = %node.name, "delete Node");
+    kube(ex, "delete Node", ex.kube.delete_node(node)).await
+}
+
+/// Begins the machine's evacuation through the shared definition
+/// ([`ichor_storage::evacuate_machine`]), on the machine as read.
+///
+/// # Errors
+/// The storage call or condition write that failed, or its bound passing;
+/// [`AdvanceError::NotAuthorised`] for an authority over another machine.
+pub(crate) async fn begin_evacuation(
+    ex: &Executor<'_>,
+    advancing: &Advancing,
+    machine: &MachineInfo,
+    node_name: &str,
+) -> Result<EvacuationRequest, AdvanceError> {
+    if advancing.machine != machine.name {
+        let why = format!("its authority is for machine {}", advancing.machine);
+        return Err(mismatch("begin evacuation", &machine.name, why));
+    }
+    let now = ex.clock.now();
+    let beginning = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
+    bounded("begin evacuation", ex.config.call_timeout, beginning)
+        .await
+        .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
+        .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source })
+}
+
+/// Ends the machine's evacuation through the shared definition
+/// ([`ichor_storage::end_machine_evacuation`]): gives back, so no authority.
+///
+/// # Errors
+/// The storage call or condition write that failed, or its bound passing.
+pub(crate) async fn end_evacuation(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    node_name: &str,
+    end: EvacuationEnd,
+) -> Result<(), AdvanceError> {
+    let now = ex.clock.now();
+    let ending = end_machine_evacuation(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, end, now);
+    bounded("end evacuation", ex.config.call_timeout, ending)
+        .await
+        .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
+        .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source })
+}
+
+/// Gives the node's storage scheduling back as `conditions` recorded it before the
+/// evacuation (the first half of closing it with the converged record).
+///
+/// # Errors
+/// The storage call that failed, or its bound passing.
+pub(crate) async fn restore_scheduling(
+    ex: &Executor<'_>,
+    node_name: &str,
+    conditions: &Conditions,
+) -> Result<(), AdvanceError> {
+    let restoring =
+        ex.storage.restore_scheduling(node_name, ichor_upgrade_core::evacuation::scheduling_to_restore(conditions));
+    bounded("end evacuation", ex.config.call_timeout, restoring)
+        .await
+        .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
+        .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source: source.into() })
+}
+
+/// Pulls `request.image` onto the node at `address`: changes nothing a workload sees.
+pub(crate) async fn pull(
+    ex: &Executor<'_>,
+    address: &str,
+    request: &PullRequest,
+) -> Result<Result<String, TalosError>, CallTimedOut> {
+    bounded("ImageService.Pull", request.timeout, ex.talos.image_pull(address, request)).await
+}
+
+/// What an install run outside its pass checks again before each side effect.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobCheck<'a> {
+    /// The operation whose pass submitted it.
+    pub(crate) operation: &'a str,
+    /// The machine's node name, as that pass knew it.
+    pub(crate) node: Option<&'a str>,
+    /// Set by a pass that stops the machine.
+    pub(crate) stop: &'a StopFlag,
+}
+
+/// Which side effect a job is about to make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JobStep {
+    /// The intent's write: from here the machine is past its call. Everything that denies
+    /// a start denies it.
+    Intent,
+    /// The install, after the intent: the machine is past its call, which a hold, a pause,
+    /// a deletion or a stop does not interrupt; the lock and the operation must still be
+    /// there, and the machine not failed.
+    Install,
+}
+
+/// A read made again for a job's check: its answer, or why nothing can be done on it.
+async fn reread<T>(
+    ex: &Executor<'_>,
+    what: &'static str,
+    call: impl Future<Output = Result<T, KubeError>>,
+) -> Result<T, String> {
+    match bounded(what, ex.config.call_timeout, call).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(format!("{what}: {e}; nothing is done on an old read")),
+        Err(e) => Err(format!("{what}: {e}; nothing is done on an old read")),
+    }
+}
+
+/// A job's authority for `step`, from a fresh read: the authority and the machine as that
+/// read shows it, if it still authorises the step; else why not. The only authority not
+/// made from a pass's decision.
+pub(crate) async fn job_calling(
+    ex: &Executor<'_>,
+    check: &JobCheck<'_>,
+    submitted: &MachineInfo,
+    step: JobStep,
+) -> Result<(Calling, MachineInfo), String> {
+    let machine = job_read(ex, check, submitted, step).await?;
+    Ok((Calling { machine: machine.name.clone() }, machine))
+}
+
+async fn job_read(
+    ex: &Executor<'_>,
+    check: &JobCheck<'_>,
+    submitted: &MachineInfo,
+    step: JobStep,
+) -> Result<MachineInfo, String> {
+    // Past its call, a stop leaves the machine to be finished (the pass learns so from
+    // the flag); before, it ends the job.
+    if step == JobStep::Intent && check.stop.stopped() {
+        return Err("a pass stopped the machine (a hold, a pause or a deletion)".to_owned());
+    }
+    let Some(op) = reread(ex, "read operation", ex.kube.operation(check.operation)).await? else {
+        return Err(format!("operation {} is gone", check.operation));
+    };
+    let lease = reread(ex, "read Lease", ex.kube.lease(&op.cluster)).await?;
+    if lease.as_ref().and_then(|l| l.holder.as_deref()) != Some(op.identity.as_str()) {
+        return Err(format!("operation {} no longer holds the cluster lock", check.operation));
+    }
+    let name = &submitted.name;
+    let Some(machine) = reread(ex, "read machine", ex.kube.machine(name)).await? else {
+        return Err(format!("TalosMachine {name} is gone"));
+    };
+    let record = op.status.machines.get(name).map(|r| r.state);
+    if record == Some(RecordState::Failed) {
+        return Err(format!("machine {name} failed; only a resume touches it again"));
+    }
+    // Past its call a machine is finished whatever holds, pauses or deletes the rest.
+    if step == JobStep::Install {
+        return Ok(machine);
+    }
+    if op.deleting {
+        return Err(format!("operation {} is being deleted", check.operation));
+    }
+    if matches!(op.status.phase, Phase::Paused(_)) {
+        return Err(format!("operation {} is paused", check.operation));
+    }
+    if record != Some(RecordState::InProgress) {
+        return Err(format!("the operation no longer records machine {name} as started"));
+    }
+    let held = |annotations: &crate::kube_api::Metadata| annotations.contains_key(HOLD_ANNOTATION);
+    if held(&machine.annotations) {
+        return Err(format!("machine {name} is held"));
+    }
+    if let Some(node) = check.node
+        && reread(ex, "read Node", ex.kube.node(node)).await?.is_some_and(|n| held(&n.annotations))
+    {
+        return Err(format!("Node {node} is held"));
+    }
+    // The evacuation the pass saw is carried into the intent's write (decision 0011: it
+    // may be only in the storage backend's record, which the pass read). A stop that ended
+    // it dropped the machine's record above, and set the stop flag first.
+    let mut machine = machine;
+    if let Some(evacuation) = submitted.conditions.get(STORAGE_EVACUATION)
+        && !machine.conditions.is_true(STORAGE_EVACUATION)
+        && evacuation.status == ConditionStatus::True
+    {
+        machine.conditions.upsert(
+            ConditionUpdate::new(STORAGE_EVACUATION, evacuation.status, &evacuation.reason, evacuation.message.clone()),
+            evacuation.last_transition_time,
+        );
+    }
+    Ok(machine)
+}
+
+/// What authorises this pass's side effects on one machine: that the pass advances it,
+/// and whether its call and its finish are granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    /// The pass advances the machine.
+    pub advancing: Advancing,
+    /// Its first disruptive call is granted in this pass.
+    pub calling: Option<Calling>,
+    /// Its finish (the lifecycle reboot) is granted in this pass.
+    pub finishing: Option<Finishing>,
+}
+
+impl Grants {
+    /// The grants of a machine the pass advances, from the authorities the rollout engine
+    /// computed for it in this pass.
+    #[must_use]
+    pub fn of(advancing: Advancing, authority: &CallAuthority, finish: &CallAuthority) -> Self {
+        let calling = Calling::of(&advancing, authority);
+        let finishing = Finishing::of(&advancing, finish);
+        Self { advancing, calling, finishing }
+    }
+
+    /// The call's authority, or why there is none (the step asked for a call it was not
+    /// granted: a defect, refused).
+    pub(crate) fn calling(&self, call: &'static str) -> Result<&Calling, AdvanceError> {
+        self.calling
+            .as_ref()
+            .ok_or_else(|| mismatch(call, &self.advancing.machine, "the call is not granted in this pass".to_owned()))
+    }
+
+    /// The finish's authority, or why there is none.
+    pub(crate) fn finishing(&self, call: &'static str) -> Result<&Finishing, AdvanceError> {
+        self.finishing
+            .as_ref()
+            .ok_or_else(|| mismatch(call, &self.advancing.machine, "the finish is not granted in this pass".to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every module of this crate but this one, as compiled.
+    const MODULES: &[(&str, &str)] = &[
+        ("advance.rs", include_str!("advance.rs")),
+        ("background.rs", include_str!("background.rs")),
+        ("calls.rs", include_str!("calls.rs")),
+        ("cause.rs", include_str!("cause.rs")),
+        ("clock.rs", include_str!("clock.rs")),
+        ("config.rs", include_str!("config.rs")),
+        ("etcd.rs", include_str!("etcd.rs")),
+        ("etcd_snapshot.rs", include_str!("etcd_snapshot.rs")),
+        ("jobs.rs", include_str!("jobs.rs")),
+        ("kube_api.rs", include_str!("kube_api.rs")),
+        ("lib.rs", include_str!("lib.rs")),
+        ("lifecycle.rs", include_str!("lifecycle.rs")),
+        ("reconcile.rs", include_str!("reconcile.rs")),
+        ("removal.rs", include_str!("removal.rs")),
+        ("snapshot.rs", include_str!("snapshot.rs")),
+        ("strategies.rs", include_str!("strategies.rs")),
+        ("talos_api.rs", include_str!("talos_api.rs")),
+        ("upgrade_step.rs", include_str!("upgrade_step.rs")),
+    ];
+
+    /// The adapters' calls that change a machine, its Node, its pods, its storage or etcd.
+    const SIDE_EFFECTS: &[&str] = &[
+        ".upgrade(",
+        ".lifecycle_upgrade(",
+        ".lifecycle_upgrade_reporting(",
+        ".reboot(",
+        ".etcd_leave_cluster(",
+        ".etcd_remove_member(",
+        ".reset(",
+        ".image_pull(",
+        ".cordon(",
+        ".uncordon(",
+        ".evict(",
+        ".delete_node(",
+        ".write_conditions(",
+        ".write_conditions_at(",
+        ".restore_scheduling(",
+        "evacuate_machine(",
+        "end_machine_evacuation(",
+    ];
+
+    use super::*;
+    use ichor_upgrade_core::rollout::CallDenied;
+
+    #[test]
+    fn an_authority_comes_only_from_what_the_pass_decided() {
+        let decision = Decision::advancing(["w-1".to_owned()]);
+        let advancing = Advancing::of("w-1", &decision).expect("advanced, the lock kept");
+        assert_eq!(Advancing::of("w-2", &decision), None, "a machine the decision does not advance");
+        for lock in [LockAction::Acquire { takeover_from: None }, LockAction::Release, LockAction::Leave] {
+            let unlocked = Decision { lock: lock.clone(), ..decision.clone() };
+            assert_eq!(Advancing::of("w-1", &unlocked), None, "{lock:?}: no lock kept, nothing advanced");
+        }
+        let denied =
+            [CallAuthority::NeedsEtcdGate, CallAuthority::NeedsPreflight, CallAuthority::Denied(CallDenied::Held)];
+        for authority in &denied {
+            assert_eq!(Calling::of(&advancing, authority), None, "{authority:?}");
+            assert_eq!(Finishing::of(&advancing, authority), None, "{authority:?}");
+        }
+        assert_eq!(Calling::of(&advancing, &CallAuthority::Granted).map(|c| c.machine), Some("w-1".to_owned()));
+        let grants = Grants::of(advancing, &CallAuthority::Granted, &CallAuthority::NeedsEtcdGate);
+        assert!(grants.calling("Upgrade").is_ok());
+        assert!(matches!(grants.finishing("Reboot"), Err(AdvanceError::NotAuthorised { call: "Reboot", .. })));
+    }
+
+    #[test]
+    fn a_side_effect_needs_its_own_intent_on_its_own_machine() {
+        use ichor_upgrade_core::upgrade_marker::reason::{UPGRADE_INTENT, UPGRADE_REQUESTED};
+        let intent = Recorded { machine: "w-1", condition: "TalosUpgrade", reason: UPGRADE_INTENT };
+        assert!(check("Upgrade", "w-1", "w-1", &intent, UPGRADE_INTENT).is_ok());
+        let refused = [
+            check("Upgrade", "w-1", "w-2", &intent, UPGRADE_INTENT),
+            check("Upgrade", "w-2", "w-2", &intent, UPGRADE_INTENT),
+            check("Upgrade", "w-1", "w-1", &intent, UPGRADE_REQUESTED),
+        ];
+        for refusal in refused {
+            let error = refusal.expect_err("refused");
+            assert!(!error.is_transient(), "{error}: a defect pauses, never retried");
+            assert_eq!(error.reason(), "NotAuthorised");
+        }
+    }
+
+    #[test]
+    fn every_module_is_listed() {
+        let listed: Vec<&str> = MODULES.iter().map(|(name, _)| *name).chain(["effects.rs"]).collect();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let name = entry.unwrap().file_name().into_string().unwrap();
+            assert!(listed.contains(&name.as_str()), "src/{name} is not checked by no_side_effect_outside_the_seam");
+        }
+    }
+
+    /// Nothing in this crate reaches an adapter's side effect but through this module
+    /// (the trait declarations in `talos_api.rs` and `kube_api.rs` aside).
+    #[test]
+    fn no_side_effect_outside_the_seam() {
+        let mut found = Vec::new();
+        for (module, source) in MODULES {
+            for (n, line) in source.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                // A declaration, or a trait's default method delegating to another of its own.
+                let declaration = code.contains("fn ") || code.contains("self.");
+                for call in SIDE_EFFECTS {
+                    if code.contains(call) && !declaration && !code.contains("effects::") {
+                        found.push(format!("src/{module}:{}: {}", n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "side effects made around crate::effects:\n{}", found.join("\n"));
+    }
+}
