@@ -552,3 +552,17 @@ fn an_install_begun_just_before_an_api_outage_is_made_once() {
         panic!("{e}");
     }
 }
+
+/// Found by the soak after the side-effect seam: the pause-during-install fault recorded
+/// cp-1 failed while it rebooted (after its install, under the oracle's instant install),
+/// and its node fell back to the old slot. The machine was reported failed, by the fault's
+/// record, which the trace did not show (it wrote the status around the API); the
+/// simulator now traces the fault's record as it traces every failure the status records.
+#[test]
+fn a_failure_recorded_by_a_person_during_a_reboot_that_falls_back_is_traced() {
+    let oracle = Executor { lifecycle: true, prepull: false, oracle: true };
+    let faults = [Fault::AbFallback, Fault::PauseDuringInstall];
+    if let Err(e) = check_invariants(1, 0, 1, 1_359_828_630_024_490_638, &faults, oracle) {
+        panic!("{e}");
+    }
+}

@@ -1122,6 +1122,7 @@ impl World {
         use ichor_upgrade_core::rollout::{FailedMachine, PauseReason, Phase};
         use ichor_upgrade_core::status::{MachineRecord, RecordState};
         let reason = "a failure recorded by the pause-during-install fault".to_owned();
+        let mut recorded = false;
         for op in self.operations.values_mut() {
             let status = &mut op.info.status;
             if !status.machines.get(machine).is_some_and(|r| r.state == RecordState::InProgress) {
@@ -1142,6 +1143,12 @@ impl World {
                 .collect();
             status.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
             op.version += 1;
+            recorded = true;
+        }
+        // In the trace as any failure the status records: the machine is reported failed
+        // (what its node does next, a fallback included, is no longer the engine's to see).
+        if recorded && let Some(i) = self.nodes.iter().position(|n| n.name == machine) {
+            self.record_why(i, TraceKind::Failed, Some(("FaultInjected".to_owned(), reason)));
         }
     }
 
