@@ -28,9 +28,9 @@ struct Scene {
 }
 
 impl Scene {
-    async fn new(prefix: &str) -> Option<Self> {
-        let ns = TestNamespace::create(prefix).await?;
-        Some(Self { ns, dir: tempfile::tempdir().unwrap() })
+    async fn new(prefix: &str) -> Self {
+        let ns = TestNamespace::create(prefix).await;
+        Self { ns, dir: tempfile::tempdir().unwrap() }
     }
 
     fn admin(&self) -> &Path {
@@ -164,8 +164,9 @@ async fn upgrade_calls(fleet: &Process) -> Vec<(String, f64)> {
 // passes (not inside them), its cordon, drain and Reboot are the operator's own, and the
 // legacy Upgrade call is never made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_lifecycle_upgrade_completes_on_the_simulated_fleet_with_no_upgrade_call() {
-    let Some(scene) = Scene::new("e2e-lifecycle").await else { return };
+    let scene = Scene::new("e2e-lifecycle").await;
     let fleet = scene.fleet("3+3", &["--fleet-only"]);
     scene.fleet_up(6).await;
     let kubeconfig = scene.operator_kubeconfig().await;
@@ -210,8 +211,9 @@ async fn leader(process: &Process) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_3_plus_5_upgrade_completes_on_the_simulated_fleet() {
-    let Some(scene) = Scene::new("e2e-upgrade").await else { return };
+    let scene = Scene::new("e2e-upgrade").await;
     // One process, as a person runs it: the operator and the fleet together.
     let mut both = scene.fleet("3+5", &[]);
     scene.fleet_up(8).await;
@@ -253,8 +255,9 @@ async fn a_3_plus_5_upgrade_completes_on_the_simulated_fleet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn an_operator_killed_mid_rollout_resumes_with_no_second_upgrade_call() {
-    let Some(scene) = Scene::new("e2e-kill").await else { return };
+    let scene = Scene::new("e2e-kill").await;
     let fleet = scene.fleet("3+5", &["--fleet-only"]);
     scene.fleet_up(8).await;
     let kubeconfig = scene.operator_kubeconfig().await;
@@ -284,8 +287,9 @@ async fn an_operator_killed_mid_rollout_resumes_with_no_second_upgrade_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn of_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
-    let Some(scene) = Scene::new("e2e-replicas").await else { return };
+    let scene = Scene::new("e2e-replicas").await;
     let fleet = scene.fleet("3+5", &["--fleet-only"]);
     scene.fleet_up(8).await;
     let kubeconfig = scene.operator_kubeconfig().await;
@@ -324,8 +328,9 @@ async fn of_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_lease_held_by_a_deleted_operation_is_taken_over() {
-    let Some(scene) = Scene::new("e2e-takeover").await else { return };
+    let scene = Scene::new("e2e-takeover").await;
     // A Lease an operation that no longer exists took an hour ago, for a day.
     let leases: Api<Lease> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
     let gone = format!("{}/gone/0b7c5d1e-0000-4000-8000-000000000000", scene.ns.name);
@@ -346,8 +351,9 @@ async fn a_lease_held_by_a_deleted_operation_is_taken_over() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_second_operation_on_the_cluster_waits_naming_the_holder() {
-    let Some(scene) = Scene::new("e2e-second").await else { return };
+    let scene = Scene::new("e2e-second").await;
     let _both = scene.fleet("1+3", &[]);
     scene.fleet_up(4).await;
     scene.create_operation("first", "talos", None).await;
@@ -368,8 +374,9 @@ async fn a_second_operation_on_the_cluster_waits_naming_the_holder() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_pdb_at_zero_holds_a_removal_at_its_eviction_until_it_allows_it() {
-    let Some(scene) = Scene::new("e2e-pdb").await else { return };
+    let scene = Scene::new("e2e-pdb").await;
     let fleet = scene.fleet("1+2", &["--fleet-only"]);
     scene.fleet_up(3).await;
     let kubeconfig = scene.operator_kubeconfig().await;
@@ -429,8 +436,9 @@ async fn a_pdb_at_zero_holds_a_removal_at_its_eviction_until_it_allows_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_bad_kind_is_refused_with_a_warning_event() {
-    let Some(scene) = Scene::new("e2e-kind").await else { return };
+    let scene = Scene::new("e2e-kind").await;
     let both = scene.fleet("1+1", &[]);
     scene.fleet_up(2).await;
     scene.create_operation("k8s", "kubernetes", None).await;
@@ -475,8 +483,9 @@ async fn evict_replicas(nodes: &Api<DynamicObject>, replicas: &Api<DynamicObject
 // call per machine, and each node's storage scheduling put back as it was before,
 // including the one an operator had made unschedulable by hand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_record() {
-    let Some(scene) = Scene::new("e2e-longhorn").await else { return };
+    let scene = Scene::new("e2e-longhorn").await;
     ichor_testkit::kube::apply_longhorn_crds(&scene.ns.client).await;
     let fleet = scene.fleet("1+2", &["--fleet-only"]);
     scene.fleet_up(3).await;

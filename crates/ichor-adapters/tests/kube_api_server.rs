@@ -63,8 +63,9 @@ async fn eventually(mut check: impl FnMut() -> bool) {
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn the_crds_validate_what_is_written() {
-    let Some(ns) = TestNamespace::create("crd").await else { return };
+    let ns = TestNamespace::create("crd").await;
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
     let op = |name: &str, max: i64| {
         TalosOperation::new(
@@ -99,8 +100,9 @@ async fn the_crds_validate_what_is_written() {
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn reads_come_from_the_stores_and_conditions_are_applied_only_when_changed() {
-    let Some(ns) = TestNamespace::create("rw").await else { return };
+    let ns = TestNamespace::create("rw").await;
     let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
     clusters.create(&PostParams::default(), &cluster_object("prod")).await.unwrap();
     let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
@@ -136,8 +138,9 @@ async fn reads_come_from_the_stores_and_conditions_are_applied_only_when_changed
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_write_from_a_stale_view_is_a_conflict_never_a_blind_overwrite() {
-    let Some(ns) = TestNamespace::create("stale").await else { return };
+    let ns = TestNamespace::create("stale").await;
     let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
     machines.create(&PostParams::default(), &machine_object("worker-1", "prod", Role::Worker)).await.unwrap();
     let kube = kube_cluster(&ns).await;
@@ -181,8 +184,9 @@ async fn lagging_kube_cluster(ns: &TestNamespace) -> KubeCluster {
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_pass_right_after_a_write_reads_that_write_while_the_store_lags_behind_it() {
-    let Some(ns) = TestNamespace::create("ryw").await else { return };
+    let ns = TestNamespace::create("ryw").await;
     let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
     clusters.create(&PostParams::default(), &cluster_object("prod")).await.unwrap();
     let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
@@ -239,11 +243,12 @@ async fn a_pass_right_after_a_write_reads_that_write_while_the_store_lags_behind
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn nothing_is_read_before_every_watch_has_listed() {
     // A restarted controller: its operations and clusters listed, its machines not yet.
     // An empty machine store read as a cluster with nothing left to upgrade, and the
     // operation was reported Completed with six machines never upgraded.
-    let Some(ns) = TestNamespace::create("unlisted").await else { return };
+    let ns = TestNamespace::create("unlisted").await;
     let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
     clusters.create(&PostParams::default(), &cluster_object("prod")).await.unwrap();
     let machines: Api<TalosMachine> = Api::namespaced(ns.client.clone(), &ns.name);
@@ -278,8 +283,9 @@ async fn nothing_is_read_before_every_watch_has_listed() {
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn the_cluster_lease_is_taken_renewed_released_and_a_lost_race_is_a_conflict() {
-    let Some(ns) = TestNamespace::create("lease").await else { return };
+    let ns = TestNamespace::create("lease").await;
     let kube = kube_cluster(&ns).await;
     assert_eq!(kube.lease("prod").await.unwrap(), None);
     let at = Timestamp::from_unix_secs(1_767_225_600);
@@ -312,8 +318,9 @@ async fn the_cluster_lease_is_taken_renewed_released_and_a_lost_race_is_a_confli
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn operation_status_and_events_are_written_for_people_too() {
-    let Some(ns) = TestNamespace::create("status").await else { return };
+    let ns = TestNamespace::create("status").await;
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
     let spec = TalosOperationSpec {
         preflight: None,
@@ -376,8 +383,9 @@ fn pdb_resource() -> ApiResource {
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
-    let Some(ns) = TestNamespace::create("drain").await else { return };
+    let ns = TestNamespace::create("drain").await;
     let node_name = format!("{}-node", ns.name);
     let nodes: Api<Node> = Api::all(ns.client.clone());
     let node: Node = serde_json::from_value(json!({ "metadata": { "name": node_name } })).unwrap();
@@ -485,8 +493,9 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn errors_from_a_real_server_map_to_their_kinds() {
-    let Some(ns) = TestNamespace::create("errors").await else { return };
+    let ns = TestNamespace::create("errors").await;
     let kubeconfig = kube::config::Kubeconfig::read_from(&ns.kubeconfig).unwrap();
     // A token the server does not know: 401, refused.
     let mut bad = kubeconfig.clone();
@@ -541,8 +550,9 @@ fn b64(text: &str) -> String {
 }
 
 #[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_policy_version() {
-    let Some(ns) = TestNamespace::create("preflight").await else { return };
+    let ns = TestNamespace::create("preflight").await;
     let node = format!("{}-node", ns.name);
     // A ReplicaSet of one, and its pod on the node (no scheduler or kubelet here: the
     // pod is bound and reported Ready by hand).
@@ -612,7 +622,7 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
 
     // Only the namespaces with a pod on the nodes asked are read: another tenant's pods on
     // other nodes are not listed, and a node with no pod reads nothing.
-    let Some(other) = TestNamespace::create("preflight-other").await else { return };
+    let other = TestNamespace::create("preflight-other").await;
     let elsewhere: Pod = serde_json::from_value(json!({
         "metadata": { "name": "ledger-1", "labels": { "app": "ledger" } },
         "spec": { "nodeName": format!("{}-node", other.name), "containers": [{ "name": "c", "image": "registry.invalid/none" }] }

@@ -3,7 +3,6 @@
 //! tests are skipped with one line without it). Each S3 test works in a bucket of its own.
 
 use std::path::Path;
-use std::sync::Once;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -177,24 +176,18 @@ async fn snapshot_store_s3_refuses_bad_names() {
 /// The variable naming the S3 server the tests use.
 const ENDPOINT_VAR: &str = "ICHOR_TEST_S3_ENDPOINT";
 
-static SKIPPED: Once = Once::new();
-
-/// The endpoint (`http://127.0.0.1:PORT`), or `None` (saying so once) when none is set.
-fn endpoint() -> Option<String> {
+/// The endpoint (`http://127.0.0.1:PORT`).
+///
+/// # Panics
+/// When none is set: the tests that need it are ignored unless asked for, and asked for
+/// without a server they fail, saying how to start one.
+fn endpoint() -> String {
     match std::env::var(ENDPOINT_VAR) {
-        Ok(endpoint) if !endpoint.is_empty() => Some(endpoint),
-        _ => {
-            SKIPPED.call_once(|| {
-                // Straight to the process's stderr: the test harness captures eprintln!.
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "skipped: the tests against a real S3 server need {ENDPOINT_VAR}=http://127.0.0.1:PORT \
-                     (start one with `bash scripts/s3-test-server.sh start DIR`; `bash .ci/run` does it all)"
-                );
-            });
-            None
-        }
+        Ok(endpoint) if !endpoint.is_empty() => endpoint,
+        _ => panic!(
+            "this test needs an S3 server: {ENDPOINT_VAR}=http://127.0.0.1:PORT is not set (start one with \
+             `bash scripts/s3-test-server.sh start DIR` and export the line it prints; `bash .ci/run` does it all)"
+        ),
     }
 }
 
@@ -206,9 +199,9 @@ struct TestBucket {
 }
 
 impl TestBucket {
-    async fn create(tag: &str) -> Option<Self> {
+    async fn create(tag: &str) -> Self {
         static COUNT: AtomicU32 = AtomicU32::new(0);
-        let endpoint = endpoint()?;
+        let endpoint = endpoint();
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         let name = format!("ichor-{tag}-{:x}-{}", nanos % 0xff_ffff_ffff, COUNT.fetch_add(1, Ordering::Relaxed));
         // object_store cannot create buckets; moto takes an unsigned CreateBucket.
@@ -224,7 +217,7 @@ impl TestBucket {
             .with_allow_http(true)
             .build()
             .unwrap();
-        Some(Self { endpoint, name, client })
+        Self { endpoint, name, client }
     }
 
     fn config(&self, prefix: &str) -> S3Config {
@@ -293,8 +286,9 @@ async fn http(endpoint: &str, method: &str, target: &str) -> (u16, String) {
 }
 
 #[tokio::test]
+#[ignore = "needs an S3 server: ICHOR_TEST_S3_ENDPOINT (bash scripts/s3-test-server.sh start DIR)"]
 async fn snapshot_store_s3_round_trips_a_12_mib_snapshot_under_the_prefix() {
-    let Some(bucket) = TestBucket::create("round-trip").await else { return };
+    let bucket = TestBucket::create("round-trip").await;
     let store = S3Store::new(&bucket.config("clusters/a/")).unwrap();
     let data = pattern(12 * MIB, 5);
 
@@ -314,8 +308,9 @@ async fn snapshot_store_s3_round_trips_a_12_mib_snapshot_under_the_prefix() {
 }
 
 #[tokio::test]
+#[ignore = "needs an S3 server: ICHOR_TEST_S3_ENDPOINT (bash scripts/s3-test-server.sh start DIR)"]
 async fn snapshot_store_s3_a_small_snapshot_at_the_top_of_the_bucket() {
-    let Some(bucket) = TestBucket::create("small").await else { return };
+    let bucket = TestBucket::create("small").await;
     let store = S3Store::new(&bucket.config("")).unwrap();
     let data = pattern(300_000, 6);
 
@@ -331,8 +326,9 @@ async fn snapshot_store_s3_a_small_snapshot_at_the_top_of_the_bucket() {
 }
 
 #[tokio::test]
+#[ignore = "needs an S3 server: ICHOR_TEST_S3_ENDPOINT (bash scripts/s3-test-server.sh start DIR)"]
 async fn snapshot_store_s3_abort_leaves_no_object_and_no_upload() {
-    let Some(bucket) = TestBucket::create("abort").await else { return };
+    let bucket = TestBucket::create("abort").await;
     let store = S3Store::new(&bucket.config("etcd")).unwrap();
 
     let mut sink = bounded(store.begin("etcd-7.db")).await.unwrap();

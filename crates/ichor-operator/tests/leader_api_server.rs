@@ -31,8 +31,9 @@ async fn until(bound: Duration, what: &str, mut check: impl FnMut() -> bool) -> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn one_leads_another_takes_over_after_death_and_at_once_after_a_step_down() {
-    let Some(ns) = TestNamespace::create("leader").await else { return };
+    let ns = TestNamespace::create("leader").await;
     let a = Leadership::start(ns.client.clone(), election(&ns.name, "a"));
     let b = Leadership::start(ns.client.clone(), election(&ns.name, "b"));
     until(Duration::from_secs(10), "a leader", || a.is_leader() || b.is_leader()).await;
@@ -99,8 +100,9 @@ impl Cuttable {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn a_leader_cut_off_from_the_api_server_stops_leading_before_its_lease_can_expire() {
-    let Some(ns) = TestNamespace::create("fence").await else { return };
+    let ns = TestNamespace::create("fence").await;
     let kubeconfig = Kubeconfig::read_from(&ns.kubeconfig).unwrap();
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.unwrap();
     let upstream = config.cluster_url.authority().unwrap().to_string();

@@ -1,12 +1,13 @@
 //! Tests against a real Kubernetes API server.
 //!
-//! They run whenever `ICHOR_TEST_KUBECONFIG` names a kubeconfig (any real cluster; CI
-//! starts kube-apiserver with `scripts/kube-test-server.sh`), and otherwise print one line
-//! saying they were skipped and how to run them. Each test works in a namespace of its own,
-//! deleted at the end; the CRDs are applied once per server.
+//! Each is `#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG"]`: `cargo test`
+//! lists it as ignored, and `cargo test -- --include-ignored` with `ICHOR_TEST_KUBECONFIG`
+//! naming a kubeconfig (any real cluster; `bash .ci/run` starts kube-apiserver with
+//! `scripts/kube-test-server.sh`) runs it. Run without a server, it fails saying so, never
+//! passes. Each test works in a namespace of its own, deleted at the end; the CRDs are
+//! applied once per server.
 
 use std::path::PathBuf;
-use std::sync::Once;
 use std::time::Duration;
 
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
@@ -19,25 +20,19 @@ use kube::{Client, Config, CustomResourceExt};
 /// The variable naming the kubeconfig of the server the tests use.
 pub const KUBECONFIG_VAR: &str = "ICHOR_TEST_KUBECONFIG";
 
-static SKIPPED: Once = Once::new();
-
-/// The kubeconfig the tests use, or `None` (saying so once) when none is set.
+/// The kubeconfig the tests use.
+///
+/// # Panics
+/// When none is set: a test that needs a server is ignored unless asked for, and asked
+/// for without one it fails, saying how to start one.
 #[must_use]
-pub fn kubeconfig() -> Option<PathBuf> {
+pub fn kubeconfig() -> PathBuf {
     match std::env::var_os(KUBECONFIG_VAR) {
-        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            SKIPPED.call_once(|| {
-                // Straight to the process's stderr: the test harness captures eprintln!.
-                use std::io::Write;
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "skipped: the tests against a real Kubernetes API server need {KUBECONFIG_VAR}=<kubeconfig> \
-                     (start one with `bash scripts/kube-test-server.sh start DIR`; `bash .ci/run` does it all)"
-                );
-            });
-            None
-        }
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => panic!(
+            "this test needs a Kubernetes API server: {KUBECONFIG_VAR}=<kubeconfig> is not set (start one with \
+             `bash scripts/kube-test-server.sh start DIR` and export the line it prints; `bash .ci/run` does it all)"
+        ),
     }
 }
 
@@ -64,12 +59,12 @@ pub struct TestNamespace {
 }
 
 impl TestNamespace {
-    /// A fresh namespace `ichor-<prefix>-<n>` and the CRDs, or `None` when no server is set.
+    /// A fresh namespace `ichor-<prefix>-<n>` and the CRDs.
     ///
     /// # Panics
-    /// When the server refuses what a test needs.
-    pub async fn create(prefix: &str) -> Option<Self> {
-        let kubeconfig = kubeconfig()?;
+    /// When no server is set ([`kubeconfig`]), or the server refuses what a test needs.
+    pub async fn create(prefix: &str) -> Self {
+        let kubeconfig = kubeconfig();
         let client = client_for(&kubeconfig).await;
         apply_crds(&client).await;
         let suffix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
@@ -80,7 +75,7 @@ impl TestNamespace {
             ..Namespace::default()
         };
         namespaces.create(&PostParams::default(), &namespace).await.expect("a test namespace");
-        Some(Self { client, name, kubeconfig })
+        Self { client, name, kubeconfig }
     }
 
     /// Deletes the namespace (and so everything in it; the controller-manager finishes it).
