@@ -61,7 +61,7 @@ pub async fn advance_machine(
 /// [`advance_machine`] with the authority to finish a machine already past its call as
 /// well ([`Decision::finish_authority`](ichor_upgrade_core::rollout::Decision::finish_authority)):
 /// the lifecycle executor's reboot of an installed machine takes it. The executor is the one
-/// the machine is under way on, else the one [`ExecutorConfig::executor`] chooses for the
+/// the machine is under way on, else the one [`ExecutorConfig::executor`](crate::config::ExecutorConfig::executor) chooses for the
 /// version its Node shows.
 ///
 /// # Errors

@@ -20,7 +20,7 @@
 //! The authorities are built from what the rollout engine decided in this pass
 //! ([`Advancing::of`] from the [`Decision`], [`Calling::of`] and [`Finishing::of`] from a
 //! granted [`CallAuthority`]) or, for work outside a pass, from a fresh read that still
-//! authorises it ([`job_calling`]); nothing else makes one. That nothing in this crate
+//! authorises it (`job_calling`); nothing else makes one. That nothing in this crate
 //! reaches the adapters' side effects around this module is checked by
 //! `effects::tests::no_side_effect_outside_the_seam`.
 
@@ -93,7 +93,7 @@ impl Finishing {
     }
 }
 
-/// An authority over one machine: what [`record`] takes (the record is made under the
+/// An authority over one machine: what `record` takes (the record is made under the
 /// authority of the call it precedes). Sealed: only this module's authorities are one.
 pub trait Authority: sealed::Sealed {
     /// The machine it is over.
@@ -126,7 +126,7 @@ impl Authority for Finishing {
 }
 
 /// Proof that a call's intent is recorded on its machine, written on the machine as read
-/// (under its resourceVersion). Made only by [`record`].
+/// (under its resourceVersion). Made only by `record`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded<'a> {
     machine: &'a str,

@@ -9,7 +9,7 @@
 //! Every side effect on a machine, its Node, its pods, its storage or etcd goes through
 //! [`effects`], which takes the authority the pass's decision gave (or a background job's
 //! fresh read) and the precondition each needs, by type. The modules depend downwards
-//! only: [`reconcile`] on the drivers ([`advance`], [`removal`], [`lifecycle`],
+//! only: [`reconcile`](mod@reconcile) on the drivers ([`advance`], [`removal`], [`lifecycle`],
 //! [`upgrade_step`]), the drivers on [`effects`] and [`etcd`], and those on [`calls`].
 //!
 //! # What this crate must not do
