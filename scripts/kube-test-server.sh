@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# A real Kubernetes API server (1.20.2, built from Debian bookworm's `kubernetes`
-# source package) on loopback, for tests. Recipe: shared/reference/kube-apiserver.md.
+# A real Kubernetes API server (1.37.2, with etcd 3.7.0) on loopback, for tests, built from
+# the Go module proxy: scripts/kube-server/go.mod requires k8s.io/kubernetes at the release
+# and pins each of its staging modules (k8s.io/api, ...) at the matching v0.37.2, as any
+# Go program builds its dependencies; `go build` of k8s.io/kubernetes/cmd/... and of
+# go.etcd.io/etcd/server/v3 (the etcd binary) then needs nothing else.
 #
 #   scripts/kube-test-server.sh build        build once, cache the binaries outside the checkout
 #   scripts/kube-test-server.sh start DIR    start etcd + kube-apiserver + kube-controller-manager,
@@ -8,20 +11,24 @@
 #   scripts/kube-test-server.sh stop DIR     stop what `start DIR` started (by PID only)
 #   scripts/kube-test-server.sh env DIR      print the ICHOR_TEST_KUBECONFIG= line again
 #
-# Cache: $ICHOR_KUBE_CACHE, default $HOME/.cache/ichor/kube-1.20.2.
+# Cache: $ICHOR_KUBE_CACHE, default $HOME/.cache/ichor/kube-1.37.2 (the binaries), and the
+# Go module cache in $HOME/.cache/ichor/go. Needs Go 1.26 (the machines carry it in
+# /usr/local/go) and openssl, curl, python3 (apt, installed when missing).
+# Measured on these 2-core machines: go build of the four binaries 524 s (13.7 min of CPU),
+# after `go mod download` (20 s here, about 500 MB into the module cache).
 # Progress goes to stderr; stdout of `start`/`env` is only the ICHOR_TEST_KUBECONFIG= line.
-# Limits of 1.20.2 (no policy/v1 PDB, no CEL, no scheduler/kubelet): see the reference.
 set -euo pipefail
 
-CACHE="${ICHOR_KUBE_CACHE:-$HOME/.cache/ichor/kube-1.20.2}"
-KUBE_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
-KUBE_ORIG_TARBALL="kubernetes_1.20.5+really1.20.2.orig.tar.gz"
+KUBE_VERSION=v1.37.2
+ETCD_VERSION=v3.7.0
+CACHE="${ICHOR_KUBE_CACHE:-$HOME/.cache/ichor/kube-${KUBE_VERSION#v}}"
+GO_CACHE="${ICHOR_GO_CACHE:-$HOME/.cache/ichor/go}"
+MODULE_DIR="$(cd "$(dirname "$0")" && pwd -P)/kube-server"
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 TOKEN="testtoken"
 READY_TIMEOUT=90
 NAMESPACE_TIMEOUT=60
 STOP_TIMEOUT=10
-DEB_SRC_FILE=/etc/apt/sources.list.d/ichor-kube-deb-src.sources
-DEBIAN_SOURCES=/etc/apt/sources.list.d/debian.sources
 
 log() { printf '[kube-test-server] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -30,107 +37,37 @@ as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# ---------------------------------------------------------------- apt helpers
-
-APT_UPDATED=0
-apt_update_once() {
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        log "apt-get update"
-        as_root apt-get update -q >&2
-        APT_UPDATED=1
-    fi
-}
-
-# apt-get install, without letting package scripts start services (etcd-server ships one).
-apt_install() {
-    local added_policy=0
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
-        as_root chmod 755 /usr/sbin/policy-rc.d
-        added_policy=1
-    fi
-    apt_update_once
-    log "apt-get install -y $*"
-    local rc=0
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2 || rc=$?
-    if [ "$added_policy" -eq 1 ]; then as_root rm -f /usr/sbin/policy-rc.d; fi
-    return "$rc"
-}
-
 # Runtime tools needed by `start` (also when the binaries come from a restored cache).
 ensure_runtime_packages() {
     local missing=()
-    command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
     command -v openssl >/dev/null 2>&1 || missing+=(openssl)
     command -v curl >/dev/null 2>&1 || missing+=(curl)
     if [ "${#missing[@]}" -gt 0 ]; then
-        apt_install "${missing[@]}"
+        log "apt-get install -y ${missing[*]}"
+        as_root apt-get update -q >&2
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
     else
-        log "etcd, openssl and curl already installed"
+        log "openssl and curl already installed"
     fi
-}
-
-# A deb-src entry (bookworm main) copied from the URIs:/Signed-By: of the existing
-# `Types: deb` stanza whose Suites include bookworm. No host name is written here.
-ensure_deb_src() {
-    if [ -f "$DEB_SRC_FILE" ]; then
-        return 0
-    fi
-    if grep -rqsE '^[[:space:]]*(Types:.*deb-src|deb-src[[:space:]].*[[:space:]]bookworm[[:space:]].*main)' \
-        /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null \
-        && apt-cache showsrc kubernetes 2>/dev/null | grep -q "^Version: ${KUBE_SRC_VERSION}\$"; then
-        log "a deb-src entry for kubernetes is already configured"
-        return 0
-    fi
-    [ -r "$DEBIAN_SOURCES" ] || die "$DEBIAN_SOURCES not found; cannot derive the deb-src entry"
-    local fields uris signed
-    fields="$(awk '
-        function flush() {
-            if (types ~ /(^|[ \t])deb([ \t]|$)/ && suites ~ /(^|[ \t])bookworm([ \t]|$)/ && uris != "" && !done) {
-                print uris; print signed; done = 1
-            }
-            types = ""; suites = ""; uris = ""; signed = ""
-        }
-        /^[ \t]*$/ { flush(); next }
-        /^[ \t]*#/ { next }
-        /^Types:/     { sub(/^Types:[ \t]*/, "");     types = $0;  next }
-        /^Suites:/    { sub(/^Suites:[ \t]*/, "");    suites = $0; next }
-        /^URIs:/      { sub(/^URIs:[ \t]*/, "");      uris = $0;   next }
-        /^Signed-By:/ { sub(/^Signed-By:[ \t]*/, ""); signed = $0; next }
-        END { flush() }
-    ' "$DEBIAN_SOURCES")"
-    uris="$(printf '%s\n' "$fields" | sed -n 1p)"
-    signed="$(printf '%s\n' "$fields" | sed -n 2p)"
-    [ -n "$uris" ] || die "no 'Types: deb' stanza for bookworm in $DEBIAN_SOURCES"
-    log "adding deb-src entry (bookworm main) in $DEB_SRC_FILE"
-    {
-        echo "Types: deb-src"
-        echo "URIs: $uris"
-        echo "Suites: bookworm"
-        echo "Components: main"
-        if [ -n "$signed" ]; then echo "Signed-By: $signed"; fi
-    } | as_root tee "$DEB_SRC_FILE" >/dev/null
-    APT_UPDATED=0 # the new entry needs its index
-}
-
-# Kubernetes 1.20.2 builds with Debian's Go 1.19. A newer Go first in PATH (the machines
-# carry Go 1.26 in /usr/local/go) fails on the vendored tree, so the build puts this one
-# first in PATH and never uses whichever `go` the machine has.
-GO119_BIN=/usr/lib/go-1.19/bin
-
-have_build_deps() {
-    [ -x "$GO119_BIN/go" ] &&
-        command -v etcd >/dev/null 2>&1 &&
-        command -v rsync >/dev/null 2>&1 &&
-        command -v openssl >/dev/null 2>&1 &&
-        command -v curl >/dev/null 2>&1 &&
-        [ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ]
 }
 
 # ---------------------------------------------------------------- build
 
 cache_ok() {
-    [ -x "$CACHE/kube-apiserver" ] && [ -x "$CACHE/kube-controller-manager" ]
+    local b
+    for b in "${BINARIES[@]}"; do [ -x "$CACHE/$b" ] || return 1; done
+}
+
+# The version the servers report (what Kubernetes' own build stamps in, hack/lib/version.sh).
+version_ldflags() {
+    local minor=${KUBE_VERSION#v1.}
+    minor=${minor%%.*}
+    local pkg flags=""
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        flags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+        flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
+    printf '%s' "-s -w$flags"
 }
 
 cmd_build() {
@@ -139,89 +76,45 @@ cmd_build() {
         ensure_runtime_packages
         return 0
     fi
-    log "no cached binaries in $CACHE: building Kubernetes 1.20.2 (about 8 minutes on 2 cores)"
+    ensure_runtime_packages
+    # The machines carry Go in /usr/local/go; a shell that lacks it in PATH still finds it.
+    if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+        export PATH="/usr/local/go/bin:$PATH"
+    fi
+    command -v go >/dev/null 2>&1 || die "no go in PATH: Go 1.26 builds the servers"
+    log "no cached binaries in $CACHE: building Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION from the Go module proxy"
     local start_ts=$SECONDS
-
-    # Steps 1-2: deb-src entry, toolchain and build dependencies.
-    ensure_deb_src
-    if [ "$APT_UPDATED" -eq 0 ] && ! ls /var/lib/apt/lists/*_Sources* >/dev/null 2>&1; then
-        apt_update_once
-    fi
-    if [ "$APT_UPDATED" -eq 0 ] && [ -f "$DEB_SRC_FILE" ] \
-        && ! apt-cache showsrc kubernetes 2>/dev/null | grep -q "^Version: ${KUBE_SRC_VERSION}\$"; then
-        apt_update_once
-    fi
-    if have_build_deps; then
-        log "build dependencies already installed"
-    else
-        apt_install golang-1.19-go etcd-server golang-github-modern-go-reflect2-dev rsync openssl curl
-    fi
-
-    # Step 3: the source package, in a temporary folder outside the repository.
-    mkdir -p "$CACHE"
-    local parent work
-    parent="$(dirname "$CACHE")"
-    work="$(mktemp -d "$parent/build-tmp.XXXXXX")"
+    mkdir -p "$CACHE" "$GO_CACHE"
+    local work
+    work="$(mktemp -d "$(dirname "$CACHE")/build-tmp.XXXXXX")"
     # shellcheck disable=SC2064 # expand $work now
     trap "rm -rf '$work'" EXIT
-    log "work dir: $work"
     (
-        cd "$work"
-        log "apt-get source --download-only kubernetes=$KUBE_SRC_VERSION"
-        apt-get source --download-only "kubernetes=$KUBE_SRC_VERSION" >&2
-        [ -f "$KUBE_ORIG_TARBALL" ] || die "$KUBE_ORIG_TARBALL not downloaded"
-        mkdir src
-        tar -xzf "$KUBE_ORIG_TARBALL" -C src
-    )
-    local src
-    src="$(find "$work/src" -mindepth 1 -maxdepth 2 -type f -name go.mod -printf '%h\n' | head -n1)"
-    if [ -z "$src" ] || [ ! -d "$src/vendor" ]; then
-        die "no Kubernetes tree with vendor/ in $KUBE_ORIG_TARBALL"
-    fi
-    log "source tree: $src"
-
-    # Step 4: vendored reflect2 1.0.1 panics under Go >= 1.18; use Debian's 1.0.2.
-    local r2="$src/vendor/github.com/modern-go/reflect2"
-    [ -d "$r2" ] || die "$r2 missing"
-    find "$r2" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' \) -delete
-    find /usr/share/gocode/src/github.com/modern-go/reflect2/ -maxdepth 1 -type f \
-        \( -name '*.go' -o -name '*.s' \) ! -name '*_test.go' -exec cp -t "$r2/" {} +
-    log "reflect2 swapped: $(find "$r2" -maxdepth 1 -name '*.go' | wc -l) .go files"
-
-    # Step 5: go-openapi reads a decoded "" as null under Go >= 1.16 (validate PR 138).
-    local f
-    for f in vendor/github.com/go-openapi/validate/type.go \
-        vendor/k8s.io/kube-openapi/pkg/validation/validate/type.go; do
-        [ -f "$src/$f" ] || die "$f missing"
-        sed -i 's/\tif data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data)) {/\tif data == nil {/' "$src/$f"
-        grep -q 'reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data))' "$src/$f" && die "sed did not apply to $f"
-        grep -qP '^\tif data == nil \{' "$src/$f" || die "patched line not found in $f"
-    done
-    log "go-openapi type check patched"
-
-    # Step 6: build offline (vendor/ only; no module downloads).
-    log "make WHAT=\"cmd/kube-apiserver cmd/kube-controller-manager\" (log: $work/make.log)"
-    (
-        cd "$src"
-        export PATH="$GO119_BIN:$PATH" GOROOT="${GO119_BIN%/bin}"
-        export GOPROXY=off GOSUMDB=off GOTOOLCHAIN=local
+        cd "$MODULE_DIR"
+        # The machine's Go, never another toolchain; modules from the proxy into the cache
+        # outside the checkout; go.sum checked.
+        export GOTOOLCHAIN=local GOPATH="$GO_CACHE" GOFLAGS="-mod=readonly -modcacherw" CGO_ENABLED=0
         log "go: $(command -v go) ($(go version))"
-        export KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean
-        make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >"$work/make.log" 2>&1
-    ) || { tail -n 60 "$work/make.log" >&2; die "make failed"; }
-
+        log "go mod download"
+        go mod download >&2
+        log "downloaded in $((SECONDS - start_ts)) s; go build (log: $work/build.log)"
+        go build -trimpath -ldflags "$(version_ldflags)" -o "$work/" \
+            k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+            k8s.io/kubernetes/cmd/kube-scheduler >"$work/build.log" 2>&1
+        go build -trimpath -ldflags "-s -w" -o "$work/etcd" go.etcd.io/etcd/server/v3 >>"$work/build.log" 2>&1
+    ) || { tail -n 60 "$work/build.log" >&2 2>/dev/null || true; die "go build failed"; }
     local b
-    for b in kube-apiserver kube-controller-manager; do
-        [ -x "$src/_output/bin/$b" ] || die "$src/_output/bin/$b not built"
-        cp -L "$src/_output/bin/$b" "$CACHE/.$b.tmp"
-        chmod 755 "$CACHE/.$b.tmp"
+    for b in "${BINARIES[@]}"; do
+        [ -x "$work/$b" ] || die "$b not built"
+        mv -f "$work/$b" "$CACHE/.$b.tmp"
         mv -f "$CACHE/.$b.tmp" "$CACHE/$b"
     done
     rm -rf "$work"
     trap - EXIT
     log "built in $((SECONDS - start_ts)) s; cached:"
-    ls -l "$CACHE/kube-apiserver" "$CACHE/kube-controller-manager" >&2
+    ls -l "${BINARIES[@]/#/$CACHE/}" >&2
     "$CACHE/kube-apiserver" --version >&2 || true
+    "$CACHE/etcd" --version >&2 || true
 }
 
 # ---------------------------------------------------------------- start / stop
@@ -347,7 +240,6 @@ EOF
 cmd_start() {
     local dir=${1:?usage: $0 start DIR}
     cache_ok || die "no binaries in $CACHE: run '$0 build' first"
-    command -v etcd >/dev/null 2>&1 || die "etcd not installed: run '$0 build' first"
     command -v openssl >/dev/null 2>&1 || die "openssl not installed: run '$0 build' first"
     command -v curl >/dev/null 2>&1 || die "curl not installed: run '$0 build' first"
     command -v python3 >/dev/null 2>&1 || die "python3 not found"
@@ -382,14 +274,14 @@ cmd_start() {
     ep=${ports[0]} pp=${ports[1]} ap=${ports[2]}
     log "ports: etcd client $ep, etcd peer $pp, kube-apiserver $ap"
 
-    launch "$dir" etcd etcd --name t --data-dir "$dir/etcd" \
+    launch "$dir" etcd "$CACHE/etcd" --name t --data-dir "$dir/etcd" \
         --listen-client-urls "http://127.0.0.1:$ep" --advertise-client-urls "http://127.0.0.1:$ep" \
         --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
         --initial-cluster "t=http://127.0.0.1:$pp"
 
     launch "$dir" kube-apiserver "$CACHE/kube-apiserver" \
         --etcd-servers="http://127.0.0.1:$ep" --bind-address=127.0.0.1 --secure-port="$ap" \
-        --advertise-address=127.0.0.1 --cert-dir="$dir/certs" \
+        --advertise-address=127.0.0.1 --endpoint-reconciler-type=none --cert-dir="$dir/certs" \
         --service-account-issuer=https://kubernetes.default.svc \
         --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key" \
         --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
@@ -415,7 +307,7 @@ cmd_start() {
         --kubeconfig="$dir/kubeconfig" --leader-elect=false \
         --controllers=namespace,garbagecollector,disruption \
         --service-account-private-key-file="$dir/sa.key" \
-        --bind-address=127.0.0.1 --secure-port=0 --port=0
+        --bind-address=127.0.0.1 --secure-port=0
 
     deadline=$((SECONDS + NAMESPACE_TIMEOUT))
     local code
@@ -449,7 +341,7 @@ cmd_env() {
 }
 
 usage() {
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 

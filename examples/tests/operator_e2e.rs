@@ -393,14 +393,14 @@ async fn a_pdb_at_zero_holds_a_removal_at_its_eviction_until_it_allows_it() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    // This server serves PodDisruptionBudgets as policy/v1beta1 (policy/v1 came in 1.21).
+    // A current server serves PodDisruptionBudgets as policy/v1 (policy/v1beta1 went in 1.25).
     let pdb_kind = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+        &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
         "poddisruptionbudgets",
     );
     let pdbs: Api<DynamicObject> = Api::namespaced_with(scene.ns.client.clone(), &scene.ns.name, &pdb_kind);
     let pdb: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": { "name": "ledger" },
         "spec": { "maxUnavailable": 0, "selector": { "matchLabels": { "app": "ledger" } } },
     }))

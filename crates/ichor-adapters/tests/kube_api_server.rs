@@ -91,6 +91,23 @@ async fn the_crds_validate_what_is_written() {
     let created: TalosOperation =
         ops.create(&PostParams::default(), &serde_json::from_value(raw).unwrap()).await.unwrap();
     assert_eq!(created.spec.max_unavailable, 1);
+    // A CEL rule (x-kubernetes-validations) refuses a removal that names no machine; one
+    // that names it is accepted.
+    let removal = |name: &str, machine: Option<&str>| TalosOperation {
+        spec: TalosOperationSpec {
+            kind: "remove".into(),
+            target_version: String::new(),
+            machine: machine.map(str::to_owned),
+            ..op(name, 1).spec
+        },
+        ..op(name, 1)
+    };
+    let err = ops.create(&PostParams::default(), &removal("nameless", None)).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("a removal names the TalosMachine")),
+        "{err}"
+    );
+    ops.create(&PostParams::default(), &removal("named", Some("worker-3"))).await.unwrap();
     let clusters: Api<TalosCluster> = Api::namespaced(ns.client.clone(), &ns.name);
     let mut bad = cluster_object("bad");
     bad.spec.talos_version = "1.14".into();
@@ -377,7 +394,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
 
 fn pdb_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("policy", "v1beta1", "PodDisruptionBudget"),
+        &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
         "poddisruptionbudgets",
     )
 }
@@ -402,7 +419,7 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
     pods.patch_status("invoice-worker", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
     let pdbs: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &pdb_resource());
     let pdb: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": { "name": "invoice" },
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": "invoice" },
         "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "invoice" } } }
     }))
     .unwrap();
@@ -588,7 +605,7 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
     pods.patch_status("invoice-1", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
     let pdbs: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &pdb_resource());
     let pdb: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget", "metadata": { "name": "invoice" },
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": "invoice" },
         "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "invoice" } } }
     }))
     .unwrap();

@@ -150,6 +150,12 @@ pub struct TalosMachineStatus {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+// Refused by the API server itself (a CEL rule, Kubernetes 1.25 and later), before any
+// controller sees it: a removal that names no machine has nothing to act on.
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.kind != 'remove' || (has(self.machine) && size(self.machine) > 0)",
+    "message": "a removal names the TalosMachine to remove in spec.machine"
+}]))]
 pub struct TalosOperationSpec {
     /// The `TalosCluster` it operates on, in the same namespace.
     #[schemars(length(min = 1))]
