@@ -15,6 +15,7 @@ mod sim_rollout;
 mod snapshot_store;
 mod talos_client;
 mod talos_server;
+mod talosctl;
 
 /// How many cases a property runs: the environment variable `var` if set (a soak run, for
 /// instance `RESTART_CASES=40000`), else `default`.

@@ -277,6 +277,12 @@ pub trait TalosApi: Send + Sync {
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         Err(unimplemented("MachineService.Read", node))
     }
+    /// The Talos version the node runs (`MachineService.Version`, its tag, such as
+    /// `v1.14.3`). The engine reads the version from the Node; this is what `talosctl
+    /// version` asks, served by the Talos API stand-in.
+    async fn talos_version(&self, node: &str) -> Result<String, TalosError> {
+        Err(unimplemented("MachineService.Version", node))
+    }
 }
 
 /// The answer of a `TalosApi` method that a double does not serve.

@@ -131,7 +131,8 @@ impl Talos {
     }
 }
 
-/// Whether a call names the `system` containerd namespace, as talosctl's default does.
+/// Whether a call names the `system` containerd namespace, as Ichor's client names it
+/// (talosctl's default is `cri`).
 fn is_system(containerd: Option<&ichor_adapters::talos::proto::common::ContainerdInstance>) -> bool {
     use ichor_adapters::talos::proto::common::{ContainerDriver, ContainerdNamespace};
     containerd

@@ -80,6 +80,22 @@ impl Ca {
         Self { cert_pem: cert.pem(), kind, issuer: Issuer::new(params, key) }
     }
 
+    /// The OS CA `talosctl gen config` wrote into a machine configuration
+    /// (`machine.ca.crt` and `machine.ca.key`, each PEM once decoded): leaves it issues are
+    /// trusted by the talosconfig written beside it. The key is PKCS#8 under any label
+    /// (Talos writes `ED25519 PRIVATE KEY`).
+    ///
+    /// # Panics
+    /// When the certificate or the key does not parse.
+    #[must_use]
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Self {
+        let block = pem::parse(key_pem).expect("the CA key is PEM");
+        let key = KeyPair::try_from(block.contents()).expect("the CA key is PKCS#8");
+        let kind = if key.algorithm() == &PKCS_ED25519 { KeyKind::Ed25519 } else { KeyKind::EcdsaP256 };
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).expect("the CA certificate parses");
+        Self { cert_pem: cert_pem.to_owned(), kind, issuer }
+    }
+
     /// apid's serving certificate for these names (IP addresses become IP SANs).
     #[must_use]
     pub fn server(&self, names: &[&str]) -> Leaf {

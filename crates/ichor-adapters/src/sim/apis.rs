@@ -223,6 +223,10 @@ impl TalosApi for SimCluster {
         self.talos("nodename", node, |w, i| Ok(w.nodes[i].name.clone())).await
     }
 
+    async fn talos_version(&self, node: &str) -> Result<String, TalosError> {
+        self.talos("version", node, |w, i| Ok(w.nodes[i].version.to_string())).await
+    }
+
     async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
         self.talos("machine_stage", node, |w, i| {
             Ok(match w.nodes[i].phase {

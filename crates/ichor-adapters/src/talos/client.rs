@@ -373,8 +373,9 @@ impl TalosClient {
     }
 }
 
-/// The `system` containerd namespace, talosctl's default for images (`--namespace system`):
-/// where `LifecycleService.Upgrade` takes its installer from.
+/// The `system` containerd namespace (`talosctl image pull --namespace system`; talosctl's
+/// default is `cri`, workloads' images): where `LifecycleService.Upgrade` takes its
+/// installer from.
 fn system_namespace() -> ContainerdInstance {
     ContainerdInstance { driver: ContainerDriver::Cri as i32, namespace: ContainerdNamespace::NsSystem as i32 }
 }
@@ -677,6 +678,10 @@ impl TalosApi for TalosClient {
         .await?;
         let text = String::from_utf8(bytes).map_err(|_| answered("DataLoss", "the boot ID is not UTF-8".to_owned()))?;
         Ok(text.trim().to_owned())
+    }
+
+    async fn talos_version(&self, node: &str) -> Result<String, TalosError> {
+        self.version(node).await
     }
 }
 

@@ -37,16 +37,25 @@ pub fn services<T: TalosApi + 'static>(api: Arc<T>) -> tonic::service::Routes {
         .add_service(LifecycleServiceServer::new(apid))
 }
 
-/// Whether a call about images names the `system` containerd namespace (the only one the
-/// engine's API serves: where the lifecycle install takes its installer from).
-fn system_namespace(containerd: Option<&ContainerdInstance>) -> Result<(), Status> {
-    let system =
-        ContainerdInstance { driver: ContainerDriver::Cri as i32, namespace: ContainerdNamespace::NsSystem as i32 };
+/// Which containerd namespace a call about images names. The engine's API holds the
+/// `system` one (where the lifecycle install takes its installer from); the CRI one
+/// (`k8s.io`, talosctl's default) holds workloads' images, which no engine model keeps:
+/// a pull there is answered as done and a list there is empty, the node answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Namespace {
+    System,
+    Cri,
+}
+
+fn namespace(containerd: Option<&ContainerdInstance>) -> Result<Namespace, Status> {
+    let of = |namespace: ContainerdNamespace| ContainerdInstance {
+        driver: ContainerDriver::Cri as i32,
+        namespace: namespace as i32,
+    };
     match containerd {
-        Some(c) if *c == system => Ok(()),
-        other => {
-            Err(Status::invalid_argument(format!("only the system containerd namespace is served, not {other:?}")))
-        }
+        Some(c) if *c == of(ContainerdNamespace::NsSystem) => Ok(Namespace::System),
+        Some(c) if *c == of(ContainerdNamespace::NsCri) => Ok(Namespace::Cri),
+        other => Err(Status::invalid_argument(format!("no such containerd namespace: {other:?}"))),
     }
 }
 
@@ -123,8 +132,22 @@ fn code_of(name: &str) -> Code {
 
 #[tonic::async_trait]
 impl<T: TalosApi + 'static> MachineService for Apid<T> {
-    async fn version(&self, _request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
-        Err(Status::unimplemented("Version is not part of the engine's Talos API"))
+    async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
+        let node = node(&request)?;
+        let tag = self.api.talos_version(&node).await.map_err(|e| status(&e))?;
+        let hostname = self.api.nodename(&node).await.unwrap_or_default();
+        // As apid answers: one message per node, its hostname in the metadata.
+        let version = pb::Version {
+            metadata: Some(super::proto::common::Metadata { hostname, ..Default::default() }),
+            version: Some(pb::VersionInfo {
+                tag,
+                os: "linux".to_owned(),
+                arch: "amd64".to_owned(),
+                ..pb::VersionInfo::default()
+            }),
+            platform: Some(pb::PlatformInfo { name: "metal".to_owned(), mode: "metal".to_owned() }),
+        };
+        Ok(Response::new(pb::VersionResponse { messages: vec![version] }))
     }
 
     async fn upgrade(&self, request: Request<pb::UpgradeRequest>) -> Result<Response<pb::UpgradeResponse>, Status> {
@@ -249,7 +272,10 @@ impl<T: TalosApi + 'static> ImageService for Apid<T> {
 
     async fn list(&self, request: Request<pb::ImageServiceListRequest>) -> Result<Response<Self::ListStream>, Status> {
         let node = node(&request)?;
-        system_namespace(request.get_ref().containerd.as_ref())?;
+        if namespace(request.get_ref().containerd.as_ref())? == Namespace::Cri {
+            self.api.nodename(&node).await.map_err(|e| status(&e))?;
+            return Ok(Response::new(Box::pin(futures::stream::empty())));
+        }
         let images = self.api.image_list(&node).await.map_err(|e| status(&e))?;
         let replies: Vec<Result<pb::ImageServiceListResponse, Status>> = images
             .into_iter()
@@ -272,9 +298,17 @@ impl<T: TalosApi + 'static> ImageService for Apid<T> {
         use pb::image_service_pull_response::Response as Reply;
         let node = node(&request)?;
         let timeout = deadline(&request).unwrap_or(Duration::from_secs(600));
-        system_namespace(request.get_ref().containerd.as_ref())?;
+        let space = namespace(request.get_ref().containerd.as_ref())?;
         let image = request.into_inner().image_ref;
-        let name = self.api.image_pull(&node, &PullRequest { image, timeout }).await.map_err(|e| status(&e))?;
+        let name = match space {
+            Namespace::System => {
+                self.api.image_pull(&node, &PullRequest { image, timeout }).await.map_err(|e| status(&e))?
+            }
+            Namespace::Cri => {
+                self.api.nodename(&node).await.map_err(|e| status(&e))?;
+                image
+            }
+        };
         let done = pb::ImageServicePullProgress {
             layer_id: "sha256:installer".to_owned(),
             progress: Some(pb::ImageServicePullLayerProgress {
@@ -307,7 +341,9 @@ impl<T: TalosApi + 'static> LifecycleService for Apid<T> {
         let node = node(&request)?;
         let timeout = deadline(&request).unwrap_or(Duration::from_secs(600));
         let message = request.into_inner();
-        system_namespace(message.containerd.as_ref())?;
+        if namespace(message.containerd.as_ref())? != Namespace::System {
+            return Err(Status::invalid_argument("the installer is taken from the system containerd namespace"));
+        }
         let image = message.source.map(|s| s.image_name).unwrap_or_default();
         let outcome =
             self.api.lifecycle_upgrade(&node, &InstallRequest { image, timeout }).await.map_err(|e| status(&e))?;
