@@ -17,7 +17,7 @@ use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordon_annotation,
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::Reporter;
 use serde_json::json;
 
@@ -571,8 +571,18 @@ fn b64(text: &str) -> String {
 async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_policy_version() {
     let ns = TestNamespace::create("preflight").await;
     let node = format!("{}-node", ns.name);
-    // A ReplicaSet of one, and its pod on the node (no scheduler or kubelet here: the
-    // pod is bound and reported Ready by hand).
+    // A pod on the node, bound and reported Ready by hand (the node is no kubelet's), then
+    // a ReplicaSet of one whose selector matches it: the ReplicaSet controller adopts the
+    // pod rather than making its own (made first, its pod would be a second one).
+    let pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "invoice-1", "labels": { "app": "invoice" } },
+        "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/none" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let status = json!({ "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] } });
+    pods.patch_status("invoice-1", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
     let replica_sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> = Api::namespaced(ns.client.clone(), &ns.name);
     let rs = serde_json::from_value(json!({
         "metadata": { "name": "invoice" },
@@ -586,23 +596,7 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
         }
     }))
     .unwrap();
-    let rs = replica_sets.create(&PostParams::default(), &rs).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {
-            "name": "invoice-1",
-            "labels": { "app": "invoice" },
-            "ownerReferences": [{
-                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "invoice",
-                "uid": rs.metadata.uid, "controller": true
-            }]
-        },
-        "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/none" }] }
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    let status = json!({ "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] } });
-    pods.patch_status("invoice-1", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    replica_sets.create(&PostParams::default(), &rs).await.unwrap();
     let pdbs: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &pdb_resource());
     let pdb: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": "invoice" },
@@ -636,6 +630,9 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
             format!("ReplicaSet {}/invoice has 1 replica: it goes down while {node} drains", ns.name),
         ]
     );
+    let names: Vec<_> =
+        pods.list(&ListParams::default()).await.unwrap().items.into_iter().map(|p| p.name_any()).collect();
+    assert_eq!(names, ["invoice-1"], "the ReplicaSet adopted the pod and made none of its own");
 
     // Only the namespaces with a pod on the nodes asked are read: another tenant's pods on
     // other nodes are not listed, and a node with no pod reads nothing.

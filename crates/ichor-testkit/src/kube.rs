@@ -254,4 +254,19 @@ pub async fn apply_crd(client: &Client, crd: &CustomResourceDefinition) {
         }
     };
     tokio::time::timeout(Duration::from_secs(60), established).await.expect("the CRD is established");
+    // Established is not yet served: the server's cache of the new kind answers 429
+    // ("storage is (re)initializing") for a moment after, more so on a loaded machine.
+    let spec = &crd.spec;
+    let version = spec.versions.iter().find(|v| v.served).map(|v| v.name.clone()).unwrap_or_default();
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk(&spec.group, &version, &spec.names.kind),
+        &spec.names.plural,
+    );
+    let objects: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    let served = async {
+        while objects.list(&kube::api::ListParams::default().limit(1)).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), served).await.expect("the CRD's kind is served");
 }
