@@ -301,8 +301,8 @@ pub struct SimConfig {
 }
 
 /// How the simulated nodes are named and addressed: node `i` of a role is
-/// `{prefix}{role}-{i}{suffix}` (`cp`, `worker`) at `{address_prefix}{i + 2}`, counting
-/// every node.
+/// `{prefix}{role}-{i}{suffix}` (`cp`, `worker`), at the address `i + 2` above
+/// `address_base`, counting every node (`10.5.0.2`, ..., `10.5.0.255`, `10.5.1.0`, ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Naming {
     /// Before the role: `demo-` for the simulated fleet's `demo-cp-1`.
@@ -310,14 +310,27 @@ pub struct Naming {
     /// After the index: a simulated fleet on a shared API server appends its namespace,
     /// since Nodes are cluster-wide.
     pub suffix: String,
-    /// The first three octets and the dot: `10.5.0.` by default. The addresses are only
+    /// The network the addresses count from: `10.5.0.0` by default. The addresses are only
     /// names: the simulator is reached through the Talos API's `nodes` metadata.
-    pub address_prefix: String,
+    pub address_base: std::net::Ipv4Addr,
+}
+
+impl Naming {
+    /// The address of the node at `index` (counting every node from 0).
+    ///
+    /// # Panics
+    /// When the address would run past 255.255.255.255 (more nodes than the base leaves room for).
+    #[must_use]
+    pub fn address(&self, index: usize) -> String {
+        let offset = u32::try_from(index + 2).ok();
+        let address = offset.and_then(|o| u32::from(self.address_base).checked_add(o));
+        std::net::Ipv4Addr::from(address.expect("the simulated node's address fits in IPv4")).to_string()
+    }
 }
 
 impl Default for Naming {
     fn default() -> Self {
-        Self { prefix: String::new(), suffix: String::new(), address_prefix: "10.5.0.".to_owned() }
+        Self { prefix: String::new(), suffix: String::new(), address_base: std::net::Ipv4Addr::new(10, 5, 0, 0) }
     }
 }
 
@@ -403,4 +416,20 @@ impl SimConfig {
 /// Converts whole seconds to a duration.
 pub(crate) fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_count_past_a_byte_and_stay_addresses() {
+        let naming = Naming::default();
+        assert_eq!(naming.address(0), "10.5.0.2");
+        assert_eq!(naming.address(253), "10.5.0.255");
+        assert_eq!(naming.address(254), "10.5.1.0");
+        let fleet = Naming { address_base: std::net::Ipv4Addr::new(127, 1, 0, 0), ..Naming::default() };
+        assert_eq!(fleet.address(1002), "127.1.3.236");
+        assert!(fleet.address(5000).parse::<std::net::Ipv4Addr>().is_ok());
+    }
 }

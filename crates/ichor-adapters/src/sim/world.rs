@@ -747,7 +747,7 @@ impl World {
             nodes.push(SimNode {
                 name,
                 role,
-                address: format!("{}{}", naming.address_prefix, index + 2),
+                address: naming.address(index),
                 version: config.from.clone(),
                 boot_id: rng.boot_id(),
                 ready: true,
