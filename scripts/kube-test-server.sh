@@ -1,21 +1,36 @@
 #!/usr/bin/env bash
-# A real Kubernetes API server (1.37.2, with etcd 3.7.0) on loopback, for tests, built from
-# the Go module proxy: scripts/kube-server/go.mod requires k8s.io/kubernetes at the release
-# and pins each of its staging modules (k8s.io/api, ...) at the matching v0.37.2, as any
-# Go program builds its dependencies; `go build` of k8s.io/kubernetes/cmd/... and of
-# go.etcd.io/etcd/server/v3 (the etcd binary) then needs nothing else.
+# A real Kubernetes control plane (1.37.2, with etcd 3.7.0) and kwok on loopback, for tests,
+# built from the Go module proxy: scripts/kube-server/go.mod requires k8s.io/kubernetes at
+# the release and pins each of its staging modules (k8s.io/api, ...) at the matching
+# v0.37.2, as any Go program builds its dependencies; `go build` of k8s.io/kubernetes/cmd/...,
+# of go.etcd.io/etcd/server/v3 (the etcd binary) and of sigs.k8s.io/kwok/cmd/kwok (v0.8.0,
+# built against the same client libraries) then needs nothing else.
 #
 #   scripts/kube-test-server.sh build        build once, cache the binaries outside the checkout
-#   scripts/kube-test-server.sh start DIR    start etcd + kube-apiserver + kube-controller-manager,
-#                                            print ICHOR_TEST_KUBECONFIG=DIR/kubeconfig
+#                                            (only those missing from the cache are built)
+#   scripts/kube-test-server.sh start DIR    start etcd, kube-apiserver, kube-controller-manager,
+#                                            kube-scheduler and kwok, print
+#                                            ICHOR_TEST_KUBECONFIG=DIR/kubeconfig
 #   scripts/kube-test-server.sh stop DIR     stop what `start DIR` started (by PID only)
 #   scripts/kube-test-server.sh env DIR      print the ICHOR_TEST_KUBECONFIG= line again
+#
+# What runs: the API server (token auth, RBAC; no TaintNodesByCondition admission, see below);
+# the controller-manager's namespace, garbage collector, disruption (PodDisruptionBudget
+# status), deployment, replicaset and statefulset controllers; the scheduler, which places
+# the pods that name no node; and kwok, the kubelet of every Node labelled ichor.dev/kwok=true
+# (the simulated fleet's with --kwok): Ready from the fleet's ichor.dev/kubelet annotation,
+# Leases, pods run and deleted, as scripts/kube-server/kwok-stages.yaml says. Nodes without that label are nobody's: the
+# tests that create them act as their kubelet. Not the node lifecycle controller: it would
+# write the Nodes the tests make by hand (taints) under their reads; so a new Node is not
+# given its not-ready taint either (nobody would lift it), and the scheduler avoids a Node
+# only when it is cordoned, as the engine does before it drains and reboots one.
 #
 # Cache: $ICHOR_KUBE_CACHE, default $HOME/.cache/ichor/kube-1.37.2 (the binaries), and the
 # Go module cache in $HOME/.cache/ichor/go. Needs Go 1.26 (the machines carry it in
 # /usr/local/go) and openssl, curl, python3 (apt, installed when missing).
-# Measured on these 2-core machines: go build of the four binaries 524 s (13.7 min of CPU),
-# after `go mod download` (20 s here, about 500 MB into the module cache).
+# Measured on these 2-core machines: go build of the four Kubernetes and etcd binaries 524 s
+# (13.7 min of CPU), after `go mod download` (20 s here, about 500 MB into the module cache);
+# kwok afterwards 18 s (it shares the client libraries' packages in the build cache).
 # Progress goes to stderr; stdout of `start`/`env` is only the ICHOR_TEST_KUBECONFIG= line.
 set -euo pipefail
 
@@ -24,7 +39,9 @@ ETCD_VERSION=v3.7.0
 CACHE="${ICHOR_KUBE_CACHE:-$HOME/.cache/ichor/kube-${KUBE_VERSION#v}}"
 GO_CACHE="${ICHOR_GO_CACHE:-$HOME/.cache/ichor/go}"
 MODULE_DIR="$(cd "$(dirname "$0")" && pwd -P)/kube-server"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+KWOK_STAGES="$MODULE_DIR/kwok-stages.yaml"
+KWOK_LABEL="ichor.dev/kwok=true"
 TOKEN="testtoken"
 READY_TIMEOUT=90
 NAMESPACE_TIMEOUT=60
@@ -53,10 +70,7 @@ ensure_runtime_packages() {
 
 # ---------------------------------------------------------------- build
 
-cache_ok() {
-    local b
-    for b in "${BINARIES[@]}"; do [ -x "$CACHE/$b" ] || return 1; done
-}
+cache_ok() { [ -z "$(missing_binaries)" ]; }
 
 # The version the servers report (what Kubernetes' own build stamps in, hack/lib/version.sh).
 version_ldflags() {
@@ -70,8 +84,24 @@ version_ldflags() {
     printf '%s' "-s -w$flags"
 }
 
+missing_binaries() { # the binaries not in the cache, one per line
+    local b
+    for b in "${BINARIES[@]}"; do [ -x "$CACHE/$b" ] || echo "$b"; done
+}
+
+# The Go package each binary is built from.
+package_of() {
+    case "$1" in
+    etcd) echo go.etcd.io/etcd/server/v3 ;;
+    kwok) echo sigs.k8s.io/kwok/cmd/kwok ;;
+    *) echo "k8s.io/kubernetes/cmd/$1" ;;
+    esac
+}
+
 cmd_build() {
-    if cache_ok; then
+    local missing
+    mapfile -t missing < <(missing_binaries)
+    if [ "${#missing[@]}" -eq 0 ]; then
         log "using cached binaries in $CACHE"
         ensure_runtime_packages
         return 0
@@ -82,7 +112,7 @@ cmd_build() {
         export PATH="/usr/local/go/bin:$PATH"
     fi
     command -v go >/dev/null 2>&1 || die "no go in PATH: Go 1.26 builds the servers"
-    log "no cached binaries in $CACHE: building Kubernetes $KUBE_VERSION and etcd $ETCD_VERSION from the Go module proxy"
+    log "not in $CACHE: ${missing[*]}: building them (Kubernetes $KUBE_VERSION, etcd $ETCD_VERSION, kwok) from the Go module proxy"
     local start_ts=$SECONDS
     mkdir -p "$CACHE" "$GO_CACHE"
     local work
@@ -98,13 +128,19 @@ cmd_build() {
         log "go mod download"
         go mod download >&2
         log "downloaded in $((SECONDS - start_ts)) s; go build (log: $work/build.log)"
-        go build -trimpath -ldflags "$(version_ldflags)" -o "$work/" \
-            k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-            k8s.io/kubernetes/cmd/kube-scheduler >"$work/build.log" 2>&1
-        go build -trimpath -ldflags "-s -w" -o "$work/etcd" go.etcd.io/etcd/server/v3 >>"$work/build.log" 2>&1
+        local b kube=()
+        for b in "${missing[@]}"; do
+            case "$b" in
+            kube-*) kube+=("$(package_of "$b")") ;;
+            *) go build -trimpath -ldflags "-s -w" -o "$work/$b" "$(package_of "$b")" >>"$work/build.log" 2>&1 ;;
+            esac
+        done
+        if [ "${#kube[@]}" -gt 0 ]; then
+            go build -trimpath -ldflags "$(version_ldflags)" -o "$work/" "${kube[@]}" >>"$work/build.log" 2>&1
+        fi
     ) || { tail -n 60 "$work/build.log" >&2 2>/dev/null || true; die "go build failed"; }
     local b
-    for b in "${BINARIES[@]}"; do
+    for b in "${missing[@]}"; do
         [ -x "$work/$b" ] || die "$b not built"
         mv -f "$work/$b" "$CACHE/.$b.tmp"
         mv -f "$CACHE/.$b.tmp" "$CACHE/$b"
@@ -115,6 +151,7 @@ cmd_build() {
     ls -l "${BINARIES[@]/#/$CACHE/}" >&2
     "$CACHE/kube-apiserver" --version >&2 || true
     "$CACHE/etcd" --version >&2 || true
+    "$CACHE/kwok" --version >&2 || true
 }
 
 # ---------------------------------------------------------------- start / stop
@@ -191,7 +228,8 @@ stop_dir() { # stop every PID in DIR/pids, last started first
 
 dump_logs() {
     local dir=$1 f
-    for f in "$dir"/etcd.log "$dir"/kube-apiserver.log "$dir"/kube-controller-manager.log; do
+    for f in "$dir"/etcd.log "$dir"/kube-apiserver.log "$dir"/kube-controller-manager.log \
+        "$dir"/kube-scheduler.log "$dir"/kwok.log; do
         [ -f "$f" ] || continue
         echo "----- tail of $f" >&2
         tail -n 40 "$f" >&2
@@ -258,7 +296,8 @@ cmd_start() {
     # Fresh state: remove only what an earlier start of this script wrote.
     rm -rf "$dir/etcd" "$dir/certs"
     rm -f "$dir/sa.key" "$dir/sa.pub" "$dir/tokens.csv" "$dir/kubeconfig" \
-        "$dir/etcd.log" "$dir/kube-apiserver.log" "$dir/kube-controller-manager.log"
+        "$dir/etcd.log" "$dir/kube-apiserver.log" "$dir/kube-controller-manager.log" \
+        "$dir/kube-scheduler.log" "$dir/kwok.log"
     local t0ns
     t0ns=$(date +%s%N)
 
@@ -285,7 +324,7 @@ cmd_start() {
         --service-account-issuer=https://kubernetes.default.svc \
         --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key" \
         --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
-        --service-cluster-ip-range=10.96.0.0/24 --disable-admission-plugins=ServiceAccount \
+        --service-cluster-ip-range=10.96.0.0/24 --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
         --allow-privileged=true
 
     local deadline=$((SECONDS + READY_TIMEOUT)) out
@@ -305,9 +344,18 @@ cmd_start() {
     write_kubeconfig "$dir" "$ap" "$dir/kubeconfig"
     launch "$dir" kube-controller-manager "$CACHE/kube-controller-manager" \
         --kubeconfig="$dir/kubeconfig" --leader-elect=false \
-        --controllers=namespace,garbagecollector,disruption \
+        --controllers=namespace-controller,garbage-collector-controller,disruption-controller \
+        --controllers=deployment-controller,replicaset-controller,statefulset-controller \
         --service-account-private-key-file="$dir/sa.key" \
         --bind-address=127.0.0.1 --secure-port=0
+
+    launch "$dir" kube-scheduler "$CACHE/kube-scheduler" \
+        --kubeconfig="$dir/kubeconfig" --leader-elect=false \
+        --bind-address=127.0.0.1 --secure-port=0
+    launch "$dir" kwok "$CACHE/kwok" \
+        --kubeconfig="$dir/kubeconfig" --config="$KWOK_STAGES" \
+        --manage-nodes-with-label-selector="$KWOK_LABEL" --node-lease-duration-seconds=40 \
+        --cidr=10.244.0.0/16 --v=WARN
 
     deadline=$((SECONDS + NAMESPACE_TIMEOUT))
     local code
@@ -341,7 +389,7 @@ cmd_env() {
 }
 
 usage() {
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
