@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example operator -- [--kubeconfig FILE] [--namespace NS]
-//!     [--simulate-fleet CP+W [--time-scale N] [--seed N] [--fleet-only]]
+//!     [--simulate-fleet CP+W [--time-scale N] [--seed N] [--kwok] [--fleet-only]]
 //!     [--listen ADDR] [--log-format text|json] [--identity ID] [--lease-namespace NS]
 //!     [--longhorn-namespace NS]
 //!     [--etcd-snapshot-dir DIR | --etcd-snapshot-s3-bucket B [--etcd-snapshot-s3-prefix P]
@@ -20,7 +20,10 @@
 //! `--simulate-fleet 3+5` also runs a simulated fleet in the namespace: a `TalosCluster`
 //! `demo` (Talos v1.14.3), its machines on v1.14.2, their Nodes and a Talos API, with
 //! virtual durations divided by `--time-scale` (default 10). `--fleet-only` runs the fleet
-//! without the controller (to run operators in other processes against it).
+//! without the controller (to run operators in other processes against it). With `--kwok`,
+//! kwok running on the API server is the kubelet of the fleet's Nodes and of the pods a
+//! scheduler binds to them (the fleet drives their Ready condition at reboots; see
+//! `scripts/kube-server/kwok-stages.yaml`); without, the fleet acts as their kubelet itself.
 //!
 //! An upgrade takes an etcd snapshot before its first control plane unless its spec says
 //! `etcdSnapshot: Skip`; it goes to `--etcd-snapshot-dir` (a mounted volume) or to the
@@ -89,6 +92,9 @@ struct Args {
     /// The simulated fleet's seed.
     #[arg(long, default_value_t = 1, requires = "simulate_fleet")]
     seed: u64,
+    /// kwok is the kubelet of the simulated fleet's Nodes (labelled ichor.dev/kwok=true).
+    #[arg(long, requires = "simulate_fleet")]
+    kwok: bool,
     /// Run only the simulated fleet, no controller.
     #[arg(long, requires = "simulate_fleet")]
     fleet_only: bool,
@@ -261,6 +267,7 @@ async fn run(args: Args) -> i32 {
         workers,
         time_scale: args.time_scale,
         seed: args.seed,
+        kwok: args.kwok,
     });
     let snapshots = snapshot_store(&args).unwrap_or_else(|e| bad(&e));
     let operator = (!args.fleet_only).then(|| {

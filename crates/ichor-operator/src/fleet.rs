@@ -10,10 +10,17 @@
 //! ([`ichor_adapters::sim`]). The simulator's virtual durations (install, reboot, Ready)
 //! are divided by the time scale.
 //!
+//! With [`FleetConfig::kwok`], kwok is the kubelet instead: the fleet labels its Nodes
+//! [`KWOK_LABEL`], says whether each machine's kubelet runs with the annotation
+//! [`KUBELET_ANNOTATION`] (`running`, `stopped` while it reboots), and writes the Nodes'
+//! `nodeInfo` (`osImage`, `bootID`) as the machines report them; kwok, started with the
+//! stages in `scripts/kube-server/kwok-stages.yaml`, turns that into the `Ready` condition,
+//! renews the Leases, and runs and deletes the pods a scheduler binds to the Nodes.
+//!
 //! What it must not do: stand in front of real machines, or touch any Node it did not
 //! create. Its Nodes are named `<machine>.<namespace>` (Nodes are cluster-wide), carry the
 //! label [`FLEET_LABEL`] with the namespace and a `NoSchedule` taint so that no real
-//! workload lands on them, and use addresses in 127.1.0.0/24, which route nowhere but
+//! workload lands on them, and use addresses in 127.1.0.0/16, which route nowhere but
 //! loopback. The fleet's state lives in its process: a fleet restarted in the same
 //! namespace is a new cluster behind old objects (start it in a fresh namespace).
 
@@ -63,6 +70,17 @@ pub const KUBERNETES: &str = "1.34.1";
 pub const FLEET_LABEL: &str = ichor_testkit::kube::FLEET_LABEL;
 /// The taint on the fleet's Nodes.
 pub const TAINT: &str = "ichor.dev/simulated";
+/// The label kwok manages Nodes by (`kwok --manage-nodes-with-label-selector`).
+pub const KWOK_LABEL: &str = "ichor.dev/kwok";
+/// The annotation that tells kwok whether a machine's kubelet runs: `running` or `stopped`.
+pub const KUBELET_ANNOTATION: &str = "ichor.dev/kubelet";
+/// The most machines a fleet has: its addresses are in 127.1.0.0/16, and a fleet this
+/// size is already more than one process publishes at a kubelet's pace.
+pub const MAX_MACHINES: usize = 10_000;
+/// How long a kwok-backed fleet waits for kwok to make its first Node Ready.
+const KWOK_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many of the fleet's writes are in flight at once while it creates its objects.
+const CREATE_CONCURRENCY: usize = 16;
 /// The field manager of the fleet's writes.
 const FIELD_MANAGER: &str = "ichor-fleet";
 /// How often the fleet moves the simulation on and publishes what changed.
@@ -83,6 +101,8 @@ pub struct FleetConfig {
     pub time_scale: f64,
     /// The simulation's seed (drawn durations).
     pub seed: u64,
+    /// kwok is the kubelet of the fleet's Nodes (see the module's doc), not the fleet.
+    pub kwok: bool,
 }
 
 /// `3+5`: control planes and workers.
@@ -99,8 +119,8 @@ pub fn parse_shape(text: &str) -> Result<(usize, usize), String> {
     if cp == 0 {
         return Err(format!("a cluster needs a control plane: {text:?}"));
     }
-    if cp + workers > 250 {
-        return Err(format!("at most 250 machines in a simulated fleet (its addresses are one /24): {text:?}"));
+    if cp + workers > MAX_MACHINES {
+        return Err(format!("at most {MAX_MACHINES} machines in a simulated fleet: {text:?}"));
     }
     Ok((cp, workers))
 }
@@ -116,6 +136,15 @@ pub enum FleetError {
         /// The cause.
         #[source]
         source: kube::Error,
+    },
+    /// No kwok made the fleet's Nodes Ready.
+    #[error(
+        "no kwok manages this API server's Nodes labelled {KWOK_LABEL}=true: Node {node} is not Ready {}s after it was created (start kwok with --manage-nodes-with-label-selector={KWOK_LABEL}=true --config scripts/kube-server/kwok-stages.yaml, as scripts/kube-test-server.sh start does, or run the fleet without --kwok)",
+        KWOK_TIMEOUT.as_secs()
+    )]
+    NoKwok {
+        /// The Node that stayed not Ready.
+        node: String,
     },
 }
 
@@ -249,7 +278,7 @@ impl Fleet {
             .with_naming(Naming {
                 prefix: format!("{CLUSTER}-"),
                 suffix: format!(".{}", config.namespace),
-                address_prefix: "127.1.0.".to_owned(),
+                address_base: std::net::Ipv4Addr::new(127, 1, 0, 0),
             });
         let sim = Arc::new(SimCluster::new(sim_config));
         let talos = Arc::new(Counting { sim: Arc::clone(&sim), upgrades: Mutex::default(), calls: AtomicU64::new(0) });
@@ -285,16 +314,27 @@ impl Fleet {
 
     /// Creates the fleet's objects (those that exist are left as they are, but for the
     /// Secret, which names this process's Talos API), then keeps the Nodes and the pods on
-    /// them as kubelets would until `shutdown`; then deletes its Nodes.
+    /// them as kubelets would (or tells kwok what to show, with [`FleetConfig::kwok`])
+    /// until `shutdown`; then deletes its Nodes.
     ///
     /// # Errors
-    /// A [`FleetError`] when the objects cannot be created.
+    /// A [`FleetError`] when the objects cannot be created, or when kwok was asked for and
+    /// does not make the Nodes Ready.
     pub async fn run(
         self,
         client: Client,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), FleetError> {
-        self.create_objects(&client).await?;
+        let virtual_start = self.sim.now();
+        let mut published: HashMap<String, Published> = HashMap::new();
+        let initial = self.views(virtual_start);
+        self.create_objects(&client, &initial).await?;
+        let names: Vec<String> = initial.iter().map(|(name, _, _)| name.clone()).collect();
+        if self.config.kwok {
+            // Created running, with their nodeInfo: kwok makes them Ready.
+            published.extend(initial.into_iter().map(|(name, _, view)| (name, view)));
+            await_kwok(&client, &names).await?;
+        }
         tracing::info!(
             namespace = %self.config.namespace,
             cluster = CLUSTER,
@@ -302,54 +342,51 @@ impl Fleet {
             from = FROM,
             target = TARGET,
             time_scale = self.config.time_scale,
+            kubelet = if self.config.kwok { "kwok" } else { "the fleet" },
             apid = %self.endpoint(),
             "simulated fleet up"
         );
-        let names: Vec<String> = self.sim.with_world(|w| w.nodes.iter().map(|n| n.name.clone()).collect());
-        let kubelet = tokio::spawn(kubelet(client.clone(), names.clone()));
+        let kubelet = (!self.config.kwok).then(|| tokio::spawn(kubelet(client.clone(), names.clone())));
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut published: HashMap<String, Published> = HashMap::new();
         let mut beat: Option<Instant> = None;
-        let virtual_start = self.sim.now();
         loop {
             let elapsed = self.started.elapsed().as_secs_f64() * self.config.time_scale;
-            let now = virtual_start.saturating_add(Duration::from_secs_f64(elapsed));
-            let views: Vec<(String, bool, Published)> = self.sim.with_world(|w| {
-                if now > w.now {
-                    w.advance_to(now);
-                }
-                w.nodes
-                    .iter()
-                    .map(|n| {
-                        let up = matches!(
-                            n.phase,
-                            NodePhase::Running | NodePhase::Installing { .. } | NodePhase::Booting { .. }
-                        );
-                        let view = Published {
-                            ready: n.ready && up,
-                            boot_id: n.boot_id.clone(),
-                            os_image: n.version.os_image(),
+            let views = self.views(virtual_start.saturating_add(Duration::from_secs_f64(elapsed)));
+            let changed: Vec<(String, Option<Published>, Published)> = views
+                .iter()
+                .filter(|(name, _, view)| published.get(name) != Some(view))
+                .map(|(name, _, view)| (name.clone(), published.get(name).cloned(), view.clone()))
+                .collect();
+            let kwok = self.config.kwok;
+            let results: Vec<(String, Published, Result<(), kube::Error>)> = futures::stream::iter(changed)
+                .map(|(name, before, view)| {
+                    let client = client.clone();
+                    async move {
+                        let result = if kwok {
+                            publish_to_kwok(&client, &name, before.as_ref(), &view).await
+                        } else {
+                            publish_status(&client, &name, &view).await
                         };
-                        (n.name.clone(), up, view)
-                    })
-                    .collect()
-            });
-            for (name, _, view) in &views {
-                if published.get(name) != Some(view) {
-                    match publish_status(&client, name, view).await {
-                        Ok(()) => {
-                            tracing::info!(node = %name, ready = view.ready, os_image = %view.os_image, boot_id = %view.boot_id, "fleet: Node status");
-                            published.insert(name.clone(), view.clone());
-                        }
-                        Err(kube::Error::Api(status)) if status.code == 404 => {
-                            // Deleted (a removal): a powered-off machine does not register again.
-                            published.insert(name.clone(), view.clone());
-                        }
-                        Err(e) => tracing::warn!(node = %name, error = %e, "fleet: Node status not written"),
+                        (name, view, result)
                     }
+                })
+                .buffer_unordered(CREATE_CONCURRENCY)
+                .collect()
+                .await;
+            for (name, view, result) in results {
+                match result {
+                    Ok(()) => {
+                        tracing::info!(node = %name, ready = view.ready, os_image = %view.os_image, boot_id = %view.boot_id, "fleet: Node status");
+                        published.insert(name, view);
+                    }
+                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                        // Deleted (a removal): a powered-off machine does not register again.
+                        published.insert(name, view);
+                    }
+                    Err(e) => tracing::warn!(node = %name, error = %e, "fleet: Node status not written"),
                 }
             }
-            if beat.is_none_or(|b| b.elapsed() >= HEARTBEAT) {
+            if !self.config.kwok && beat.is_none_or(|b| b.elapsed() >= HEARTBEAT) {
                 beat = Some(Instant::now());
                 for (name, up, _) in &views {
                     if *up && let Err(e) = heartbeat(&client, name).await {
@@ -362,16 +399,45 @@ impl Fleet {
                 () = &mut shutdown => break,
             }
         }
-        kubelet.abort();
-        let nodes: Api<Node> = Api::all(client.clone());
-        for name in &names {
-            nodes.delete(name, &DeleteParams::default()).await.ok();
+        if let Some(kubelet) = kubelet {
+            kubelet.abort();
         }
+        let nodes: Api<Node> = Api::all(client.clone());
+        futures::stream::iter(names)
+            .for_each_concurrent(CREATE_CONCURRENCY, |name| {
+                let nodes = nodes.clone();
+                async move {
+                    nodes.delete(&name, &DeleteParams::default()).await.ok();
+                }
+            })
+            .await;
         tracing::info!(namespace = %self.config.namespace, "simulated fleet stopped; its Nodes deleted");
         Ok(())
     }
 
-    async fn create_objects(&self, client: &Client) -> Result<(), FleetError> {
+    /// Each node as Kubernetes should see it at `now` (the simulation moved on to it):
+    /// its name, whether the machine is up, and its Node's view.
+    fn views(&self, now: ichor_upgrade_core::Timestamp) -> Vec<(String, bool, Published)> {
+        self.sim.with_world(|w| {
+            if now > w.now {
+                w.advance_to(now);
+            }
+            w.nodes
+                .iter()
+                .map(|n| {
+                    let up = matches!(
+                        n.phase,
+                        NodePhase::Running | NodePhase::Installing { .. } | NodePhase::Booting { .. }
+                    );
+                    let view =
+                        Published { ready: n.ready && up, boot_id: n.boot_id.clone(), os_image: n.version.os_image() };
+                    (n.name.clone(), up, view)
+                })
+                .collect()
+        })
+    }
+
+    async fn create_objects(&self, client: &Client, views: &[(String, bool, Published)]) -> Result<(), FleetError> {
         let ns = &self.config.namespace;
         let write = |what: String| move |source| FleetError::Write { what, source };
         let admin = self.ca.admin(Validity::Current);
@@ -404,60 +470,117 @@ impl Fleet {
             .map_err(write(format!("TalosCluster {ns}/{CLUSTER}")))?;
 
         let nodes = self.sim.with_world(|w| w.nodes.clone());
-        let machines: Api<TalosMachine> = Api::namespaced(client.clone(), ns);
-        for n in &nodes {
-            let machine = self.machine_name(&n.name).to_owned();
-            let object = TalosMachine::new(
-                &machine,
-                TalosMachineSpec {
-                    cluster: CLUSTER.to_owned(),
-                    role: match n.role {
-                        MachineRole::ControlPlane => Role::Controlplane,
-                        MachineRole::Worker => Role::Worker,
-                    },
-                    address: n.address.clone(),
-                    hostname: Some(n.name.clone()),
-                },
-            );
-            create_if_absent(&machines, &object).await.map_err(write(format!("TalosMachine {ns}/{machine}")))?;
+        let views: HashMap<String, Published> =
+            views.iter().map(|(name, _, view)| (name.clone(), view.clone())).collect();
+        let machines: Vec<(ichor_adapters::sim::world::SimNode, Option<Published>)> =
+            nodes.into_iter().map(|n| (views.get(&n.name).cloned(), n)).map(|(v, n)| (n, v)).collect();
+        let results: Vec<Result<(), FleetError>> = futures::stream::iter(machines)
+            .map(|(n, view)| async move { self.create_machine(client, &n, view.as_ref()).await })
+            .buffer_unordered(CREATE_CONCURRENCY)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
 
-            let mut labels: BTreeMap<String, String> = n.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            labels.insert("kubernetes.io/hostname".to_owned(), n.name.clone());
-            labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
-            labels.insert(FLEET_LABEL.to_owned(), ns.clone());
-            if n.role == MachineRole::ControlPlane {
-                labels.insert("node-role.kubernetes.io/control-plane".to_owned(), String::new());
-            }
-            let node = Node {
-                metadata: ObjectMeta {
-                    name: Some(n.name.clone()),
-                    labels: Some(labels),
-                    annotations: Some(n.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
-                    ..ObjectMeta::default()
+    /// A machine's TalosMachine and Node, the Node's addresses (and, for kwok, its
+    /// `nodeInfo` and running kubelet).
+    async fn create_machine(
+        &self,
+        client: &Client,
+        n: &ichor_adapters::sim::world::SimNode,
+        view: Option<&Published>,
+    ) -> Result<(), FleetError> {
+        let ns = &self.config.namespace;
+        let write = |what: String| move |source| FleetError::Write { what, source };
+        let machines: Api<TalosMachine> = Api::namespaced(client.clone(), ns);
+        let machine = self.machine_name(&n.name).to_owned();
+        let object = TalosMachine::new(
+            &machine,
+            TalosMachineSpec {
+                cluster: CLUSTER.to_owned(),
+                role: match n.role {
+                    MachineRole::ControlPlane => Role::Controlplane,
+                    MachineRole::Worker => Role::Worker,
                 },
-                spec: Some(NodeSpec {
-                    taints: Some(vec![Taint {
-                        key: TAINT.to_owned(),
-                        value: Some("true".to_owned()),
-                        effect: "NoSchedule".to_owned(),
-                        ..Taint::default()
-                    }]),
-                    ..NodeSpec::default()
-                }),
-                status: None,
-            };
-            create_if_absent(&Api::all(client.clone()), &node).await.map_err(write(format!("Node {}", n.name)))?;
-            let addresses = json!({ "status": { "addresses": [
-                { "type": "InternalIP", "address": n.address },
-                { "type": "Hostname", "address": n.name },
-            ] } });
-            Api::<Node>::all(client.clone())
-                .patch_status(&n.name, &PatchParams::default(), &Patch::Merge(&addresses))
-                .await
-                .map_err(write(format!("Node {} addresses", n.name)))?;
+                address: n.address.clone(),
+                hostname: Some(n.name.clone()),
+            },
+        );
+        create_if_absent(&machines, &object).await.map_err(write(format!("TalosMachine {ns}/{machine}")))?;
+
+        let mut labels: BTreeMap<String, String> = n.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        labels.insert("kubernetes.io/hostname".to_owned(), n.name.clone());
+        labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
+        labels.insert(FLEET_LABEL.to_owned(), ns.clone());
+        if n.role == MachineRole::ControlPlane {
+            labels.insert("node-role.kubernetes.io/control-plane".to_owned(), String::new());
         }
+        let mut annotations: BTreeMap<String, String> =
+            n.annotations.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        if self.config.kwok {
+            labels.insert(KWOK_LABEL.to_owned(), "true".to_owned());
+            let running = view.is_some_and(|v| v.ready);
+            annotations.insert(KUBELET_ANNOTATION.to_owned(), kubelet_state(running).to_owned());
+        }
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(n.name.clone()),
+                labels: Some(labels),
+                annotations: Some(annotations),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: TAINT.to_owned(),
+                    value: Some("true".to_owned()),
+                    effect: "NoSchedule".to_owned(),
+                    ..Taint::default()
+                }]),
+                ..NodeSpec::default()
+            }),
+            status: None,
+        };
+        create_if_absent(&Api::all(client.clone()), &node).await.map_err(write(format!("Node {}", n.name)))?;
+        let mut status = json!({ "status": { "addresses": [
+            { "type": "InternalIP", "address": n.address },
+            { "type": "Hostname", "address": n.name },
+        ] } });
+        if let (true, Some(view)) = (self.config.kwok, view) {
+            status["status"]["nodeInfo"] = json!(node_info(view));
+        }
+        Api::<Node>::all(client.clone())
+            .patch_status(&n.name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(write(format!("Node {} addresses", n.name)))?;
         Ok(())
     }
+}
+
+/// Waits until kwok has made the fleet's first and last Nodes Ready.
+async fn await_kwok(client: &Client, names: &[String]) -> Result<(), FleetError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + KWOK_TIMEOUT;
+    for name in [names.first(), names.last()].into_iter().flatten() {
+        loop {
+            let ready = nodes.get_opt(name).await.ok().flatten().is_some_and(|node| {
+                node.status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            });
+            if ready {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(FleetError::NoKwok { node: name.clone() });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
+fn kubelet_state(running: bool) -> &'static str {
+    if running { "running" } else { "stopped" }
 }
 
 async fn create_if_absent<K>(api: &Api<K>, object: &K) -> Result<(), kube::Error>
@@ -489,7 +612,15 @@ async fn publish_status(client: &Client, name: &str, view: &Published) -> Result
         last_heartbeat_time: Some(now_time()),
         last_transition_time: Some(now_time()),
     };
-    let info = NodeSystemInfo {
+    let info = node_info(view);
+    let status = NodeStatus { conditions: Some(vec![ready]), node_info: Some(info), ..NodeStatus::default() };
+    let patch = json!({ "status": status });
+    Api::<Node>::all(client.clone()).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+}
+
+/// What the machine's kubelet reports of it.
+fn node_info(view: &Published) -> NodeSystemInfo {
+    NodeSystemInfo {
         os_image: view.os_image.clone(),
         boot_id: view.boot_id.clone(),
         machine_id: String::new(),
@@ -501,10 +632,32 @@ async fn publish_status(client: &Client, name: &str, view: &Published) -> Result
         operating_system: "linux".to_owned(),
         architecture: "amd64".to_owned(),
         ..NodeSystemInfo::default()
-    };
-    let status = NodeStatus { conditions: Some(vec![ready]), node_info: Some(info), ..NodeStatus::default() };
-    let patch = json!({ "status": status });
-    Api::<Node>::all(client.clone()).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
+    }
+}
+
+/// Tells kwok what a node shows, in the order a machine does: its kubelet stops, then the
+/// machine comes back with a new boot (and maybe version), then its kubelet runs.
+async fn publish_to_kwok(
+    client: &Client,
+    name: &str,
+    before: Option<&Published>,
+    view: &Published,
+) -> Result<(), kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let kubelet =
+        |running: bool| json!({ "metadata": { "annotations": { KUBELET_ANNOTATION: kubelet_state(running) } } });
+    let was_ready = before.is_some_and(|b| b.ready);
+    if !view.ready && (was_ready || before.is_none()) {
+        nodes.patch(name, &PatchParams::default(), &Patch::Merge(&kubelet(false))).await?;
+    }
+    if before.is_none_or(|b| b.boot_id != view.boot_id || b.os_image != view.os_image) {
+        let status = json!({ "status": { "nodeInfo": node_info(view) } });
+        nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    }
+    if view.ready && !was_ready {
+        nodes.patch(name, &PatchParams::default(), &Patch::Merge(&kubelet(true))).await?;
+    }
+    Ok(())
 }
 
 /// Renews the node's Lease in `kube-node-lease`, as its kubelet does.
@@ -661,6 +814,7 @@ mod tests {
         assert!(parse_shape("3").unwrap_err().contains("CONTROL_PLANES+WORKERS"));
         assert!(parse_shape("3+x").unwrap_err().contains("worker count"));
         assert!(parse_shape("0+5").unwrap_err().contains("control plane"));
-        assert!(parse_shape("3+300").unwrap_err().contains("250"));
+        assert_eq!(parse_shape("3+1000"), Ok((3, 1000)));
+        assert!(parse_shape("3+9998").unwrap_err().contains("at most 10000 machines"));
     }
 }

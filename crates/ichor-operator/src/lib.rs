@@ -64,6 +64,9 @@ pub enum RunError {
     Fleet(#[from] fleet::FleetError),
 }
 
+/// How long a stopping process waits for the simulated fleet to delete its Nodes.
+const FLEET_STOP: Duration = Duration::from_secs(60);
+
 /// Runs `plan` with `client` (whose requests are counted into `metrics.requests`, see
 /// [`requests::counted_client`]) until `shutdown` resolves; then lets the passes in flight
 /// end, leaves the election (releasing the Lease when leading) and stops the fleet.
@@ -120,8 +123,9 @@ pub async fn run(
     };
 
     // A fleet that fails to start ends the process; otherwise run until told to stop.
+    let mut fleet = fleet;
     let fleet_failed = async {
-        match fleet {
+        match fleet.as_mut() {
             Some(handle) => match handle.await {
                 Ok(Err(e)) => Err(e),
                 _ => Ok(()),
@@ -139,7 +143,13 @@ pub async fn run(
         controller.await.ok();
         leadership.step_down().await;
     }
-    // The fleet (deleting its Nodes) and the server end on the same signal.
+    // The fleet deletes its Nodes on the same signal: waited for, within a bound (a
+    // thousand deletions take seconds), so that a stopped fleet leaves none behind.
+    if let Some(handle) = fleet.filter(|h| !h.is_finished())
+        && tokio::time::timeout(FLEET_STOP, handle).await.is_err()
+    {
+        tracing::warn!(bound = ?FLEET_STOP, "the simulated fleet did not delete its Nodes in time");
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.abort();
     result.map_err(RunError::from)
