@@ -22,23 +22,23 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, P
 use serde_json::json;
 
 /// A scenario: its namespace, a temporary directory, and a client.
-struct Scene {
-    ns: TestNamespace,
-    dir: tempfile::TempDir,
+pub(crate) struct Scene {
+    pub(crate) ns: TestNamespace,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Scene {
-    async fn new(prefix: &str) -> Self {
+    pub(crate) async fn new(prefix: &str) -> Self {
         let ns = TestNamespace::create(prefix).await;
         Self { ns, dir: tempfile::tempdir().unwrap() }
     }
 
-    fn admin(&self) -> &Path {
+    pub(crate) fn admin(&self) -> &Path {
         &self.ns.kubeconfig
     }
 
     /// The operator's ServiceAccount, bound to the ClusterRole of `deploy/operator.yaml`.
-    async fn operator_kubeconfig(&self) -> PathBuf {
+    pub(crate) async fn operator_kubeconfig(&self) -> PathBuf {
         let client = &self.ns.client;
         let apply = PatchParams::apply("ichor-e2e").force();
         let role = rbac::cluster_role(rbac::NAME);
@@ -51,7 +51,7 @@ impl Scene {
         self.ns.service_account_kubeconfig(rbac::NAME, &self.dir.path().join("operator.kubeconfig")).await
     }
 
-    fn fleet(&self, shape: &str, extra: &[&str]) -> Process {
+    pub(crate) fn fleet(&self, shape: &str, extra: &[&str]) -> Process {
         let snapshots = self.snapshot_dir();
         let mut args = vec!["--namespace", &self.ns.name, "--simulate-fleet", shape, "--time-scale", TIME_SCALE];
         args.extend_from_slice(&["--etcd-snapshot-dir", &snapshots]);
@@ -59,7 +59,7 @@ impl Scene {
         Process::start("fleet", self.dir.path(), self.admin(), &args)
     }
 
-    fn operator(&self, name: &str, kubeconfig: &Path, extra: &[&str]) -> Process {
+    pub(crate) fn operator(&self, name: &str, kubeconfig: &Path, extra: &[&str]) -> Process {
         let snapshots = self.snapshot_dir();
         let mut args = vec!["--namespace", &self.ns.name, "--etcd-snapshot-dir", &snapshots];
         args.extend_from_slice(extra);
@@ -67,11 +67,22 @@ impl Scene {
     }
 
     /// Where the operators of this scene keep etcd snapshots.
-    fn snapshot_dir(&self) -> String {
+    pub(crate) fn snapshot_dir(&self) -> String {
         self.dir.path().join("snapshots").display().to_string()
     }
 
-    async fn create_operation(&self, name: &str, kind: &str, machine: Option<&str>) {
+    pub(crate) async fn create_operation(&self, name: &str, kind: &str, machine: Option<&str>) {
+        self.create_operation_with(name, kind, machine, 1).await;
+    }
+
+    /// An operation with `max_unavailable` workers at once.
+    pub(crate) async fn create_operation_with(
+        &self,
+        name: &str,
+        kind: &str,
+        machine: Option<&str>,
+        max_unavailable: i64,
+    ) {
         let ops: Api<TalosOperation> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
         let op = TalosOperation::new(
             name,
@@ -81,23 +92,23 @@ impl Scene {
                 cluster: fleet::CLUSTER.into(),
                 kind: kind.into(),
                 target_version: fleet::TARGET.into(),
-                max_unavailable: 1,
+                max_unavailable,
                 machine: machine.map(str::to_owned),
             },
         );
         ops.create(&PostParams::default(), &op).await.unwrap();
     }
 
-    async fn operation(&self, name: &str) -> Option<TalosOperation> {
+    pub(crate) async fn operation(&self, name: &str) -> Option<TalosOperation> {
         Api::<TalosOperation>::namespaced(self.ns.client.clone(), &self.ns.name).get_opt(name).await.unwrap()
     }
 
-    async fn phase(&self, name: &str) -> String {
+    pub(crate) async fn phase(&self, name: &str) -> String {
         self.operation(name).await.and_then(|op| op.status.and_then(|s| s.phase)).unwrap_or_default()
     }
 
     /// Waits until the fleet's objects exist.
-    async fn fleet_up(&self, machines: usize) {
+    pub(crate) async fn fleet_up(&self, machines: usize) {
         let api: Api<TalosMachine> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
         let nodes: Api<Node> = Api::all(self.ns.client.clone());
         let selector = ListParams::default().labels(&format!("{}={}", fleet::FLEET_LABEL, self.ns.name));
@@ -111,7 +122,7 @@ impl Scene {
         .await;
     }
 
-    async fn fleet_nodes(&self) -> Vec<Node> {
+    pub(crate) async fn fleet_nodes(&self) -> Vec<Node> {
         let nodes: Api<Node> = Api::all(self.ns.client.clone());
         let selector = ListParams::default().labels(&format!("{}={}", fleet::FLEET_LABEL, self.ns.name));
         nodes.list(&selector).await.unwrap().items
@@ -122,7 +133,27 @@ impl Scene {
         leases.get_opt(&format!("ichor-cluster-{}", fleet::CLUSTER)).await.unwrap()
     }
 
-    async fn end(self) {
+    /// Deletes what the test made. The operations go first: an operator still running
+    /// lifts their lock finalizer; one already stopped cannot, and a finalizer left would
+    /// hold the namespace in Terminating for ever, so it is lifted here after a moment.
+    pub(crate) async fn end(self) {
+        let ops: Api<TalosOperation> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
+        ops.delete_collection(&Default::default(), &ListParams::default()).await.ok();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let left = ops.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let lifted = json!({ "metadata": { "finalizers": null } });
+                for op in left {
+                    ops.patch(&op.name_any(), &PatchParams::default(), &Patch::Merge(&lifted)).await.ok();
+                }
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(self.ns.client.clone());
         bindings.delete(&format!("{}-{}", rbac::NAME, self.ns.name), &Default::default()).await.ok();
         self.ns.delete().await;
@@ -137,7 +168,7 @@ fn typed<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> serde_json:
 }
 
 /// Every Node of the fleet on the target and Ready.
-fn all_on_target(nodes: &[Node]) -> bool {
+pub(crate) fn all_on_target(nodes: &[Node]) -> bool {
     nodes.iter().all(|n| {
         let status = n.status.as_ref();
         let image = status.and_then(|s| s.node_info.as_ref()).map(|i| i.os_image.clone()).unwrap_or_default();
@@ -149,7 +180,7 @@ fn all_on_target(nodes: &[Node]) -> bool {
 }
 
 /// The Upgrade calls the fleet received, by node.
-async fn upgrade_calls(fleet: &Process) -> Vec<(String, f64)> {
+pub(crate) async fn upgrade_calls(fleet: &Process) -> Vec<(String, f64)> {
     let text = fleet.metrics().await.expect("the fleet's metrics");
     text.lines()
         .filter_map(|line| {
@@ -186,7 +217,7 @@ async fn a_lifecycle_upgrade_completes_on_the_simulated_fleet_with_no_upgrade_ca
 }
 
 /// Every request the operator made is one the ClusterRole names.
-async fn only_allowed_requests(operator: &Process) {
+pub(crate) async fn only_allowed_requests(operator: &Process) {
     let text = operator.metrics().await.expect("the operator's metrics");
     let mut seen = 0;
     for line in text.lines().filter(|l| l.starts_with("ichor_kube_requests_total{")) {

@@ -2,6 +2,7 @@
 
 mod operator_e2e;
 mod operator_example;
+mod operator_kwok;
 mod operator_trace;
 mod rollout_example;
 mod support;

@@ -107,3 +107,25 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Waits until `check` holds, at most `bound`.
+pub async fn eventually_within<F, Fut>(bound: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + bound;
+    while !check().await {
+        assert!(Instant::now() < deadline, "not within {bound:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+impl Process {
+    /// The process's peak resident memory (`VmHWM` in `/proc/PID/status`), in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+}

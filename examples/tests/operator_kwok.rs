@@ -1,0 +1,210 @@
+//! The operator end to end on kwok Nodes: 3 control planes and 1,000 workers on the test
+//! API server (`scripts/kube-test-server.sh start` runs kwok, the scheduler and the
+//! workload controllers beside it), Deployments, StatefulSets and PodDisruptionBudgets
+//! spread over them by the scheduler, the Talos side the project's stand-in. What it costs
+//! (API requests per machine, the operator's peak memory) is printed and written down in
+//! `docs/performance.md`.
+
+use std::time::{Duration, Instant};
+
+use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests, upgrade_calls};
+use crate::support::{TIME_SCALE, eventually_within};
+use ichor_operator::fleet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+const CONTROL_PLANES: usize = 3;
+const WORKERS: usize = 1_000;
+/// Workers upgraded at once.
+const MAX_UNAVAILABLE: i64 = 50;
+/// Deployments of [`DEPLOYMENT_REPLICAS`], each with a budget of one pod down at a time.
+const DEPLOYMENTS: usize = 30;
+const DEPLOYMENT_REPLICAS: i32 = 20;
+/// StatefulSets of three, each with a budget of two pods up at all times.
+const STATEFUL_SETS: usize = 20;
+/// The most the whole scenario may take, on a loaded 2-core machine.
+const BOUND: Duration = Duration::from_secs(1_200);
+
+/// A pod template that lands on the fleet's Nodes (it tolerates their taint), spread by
+/// the scheduler's default topology spreading.
+fn template(app: &str) -> serde_json::Value {
+    json!({
+        "metadata": { "labels": { "app": app } },
+        "spec": {
+            "tolerations": [{ "key": fleet::TAINT, "operator": "Exists" }],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{ "name": app, "image": format!("registry.invalid/{app}:1") }],
+        },
+    })
+}
+
+async fn create_workloads(scene: &Scene) {
+    let client = scene.ns.client.clone();
+    let ns = &scene.ns.name;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let stateful_sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let post = PostParams::default();
+    for i in 0..DEPLOYMENTS {
+        let app = format!("web-{i}");
+        let deployment = json!({
+            "metadata": { "name": app },
+            "spec": {
+                "replicas": DEPLOYMENT_REPLICAS,
+                "selector": { "matchLabels": { "app": app } },
+                "template": template(&app),
+            },
+        });
+        deployments.create(&post, &serde_json::from_value(deployment).unwrap()).await.unwrap();
+        let budget = json!({
+            "metadata": { "name": app },
+            "spec": { "maxUnavailable": 1, "selector": { "matchLabels": { "app": app } } },
+        });
+        budgets.create(&post, &serde_json::from_value(budget).unwrap()).await.unwrap();
+    }
+    for i in 0..STATEFUL_SETS {
+        let app = format!("db-{i}");
+        let set = json!({
+            "metadata": { "name": app },
+            "spec": {
+                "replicas": 3,
+                "serviceName": app,
+                "podManagementPolicy": "Parallel",
+                "selector": { "matchLabels": { "app": app } },
+                "template": template(&app),
+            },
+        });
+        stateful_sets.create(&post, &serde_json::from_value(set).unwrap()).await.unwrap();
+        let budget = json!({
+            "metadata": { "name": app },
+            "spec": { "minAvailable": 2, "selector": { "matchLabels": { "app": app } } },
+        });
+        budgets.create(&post, &serde_json::from_value(budget).unwrap()).await.unwrap();
+    }
+}
+
+/// Every workload has all its replicas ready, and every budget counts them.
+async fn workloads_ready(scene: &Scene) -> bool {
+    let client = scene.ns.client.clone();
+    let ns = &scene.ns.name;
+    let lp = ListParams::default();
+    let Ok(deployments) = Api::<Deployment>::namespaced(client.clone(), ns).list(&lp).await else { return false };
+    let Ok(sets) = Api::<StatefulSet>::namespaced(client.clone(), ns).list(&lp).await else { return false };
+    let Ok(budgets) = Api::<PodDisruptionBudget>::namespaced(client, ns).list(&lp).await else { return false };
+    deployments.items.len() == DEPLOYMENTS
+        && deployments.items.iter().all(|d| {
+            d.status.as_ref().and_then(|s| s.available_replicas) == Some(DEPLOYMENT_REPLICAS)
+                && d.status.as_ref().and_then(|s| s.updated_replicas) == Some(DEPLOYMENT_REPLICAS)
+        })
+        && sets.items.len() == STATEFUL_SETS
+        && sets.items.iter().all(|s| s.status.as_ref().and_then(|s| s.ready_replicas) == Some(3))
+        && budgets.items.len() == DEPLOYMENTS + STATEFUL_SETS
+        && budgets.items.iter().all(|b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| s.current_healthy >= s.desired_healthy && s.expected_pods.is_some_and(|n| n > 0))
+        })
+}
+
+/// The sum of a counter's series in a metrics text.
+fn total(text: &str, prefix: &str) -> f64 {
+    text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server with kwok and a scheduler: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
+    let machines = CONTROL_PLANES + WORKERS;
+    let scene = Scene::new("e2e-kwok").await;
+    let shape = format!("{CONTROL_PLANES}+{WORKERS}");
+    let mut fleet = scene.fleet(&shape, &["--fleet-only", "--kwok"]);
+    let started = Instant::now();
+    eventually_within(BOUND, "kwok makes the fleet's Nodes Ready", || async {
+        let nodes = scene.fleet_nodes().await;
+        nodes.len() == machines
+            && nodes.iter().all(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+    })
+    .await;
+    let fleet_up = started.elapsed();
+
+    // The scheduler places the pods, kwok runs them, the controllers count the budgets.
+    create_workloads(&scene).await;
+    eventually_within(BOUND, "every workload ready and counted by its budget", || workloads_ready(&scene)).await;
+    let pods: Api<Pod> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let placed = pods.list(&ListParams::default()).await.unwrap().items;
+    let spread: std::collections::BTreeSet<_> =
+        placed.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
+    let expected_pods = DEPLOYMENTS * usize::try_from(DEPLOYMENT_REPLICAS).unwrap() + STATEFUL_SETS * 3;
+    assert_eq!(placed.len(), expected_pods);
+    assert!(spread.len() > expected_pods / 2, "the scheduler spread {expected_pods} pods over {} Nodes", spread.len());
+    let uids: std::collections::BTreeSet<_> = placed.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let operator = scene.operator("operator", &kubeconfig, &["--executor", "lifecycle"]);
+    let rollout = Instant::now();
+    scene.create_operation_with("upgrade", "talos", None, MAX_UNAVAILABLE).await;
+    eventually_within(BOUND, "the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    let makespan = rollout.elapsed();
+    let metrics = operator.metrics().await.expect("the operator's metrics");
+    let peak_kib = operator.peak_rss_kib().expect("the operator's memory");
+
+    let nodes = scene.fleet_nodes().await;
+    assert_eq!(nodes.len(), machines);
+    assert!(all_on_target(&nodes), "every Node on {} and Ready", fleet::TARGET);
+    let cordoned: Vec<_> =
+        nodes.iter().filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)).collect();
+    assert!(cordoned.is_empty(), "{} Nodes left cordoned", cordoned.len());
+    assert!(upgrade_calls(&fleet).await.iter().all(|(_, n)| *n == 0.0), "no legacy Upgrade call");
+    assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
+    let workers_down = fleet.value("ichor_fleet_max_workers_down").await.unwrap_or(f64::MAX);
+    assert!(workers_down <= MAX_UNAVAILABLE as f64, "{workers_down} workers down at once");
+    // The drains moved the pods (evicted, replaced by their controllers, placed again by
+    // the scheduler), and every workload is whole again.
+    let after = pods.list(&ListParams::default()).await.unwrap().items;
+    let stayed: Vec<_> = after
+        .iter()
+        .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)))
+        .map(|p| {
+            format!(
+                "{} on {:?}",
+                p.metadata.name.as_deref().unwrap_or("?"),
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+            )
+        })
+        .collect();
+    let moved = expected_pods - stayed.len();
+    assert!(stayed.is_empty(), "{} pods were never evicted: {stayed:?}", stayed.len());
+    eventually_within(BOUND, "every workload ready again", || workloads_ready(&scene)).await;
+    only_allowed_requests(&operator).await;
+
+    let requests = total(&metrics, "ichor_kube_requests_total{");
+    let writes = total(&metrics, "ichor_kube_writes_total");
+    let talos = fleet.value("ichor_fleet_talos_calls_total").await.unwrap_or_default();
+    #[allow(clippy::cast_precision_loss, reason = "a thousand machines")]
+    let per = |n: f64| n / machines as f64;
+    eprintln!(
+        "kwok fleet {shape}, maxUnavailable {MAX_UNAVAILABLE}, time scale {TIME_SCALE}, {expected_pods} pods on {} Nodes: \
+         fleet Ready in {:.1} s; rollout {:.1} s; operator: {requests} API requests ({:.1} per machine), \
+         {writes} writes ({:.1} per machine), peak RSS {:.1} MiB; {talos} Talos API calls ({:.1} per machine); \
+         {moved} pods evicted and placed again",
+        spread.len(),
+        fleet_up.as_secs_f64(),
+        makespan.as_secs_f64(),
+        per(requests),
+        per(writes),
+        peak_kib as f64 / 1024.0,
+        per(talos),
+    );
+    // A fleet stopped by SIGTERM deletes its Nodes: kwok stops renewing their Leases.
+    assert_eq!(fleet.terminate(), Some(0));
+    assert!(scene.fleet_nodes().await.is_empty(), "a stopped fleet deletes its Nodes");
+    scene.end().await;
+}
