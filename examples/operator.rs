@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example operator -- [--kubeconfig FILE] [--namespace NS]
-//!     [--simulate-fleet CP+W [--time-scale N] [--seed N] [--kwok] [--fleet-only]]
+//!     [--simulate-fleet CP+W [--time-scale N] [--seed N] [--kwok] [--no-machines] [--fleet-only]]
 //!     [--listen ADDR] [--log-format text|json] [--identity ID] [--lease-namespace NS]
 //!     [--longhorn-namespace NS]
 //!     [--etcd-snapshot-dir DIR | --etcd-snapshot-s3-bucket B [--etcd-snapshot-s3-prefix P]
@@ -28,8 +28,9 @@
 //! An upgrade takes an etcd snapshot before its first control plane unless its spec says
 //! `etcdSnapshot: Skip`; it goes to `--etcd-snapshot-dir` (a mounted volume) or to the
 //! S3-compatible bucket `--etcd-snapshot-s3-bucket`, signed with `AWS_ACCESS_KEY_ID` and
-//! `AWS_SECRET_ACCESS_KEY` from the environment (in a Deployment, from a Secret). With
-//! neither, such an operation pauses before its first control plane, saying so.
+//! `AWS_SECRET_ACCESS_KEY` from the environment (in a pod, from a Secret). With neither,
+//! a simulated fleet's snapshots go to a new temporary directory; on a real cluster such
+//! an operation pauses before its first control plane, naming these flags.
 //!
 //! `--trace FILE` writes what the controller does and sees as JSON lines, in the records the
 //! `rollout` example's `--trace` writes (`upgrade-call`, `install-start`, `shown-not-ready`,
@@ -95,6 +96,10 @@ struct Args {
     /// kwok is the kubelet of the simulated fleet's Nodes (labelled ichor.dev/kwok=true).
     #[arg(long, requires = "simulate_fleet")]
     kwok: bool,
+    /// The simulated fleet publishes its Nodes and Talos API but no TalosMachines (a
+    /// cluster whose machines the operator is not told about).
+    #[arg(long, requires = "simulate_fleet")]
+    no_machines: bool,
     /// Run only the simulated fleet, no controller.
     #[arg(long, requires = "simulate_fleet")]
     fleet_only: bool,
@@ -151,12 +156,21 @@ struct Args {
     trace: Option<PathBuf>,
 }
 
-/// The snapshot store the arguments name, if any.
+/// The snapshot store the arguments name; with `--simulate-fleet` and none named, a new
+/// directory.
 fn snapshot_store(args: &Args) -> Result<Option<Arc<dyn SnapshotStore>>, String> {
     if let Some(dir) = &args.etcd_snapshot_dir {
         return Ok(Some(Arc::new(DirectoryStore::new(dir.clone()))));
     }
-    let Some(bucket) = &args.etcd_snapshot_s3_bucket else { return Ok(None) };
+    let Some(bucket) = &args.etcd_snapshot_s3_bucket else {
+        // A simulated fleet's snapshots go to a new directory, as the rollout example's:
+        // trying the operator needs no store, and its upgrades do not pause for one.
+        return Ok((args.simulate_fleet.is_some() && !args.fleet_only).then(|| {
+            let dir = std::env::temp_dir().join(format!("ichor-operator-snapshots-{}", std::process::id()));
+            tracing::info!(dir = %dir.display(), "etcd snapshots of the simulated fleet go to a new directory");
+            Arc::new(DirectoryStore::new(dir)) as Arc<dyn SnapshotStore>
+        }));
+    };
     let env = |name: &str| {
         std::env::var(name)
             .ok()
@@ -268,6 +282,7 @@ async fn run(args: Args) -> i32 {
         time_scale: args.time_scale,
         seed: args.seed,
         kwok: args.kwok,
+        machines: !args.no_machines,
     });
     let snapshots = snapshot_store(&args).unwrap_or_else(|e| bad(&e));
     let operator = (!args.fleet_only).then(|| {

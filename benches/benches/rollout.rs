@@ -22,6 +22,7 @@ fn rollout_decision(c: &mut Criterion) {
                     kubernetes_version: "1.34.1",
                     lease: Some(&lease),
                     machines: cluster,
+                    unaccounted_nodes: &[],
                     etcd: &EtcdVerdict::Healthy,
                     preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
                     config: &config,

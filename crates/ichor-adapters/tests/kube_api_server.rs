@@ -36,6 +36,9 @@ fn cluster_object(name: &str) -> TalosCluster {
             platform: "metal".into(),
             schematic: None,
             talosconfig_secret: format!("{name}-talosconfig"),
+            // The API server is shared: this cluster's Nodes are the ones labelled for it.
+            node_selector: Some([("ichor.dev/test-cluster".to_owned(), name.to_owned())].into()),
+            discovery: None,
         },
     )
 }

@@ -135,6 +135,7 @@ pub fn rollout(data: &[u8]) {
         kubernetes_version: kubernetes,
         lease: lease.as_ref(),
         machines: &machines,
+        unaccounted_nodes: &[],
         etcd: &etcd,
         preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
         config: &config,

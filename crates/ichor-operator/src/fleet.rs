@@ -103,6 +103,10 @@ pub struct FleetConfig {
     pub seed: u64,
     /// kwok is the kubelet of the fleet's Nodes (see the module's doc), not the fleet.
     pub kwok: bool,
+    /// Whether it creates a TalosMachine per machine. Without them (`--no-machines`) it
+    /// publishes the Nodes and the Talos API only, as a cluster whose machines the
+    /// operator has not been told about.
+    pub machines: bool,
 }
 
 /// `3+5`: control planes and workers.
@@ -463,6 +467,9 @@ impl Fleet {
                 platform: "metal".to_owned(),
                 schematic: None,
                 talosconfig_secret: secret_name,
+                // Its own Nodes, not those of other fleets or clusters on the API server.
+                node_selector: Some([(FLEET_LABEL.to_owned(), ns.clone())].into()),
+                discovery: None,
             },
         );
         create_if_absent(&Api::namespaced(client.clone(), ns), &cluster)
@@ -506,7 +513,9 @@ impl Fleet {
                 hostname: Some(n.name.clone()),
             },
         );
-        create_if_absent(&machines, &object).await.map_err(write(format!("TalosMachine {ns}/{machine}")))?;
+        if self.config.machines {
+            create_if_absent(&machines, &object).await.map_err(write(format!("TalosMachine {ns}/{machine}")))?;
+        }
 
         let mut labels: BTreeMap<String, String> = n.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         labels.insert("kubernetes.io/hostname".to_owned(), n.name.clone());

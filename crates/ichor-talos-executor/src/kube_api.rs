@@ -100,6 +100,10 @@ pub struct ClusterInfo {
     pub schematic: Option<String>,
     /// The Image Factory platform.
     pub platform: String,
+    /// The names of the cluster's Nodes: those its node selector matches (every Node the
+    /// API server has, without one). An upgrade accounts for each: a Node no machine
+    /// names refuses its start and holds its completion.
+    pub nodes: Vec<String>,
 }
 
 /// A `TalosOperation`.

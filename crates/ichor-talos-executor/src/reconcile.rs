@@ -4,7 +4,7 @@
 //! holds no state between calls: call it again at the returned time, or when something
 //! changes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use foldhash::fast::FixedState;
@@ -517,12 +517,17 @@ async fn reconcile_pass(
         status: status.clone(),
     };
     let now = ex.clock.now();
+    // A Node of the cluster that no machine names (as far as this pass knows the machines'
+    // node names: one it could not learn names none) is never left behind unsaid.
+    let named: BTreeSet<&str> = observed.iter().filter_map(Observed::node_name).collect();
+    let unaccounted: Vec<String> = cluster.nodes.iter().filter(|n| !named.contains(n.as_str())).cloned().collect();
     let input = RolloutInput {
         operation: &view,
         release_talos_version: &cluster.release_talos_version,
         kubernetes_version: &cluster.kubernetes_version,
         lease: holder.as_ref(),
         machines: views,
+        unaccounted_nodes: &unaccounted,
         etcd: &EtcdVerdict::NotChecked,
         preflight: &PreflightVerdict::NotChecked,
         config: &ex.config.rollout,

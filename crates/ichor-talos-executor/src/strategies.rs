@@ -66,7 +66,7 @@ impl ClusterObjects {
                 resource_version: None,
             })
             .collect();
-        let nodes = shape
+        let nodes: Vec<NodeInfo> = shape
             .machines
             .iter()
             .map(|m| NodeInfo {
@@ -86,6 +86,7 @@ impl ClusterObjects {
             kubernetes_version: "1.34.1".to_owned(),
             schematic: Some(SCHEMATIC.to_owned()),
             platform: "metal".to_owned(),
+            nodes: nodes.iter().map(|n| n.name.clone()).collect(),
         };
         Self { shape: shape.clone(), cluster, machines, nodes }
     }

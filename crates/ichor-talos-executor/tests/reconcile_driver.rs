@@ -158,6 +158,7 @@ fn paused_cluster(machines: Vec<MachineInfo>) -> MockKube {
             kubernetes_version: "1.34.1".into(),
             schematic: None,
             platform: "metal".into(),
+            nodes: Vec::new(),
         })
     });
     kube.expect_machines().returning(move |_| Ok(machines.iter().cloned().map(std::sync::Arc::new).collect()));

@@ -218,6 +218,16 @@ pub enum PlanProblem {
         /// The names.
         names: Vec<String>,
     },
+    /// Nodes of the cluster that no machine names: an upgrade of the machines alone would
+    /// leave them on the old version and report Completed.
+    #[error(
+        "Nodes with no TalosMachine: {} (create a TalosMachine for each, or set spec.discovery: Nodes on the TalosCluster to create them from the Nodes)",
+        nodes.join(", ")
+    )]
+    NodesWithoutMachines {
+        /// The Nodes.
+        nodes: Vec<String>,
+    },
 }
 
 impl PlanProblem {
@@ -231,6 +241,7 @@ impl PlanProblem {
             Self::KubernetesPairing { .. } => "KubernetesPairingRefused",
             Self::TwoControlPlanes { .. } => "TwoControlPlanes",
             Self::DuplicateMachineNames { .. } => "DuplicateMachineNames",
+            Self::NodesWithoutMachines { .. } => "NodesWithoutMachines",
         }
     }
 }

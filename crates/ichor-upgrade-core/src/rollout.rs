@@ -197,6 +197,10 @@ pub struct RolloutInput<'a> {
     pub lease: Option<&'a LeaseHolder>,
     /// Every machine of the cluster.
     pub machines: &'a [MachineView],
+    /// The cluster's Nodes that no machine names. An upgrade does not start while there is
+    /// one (refused at planning), and is not Completed while there is one (it waits): its
+    /// machines alone are not the cluster.
+    pub unaccounted_nodes: &'a [String],
     /// The etcd gate's verdict.
     pub etcd: &'a EtcdVerdict,
     /// The preflight gate's verdicts.
@@ -317,6 +321,12 @@ pub enum WaitReason {
         /// Those machines.
         machines: Vec<String>,
     },
+    /// Every machine converged, but these Nodes of the cluster have no machine: the
+    /// operation is not Completed while a Node may be on the old version.
+    NodesWithoutMachines {
+        /// The Nodes.
+        nodes: Vec<String>,
+    },
     /// The operation is being deleted; machines past their Upgrade call are still observed
     /// until they verify, then the lock is released.
     WindingDown {
@@ -390,6 +400,7 @@ impl Phase {
                 WaitReason::Held { .. } => "Held",
                 WaitReason::PreflightBlocked { .. } => "PreflightBlocked",
                 WaitReason::MachinesUnobserved { .. } => "MachinesUnobserved",
+                WaitReason::NodesWithoutMachines { .. } => "NodesWithoutMachines",
                 WaitReason::WindingDown { .. } => "WindingDown",
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
@@ -433,6 +444,12 @@ impl fmt::Display for Phase {
                 WaitReason::MachinesUnobserved { machines } => {
                     write!(f, "waiting: machines recorded as started are not observed: {}", machines.join(", "))
                 }
+                WaitReason::NodesWithoutMachines { nodes } => write!(
+                    f,
+                    "waiting: every machine converged, but these Nodes have no TalosMachine: {} (create one for \
+                     each, or set spec.discovery: Nodes on the TalosCluster)",
+                    nodes.join(", ")
+                ),
                 WaitReason::WindingDown { machines } => {
                     write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
                 }
@@ -1071,6 +1088,9 @@ fn plan_refusal(input: &RolloutInput<'_>, spec: &ValidSpec) -> Option<Refusal> {
     if control_planes.len() == 2 {
         problems.push(PlanProblem::TwoControlPlanes { machines: control_planes });
     }
+    if !input.unaccounted_nodes.is_empty() {
+        problems.push(PlanProblem::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() });
+    }
     match KubernetesVersion::parse(input.kubernetes_version) {
         Ok(kubernetes) => {
             if let Err(refusal) = check_kubernetes_pairing(&spec.target, &kubernetes) {
@@ -1303,6 +1323,8 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
     } else if !d.stop.is_empty() {
         // Interrupted machines are still being stopped; nothing else left to do.
         Phase::Progressing
+    } else if !input.unaccounted_nodes.is_empty() {
+        Phase::Waiting(WaitReason::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() })
     } else {
         d.lock = LockAction::Release;
         Phase::Completed

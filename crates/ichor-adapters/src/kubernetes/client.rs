@@ -52,8 +52,8 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::crd::{
-    EtcdSnapshotStatus, MachineCounts, Role, TalosCluster, TalosMachine, TalosMachineStatus, TalosOperation,
-    TalosOperationStatus, TalosStorage,
+    EtcdSnapshotStatus, MachineCounts, Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineStatus,
+    TalosOperation, TalosOperationStatus, TalosStorage,
 };
 use super::errors::kube_error;
 
@@ -708,6 +708,13 @@ impl ConditionStore for KubeCluster {
     }
 }
 
+/// The names of the Nodes `cluster` selects, sorted.
+fn cluster_nodes(nodes: &[Arc<Node>], cluster: &TalosClusterSpec) -> Vec<String> {
+    let mut names: Vec<String> = nodes.iter().filter(|n| cluster.selects(n.labels())).map(|n| n.name_any()).collect();
+    names.sort_unstable();
+    names
+}
+
 #[async_trait]
 impl KubeApi for KubeCluster {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
@@ -769,6 +776,7 @@ impl KubeApi for KubeCluster {
             kubernetes_version: cluster.spec.kubernetes_version.clone(),
             schematic: cluster.spec.schematic.clone(),
             platform: cluster.spec.platform.clone(),
+            nodes: cluster_nodes(&self.stores.nodes.state(), &cluster.spec),
         })
     }
 

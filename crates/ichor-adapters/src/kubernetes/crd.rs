@@ -9,6 +9,8 @@
 //! | [`TalosOperation`] | an upgrade of a cluster to a version (`kind: talos`), or a machine's removal (`kind: remove`) |
 //! | [`TalosStorage`] | which nodes carry storage to evacuate before they go down |
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -57,6 +59,38 @@ pub struct TalosClusterSpec {
     /// the engine reaches the Talos API with.
     #[schemars(length(min = 1))]
     pub talosconfig_secret: String,
+    /// The labels of this cluster's Nodes (every one must match). Without it, every Node
+    /// the API server has is the cluster's: set it when Nodes of other clusters share the
+    /// API server. An upgrade accounts for each of them: it is refused while one has no
+    /// TalosMachine, and not Completed until every one reports the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// `Nodes`: the operator makes a TalosMachine for each of the cluster's Nodes that no
+    /// machine names (named as the Node; its role from the `node-role.kubernetes.io/
+    /// control-plane` label, its address the Node's InternalIP, its hostname the Node's
+    /// name) and keeps those it made in step with their Nodes. It never deletes one.
+    /// Without it (`Manual`, the default), every Node needs a TalosMachine made by hand,
+    /// and an upgrade is refused while one has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<Discovery>,
+}
+
+impl TalosClusterSpec {
+    /// Whether a Node with `labels` is one of this cluster's: every label of the node
+    /// selector equal (every Node without one).
+    #[must_use]
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.node_selector.as_ref().is_none_or(|wanted| wanted.iter().all(|(k, v)| labels.get(k) == Some(v)))
+    }
+}
+
+/// Whether the operator makes the cluster's TalosMachines from its Nodes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Discovery {
+    /// No: the TalosMachines are made by hand.
+    Manual,
+    /// Yes, from the cluster's Nodes.
+    Nodes,
 }
 
 fn default_platform() -> String {

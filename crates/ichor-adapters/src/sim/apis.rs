@@ -706,7 +706,9 @@ impl KubeApi for SimCluster {
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
         self.kube(KubeCall::CachedRead, |w| {
             if name == w.cluster.name {
-                Ok(w.cluster.clone())
+                // Every Node the simulated API server has: each is a machine's.
+                let nodes = w.name_order.iter().filter(|&&i| !w.nodes[i].removed).map(|&i| w.nodes[i].name.clone());
+                Ok(ClusterInfo { nodes: nodes.collect(), ..w.cluster.clone() })
             } else {
                 Err(KubeError::NotFound(format!("TalosCluster {name}")))
             }

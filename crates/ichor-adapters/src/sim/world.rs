@@ -795,6 +795,8 @@ impl World {
                 kubernetes_version: config.kubernetes.clone(),
                 schematic: None,
                 platform: config.platform.clone(),
+                // Filled in as the simulated API server is read.
+                nodes: Vec::new(),
             },
             conditions: nodes.iter().map(|n| (n.name.clone(), Conditions::new())).collect(),
             machine_annotations: nodes.iter().map(|n| (n.name.clone(), Metadata::new())).collect(),

@@ -18,6 +18,7 @@ struct Fixture {
     kubernetes: String,
     lease: Option<LeaseHolder>,
     machines: Vec<MachineView>,
+    unaccounted: Vec<String>,
     etcd: EtcdVerdict,
     preflight: PreflightVerdict,
     config: RolloutConfig,
@@ -67,6 +68,7 @@ impl Fixture {
                 holder_exists: true,
             }),
             machines,
+            unaccounted: Vec::new(),
             etcd: EtcdVerdict::Healthy,
             preflight: PreflightVerdict::Off,
             config: RolloutConfig::default(),
@@ -182,6 +184,7 @@ impl Fixture {
             kubernetes_version: &self.kubernetes,
             lease: self.lease.as_ref(),
             machines: &self.machines,
+            unaccounted_nodes: &self.unaccounted,
             etcd: &self.etcd,
             preflight: &self.preflight,
             config: &self.config,
@@ -689,6 +692,7 @@ fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
         kubernetes_version: &f.kubernetes,
         lease: f.lease.as_ref(),
         machines: &f.machines,
+        unaccounted_nodes: &[],
         etcd: &f.etcd,
         preflight: &PreflightVerdict::Off,
         config: &f.config,
@@ -780,6 +784,7 @@ fn finish_authority_asked_again_needs_the_lock() {
         kubernetes_version: &f.kubernetes,
         lease: not_ours.lease.as_ref(),
         machines: &f.machines,
+        unaccounted_nodes: &[],
         etcd: &f.etcd,
         preflight: &PreflightVerdict::Off,
         config: &f.config,
@@ -814,6 +819,34 @@ fn planning_refuses_machines_that_cannot_reach_the_target_naming_each_and_the_pa
     let d = f.decide();
     assert_eq!(d.lock, LockAction::Release);
     assert!(d.start.is_empty());
+}
+
+#[test]
+fn nodes_no_machine_names_refuse_the_start_and_hold_the_completion() {
+    // Before any machine started: refused, each Node named, the fix said, nothing started.
+    let mut f = Fixture::cluster(3, 2);
+    f.unaccounted = names(&["node-a", "node-b"]);
+    let d = f.clone().no_lease().decide();
+    assert!(d.start.is_empty() && d.advance.is_empty());
+    let refusal = refusal_of(&d);
+    assert_eq!(refusal.reason(), "NodesWithoutMachines");
+    let text = refusal.to_string();
+    assert!(text.contains("node-a, node-b") && text.contains("spec.discovery: Nodes"), "{text}");
+    // Every machine converged while a Node has none (it appeared under way): not Completed,
+    // and the lock is kept.
+    let mut done = Fixture::cluster(3, 2).converged(&["cp-1", "cp-2", "cp-3", "worker-1", "worker-2"]);
+    done.unaccounted = names(&["node-late"]);
+    let d = done.decide();
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::NodesWithoutMachines { nodes: names(&["node-late"]) }));
+    assert_ne!(d.lock, LockAction::Release);
+    assert!(d.phase.to_string().contains("node-late"), "{}", d.phase);
+    // Once accounted for, Completed.
+    done.unaccounted.clear();
+    assert_eq!(done.decide().phase, Phase::Completed);
+    // A Node that appears under way does not stop the machines already going.
+    let mut going = Fixture::cluster(3, 2).converged(&["cp-1"]);
+    going.unaccounted = names(&["node-late"]);
+    assert!(!matches!(going.decide().phase, Phase::Refused(_)), "{}", going.decide().phase);
 }
 
 #[test]
