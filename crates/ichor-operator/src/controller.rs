@@ -43,6 +43,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::discovery;
 use crate::fence::{Fence, FencedKube, FencedStorage, FencedTalos};
 use crate::leader::leads;
 use crate::metrics::{EngineCalls, Metrics, Operations};
@@ -99,6 +100,9 @@ pub enum ControllerError {
     /// The engine's pass failed.
     #[error(transparent)]
     Reconcile(#[from] ichor_talos_executor::reconcile::ReconcileError),
+    /// A TalosMachine discovered from its Node could not be written.
+    #[error("writing a discovered TalosMachine: {0}")]
+    Discovery(#[source] kube::Error),
 }
 
 impl ControllerError {
@@ -106,6 +110,7 @@ impl ControllerError {
         match self {
             Self::Finalizer(e) => e.is_transient(),
             Self::Reconcile(e) => e.is_transient(),
+            Self::Discovery(e) => !matches!(e, kube::Error::Api(s) if s.code == 403 || s.code == 422),
         }
     }
 
@@ -113,6 +118,7 @@ impl ControllerError {
         use ichor_talos_executor::reconcile::ReconcileError as E;
         match self {
             Self::Finalizer(_) => "finalizer",
+            Self::Discovery(_) => "discovery",
             Self::Reconcile(E::ReadOperation { .. }) => "read-operation",
             Self::Reconcile(E::ReadCluster { .. }) => "read-cluster",
             Self::Reconcile(E::WriteLease { .. }) => "write-lease",
@@ -390,6 +396,11 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         let wait = Duration::from_millis(u64::try_from(at.unix_millis() - now.unix_millis()).unwrap_or(0));
         return Ok(Action::requeue(wait.max(MIN_REQUEUE)));
     }
+    // Discovery first: the engine then accounts for every Node with the machines made.
+    if discover(&ctx, &namespace, &op.spec.cluster).await.map_err(ControllerError::Discovery)? > 0 {
+        // Decided once the machines' watch events have filled the store.
+        return Ok(Action::requeue(MIN_REQUEUE));
+    }
     let started = Instant::now();
     let kube = ctx.kube(&namespace);
     let result: Result<_, ControllerError> = async {
@@ -441,6 +452,19 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         }
         None => Action::await_change(),
     })
+}
+
+/// Makes the TalosMachines `cluster`'s Nodes lack when it asks for discovery
+/// ([`crate::discovery`]); how many it wrote.
+async fn discover(ctx: &Context, namespace: &str, cluster: &str) -> Result<usize, kube::Error> {
+    let Some(cluster) = ctx.stores.clusters.get(&ObjectRef::new(cluster).within(namespace)) else { return Ok(0) };
+    let machines: Vec<_> =
+        ctx.stores.machines.state().into_iter().filter(|m| m.namespace().as_deref() == Some(namespace)).collect();
+    let found = discovery::plan(&cluster, &ctx.stores.nodes.state(), &machines);
+    for (node, why) in &found.skipped {
+        tracing::warn!(%namespace, cluster = %cluster.name_any(), %node, why, "no TalosMachine discovered for the Node");
+    }
+    discovery::apply(&ctx.client, namespace, &found.apply, &ctx.fence).await
 }
 
 fn error_policy(op: Arc<TalosOperation>, error: &ControllerError, _ctx: Arc<Context>) -> Action {

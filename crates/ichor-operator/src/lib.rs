@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 pub mod controller;
+pub mod discovery;
 pub mod fence;
 pub mod fleet;
 pub mod http;
