@@ -1,5 +1,7 @@
 //! The tests of the examples, run as processes, one module per file, in one test binary.
 
+mod operator_defaults;
+mod operator_discovery;
 mod operator_e2e;
 mod operator_example;
 mod operator_kwok;

@@ -1,6 +1,7 @@
 //! What the operator may do on the Kubernetes API, as one table, and the manifests made
 //! from it (`deploy/operator.yaml`: a Namespace, a ServiceAccount, the ClusterRole, its
-//! binding and a Deployment of two replicas).
+//! binding, a StatefulSet of two replicas with a snapshot volume each, and their
+//! PodDisruptionBudget).
 //!
 //! The table names exactly the verbs the code uses, no wildcards. Two checks keep it
 //! honest: the end-to-end tests run the operator under a ServiceAccount bound to this
@@ -9,11 +10,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SecurityContext, ServiceAccount,
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccount, Toleration, VolumeMount, VolumeResourceRequirements,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -47,6 +51,13 @@ pub const RULES: &[Rule] = &[
         resources: &["talosoperations/status", "talosmachines/status"],
         verbs: &["patch"],
         why: "status and conditions, by server-side apply",
+    },
+    Rule {
+        group: "ichor.dev",
+        resources: &["talosmachines"],
+        // An apply that makes the object is authorised as a create as well.
+        verbs: &["create", "patch"],
+        why: "discovery: a TalosMachine made from its Node, by server-side apply (spec.discovery: Nodes)",
     },
     Rule {
         group: "ichor.dev",
@@ -134,7 +145,7 @@ pub fn allows(request: &Request) -> bool {
 
 /// The names the manifests use.
 pub const NAME: &str = "ichor-operator";
-/// The namespace the Deployment runs in.
+/// The namespace the operator runs in.
 pub const NAMESPACE: &str = "ichor-system";
 /// The image the Deployment runs (built from `deploy/Dockerfile`).
 pub const IMAGE: &str = "localhost/ichor-operator:0.1.0";
@@ -192,7 +203,18 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
     }
 }
 
-fn deployment() -> Deployment {
+/// Where the operator keeps etcd snapshots in its pod: a volume of its own per replica.
+pub const SNAPSHOT_DIR: &str = "/var/lib/ichor/snapshots";
+/// The volume claim template of the snapshot volume.
+pub const SNAPSHOT_VOLUME: &str = "etcd-snapshots";
+/// The user the image runs as (distroless `nonroot`); the snapshot volume is its group's.
+const NONROOT: i64 = 65_532;
+
+/// The operator's StatefulSet: two replicas on different nodes (one leads, the other takes
+/// over), each with its own snapshot volume (a ReadWriteOnce claim any default
+/// StorageClass can serve: the leader writes the etcd snapshot into its own), allowed on
+/// control-plane nodes, no privilege.
+fn stateful_set() -> StatefulSet {
     let probe = |path: &str| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_owned()),
@@ -203,39 +225,23 @@ fn deployment() -> Deployment {
         ..Probe::default()
     };
     let quantity = |q: &str| Quantity(q.to_owned());
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: path.to_owned(), ..ObjectFieldSelector::default() }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
     let container = Container {
         name: "operator".to_owned(),
         image: Some(IMAGE.to_owned()),
-        args: Some(vec![
-            "--log-format".to_owned(),
-            "json".to_owned(),
-            "--listen".to_owned(),
-            format!("0.0.0.0:{HTTP_PORT}"),
-        ]),
-        env: Some(vec![
-            EnvVar {
-                name: "POD_NAMESPACE".to_owned(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.namespace".to_owned(),
-                        ..ObjectFieldSelector::default()
-                    }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            },
-            EnvVar {
-                name: "POD_NAME".to_owned(),
-                value_from: Some(EnvVarSource {
-                    field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.name".to_owned(),
-                        ..ObjectFieldSelector::default()
-                    }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            },
-        ]),
+        args: Some(
+            ["--log-format", "json", "--listen", &format!("0.0.0.0:{HTTP_PORT}"), "--etcd-snapshot-dir", SNAPSHOT_DIR]
+                .map(str::to_owned)
+                .to_vec(),
+        ),
+        env: Some(vec![field("POD_NAMESPACE", "metadata.namespace"), field("POD_NAME", "metadata.name")]),
         ports: Some(vec![ContainerPort {
             name: Some("http".to_owned()),
             container_port: HTTP_PORT,
@@ -245,30 +251,54 @@ fn deployment() -> Deployment {
         readiness_probe: Some(probe("/readyz")),
         resources: Some(ResourceRequirements {
             requests: Some([("cpu".to_owned(), quantity("50m")), ("memory".to_owned(), quantity("64Mi"))].into()),
-            limits: Some([("memory".to_owned(), quantity("256Mi"))].into()),
+            limits: Some([("memory".to_owned(), quantity("512Mi"))].into()),
             ..ResourceRequirements::default()
         }),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
             run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".to_owned()]), ..Capabilities::default() }),
             ..SecurityContext::default()
         }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: SNAPSHOT_VOLUME.to_owned(),
+            mount_path: SNAPSHOT_DIR.to_owned(),
+            ..VolumeMount::default()
+        }]),
         ..Container::default()
     };
-    Deployment {
-        metadata: meta(NAME, Some(NAMESPACE)),
-        spec: DeploymentSpec {
-            replicas: Some(2),
-            selector: LabelSelector { match_labels: Some(labels()), ..LabelSelector::default() },
-            // One replica at a time: the other keeps (or takes) the leadership.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".to_owned()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(1)),
-                    max_surge: Some(IntOrString::Int(0)),
-                }),
+    let claim = PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(SNAPSHOT_VOLUME.to_owned()),
+            labels: Some(labels()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some([("storage".to_owned(), quantity("10Gi"))].into()),
+                ..VolumeResourceRequirements::default()
             }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    };
+    let toleration = |key: &str| Toleration {
+        key: Some(key.to_owned()),
+        operator: Some("Exists".to_owned()),
+        effect: Some("NoSchedule".to_owned()),
+        ..Toleration::default()
+    };
+    StatefulSet {
+        metadata: meta(NAME, Some(NAMESPACE)),
+        spec: StatefulSetSpec {
+            replicas: Some(2),
+            service_name: Some(NAME.to_owned()),
+            // Both start at once; an update replaces one replica at a time (the other keeps
+            // or takes the leadership).
+            pod_management_policy: Some("Parallel".to_owned()),
+            selector: LabelSelector { match_labels: Some(labels()), ..LabelSelector::default() },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(labels()), ..ObjectMeta::default() }),
                 spec: Some(PodSpec {
@@ -276,13 +306,53 @@ fn deployment() -> Deployment {
                     // Long enough for the reconciles in flight to end and the leadership
                     // to be handed over (graceful shutdown on SIGTERM).
                     termination_grace_period_seconds: Some(60),
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(NONROOT),
+                        run_as_group: Some(NONROOT),
+                        fs_group: Some(NONROOT),
+                        run_as_non_root: Some(true),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".to_owned(),
+                            ..SeccompProfile::default()
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    affinity: Some(Affinity {
+                        pod_anti_affinity: Some(PodAntiAffinity {
+                            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                                label_selector: Some(LabelSelector {
+                                    match_labels: Some(labels()),
+                                    ..LabelSelector::default()
+                                }),
+                                topology_key: "kubernetes.io/hostname".to_owned(),
+                                ..PodAffinityTerm::default()
+                            }]),
+                            ..PodAntiAffinity::default()
+                        }),
+                        ..Affinity::default()
+                    }),
+                    tolerations: Some(vec![toleration("node-role.kubernetes.io/control-plane")]),
                     containers: vec![container],
                     ..PodSpec::default()
                 }),
             },
-            ..DeploymentSpec::default()
+            volume_claim_templates: Some(vec![claim]),
+            ..StatefulSetSpec::default()
         },
-        ..Deployment::default()
+        ..StatefulSet::default()
+    }
+}
+
+/// At least one replica stays up through a drain (the engine's own included).
+fn disruption_budget() -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(NAME, Some(NAMESPACE)),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector { match_labels: Some(labels()), ..LabelSelector::default() }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
     }
 }
 
@@ -305,7 +375,8 @@ pub fn operator_yaml() -> String {
         yaml(&ServiceAccount { metadata: meta(NAME, Some(NAMESPACE)), ..ServiceAccount::default() }),
         yaml(&cluster_role(NAME)),
         yaml(&cluster_role_binding(NAME, NAME, NAMESPACE, NAME)),
-        yaml(&deployment()),
+        yaml(&stateful_set()),
+        yaml(&disruption_budget()),
     ];
     format!(
         "# Generated from crates/ichor-operator/src/rbac.rs; do not edit.\n# Regenerate: ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests\n---\n{}",

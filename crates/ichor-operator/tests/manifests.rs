@@ -23,6 +23,60 @@ fn the_committed_operator_manifests_are_the_generated_ones() {
 fn the_manifests_name_the_role_without_wildcards_and_two_replicas() {
     let yaml = ichor_operator::rbac::operator_yaml();
     assert!(!yaml.contains('*'), "no wildcard anywhere:\n{yaml}");
-    assert!(yaml.contains("kind: ClusterRole\n") && yaml.contains("kind: Deployment\n"));
+    assert!(yaml.contains("kind: ClusterRole\n") && yaml.contains("kind: StatefulSet\n"));
     assert!(yaml.contains("replicas: 2"), "{yaml}");
+}
+
+/// The objects of the generated manifests, as JSON.
+fn documents() -> Vec<serde_json::Value> {
+    let yaml = ichor_operator::rbac::operator_yaml();
+    yaml.split("\n---\n")
+        .map(|doc| doc.lines().filter(|l| !l.starts_with('#') && *l != "---").collect::<Vec<_>>().join("\n"))
+        .filter(|doc| !doc.trim().is_empty())
+        .map(|doc| serde_saphyr::from_str(&doc).unwrap())
+        .collect()
+}
+
+fn kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"))
+}
+
+#[test]
+fn as_shipped_the_operator_keeps_etcd_snapshots_on_a_volume_of_each_replica() {
+    let docs = documents();
+    let set = kind(&docs, "StatefulSet");
+    let container = &set["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"].as_array().unwrap().iter().filter_map(|a| a.as_str()).collect();
+    let dir = args.iter().position(|a| *a == "--etcd-snapshot-dir").map(|i| args[i + 1]);
+    assert_eq!(dir, Some(ichor_operator::rbac::SNAPSHOT_DIR), "{args:?}");
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(mount["mountPath"], ichor_operator::rbac::SNAPSHOT_DIR);
+    assert_eq!(mount["name"], ichor_operator::rbac::SNAPSHOT_VOLUME);
+    let claim = &set["spec"]["volumeClaimTemplates"][0];
+    assert_eq!(claim["metadata"]["name"], ichor_operator::rbac::SNAPSHOT_VOLUME);
+    assert_eq!(claim["spec"]["accessModes"][0], "ReadWriteOnce", "a claim any default StorageClass serves");
+    // The non-root user can write the volume.
+    let pod = &set["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["fsGroup"], pod["securityContext"]["runAsUser"]);
+}
+
+#[test]
+fn the_replicas_run_apart_unprivileged_and_one_always_stays_up() {
+    let docs = documents();
+    let pod = &kind(&docs, "StatefulSet")["spec"]["template"]["spec"];
+    let term = &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(pod["containers"][0]["securityContext"]["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert!(
+        pod["tolerations"].as_array().unwrap().iter().any(|t| t["key"] == "node-role.kubernetes.io/control-plane"),
+        "it may run on control planes"
+    );
+    let budget = kind(&docs, "PodDisruptionBudget");
+    assert_eq!(budget["spec"]["minAvailable"], 1);
+    assert_eq!(budget["spec"]["selector"], pod_labels_selector(&docs));
+}
+
+fn pod_labels_selector(docs: &[serde_json::Value]) -> serde_json::Value {
+    kind(docs, "StatefulSet")["spec"]["selector"].clone()
 }

@@ -24,6 +24,12 @@ pub struct Source {
     pub node: String,
 }
 
+/// Why an operation pauses when the operator has nowhere to put a snapshot, and the fixes.
+pub const NO_STORE: &str = "no etcd snapshot store is configured: start the operator with --etcd-snapshot-dir DIR \
+     (a mounted volume; deploy/operator.yaml mounts one at /var/lib/ichor/snapshots) or --etcd-snapshot-s3-bucket \
+     BUCKET (credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or set spec.etcdSnapshot: Skip on the \
+     TalosOperation to upgrade without one";
+
 /// Streams a snapshot of etcd from the first of `sources` (Ready control planes, the one
 /// about to be upgraded last) into the executor's store, as `cluster`'s snapshot before
 /// `target`. Each source is tried in turn when one cannot be reached; what the store
@@ -31,11 +37,7 @@ pub struct Source {
 pub async fn take(ex: &Executor<'_>, cluster: &str, target: &str, sources: &[Source]) -> SnapshotState {
     let failed = |reason: String| SnapshotState::Failed { reason, at: ex.clock.now() };
     let Some(store) = ex.snapshots else {
-        return failed(
-            "no etcd snapshot store is configured (give the operator a snapshot directory or bucket, or set \
-             spec.etcdSnapshot: Skip)"
-                .to_owned(),
-        );
+        return failed(NO_STORE.to_owned());
     };
     if sources.is_empty() {
         return failed("no control plane is Ready to stream a snapshot from".to_owned());

@@ -59,6 +59,11 @@ impl Process {
         sample(&self.metrics().await?, series)
     }
 
+    /// The process's ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill(&mut self) {
         self.child.kill().ok();
         self.child.wait().ok();
