@@ -203,6 +203,16 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
         peak_kib as f64 / 1024.0,
         per(talos),
     );
+    // Where the requests went, the most first.
+    let mut series: Vec<(f64, &str)> = metrics
+        .lines()
+        .filter(|l| l.starts_with("ichor_kube_requests_total{"))
+        .filter_map(|l| Some((l.rsplit(' ').next()?.parse().ok()?, l)))
+        .collect();
+    series.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (_, line) in series.iter().take(8) {
+        eprintln!("  {line}");
+    }
     // A fleet stopped by SIGTERM deletes its Nodes: kwok stops renewing their Leases.
     assert_eq!(fleet.terminate(), Some(0));
     assert!(scene.fleet_nodes().await.is_empty(), "a stopped fleet deletes its Nodes");
