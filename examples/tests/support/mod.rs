@@ -101,16 +101,12 @@ impl Drop for Process {
 }
 
 /// Waits until `check` holds, at most [`BOUND`].
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+pub async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + BOUND;
-    while !check().await {
-        assert!(Instant::now() < deadline, "not within {BOUND:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_within(BOUND, what, check).await;
 }
 
 /// Waits until `check` holds, at most `bound`.
