@@ -6,18 +6,22 @@
 //! - [`metrics`] and [`http`]: Prometheus `/metrics`, `/healthz`, `/readyz`.
 //! - [`requests`] and [`rbac`]: every API request counted by RBAC verb and resource, the
 //!   ClusterRole that allows exactly those, and the manifests in `deploy/`.
-//! - [`fleet`]: a simulated Talos fleet on a real API server, to try it with no machines.
+//! - `fleet` (feature `fleet`): a simulated Talos fleet on a real API server, to try it with
+//!   no machines.
+//! - [`cli`]: the command line of the `ichor-operator` binary (and the `operator` example).
 //! - [`trace`]: the trace of what the engine does and sees, in the simulator's records
 //!   ([`ichor_adapters::trace`]), as JSON lines.
-//! - [`run`]: all of it together, as `cargo run --example operator` runs it.
+//! - [`run`]: all of it together, as the binary runs it.
 //!
 //! What it must not do: decide anything about a rollout (the engine does), or reconcile
 //! while another replica leads.
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod controller;
 pub mod discovery;
 pub mod fence;
+#[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod http;
 pub mod leader;
@@ -32,6 +36,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub use controller::{Health, OperatorConfig};
+#[cfg(feature = "fleet")]
 pub use fleet::{Fleet, FleetConfig};
 pub use leader::{ElectionConfig, Leadership};
 pub use metrics::Metrics;
@@ -43,6 +48,7 @@ pub struct Plan {
     /// The controller, with its election; `None` for a fleet-only process.
     pub operator: Option<(OperatorConfig, ElectionConfig)>,
     /// A simulated fleet.
+    #[cfg(feature = "fleet")]
     pub fleet: Option<FleetConfig>,
     /// Where `/metrics`, `/healthz` and `/readyz` listen.
     pub listen: std::net::SocketAddr,
@@ -61,11 +67,13 @@ pub enum RunError {
         source: std::io::Error,
     },
     /// The fleet could not start.
+    #[cfg(feature = "fleet")]
     #[error("the simulated fleet: {0}")]
     Fleet(#[from] fleet::FleetError),
 }
 
 /// How long a stopping process waits for the simulated fleet to delete its Nodes.
+#[cfg(feature = "fleet")]
 const FLEET_STOP: Duration = Duration::from_secs(60);
 
 /// Runs `plan` with `client` (whose requests are counted into `metrics.requests`, see
@@ -95,6 +103,7 @@ pub async fn run(
     let server = tokio::spawn(http::serve(listener, Arc::clone(&metrics), Arc::clone(&health), stopped()));
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
 
+    #[cfg(feature = "fleet")]
     let fleet = match plan.fleet {
         Some(config) => {
             let fleet = Fleet::new(config);
@@ -124,16 +133,20 @@ pub async fn run(
     };
 
     // A fleet that fails to start ends the process; otherwise run until told to stop.
+    #[cfg(feature = "fleet")]
     let mut fleet = fleet;
+    #[cfg(feature = "fleet")]
     let fleet_failed = async {
         match fleet.as_mut() {
             Some(handle) => match handle.await {
-                Ok(Err(e)) => Err(e),
+                Ok(Err(e)) => Err(RunError::from(e)),
                 _ => Ok(()),
             },
             None => std::future::pending().await,
         }
     };
+    #[cfg(not(feature = "fleet"))]
+    let fleet_failed = std::future::pending::<Result<(), RunError>>();
     let result = tokio::select! {
         () = shutdown => Ok(()),
         r = fleet_failed => r,
@@ -146,6 +159,7 @@ pub async fn run(
     }
     // The fleet deletes its Nodes on the same signal: waited for, within a bound (a
     // thousand deletions take seconds), so that a stopped fleet leaves none behind.
+    #[cfg(feature = "fleet")]
     if let Some(handle) = fleet.filter(|h| !h.is_finished())
         && tokio::time::timeout(FLEET_STOP, handle).await.is_err()
     {
@@ -153,7 +167,7 @@ pub async fn run(
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.abort();
-    result.map_err(RunError::from)
+    result
 }
 
 /// Logs to stderr as text, or as JSON lines with `json`; `RUST_LOG` filters (default
