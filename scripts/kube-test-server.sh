@@ -11,6 +11,8 @@
 #   scripts/kube-test-server.sh start DIR    start etcd, kube-apiserver, kube-controller-manager,
 #                                            kube-scheduler and kwok, print
 #                                            ICHOR_TEST_KUBECONFIG=DIR/kubeconfig
+#                                            (DIR/kubectl: the machine's kubectl, or one of
+#                                            the release built when it has none)
 #   scripts/kube-test-server.sh stop DIR     stop what `start DIR` started (by PID only)
 #   scripts/kube-test-server.sh env DIR      print the ICHOR_TEST_KUBECONFIG= line again
 #
@@ -40,6 +42,9 @@ CACHE="${ICHOR_KUBE_CACHE:-$HOME/.cache/ichor/kube-${KUBE_VERSION#v}}"
 GO_CACHE="${ICHOR_GO_CACHE:-$HOME/.cache/ichor/go}"
 MODULE_DIR="$(cd "$(dirname "$0")" && pwd -P)/kube-server"
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+# kubectl for the tests that run it as a user does: the machine's when it has one (these
+# machines do: building it costs CI minutes), else built into the cache as the rest.
+command -v kubectl >/dev/null 2>&1 || BINARIES+=(kubectl)
 KWOK_STAGES="$MODULE_DIR/kwok-stages.yaml"
 KWOK_LABEL="ichor.dev/kwok=true"
 TOKEN="testtoken"
@@ -131,7 +136,7 @@ cmd_build() {
         local b kube=()
         for b in "${missing[@]}"; do
             case "$b" in
-            kube-*) kube+=("$(package_of "$b")") ;;
+            kube-* | kubectl) kube+=("$(package_of "$b")") ;;
             *) go build -trimpath -ldflags "-s -w" -o "$work/$b" "$(package_of "$b")" >>"$work/build.log" 2>&1 ;;
             esac
         done
@@ -370,6 +375,13 @@ cmd_start() {
     sleep 1
     all_alive "$dir" || fail_start "$dir" "a process exited right after start"
     log "ready in $((($(date +%s%N) - t0ns) / 1000000)) ms; server https://127.0.0.1:$ap, token $TOKEN"
+    # kubectl beside the kubeconfig, for the tests that run it as a user would (`kubectl
+    # apply -k deploy/`, `kubectl explain`): the one built, else the machine's.
+    if [ -x "$CACHE/kubectl" ]; then
+        ln -sf "$CACHE/kubectl" "$dir/kubectl"
+    else
+        ln -sf "$(command -v kubectl)" "$dir/kubectl"
+    fi
     echo "ICHOR_TEST_KUBECONFIG=$dir/kubeconfig"
 }
 

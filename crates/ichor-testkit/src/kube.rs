@@ -98,15 +98,30 @@ impl TestNamespace {
 
 impl TestNamespace {
     /// A kubeconfig for the ServiceAccount `account` of this namespace (created when
-    /// absent), written to `path`: the test server's address and CA, and a token from the
-    /// TokenRequest API (an hour). What the account may do is the caller's binding.
+    /// absent), written to `path`: see [`Self::service_account_kubeconfig_in`].
     ///
     /// # Panics
     /// When the server refuses the account or the token.
     pub async fn service_account_kubeconfig(&self, account: &str, path: &std::path::Path) -> PathBuf {
+        self.service_account_kubeconfig_in(&self.name, account, path).await
+    }
+
+    /// A kubeconfig for the ServiceAccount `account` of `namespace` (created when absent),
+    /// written to `path`: the test server's address and CA, and a token from the
+    /// TokenRequest API (an hour), this namespace its default. What the account may do is
+    /// the caller's binding.
+    ///
+    /// # Panics
+    /// When the server refuses the account or the token.
+    pub async fn service_account_kubeconfig_in(
+        &self,
+        namespace: &str,
+        account: &str,
+        path: &std::path::Path,
+    ) -> PathBuf {
         use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
         use k8s_openapi::api::core::v1::ServiceAccount;
-        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.name);
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
         let object = ServiceAccount {
             metadata: ObjectMeta { name: Some(account.to_owned()), ..ObjectMeta::default() },
             ..ServiceAccount::default()
