@@ -84,19 +84,21 @@ impl Scene {
         max_unavailable: i64,
     ) {
         let ops: Api<TalosOperation> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
-        let op = TalosOperation::new(
-            name,
-            TalosOperationSpec {
-                preflight: None,
-                etcd_snapshot: None,
-                cluster: fleet::CLUSTER.into(),
-                kind: kind.into(),
-                target_version: fleet::TARGET.into(),
-                max_unavailable,
-                machine: machine.map(str::to_owned),
-            },
-        );
-        ops.create(&PostParams::default(), &op).await.unwrap();
+        let spec = TalosOperationSpec { max_unavailable, ..self.operation_spec(kind, machine) };
+        ops.create(&PostParams::default(), &TalosOperation::new(name, spec)).await.unwrap();
+    }
+
+    /// The spec of an operation of `kind` on the fleet's cluster, one worker at a time.
+    pub(crate) fn operation_spec(&self, kind: &str, machine: Option<&str>) -> TalosOperationSpec {
+        TalosOperationSpec {
+            preflight: None,
+            etcd_snapshot: None,
+            cluster: fleet::CLUSTER.into(),
+            kind: kind.into(),
+            target_version: fleet::TARGET.into(),
+            max_unavailable: 1,
+            machine: machine.map(str::to_owned),
+        }
     }
 
     pub(crate) async fn operation(&self, name: &str) -> Option<TalosOperation> {
@@ -468,21 +470,30 @@ async fn a_pdb_at_zero_holds_a_removal_at_its_eviction_until_it_allows_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
-async fn a_bad_kind_is_refused_with_a_warning_event() {
+async fn a_bad_kind_is_refused_by_the_schema_and_a_bad_machine_by_the_controller() {
     let scene = Scene::new("e2e-kind").await;
     let both = scene.fleet("1+1", &[]);
     scene.fleet_up(2).await;
-    scene.create_operation("k8s", "kubernetes", None).await;
-    eventually("the operation is refused", || async { scene.phase("k8s").await == "Refused" }).await;
-    let status = scene.operation("k8s").await.and_then(|op| op.status).unwrap_or_default();
-    assert!(status.message.as_deref().is_some_and(|m| m.contains("kubernetes")), "{status:?}");
+    let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let mut spec = scene.operation_spec("kubernetes", None);
+    let refused = ops.create(&PostParams::default(), &TalosOperation::new("k8s", spec.clone())).await.unwrap_err();
+    let text = refused.to_string();
+    assert!(text.contains("spec.kind") && text.contains("\"talos\"") && text.contains("\"remove\""), "{text}");
+    spec.kind = "talos".into();
+    spec.machine = Some(fleet::CLUSTER.to_owned() + "-worker-1");
+    let refused = ops.create(&PostParams::default(), &TalosOperation::new("k8s", spec)).await.unwrap_err();
+    assert!(refused.to_string().contains("only for kind remove"), "{refused}");
+    scene.create_operation("ghost", "remove", Some("ghost-machine")).await;
+    eventually("the operation is refused", || async { scene.phase("ghost").await == "Refused" }).await;
+    let status = scene.operation("ghost").await.and_then(|op| op.status).unwrap_or_default();
+    assert!(status.message.as_deref().is_some_and(|m| m.contains("ghost-machine")), "{status:?}");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
     eventually("a Warning Event on the operation", || async {
         events.list(&ListParams::default()).await.is_ok_and(|l| {
             l.items.iter().any(|e| {
                 e.type_.as_deref() == Some("Warning")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("k8s")
-                    && e.note.as_deref().is_some_and(|n| n.contains("kubernetes"))
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("ghost")
+                    && e.note.as_deref().is_some_and(|n| n.contains("ghost-machine"))
             })
         })
     })

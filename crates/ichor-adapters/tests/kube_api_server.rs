@@ -86,6 +86,21 @@ async fn the_crds_validate_what_is_written() {
     };
     let err = ops.create(&PostParams::default(), &op("zero", 0)).await.unwrap_err();
     assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("maxUnavailable")), "{err}");
+    // The schema's maximum is the engine's (a u32), so 2^32 is refused at admission, naming it.
+    let err = ops.create(&PostParams::default(), &op("huge", 1 << 32)).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("4294967295")), "{err}");
+    ops.create(&PostParams::default(), &op("largest", (1 << 32) - 1)).await.unwrap();
+    // targetVersion is a version, and kind one of the kinds the engine knows.
+    let bad_version = TalosOperation {
+        spec: TalosOperationSpec { target_version: "latest".into(), ..op("v", 1).spec },
+        ..op("v", 1)
+    };
+    let err = ops.create(&PostParams::default(), &bad_version).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("targetVersion")), "{err}");
+    let bad_kind =
+        TalosOperation { spec: TalosOperationSpec { kind: "ichor".into(), ..op("k", 1).spec }, ..op("k", 1) };
+    let err = ops.create(&PostParams::default(), &bad_kind).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("spec.kind")), "{err}");
     // maxUnavailable defaults to 1 when left out.
     let raw = json!({
         "apiVersion": "ichor.dev/v1alpha1", "kind": "TalosOperation", "metadata": { "name": "defaulted" },
@@ -346,7 +361,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
         preflight: None,
         etcd_snapshot: None,
         cluster: "prod".into(),
-        kind: "kubernetes".into(),
+        kind: "talos".into(),
         target_version: "v1.14.4".into(),
         max_unavailable: 1,
         machine: None,

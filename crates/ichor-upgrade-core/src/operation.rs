@@ -128,6 +128,15 @@ pub enum Refusal {
     /// A removal without `spec.machine`.
     #[error("spec.machine is required for an operation of kind \"remove\"")]
     MissingMachine,
+    /// An upgrade that names a machine: `spec.machine` is a removal's alone, and an upgrade
+    /// never runs on one machine.
+    #[error(
+        "spec.machine is only for an operation of kind \"remove\"; an upgrade (kind {kind:?}) takes every machine of the cluster and names none"
+    )]
+    MachineNotForKind {
+        /// The kind as written.
+        kind: String,
+    },
     /// A removal of a machine the cluster does not have.
     #[error("spec.machine {machine:?} is not a machine of the cluster")]
     UnknownMachine {
@@ -156,8 +165,8 @@ pub enum Refusal {
         /// The release set's Talos version.
         release: String,
     },
-    /// `maxUnavailable` is zero or negative.
-    #[error("spec.maxUnavailable is {value}; it must be at least 1")]
+    /// `maxUnavailable` is not between 1 and [`u32::MAX`].
+    #[error("spec.maxUnavailable is {value}; it must be between 1 and 4294967295")]
     InvalidMaxUnavailable {
         /// The value as written.
         value: i64,
@@ -258,6 +267,7 @@ impl Refusal {
             Self::InvalidReleaseVersion { .. } => "InvalidReleaseVersion",
             Self::TargetNotReleaseSet { .. } => "TargetNotReleaseSet",
             Self::InvalidMaxUnavailable { .. } => "InvalidMaxUnavailable",
+            Self::MachineNotForKind { .. } => "MachineNotForKind",
             Self::Unplannable { problems } => problems.first().map_or("Unplannable", PlanProblem::reason),
         }
     }
@@ -297,8 +307,9 @@ impl OperationSpec {
     }
 
     /// Validates the spec against the release set's Talos version (DESIGN §3 rules 9 and
-    /// 10, §9): the kind must be `talos`, the target a Talos version equal to the release
-    /// set's, and `maxUnavailable` at least 1.
+    /// 10, §9): the kind must be `talos`, naming no machine, the target a Talos version
+    /// equal to the release set's, and `maxUnavailable` between 1 and [`u32::MAX`] (the
+    /// CRD's schema says the same to an API server that checks it).
     ///
     /// # Errors
     /// The first [`Refusal`] found, in that order.
@@ -311,6 +322,9 @@ impl OperationSpec {
             OperationKind::TALOS => OperationKind::Talos,
             other => return Err(Refusal::UnsupportedKind { kind: other.to_owned() }),
         };
+        if self.machine.is_some() {
+            return Err(Refusal::MachineNotForKind { kind: self.kind.clone() });
+        }
         let target = TalosVersion::parse(&self.target_version)
             .map_err(|e: VersionError| Refusal::InvalidTarget { error: e.to_string() })?;
         let release = TalosVersion::parse(release_talos_version)
@@ -362,6 +376,29 @@ mod tests {
             assert_eq!(refusal, Refusal::UnsupportedKind { kind: kind.into() });
             assert!(refusal.to_string().contains("not supported"), "{refusal}");
         }
+    }
+
+    #[test]
+    fn an_upgrade_that_names_a_machine_is_refused() {
+        let mut upgrade = spec("talos", "v1.14.4", 1);
+        upgrade.machine = Some("worker-2".into());
+        let refusal = upgrade.validate("v1.14.4").unwrap_err();
+        assert_eq!(refusal, Refusal::MachineNotForKind { kind: "talos".into() });
+        assert_eq!(refusal.reason(), "MachineNotForKind");
+        assert!(refusal.to_string().starts_with("spec.machine is only for"), "{refusal}");
+    }
+
+    #[test]
+    fn max_unavailable_past_u32_is_refused_naming_the_real_limit() {
+        for value in [0, -1, i64::from(u32::MAX) + 1, i64::MAX] {
+            let refusal = spec("talos", "v1.14.4", value).validate("v1.14.4").unwrap_err();
+            assert_eq!(refusal, Refusal::InvalidMaxUnavailable { value });
+            assert!(refusal.to_string().contains("between 1 and 4294967295"), "{refusal}");
+        }
+        assert_eq!(
+            spec("talos", "v1.14.4", i64::from(u32::MAX)).validate("v1.14.4").unwrap().max_unavailable,
+            u32::MAX
+        );
     }
 
     #[test]

@@ -184,28 +184,45 @@ pub struct TalosMachineStatus {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-// Refused by the API server itself (a CEL rule, Kubernetes 1.25 and later), before any
-// controller sees it: a removal that names no machine has nothing to act on.
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "self.kind != 'remove' || (has(self.machine) && size(self.machine) > 0)",
-    "message": "a removal names the TalosMachine to remove in spec.machine"
-}]))]
+// Refused by the API server itself (CEL rules, Kubernetes 1.25 and later), before any
+// controller sees it, where a pattern cannot say it: a removal that names no machine has
+// nothing to act on, an upgrade that names one would read as an upgrade of that machine
+// alone, and an upgrade with no target has nowhere to go. The controller checks the same
+// (`OperationSpec::validate`) for API servers without CEL.
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.kind != 'remove' || (has(self.machine) && size(self.machine) > 0)",
+        "message": "a removal names the TalosMachine to remove in spec.machine"
+    },
+    {
+        "rule": "self.kind == 'remove' || !has(self.machine)",
+        "message": "spec.machine is only for kind remove: an upgrade takes every machine of the cluster"
+    },
+    {
+        "rule": "self.kind != 'talos' || (has(self.targetVersion) && size(self.targetVersion) > 0)",
+        "message": "an upgrade (kind talos) names its Talos version in spec.targetVersion"
+    }
+]))]
 pub struct TalosOperationSpec {
     /// The `TalosCluster` it operates on, in the same namespace.
     #[schemars(length(min = 1))]
     pub cluster: String,
     /// `talos` (upgrade every machine to `targetVersion`) or `remove` (remove `machine`).
-    /// Anything else is refused with a Warning Event.
-    #[schemars(length(min = 1))]
+    /// The schema admits no other; a controller behind an API server that does not check
+    /// it refuses any other with a Warning Event, never running it as an upgrade.
+    #[schemars(extend("enum" = ["talos", "remove"]))]
     pub kind: String,
-    /// For `talos`: the version to upgrade to; it must be the cluster's `talosVersion`.
+    /// For `talos` (required): the Talos version to upgrade to, such as `v1.14.4`; it must
+    /// be the cluster's `talosVersion`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(regex(pattern = r"^v?[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$"))]
     pub target_version: String,
-    /// For `talos`: how many workers may be unavailable at once (at least 1).
+    /// For `talos`: how many workers may be unavailable at once, 1 (the default) to
+    /// 4294967295. Control planes always go one at a time.
     #[serde(default = "one")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 4_294_967_295_i64))]
     pub max_unavailable: i64,
-    /// For `remove`: the `TalosMachine` to remove.
+    /// For `remove` (required, and only for `remove`): the `TalosMachine` to remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
     /// For `talos`: what the preflight gate does with a machine it finds blockers for
