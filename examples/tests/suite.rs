@@ -1,9 +1,9 @@
 //! The tests of the examples, run as processes, one module per file, in one test binary.
 
 mod operator_defaults;
-mod operator_discovery;
 mod operator_e2e;
 mod operator_example;
+mod operator_install;
 mod operator_kwok;
 mod operator_trace;
 mod rollout_example;

@@ -1,0 +1,137 @@
+//! The operator as a platform team installs it, on the real API server: `kubectl apply -k`
+//! of `deploy/` (through an overlay that sets the image, the one field a user changes, and
+//! no replicas: the operator under test is the locally built binary, run as a process with
+//! the token of the ServiceAccount the manifests make), then a TalosCluster applied with
+//! kubectl, on a simulated fleet of 3 + 10 whose Nodes have no TalosMachines
+//! (`operator --simulate-fleet CP+W --no-machines`, the contract). With discovery off the
+//! upgrade is refused naming every Node; with `discovery: Nodes` the machines are made from
+//! the Nodes and the upgrade completes with every Node on the target.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests};
+use crate::support::eventually;
+use ichor_adapters::kubernetes::crd::TalosMachine;
+use ichor_operator::{discovery, fleet, rbac};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::api::{Api, ListParams};
+
+/// The kubectl beside the test server's kubeconfig (`scripts/kube-test-server.sh` links
+/// one there), else the one on `PATH`.
+fn kubectl(kubeconfig: &Path) -> Command {
+    let beside = std::env::var_os("ICHOR_TEST_KUBECONFIG")
+        .map(PathBuf::from)
+        .and_then(|k| k.parent().map(|d| d.join("kubectl")))
+        .filter(|k| k.exists());
+    let mut command = Command::new(beside.unwrap_or_else(|| PathBuf::from("kubectl")));
+    command.env("KUBECONFIG", kubeconfig);
+    command
+}
+
+/// Runs kubectl with `args`, panicking with its output when it fails; its stdout.
+fn run(kubeconfig: &Path, args: &[&str]) -> String {
+    let output = kubectl(kubeconfig).args(args).output().unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert!(output.status.success(), "kubectl {args:?}: {}{}", text(&output.stdout), text(&output.stderr));
+    text(&output.stdout)
+}
+
+/// An overlay of `deploy/` in `dir`, as a user's own kustomization would be: the image
+/// named, no replicas.
+fn overlay(dir: &Path) -> PathBuf {
+    let overlay = dir.join("install");
+    std::fs::create_dir_all(&overlay).unwrap();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").canonicalize().unwrap();
+    // kustomize takes a relative path to a base: up from the overlay to the root, then down.
+    let up = "../".repeat(overlay.canonicalize().unwrap().components().count() - 1);
+    let base = format!("{up}{}", deploy.strip_prefix("/").unwrap().display());
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {base}\n\
+         replicas:\n  - name: ichor-operator\n    count: 0\n\
+         images:\n  - name: localhost/ichor-operator\n    newName: registry.example/ichor-operator\n    newTag: under-test\n"
+    );
+    std::fs::write(overlay.join("kustomization.yaml"), text).unwrap();
+    overlay
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server and kubectl: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgrade_completes() {
+    let scene = Scene::new("e2e-install").await;
+    let admin = scene.admin().to_path_buf();
+    let applied = run(&admin, &["apply", "-k", &overlay(scene.dir.path()).display().to_string()]);
+    for object in ["namespace/ichor-system", "serviceaccount/ichor-operator", "statefulset.apps/ichor-operator"] {
+        assert!(applied.contains(object), "kubectl apply -k applied {object}: {applied}");
+    }
+    let sets: Api<StatefulSet> = Api::namespaced(scene.ns.client.clone(), rbac::NAMESPACE);
+    let set = sets.get(rbac::NAME).await.unwrap();
+    let image = set.spec.template.spec.and_then(|p| p.containers.first().and_then(|c| c.image.clone()));
+    assert_eq!(image.as_deref(), Some("registry.example/ichor-operator:under-test"), "the image is one field");
+
+    // The cluster as a user writes it: its Nodes (those of this fleet), no machines listed.
+    let cluster = format!(
+        "apiVersion: ichor.dev/v1alpha1\nkind: TalosCluster\nmetadata:\n  name: {}\nspec:\n  talosVersion: {}\n  \
+         kubernetesVersion: {}\n  platform: metal\n  talosconfigSecret: {}-talosconfig\n  nodeSelector:\n    {}: {}\n",
+        fleet::CLUSTER,
+        fleet::TARGET,
+        fleet::KUBERNETES,
+        fleet::CLUSTER,
+        fleet::FLEET_LABEL,
+        scene.ns.name
+    );
+    let cluster_file = scene.dir.path().join("cluster.yaml");
+    std::fs::write(&cluster_file, &cluster).unwrap();
+    run(&admin, &["apply", "-n", &scene.ns.name, "-f", &cluster_file.display().to_string()]);
+
+    // The fleet publishes the Nodes, their Talos API and the talosconfig Secret.
+    let mut fleet_process = scene.fleet("3+10", &["--no-machines", "--fleet-only"]);
+    eventually("the fleet's 13 Nodes", || async { scene.fleet_nodes().await.len() == 13 }).await;
+    let machines: Api<TalosMachine> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    assert!(machines.list(&ListParams::default()).await.unwrap().items.is_empty(), "--no-machines makes none");
+
+    // The operator with the installed ServiceAccount's rights, and nothing else.
+    let kubeconfig = scene
+        .ns
+        .service_account_kubeconfig_in(rbac::NAMESPACE, rbac::NAME, &scene.dir.path().join("operator.kubeconfig"))
+        .await;
+
+    // Discovery off (the default): refused, every Node named, nothing touched.
+    let operator = scene.operator("operator", &kubeconfig, &[]);
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("the operation is refused", || async { scene.phase("upgrade").await == "Refused" }).await;
+    let status = scene.operation("upgrade").await.and_then(|op| op.status).unwrap_or_default();
+    let message = status.message.unwrap_or_default();
+    for node in scene.fleet_nodes().await {
+        let name = node.metadata.name.unwrap_or_default();
+        assert!(message.contains(&name), "the refusal names {name}: {message}");
+    }
+    assert!(message.contains("spec.discovery: Nodes"), "it says what fixes it: {message}");
+    assert!(machines.list(&ListParams::default()).await.unwrap().items.is_empty());
+
+    // Discovery on: a machine per Node, from the Node; then the upgrade runs to the end.
+    std::fs::write(&cluster_file, format!("{cluster}  discovery: Nodes\n")).unwrap();
+    run(&admin, &["apply", "-n", &scene.ns.name, "-f", &cluster_file.display().to_string()]);
+    eventually("the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    let made = machines.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(made.len(), 13);
+    let nodes = scene.fleet_nodes().await;
+    for node in &nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let machine = made.iter().find(|m| m.metadata.name.as_deref() == Some(&name)).expect("a machine per Node");
+        assert_eq!(machine.spec.hostname.as_deref(), Some(name.as_str()));
+        let ip = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"));
+        assert_eq!(Some(&machine.spec.address), ip.map(|a| &a.address));
+        let control_plane =
+            node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(discovery::CONTROL_PLANE_LABEL));
+        assert_eq!(machine.spec.role == ichor_adapters::kubernetes::crd::Role::Controlplane, control_plane, "{name}");
+    }
+    assert!(all_on_target(&nodes), "every Node on {}", fleet::TARGET);
+    only_allowed_requests(&operator).await;
+    assert_eq!(fleet_process.terminate(), Some(0));
+    scene.end().await;
+}
