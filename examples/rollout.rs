@@ -156,7 +156,7 @@ fn parse_fault(text: &str) -> Result<Fault, String> {
 }
 
 fn bad_argument(message: &str) -> ! {
-    println!("error: {message}");
+    eprintln!("error: {message}");
     std::process::exit(EXIT_BAD_ARGUMENT)
 }
 

@@ -103,9 +103,9 @@ enum Command {
 
 fn fail(code: i32, message: &str) -> ! {
     if code == EXIT_BAD_ARGUMENT {
-        println!("error: {message}");
+        eprintln!("error: {message}");
     } else {
-        println!("{}", json!({ "error": message }));
+        eprintln!("{}", json!({ "error": message }));
     }
     std::process::exit(code)
 }

@@ -55,14 +55,14 @@ fn main() {
     let file = match std::fs::File::open(&args.trace) {
         Ok(file) => file,
         Err(e) => {
-            println!("error: {}: {e}", args.trace.display());
+            eprintln!("error: {}: {e}", args.trace.display());
             std::process::exit(EXIT_BAD_ARGUMENT);
         }
     };
     let records = match read_trace(BufReader::new(file)) {
         Ok(records) => records,
         Err(e) => {
-            println!("error: {}: {e}", args.trace.display());
+            eprintln!("error: {}: {e}", args.trace.display());
             std::process::exit(EXIT_BAD_ARGUMENT);
         }
     };
@@ -71,7 +71,7 @@ fn main() {
         Options { title: args.title, bound_s: args.bound, width: f64::from(args.width), dense_above: args.dense_above };
     let document = render(&timeline, &options);
     if let Err(e) = std::fs::write(&args.output, document.to_string()) {
-        println!("error: writing {}: {e}", args.output.display());
+        eprintln!("error: writing {}: {e}", args.output.display());
         std::process::exit(EXIT_WRITE_FAILED);
     }
     println!(

@@ -13,8 +13,8 @@ fn operator(args: &[&str]) -> Output {
     Command::new(example_binary("operator")).args(args).env("KUBECONFIG", "/nonexistent").output().unwrap()
 }
 
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 #[test]
@@ -29,7 +29,8 @@ fn bad_arguments_are_named_with_exit_2() {
     for (args, named) in cases {
         let output = operator(args);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {output:?}");
-        let text = stdout(&output);
+        let text = stderr(&output);
+        assert!(output.stdout.is_empty(), "errors go to stderr: {output:?}");
         assert!(text.contains(named), "{args:?} must name {named}: {text}");
         assert_eq!(text.lines().count(), 1, "one line: {text}");
     }
@@ -41,17 +42,17 @@ fn an_unusable_kubeconfig_is_named_with_exit_2() {
     let missing = dir.path().join("missing");
     let output = operator(&["--kubeconfig", missing.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    assert!(stdout(&output).contains(missing.to_str().unwrap()), "{}", stdout(&output));
+    assert!(stderr(&output).contains(missing.to_str().unwrap()), "{}", stderr(&output));
 
     let garbled = dir.path().join("garbled");
     std::fs::write(&garbled, "clusters: [this is not\n").unwrap();
     let output = operator(&["--kubeconfig", garbled.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    assert!(stdout(&output).contains("garbled"), "{}", stdout(&output));
+    assert!(stderr(&output).contains("garbled"), "{}", stderr(&output));
 
     let output = operator(&[]);
     assert_eq!(output.status.code(), Some(2), "no kubeconfig anywhere: {output:?}");
-    assert!(stdout(&output).contains("no kubeconfig"), "{}", stdout(&output));
+    assert!(stderr(&output).contains("no kubeconfig"), "{}", stderr(&output));
 }
 
 fn get(port: u16, path: &str) -> Option<(u16, String)> {

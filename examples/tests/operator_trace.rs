@@ -243,6 +243,7 @@ fn a_trace_path_that_cannot_be_written_is_a_bad_argument() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.starts_with("error: --trace ") && stdout.contains("trace.jsonl"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("error: --trace ") && stderr.contains("trace.jsonl"), "{stderr}");
+    assert!(output.stdout.is_empty(), "errors go to stderr: {output:?}");
 }

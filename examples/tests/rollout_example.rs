@@ -90,7 +90,8 @@ fn a_failure_names_its_machine_and_reason_in_the_output_the_trace_and_the_summar
 fn bad_arguments_are_exit_2_naming_them() {
     let output = rollout(&["--faults", "banana"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    assert!(String::from_utf8_lossy(&output.stdout).contains("banana"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("banana"), "{output:?}");
+    assert!(output.stdout.is_empty(), "errors go to stderr, not to a --json reader: {output:?}");
 }
 
 #[test]
@@ -272,6 +273,6 @@ fn a_larger_installer_makes_each_pull_longer_and_pre_pulling_worth_more() {
     for bad in ["0", "many"] {
         let output = rollout(&["--installer-mb", bad]);
         assert_eq!(output.status.code(), Some(2), "{output:?}");
-        assert!(String::from_utf8_lossy(&output.stdout).contains("--installer-mb"), "{output:?}");
+        assert!(String::from_utf8_lossy(&output.stderr).contains("--installer-mb"), "{output:?}");
     }
 }

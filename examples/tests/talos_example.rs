@@ -33,8 +33,13 @@ fn stdout_json(output: &Output) -> Value {
     serde_json::from_str(text.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
+/// The error the example reports: one JSON object on stderr, nothing on stdout.
 fn error_text(output: &Output) -> String {
-    stdout_json(output)["error"].as_str().unwrap_or_default().to_owned()
+    assert!(output.stdout.is_empty(), "errors go to stderr: {output:?}");
+    let text = String::from_utf8_lossy(&output.stderr);
+    let json: Value =
+        serde_json::from_str(text.lines().last().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}: {text}"));
+    json["error"].as_str().unwrap_or_default().to_owned()
 }
 
 #[test]
@@ -116,13 +121,13 @@ fn a_key_that_does_not_parse_or_match_is_exit_2_and_nothing_is_dialled() {
     let config = write_config(dir.path(), &[hole.endpoint()], &ca, &mismatched);
     let output = talos(&config, &["--nodes", "10.5.0.2", "version"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    let text = String::from_utf8_lossy(&output.stdout);
+    let text = String::from_utf8_lossy(&output.stderr);
     assert!(text.contains("crt/key"), "{text}");
     let text = std::fs::read_to_string(&config).unwrap().replace("key: ", "key: bm90IGEga2V5");
     std::fs::write(&config, text).unwrap();
     let output = talos(&config, &["--nodes", "10.5.0.2", "version"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    assert!(String::from_utf8_lossy(&output.stdout).contains("key"), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("key"), "{output:?}");
     assert_eq!(hole.accepted(), 0, "no connection was attempted");
 }
 

@@ -85,7 +85,7 @@ fn a_trace_that_cannot_be_read_is_exit_2_naming_the_line_and_writes_nothing() {
         .unwrap();
     let output = run("timeline", &[trace.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    assert!(String::from_utf8_lossy(&output.stdout).contains("line 2: not a trace record"), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("line 2: not a trace record"), "{output:?}");
     assert!(!svg.exists(), "nothing written");
 
     let output = run("timeline", &[dir.path().join("missing.jsonl").to_str().unwrap(), "-o", svg.to_str().unwrap()]);
@@ -94,7 +94,7 @@ fn a_trace_that_cannot_be_read_is_exit_2_naming_the_line_and_writes_nothing() {
     assert_eq!(output.status.code(), Some(2), "-o is required: {output:?}");
     let output = run("rollout", &["--timeline", "/nonexistent-dir/x.svg"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
-    assert!(String::from_utf8_lossy(&output.stdout).contains("--timeline /nonexistent-dir/x.svg"), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--timeline /nonexistent-dir/x.svg"), "{output:?}");
 }
 
 /// Runs `rollout ARGS` on a pseudo-terminal (util-linux `script`), as a user at a terminal.

@@ -69,7 +69,7 @@ pub fn parse_args<P: clap::Parser>() -> P {
         Err(e) => match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => e.exit(),
             _ => {
-                println!("{}", one_line(&e.render().to_string()));
+                eprintln!("{}", one_line(&e.render().to_string()));
                 std::process::exit(EXIT_BAD_ARGUMENT)
             }
         },
@@ -322,7 +322,7 @@ fn parse_scale(text: &str) -> Result<f64, String> {
 }
 
 fn bad(message: &str) -> ! {
-    println!("error: {message}");
+    eprintln!("error: {message}");
     std::process::exit(EXIT_BAD_ARGUMENT)
 }
 
@@ -378,7 +378,7 @@ pub fn main() {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
-            println!("error: no async runtime: {e}");
+            eprintln!("error: no async runtime: {e}");
             std::process::exit(EXIT_FAILED);
         }
     };
@@ -436,7 +436,7 @@ async fn run(args: Args) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!(error = %ichor_talos_executor::report(&e), "stopped");
-            println!("error: {}", ichor_talos_executor::report(&e));
+            eprintln!("error: {}", ichor_talos_executor::report(&e));
             EXIT_FAILED
         }
     }

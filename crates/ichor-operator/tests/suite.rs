@@ -1,5 +1,6 @@
 //! The integration tests of ichor-operator, one module per file, in one test binary.
 
+mod binary;
 mod deploy_api_server;
 mod leader_api_server;
 mod manifests;
