@@ -12,7 +12,7 @@ use std::process::Command;
 
 use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests};
 use crate::support::eventually;
-use ichor_adapters::kubernetes::crd::TalosMachine;
+use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperationStatus};
 use ichor_operator::{discovery, fleet, rbac};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{Api, ListParams};
@@ -108,6 +108,8 @@ async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgr
     }
     assert!(message.contains("spec.discovery: Nodes"), "it says what fixes it: {message}");
     assert!(machines.list(&ListParams::default()).await.unwrap().items.is_empty());
+    let refused = scene.operation("upgrade").await.and_then(|op| op.status).unwrap_or_default();
+    assert_eq!(kstatus(&refused), [("Ready", "False"), ("Reconciling", "False"), ("Stalled", "True")]);
 
     // Discovery on: a machine per Node, from the Node; then the upgrade runs to the end.
     std::fs::write(&cluster_file, format!("{cluster}  discovery: Nodes\n")).unwrap();
@@ -131,7 +133,34 @@ async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgr
         assert_eq!(machine.spec.role == ichor_adapters::kubernetes::crd::Role::Controlplane, control_plane, "{name}");
     }
     assert!(all_on_target(&nodes), "every Node on {}", fleet::TARGET);
+    // What Argo CD and Flux read: Ready, neither reconciling nor stalled, for this generation.
+    let op = scene.operation("upgrade").await.unwrap();
+    let status = op.status.clone().unwrap_or_default();
+    assert_eq!(kstatus(&status), [("Ready", "True"), ("Reconciling", "False"), ("Stalled", "False")]);
+    assert_eq!(status.observed_generation, op.metadata.generation, "kstatus reads the generation observed");
+    // The TalosCluster says where the cluster stands.
+    let clusters: Api<TalosCluster> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    eventually("the TalosCluster's status has every Node on the target", || async {
+        let status = clusters.get(fleet::CLUSTER).await.ok().and_then(|c| c.status).unwrap_or_default();
+        status.talos_versions == [fleet::TARGET]
+            && status.nodes == Some(13)
+            && status.machines == Some(13)
+            && status.nodes_by_talos_version.get(fleet::TARGET) == Some(&13)
+            && status.operation.is_none()
+    })
+    .await;
+    // The fields' own documentation, as a user reads it.
+    let explained = run(&admin, &["explain", "talosoperation.spec.preflight"]);
+    assert!(explained.contains("preflight gate"), "kubectl explain shows the field's doc: {explained}");
     only_allowed_requests(&operator).await;
     assert_eq!(fleet_process.terminate(), Some(0));
     scene.end().await;
+}
+
+/// The kstatus conditions (`Ready`, `Reconciling`, `Stalled`) and their statuses.
+fn kstatus(status: &TalosOperationStatus) -> [(&'static str, &str); 3] {
+    ["Ready", "Reconciling", "Stalled"].map(|type_| {
+        let condition = status.conditions.iter().find(|c| c.type_ == type_);
+        (type_, condition.map_or("absent", |c| c.status.as_str()))
+    })
 }

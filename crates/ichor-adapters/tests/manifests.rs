@@ -21,3 +21,30 @@ fn check(file: &str, generated: &str) {
 fn the_committed_crds_are_the_generated_ones() {
     check("crds.yaml", &ichor_adapters::kubernetes::manifests::crds_yaml());
 }
+
+/// Every field of every spec carries its own documentation, the one `kubectl explain`
+/// shows: not its type's (an enum's doc once replaced the field's, so `kubectl explain
+/// talosoperation.spec.preflight` said only "`spec.preflight`.").
+#[test]
+fn every_spec_field_is_documented_by_its_own_doc_comment() {
+    use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
+    use kube::CustomResourceExt;
+    let crds = [TalosCluster::crd(), TalosMachine::crd(), TalosOperation::crd(), TalosStorage::crd()];
+    let mut seen = 0;
+    for crd in crds {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_owned();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for (field, schema) in spec.as_object().unwrap() {
+            let description = schema["description"].as_str().unwrap_or_default();
+            assert!(description.len() > 20, "{kind}.spec.{field}: {description:?}");
+            assert!(!description.starts_with("`spec."), "{kind}.spec.{field} shows its type's doc: {description:?}");
+            seen += 1;
+        }
+    }
+    assert!(seen >= 15, "{seen} fields");
+    let operation = serde_json::to_value(TalosOperation::crd()).unwrap();
+    let preflight =
+        &operation["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["preflight"];
+    assert!(preflight["description"].as_str().unwrap().contains("preflight gate"), "{preflight}");
+}

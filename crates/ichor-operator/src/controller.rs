@@ -43,6 +43,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::cluster_status;
 use crate::discovery;
 use crate::fence::{Fence, FencedKube, FencedStorage, FencedTalos};
 use crate::leader::leads;
@@ -441,6 +442,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
     };
     ctx.metrics.pass("ok");
     tracing::debug!(%namespace, operation = %name, phase = %outcome.phase, requeue_at = ?outcome.requeue_at, "pass");
+    write_cluster_status(&ctx, &namespace, &op.spec.cluster).await;
     if outcome.finished {
         return Ok(Action::await_change());
     }
@@ -452,6 +454,21 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         }
         None => Action::await_change(),
     })
+}
+
+/// Writes `cluster`'s status when it changed ([`cluster_status`]); best effort (the next
+/// pass writes it again).
+async fn write_cluster_status(ctx: &Context, namespace: &str, cluster: &str) {
+    let Some(object) = ctx.stores.clusters.get(&ObjectRef::new(cluster).within(namespace)) else { return };
+    let status = cluster_status::summarize(
+        &object,
+        &ctx.stores.nodes.state(),
+        &ctx.stores.machines.state(),
+        &ctx.stores.operations.state(),
+    );
+    if let Err(e) = cluster_status::write(&ctx.client, &object, &status, &ctx.fence).await {
+        tracing::warn!(%namespace, %cluster, error = %e, "the TalosCluster's status was not written");
+    }
 }
 
 /// Makes the TalosMachines `cluster`'s Nodes lack when it asks for discovery

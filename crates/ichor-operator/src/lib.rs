@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 
 pub mod cli;
+pub mod cluster_status;
 pub mod controller;
 pub mod discovery;
 pub mod fence;

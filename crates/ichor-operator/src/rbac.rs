@@ -48,7 +48,7 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         group: "ichor.dev",
-        resources: &["talosoperations/status", "talosmachines/status"],
+        resources: &["talosoperations/status", "talosmachines/status", "talosclusters/status"],
         verbs: &["patch"],
         why: "status and conditions, by server-side apply",
     },

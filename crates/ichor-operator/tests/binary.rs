@@ -8,11 +8,37 @@ fn ichor_operator(args: &[&str]) -> (Option<i32>, String) {
     (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
+/// The binary carries the simulated fleet exactly when built with the feature `fleet`. A
+/// workspace build turns it on (the examples need it: cargo unifies features), so this
+/// test checks whichever was built; the next one checks the production build's graph.
 #[test]
-fn the_production_binary_has_no_simulated_fleet() {
-    let (code, stderr) = ichor_operator(&["--simulate-fleet", "3+5"]);
+fn the_binary_has_a_simulated_fleet_only_with_the_fleet_feature() {
+    let (code, stderr) = ichor_operator(&["--simulate-fleet", "0+5"]);
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("unexpected argument '--simulate-fleet'"), "{stderr}");
+    if cfg!(feature = "fleet") {
+        assert!(stderr.contains("control plane"), "the fleet's own check answers: {stderr}");
+    } else {
+        assert!(stderr.contains("unexpected argument '--simulate-fleet'"), "{stderr}");
+    }
+}
+
+/// `cargo build -p ichor-operator`, as the Dockerfile builds it, links no test kit.
+#[test]
+fn the_production_build_links_no_test_kit() {
+    let tree = |features: &[&str]| {
+        let output = Command::new(env!("CARGO"))
+            .args(["tree", "--offline", "-p", "ichor-operator", "-e", "normal", "--prefix", "none"])
+            .args(features)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "cargo tree: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let production = tree(&[]);
+    assert!(production.contains("ichor-adapters"), "{production}");
+    assert!(!production.contains("ichor-testkit"), "the production build links the test kit:\n{production}");
+    assert!(tree(&["--features", "fleet"]).contains("ichor-testkit"), "the fleet feature brings it");
 }
 
 #[test]

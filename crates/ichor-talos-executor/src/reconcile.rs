@@ -1477,6 +1477,19 @@ async fn write_status(
 const EVENT_ACTIONS: [&str; 4] =
     ["UpgradeRequested", "RebootRequested", "CloseVoidIntent", crate::calls::NO_STORAGE_NODE];
 
+/// What an [`EVENT_ACTIONS`] Event says happened.
+fn action_message(action: &str) -> &'static str {
+    match action {
+        "UpgradeRequested" => "the Upgrade call was made: the node installs the target and reboots into it",
+        "RebootRequested" => "the Reboot call was made: the node goes down and comes back on the installed target",
+        "CloseVoidIntent" => {
+            "no sign on the node of the call recorded as intended, and its deadline has passed: the intent is \
+             void and closed; the next pass decides again with every check"
+        }
+        _ => "the storage selects this node, but its backend has no such node: nothing to evacuate",
+    }
+}
+
 /// Events are best effort: a failed Event never fails the pass.
 async fn emit_events(
     ex: &Executor<'_>,
@@ -1502,7 +1515,7 @@ async fn emit_events(
             // Evacuations begin and end in the machine's StorageEvacuation condition; an Event
             // is kept for the call and the outcome, at most two per machine.
             MachineOutcome::Progressed { action } if EVENT_ACTIONS.contains(action) => {
-                (EventType::Normal, (*action).to_owned(), String::new())
+                (EventType::Normal, (*action).to_owned(), action_message(action).to_owned())
             }
             MachineOutcome::Progressed { .. } => continue,
             MachineOutcome::Converged => (EventType::Normal, "Converged".to_owned(), "on the target".to_owned()),
@@ -1520,12 +1533,16 @@ async fn emit_events(
             }
             Phase::Pending | Phase::Progressing | Phase::Waiting(_) | Phase::Completed => EventType::Normal,
         };
+        let message = match after {
+            Phase::Paused(_) => format!("{after}; {}", ichor_upgrade_core::operation::resume_hint(operation)),
+            _ => after.to_string(),
+        };
         events.push(Event {
             kind: "TalosOperation",
             name: operation.to_owned(),
             type_,
             reason: after.reason().to_owned(),
-            message: after.to_string(),
+            message,
         });
     }
     for event in events {

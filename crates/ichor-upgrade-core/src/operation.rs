@@ -15,6 +15,15 @@ pub const HOLD_ANNOTATION: &str = "ichor.dev/hold";
 /// new value, such as a timestamp): each distinct value resumes once.
 pub const RESUME_ANNOTATION: &str = "ichor.dev/resume";
 
+/// How a person resumes the paused operation `name`: the command that sets
+/// [`RESUME_ANNOTATION`] to a new value, for pause messages and their Events.
+#[must_use]
+pub fn resume_hint(name: &str) -> String {
+    format!(
+        "to resume once the cause is fixed: kubectl annotate talosoperation {name} {RESUME_ANNOTATION}=$(date +%s) --overwrite"
+    )
+}
+
 /// The role a machine plays in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -586,7 +586,12 @@ fn engine_status(op: &TalosOperation) -> OperationStatus {
 }
 
 /// An operation's status for people and `kubectl`, from the engine's.
+///
+/// Its conditions are kstatus's (`Ready`, `Reconciling`, `Stalled`: what Argo CD and Flux
+/// read) and the phases' own (`Completed`, `Paused`, `Refused`); each has its own reason,
+/// and keeps its `lastTransitionTime` while its status stays the same.
 fn operation_status(
+    name: &str,
     engine: &OperationStatus,
     machines_total: usize,
     previous: Option<&TalosOperationStatus>,
@@ -600,27 +605,39 @@ fn operation_status(
         Phase::Waiting(_) => "Waiting",
         other => other.name(),
     };
-    let flag = |type_: &str, on: bool| {
+    let waiting_for = waiting_for(engine);
+    let message = match (phase, &waiting_for) {
+        (Phase::Paused(_), _) => format!("{phase}; {}", ichor_upgrade_core::operation::resume_hint(name)),
+        (Phase::Progressing, Some(waits)) => format!("{phase}; {waits}"),
+        _ => phase.to_string(),
+    };
+    let condition = |type_: &str, on: bool, reason: &str| {
         let status = if on { "True" } else { "False" };
         let kept = previous
             .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
-            .filter(|c| c.status == status && c.reason == phase.reason())
+            .filter(|c| c.status == status)
             .map(|c| c.last_transition_time.clone());
         Condition {
             type_: type_.to_owned(),
             status: status.to_owned(),
-            reason: phase.reason().to_owned(),
-            message: phase.to_string(),
+            reason: reason.to_owned(),
+            message: message.clone(),
             last_transition_time: kept.unwrap_or_else(|| timestamp_to_time(now)),
             observed_generation: engine.observed_generation,
         }
     };
+    let completed = matches!(phase, Phase::Completed);
+    let stalled = matches!(phase, Phase::Paused(_) | Phase::Refused(_));
+    // A condition that is True carries the phase's reason; one that is False says which
+    // phase the operation is in instead.
+    let reason_if = |on: bool| if on { phase.reason() } else { phase_name };
     TalosOperationStatus {
         phase: Some(phase_name.to_owned()),
         reason: Some(phase.reason().to_owned()),
-        message: Some(phase.to_string()),
+        message: Some(message.clone()),
         observed_generation: engine.observed_generation,
         progress: Some(format!("{converged}/{machines_total}")),
+        waiting_for,
         machines: Some(MachineCounts {
             total: as_i64(machines_total),
             converged: as_i64(converged),
@@ -628,9 +645,12 @@ fn operation_status(
             failed: as_i64(count(RecordState::Failed)),
         }),
         conditions: vec![
-            flag("Completed", matches!(phase, Phase::Completed)),
-            flag("Paused", matches!(phase, Phase::Paused(_))),
-            flag("Refused", matches!(phase, Phase::Refused(_))),
+            condition("Ready", completed, phase.reason()),
+            condition("Reconciling", !completed && !stalled, reason_if(!completed && !stalled)),
+            condition("Stalled", stalled, reason_if(stalled)),
+            condition("Completed", completed, reason_if(completed)),
+            condition("Paused", matches!(phase, Phase::Paused(_)), reason_if(matches!(phase, Phase::Paused(_)))),
+            condition("Refused", matches!(phase, Phase::Refused(_)), reason_if(matches!(phase, Phase::Refused(_)))),
         ],
         etcd_snapshot: engine.etcd_snapshot.as_ref().and_then(SnapshotState::taken).map(|s| EtcdSnapshotStatus {
             location: s.location.clone(),
@@ -641,6 +661,24 @@ fn operation_status(
         }),
         engine: serde_json::to_value(engine).ok(),
     }
+}
+
+/// The started machines that wait on a deadline, the soonest first: `cp-1 until
+/// 2026-12-03T10:15:00Z (IntentUnconfirmed: ...)`, and how many more.
+fn waiting_for(engine: &OperationStatus) -> Option<String> {
+    let mut waits: Vec<(&String, &ichor_upgrade_core::status::MachineRecord, Timestamp)> = engine
+        .machines
+        .iter()
+        .filter(|(_, r)| r.state == RecordState::InProgress)
+        .filter_map(|(name, r)| r.recheck_at.map(|at| (name, r, at)))
+        .collect();
+    waits.sort_by_key(|(name, _, at)| (*at, (*name).clone()));
+    let (name, record, at) = waits.first()?;
+    let more = match waits.len() - 1 {
+        0 => String::new(),
+        n => format!(" (and {n} more)"),
+    };
+    Some(format!("{name} until {} ({}: {}){more}", timestamp_to_time(*at).0, record.reason, record.message))
 }
 
 /// The same status but for the transition times (which `operation_status` carries over).
@@ -877,7 +915,7 @@ impl KubeApi for KubeCluster {
             None => 0,
         };
         let now = Timestamp::from_unix_millis(jiff::Timestamp::now().as_millisecond());
-        let desired = operation_status(status, total, previous.as_ref(), now);
+        let desired = operation_status(name, status, total, previous.as_ref(), now);
         let unchanged = previous.as_ref().is_some_and(|p| same_status(p, &desired))
             && self.version(OPERATION, name) == op.as_ref().and_then(|o| o.resource_version());
         if unchanged {
@@ -1054,15 +1092,101 @@ mod tests {
             },
         );
         let now = Timestamp::from_unix_secs(1_000);
-        let status = operation_status(&engine, 8, None, now);
+        let status = operation_status("op", &engine, 8, None, now);
         assert_eq!(status.phase.as_deref(), Some("Progressing"));
         assert_eq!(status.progress.as_deref(), Some("1/8"));
         assert_eq!(status.machines.as_ref().map(|m| m.converged), Some(1));
         let back: OperationStatus = serde_json::from_value(status.engine.clone().unwrap()).unwrap();
         assert_eq!(back, engine);
         // The same again later keeps its transition times: no write.
-        let again = operation_status(&engine, 8, Some(&status), Timestamp::from_unix_secs(2_000));
+        let again = operation_status("op", &engine, 8, Some(&status), Timestamp::from_unix_secs(2_000));
         assert_eq!(again, status);
         assert!(same_status(&again, &status));
+    }
+
+    fn condition<'a>(status: &'a TalosOperationStatus, type_: &str) -> &'a Condition {
+        status.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("no {type_}: {status:?}"))
+    }
+
+    #[test]
+    fn kstatus_conditions_follow_the_phase_and_keep_their_transition_time_while_their_status_holds() {
+        use ichor_upgrade_core::rollout::{PauseReason, WaitReason};
+        let at = |phase: Phase| OperationStatus { phase, observed_generation: Some(3), ..OperationStatus::default() };
+        let flags = |s: &TalosOperationStatus| {
+            ["Ready", "Reconciling", "Stalled"]
+                .map(|t| (condition(s, t).status.clone(), condition(s, t).reason.clone()))
+        };
+        let t = |secs| Timestamp::from_unix_secs(secs);
+
+        let progressing = operation_status("op", &at(Phase::Progressing), 8, None, t(1_000));
+        assert_eq!(
+            flags(&progressing).map(|(s, _)| s),
+            ["False", "True", "False"].map(String::from),
+            "in progress: Reconciling"
+        );
+        assert_eq!(condition(&progressing, "Reconciling").reason, "Progressing");
+        assert_eq!(condition(&progressing, "Reconciling").observed_generation, Some(3));
+
+        // A wait is still reconciling; the reason changes, the transition time does not.
+        let lock = Phase::Waiting(WaitReason::LockHeld { holder: "other".into() });
+        let waiting = operation_status("op", &at(lock), 8, Some(&progressing), t(2_000));
+        assert_eq!(condition(&waiting, "Reconciling").reason, "LockHeld");
+        assert_eq!(condition(&waiting, "Reconciling").status, "True");
+        assert_eq!(
+            condition(&waiting, "Reconciling").last_transition_time,
+            condition(&progressing, "Reconciling").last_transition_time,
+            "lastTransitionTime changes only when the status does"
+        );
+
+        let failed = Phase::Paused(PauseReason::EtcdSnapshotFailed { reason: "no store".into() });
+        let paused = operation_status("op", &at(failed), 8, Some(&waiting), t(3_000));
+        assert_eq!(flags(&paused).map(|(s, _)| s), ["False", "False", "True"].map(String::from), "paused: Stalled");
+        assert_eq!(condition(&paused, "Stalled").reason, "EtcdSnapshotFailed");
+        assert_eq!(condition(&paused, "Reconciling").reason, "Paused");
+        assert_eq!(condition(&paused, "Stalled").last_transition_time, timestamp_to_time(t(3_000)));
+        assert_eq!(
+            condition(&paused, "Ready").last_transition_time,
+            condition(&progressing, "Ready").last_transition_time,
+            "Ready stayed False"
+        );
+        let message = paused.message.as_deref().unwrap();
+        assert!(
+            message.contains("kubectl annotate talosoperation op ichor.dev/resume=$(date +%s) --overwrite"),
+            "a pause says how to resume: {message}"
+        );
+        assert_eq!(condition(&paused, "Stalled").message, message);
+
+        let done = operation_status("op", &at(Phase::Completed), 8, Some(&paused), t(4_000));
+        assert_eq!(flags(&done).map(|(s, _)| s), ["True", "False", "False"].map(String::from), "completed: Ready");
+        assert_eq!(condition(&done, "Ready").reason, "Completed");
+        assert_eq!(condition(&done, "Stalled").reason, "Completed");
+        assert!(!done.message.as_deref().unwrap().contains("resume"), "only a pause says how to resume");
+    }
+
+    #[test]
+    fn a_machine_waiting_on_a_deadline_is_named_with_until_when_in_the_message_and_its_column() {
+        let mut engine = OperationStatus { phase: Phase::Progressing, ..OperationStatus::default() };
+        let record = |at: Option<i64>| ichor_upgrade_core::status::MachineRecord {
+            state: RecordState::InProgress,
+            reason: "IntentUnconfirmed".into(),
+            message: "an Upgrade call may still be in flight; waiting for its deadline".into(),
+            recheck_at: at.map(Timestamp::from_unix_secs),
+        };
+        engine.machines.insert("cp-1".into(), record(Some(1_767_226_200)));
+        engine.machines.insert("worker-2".into(), record(Some(1_767_229_800)));
+        engine.machines.insert("worker-3".into(), record(None));
+        let status = operation_status("op", &engine, 23, None, Timestamp::from_unix_secs(1_767_225_600));
+        let waiting = status.waiting_for.as_deref().unwrap();
+        assert_eq!(
+            waiting,
+            "cp-1 until 2026-01-01T00:10:00Z (IntentUnconfirmed: an Upgrade call may still be in flight; waiting \
+             for its deadline) (and 1 more)"
+        );
+        assert_eq!(status.message.as_deref(), Some(format!("upgrading machines; {waiting}").as_str()));
+
+        engine.machines.clear();
+        let status = operation_status("op", &engine, 23, None, Timestamp::from_unix_secs(1_767_225_600));
+        assert_eq!(status.waiting_for, None, "nothing waits on a deadline");
+        assert_eq!(status.message.as_deref(), Some("upgrading machines"));
     }
 }

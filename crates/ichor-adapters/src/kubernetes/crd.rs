@@ -35,6 +35,9 @@ pub const VERSION: &str = "v1alpha1";
     status = "TalosClusterStatus",
     printcolumn = r#"{"name":"Talos","type":"string","jsonPath":".spec.talosVersion"}"#,
     printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#,
+    printcolumn = r#"{"name":"Running","type":"string","jsonPath":".status.talosVersions"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#,
+    printcolumn = r#"{"name":"Operation","type":"string","jsonPath":".status.operation"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -86,6 +89,8 @@ impl TalosClusterSpec {
 
 /// Whether the operator makes the cluster's TalosMachines from its Nodes.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+// No description of its own: the field's documentation is the one `kubectl explain` shows.
+#[schemars(description = "")]
 pub enum Discovery {
     /// No: the TalosMachines are made by hand.
     Manual,
@@ -105,6 +110,27 @@ pub struct TalosClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The Talos versions the cluster's Nodes run, lowest first (from each Node's
+    /// `osImage`); one entry once every Node is on the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub talos_versions: Vec<String>,
+    /// The Kubernetes versions of the cluster's kubelets, lowest first (each Node's
+    /// `kubeletVersion`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kubernetes_versions: Vec<String>,
+    /// How many of the cluster's Nodes run each Talos version (`unknown` for an `osImage`
+    /// that names none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nodes_by_talos_version: BTreeMap<String, i64>,
+    /// How many Nodes the cluster has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i64>,
+    /// How many TalosMachines name the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machines: Option<i64>,
+    /// The operation that holds the cluster now (started, waiting or paused), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<String>,
 }
 
 /// A machine's role.
@@ -180,8 +206,10 @@ pub struct TalosMachineStatus {
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress"}"#,
     printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.targetVersion"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason","priority":1}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
+    printcolumn = r#"{"name":"Waiting-For","type":"string","jsonPath":".status.waitingFor"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#
 )]
 #[serde(rename_all = "camelCase")]
 // Refused by the API server itself (CEL rules, Kubernetes 1.25 and later), before any
@@ -242,6 +270,8 @@ pub struct TalosOperationSpec {
 
 /// `spec.etcdSnapshot`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+// No description of its own: the field's documentation is the one `kubectl explain` shows.
+#[schemars(description = "")]
 pub enum EtcdSnapshotMode {
     /// A snapshot is taken before the first control plane.
     Required,
@@ -260,6 +290,8 @@ impl From<EtcdSnapshotMode> for ichor_upgrade_core::operation::SnapshotMode {
 
 /// `spec.preflight`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+// No description of its own: the field's documentation is the one `kubectl explain` shows.
+#[schemars(description = "")]
 pub enum Preflight {
     /// Machines with blockers wait.
     Enforce,
@@ -313,10 +345,17 @@ pub struct TalosOperationStatus {
     /// Converged machines out of all, such as `3/8`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// The started machine that waits on a deadline soonest, until when and why (such as
+    /// an Upgrade call that may still be in flight), and how many more wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// Machine counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machines: Option<MachineCounts>,
-    /// `Completed`, `Paused` and `Refused`, each True or False.
+    /// kstatus's `Ready` (True once Completed), `Reconciling` (True while it works or
+    /// waits) and `Stalled` (True when Paused or Refused), which Argo CD and Flux read, and
+    /// `Completed`, `Paused` and `Refused`; each True or False with its own reason, its
+    /// `lastTransitionTime` the last change of its status.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -1,0 +1,237 @@
+//! A `TalosCluster`'s status: the Talos and Kubernetes versions its Nodes run, how many
+//! run each, its machines, and the operation that holds it. Written by the leader after
+//! each pass of an operation on the cluster, under the fence, only when it changed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ichor_adapters::kubernetes::crd::{TalosCluster, TalosClusterStatus, TalosMachine, TalosOperation};
+use ichor_upgrade_core::versions::TalosVersion;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::fence::Fence;
+
+/// The phases of an operation that holds its cluster's lock.
+const HOLDING: [&str; 3] = ["Progressing", "Waiting", "Paused"];
+
+/// The status `cluster` has now, from the stores: its Nodes (those its node selector
+/// selects), the TalosMachines that name it, and its operations.
+#[must_use]
+pub fn summarize(
+    cluster: &TalosCluster,
+    nodes: &[Arc<Node>],
+    machines: &[Arc<TalosMachine>],
+    operations: &[Arc<TalosOperation>],
+) -> TalosClusterStatus {
+    let namespace = cluster.namespace();
+    let name = cluster.name_any();
+    let ours = nodes.iter().filter(|n| cluster.spec.selects(n.labels()));
+    let mut by_version: BTreeMap<TalosVersionKey, i64> = BTreeMap::new();
+    let mut kubelets = BTreeSet::new();
+    let mut count = 0;
+    for node in ours {
+        count += 1;
+        let info = node.status.as_ref().and_then(|s| s.node_info.as_ref());
+        let talos = info.and_then(|i| TalosVersion::from_os_image(&i.os_image).ok());
+        *by_version.entry(TalosVersionKey(talos)).or_default() += 1;
+        if let Some(kubelet) = info.map(|i| i.kubelet_version.clone()).filter(|v| !v.is_empty()) {
+            kubelets.insert(KubeletVersion(kubelet));
+        }
+    }
+    let machines = machines.iter().filter(|m| m.namespace() == namespace && m.spec.cluster == name).count();
+    let operation = operations
+        .iter()
+        .filter(|o| o.namespace() == namespace && o.spec.cluster == name && o.metadata.deletion_timestamp.is_none())
+        .filter(|o| {
+            let status = o.status.as_ref();
+            let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or_default();
+            // An operation waiting for the lock does not hold it.
+            HOLDING.contains(&phase) && status.and_then(|s| s.reason.as_deref()) != Some("LockHeld")
+        })
+        .map(|o| o.name_any())
+        .min();
+    TalosClusterStatus {
+        conditions: Vec::new(),
+        talos_versions: by_version.keys().filter_map(|k| k.0.as_ref().map(ToString::to_string)).collect(),
+        kubernetes_versions: kubelets.into_iter().map(|k| k.0).collect(),
+        nodes_by_talos_version: by_version.into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
+        nodes: Some(count),
+        machines: Some(i64::try_from(machines).unwrap_or(i64::MAX)),
+        operation,
+    }
+}
+
+/// A Talos version or none (an `osImage` that names none), ordered versions first.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct TalosVersionKey(Option<TalosVersion>);
+
+impl std::fmt::Display for TalosVersionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            // Ordered by `Option`: `None` first; written `unknown`.
+            Some(v) => write!(f, "{v}"),
+            None => f.write_str("unknown"),
+        }
+    }
+}
+
+/// A kubelet version ordered as a version where it parses (`v1.34.1` before `v1.35.0`
+/// before `v1.100.0`), as text otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct KubeletVersion(String);
+
+impl KubeletVersion {
+    fn key(&self) -> (Option<semver::Version>, &str) {
+        (semver::Version::parse(self.0.trim_start_matches('v')).ok(), &self.0)
+    }
+}
+
+impl PartialOrd for KubeletVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for KubeletVersion {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+/// The field manager of the status this module writes (server-side apply: a version no
+/// Node runs any more leaves `nodesByTalosVersion` with the next write).
+pub const FIELD_MANAGER: &str = "ichor-cluster-status";
+
+/// Writes `status` to the cluster when it differs from what it has (conditions aside:
+/// this module writes none).
+///
+/// # Errors
+/// The API server's refusal, or [`kube::Error::Service`] when this replica no longer
+/// leads (nothing sent).
+pub async fn write(
+    client: &Client,
+    cluster: &TalosCluster,
+    status: &TalosClusterStatus,
+    fence: &Fence,
+) -> Result<bool, kube::Error> {
+    let current = cluster.status.clone().map(|s| TalosClusterStatus { conditions: Vec::new(), ..s });
+    if current.as_ref() == Some(status) {
+        return Ok(false);
+    }
+    if !fence.leads() {
+        return Err(kube::Error::Service("not sent: this replica no longer leads".into()));
+    }
+    let namespace = cluster.namespace().unwrap_or_default();
+    let api: Api<TalosCluster> = Api::namespaced(client.clone(), &namespace);
+    let patch = json!({ "apiVersion": "ichor.dev/v1alpha1", "kind": "TalosCluster", "status": status });
+    api.patch_status(&cluster.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ichor_adapters::kubernetes::crd::{
+        Role, TalosClusterSpec, TalosMachineSpec, TalosOperationSpec, TalosOperationStatus,
+    };
+    use serde_json::json;
+
+    fn cluster() -> TalosCluster {
+        let mut c = TalosCluster::new(
+            "prod",
+            TalosClusterSpec {
+                talos_version: "v1.14.4".into(),
+                kubernetes_version: "1.34.1".into(),
+                platform: "metal".into(),
+                schematic: None,
+                talosconfig_secret: "prod-talosconfig".into(),
+                node_selector: Some([("pool".to_owned(), "prod".to_owned())].into()),
+                discovery: None,
+            },
+        );
+        c.metadata.namespace = Some("ops".into());
+        c
+    }
+
+    fn node(name: &str, pool: &str, os_image: &str, kubelet: &str) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "name": name, "labels": { "pool": pool } },
+                "status": { "nodeInfo": {
+                    "osImage": os_image, "kubeletVersion": kubelet, "architecture": "amd64",
+                    "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "",
+                    "machineID": "", "operatingSystem": "linux", "systemUUID": ""
+                } }
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn machine(name: &str, cluster: &str) -> Arc<TalosMachine> {
+        let mut m = TalosMachine::new(
+            name,
+            TalosMachineSpec {
+                cluster: cluster.into(),
+                role: Role::Worker,
+                address: "10.5.0.2".into(),
+                hostname: None,
+            },
+        );
+        m.metadata.namespace = Some("ops".into());
+        Arc::new(m)
+    }
+
+    fn operation(name: &str, phase: &str, reason: &str) -> Arc<TalosOperation> {
+        let mut o = TalosOperation::new(
+            name,
+            TalosOperationSpec {
+                cluster: "prod".into(),
+                kind: "talos".into(),
+                target_version: "v1.14.4".into(),
+                max_unavailable: 1,
+                machine: None,
+                preflight: None,
+                etcd_snapshot: None,
+            },
+        );
+        o.metadata.namespace = Some("ops".into());
+        o.status = Some(TalosOperationStatus {
+            phase: Some(phase.into()),
+            reason: Some(reason.into()),
+            ..TalosOperationStatus::default()
+        });
+        Arc::new(o)
+    }
+
+    #[test]
+    fn counts_the_clusters_nodes_by_version_and_names_the_operation_holding_it() {
+        let nodes = [
+            node("cp-1", "prod", "Talos (v1.14.4)", "v1.34.1"),
+            node("w-1", "prod", "Talos (v1.14.3)", "v1.34.1"),
+            node("w-2", "prod", "Talos (v1.14.3)", "v1.9.0"),
+            node("w-3", "prod", "Ubuntu 24.04", "v1.34.1"),
+            node("other", "staging", "Talos (v1.13.0)", "v1.33.0"),
+        ];
+        let machines = [machine("cp-1", "prod"), machine("w-1", "prod"), machine("x", "staging")];
+        let operations = [
+            operation("a-waiting", "Waiting", "LockHeld"),
+            operation("b-upgrade", "Progressing", "Progressing"),
+            operation("c-done", "Completed", "Completed"),
+        ];
+        let status = summarize(&cluster(), &nodes, &machines, &operations);
+        assert_eq!(status.talos_versions, ["v1.14.3", "v1.14.4"], "lowest first; the staging Node is not ours");
+        assert_eq!(status.kubernetes_versions, ["v1.9.0", "v1.34.1"], "ordered as versions, not as text");
+        assert_eq!(
+            status.nodes_by_talos_version,
+            [("unknown".to_owned(), 1), ("v1.14.3".to_owned(), 2), ("v1.14.4".to_owned(), 1)].into()
+        );
+        assert_eq!((status.nodes, status.machines), (Some(4), Some(2)));
+        assert_eq!(status.operation.as_deref(), Some("b-upgrade"), "not the one waiting for the lock");
+
+        let status = summarize(&cluster(), &nodes, &machines, &operations[2..]);
+        assert_eq!(status.operation, None, "a completed operation holds nothing");
+    }
+}
