@@ -27,6 +27,7 @@ pub mod fleet;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod plugin;
 pub mod rbac;
 pub mod requests;
 pub mod trace;

@@ -52,8 +52,8 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::crd::{
-    EtcdSnapshotStatus, MachineCounts, Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineStatus,
-    TalosOperation, TalosOperationStatus, TalosStorage,
+    EtcdSnapshotStatus, MachineCounts, Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosOperation,
+    TalosOperationStatus, TalosStorage,
 };
 use super::errors::kube_error;
 
@@ -721,7 +721,7 @@ impl ConditionStore for KubeCluster {
         {
             return Ok(());
         }
-        let status = serde_json::to_value(TalosMachineStatus { conditions: desired }).unwrap_or_default();
+        let status = serde_json::to_value(current.with_conditions(desired)).unwrap_or_default();
         let written = self.apply_status(&self.machines_api(), MACHINE, machine, status).await;
         keep_written(&self.written.machines, machine, written).map_err(failed)
     }
@@ -737,8 +737,8 @@ impl ConditionStore for KubeCluster {
             transient: e.is_transient(),
             message: e.to_string(),
         };
-        let status =
-            serde_json::to_value(TalosMachineStatus { conditions: to_kube_conditions(conditions) }).unwrap_or_default();
+        let current = self.stored_machine(machine).and_then(|m| m.status.clone()).unwrap_or_default();
+        let status = serde_json::to_value(current.with_conditions(to_kube_conditions(conditions))).unwrap_or_default();
         let written = self
             .apply_status_at(&self.machines_api(), MACHINE, machine, Some(resource_version.to_owned()), status)
             .await;

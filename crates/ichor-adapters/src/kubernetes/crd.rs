@@ -186,6 +186,54 @@ pub struct TalosMachineStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// Every change of a condition's status or reason, oldest first, the last
+    /// [`MACHINE_HISTORY`] kept: what `kubectl ichor timeline` draws an operation from once
+    /// its Events have expired. Written with the conditions, in the same request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<MachineStep>,
+}
+
+/// How many [`MachineStep`]s a machine keeps: a few operations' worth (an upgrade takes
+/// about six).
+pub const MACHINE_HISTORY: usize = 32;
+
+/// A condition of a machine entering a status and reason.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStep {
+    /// The condition's type, such as `TalosUpgrade`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Its reason, such as `UpgradeRequested`.
+    pub reason: String,
+    /// When it entered them (the condition's `lastTransitionTime`).
+    pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+impl TalosMachineStatus {
+    /// This status with `conditions`, its history extended by each condition whose status
+    /// or reason they change (the oldest dropped beyond [`MACHINE_HISTORY`]).
+    #[must_use]
+    pub fn with_conditions(&self, conditions: Vec<Condition>) -> Self {
+        let mut history = self.history.clone();
+        for condition in &conditions {
+            let before = self.conditions.iter().find(|c| c.type_ == condition.type_);
+            if before.is_some_and(|b| b.status == condition.status && b.reason == condition.reason) {
+                continue;
+            }
+            history.push(MachineStep {
+                type_: condition.type_.clone(),
+                status: condition.status.clone(),
+                reason: condition.reason.clone(),
+                time: condition.last_transition_time.clone(),
+            });
+        }
+        let excess = history.len().saturating_sub(MACHINE_HISTORY);
+        history.drain(..excess);
+        Self { conditions, history }
+    }
 }
 
 /// An operation on a cluster: an upgrade (`kind: talos`) or a machine's removal
@@ -429,4 +477,49 @@ pub struct TalosStorageStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn condition(type_: &str, status: &str, reason: &str, secs: i64) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap()),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn a_machines_history_records_each_change_of_status_or_reason_and_keeps_the_last_ones() {
+        let status = TalosMachineStatus::default()
+            .with_conditions(vec![condition("TalosUpgrade", "True", "UpgradeIntent", 10)])
+            .with_conditions(vec![condition("TalosUpgrade", "True", "UpgradeIntent", 10)])
+            .with_conditions(vec![
+                condition("TalosUpgrade", "True", "UpgradeRequested", 12),
+                condition("StorageEvacuation", "False", "Ended", 11),
+            ]);
+        let steps: Vec<(&str, &str, i64)> =
+            status.history.iter().map(|s| (s.type_.as_str(), s.reason.as_str(), s.time.0.as_second())).collect();
+        assert_eq!(
+            steps,
+            [
+                ("TalosUpgrade", "UpgradeIntent", 10),
+                ("TalosUpgrade", "UpgradeRequested", 12),
+                ("StorageEvacuation", "Ended", 11)
+            ],
+            "the same condition again adds nothing"
+        );
+        let mut long = status;
+        for i in 0..40 {
+            long = long.with_conditions(vec![condition("TalosUpgrade", "True", &format!("R{i}"), 100 + i)]);
+        }
+        assert_eq!(long.history.len(), MACHINE_HISTORY);
+        assert_eq!(long.history.last().unwrap().reason, "R39", "the newest kept, the oldest dropped");
+    }
 }

@@ -1,0 +1,370 @@
+//! `kubectl ichor`: a kubectl plugin (the `kubectl-ichor` binary on `PATH`) to see and
+//! steer operations without reading the code. It talks to the API server only, with the
+//! user's kubeconfig, as kubectl does (`--kubeconfig`, `-n`); it never talks to Talos and
+//! never writes anything but the annotations a person would write with `kubectl annotate`.
+//!
+//! | command | what it does |
+//! | --- | --- |
+//! | `status [NAME]` | each operation (or NAME): phase, reason, message, a progress bar, and each machine's step |
+//! | `resume NAME` | sets `ichor.dev/resume` to the time now, on a paused operation only |
+//! | `hold NODE` / `release NODE` | sets or removes `ichor.dev/hold` on the Node |
+//! | `timeline NAME -o FILE.svg` | draws the operation from its machines' recorded history |
+//!
+//! Exit codes: 0 done, 1 refused or failed (an operation that is not paused, one not
+//! found, the API server's error), 2 a bad argument or an unusable kubeconfig.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use ichor_adapters::kubernetes::crd::{Role, TalosMachine, TalosOperation};
+use ichor_timeline::{Options, Timeline, TraceRecord, render};
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, OperationKind, RESUME_ANNOTATION};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, ResourceExt};
+use serde_json::json;
+
+/// Exit code: refused or failed.
+pub const EXIT_FAILED: i32 = 1;
+/// Exit code: a bad argument or kubeconfig.
+pub const EXIT_BAD_ARGUMENT: i32 = 2;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "kubectl-ichor", version, about = "See and steer Ichor's Talos operations (kubectl ichor ...)")]
+pub struct Args {
+    /// The kubeconfig (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace (default: the context's, then `default`).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The plugin's commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Each operation (or the one named): phase, reason, progress, and its machines.
+    Status {
+        /// The TalosOperation.
+        name: Option<String>,
+    },
+    /// Resumes a paused operation (once its cause is fixed).
+    Resume {
+        /// The TalosOperation.
+        name: String,
+    },
+    /// Holds a node back: it is not started, and no operation completes while it is held.
+    Hold {
+        /// The Node.
+        node: String,
+    },
+    /// Releases a held node.
+    Release {
+        /// The Node.
+        node: String,
+    },
+    /// Draws an operation's timeline (SVG) from its machines' recorded history.
+    Timeline {
+        /// The TalosOperation.
+        name: String,
+        /// Where to write the SVG.
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
+    },
+}
+
+/// A failure, with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// A bad argument or kubeconfig (exit 2).
+    #[error("{0}")]
+    BadArgument(String),
+    /// Refused or failed (exit 1).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl PluginError {
+    /// Its exit code.
+    #[must_use]
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::BadArgument(_) => EXIT_BAD_ARGUMENT,
+            Self::Failed(_) => EXIT_FAILED,
+        }
+    }
+}
+
+fn failed(what: &str, e: &kube::Error) -> PluginError {
+    PluginError::Failed(format!("{what}: {e}"))
+}
+
+/// A client and namespace from the kubeconfig, as kubectl picks them.
+///
+/// # Errors
+/// [`PluginError::BadArgument`] naming the kubeconfig that cannot be used.
+pub async fn connect(args: &Args) -> Result<(Client, String), PluginError> {
+    let options = KubeConfigOptions::default();
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| PluginError::BadArgument(format!("--kubeconfig {}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| PluginError::BadArgument(format!("--kubeconfig {}: {e}", path.display())))?
+        }
+        None => Config::from_kubeconfig(&options).await.map_err(|e| {
+            PluginError::BadArgument(format!("no usable kubeconfig ($KUBECONFIG, ~/.kube/config): {e}"))
+        })?,
+    };
+    let namespace = args.namespace.clone().unwrap_or_else(|| config.default_namespace.clone());
+    let client = Client::try_from(config).map_err(|e| PluginError::BadArgument(format!("the kubeconfig: {e}")))?;
+    Ok((client, namespace))
+}
+
+/// Runs `args`; what it prints on success.
+///
+/// # Errors
+/// [`PluginError`], with the exit code to leave with.
+pub async fn run(args: &Args) -> Result<String, PluginError> {
+    if let Command::Timeline { output, .. } = &args.command
+        && output.parent().is_some_and(|d| !d.as_os_str().is_empty() && !d.is_dir())
+    {
+        return Err(PluginError::BadArgument(format!("-o {}: its directory does not exist", output.display())));
+    }
+    let (client, namespace) = connect(args).await?;
+    let operations: Api<TalosOperation> = Api::namespaced(client.clone(), &namespace);
+    let machines: Api<TalosMachine> = Api::namespaced(client.clone(), &namespace);
+    match &args.command {
+        Command::Status { name } => {
+            let listed = match name {
+                Some(name) => vec![get(&operations, name, &namespace).await?],
+                None => {
+                    operations.list(&ListParams::default()).await.map_err(|e| failed("list TalosOperations", &e))?.items
+                }
+            };
+            if listed.is_empty() {
+                return Ok(format!("no TalosOperations in namespace {namespace}\n"));
+            }
+            let all = machines.list(&ListParams::default()).await.map_err(|e| failed("list TalosMachines", &e))?.items;
+            Ok(listed.iter().map(|op| status_text(op, &all)).collect::<Vec<_>>().join("\n"))
+        }
+        Command::Resume { name } => {
+            let op = get(&operations, name, &namespace).await?;
+            let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "new".to_owned());
+            if phase != "Paused" {
+                return Err(PluginError::Failed(format!(
+                    "talosoperation {name} is {phase}, not Paused: nothing to resume (nothing changed)"
+                )));
+            }
+            let mut token = Timestamp::now().as_second().to_string();
+            if op.annotations().get(RESUME_ANNOTATION) == Some(&token) {
+                // Resumed already this second: each distinct value resumes once.
+                token = format!("{token}-{}", Timestamp::now().subsec_nanosecond());
+            }
+            let patch = json!({ "metadata": { "annotations": { RESUME_ANNOTATION: token } } });
+            operations
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| failed(&format!("annotate talosoperation {name}"), &e))?;
+            Ok(format!("talosoperation {name} resumed ({RESUME_ANNOTATION}={token})\n"))
+        }
+        Command::Hold { node } | Command::Release { node } => {
+            let hold = matches!(args.command, Command::Hold { .. });
+            let nodes: Api<Node> = Api::all(client.clone());
+            let value = if hold { json!("kubectl-ichor") } else { serde_json::Value::Null };
+            let patch = json!({ "metadata": { "annotations": { HOLD_ANNOTATION: value } } });
+            nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| match &e {
+                kube::Error::Api(s) if s.code == 404 => PluginError::Failed(format!("node {node} not found")),
+                _ => failed(&format!("annotate node {node}"), &e),
+            })?;
+            Ok(if hold {
+                format!("node {node} held ({HOLD_ANNOTATION}): it is not started until released\n")
+            } else {
+                format!("node {node} released\n")
+            })
+        }
+        Command::Timeline { name, output } => {
+            let op = get(&operations, name, &namespace).await?;
+            let all = machines.list(&ListParams::default()).await.map_err(|e| failed("list TalosMachines", &e))?.items;
+            let records = history_records(&op, &all);
+            let timeline = Timeline::from_records(&records);
+            let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            let options = Options { title: format!("{namespace}/{name}: {phase}"), ..Options::default() };
+            std::fs::write(output, render(&timeline, &options).to_string())
+                .map_err(|e| PluginError::Failed(format!("writing {}: {e}", output.display())))?;
+            Ok(format!("{}: {} machines, {} records\n", output.display(), timeline.rows.len(), records.len()))
+        }
+    }
+}
+
+async fn get(operations: &Api<TalosOperation>, name: &str, namespace: &str) -> Result<TalosOperation, PluginError> {
+    operations
+        .get_opt(name)
+        .await
+        .map_err(|e| failed(&format!("get talosoperation {name}"), &e))?
+        .ok_or_else(|| PluginError::Failed(format!("talosoperation {name} not found in namespace {namespace}")))
+}
+
+/// The machines an operation concerns: its cluster's, or the one it removes.
+fn machines_of<'a>(op: &TalosOperation, machines: &'a [TalosMachine]) -> Vec<&'a TalosMachine> {
+    let mut of: Vec<&TalosMachine> = machines
+        .iter()
+        .filter(|m| m.spec.cluster == op.spec.cluster)
+        .filter(|m| op.spec.kind != OperationKind::REMOVE || op.spec.machine.as_deref() == Some(m.name_any().as_str()))
+        .collect();
+    of.sort_by_key(|m| (m.spec.role != Role::Controlplane, m.name_any()));
+    of
+}
+
+/// `[#####.....]  5/10`.
+fn progress_bar(converged: i64, total: i64) -> String {
+    const WIDTH: i64 = 30;
+    let filled = if total > 0 { (converged.clamp(0, total) * WIDTH) / total } else { 0 };
+    let filled = usize::try_from(filled).unwrap_or(0);
+    format!("[{}{}] {converged}/{total}", "#".repeat(filled), ".".repeat(30 - filled))
+}
+
+/// What `status` prints for one operation.
+fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
+    let status = op.status.clone().unwrap_or_default();
+    let counts = status.machines.clone().unwrap_or_default();
+    let mut text = String::new();
+    let target = if op.spec.kind == OperationKind::REMOVE {
+        format!("remove {}", op.spec.machine.as_deref().unwrap_or("?"))
+    } else {
+        format!("{} {}", op.spec.kind, op.spec.target_version)
+    };
+    let _ = writeln!(
+        text,
+        "{}  cluster {}  {target}  {} ({})",
+        op.name_any(),
+        op.spec.cluster,
+        status.phase.as_deref().unwrap_or("New"),
+        status.reason.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(text, "  {}", progress_bar(counts.converged, counts.total));
+    if let Some(message) = &status.message {
+        let _ = writeln!(text, "  {message}");
+    }
+    if let Some(waiting) = &status.waiting_for {
+        let _ = writeln!(text, "  waiting for: {waiting}");
+    }
+    let records = status.engine.as_ref().and_then(|e| e.get("machines")).cloned().unwrap_or_default();
+    let rows: Vec<[String; 4]> = machines_of(op, machines)
+        .into_iter()
+        .map(|m| {
+            let name = m.name_any();
+            let record = &records[name.as_str()];
+            let conditions = m.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+            let step = ["NodeRemoval", "TalosLifecycle", "TalosUpgrade"]
+                .iter()
+                .find_map(|t| conditions.iter().find(|c| c.type_ == *t))
+                .map(|c| format!("{}={}", c.type_, c.reason))
+                .unwrap_or_else(|| "-".to_owned());
+            let state = record["state"].as_str().map_or_else(
+                || if step.ends_with("=Converged") || step.ends_with("=Removed") { "done" } else { "waiting" },
+                |s| match s {
+                    "converged" => "done",
+                    "failed" => "FAILED",
+                    _ => "in progress",
+                },
+            );
+            let reason = record["reason"].as_str().unwrap_or_default();
+            let reason = if reason.is_empty() { step } else { format!("{step} ({reason})") };
+            let role = match m.spec.role {
+                Role::Controlplane => "control-plane",
+                Role::Worker => "worker",
+            };
+            [name, role.to_owned(), state.to_owned(), reason]
+        })
+        .collect();
+    if rows.is_empty() {
+        return text;
+    }
+    let width =
+        |i: usize| rows.iter().map(|r| r[i].len()).max().unwrap_or(0).max(["MACHINE", "ROLE", "STATE"][i].len());
+    let (w0, w1, w2) = (width(0), width(1), width(2));
+    let _ = writeln!(text, "  {:w0$}  {:w1$}  {:w2$}  STEP", "MACHINE", "ROLE", "STATE");
+    for [name, role, state, reason] in &rows {
+        let _ = writeln!(text, "  {name:w0$}  {role:w1$}  {state:w2$}  {reason}");
+    }
+    text
+}
+
+/// The timeline's records from the history of the operation's machines since it was
+/// made: each step of a condition, as the event the timeline draws.
+fn history_records(op: &TalosOperation, machines: &[TalosMachine]) -> Vec<TraceRecord> {
+    let since = op.creation_timestamp().map_or(0, |t| t.0.as_millisecond());
+    let mut records = Vec::new();
+    let mut first = i64::MAX;
+    for machine in machines_of(op, machines) {
+        let role = match machine.spec.role {
+            Role::Controlplane => "control-plane",
+            Role::Worker => "worker",
+        };
+        for step in machine.status.iter().flat_map(|s| &s.history) {
+            let at = step.time.0.as_millisecond();
+            if at < since {
+                continue;
+            }
+            let Some(event) = timeline_event(&step.type_, &step.status, &step.reason) else { continue };
+            first = first.min(at);
+            records.push((at, TraceRecord::new(0.0, &machine.name_any(), role, event).with_reason(&step.reason)));
+        }
+    }
+    records.sort_by_key(|(at, r)| (*at, r.node.clone()));
+    records
+        .into_iter()
+        .map(|(at, mut r)| {
+            #[allow(clippy::cast_precision_loss)]
+            let t = (at - first) as f64 / 1000.0;
+            r.t = t;
+            r
+        })
+        .collect()
+}
+
+/// The timeline event a condition's step stands for (`None`: not drawn).
+fn timeline_event(type_: &str, status: &str, reason: &str) -> Option<&'static str> {
+    Some(match (type_, reason) {
+        ("StorageEvacuation", "Evacuating") => "evacuation-start",
+        ("TalosUpgrade", "UpgradeRequested") => "upgrade-call",
+        ("TalosUpgrade" | "TalosLifecycle", "Converged") if status == "False" || status == "True" => "converged",
+        ("TalosUpgrade", "UpgradeRefused") | ("TalosLifecycle", "InstallFailed") => "failed",
+        ("TalosLifecycle", "InstallRunning") => "install-start",
+        ("TalosLifecycle", "Installed") => "installed",
+        ("TalosLifecycle", "RebootRequested") => "reboot-call",
+        ("NodeRemoval", "ResetRequested") => "reset-call",
+        ("NodeRemoval", "Removed") => "removed",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_progress_bar_fills_in_proportion() {
+        assert_eq!(progress_bar(0, 10), format!("[{}] 0/10", ".".repeat(30)));
+        assert_eq!(progress_bar(5, 10), format!("[{}{}] 5/10", "#".repeat(15), ".".repeat(15)));
+        assert_eq!(progress_bar(13, 13), format!("[{}] 13/13", "#".repeat(30)));
+        assert_eq!(progress_bar(0, 0), format!("[{}] 0/0", ".".repeat(30)), "nothing to do is not a panic");
+    }
+
+    #[test]
+    fn condition_steps_map_to_the_timelines_events() {
+        assert_eq!(timeline_event("TalosUpgrade", "True", "UpgradeRequested"), Some("upgrade-call"));
+        assert_eq!(timeline_event("TalosUpgrade", "False", "Converged"), Some("converged"));
+        assert_eq!(timeline_event("TalosUpgrade", "True", "UpgradeIntent"), None, "an intent is not a call");
+        assert_eq!(timeline_event("NodeRemoval", "True", "Removed"), Some("removed"));
+    }
+}
