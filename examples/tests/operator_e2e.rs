@@ -502,6 +502,45 @@ async fn a_bad_kind_is_refused_by_the_schema_and_a_bad_machine_by_the_controller
     scene.end().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn an_operation_for_a_missing_cluster_is_refused_naming_it_and_runs_once_the_cluster_appears() {
+    let scene = Scene::new("e2e-nocluster").await;
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let operator = scene.operator("operator", &kubeconfig, &[]);
+    scene.create_operation("early", "talos", None).await;
+    eventually("the operation is refused", || async { scene.phase("early").await == "Refused" }).await;
+    let status = scene.operation("early").await.and_then(|op| op.status).unwrap_or_default();
+    assert_eq!(status.reason.as_deref(), Some("ClusterNotFound"), "{status:?}");
+    let message = status.message.unwrap_or_default();
+    assert!(message.contains(&format!("TalosCluster {:?} does not exist", fleet::CLUSTER)), "{message}");
+    let stalled = status.conditions.iter().find(|c| c.type_ == "Stalled").map(|c| (c.status.clone(), c.reason.clone()));
+    assert_eq!(stalled, Some(("True".to_owned(), "ClusterNotFound".to_owned())));
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    eventually("a Warning Event naming the cluster", || async {
+        events.list(&ListParams::default()).await.is_ok_and(|l| {
+            l.items.iter().any(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.reason.as_deref() == Some("ClusterNotFound")
+                    && e.note.as_deref().is_some_and(|n| n.contains(fleet::CLUSTER))
+            })
+        })
+    })
+    .await;
+    // The cluster appears (the fleet makes it, its machines and Nodes): the operation runs.
+    let mut fleet_process = scene.fleet("1+2", &["--fleet-only"]);
+    scene.fleet_up(3).await;
+    eventually("the operation completes", || async { scene.phase("early").await == "Completed" }).await;
+    assert!(all_on_target(&scene.fleet_nodes().await));
+    let warnings = events.list(&ListParams::default()).await.unwrap().items;
+    let refusals: Vec<_> = warnings.iter().filter(|e| e.reason.as_deref() == Some("ClusterNotFound")).collect();
+    assert_eq!(refusals.len(), 1, "one Event when it became refused, not one per pass");
+    assert!(refusals[0].series.is_none(), "not repeated as a series: {:?}", refusals[0].series);
+    only_allowed_requests(&operator).await;
+    assert_eq!(fleet_process.terminate(), Some(0));
+    scene.end().await;
+}
+
 /// The Longhorn Node with the engine's evacuation record, and the record.
 async fn recorded_evacuation(nodes: &Api<DynamicObject>) -> Option<(String, String)> {
     let list = nodes.list(&ListParams::default()).await.unwrap().items;

@@ -257,21 +257,23 @@ impl Context {
             .clone()
     }
 
-    /// The Talos API of `cluster` in `namespace`, from its Secret.
-    async fn talos(&self, namespace: &str, cluster: &str) -> Arc<dyn TalosApi> {
+    /// The Talos API of `cluster` in `namespace`, from its Secret, and whether it is usable
+    /// (credentials found and read).
+    async fn talos(&self, namespace: &str, cluster: &str) -> (Arc<dyn TalosApi>, bool) {
         let key = (namespace.to_owned(), cluster.to_owned());
         let mut cache = self.talos.lock().await;
         if let Some(entry) = cache.get(&key)
             && entry.fetched.elapsed()
                 < if entry.version.is_some() { TALOSCONFIG_TTL } else { UNUSABLE_TALOSCONFIG_TTL }
         {
-            return Arc::clone(&entry.api);
+            return (Arc::clone(&entry.api), entry.version.is_some());
         }
         let cached = cache.remove(&key);
         let entry = self.load_talos(namespace, cluster, cached).await;
+        let usable = entry.version.is_some();
         let api = Arc::clone(&entry.api);
         cache.insert(key, entry);
-        api
+        (api, usable)
     }
 
     async fn load_talos(&self, namespace: &str, cluster: &str, cached: Option<CachedTalos>) -> CachedTalos {
@@ -406,7 +408,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
     let kube = ctx.kube(&namespace);
     let result: Result<_, ControllerError> = async {
         kube.ensure_finalizer(&name).await.map_err(ControllerError::Finalizer)?;
-        let talos = ctx.talos(&namespace, &op.spec.cluster).await;
+        let (talos, usable) = ctx.talos(&namespace, &op.spec.cluster).await;
         let queue = ctx.background(&namespace, &name);
         let recorder = ctx.recorder(&namespace);
         let recorder = recorder.as_deref();
@@ -428,11 +430,11 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
             memory.pass_ended(SystemClock.now(), outcome.requeue_at);
         }
         ctx.start_jobs(&queue, &talos, &kube, &namespace, &name);
-        Ok(outcome?)
+        Ok((outcome?, usable))
     }
     .await;
     ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
-    let outcome = match result {
+    let (mut outcome, usable) = match result {
         Ok(outcome) => outcome,
         Err(e) => {
             ctx.metrics.pass("error");
@@ -443,6 +445,13 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
     ctx.metrics.pass("ok");
     tracing::debug!(%namespace, operation = %name, phase = %outcome.phase, requeue_at = ?outcome.requeue_at, "pass");
     write_cluster_status(&ctx, &namespace, &op.spec.cluster).await;
+    if !usable && !outcome.finished && outcome.phase.name() != "Refused" {
+        // Decided without the cluster's Talos API (no TalosCluster, Secret or talosconfig
+        // yet): looked at again once the credentials are read again, not at the wait's
+        // own recheck (the etcd gate's is half a minute).
+        let soon = SystemClock.now().saturating_add(UNUSABLE_TALOSCONFIG_TTL);
+        outcome.requeue_at = Some(outcome.requeue_at.map_or(soon, |at| at.min(soon)));
+    }
     if outcome.finished {
         return Ok(Action::await_change());
     }

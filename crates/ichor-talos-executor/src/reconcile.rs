@@ -468,14 +468,18 @@ async fn reconcile_pass(
     if let Some(background) = ex.background {
         background.begin_pass();
     }
-    let Some(seen) = observe(ex, name, memory, recover).await? else {
-        return Ok(ReconcileOutcome {
-            phase: Phase::Completed,
-            requeue_at: None,
-            finished: true,
-            preflight_blocked: Vec::new(),
-            preflight_cleared: Vec::new(),
-        });
+    let seen = match observe(ex, name, memory, recover).await? {
+        Some(Seen::Observed(seen)) => *seen,
+        Some(Seen::NoCluster(op)) => return refuse_for_missing_cluster(ex, name, &op).await,
+        None => {
+            return Ok(ReconcileOutcome {
+                phase: Phase::Completed,
+                requeue_at: None,
+                finished: true,
+                preflight_blocked: Vec::new(),
+                preflight_cleared: Vec::new(),
+            });
+        }
     };
     let Observation { op, cluster, lease, holder, observed, status } = seen;
     let removal = op.spec.is_removal();
@@ -650,13 +654,17 @@ async fn observe(
     name: &str,
     memory: &PassMemory,
     recover: bool,
-) -> Result<Option<Observation>, ReconcileError> {
+) -> Result<Option<Seen>, ReconcileError> {
     let read_op = |source| ReconcileError::ReadOperation { name: name.to_owned(), source };
     let Some(op) = kube_call(ex, "read operation", ex.kube.operation(name)).await.map_err(read_op)? else {
         return Ok(None);
     };
     let read_cluster = |source| ReconcileError::ReadCluster { cluster: op.cluster.clone(), source };
-    let cluster = kube_call(ex, "read cluster", ex.kube.cluster(&op.cluster)).await.map_err(read_cluster)?;
+    let cluster = match kube_call(ex, "read cluster", ex.kube.cluster(&op.cluster)).await {
+        Ok(cluster) => cluster,
+        Err(KubeCallError::Api(KubeError::NotFound(_))) => return Ok(Some(Seen::NoCluster(Box::new(op)))),
+        Err(e) => return Err(read_cluster(e)),
+    };
     let machines = kube_call(ex, "list machines", ex.kube.machines(&op.cluster)).await.map_err(read_cluster)?;
     let lease = kube_call(ex, "read Lease", ex.kube.lease(&op.cluster)).await.map_err(read_cluster)?;
     let holder = lease_holder(ex, memory, &op, lease.as_ref()).await.map_err(read_cluster)?;
@@ -669,7 +677,57 @@ async fn observe(
     if recover {
         recover_evacuations(ex, &mut observed, &status).await?;
     }
-    Ok(Some(Observation { op, cluster, lease, holder, observed, status }))
+    Ok(Some(Seen::Observed(Box::new(Observation { op, cluster, lease, holder, observed, status }))))
+}
+
+/// What stage "observe" found of an operation that exists.
+enum Seen {
+    /// Its cluster, machines and Lease.
+    Observed(Box<Observation>),
+    /// Its cluster does not exist.
+    NoCluster(Box<crate::kube_api::OperationInfo>),
+}
+
+/// An operation whose cluster does not exist: Refused, naming it, with a Warning Event when
+/// it becomes so (its machine records kept); judged again when the cluster appears (the
+/// controller maps a TalosCluster's changes to its operations). Deleted, it lets go at once:
+/// with no cluster there is nothing of it to observe or wind down.
+async fn refuse_for_missing_cluster(
+    ex: &Executor<'_>,
+    name: &str,
+    op: &crate::kube_api::OperationInfo,
+) -> Result<ReconcileOutcome, ReconcileError> {
+    let outcome = |phase: Phase, finished: bool| ReconcileOutcome {
+        phase,
+        requeue_at: None,
+        finished,
+        preflight_blocked: Vec::new(),
+        preflight_cleared: Vec::new(),
+    };
+    if op.deleting {
+        kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name))
+            .await
+            .map_err(|source| ReconcileError::WriteOperation { name: name.to_owned(), source })?;
+        return Ok(outcome(Phase::Completed, true));
+    }
+    let read = op.status.clone().for_generation(op.generation);
+    let phase = Phase::Refused(ichor_upgrade_core::operation::Refusal::ClusterNotFound { cluster: op.cluster.clone() });
+    let mut status = read.clone();
+    status.phase = phase.clone();
+    status.observed_generation = Some(op.generation);
+    if write_status(ex, name, &op.status, &status).await? && read.phase.reason() != phase.reason() {
+        let event = Event {
+            kind: "TalosOperation",
+            name: name.to_owned(),
+            type_: EventType::Warning,
+            reason: phase.reason().to_owned(),
+            message: phase.to_string(),
+        };
+        if let Err(e) = kube_call(ex, "record Event", ex.kube.event(&event)).await {
+            tracing::warn!(reason = %event.reason, error = %e, "could not record an Event");
+        }
+    }
+    Ok(outcome(phase, false))
 }
 
 /// Stage "act": carries the decision out. The retries' records are closed, the stopped

@@ -126,6 +126,15 @@ pub struct ValidSpec {
 /// Why an operation is refused. A refusal touches nothing: no lock, no machine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum Refusal {
+    /// `spec.cluster` names no TalosCluster (in the operation's namespace). The operation
+    /// is judged again when one appears.
+    #[error(
+        "TalosCluster {cluster:?} does not exist in the operation's namespace: create it, or correct spec.cluster; the operation is looked at again when it appears"
+    )]
+    ClusterNotFound {
+        /// The cluster as written.
+        cluster: String,
+    },
     /// The kind is neither `talos` nor `remove`.
     #[error(
         "operation kind {kind:?} is not supported: only \"talos\" (upgrade) and \"remove\" operations run here, and no other kind is ever run as a Talos upgrade"
@@ -269,6 +278,7 @@ impl Refusal {
     #[must_use]
     pub fn reason(&self) -> &'static str {
         match self {
+            Self::ClusterNotFound { .. } => "ClusterNotFound",
             Self::UnsupportedKind { .. } => "UnsupportedKind",
             Self::MissingMachine => "MissingMachine",
             Self::UnknownMachine { .. } => "UnknownMachine",
