@@ -567,24 +567,102 @@ struct LonghornKinds {
     shard: Option<ApiResource>,
 }
 
-/// Longhorn's node, replica and (where served) shard kinds, when Longhorn is installed.
-async fn longhorn_resources(client: &Client) -> Option<LonghornKinds> {
+/// Longhorn's node, replica and (where served) shard kinds when Longhorn is installed,
+/// `None` when the API server says it is not (the group version is not served, or serves
+/// no nodes and replicas); an error when it could not tell (not reachable yet, a 5xx).
+async fn longhorn_resources(client: &Client) -> Result<Option<LonghornKinds>, kube::Error> {
     match client.list_api_group_resources("longhorn.io/v1beta2").await {
         Ok(list) => {
             let has = |plural: &str| list.resources.iter().any(|r| r.name == plural);
             if !(has("nodes") && has("replicas")) {
-                return None;
+                return Ok(None);
             }
             let resource = |kind: &str, plural: &str| {
                 ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("longhorn.io", "v1beta2", kind), plural)
             };
-            Some(LonghornKinds {
+            Ok(Some(LonghornKinds {
                 node: resource("Node", "nodes"),
                 replica: resource("Replica", "replicas"),
                 shard: has("shards").then(|| resource("Shard", "shards")),
-            })
+            }))
         }
-        Err(_) => None,
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How long the operator tries to learn whether Longhorn is installed before it starts
+/// without watching it.
+/// (Under the liveness probe's 30 s: the operator reports live only once it runs.)
+pub const LONGHORN_DETECTION_BOUND: Duration = Duration::from_secs(20);
+
+/// Whether Longhorn is installed, asked again with backoff (1 s doubling to 15 s) while the
+/// API server cannot tell, for up to [`LONGHORN_DETECTION_BOUND`]. "Not installed" only on
+/// a definite answer; after the bound, a warning and a Warning Event on this pod (when it
+/// knows its name) say its objects are not watched: an evacuation still reads Longhorn on
+/// each pass, only without the wake-ups its watch gives.
+async fn detect_longhorn(client: &Client, bound: Duration) -> Option<LonghornKinds> {
+    let deadline = Instant::now() + bound;
+    let mut delay = Duration::from_secs(1);
+    loop {
+        // Bounded as a whole: the client itself retries some answers (a 503) on its own.
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+        let answer = tokio::time::timeout(left, longhorn_resources(client))
+            .await
+            .unwrap_or_else(|_| Err(kube::Error::Service(format!("no answer within {left:?}").into())));
+        match answer {
+            Ok(Some(kinds)) => {
+                tracing::info!(
+                    shards = kinds.shard.is_some(),
+                    "Longhorn is installed: its nodes and replicas are watched"
+                );
+                return Some(kinds);
+            }
+            Ok(None) => {
+                tracing::info!("Longhorn is not installed (no longhorn.io/v1beta2 nodes and replicas): not watched");
+                return None;
+            }
+            Err(e) if Instant::now() + delay < deadline => {
+                tracing::warn!(error = %e, retry_in = ?delay, "could not tell whether Longhorn is installed; asking again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(15));
+            }
+            Err(e) => {
+                let message = format!(
+                    "could not tell whether Longhorn is installed within {}s ({e}): its objects are not watched \
+                     until the operator restarts; evacuations still read Longhorn on each pass",
+                    bound.as_secs()
+                );
+                tracing::warn!("{message}");
+                warn_on_own_pod(client, "LonghornDetectionFailed", &message).await;
+                return None;
+            }
+        }
+    }
+}
+
+/// A Warning Event on this operator's pod (`POD_NAME`, `POD_NAMESPACE`, as
+/// `deploy/operator.yaml` sets them); nothing when it does not know them.
+async fn warn_on_own_pod(client: &Client, reason: &str, message: &str) {
+    let (Ok(name), Ok(namespace)) = (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) else { return };
+    let reporter = Reporter { controller: "ichor-operator".to_owned(), instance: Some(name.clone()) };
+    let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        name: Some(name),
+        namespace: Some(namespace),
+        ..Default::default()
+    };
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(message.chars().take(1000).collect()),
+        action: reason.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &reference).await {
+        tracing::warn!(error = %e, "could not record an Event on the operator's pod");
     }
 }
 
@@ -611,10 +689,7 @@ pub async fn run(
     metrics.register_collector(EngineCalls(Arc::clone(&counters)));
     metrics.register_collector(Operations(stores.operations.clone()));
     let storage = LonghornStorage::new(client.clone(), &config.longhorn_namespace);
-    let longhorn = longhorn_resources(&client).await;
-    if longhorn.is_none() {
-        tracing::info!("Longhorn is not installed (no longhorn.io/v1beta2 nodes and replicas): not watched");
-    }
+    let longhorn = detect_longhorn(&client, LONGHORN_DETECTION_BOUND).await;
 
     // Every operation is reconciled when this replica starts to lead, or leads again after
     // its leadership lapsed.
@@ -783,6 +858,56 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
+    /// A loopback HTTP server answering every request with `status` and a JSON Status
+    /// body; how many requests it answered.
+    fn answering(status: u16) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let answered = Arc::clone(&count);
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                let mut buffer = [0u8; 4096];
+                let _ = stream.read(&mut buffer);
+                answered.fetch_add(1, Ordering::SeqCst);
+                let body = format!(
+                    r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"answer {status}","reason":"","code":{status}}}"#
+                );
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (url, count)
+    }
+
+    fn client(url: &str) -> Client {
+        let config = kube::Config::new(url.parse().unwrap());
+        Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn longhorn_is_not_installed_only_on_a_definite_answer() {
+        let (url, asked) = answering(404);
+        assert!(detect_longhorn(&client(&url), Duration::from_secs(10)).await.is_none());
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "a 404 is an answer: asked once");
+
+        let (url, asked) = answering(500);
+        assert!(longhorn_resources(&client(&url)).await.is_err(), "a 500 is no answer");
+        let started = Instant::now();
+        assert!(detect_longhorn(&client(&url), Duration::from_secs(4)).await.is_none());
+        assert!(asked.load(Ordering::SeqCst) >= 3, "asked again with backoff: {}", asked.load(Ordering::SeqCst));
+        assert!(started.elapsed() >= Duration::from_secs(2), "it waited between the attempts");
+
+        // The client retries a 503 on its own, without end: detection still ends (this
+        // test would hang otherwise, as its first version did).
+        let (url, _) = answering(503);
+        assert!(detect_longhorn(&client(&url), Duration::from_secs(2)).await.is_none());
+    }
+
     use kube::api::ObjectMeta;
     use kube::runtime::reflector::store::Writer;
 
