@@ -578,8 +578,14 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
         "matchExpressions": [{ "key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist" }],
     }))
     .unwrap();
-    let talos_storage =
-        TalosStorage::new("longhorn", TalosStorageSpec { backend: "longhorn".into(), node_selector: selector });
+    let talos_storage = TalosStorage::new(
+        "longhorn",
+        TalosStorageSpec {
+            backend: "longhorn".into(),
+            node_selector: selector,
+            evacuation_timeout_seconds: Some(3600),
+        },
+    );
     storage.create(&PostParams::default(), &talos_storage).await.unwrap();
     let longhorn = |kind, plural| ichor_testkit::kube::longhorn_api(&scene.ns.client, &scene.ns.name, kind, plural);
     let (nodes, replicas) = (longhorn("Node", "nodes"), longhorn("Replica", "replicas"));

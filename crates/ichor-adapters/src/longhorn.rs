@@ -207,7 +207,12 @@ impl StorageApi for LonghornStorage {
                     })?,
                     None => LabelSelector::default(),
                 };
-                Ok(StorageObject { name, node_selector })
+                let spec = object.data.get("spec");
+                let evacuation_timeout = spec
+                    .and_then(|spec| spec.get("evacuationTimeoutSeconds"))
+                    .and_then(serde_json::Value::as_u64)
+                    .map(std::time::Duration::from_secs);
+                Ok(StorageObject { name, node_selector, evacuation_timeout })
             })
             .collect()
     }

@@ -102,6 +102,7 @@ fn case(u: &mut Unstructured<'_>) -> Result<Case> {
         replicas_left: if u.arbitrary()? { Some(u.int_in_range(0u32..=3)?) } else { None },
         // The driver folds the backend's record into the conditions before the step.
         recorded: None,
+        evacuation_timeout: if u.arbitrary()? { Some(Duration::from_secs(u.int_in_range(1u64..=3600)?)) } else { None },
     };
     let etcd_member = match u.int_in_range(0u8..=4)? {
         0 => None,

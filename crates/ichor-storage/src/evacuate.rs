@@ -79,6 +79,8 @@ pub async fn observe_storage(
         .into_iter()
         .map(str::to_owned)
         .collect::<Vec<_>>();
+    let evacuation_timeout =
+        objects.iter().filter(|o| selected_by.contains(&o.name)).filter_map(|o| o.evacuation_timeout).max();
     let recorded = storage.evacuation_record(node).await?;
     let open = conditions.is_true(STORAGE_EVACUATION) || recorded.is_some();
     let replicas_left = if selected_by.is_empty() && !open {
@@ -91,7 +93,7 @@ pub async fn observe_storage(
         };
         Some(replicas.saturating_add(backing_images))
     };
-    Ok(StorageObservation { selected_by, replicas_left, recorded })
+    Ok(StorageObservation { selected_by, replicas_left, recorded, evacuation_timeout })
 }
 
 /// Starts evacuating a node: storage scheduling off, replicas asked to move and the
@@ -184,7 +186,28 @@ mod tests {
         StorageObject {
             name: "longhorn".into(),
             node_selector: LabelSelector { match_labels: worker_labels(), ..LabelSelector::default() },
+            evacuation_timeout: None,
         }
+    }
+
+    #[tokio::test]
+    async fn the_longest_timeout_of_the_objects_that_select_the_node_applies() {
+        let mut storage = MockStorageApi::new();
+        let timed = |name: &str, secs: u64, labels: Labels| StorageObject {
+            name: name.into(),
+            node_selector: LabelSelector { match_labels: labels, ..LabelSelector::default() },
+            evacuation_timeout: Some(std::time::Duration::from_secs(secs)),
+        };
+        let elsewhere: Labels = [("storage".to_owned(), "ceph".to_owned())].into();
+        let objects = vec![longhorn(), timed("big", 7200, worker_labels()), timed("other", 90_000, elsewhere)];
+        storage.expect_storage_objects().returning(move || Ok(objects.clone()));
+        storage.expect_evacuation_record().returning(|_| Ok(None));
+        storage.expect_replicas_on().returning(|_| Ok(4));
+        let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Upgrade)
+            .await
+            .unwrap();
+        assert_eq!(seen.selected_by, ["longhorn", "big"]);
+        assert_eq!(seen.evacuation_timeout, Some(std::time::Duration::from_secs(7200)), "not the unselected 25 h");
     }
 
     // Decision 0011: the backend's write is the evacuation's record; the conditions are
@@ -216,7 +239,15 @@ mod tests {
         let seen = observe_storage(&storage, "worker-1", &worker_labels(), &Conditions::new(), EvacuationFor::Upgrade)
             .await
             .unwrap();
-        assert_eq!(seen, StorageObservation { selected_by: vec![], replicas_left: Some(2), recorded: Some(record) });
+        assert_eq!(
+            seen,
+            StorageObservation {
+                selected_by: vec![],
+                replicas_left: Some(2),
+                recorded: Some(record),
+                evacuation_timeout: None
+            }
+        );
     }
 
     #[tokio::test]
@@ -309,7 +340,12 @@ mod tests {
             .unwrap();
         assert_eq!(
             seen,
-            StorageObservation { selected_by: vec!["longhorn".into()], replicas_left: Some(3), recorded: None }
+            StorageObservation {
+                selected_by: vec!["longhorn".into()],
+                replicas_left: Some(3),
+                recorded: None,
+                evacuation_timeout: None
+            }
         );
 
         let mut storage = MockStorageApi::new();

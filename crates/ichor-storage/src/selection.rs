@@ -16,6 +16,10 @@ pub struct StorageObject {
     pub name: String,
     /// Which nodes it covers.
     pub node_selector: LabelSelector,
+    /// How long an evacuation of a node it selects may take before the operation pauses
+    /// (`spec.evacuationTimeoutSeconds`); `None`: the engine's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evacuation_timeout: Option<std::time::Duration>,
 }
 
 /// The names of the storage objects that select a node with these labels, in the given
@@ -55,7 +59,7 @@ mod tests {
     }
 
     fn storage(name: &str, selector: LabelSelector) -> StorageObject {
-        StorageObject { name: name.into(), node_selector: selector }
+        StorageObject { name: name.into(), node_selector: selector, evacuation_timeout: None }
     }
 
     #[test]

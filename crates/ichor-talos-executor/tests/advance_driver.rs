@@ -421,6 +421,7 @@ fn longhorn() -> StorageObject {
             match_labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
             ..Default::default()
         },
+        evacuation_timeout: None,
     }
 }
 

@@ -210,6 +210,7 @@ fn storage_selecting(world: &mut World) {
                 match_labels: [("storage".to_owned(), "longhorn".to_owned())].into(),
                 ..LabelSelector::default()
             },
+            evacuation_timeout: None,
         }])
     });
 }

@@ -147,6 +147,9 @@ pub struct StorageObservation {
     /// The backend's record of an evacuation of the node, if it keeps one: an evacuation
     /// open whatever the conditions say (see [`with_recorded_evacuation`]).
     pub recorded: Option<EvacuationRecord>,
+    /// The longest evacuation timeout the selecting storage objects set; `None`: the
+    /// caller's default applies.
+    pub evacuation_timeout: Option<Duration>,
 }
 
 /// Where an evacuation stands.
@@ -192,6 +195,7 @@ pub fn evacuation_state(
     timeout: Duration,
     now: Timestamp,
 ) -> EvacuationState {
+    let timeout = storage.evacuation_timeout.unwrap_or(timeout);
     let open = conditions.get(STORAGE_EVACUATION).filter(|c| c.status == ConditionStatus::True);
     match open {
         None if storage.selected_by.is_empty() => EvacuationState::NothingToEvacuate,
@@ -228,7 +232,12 @@ mod tests {
     }
 
     fn selected(replicas_left: Option<u32>) -> StorageObservation {
-        StorageObservation { selected_by: vec!["longhorn".into()], replicas_left, recorded: None }
+        StorageObservation {
+            selected_by: vec!["longhorn".into()],
+            replicas_left,
+            recorded: None,
+            evacuation_timeout: None,
+        }
     }
 
     #[test]
@@ -309,7 +318,12 @@ mod tests {
     fn an_open_evacuation_stays_open_when_the_selector_stops_selecting() {
         let s = evacuation_state(
             &open_since(0),
-            &StorageObservation { selected_by: vec![], replicas_left: Some(2), recorded: None },
+            &StorageObservation {
+                selected_by: vec![],
+                replicas_left: Some(2),
+                recorded: None,
+                evacuation_timeout: None,
+            },
             TIMEOUT,
             at(1),
         );
@@ -359,5 +373,26 @@ mod tests {
         ended.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::False, reason::ENDED, ""), at(5));
         let seen = with_recorded_evacuation(&ended, &recorded(Some(100)), "w-1", at(200)).unwrap();
         assert!(seen.is_true(STORAGE_EVACUATION));
+    }
+
+    #[test]
+    fn a_storage_objects_own_timeout_replaces_the_default() {
+        let mut conditions = Conditions::default();
+        conditions
+            .upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, ""), at(0));
+        let longer = StorageObservation { evacuation_timeout: Some(Duration::from_secs(7200)), ..selected(Some(3)) };
+        // 600 s is the default here: past it, the default would time out; the object's 2 h has not.
+        assert_eq!(
+            evacuation_state(&conditions, &selected(Some(3)), TIMEOUT, at(601)),
+            EvacuationState::TimedOut { replicas_left: Some(3) }
+        );
+        assert_eq!(
+            evacuation_state(&conditions, &longer, TIMEOUT, at(601)),
+            EvacuationState::InProgress { replicas_left: Some(3), deadline: at(7200) }
+        );
+        assert_eq!(
+            evacuation_state(&conditions, &longer, TIMEOUT, at(7200)),
+            EvacuationState::TimedOut { replicas_left: Some(3) }
+        );
     }
 }

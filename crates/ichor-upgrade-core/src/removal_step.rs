@@ -397,6 +397,7 @@ mod tests {
                 selected_by: vec!["longhorn".into()],
                 replicas_left: Some(replicas_left),
                 recorded: None,
+                evacuation_timeout: None,
             };
             self
         }

@@ -463,6 +463,15 @@ pub struct TalosStorageSpec {
     /// The nodes it selects (by their labels). An empty selector selects every node.
     #[serde(default)]
     pub node_selector: LabelSelector,
+    /// How long, in seconds, the replicas of a node it selects may take to move off
+    /// before the operation pauses (`StorageEvacuation=False/TimedOut`; storage scheduling
+    /// is put back): 60 to 604800, default 1800 (30 minutes). Size it to the data on the
+    /// node and the bandwidth between nodes: a node with 2 TiB of replicas over 1 Gbit/s
+    /// needs about six hours (`docs/storage-longhorn.md`). Where several storage objects
+    /// select a node, the longest applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 604_800))]
+    pub evacuation_timeout_seconds: Option<i64>,
 }
 
 fn default_backend() -> String {

@@ -808,6 +808,7 @@ impl World {
                         match_labels: [(STORAGE_LABEL.to_owned(), "true".to_owned())].into(),
                         ..LabelSelector::default()
                     },
+                    evacuation_timeout: None,
                 }]
             } else {
                 Vec::new()

@@ -255,7 +255,12 @@ fn the_install_needs_the_full_authority_of_the_pass() {
 #[test]
 fn storage_is_evacuated_before_the_install() {
     let observed = Observed {
-        storage: StorageObservation { selected_by: vec!["longhorn".into()], replicas_left: Some(3), recorded: None },
+        storage: StorageObservation {
+            selected_by: vec!["longhorn".into()],
+            replicas_left: Some(3),
+            recorded: None,
+            evacuation_timeout: None,
+        },
         ..Observed::fixture()
     };
     assert_eq!(observed.step(), LifecycleAction::BeginEvacuation);

@@ -156,7 +156,12 @@ impl Observed {
     }
 
     fn storage(mut self, replicas_left: Option<u32>) -> Self {
-        self.storage = StorageObservation { selected_by: vec!["longhorn".into()], replicas_left, recorded: None };
+        self.storage = StorageObservation {
+            selected_by: vec!["longhorn".into()],
+            replicas_left,
+            recorded: None,
+            evacuation_timeout: None,
+        };
         self
     }
 
