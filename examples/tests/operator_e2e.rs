@@ -268,6 +268,9 @@ async fn a_3_plus_5_upgrade_completes_on_the_simulated_fleet() {
         scene.ns.name
     );
     assert_eq!(both.value(&converged).await, Some(8.0));
+    // Each machine's upgrade step, from its recorded history, observed once by the leader.
+    let upgrades = "ichor_machine_step_duration_seconds_count{step=\"upgrade\"}";
+    eventually("every machine's upgrade step observed", || async { both.value(upgrades).await == Some(8.0) }).await;
 
     // The etcd snapshot taken before the first control plane: recorded, and the file is
     // whole (its size and SHA-256 are the recorded ones), streamed over the Talos API.

@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use ichor_adapters::clock::SystemClock;
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
-use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch};
+use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch_observing};
 use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_talos_executor::background::{Job, JobQueue};
@@ -684,10 +684,12 @@ pub async fn run(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (stores, streams) = watch(&client, config.namespace.as_deref());
+    // Every machine the watch applies, its status writes included, for the step durations.
+    let steps = Arc::clone(&metrics);
+    let (stores, streams) = watch_observing(&client, config.namespace.as_deref(), move |m| steps.machine_seen(m));
     let counters = Arc::new(Counters::default());
     metrics.register_collector(EngineCalls(Arc::clone(&counters)));
-    metrics.register_collector(Operations(stores.operations.clone()));
+    metrics.register_collector(Operations(stores.operations.clone(), metrics.leader.clone()));
     let storage = LonghornStorage::new(client.clone(), &config.longhorn_namespace);
     let longhorn = detect_longhorn(&client, LONGHORN_DETECTION_BOUND).await;
 
@@ -737,7 +739,7 @@ pub async fn run(
         config: config.clone(),
         stores: stores.clone(),
         counters,
-        metrics,
+        metrics: Arc::clone(&metrics),
         storage,
         trace: recorder,
         recorders: Mutex::new(HashMap::new()),

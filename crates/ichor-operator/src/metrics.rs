@@ -6,18 +6,22 @@
 //! | `ichor_reconcile_errors_total{error}` | failed passes, by what failed |
 //! | `ichor_reconcile_duration_seconds` | how long a pass took |
 //! | `ichor_leader` | 1 while this replica leads |
-//! | `ichor_operation_machines{namespace,operation,state}` | machines by state (`total`, `converged`, `in_progress`, `failed`), from the operations' status |
-//! | `ichor_operation_phase{namespace,operation,phase}` | 1 for each operation's phase |
+//! | `ichor_build_info{version}` | 1, with the operator's version |
+//! | `ichor_operation_machines{namespace,operation,state}` | machines by state (`total`, `converged`, `in_progress`, `failed`), from the operations' status; the leader's only |
+//! | `ichor_operation_phase{namespace,operation,phase}` | 1 for each operation's phase; the leader's only |
+//! | `ichor_machine_step_duration_seconds{step}` | how long each step of a machine took, from its recorded history, observed by the leader when the machine converges: `evacuation`, `upgrade` (the Upgrade call to converged: install, reboot, Ready and verification), `install` and `reboot` (the lifecycle executor's, the reboot to converged) |
 //! | `ichor_kube_writes_total`, `ichor_kube_events_total`, `ichor_kube_reads_total` | the engine's writes, Events, and reads that bypassed the stores |
 //! | `ichor_kube_requests_total{verb,group,resource,subresource}` | every request to the API server ([`crate::requests`]) |
 //!
-//! A simulated fleet adds `ichor_fleet_*` ([`crate::fleet`]).
+//! Every replica has `/metrics`; the per-operation gauges are the leader's alone, so that
+//! a dashboard summing over replicas counts each operation once. A simulated fleet adds
+//! `ichor_fleet_*` ([`crate::fleet`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ichor_adapters::kubernetes::Counters;
-use ichor_adapters::kubernetes::crd::TalosOperation;
+use ichor_adapters::kubernetes::crd::{MachineStep, TalosMachine, TalosOperation};
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
@@ -57,6 +61,23 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Every request to the API server.
     pub requests: RequestCounts,
+    /// How long each step of a machine took.
+    pub steps: Family<StepLabels, Histogram>,
+    /// The machines (and their convergence times) already observed into `steps`.
+    observed: Mutex<std::collections::HashSet<(String, String, i64)>>,
+}
+
+/// A machine's step.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// `evacuation`, `upgrade`, `install` or `reboot`.
+    pub step: String,
+}
+
+/// The version labels of `ichor_build_info`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -90,7 +111,51 @@ impl Metrics {
             "Requests to the Kubernetes API server by RBAC verb and resource",
             requests.clone(),
         );
-        Self { registry: Mutex::new(registry), reconciles, errors, duration, leader, requests }
+        let build = Family::<BuildLabels, Gauge>::default();
+        build.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").to_owned() }).set(1);
+        registry.register("build_info", "The operator's version", build);
+        // 10 s to about 23 hours.
+        let steps = Family::<StepLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(10.0, 2.0, 14))
+        });
+        registry.register(
+            "machine_step_duration_seconds",
+            "How long each step of a machine's upgrade took, observed when it converges",
+            steps.clone(),
+        );
+        Self {
+            registry: Mutex::new(registry),
+            reconciles,
+            errors,
+            duration,
+            leader,
+            requests,
+            steps,
+            observed: Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+
+    /// Observes the steps of `machine` into `ichor_machine_step_duration_seconds` once it
+    /// has converged (its history's last `TalosUpgrade` or `TalosLifecycle` step is
+    /// `Converged`), once per convergence, and only while this replica leads.
+    pub fn machine_seen(&self, machine: &TalosMachine) {
+        if self.leader.get() != 1 {
+            return;
+        }
+        let history = machine.status.as_ref().map(|s| s.history.as_slice()).unwrap_or_default();
+        let converged = history
+            .iter()
+            .rev()
+            .find(|s| s.type_ == "TalosUpgrade" || s.type_ == "TalosLifecycle")
+            .filter(|s| s.reason == "Converged");
+        let Some(converged) = converged else { return };
+        let key = (machine.namespace().unwrap_or_default(), machine.name_any(), converged.time.0.as_second());
+        if !self.observed.lock().unwrap_or_else(PoisonError::into_inner).insert(key) {
+            return;
+        }
+        for (step, seconds) in step_durations(history) {
+            self.steps.get_or_create(&StepLabels { step: step.to_owned() }).observe(seconds);
+        }
     }
 
     /// Adds a collector read at every scrape.
@@ -146,9 +211,34 @@ impl Collector for EngineCalls {
     }
 }
 
-/// Machines by state and phases, read from the operations' status in the store.
+/// The durations of the steps of a machine's last upgrade, from its history: each step
+/// from the last time it began to the step that ended it, before the convergence.
+fn step_durations(history: &[MachineStep]) -> Vec<(&'static str, f64)> {
+    let at = |i: usize| history[i].time.0.as_millisecond();
+    let last = |type_: &str, reason: &str, before: usize| {
+        (0..before).rev().find(|&i| history[i].type_ == type_ && history[i].reason == reason)
+    };
+    let Some(end) = history.len().checked_sub(1) else { return Vec::new() };
+    let spans = [
+        ("evacuation", ("StorageEvacuation", "Evacuating"), ("StorageEvacuation", "Ended")),
+        ("upgrade", ("TalosUpgrade", "UpgradeRequested"), ("TalosUpgrade", "Converged")),
+        ("install", ("TalosLifecycle", "InstallRunning"), ("TalosLifecycle", "Installed")),
+        ("reboot", ("TalosLifecycle", "RebootRequested"), ("TalosLifecycle", "Converged")),
+    ];
+    let mut durations = Vec::new();
+    for (step, (start_type, start_reason), (end_type, end_reason)) in spans {
+        let Some(stop) = last(end_type, end_reason, end + 1) else { continue };
+        let Some(start) = last(start_type, start_reason, stop) else { continue };
+        #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
+        durations.push((step, (at(stop) - at(start)).max(0) as f64 / 1000.0));
+    }
+    durations
+}
+
+/// Machines by state and phases, read from the operations' status in the store; encoded
+/// only while the gauge (the leader's) is 1.
 #[derive(Debug)]
-pub struct Operations(pub Store<TalosOperation>);
+pub struct Operations(pub Store<TalosOperation>, pub Gauge);
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MachineLabels {
@@ -166,6 +256,10 @@ struct PhaseLabels {
 
 impl Collector for Operations {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        // A follower's store is as full as the leader's: both exporting it double-counts.
+        if self.1.get() != 1 {
+            return Ok(());
+        }
         let operations = self.0.state();
         {
             let mut family = encoder.encode_descriptor(
@@ -236,5 +330,96 @@ mod tests {
         assert_eq!(sample(&text, "ichor_reconcile_errors_total{error=\"write-lease\"}"), Some(1.0), "{text}");
         assert_eq!(sample(&text, "ichor_kube_writes_total"), Some(3.0), "{text}");
         assert_eq!(sample(&text, "ichor_leader"), Some(1.0), "{text}");
+    }
+
+    fn step(type_: &str, reason: &str, secs: i64) -> MachineStep {
+        MachineStep {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: reason.into(),
+            time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1_767_225_600 + secs).unwrap(),
+            ),
+        }
+    }
+
+    #[test]
+    fn the_build_is_named() {
+        let text = Metrics::new().encode().unwrap();
+        let series = format!("ichor_build_info{{version=\"{}\"}}", env!("CARGO_PKG_VERSION"));
+        assert_eq!(sample(&text, &series), Some(1.0), "{text}");
+    }
+
+    #[test]
+    fn only_the_leader_exports_the_operations_gauges() {
+        use ichor_adapters::kubernetes::crd::{MachineCounts, TalosOperationSpec, TalosOperationStatus};
+        let (store, mut writer) = kube::runtime::reflector::store::<TalosOperation>();
+        let mut op = TalosOperation::new(
+            "upgrade",
+            TalosOperationSpec {
+                cluster: "prod".into(),
+                kind: "talos".into(),
+                target_version: "v1.14.4".into(),
+                max_unavailable: 1,
+                machine: None,
+                preflight: None,
+                etcd_snapshot: None,
+            },
+        );
+        op.metadata.namespace = Some("ops".into());
+        op.status = Some(TalosOperationStatus {
+            phase: Some("Progressing".into()),
+            machines: Some(MachineCounts { total: 8, converged: 3, in_progress: 1, failed: 0 }),
+            ..TalosOperationStatus::default()
+        });
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(op));
+        let metrics = Metrics::new();
+        metrics.register_collector(Operations(store, metrics.leader.clone()));
+        let series = "ichor_operation_machines{namespace=\"ops\",operation=\"upgrade\",state=\"converged\"}";
+        let text = metrics.encode().unwrap();
+        assert_eq!(sample(&text, series), None, "a follower exports none: {text}");
+        assert!(!text.contains("ichor_operation_phase{"), "{text}");
+        metrics.leader.set(1);
+        let text = metrics.encode().unwrap();
+        assert_eq!(sample(&text, series), Some(3.0), "{text}");
+        let phase = "ichor_operation_phase{namespace=\"ops\",operation=\"upgrade\",phase=\"Progressing\"}";
+        assert_eq!(sample(&text, phase), Some(1.0), "{text}");
+    }
+
+    #[test]
+    fn a_converged_machines_steps_are_observed_once_by_the_leader() {
+        use ichor_adapters::kubernetes::crd::{Role, TalosMachineSpec, TalosMachineStatus};
+        let history = vec![
+            step("TalosUpgrade", "Converged", 0),
+            step("StorageEvacuation", "Evacuating", 100),
+            step("StorageEvacuation", "Ended", 400),
+            step("TalosUpgrade", "UpgradeIntent", 410),
+            step("TalosUpgrade", "UpgradeRequested", 412),
+            step("TalosUpgrade", "Converged", 652),
+        ];
+        assert_eq!(step_durations(&history), [("evacuation", 300.0), ("upgrade", 240.0)]);
+        let mut machine = TalosMachine::new(
+            "w-1",
+            TalosMachineSpec { cluster: "prod".into(), role: Role::Worker, address: "10.5.0.2".into(), hostname: None },
+        );
+        machine.status = Some(TalosMachineStatus { conditions: Vec::new(), history });
+        let metrics = Metrics::new();
+        metrics.machine_seen(&machine);
+        let count = "ichor_machine_step_duration_seconds_count{step=\"upgrade\"}";
+        assert_eq!(sample(&metrics.encode().unwrap(), count), None, "a follower observes nothing");
+        metrics.leader.set(1);
+        metrics.machine_seen(&machine);
+        metrics.machine_seen(&machine);
+        let text = metrics.encode().unwrap();
+        assert_eq!(sample(&text, count), Some(1.0), "once per convergence: {text}");
+        let sum = "ichor_machine_step_duration_seconds_sum{step=\"evacuation\"}";
+        assert_eq!(sample(&text, sum), Some(300.0), "{text}");
+
+        // Not converged (an upgrade under way): nothing.
+        let mut busy = machine.clone();
+        busy.metadata.name = Some("w-2".into());
+        busy.status.as_mut().unwrap().history.push(step("TalosUpgrade", "UpgradeIntent", 900));
+        metrics.machine_seen(&busy);
+        assert_eq!(sample(&metrics.encode().unwrap(), count), Some(1.0));
     }
 }

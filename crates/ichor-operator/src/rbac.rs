@@ -300,7 +300,20 @@ fn stateful_set() -> StatefulSet {
             pod_management_policy: Some("Parallel".to_owned()),
             selector: LabelSelector { match_labels: Some(labels()), ..LabelSelector::default() },
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(labels()), ..ObjectMeta::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    // For a Prometheus that discovers pods by annotation (no ServiceMonitor
+                    // needed); deploy/monitoring/ has the scrape job and a Grafana dashboard.
+                    annotations: Some(
+                        [
+                            ("prometheus.io/scrape".to_owned(), "true".to_owned()),
+                            ("prometheus.io/port".to_owned(), HTTP_PORT.to_string()),
+                            ("prometheus.io/path".to_owned(), "/metrics".to_owned()),
+                        ]
+                        .into(),
+                    ),
+                    ..ObjectMeta::default()
+                }),
                 spec: Some(PodSpec {
                     service_account_name: Some(NAME.to_owned()),
                     // Long enough for the reconciles in flight to end and the leadership

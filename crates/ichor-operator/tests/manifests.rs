@@ -80,3 +80,38 @@ fn the_replicas_run_apart_unprivileged_and_one_always_stays_up() {
 fn pod_labels_selector(docs: &[serde_json::Value]) -> serde_json::Value {
     kind(docs, "StatefulSet")["spec"]["selector"].clone()
 }
+
+/// Every metric the shipped Grafana dashboard queries is one the operator exports (the
+/// table of `crate::metrics`, each row of which its unit tests read back from `/metrics`),
+/// and the pods carry the scrape annotations its Prometheus job keeps.
+#[test]
+fn the_dashboard_queries_only_metrics_the_operator_exports_and_the_pods_are_scraped() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("../../deploy/monitoring/grafana-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let documented: String = std::fs::read_to_string(root.join("src/metrics.rs"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("//! | `ichor_"))
+        .collect();
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            let names = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|t| t.starts_with("ichor_"))
+                .map(|t| t.trim_end_matches("_bucket").trim_end_matches("_total"));
+            for name in names {
+                assert!(documented.contains(&format!("`{name}")), "{name} ({expr}) is not an exported metric");
+                queried += 1;
+            }
+        }
+    }
+    assert!(queried >= 9, "{queried}");
+    let yaml = ichor_operator::rbac::operator_yaml();
+    for annotation in ["prometheus.io/scrape: \"true\"", "prometheus.io/port: \"8080\"", "prometheus.io/path: /metrics"]
+    {
+        assert!(yaml.contains(annotation), "{annotation}:\n{yaml}");
+    }
+}

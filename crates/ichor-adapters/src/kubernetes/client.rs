@@ -99,6 +99,18 @@ pub struct WatchStreams {
 /// are cluster-wide), with their stores.
 #[must_use]
 pub fn watch(client: &Client, namespace: Option<&str>) -> (Stores, WatchStreams) {
+    watch_observing(client, namespace, |_| {})
+}
+
+/// As [`watch`], with `on_machine` called with every TalosMachine the watch applies, its
+/// status changes included (which the machines' stream leaves out): for what counts the
+/// machines' own writes, such as the operator's step durations.
+#[must_use]
+pub fn watch_observing(
+    client: &Client,
+    namespace: Option<&str>,
+    on_machine: impl Fn(&TalosMachine) + Send + 'static,
+) -> (Stores, WatchStreams) {
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
@@ -144,7 +156,15 @@ pub fn watch(client: &Client, namespace: Option<&str>) -> (Stores, WatchStreams)
     let (operations, operation_stream) = reflect(api::<TalosOperation>(client, namespace), &listed);
     let operation_stream = not_status(operation_stream);
     let (machines, machine_stream) = reflect(api::<TalosMachine>(client, namespace), &listed);
-    let machine_stream = not_status(machine_stream);
+    let machine_stream = not_status(
+        machine_stream
+            .inspect(move |event| {
+                if let Ok(machine) = event {
+                    on_machine(machine);
+                }
+            })
+            .boxed(),
+    );
     let (clusters, cluster_stream) = reflect(api::<TalosCluster>(client, namespace), &listed);
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()), &listed);
     let storages = watcher(api::<TalosStorage>(client, namespace), watcher::Config::default())
