@@ -15,6 +15,9 @@
 #                                            the release built when it has none)
 #   scripts/kube-test-server.sh stop DIR     stop what `start DIR` started (by PID only)
 #   scripts/kube-test-server.sh env DIR      print the ICHOR_TEST_KUBECONFIG= line again
+#   scripts/kube-test-server.sh restart-apiserver DIR SECONDS
+#                                            stop the API server, keep it down SECONDS, start
+#                                            it again; print when it was ready (Unix ms)
 #
 # What runs: the API server (token auth, RBAC; no TaintNodesByCondition admission, see below);
 # the controller-manager's namespace, garbage collector, disruption (PodDisruptionBudget
@@ -323,14 +326,18 @@ cmd_start() {
         --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
         --initial-cluster "t=http://127.0.0.1:$pp"
 
-    launch "$dir" kube-apiserver "$CACHE/kube-apiserver" \
+    # Its command line is kept for restart-apiserver.
+    local apiserver=("$CACHE/kube-apiserver" \
         --etcd-servers="http://127.0.0.1:$ep" --bind-address=127.0.0.1 --secure-port="$ap" \
         --advertise-address=127.0.0.1 --endpoint-reconciler-type=none --cert-dir="$dir/certs" \
         --service-account-issuer=https://kubernetes.default.svc \
         --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key" \
         --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
         --service-cluster-ip-range=10.96.0.0/24 --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
-        --allow-privileged=true
+        --allow-privileged=true)
+    printf '%s\n' "${apiserver[@]}" >"$dir/kube-apiserver.args"
+    echo "$ap" >"$dir/kube-apiserver.port"
+    launch "$dir" kube-apiserver "${apiserver[@]}"
 
     local deadline=$((SECONDS + READY_TIMEOUT)) out
     while :; do
@@ -405,8 +412,41 @@ usage() {
     exit 2
 }
 
+# restart-apiserver DIR SECONDS: stop the API server of `start DIR` (by its PID), keep it
+# down SECONDS, start it again with the same command line, wait until it is ready, and
+# print the time it was ready again (Unix milliseconds) on stdout.
+cmd_restart_apiserver() {
+    local dir=${1:?usage: restart-apiserver DIR SECONDS} down=${2:?usage: restart-apiserver DIR SECONDS}
+    [ -f "$dir/kube-apiserver.args" ] || die "$dir was not started by this script"
+    local pid
+    pid=$(awk '$1 == "kube-apiserver" { p = $2 } END { print p }' "$dir/pids")
+    [ -n "$pid" ] || die "no kube-apiserver in $dir/pids"
+    kill "$pid" 2>/dev/null || true
+    local waited=0
+    while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
+    kill -9 "$pid" 2>/dev/null || true
+    grep -v "^kube-apiserver $pid\$" "$dir/pids" >"$dir/pids.new" || true
+    mv "$dir/pids.new" "$dir/pids"
+    log "kube-apiserver $pid stopped; down for ${down}s"
+    sleep "$down"
+    local args=()
+    mapfile -t args <"$dir/kube-apiserver.args"
+    nohup "${args[@]}" </dev/null >>"$dir/kube-apiserver.log" 2>&1 &
+    echo "kube-apiserver $!" >>"$dir/pids"
+    local ap deadline=$((SECONDS + READY_TIMEOUT)) out
+    ap=$(cat "$dir/kube-apiserver.port")
+    while :; do
+        out="$(curl -sk --max-time 2 -H "Authorization: Bearer $TOKEN" "https://127.0.0.1:$ap/readyz" 2>/dev/null || true)"
+        [ "$out" = ok ] && break
+        [ "$SECONDS" -lt "$deadline" ] || die "API server not ready again after ${READY_TIMEOUT}s"
+        sleep 0.05
+    done
+    echo $(($(date +%s%N) / 1000000))
+}
+
 case "${1:-}" in
 build) shift; cmd_build "$@" ;;
+restart-apiserver) shift; cmd_restart_apiserver "$@" ;;
 start) shift; cmd_start "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 env) shift; cmd_env "$@" ;;

@@ -33,6 +33,12 @@ impl Scene {
         Self { ns, dir: tempfile::tempdir().unwrap() }
     }
 
+    /// A scene on the server of `kubeconfig` (one the test started itself).
+    pub(crate) async fn on(kubeconfig: &Path, prefix: &str) -> Self {
+        let ns = TestNamespace::create_on(kubeconfig, prefix).await;
+        Self { ns, dir: tempfile::tempdir().unwrap() }
+    }
+
     pub(crate) fn admin(&self) -> &Path {
         &self.ns.kubeconfig
     }

@@ -781,7 +781,11 @@ pub async fn run(
     let on_node = stores.clone();
     let by_node = move |n: Node| operations_on_node(&on_node, &n.name_any(), &node_addresses(&n));
 
+    // The trigger streams' errors (every watch's, merged) are backed off once more by the
+    // controller: with kube-rs's default that climbed to 45 s after an API server restart
+    // (its 410s and "storage is (re)initializing" 429s), and no pass ran meanwhile.
     let mut controller = Controller::for_stream(streams.operations, stores.operations.clone())
+        .trigger_backoff(ichor_adapters::kubernetes::watch_backoff())
         .watches_stream(streams.machines, by_machine)
         .watches_stream(streams.clusters, by_cluster)
         .watches_stream(streams.nodes, by_node)
@@ -792,7 +796,7 @@ pub async fn run(
             Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &node_kind),
             watcher::Config::default(),
         )
-        .default_backoff()
+        .backoff(ichor_adapters::kubernetes::watch_backoff())
         .touched_objects();
         // Replicas and shards are watched by their metadata only (the node label is all a
         // pass needs), each into a store of its own, which tell whether a node has any
@@ -804,7 +808,7 @@ pub async fn run(
                 Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client.clone(), &namespace, kind),
                 watcher::Config::default(),
             )
-            .default_backoff()
+            .backoff(ichor_adapters::kubernetes::watch_backoff())
             .reflect(writer)
             .touched_objects();
             (store, stream)

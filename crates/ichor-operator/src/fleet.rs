@@ -699,7 +699,9 @@ async fn heartbeat(client: &Client, name: &str) -> Result<(), kube::Error> {
 /// pod being deleted (an eviction) is gone at once.
 async fn kubelet(client: Client, nodes: Vec<String>) {
     let pods: Api<Pod> = Api::all(client);
-    let stream = watcher(pods.clone(), watcher::Config::default()).default_backoff().applied_objects();
+    let stream = watcher(pods.clone(), watcher::Config::default())
+        .backoff(ichor_adapters::kubernetes::watch_backoff())
+        .applied_objects();
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         let Ok(pod) = event else { continue };

@@ -64,7 +64,15 @@ impl TestNamespace {
     /// # Panics
     /// When no server is set ([`kubeconfig`]), or the server refuses what a test needs.
     pub async fn create(prefix: &str) -> Self {
-        let kubeconfig = kubeconfig();
+        Self::create_on(&kubeconfig(), prefix).await
+    }
+
+    /// As [`Self::create`], on the server of `kubeconfig` (one a test started itself).
+    ///
+    /// # Panics
+    /// When the server refuses what a test needs.
+    pub async fn create_on(kubeconfig: &std::path::Path, prefix: &str) -> Self {
+        let kubeconfig = kubeconfig.to_path_buf();
         let client = client_for(&kubeconfig).await;
         apply_crds(&client).await;
         let suffix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();

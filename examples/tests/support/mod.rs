@@ -17,7 +17,7 @@ pub const TIME_SCALE: &str = "150";
 pub const BOUND: Duration = Duration::from_secs(240);
 
 /// A process of the operator example; killed when dropped, its log printed when the test
-/// failed.
+/// failed. Its `RUST_LOG` is `info`, or `$ICHOR_TEST_RUST_LOG` when set.
 pub struct Process {
     name: String,
     child: Child,
@@ -39,7 +39,7 @@ impl Process {
             .arg(kubeconfig)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--log-format", "json"])
             .args(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", std::env::var("ICHOR_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_owned()))
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()
