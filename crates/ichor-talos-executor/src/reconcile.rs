@@ -1007,7 +1007,10 @@ async fn record_pass(
     {
         prepull(background, target, by_name, &decision.prepull);
     }
-    emit_events(ex, name, &op.status.phase, &next.phase, decision, outcomes).await;
+    // What happened in the pass (its calls, its warnings) is told whatever comes next; the
+    // phase's change only once the status that records it is written: a pass whose
+    // status write conflicts is decided again, and would tell it twice.
+    emit_events(ex, name, decision, outcomes).await;
     // A change that may wait (convergences, the reasons of machines in progress) is held
     // back for at most `status_hold`, so that it rides with the next write that must be
     // made (usually the next machine's start): one status write per machine, not two.
@@ -1026,6 +1029,9 @@ async fn record_pass(
             wrote
         }
     };
+    if held_until.is_none() {
+        emit_phase_event(ex, name, &op.status.phase, &next.phase).await;
+    }
     if decision.finalized {
         let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
         kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
@@ -1549,14 +1555,7 @@ fn action_message(action: &str) -> &'static str {
 }
 
 /// Events are best effort: a failed Event never fails the pass.
-async fn emit_events(
-    ex: &Executor<'_>,
-    operation: &str,
-    before: &Phase,
-    after: &Phase,
-    decision: &Decision,
-    outcomes: &[(String, MachineOutcome)],
-) {
+async fn emit_events(ex: &Executor<'_>, operation: &str, decision: &Decision, outcomes: &[(String, MachineOutcome)]) {
     let mut events = Vec::new();
     for warning in &decision.warnings {
         events.push(Event {
@@ -1581,28 +1580,34 @@ async fn emit_events(
         };
         events.push(Event { kind: "TalosMachine", name: machine.clone(), type_, reason, message });
     }
+    record(ex, events).await;
+}
+
+/// The operation's change of phase as an Event (a Warning for a pause, a refusal or
+/// machines unobserved), once its status is written.
+async fn emit_phase_event(ex: &Executor<'_>, operation: &str, before: &Phase, after: &Phase) {
     // A wait on the preflight gate is reported as a Warning naming the machines, once per
     // change of them (`report_preflight`), not again here.
     let preflight = matches!(after, Phase::Waiting(WaitReason::PreflightBlocked { .. }));
-    if before.reason() != after.reason() && !preflight {
-        let type_ = match after {
-            Phase::Paused(_) | Phase::Refused(_) | Phase::Waiting(WaitReason::MachinesUnobserved { .. }) => {
-                EventType::Warning
-            }
-            Phase::Pending | Phase::Progressing | Phase::Waiting(_) | Phase::Completed => EventType::Normal,
-        };
-        let message = match after {
-            Phase::Paused(_) => format!("{after}; {}", ichor_upgrade_core::operation::resume_hint(operation)),
-            _ => after.to_string(),
-        };
-        events.push(Event {
-            kind: "TalosOperation",
-            name: operation.to_owned(),
-            type_,
-            reason: after.reason().to_owned(),
-            message,
-        });
+    if before.reason() == after.reason() || preflight {
+        return;
     }
+    let type_ = match after {
+        Phase::Paused(_) | Phase::Refused(_) | Phase::Waiting(WaitReason::MachinesUnobserved { .. }) => {
+            EventType::Warning
+        }
+        Phase::Pending | Phase::Progressing | Phase::Waiting(_) | Phase::Completed => EventType::Normal,
+    };
+    let message = match after {
+        Phase::Paused(_) => format!("{after}; {}", ichor_upgrade_core::operation::resume_hint(operation)),
+        _ => after.to_string(),
+    };
+    let event =
+        Event { kind: "TalosOperation", name: operation.to_owned(), type_, reason: after.reason().to_owned(), message };
+    record(ex, vec![event]).await;
+}
+
+async fn record(ex: &Executor<'_>, events: Vec<Event>) {
     for event in events {
         if let Err(e) = kube_call(ex, "record Event", ex.kube.event(&event)).await {
             tracing::warn!(reason = %event.reason, error = %e, "could not record an Event");

@@ -222,3 +222,77 @@ fn passes_start_at_least_the_pass_interval_apart_and_a_restart_passes_at_once() 
     memory.clear();
     assert_eq!(memory.defer_pass(t(11_600), second), None, "a restarted controller passes at once");
 }
+
+/// A change of phase is told once: a pass whose status write lost a race (its store behind
+/// another write) is decided again, and used to send the phase's Event twice.
+#[tokio::test]
+async fn a_phase_change_whose_status_write_conflicts_is_told_once() {
+    let operation = OperationInfo {
+        name: "upgrade".into(),
+        identity: IDENTITY.into(),
+        cluster: "prod".into(),
+        generation: 1,
+        deleting: false,
+        annotations: BTreeMap::new(),
+        spec: OperationSpec {
+            preflight: None,
+            etcd_snapshot: None,
+            kind: "talos".into(),
+            target_version: "banana".into(),
+            max_unavailable: 1,
+            machine: None,
+        },
+        status: OperationStatus::default(),
+    };
+    let mut kube = MockKube::new();
+    kube.expect_operation().returning(move |_| Ok(Some(operation.clone())));
+    kube.expect_cluster().returning(|_| {
+        Ok(ClusterInfo {
+            name: "prod".into(),
+            release_talos_version: "v1.14.4".into(),
+            kubernetes_version: "1.34.1".into(),
+            schematic: None,
+            platform: "metal".into(),
+            nodes: Vec::new(),
+        })
+    });
+    kube.expect_machines().returning(|_| Ok(Vec::new()));
+    kube.expect_lease().returning(|_| Ok(None));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&events);
+    kube.expect_event().returning(move |e| {
+        seen.lock().unwrap().push(e.reason.clone());
+        Ok(())
+    });
+    let writes = Arc::new(Mutex::new(0));
+    let counted = Arc::clone(&writes);
+    kube.expect_write_operation_status().returning(move |_, _| {
+        let mut n = counted.lock().unwrap();
+        *n += 1;
+        if *n == 1 {
+            Err(ichor_talos_executor::kube_api::KubeError::Conflict("the object has been modified".into()))
+        } else {
+            Ok(())
+        }
+    });
+    let (talos, storage) = (MockTalos::new(), MockStorage::new());
+    let config = ExecutorConfig::default();
+    let ex = Executor {
+        talos: &talos,
+        kube: &kube,
+        storage: &storage,
+        clock: &FixedClock,
+        config: &config,
+        snapshots: None,
+        background: None,
+    };
+    assert!(reconcile(&ex, "upgrade").await.is_err(), "the conflict ends the first pass");
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "nothing told before the status is written: {:?}",
+        events.lock().unwrap()
+    );
+    let outcome = reconcile(&ex, "upgrade").await.unwrap();
+    assert_eq!(outcome.phase.name(), "Refused");
+    assert_eq!(*events.lock().unwrap(), ["InvalidTargetVersion"], "told once");
+}
