@@ -27,6 +27,7 @@ pub fn mid_rollout(workers: usize, max_unavailable: usize) -> Vec<MachineView> {
             node_ready: true,
             os_image: Some("Talos (v1.14.4)".to_owned()),
             progress: MachineProgress::Converged,
+            last: false,
         })
         .collect();
     let converged = workers / 3;
@@ -46,6 +47,7 @@ pub fn mid_rollout(workers: usize, max_unavailable: usize) -> Vec<MachineView> {
             node_ready: i % 89 != 88,
             os_image: Some("Talos (v1.14.3)".to_owned()),
             progress,
+            last: false,
         });
     }
     machines

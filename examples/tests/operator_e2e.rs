@@ -550,6 +550,44 @@ async fn an_operation_for_a_missing_cluster_is_refused_naming_it_and_runs_once_t
     scene.end().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn the_control_plane_the_operator_runs_on_is_upgraded_last() {
+    let scene = Scene::new("e2e-own-node").await;
+    let fleet_process = scene.fleet("3+2", &["--fleet-only"]);
+    scene.fleet_up(5).await;
+    // The operator's pod bound to the fleet's first control plane (NODE_NAME, as the
+    // StatefulSet sets it from spec.nodeName).
+    let own = format!("{}-cp-1.{}", fleet::CLUSTER, scene.ns.name);
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let snapshots = scene.snapshot_dir();
+    let args = ["--namespace", scene.ns.name.as_str(), "--etcd-snapshot-dir", snapshots.as_str()];
+    let operator = Process::start_with_env("operator", scene.dir.path(), &kubeconfig, &args, &[("NODE_NAME", &own)]);
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    let machines: Api<TalosMachine> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let called = |m: &TalosMachine| {
+        let history = m.status.as_ref().map(|s| s.history.clone()).unwrap_or_default();
+        history.iter().rev().find(|s| s.reason == "UpgradeRequested").map(|s| s.time.0).expect("an Upgrade call")
+    };
+    let mut control_planes: Vec<(String, _)> = machines
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|m| m.spec.role == ichor_adapters::kubernetes::crd::Role::Controlplane)
+        .map(|m| (m.name_any(), called(m)))
+        .collect();
+    control_planes.sort_by_key(|(_, at)| *at);
+    let order: Vec<&str> = control_planes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(order.last(), Some(&format!("{}-cp-1", fleet::CLUSTER).as_str()), "its own node last: {order:?}");
+    assert_eq!(order.len(), 3);
+    only_allowed_requests(&operator).await;
+    drop(fleet_process);
+    scene.end().await;
+}
+
 /// The Longhorn Node with the engine's evacuation record, and the record.
 async fn recorded_evacuation(nodes: &Api<DynamicObject>) -> Option<(String, String)> {
     let list = nodes.list(&ListParams::default()).await.unwrap().items;

@@ -44,6 +44,7 @@ fn cluster(u: &mut Unstructured<'_>) -> Result<Vec<MachineView>> {
             node_ready: u.ratio(9, 10)?,
             os_image: Some("Talos (v1.14.3)".to_owned()),
             progress,
+            last: false,
         });
     }
     Ok(machines)

@@ -415,6 +415,7 @@ async fn run(args: Args) -> i32 {
             executor: pass_interval(executor_config(args.executor, args.prepull), &args),
             talos: ichor_adapters::talos::ClientOptions::default(),
             longhorn_namespace: args.longhorn_namespace.clone(),
+            own_node: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
         };
         (config, ElectionConfig::new(&lease_namespace, "ichor-operator", &identity))
     });

@@ -81,6 +81,10 @@ pub struct OperatorConfig {
     /// Where the trace of what the engine does and sees goes ([`crate::trace`]; `None`: no
     /// trace). Its time starts when the controller does.
     pub trace: Option<Arc<dyn TraceSink>>,
+    /// The node this replica runs on (`NODE_NAME`, from the pod's `spec.nodeName`): its
+    /// machine is upgraded last in its role, so that the leader is not drained and
+    /// rebooted while it has others of its role to do.
+    pub own_node: Option<String>,
 }
 
 /// Whether the operator is ready (its stores listed) and alive (its controller running).
@@ -253,6 +257,7 @@ impl Context {
                     Reporter { controller: "ichor-operator".to_owned(), instance: Some(self.config.identity.clone()) },
                     Arc::clone(&self.counters),
                 )
+                .with_last_node(self.config.own_node.clone())
             })
             .clone()
     }

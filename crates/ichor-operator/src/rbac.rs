@@ -241,7 +241,12 @@ fn stateful_set() -> StatefulSet {
                 .map(str::to_owned)
                 .to_vec(),
         ),
-        env: Some(vec![field("POD_NAMESPACE", "metadata.namespace"), field("POD_NAME", "metadata.name")]),
+        env: Some(vec![
+            field("POD_NAMESPACE", "metadata.namespace"),
+            field("POD_NAME", "metadata.name"),
+            // Its machine goes last in its role (OperatorConfig::own_node).
+            field("NODE_NAME", "spec.nodeName"),
+        ]),
         ports: Some(vec![ContainerPort {
             name: Some("http".to_owned()),
             container_port: HTTP_PORT,

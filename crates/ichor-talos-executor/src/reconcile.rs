@@ -506,6 +506,7 @@ async fn reconcile_pass(
             node_ready: o.node.as_ref().is_some_and(|n| n.ready),
             os_image: o.node.as_ref().map(|n| n.os_image.clone()),
             progress: progress(o),
+            last: o.machine.labels.contains_key(ichor_upgrade_core::operation::CONTROLLER_NODE_MARK),
         }
     };
     let mut cache = memory.take_views();

@@ -11,6 +11,10 @@ pub const ORDER_LABEL: &str = "ichor.dev/upgrade-order";
 /// Annotation, on a machine or its Node, that holds the machine back: it is not started
 /// and the operation cannot complete while it remains. Any value holds.
 pub const HOLD_ANNOTATION: &str = "ichor.dev/hold";
+/// A mark a controller puts on its own view of the machine of the node it runs on (never
+/// written to the machine): that machine goes last in its role
+/// ([`crate::rollout::MachineView::last`]).
+pub const CONTROLLER_NODE_MARK: &str = "ichor.dev/controller-node";
 /// Annotation on an operation that resumes it after a pause. Its value is a token (any
 /// new value, such as a timestamp): each distinct value resumes once.
 pub const RESUME_ANNOTATION: &str = "ichor.dev/resume";

@@ -134,6 +134,11 @@ pub struct MachineView {
     pub os_image: Option<String>,
     /// Its progress in this operation.
     pub progress: MachineProgress,
+    /// It goes after every other machine of its role, whatever its order label: the
+    /// machine of the node the controller runs on (see
+    /// [`crate::operation::CONTROLLER_NODE_MARK`]), so that the controller is not drained
+    /// and rebooted while it has the others of its role to do.
+    pub last: bool,
 }
 
 /// What the engine keeps in the operation's status between passes.
@@ -1195,11 +1200,12 @@ enum Slot {
     Failed,
 }
 
-/// Ordering key within a role: the order label ascending, machines without one (or with
-/// one that is not an integer) last, then the name.
-fn order_key(m: &MachineView) -> (bool, i64, &str) {
+/// Ordering key within a role: the controller's own machine after all others, then the
+/// order label ascending, machines without one (or with one that is not an integer) last,
+/// then the name.
+fn order_key(m: &MachineView) -> (bool, bool, i64, &str) {
     let order = m.order_label.as_deref().and_then(|v| v.parse::<i64>().ok());
-    (order.is_none(), order.unwrap_or(0), m.name.as_str())
+    (m.last, order.is_none(), order.unwrap_or(0), m.name.as_str())
 }
 
 /// The plan of a pass while this operation holds the lock.
@@ -1209,7 +1215,7 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
 
     let mut machines: Vec<&MachineView> = input.machines.iter().collect();
     // Machines usually come in the same order pass after pass: sorted once, checked after.
-    fn key<'m>(m: &&'m MachineView) -> (MachineRole, (bool, i64, &'m str)) {
+    fn key<'m>(m: &&'m MachineView) -> (MachineRole, (bool, bool, i64, &'m str)) {
         (m.role, order_key(m))
     }
     // Each key is made once (an order label is parsed), not once per neighbour.
@@ -1419,9 +1425,10 @@ fn start_workers(
     workers: &[&(&MachineView, Slot)],
     d: &mut Decision,
 ) -> Option<WaitReason> {
+    // The controller's own machine is a wave of its own, the last.
     let wave_of = |m: &MachineView| {
-        let (unordered, order, _) = order_key(m);
-        (unordered, order)
+        let (last, unordered, order, _) = order_key(m);
+        (last, unordered, order)
     };
     let wave = workers
         .iter()

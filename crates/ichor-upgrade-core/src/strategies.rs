@@ -68,6 +68,7 @@ impl MachineShape {
             node_ready: self.node_ready,
             os_image: Some(os_image.to_owned()),
             progress,
+            last: false,
         }
     }
 }

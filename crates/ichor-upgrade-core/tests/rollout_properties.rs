@@ -102,6 +102,7 @@ fn name_machines(raw: Vec<(MachineRole, Option<String>, bool, bool, MachineProgr
                 node_ready,
                 os_image: Some("Talos (v1.14.3)".into()),
                 progress,
+                last: false,
             }
         })
         .collect()

@@ -31,6 +31,11 @@ pub fn free_port() -> u16 {
 
 impl Process {
     pub fn start(name: &str, dir: &Path, kubeconfig: &Path, args: &[&str]) -> Self {
+        Self::start_with_env(name, dir, kubeconfig, args, &[])
+    }
+
+    /// As [`Self::start`], with `env` set (such as the `NODE_NAME` a pod gets).
+    pub fn start_with_env(name: &str, dir: &Path, kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
@@ -40,6 +45,7 @@ impl Process {
             .args(["--listen", &format!("127.0.0.1:{port}"), "--log-format", "json"])
             .args(args)
             .env("RUST_LOG", std::env::var("ICHOR_TEST_RUST_LOG").unwrap_or_else(|_| "info".to_owned()))
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()

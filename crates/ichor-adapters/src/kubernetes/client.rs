@@ -37,7 +37,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::operation::{CONTROLLER_NODE_MARK, MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -296,6 +296,8 @@ pub struct KubeCluster {
     /// them.
     written: Arc<Written>,
     counters: Arc<Counters>,
+    /// The node this process runs on: its machine is ordered last in its role.
+    last_node: Option<String>,
 }
 
 /// The objects this client wrote, as the API server returned them.
@@ -375,7 +377,19 @@ impl KubeCluster {
             versions: Arc::default(),
             written: Arc::default(),
             counters,
+            last_node: None,
         }
+    }
+
+    /// The same, with the machine of `node` (the node the operator runs on; matched by its
+    /// hostname, its name or the Node's addresses) marked [`CONTROLLER_NODE_MARK`] in the
+    /// engine's view: it goes last in its role (a worker, as a wave of its own), so that
+    /// the leader is not drained and rebooted while it has the others to do. `None`: no
+    /// such ordering.
+    #[must_use]
+    pub fn with_last_node(mut self, node: Option<String>) -> Self {
+        self.last_node = node.filter(|n| !n.is_empty());
+        self
     }
 
     /// The namespace.
@@ -889,13 +903,36 @@ impl KubeApi for KubeCluster {
             .machines
             .state_filter(|m| m.namespace().as_deref() == Some(namespace.as_str()) && m.spec.cluster == cluster);
         machines.sort_by_key(|m| m.name_any());
+        // The node this process runs on, and its addresses: the machine that names it (by
+        // hostname, name or Talos API address) goes last in its role.
+        let last = self.last_node.as_ref().map(|node| {
+            let addresses: Vec<String> = self
+                .stores
+                .nodes
+                .get(&ObjectRef::new(node))
+                .and_then(|n| n.status.clone())
+                .and_then(|s| s.addresses)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|a| a.address)
+                .collect();
+            (node.clone(), addresses)
+        });
         Ok(machines
             .into_iter()
             .filter_map(|m| {
                 let name = m.name_any();
                 let m = fresher(&self.written.machines, &name, Some(m))?;
                 self.remember(MACHINE, &name, m.resource_version());
-                Some(Arc::new(machine_info(&m)))
+                let mut info = machine_info(&m);
+                if last.as_ref().is_some_and(|(node, addresses)| {
+                    m.spec.hostname.as_deref() == Some(node.as_str())
+                        || name == *node
+                        || addresses.contains(&m.spec.address)
+                }) {
+                    info.labels.insert(CONTROLLER_NODE_MARK.to_owned(), String::new());
+                }
+                Some(Arc::new(info))
             })
             .collect())
     }

@@ -37,6 +37,7 @@ impl Fixture {
             node_ready: true,
             os_image: Some("Talos (v1.14.3)".into()),
             progress: MachineProgress::Pending,
+            last: false,
         };
         let machines = (1..=cps)
             .map(|i| machine(format!("cp-{i}"), MachineRole::ControlPlane))
@@ -322,6 +323,22 @@ fn rule2_order_label_then_name_unlabelled_last() {
         .order("worker-2", "10")
         .decide();
     assert_eq!(d.start, names(&["worker-4"]), "negative orders come first");
+}
+
+#[test]
+fn the_controllers_own_machine_goes_last_in_its_role_whatever_its_order() {
+    let mut f = Fixture::cluster(3, 3).order("cp-1", "-100");
+    for m in &mut f.machines {
+        m.last = m.name == "cp-1" || m.name == "worker-1";
+    }
+    let d = f.clone().decide();
+    assert_eq!(d.start, names(&["cp-2"]), "not cp-1, though its order is the lowest");
+    let d = f.clone().converged(&["cp-2", "cp-3"]).decide();
+    assert_eq!(d.start, names(&["cp-1"]), "the others done: its turn");
+    let d = f.clone().all_control_planes_converged().max_unavailable(3).decide();
+    assert_eq!(d.start, names(&["worker-2", "worker-3"]), "a wave of its own, the last, even with room");
+    let d = f.all_control_planes_converged().max_unavailable(3).converged(&["worker-2", "worker-3"]).decide();
+    assert_eq!(d.start, names(&["worker-1"]));
 }
 
 #[test]
