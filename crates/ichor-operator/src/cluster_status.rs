@@ -134,26 +134,11 @@ pub async fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ichor_adapters::kubernetes::crd::{
-        Role, TalosClusterSpec, TalosMachineSpec, TalosOperationSpec, TalosOperationStatus,
-    };
+    use ichor_adapters::kubernetes::crd::{Role, TalosMachineSpec};
     use serde_json::json;
 
     fn cluster() -> TalosCluster {
-        let mut c = TalosCluster::new(
-            "prod",
-            TalosClusterSpec {
-                talos_version: "v1.14.4".into(),
-                kubernetes_version: "1.34.1".into(),
-                platform: "metal".into(),
-                schematic: None,
-                talosconfig_secret: "prod-talosconfig".into(),
-                node_selector: Some([("pool".to_owned(), "prod".to_owned())].into()),
-                discovery: None,
-            },
-        );
-        c.metadata.namespace = Some("ops".into());
-        c
+        crate::fixtures::cluster(None)
     }
 
     fn node(name: &str, pool: &str, os_image: &str, kubelet: &str) -> Arc<Node> {
@@ -185,25 +170,7 @@ mod tests {
     }
 
     fn operation(name: &str, phase: &str, reason: &str) -> Arc<TalosOperation> {
-        let mut o = TalosOperation::new(
-            name,
-            TalosOperationSpec {
-                cluster: "prod".into(),
-                kind: "talos".into(),
-                target_version: "v1.14.4".into(),
-                max_unavailable: 1,
-                machine: None,
-                preflight: None,
-                etcd_snapshot: None,
-            },
-        );
-        o.metadata.namespace = Some("ops".into());
-        o.status = Some(TalosOperationStatus {
-            phase: Some(phase.into()),
-            reason: Some(reason.into()),
-            ..TalosOperationStatus::default()
-        });
-        Arc::new(o)
+        Arc::new(crate::fixtures::operation(name, phase, reason))
     }
 
     #[test]

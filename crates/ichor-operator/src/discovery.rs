@@ -132,25 +132,9 @@ pub async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ichor_adapters::kubernetes::crd::TalosClusterSpec;
     use serde_json::json;
 
-    fn cluster(discovery: Option<Discovery>) -> TalosCluster {
-        let mut c = TalosCluster::new(
-            "prod",
-            TalosClusterSpec {
-                talos_version: "v1.14.4".into(),
-                kubernetes_version: "1.34.1".into(),
-                platform: "metal".into(),
-                schematic: None,
-                talosconfig_secret: "prod-talosconfig".into(),
-                node_selector: Some([("pool".to_owned(), "prod".to_owned())].into()),
-                discovery,
-            },
-        );
-        c.metadata.namespace = Some("ops".into());
-        c
-    }
+    use crate::fixtures::cluster;
 
     fn node(name: &str, pool: &str, control_plane: bool, ip: Option<&str>) -> Arc<Node> {
         let mut labels = json!({ "pool": pool });

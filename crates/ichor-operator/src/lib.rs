@@ -22,6 +22,8 @@ pub mod cluster_status;
 pub mod controller;
 pub mod discovery;
 pub mod fence;
+#[cfg(test)]
+mod fixtures;
 #[cfg(feature = "fleet")]
 pub mod fleet;
 pub mod http;

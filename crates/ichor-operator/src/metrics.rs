@@ -352,26 +352,12 @@ mod tests {
 
     #[test]
     fn only_the_leader_exports_the_operations_gauges() {
-        use ichor_adapters::kubernetes::crd::{MachineCounts, TalosOperationSpec, TalosOperationStatus};
+        use ichor_adapters::kubernetes::crd::MachineCounts;
         let (store, mut writer) = kube::runtime::reflector::store::<TalosOperation>();
-        let mut op = TalosOperation::new(
-            "upgrade",
-            TalosOperationSpec {
-                cluster: "prod".into(),
-                kind: "talos".into(),
-                target_version: "v1.14.4".into(),
-                max_unavailable: 1,
-                machine: None,
-                preflight: None,
-                etcd_snapshot: None,
-            },
-        );
-        op.metadata.namespace = Some("ops".into());
-        op.status = Some(TalosOperationStatus {
-            phase: Some("Progressing".into()),
-            machines: Some(MachineCounts { total: 8, converged: 3, in_progress: 1, failed: 0 }),
-            ..TalosOperationStatus::default()
-        });
+        let mut op = crate::fixtures::operation("upgrade", "Progressing", "Progressing");
+        if let Some(status) = op.status.as_mut() {
+            status.machines = Some(MachineCounts { total: 8, converged: 3, in_progress: 1, failed: 0 });
+        }
         writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(op));
         let metrics = Metrics::new();
         metrics.register_collector(Operations(store, metrics.leader.clone()));

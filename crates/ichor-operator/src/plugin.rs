@@ -169,11 +169,18 @@ pub async fn run(args: &Args) -> Result<String, PluginError> {
                 // Resumed already this second: each distinct value resumes once.
                 token = format!("{token}-{}", Timestamp::now().subsec_nanosecond());
             }
-            let patch = json!({ "metadata": { "annotations": { RESUME_ANNOTATION: token } } });
-            operations
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| failed(&format!("annotate talosoperation {name}"), &e))?;
+            // Under the resourceVersion read: an operation that moved on since (resumed by
+            // someone else, or no longer paused) is not resumed on a stale reading.
+            let patch = json!({ "metadata": {
+                "resourceVersion": op.resource_version(),
+                "annotations": { RESUME_ANNOTATION: token },
+            } });
+            operations.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| match &e {
+                kube::Error::Api(s) if s.code == 409 => PluginError::Failed(format!(
+                    "talosoperation {name} changed since it was read: nothing changed; look again and resume"
+                )),
+                _ => failed(&format!("annotate talosoperation {name}"), &e),
+            })?;
             Ok(format!("talosoperation {name} resumed ({RESUME_ANNOTATION}={token})\n"))
         }
         Command::Hold { node } | Command::Release { node } => {
@@ -222,6 +229,11 @@ fn machines_of<'a>(op: &TalosOperation, machines: &'a [TalosMachine]) -> Vec<&'a
         .collect();
     of.sort_by_key(|m| (m.spec.role != Role::Controlplane, m.name_any()));
     of
+}
+
+/// `control-plane` or `worker`, as traces and timelines write a role.
+fn role_name(role: Role) -> &'static str {
+    ichor_upgrade_core::operation::MachineRole::from(role).as_str()
 }
 
 /// `[#####.....]  5/10`.
@@ -279,11 +291,7 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
             );
             let reason = record["reason"].as_str().unwrap_or_default();
             let reason = if reason.is_empty() { step } else { format!("{step} ({reason})") };
-            let role = match m.spec.role {
-                Role::Controlplane => "control-plane",
-                Role::Worker => "worker",
-            };
-            [name, role.to_owned(), state.to_owned(), reason]
+            [name, role_name(m.spec.role).to_owned(), state.to_owned(), reason]
         })
         .collect();
     if rows.is_empty() {
@@ -306,10 +314,7 @@ fn history_records(op: &TalosOperation, machines: &[TalosMachine]) -> Vec<TraceR
     let mut records = Vec::new();
     let mut first = i64::MAX;
     for machine in machines_of(op, machines) {
-        let role = match machine.spec.role {
-            Role::Controlplane => "control-plane",
-            Role::Worker => "worker",
-        };
+        let role = role_name(machine.spec.role);
         for step in machine.status.iter().flat_map(|s| &s.history) {
             let at = step.time.0.as_millisecond();
             if at < since {

@@ -716,17 +716,8 @@ async fn refuse_for_missing_cluster(
     let mut status = read.clone();
     status.phase = phase.clone();
     status.observed_generation = Some(op.generation);
-    if write_status(ex, name, &op.status, &status).await? && read.phase.reason() != phase.reason() {
-        let event = Event {
-            kind: "TalosOperation",
-            name: name.to_owned(),
-            type_: EventType::Warning,
-            reason: phase.reason().to_owned(),
-            message: phase.to_string(),
-        };
-        if let Err(e) = kube_call(ex, "record Event", ex.kube.event(&event)).await {
-            tracing::warn!(reason = %event.reason, error = %e, "could not record an Event");
-        }
+    if write_status(ex, name, &op.status, &status).await? {
+        emit_phase_event(ex, name, &read.phase, &phase).await;
     }
     Ok(outcome(phase, false))
 }
@@ -1599,10 +1590,7 @@ async fn emit_phase_event(ex: &Executor<'_>, operation: &str, before: &Phase, af
         }
         Phase::Pending | Phase::Progressing | Phase::Waiting(_) | Phase::Completed => EventType::Normal,
     };
-    let message = match after {
-        Phase::Paused(_) => format!("{after}; {}", ichor_upgrade_core::operation::resume_hint(operation)),
-        _ => after.to_string(),
-    };
+    let message = after.message_for(operation);
     let event =
         Event { kind: "TalosOperation", name: operation.to_owned(), type_, reason: after.reason().to_owned(), message };
     record(ex, vec![event]).await;

@@ -122,16 +122,9 @@ async fn a_stop_ends_an_evacuation_only_the_backend_records() {
     }
 }
 
-/// A cluster with operation `upgrade` paused on `m-failed`, with `m-evacuating` in progress.
-fn paused_cluster(machines: Vec<MachineInfo>) -> MockKube {
-    let mut status = OperationStatus {
-        phase: Phase::Paused(PauseReason::MachineFailed { machines: vec![] }),
-        observed_generation: Some(1),
-        ..OperationStatus::default()
-    };
-    status.machines.insert("m-failed".into(), record(RecordState::Failed, "AbFallback"));
-    status.machines.insert("m-evacuating".into(), record(RecordState::InProgress, "Evacuating"));
-    let operation = OperationInfo {
+/// Operation `upgrade` of cluster `prod`, held by [`IDENTITY`], to `target_version`.
+fn operation_info(target_version: &str, max_unavailable: i64, status: OperationStatus) -> OperationInfo {
+    OperationInfo {
         name: "upgrade".into(),
         identity: IDENTITY.into(),
         cluster: "prod".into(),
@@ -142,25 +135,40 @@ fn paused_cluster(machines: Vec<MachineInfo>) -> MockKube {
             preflight: None,
             etcd_snapshot: None,
             kind: "talos".into(),
-            target_version: "v1.14.4".into(),
-            max_unavailable: 2,
+            target_version: target_version.into(),
+            max_unavailable,
             machine: None,
         },
         status,
+    }
+}
+
+/// Cluster `prod`, its release set on v1.14.4.
+fn prod_cluster() -> ClusterInfo {
+    ClusterInfo {
+        name: "prod".into(),
+        release_talos_version: "v1.14.4".into(),
+        kubernetes_version: "1.34.1".into(),
+        schematic: None,
+        platform: "metal".into(),
+        nodes: Vec::new(),
+    }
+}
+
+/// A cluster with operation `upgrade` paused on `m-failed`, with `m-evacuating` in progress.
+fn paused_cluster(machines: Vec<MachineInfo>) -> MockKube {
+    let mut status = OperationStatus {
+        phase: Phase::Paused(PauseReason::MachineFailed { machines: vec![] }),
+        observed_generation: Some(1),
+        ..OperationStatus::default()
     };
+    status.machines.insert("m-failed".into(), record(RecordState::Failed, "AbFallback"));
+    status.machines.insert("m-evacuating".into(), record(RecordState::InProgress, "Evacuating"));
+    let operation = operation_info("v1.14.4", 2, status);
 
     let mut kube = MockKube::new();
     kube.expect_operation().with(eq("upgrade")).returning(move |_| Ok(Some(operation.clone())));
-    kube.expect_cluster().returning(|_| {
-        Ok(ClusterInfo {
-            name: "prod".into(),
-            release_talos_version: "v1.14.4".into(),
-            kubernetes_version: "1.34.1".into(),
-            schematic: None,
-            platform: "metal".into(),
-            nodes: Vec::new(),
-        })
-    });
+    kube.expect_cluster().returning(|_| Ok(prod_cluster()));
     kube.expect_machines().returning(move |_| Ok(machines.iter().cloned().map(std::sync::Arc::new).collect()));
     kube.expect_lease().returning(|_| {
         Ok(Some(LeaseInfo {
@@ -198,9 +206,18 @@ fn capture_status(kube: &mut MockKube) -> Arc<Mutex<Vec<OperationStatus>>> {
 }
 
 async fn reconcile_once(talos: &MockTalos, kube: &MockKube, storage: &MockStorage) -> ReconcileOutcome {
+    pass(talos, kube, storage).await.unwrap()
+}
+
+/// One pass of `upgrade` with the default configuration.
+async fn pass(
+    talos: &MockTalos,
+    kube: &MockKube,
+    storage: &MockStorage,
+) -> Result<ReconcileOutcome, ichor_talos_executor::reconcile::ReconcileError> {
     let config = ExecutorConfig::default();
     let ex = Executor { talos, kube, storage, clock: &FixedClock, config: &config, snapshots: None, background: None };
-    reconcile(&ex, "upgrade").await.unwrap()
+    reconcile(&ex, "upgrade").await
 }
 
 #[test]
@@ -227,35 +244,10 @@ fn passes_start_at_least_the_pass_interval_apart_and_a_restart_passes_at_once() 
 /// another write) is decided again, and used to send the phase's Event twice.
 #[tokio::test]
 async fn a_phase_change_whose_status_write_conflicts_is_told_once() {
-    let operation = OperationInfo {
-        name: "upgrade".into(),
-        identity: IDENTITY.into(),
-        cluster: "prod".into(),
-        generation: 1,
-        deleting: false,
-        annotations: BTreeMap::new(),
-        spec: OperationSpec {
-            preflight: None,
-            etcd_snapshot: None,
-            kind: "talos".into(),
-            target_version: "banana".into(),
-            max_unavailable: 1,
-            machine: None,
-        },
-        status: OperationStatus::default(),
-    };
+    let operation = operation_info("banana", 1, OperationStatus::default());
     let mut kube = MockKube::new();
     kube.expect_operation().returning(move |_| Ok(Some(operation.clone())));
-    kube.expect_cluster().returning(|_| {
-        Ok(ClusterInfo {
-            name: "prod".into(),
-            release_talos_version: "v1.14.4".into(),
-            kubernetes_version: "1.34.1".into(),
-            schematic: None,
-            platform: "metal".into(),
-            nodes: Vec::new(),
-        })
-    });
+    kube.expect_cluster().returning(|_| Ok(prod_cluster()));
     kube.expect_machines().returning(|_| Ok(Vec::new()));
     kube.expect_lease().returning(|_| Ok(None));
     let events = Arc::new(Mutex::new(Vec::new()));
@@ -276,23 +268,13 @@ async fn a_phase_change_whose_status_write_conflicts_is_told_once() {
         }
     });
     let (talos, storage) = (MockTalos::new(), MockStorage::new());
-    let config = ExecutorConfig::default();
-    let ex = Executor {
-        talos: &talos,
-        kube: &kube,
-        storage: &storage,
-        clock: &FixedClock,
-        config: &config,
-        snapshots: None,
-        background: None,
-    };
-    assert!(reconcile(&ex, "upgrade").await.is_err(), "the conflict ends the first pass");
+    assert!(pass(&talos, &kube, &storage).await.is_err(), "the conflict ends the first pass");
     assert!(
         events.lock().unwrap().is_empty(),
         "nothing told before the status is written: {:?}",
         events.lock().unwrap()
     );
-    let outcome = reconcile(&ex, "upgrade").await.unwrap();
+    let outcome = reconcile_once(&talos, &kube, &storage).await;
     assert_eq!(outcome.phase.name(), "Refused");
     assert_eq!(*events.lock().unwrap(), ["InvalidTargetVersion"], "told once");
 }

@@ -388,6 +388,17 @@ impl Phase {
         }
     }
 
+    /// What the phase says to people about the operation `operation`, in its status and
+    /// its Event alike: [`Display`](fmt::Display), and for a pause how to resume it
+    /// ([`crate::operation::resume_hint`]).
+    #[must_use]
+    pub fn message_for(&self, operation: &str) -> String {
+        match self {
+            Self::Paused(_) => format!("{self}; {}", crate::operation::resume_hint(operation)),
+            _ => self.to_string(),
+        }
+    }
+
     /// The CamelCase reason users see on conditions and events; one source for all of them.
     #[must_use]
     pub fn reason(&self) -> &'static str {

@@ -37,7 +37,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
 use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
-use ichor_upgrade_core::operation::{CONTROLLER_NODE_MARK, MachineRole, OperationSpec};
+use ichor_upgrade_core::operation::{CONTROLLER_NODE_MARK, OperationSpec};
 use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -53,7 +53,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::crd::{
-    EtcdSnapshotStatus, MachineCounts, Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosOperation,
+    EtcdSnapshotStatus, MachineCounts, TalosCluster, TalosClusterSpec, TalosMachine, TalosOperation,
     TalosOperationStatus, TalosStorage,
 };
 use super::errors::kube_error;
@@ -634,10 +634,7 @@ fn node_info(node: &Node) -> NodeInfo {
 fn machine_info(machine: &TalosMachine) -> MachineInfo {
     MachineInfo {
         name: machine.name_any(),
-        role: match machine.spec.role {
-            Role::Controlplane => MachineRole::ControlPlane,
-            Role::Worker => MachineRole::Worker,
-        },
+        role: machine.spec.role.into(),
         hostname: machine.spec.hostname.clone().filter(|h| !h.is_empty()),
         address: machine.spec.address.clone(),
         labels: metadata_map(machine.labels()),
@@ -684,9 +681,8 @@ fn operation_status(
     };
     let waiting_for = waiting_for(engine);
     let message = match (phase, &waiting_for) {
-        (Phase::Paused(_), _) => format!("{phase}; {}", ichor_upgrade_core::operation::resume_hint(name)),
         (Phase::Progressing, Some(waits)) => format!("{phase}; {waits}"),
-        _ => phase.to_string(),
+        _ => phase.message_for(name),
     };
     let condition = |type_: &str, on: bool, reason: &str| {
         let status = if on { "True" } else { "False" };

@@ -143,6 +143,15 @@ pub enum Role {
     Worker,
 }
 
+impl From<Role> for ichor_upgrade_core::operation::MachineRole {
+    fn from(role: Role) -> Self {
+        match role {
+            Role::Controlplane => Self::ControlPlane,
+            Role::Worker => Self::Worker,
+        }
+    }
+}
+
 /// A machine of a Talos cluster.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
