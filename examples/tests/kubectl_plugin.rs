@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::operator_e2e::{Scene, only_allowed_requests};
+use crate::operator_e2e::Scene;
 use crate::support::{Process, eventually};
 use ichor_operator::fleet;
 use k8s_openapi::api::core::v1::Node;
@@ -134,7 +134,7 @@ async fn the_kubectl_plugin_shows_resumes_and_draws_a_paused_then_completed_oper
     assert_eq!(unknown.status.code(), Some(1), "{unknown:?}");
     assert!(text(&unknown.stderr).contains("node no-such-node not found"), "{unknown:?}");
 
-    only_allowed_requests(&operator).await;
+    scene.only_allowed_requests(&operator).await;
     assert_eq!(fleet_process.terminate(), Some(0));
     scene.end().await;
 }

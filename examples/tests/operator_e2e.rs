@@ -2,9 +2,10 @@
 //! fleet (`ICHOR_TEST_KUBECONFIG`; skipped with one line without it).
 //!
 //! Each test has a namespace of its own. The fleet runs with the test server's admin
-//! credentials; operators run in processes of their own under a ServiceAccount bound to
-//! the ClusterRole in `deploy/operator.yaml`, and every request they made (read from their
-//! `/metrics`) must be one that role names.
+//! credentials; operators run in processes of their own under a ServiceAccount bound as
+//! `deploy/operator.yaml` binds it (the test's namespace is both the operator's and the
+//! cluster's), and every request they made (read from their `/metrics`, by namespace) must
+//! be one the RBAC table grants there.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use ichor_operator::{fleet, rbac};
 use ichor_testkit::kube::TestNamespace;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -43,18 +45,36 @@ impl Scene {
         &self.ns.kubeconfig
     }
 
-    /// The operator's ServiceAccount, bound to the ClusterRole of `deploy/operator.yaml`.
+    /// The operator's ServiceAccount in the scene's namespace, bound as `deploy/` binds it:
+    /// the cluster-wide ClusterRole, the leader Role in its own namespace, and the cluster
+    /// namespace's RoleBinding (the scene's namespace is both).
     pub(crate) async fn operator_kubeconfig(&self) -> PathBuf {
         let client = &self.ns.client;
         let apply = PatchParams::apply("ichor-e2e").force();
-        let role = rbac::cluster_role(rbac::NAME);
-        let roles: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client.clone());
-        roles.patch(rbac::NAME, &apply, &Patch::Apply(&typed(&role))).await.unwrap();
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        roles.patch(rbac::NAME, &apply, &Patch::Apply(&typed(&rbac::cluster_role(rbac::NAME)))).await.unwrap();
+        let namespaced = rbac::cluster_namespace_role();
+        roles.patch(rbac::CLUSTER_NAMESPACE_ROLE, &apply, &Patch::Apply(&typed(&namespaced))).await.unwrap();
         let binding_name = format!("{}-{}", rbac::NAME, self.ns.name);
         let binding = rbac::cluster_role_binding(&binding_name, rbac::NAME, &self.ns.name, rbac::NAME);
         let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
         bindings.patch(&binding_name, &apply, &Patch::Apply(&typed(&binding))).await.unwrap();
+        let ns = &self.ns.name;
+        let leader: Api<Role> = Api::namespaced(client.clone(), ns);
+        leader.patch(rbac::LEADER_ROLE, &apply, &Patch::Apply(&typed(&rbac::leader_role(ns)))).await.unwrap();
+        let role_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+        let leader_binding = rbac::leader_role_binding(ns, rbac::NAME);
+        role_bindings.patch(rbac::LEADER_ROLE, &apply, &Patch::Apply(&typed(&leader_binding))).await.unwrap();
+        let grant = rbac::cluster_namespace_binding(ns, ns, rbac::NAME);
+        role_bindings.patch(rbac::NAME, &apply, &Patch::Apply(&typed(&grant))).await.unwrap();
         self.ns.service_account_kubeconfig(rbac::NAME, &self.dir.path().join("operator.kubeconfig")).await
+    }
+
+    /// Every request `operator` (run with [`Scene::operator_kubeconfig`]) made is one the
+    /// RBAC table grants in the namespace it was made in.
+    pub(crate) async fn only_allowed_requests(&self, operator: &Process) {
+        let ns = self.ns.name.as_str();
+        only_allowed_requests(operator, &rbac::Placement { operator_namespace: ns, cluster_namespaces: &[ns] }).await;
     }
 
     pub(crate) fn fleet(&self, shape: &str, extra: &[&str]) -> Process {
@@ -136,7 +156,7 @@ impl Scene {
         nodes.list(&selector).await.unwrap().items
     }
 
-    async fn cluster_lease(&self) -> Option<Lease> {
+    pub(crate) async fn cluster_lease(&self) -> Option<Lease> {
         let leases: Api<Lease> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
         leases.get_opt(&format!("ichor-cluster-{}", fleet::CLUSTER)).await.unwrap()
     }
@@ -220,12 +240,13 @@ async fn a_lifecycle_upgrade_completes_on_the_simulated_fleet_with_no_upgrade_ca
     }
     assert!(upgrade_calls(&fleet).await.iter().all(|(_, n)| *n == 0.0), "no legacy Upgrade call");
     assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
-    only_allowed_requests(&operator).await;
+    scene.only_allowed_requests(&operator).await;
     scene.end().await;
 }
 
-/// Every request the operator made is one the ClusterRole names.
-pub(crate) async fn only_allowed_requests(operator: &Process) {
+/// Every request the operator made is one the RBAC table grants where it was made, for an
+/// operator placed as `placement`.
+pub(crate) async fn only_allowed_requests(operator: &Process, placement: &rbac::Placement<'_>) {
     let text = operator.metrics().await.expect("the operator's metrics");
     let mut seen = 0;
     for line in text.lines().filter(|l| l.starts_with("ichor_kube_requests_total{")) {
@@ -238,8 +259,9 @@ pub(crate) async fn only_allowed_requests(operator: &Process) {
             group: field("group"),
             resource: field("resource"),
             subresource: field("subresource"),
+            namespace: field("namespace"),
         };
-        assert!(rbac::allows(&request), "the operator made a request its ClusterRole does not name: {line}");
+        assert!(rbac::allows(&request, placement), "the operator made a request its RBAC does not grant there: {line}");
         seen += 1;
     }
     assert!(seen > 5, "the operator's requests were not counted:\n{text}");
@@ -311,7 +333,7 @@ async fn an_operator_killed_mid_rollout_resumes_with_no_second_upgrade_call() {
         upgrade_calls(&fleet).await.iter().map(|(_, n)| n).sum::<f64>() >= 2.0
     })
     .await;
-    only_allowed_requests(&first).await;
+    scene.only_allowed_requests(&first).await;
     first.kill();
     let before = upgrade_calls(&fleet).await;
 
@@ -324,7 +346,7 @@ async fn an_operator_killed_mid_rollout_resumes_with_no_second_upgrade_call() {
     assert!(calls.iter().all(|(_, n)| *n == 1.0), "no second Upgrade call (before the kill: {before:?}): {calls:?}");
     assert!(all_on_target(&scene.fleet_nodes().await));
     assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
-    only_allowed_requests(&second).await;
+    scene.only_allowed_requests(&second).await;
     scene.end().await;
 }
 
@@ -351,8 +373,8 @@ async fn of_two_replicas_only_the_leader_writes_and_the_other_takes_over() {
     assert_eq!(following.value("ichor_kube_writes_total").await, Some(0.0), "the follower wrote");
     assert_eq!(following.value("ichor_kube_events_total").await, Some(0.0), "the follower recorded Events");
     assert_eq!(following.value("ichor_reconciles_total{outcome=\"ok\"}").await, None, "the follower reconciled");
-    only_allowed_requests(leading).await;
-    only_allowed_requests(following).await;
+    scene.only_allowed_requests(leading).await;
+    scene.only_allowed_requests(following).await;
 
     let killed = Instant::now();
     leading.kill();
@@ -472,7 +494,7 @@ async fn a_pdb_at_zero_holds_a_removal_at_its_eviction_until_it_allows_it() {
     eventually("the removal completes", || async { scene.phase("remove-worker-2").await == "Completed" }).await;
     assert!(!scene.fleet_nodes().await.iter().any(|n| n.name_any() == node), "the Node is deleted");
     assert!(pods.get_opt("ledger-0").await.unwrap().is_none(), "the pod was evicted");
-    only_allowed_requests(&operator).await;
+    scene.only_allowed_requests(&operator).await;
     drop(fleet);
     scene.end().await;
 }
@@ -545,7 +567,7 @@ async fn an_operation_for_a_missing_cluster_is_refused_naming_it_and_runs_once_t
     let refusals: Vec<_> = warnings.iter().filter(|e| e.reason.as_deref() == Some("ClusterNotFound")).collect();
     assert_eq!(refusals.len(), 1, "one Event when it became refused, not one per pass");
     assert!(refusals[0].series.is_none(), "not repeated as a series: {:?}", refusals[0].series);
-    only_allowed_requests(&operator).await;
+    scene.only_allowed_requests(&operator).await;
     assert_eq!(fleet_process.terminate(), Some(0));
     scene.end().await;
 }
@@ -583,7 +605,7 @@ async fn the_control_plane_the_operator_runs_on_is_upgraded_last() {
     let order: Vec<&str> = control_planes.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(order.last(), Some(&format!("{}-cp-1", fleet::CLUSTER).as_str()), "its own node last: {order:?}");
     assert_eq!(order.len(), 3);
-    only_allowed_requests(&operator).await;
+    scene.only_allowed_requests(&operator).await;
     drop(fleet_process);
     scene.end().await;
 }
@@ -661,7 +683,7 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
     // The first evacuation asked for: its replica is still there, so it stands.
     eventually("an evacuation recorded on Longhorn's Node", || async { recorded_evacuation(&nodes).await.is_some() })
         .await;
-    only_allowed_requests(&first).await;
+    scene.only_allowed_requests(&first).await;
     first.kill();
     let (node, record) = recorded_evacuation(&nodes).await.expect("it still stands");
     assert!(record.contains(",since="), "the record keeps its time: {record}");
@@ -702,7 +724,7 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
         let evacuation = conditions.iter().find(|c| c.type_ == "StorageEvacuation").expect("the evacuation's end");
         assert_eq!((evacuation.status.as_str(), evacuation.reason.as_str()), ("False", "Ended"), "{worker}");
     }
-    only_allowed_requests(&second).await;
+    scene.only_allowed_requests(&second).await;
     drop(fleet);
     scene.end().await;
 }

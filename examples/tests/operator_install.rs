@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests};
-use crate::support::eventually;
+use crate::support::{Process, eventually};
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperationStatus};
 use ichor_operator::{discovery, fleet, rbac};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -96,9 +96,36 @@ async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgr
         .service_account_kubeconfig_in(rbac::NAMESPACE, rbac::NAME, &scene.dir.path().join("operator.kubeconfig"))
         .await;
 
-    // Discovery off (the default): refused, every Node named, nothing touched.
-    let operator = scene.operator("operator", &kubeconfig, &[]);
+    // Run as the StatefulSet runs it: POD_NAMESPACE is its own namespace (the leader
+    // Lease's, granted there by the Role `deploy/` makes).
+    let snapshots = scene.snapshot_dir();
+    let operator = Process::start_with_env(
+        "operator",
+        scene.dir.path(),
+        &kubeconfig,
+        &["--namespace", &scene.ns.name, "--etcd-snapshot-dir", &snapshots],
+        &[("POD_NAMESPACE", rbac::NAMESPACE)],
+    );
     scene.create_operation("upgrade", "talos", None).await;
+
+    // Least privilege: `deploy/` grants no Secret and no cluster lock in the cluster's
+    // namespace until the cluster's RoleBinding is made. The operation waits, stalled,
+    // with the command that grants it; nothing is touched.
+    eventually("the operation waits for a grant", || async {
+        scene.operation("upgrade").await.and_then(|op| op.status).and_then(|s| s.reason).as_deref() == Some("Forbidden")
+    })
+    .await;
+    let waiting = scene.operation("upgrade").await.and_then(|op| op.status).unwrap_or_default();
+    assert_eq!(kstatus(&waiting), [("Ready", "False"), ("Reconciling", "False"), ("Stalled", "True")]);
+    let message = waiting.message.unwrap_or_default();
+    let command = message.split("grant it with: ").nth(1).unwrap_or_else(|| panic!("no command in: {message}"));
+    assert_eq!(command, rbac::grant_command(&scene.ns.name, rbac::NAMESPACE, rbac::NAME));
+    assert!(scene.cluster_lease().await.is_none(), "no lock taken");
+    // The command as a person pastes it.
+    let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    run(&admin, &args);
+
+    // Discovery off (the default): refused, every Node named, nothing touched.
     eventually("the operation is refused", || async { scene.phase("upgrade").await == "Refused" }).await;
     let status = scene.operation("upgrade").await.and_then(|op| op.status).unwrap_or_default();
     let message = status.message.unwrap_or_default();
@@ -152,7 +179,8 @@ async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgr
     // The fields' own documentation, as a user reads it.
     let explained = run(&admin, &["explain", "talosoperation.spec.preflight"]);
     assert!(explained.contains("preflight gate"), "kubectl explain shows the field's doc: {explained}");
-    only_allowed_requests(&operator).await;
+    let placement = rbac::Placement { operator_namespace: rbac::NAMESPACE, cluster_namespaces: &[&scene.ns.name] };
+    only_allowed_requests(&operator, &placement).await;
     assert_eq!(fleet_process.terminate(), Some(0));
     scene.end().await;
 }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests, upgrade_calls};
+use crate::operator_e2e::{Scene, all_on_target, upgrade_calls};
 use crate::support::{TIME_SCALE, eventually_within};
 use ichor_operator::fleet;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -183,7 +183,7 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
     let moved = expected_pods - stayed.len();
     assert!(stayed.is_empty(), "{} pods were never evicted: {stayed:?}", stayed.len());
     eventually_within(BOUND, "every workload ready again", || workloads_ready(&scene)).await;
-    only_allowed_requests(&operator).await;
+    scene.only_allowed_requests(&operator).await;
 
     let requests = total(&metrics, "ichor_kube_requests_total{");
     let writes = total(&metrics, "ichor_kube_writes_total");

@@ -416,8 +416,9 @@ async fn run(args: Args) -> i32 {
             talos: ichor_adapters::talos::ClientOptions::default(),
             longhorn_namespace: args.longhorn_namespace.clone(),
             own_node: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
+            operator_namespace: lease_namespace.clone(),
         };
-        (config, ElectionConfig::new(&lease_namespace, "ichor-operator", &identity))
+        (config, ElectionConfig::new(&lease_namespace, crate::rbac::LEADER_LEASE, &identity))
     });
     tracing::info!(
         %identity,

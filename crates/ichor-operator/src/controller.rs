@@ -48,6 +48,7 @@ use crate::discovery;
 use crate::fence::{Fence, FencedKube, FencedStorage, FencedTalos};
 use crate::leader::leads;
 use crate::metrics::{EngineCalls, Metrics, Operations};
+use crate::rbac;
 use crate::trace::{Recorder, TraceSink, TracedKube, TracedStorage, TracedTalos};
 
 /// How long a cluster's Talos client is used before its Secret is read again.
@@ -85,6 +86,10 @@ pub struct OperatorConfig {
     /// machine is upgraded last in its role, so that the leader is not drained and
     /// rebooted while it has others of its role to do.
     pub own_node: Option<String>,
+    /// The operator's own namespace (its leader Lease's and, as `deploy/` makes it, its
+    /// ServiceAccount's, named [`rbac::NAME`]): what a refused call says to grant
+    /// ([`rbac::grant_command`]).
+    pub operator_namespace: String,
 }
 
 /// Whether the operator is ready (its stores listed) and alive (its controller running).
@@ -258,8 +263,19 @@ impl Context {
                     Arc::clone(&self.counters),
                 )
                 .with_last_node(self.config.own_node.clone())
+                .with_forbidden_hint(self.grant_hint(namespace))
             })
             .clone()
+    }
+
+    /// What grants the operator `namespace`, for the message of a call refused there.
+    fn grant_hint(&self, namespace: &str) -> String {
+        format!(
+            "the operator's ServiceAccount needs the ClusterRole {} in namespace {namespace}, the namespace of the \
+             TalosCluster; grant it with: {}",
+            rbac::CLUSTER_NAMESPACE_ROLE,
+            rbac::grant_command(namespace, &self.config.operator_namespace, rbac::NAME)
+        )
     }
 
     /// The Talos API of `cluster` in `namespace`, from its Secret, and whether it is usable
@@ -294,6 +310,13 @@ impl Context {
         let secret = match secrets.get_opt(&secret_name).await {
             Ok(Some(secret)) => secret,
             Ok(None) => return unusable(format!("Secret {namespace}/{secret_name} (talosconfigSecret) not found")),
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                return unusable(format!(
+                    "reading Secret {namespace}/{secret_name} is forbidden: {}; {}",
+                    status.message,
+                    self.grant_hint(namespace)
+                ));
+            }
             Err(e) => return unusable(format!("reading Secret {namespace}/{secret_name}: {e}")),
         };
         let version = secret.resource_version();

@@ -1,12 +1,18 @@
 //! What the operator may do on the Kubernetes API, as one table, and the manifests made
-//! from it (`deploy/operator.yaml`: a Namespace, a ServiceAccount, the ClusterRole, its
-//! binding, a StatefulSet of two replicas with a snapshot volume each, and their
+//! from it (`deploy/operator.yaml`: a Namespace, a ServiceAccount, the roles and their
+//! bindings, a StatefulSet of two replicas with a snapshot volume each, and their
 //! PodDisruptionBudget).
 //!
-//! The table names exactly the verbs the code uses, no wildcards. Two checks keep it
-//! honest: the end-to-end tests run the operator under a ServiceAccount bound to this
-//! ClusterRole (a missing verb is a 403 and a stuck rollout), and they read the requests
-//! it made from `/metrics` ([`crate::requests`]) and fail on any the table does not name.
+//! The table names exactly the verbs the code uses, no wildcards, and where each is
+//! granted ([`Scope`]): Secrets and the cluster lock's Leases only in the namespaces that
+//! hold TalosClusters (a RoleBinding there, made with the cluster: [`cluster_namespace_binding`]),
+//! the leader Lease only in the operator's own namespace and by name; never a cluster-wide
+//! grant of either (which would reach kube-system's leader Leases and every Secret).
+//!
+//! Two checks keep it honest: the end-to-end tests run the operator under a ServiceAccount
+//! bound exactly as `deploy/` binds it (a missing grant is a 403 and a stuck rollout), and
+//! they read the requests it made, by namespace, from `/metrics` ([`crate::requests`]) and
+//! fail on any the table does not grant there ([`allows`]).
 
 use std::collections::BTreeMap;
 
@@ -18,133 +24,193 @@ use k8s_openapi::api::core::v1::{
     ServiceAccount, Toleration, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::requests::Request;
 
-/// One rule of the ClusterRole, with the calls that need it.
+/// Where a [`Rule`] is granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// In every namespace and on cluster-scoped resources: the ClusterRole [`NAME`], bound
+    /// by a ClusterRoleBinding.
+    Cluster,
+    /// In each namespace that holds TalosClusters, and there only: the ClusterRole
+    /// [`CLUSTER_NAMESPACE_ROLE`], bound in that namespace by a RoleBinding
+    /// ([`cluster_namespace_binding`]) made with the cluster.
+    ClusterNamespaces,
+    /// In the operator's own namespace: the Role [`LEADER_ROLE`].
+    OperatorNamespace,
+}
+
+/// One rule of the operator's roles, with the calls that need it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rule {
+    /// Where it is granted.
+    pub scope: Scope,
     /// The API group (`""` for the core group).
     pub group: &'static str,
     /// Resources, subresources as `pods/eviction`.
     pub resources: &'static [&'static str],
     /// Verbs.
     pub verbs: &'static [&'static str],
+    /// The objects' names it is limited to (`resourceNames`); empty for any. The API server
+    /// enforces them; [`allows`] does not see names (the request counts carry none).
+    pub names: &'static [&'static str],
     /// What in the code needs it.
     pub why: &'static str,
 }
 
+/// A rule granted everywhere, for any name.
+const fn everywhere(
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+    why: &'static str,
+) -> Rule {
+    Rule { scope: Scope::Cluster, group, resources, verbs, names: &[], why }
+}
+
 /// The operator's permissions.
 pub const RULES: &[Rule] = &[
+    everywhere(
+        "ichor.dev",
+        &["talosoperations"],
+        &["get", "list", "watch", "patch"],
+        "the controller's watch; an operation's existence is read fresh when it may hold a Lease; the finalizer",
+    ),
+    everywhere(
+        "ichor.dev",
+        &["talosoperations/status", "talosmachines/status", "talosclusters/status"],
+        &["patch"],
+        "status and conditions, by server-side apply",
+    ),
+    // An apply that makes the object is authorised as a create as well.
+    everywhere(
+        "ichor.dev",
+        &["talosmachines"],
+        &["create", "patch"],
+        "discovery: a TalosMachine made from its Node, by server-side apply (spec.discovery: Nodes)",
+    ),
+    everywhere(
+        "ichor.dev",
+        &["talosmachines", "talosclusters", "talosstorages"],
+        &["list", "watch"],
+        "the reflector stores; the storage backend lists TalosStorages",
+    ),
+    everywhere(
+        "",
+        &["nodes"],
+        &["list", "watch", "patch", "delete"],
+        "the Node store; cordon before a removal; deleting a removed machine's Node",
+    ),
+    everywhere("", &["pods"], &["list"], "the pods on a node being drained for removal; the preflight gate's pods"),
+    everywhere(
+        "apps",
+        &["deployments", "statefulsets", "replicasets"],
+        &["list"],
+        "the preflight gate: workloads with one replica, or all their Ready pods on one node",
+    ),
+    everywhere(
+        "policy",
+        &["poddisruptionbudgets"],
+        &["list"],
+        "the preflight gate: budgets at zero over a node's pods",
+    ),
+    everywhere("", &["pods/eviction"], &["create"], "evictions, which PodDisruptionBudgets can refuse"),
     Rule {
-        group: "ichor.dev",
-        resources: &["talosoperations"],
-        verbs: &["get", "list", "watch", "patch"],
-        why: "the controller's watch; an operation's existence is read fresh when it may hold a Lease; the finalizer",
-    },
-    Rule {
-        group: "ichor.dev",
-        resources: &["talosoperations/status", "talosmachines/status", "talosclusters/status"],
-        verbs: &["patch"],
-        why: "status and conditions, by server-side apply",
-    },
-    Rule {
-        group: "ichor.dev",
-        resources: &["talosmachines"],
-        // An apply that makes the object is authorised as a create as well.
-        verbs: &["create", "patch"],
-        why: "discovery: a TalosMachine made from its Node, by server-side apply (spec.discovery: Nodes)",
-    },
-    Rule {
-        group: "ichor.dev",
-        resources: &["talosmachines", "talosclusters", "talosstorages"],
-        verbs: &["list", "watch"],
-        why: "the reflector stores; the storage backend lists TalosStorages",
-    },
-    Rule {
+        scope: Scope::ClusterNamespaces,
         group: "",
-        resources: &["nodes"],
-        verbs: &["list", "watch", "patch", "delete"],
-        why: "the Node store; cordon before a removal; deleting a removed machine's Node",
+        resources: &["secrets"],
+        verbs: &["get"],
+        names: &[],
+        why: "a cluster's talosconfig (spec.talosconfigSecret), in the cluster's namespace",
     },
     Rule {
-        group: "",
-        resources: &["pods"],
-        verbs: &["list"],
-        why: "the pods on a node being drained for removal; the preflight gate's pods",
-    },
-    Rule {
-        group: "apps",
-        resources: &["deployments", "statefulsets", "replicasets"],
-        verbs: &["list"],
-        why: "the preflight gate: workloads with one replica, or all their Ready pods on one node",
-    },
-    Rule {
-        group: "policy",
-        resources: &["poddisruptionbudgets"],
-        verbs: &["list"],
-        why: "the preflight gate: budgets at zero over a node's pods",
-    },
-    Rule {
-        group: "",
-        resources: &["pods/eviction"],
-        verbs: &["create"],
-        why: "evictions, which PodDisruptionBudgets can refuse",
-    },
-    Rule { group: "", resources: &["secrets"], verbs: &["get"], why: "a cluster's talosconfig" },
-    Rule {
+        scope: Scope::ClusterNamespaces,
         group: "coordination.k8s.io",
         resources: &["leases"],
-        verbs: &["get", "create", "update", "patch"],
-        why: "the cluster lock (update under resourceVersion) and leader election (patch)",
+        verbs: &["get", "create", "update"],
+        names: &[],
+        why: "the cluster lock, ichor-cluster-NAME in the cluster's namespace (written under resourceVersion)",
     },
     Rule {
-        group: "events.k8s.io",
-        resources: &["events"],
-        verbs: &["create", "patch"],
-        why: "Events and their series",
+        scope: Scope::OperatorNamespace,
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        verbs: &["get", "update"],
+        names: &[LEADER_LEASE],
+        why: "leader election: the replicas' Lease, read and renewed under resourceVersion",
     },
     Rule {
-        group: "longhorn.io",
-        resources: &["nodes"],
-        verbs: &["get", "list", "watch", "patch"],
-        why: "Longhorn's scheduling and eviction switches (read before an eviction, to put them back), watched",
+        scope: Scope::OperatorNamespace,
+        group: "coordination.k8s.io",
+        resources: &["leases"],
+        // A create has no name to limit until it is made.
+        verbs: &["create"],
+        names: &[],
+        why: "leader election: the Lease made by the first replica",
     },
-    Rule {
-        group: "longhorn.io",
-        resources: &["replicas", "shards"],
-        verbs: &["list", "watch"],
-        why: "replicas and shards (Longhorn 1.12.1) left on a node",
-    },
-    Rule {
-        group: "longhorn.io",
-        resources: &["backingimages"],
-        verbs: &["list"],
-        why: "backing images with a file on a node a removal wipes",
-    },
+    everywhere("events.k8s.io", &["events"], &["create", "patch"], "Events and their series"),
+    everywhere(
+        "longhorn.io",
+        &["nodes"],
+        &["get", "list", "watch", "patch"],
+        "Longhorn's scheduling and eviction switches (read before an eviction, to put them back), watched",
+    ),
+    everywhere(
+        "longhorn.io",
+        &["replicas", "shards"],
+        &["list", "watch"],
+        "replicas and shards (Longhorn 1.12.1) left on a node",
+    ),
+    everywhere("longhorn.io", &["backingimages"], &["list"], "backing images with a file on a node a removal wipes"),
 ];
 
-/// Whether [`RULES`] allow `request`.
+/// Where the operator runs and which namespaces hold its TalosClusters: what the grants
+/// of [`Scope::OperatorNamespace`] and [`Scope::ClusterNamespaces`] reach.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement<'a> {
+    /// The operator's namespace (its leader Lease's).
+    pub operator_namespace: &'a str,
+    /// The namespaces bound with [`cluster_namespace_binding`].
+    pub cluster_namespaces: &'a [&'a str],
+}
+
+/// Whether [`RULES`] allow `request` for an operator placed as `placement` (names aside:
+/// see [`Rule::names`]).
 #[must_use]
-pub fn allows(request: &Request) -> bool {
+pub fn allows(request: &Request, placement: &Placement<'_>) -> bool {
     let resource = if request.subresource.is_empty() {
         request.resource.clone()
     } else {
         format!("{}/{}", request.resource, request.subresource)
     };
     RULES.iter().any(|rule| {
-        rule.group == request.group
+        let reaches = match rule.scope {
+            Scope::Cluster => true,
+            Scope::ClusterNamespaces => placement.cluster_namespaces.contains(&request.namespace.as_str()),
+            Scope::OperatorNamespace => request.namespace == placement.operator_namespace,
+        };
+        reaches
+            && rule.group == request.group
             && rule.resources.contains(&resource.as_str())
             && rule.verbs.contains(&request.verb.as_str())
     })
 }
 
-/// The names the manifests use.
+/// The names the manifests use: the ServiceAccount, the ClusterRole of [`Scope::Cluster`]
+/// and its binding, the StatefulSet.
 pub const NAME: &str = "ichor-operator";
+/// The ClusterRole of [`Scope::ClusterNamespaces`], bound by a RoleBinding in each
+/// namespace holding TalosClusters, never cluster-wide.
+pub const CLUSTER_NAMESPACE_ROLE: &str = "ichor-operator-cluster-namespace";
+/// The Role of [`Scope::OperatorNamespace`] and its RoleBinding.
+pub const LEADER_ROLE: &str = "ichor-operator-leader";
+/// The leader election Lease, in the operator's namespace.
+pub const LEADER_LEASE: &str = "ichor-operator";
 /// The namespace the operator runs in.
 pub const NAMESPACE: &str = "ichor-system";
 /// The image the Deployment runs (built from `deploy/Dockerfile`).
@@ -152,23 +218,100 @@ pub const IMAGE: &str = "localhost/ichor-operator:0.1.0";
 /// The port of `/metrics`, `/healthz` and `/readyz` in the Deployment.
 pub const HTTP_PORT: i32 = 8080;
 
-/// The ClusterRole named `name` with [`RULES`].
-#[must_use]
-pub fn cluster_role(name: &str) -> ClusterRole {
-    let rules = RULES
+/// The policy rules of [`RULES`] granted in `scope`.
+fn policy(scope: Scope) -> Vec<PolicyRule> {
+    RULES
         .iter()
+        .filter(|rule| rule.scope == scope)
         .map(|rule| PolicyRule {
             api_groups: Some(vec![rule.group.to_owned()]),
             resources: Some(rule.resources.iter().map(|r| (*r).to_owned()).collect()),
             verbs: rule.verbs.iter().map(|v| (*v).to_owned()).collect(),
+            resource_names: (!rule.names.is_empty()).then(|| rule.names.iter().map(|n| (*n).to_owned()).collect()),
             ..PolicyRule::default()
         })
-        .collect();
+        .collect()
+}
+
+/// The ClusterRole named `name` with the rules of [`Scope::Cluster`].
+#[must_use]
+pub fn cluster_role(name: &str) -> ClusterRole {
     ClusterRole {
         metadata: ObjectMeta { name: Some(name.to_owned()), labels: Some(labels()), ..ObjectMeta::default() },
-        rules: Some(rules),
+        rules: Some(policy(Scope::Cluster)),
         ..ClusterRole::default()
     }
+}
+
+/// The ClusterRole [`CLUSTER_NAMESPACE_ROLE`]: the rules of [`Scope::ClusterNamespaces`],
+/// a template bound namespace by namespace ([`cluster_namespace_binding`]).
+#[must_use]
+pub fn cluster_namespace_role() -> ClusterRole {
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(CLUSTER_NAMESPACE_ROLE.to_owned()),
+            labels: Some(labels()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(policy(Scope::ClusterNamespaces)),
+        ..ClusterRole::default()
+    }
+}
+
+/// The Role [`LEADER_ROLE`] in `namespace` (the operator's): the rules of
+/// [`Scope::OperatorNamespace`].
+#[must_use]
+pub fn leader_role(namespace: &str) -> Role {
+    Role { metadata: meta(LEADER_ROLE, Some(namespace)), rules: Some(policy(Scope::OperatorNamespace)) }
+}
+
+fn service_account(namespace: &str, account: &str) -> Subject {
+    Subject {
+        kind: "ServiceAccount".to_owned(),
+        name: account.to_owned(),
+        namespace: Some(namespace.to_owned()),
+        ..Subject::default()
+    }
+}
+
+/// The RoleBinding of [`leader_role`] in `namespace` to the ServiceAccount `namespace/account`.
+#[must_use]
+pub fn leader_role_binding(namespace: &str, account: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(LEADER_ROLE, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Role".to_owned(),
+            name: LEADER_ROLE.to_owned(),
+        },
+        subjects: Some(vec![service_account(namespace, account)]),
+    }
+}
+
+/// What grants the operator a namespace that holds TalosClusters: a RoleBinding named
+/// [`NAME`] in `namespace` of the ClusterRole [`CLUSTER_NAMESPACE_ROLE`] to the
+/// ServiceAccount `account_namespace/account`. `deploy/examples/cluster.yaml` carries it.
+#[must_use]
+pub fn cluster_namespace_binding(namespace: &str, account_namespace: &str, account: &str) -> RoleBinding {
+    RoleBinding {
+        metadata: meta(NAME, Some(namespace)),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "ClusterRole".to_owned(),
+            name: CLUSTER_NAMESPACE_ROLE.to_owned(),
+        },
+        subjects: Some(vec![service_account(account_namespace, account)]),
+    }
+}
+
+/// The command that grants the operator (ServiceAccount `account_namespace/account`) the
+/// namespace `namespace`, as [`cluster_namespace_binding`] does.
+#[must_use]
+pub fn grant_command(namespace: &str, account_namespace: &str, account: &str) -> String {
+    format!(
+        "kubectl create rolebinding {NAME} --namespace {namespace} --clusterrole {CLUSTER_NAMESPACE_ROLE} \
+         --serviceaccount {account_namespace}:{account}"
+    )
 }
 
 /// A ClusterRoleBinding of the ClusterRole `role` to the ServiceAccount `namespace/account`.
@@ -181,12 +324,7 @@ pub fn cluster_role_binding(name: &str, role: &str, namespace: &str, account: &s
             kind: "ClusterRole".to_owned(),
             name: role.to_owned(),
         },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".to_owned(),
-            name: account.to_owned(),
-            namespace: Some(namespace.to_owned()),
-            ..Subject::default()
-        }]),
+        subjects: Some(vec![service_account(namespace, account)]),
     }
 }
 
@@ -393,6 +531,9 @@ pub fn operator_yaml() -> String {
         yaml(&ServiceAccount { metadata: meta(NAME, Some(NAMESPACE)), ..ServiceAccount::default() }),
         yaml(&cluster_role(NAME)),
         yaml(&cluster_role_binding(NAME, NAME, NAMESPACE, NAME)),
+        yaml(&cluster_namespace_role()),
+        yaml(&leader_role(NAMESPACE)),
+        yaml(&leader_role_binding(NAMESPACE, NAME)),
         yaml(&stateful_set()),
         yaml(&disruption_budget()),
     ];
@@ -407,25 +548,80 @@ mod tests {
     use super::*;
 
     fn request(verb: &str, group: &str, resource: &str, subresource: &str) -> Request {
+        request_in("", verb, group, resource, subresource)
+    }
+
+    fn request_in(namespace: &str, verb: &str, group: &str, resource: &str, subresource: &str) -> Request {
         Request {
             verb: verb.to_owned(),
             group: group.to_owned(),
             resource: resource.to_owned(),
             subresource: subresource.to_owned(),
+            namespace: namespace.to_owned(),
         }
     }
 
+    const PLACED: Placement<'static> = Placement { operator_namespace: NAMESPACE, cluster_namespaces: &["prod"] };
+
     #[test]
     fn the_rules_allow_what_they_name_and_nothing_near_it() {
+        let allows = |r: &Request| allows(r, &PLACED);
         assert!(allows(&request("create", "", "pods", "eviction")));
         assert!(!allows(&request("create", "", "pods", "")), "creating pods is not evicting them");
         assert!(allows(&request("patch", "ichor.dev", "talosoperations", "status")));
         assert!(!allows(&request("update", "ichor.dev", "talosoperations", "status")));
         assert!(!allows(&request("delete", "ichor.dev", "talosoperations", "")));
-        assert!(!allows(&request("list", "", "secrets", "")), "one named Secret at a time");
+        assert!(!allows(&request_in("prod", "list", "", "secrets", "")), "one named Secret at a time");
         assert!(!allows(&request("patch", "", "nodes", "status")), "the operator never writes a Node's status");
         assert!(allows(&request("patch", "longhorn.io", "nodes", "")));
         assert!(!allows(&request("delete", "longhorn.io", "nodes", "")), "a group's nodes are not another's");
+    }
+
+    /// Issue 31 item 10: Secrets and Leases only where the operator needs them.
+    #[test]
+    fn secrets_and_leases_are_granted_only_in_their_namespaces() {
+        let allows = |r: &Request| allows(r, &PLACED);
+        assert!(allows(&request_in("prod", "get", "", "secrets", "")), "the cluster's talosconfig");
+        assert!(!allows(&request_in("kube-system", "get", "", "secrets", "")), "no other namespace's Secrets");
+        assert!(!allows(&request_in(NAMESPACE, "get", "", "secrets", "")), "not even its own namespace's");
+        for verb in ["get", "create", "update"] {
+            assert!(allows(&request_in("prod", verb, "coordination.k8s.io", "leases", "")), "the lock: {verb}");
+            assert!(allows(&request_in(NAMESPACE, verb, "coordination.k8s.io", "leases", "")), "the leader: {verb}");
+            assert!(!allows(&request_in("kube-system", verb, "coordination.k8s.io", "leases", "")), "{verb}");
+            assert!(!allows(&request_in("kube-node-lease", verb, "coordination.k8s.io", "leases", "")), "{verb}");
+        }
+        assert!(!allows(&request_in(NAMESPACE, "patch", "coordination.k8s.io", "leases", "")));
+        for rule in RULES.iter().filter(|r| r.scope == Scope::Cluster) {
+            assert!(
+                !rule.resources.iter().any(|r| *r == "secrets" || *r == "leases"),
+                "no cluster-wide grant of Secrets or Leases: {rule:?}"
+            );
+        }
+        // The leader Lease is granted by name: the Role says so to the API server.
+        let role = leader_role(NAMESPACE);
+        let renew = role.rules.iter().flatten().find(|r| r.verbs.contains(&"update".to_owned())).unwrap();
+        assert_eq!(renew.resource_names.as_deref(), Some(&[LEADER_LEASE.to_owned()][..]));
+    }
+
+    #[test]
+    fn the_manifests_bind_each_scope_where_it_belongs() {
+        let yaml = operator_yaml();
+        let docs: Vec<serde_json::Value> =
+            yaml.split("\n---\n").skip(1).map(|d| serde_saphyr::from_str(d).expect("a YAML document")).collect();
+        let kinds: Vec<(&str, &str)> =
+            docs.iter().map(|d| (d["kind"].as_str().unwrap(), d["metadata"]["name"].as_str().unwrap())).collect();
+        assert!(kinds.contains(&("ClusterRoleBinding", NAME)));
+        assert!(kinds.contains(&("ClusterRole", CLUSTER_NAMESPACE_ROLE)));
+        assert!(kinds.contains(&("Role", LEADER_ROLE)) && kinds.contains(&("RoleBinding", LEADER_ROLE)));
+        for binding in docs.iter().filter(|d| d["kind"] == "ClusterRoleBinding") {
+            assert_eq!(binding["roleRef"]["name"], NAME, "only the cluster-wide rules are bound cluster-wide");
+        }
+        let text = grant_command("prod", NAMESPACE, NAME);
+        assert_eq!(
+            text,
+            "kubectl create rolebinding ichor-operator --namespace prod --clusterrole ichor-operator-cluster-namespace \
+             --serviceaccount ichor-system:ichor-operator"
+        );
     }
 
     #[test]

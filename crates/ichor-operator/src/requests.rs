@@ -24,6 +24,9 @@ pub struct Request {
     pub resource: String,
     /// The subresource (`status`, `eviction`), or `""`.
     pub subresource: String,
+    /// The namespace of a namespaced request, `""` for one across namespaces or of a
+    /// cluster-scoped resource (what a RoleBinding's grant is checked against).
+    pub namespace: String,
 }
 
 /// The requests counted so far.
@@ -39,10 +42,10 @@ pub fn classify(method: &http::Method, path: &str, query: Option<&str>) -> Optio
         ["apis", group, _version, rest @ ..] => (*group, rest),
         _ => return None,
     };
-    let (resource, name, subresource) = match rest {
+    let (namespace, resource, name, subresource) = match rest {
         [] => return None,
-        ["namespaces", _ns, resource, tail @ ..] => (*resource, tail.first(), tail.get(1)),
-        [resource, tail @ ..] => (*resource, tail.first(), tail.get(1)),
+        ["namespaces", ns, resource, tail @ ..] => (*ns, *resource, tail.first(), tail.get(1)),
+        [resource, tail @ ..] => ("", *resource, tail.first(), tail.get(1)),
     };
     let watching = query.is_some_and(|q| q.split('&').any(|pair| pair == "watch=true" || pair == "watch=1"));
     let verb = match *method {
@@ -61,6 +64,7 @@ pub fn classify(method: &http::Method, path: &str, query: Option<&str>) -> Optio
         group: group.to_owned(),
         resource: resource.to_owned(),
         subresource: subresource.map(|s| (*s).to_owned()).unwrap_or_default(),
+        namespace: namespace.to_owned(),
     })
 }
 
@@ -135,6 +139,10 @@ mod tests {
         (r.verb, r.group, r.resource, r.subresource)
     }
 
+    fn namespace(method: Method, path: &str) -> String {
+        classify(&method, path, None).expect("a resource request").namespace
+    }
+
     fn t(verb: &str, group: &str, resource: &str, sub: &str) -> (String, String, String, String) {
         (verb.into(), group.into(), resource.into(), sub.into())
     }
@@ -167,6 +175,18 @@ mod tests {
         assert_eq!(named(Method::GET, "/api/v1/namespaces/a", None), t("get", "", "namespaces", ""));
         assert_eq!(named(Method::GET, "/api/v1/namespaces/a/secrets/s", None), t("get", "", "secrets", ""));
         assert_eq!(named(Method::DELETE, "/api/v1/namespaces/a/pods", None), t("deletecollection", "", "pods", ""));
+    }
+
+    #[test]
+    fn a_namespaced_request_names_its_namespace_and_no_other_does() {
+        assert_eq!(namespace(Method::GET, "/api/v1/namespaces/prod/secrets/s"), "prod");
+        assert_eq!(
+            namespace(Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/ichor-system/leases/l"),
+            "ichor-system"
+        );
+        assert_eq!(namespace(Method::GET, "/apis/ichor.dev/v1alpha1/talosoperations"), "", "across namespaces");
+        assert_eq!(namespace(Method::GET, "/api/v1/nodes/n1"), "", "cluster-scoped");
+        assert_eq!(namespace(Method::GET, "/api/v1/namespaces/prod"), "", "a Namespace is cluster-scoped");
     }
 
     #[test]

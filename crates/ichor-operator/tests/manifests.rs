@@ -115,3 +115,22 @@ fn the_dashboard_queries_only_metrics_the_operator_exports_and_the_pods_are_scra
         assert!(yaml.contains(annotation), "{annotation}:\n{yaml}");
     }
 }
+
+/// The sample cluster carries the grant of its namespace, the one the code makes
+/// (`rbac::cluster_namespace_binding`), so that applying it as shipped is enough.
+#[test]
+fn the_sample_cluster_grants_the_operator_its_namespace_as_the_code_does() {
+    use ichor_operator::rbac;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/cluster.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let binding: serde_json::Value = text
+        .split("\n---\n")
+        .map(|doc| doc.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n"))
+        .map(|doc| serde_saphyr::from_str::<serde_json::Value>(&doc).unwrap())
+        .find(|doc| doc["kind"] == "RoleBinding")
+        .expect("a RoleBinding in deploy/examples/cluster.yaml");
+    let made = serde_json::to_value(rbac::cluster_namespace_binding("prod", rbac::NAMESPACE, rbac::NAME)).unwrap();
+    assert_eq!(binding["metadata"]["name"], made["metadata"]["name"]);
+    assert_eq!(binding["roleRef"], made["roleRef"]);
+    assert_eq!(binding["subjects"], made["subjects"]);
+}

@@ -24,9 +24,13 @@ pub enum KubeError {
     /// The object does not exist.
     #[error("not found: {0}")]
     NotFound(String),
-    /// Refused: forbidden, invalid, or anything retrying will not fix.
+    /// Refused: invalid, or anything retrying will not fix.
     #[error("refused: {0}")]
     Refused(String),
+    /// Forbidden (403): the operator's RBAC does not grant the call. Retrying does not fix
+    /// it; a person granting it does.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
 }
 
 impl KubeError {
@@ -35,7 +39,7 @@ impl KubeError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Unreachable(_) | Self::Conflict(_) => true,
-            Self::NotFound(_) | Self::Refused(_) => false,
+            Self::NotFound(_) | Self::Refused(_) | Self::Forbidden(_) => false,
         }
     }
 }

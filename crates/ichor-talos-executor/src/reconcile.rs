@@ -471,6 +471,7 @@ async fn reconcile_pass(
     let seen = match observe(ex, name, memory, recover).await? {
         Some(Seen::Observed(seen)) => *seen,
         Some(Seen::NoCluster(op)) => return refuse_for_missing_cluster(ex, name, &op).await,
+        Some(Seen::Forbidden(op, what)) => return wait_forbidden(ex, name, &op, what).await,
         None => {
             return Ok(ReconcileOutcome {
                 phase: Phase::Completed,
@@ -667,7 +668,12 @@ async fn observe(
         Err(e) => return Err(read_cluster(e)),
     };
     let machines = kube_call(ex, "list machines", ex.kube.machines(&op.cluster)).await.map_err(read_cluster)?;
-    let lease = kube_call(ex, "read Lease", ex.kube.lease(&op.cluster)).await.map_err(read_cluster)?;
+    let lease = match kube_call(ex, "read Lease", ex.kube.lease(&op.cluster)).await {
+        Ok(lease) => lease,
+        // Without the lock's Lease nothing can be known of who acts on the cluster.
+        Err(KubeCallError::Api(KubeError::Forbidden(what))) => return Ok(Some(Seen::Forbidden(Box::new(op), what))),
+        Err(e) => return Err(read_cluster(e)),
+    };
     let holder = lease_holder(ex, memory, &op, lease.as_ref()).await.map_err(read_cluster)?;
     let removal = op.spec.is_removal();
     // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
@@ -687,6 +693,38 @@ enum Seen {
     Observed(Box<Observation>),
     /// Its cluster does not exist.
     NoCluster(Box<crate::kube_api::OperationInfo>),
+    /// The cluster lock's Lease may not be read: the call and the API server's answer.
+    Forbidden(Box<crate::kube_api::OperationInfo>, String),
+}
+
+/// How soon an operation waiting for a permission is looked at again: RBAC is not watched.
+pub const FORBIDDEN_RECHECK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An operation whose cluster lock the operator may not read (its RBAC lacks the
+/// operation's namespace): Waiting, saying what was refused (the Kubernetes adapter adds
+/// what grants it), with a Warning Event when it becomes so; nothing else is read or done.
+/// Looked at again after [`FORBIDDEN_RECHECK`].
+async fn wait_forbidden(
+    ex: &Executor<'_>,
+    name: &str,
+    op: &crate::kube_api::OperationInfo,
+    what: String,
+) -> Result<ReconcileOutcome, ReconcileError> {
+    let read = op.status.clone().for_generation(op.generation);
+    let phase = Phase::Waiting(WaitReason::Forbidden { what });
+    let mut status = read.clone();
+    status.phase = phase.clone();
+    status.observed_generation = Some(op.generation);
+    if write_status(ex, name, &op.status, &status).await? {
+        emit_phase_event(ex, name, &read.phase, &phase).await;
+    }
+    Ok(ReconcileOutcome {
+        phase,
+        requeue_at: Some(ex.clock.now().saturating_add(FORBIDDEN_RECHECK)),
+        finished: false,
+        preflight_blocked: Vec::new(),
+        preflight_cleared: Vec::new(),
+    })
 }
 
 /// An operation whose cluster does not exist: Refused, naming it, with a Warning Event when

@@ -278,3 +278,41 @@ async fn a_phase_change_whose_status_write_conflicts_is_told_once() {
     assert_eq!(outcome.phase.name(), "Refused");
     assert_eq!(*events.lock().unwrap(), ["InvalidTargetVersion"], "told once");
 }
+
+/// Issue 31 item 10: with RBAC per namespace, an operation in a namespace the operator was
+/// not granted cannot read its cluster's lock. It waits, stalled, saying what was refused;
+/// it writes no Lease, reads no machine's Node and calls no Talos API; it is told once and
+/// looked at again on its own (RBAC is not watched).
+#[tokio::test]
+async fn an_operation_whose_lock_lease_is_forbidden_waits_saying_so_and_touches_nothing() {
+    let operation = operation_info("v1.14.3", 1, OperationStatus::default());
+    let mut kube = MockKube::new();
+    kube.expect_operation().returning(move |_| Ok(Some(operation.clone())));
+    kube.expect_cluster().returning(|_| Ok(prod_cluster()));
+    kube.expect_machines()
+        .returning(|_| Ok(vec![Arc::new(worker("w-1", Some("w-1"), "10.0.0.21", Conditions::new()))]));
+    let refused = "read Lease ichor-cluster-prod: leases.coordination.k8s.io \"ichor-cluster-prod\" is forbidden";
+    kube.expect_lease().returning(move |_| Err(ichor_talos_executor::kube_api::KubeError::Forbidden(refused.into())));
+    kube.expect_write_lease().never();
+    kube.expect_node().never();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&events);
+    kube.expect_event().returning(move |e| {
+        seen.lock().unwrap().push((e.reason.clone(), e.message.clone()));
+        Ok(())
+    });
+    let written = capture_status(&mut kube);
+    let (talos, storage) = (MockTalos::new(), MockStorage::new());
+
+    let outcome = reconcile_once(&talos, &kube, &storage).await;
+    assert_eq!(outcome.phase.reason(), "Forbidden", "{:?}", outcome.phase);
+    assert!(outcome.phase.needs_person(), "a person grants it: kstatus Stalled");
+    assert!(outcome.phase.to_string().contains(refused), "{}", outcome.phase);
+    let recheck = NOW.saturating_add(ichor_talos_executor::reconcile::FORBIDDEN_RECHECK);
+    assert_eq!(outcome.requeue_at, Some(recheck), "looked at again on its own");
+    let status = written.lock().unwrap().last().cloned().expect("the wait is written");
+    assert_eq!(status.phase, outcome.phase);
+    assert!(status.machines.is_empty(), "no machine started");
+    assert_eq!(events.lock().unwrap().len(), 1);
+    assert_eq!(events.lock().unwrap()[0].0, "Forbidden");
+}

@@ -338,6 +338,14 @@ pub enum WaitReason {
         /// Machines still being observed.
         machines: Vec<String>,
     },
+    /// The operator may not read or write what the pass needs first (the cluster lock
+    /// Lease in the operation's namespace): its RBAC lacks that namespace. Nothing is read
+    /// further and nothing is done until a person grants it; the operation is looked at
+    /// again on its own.
+    Forbidden {
+        /// The refused call, the API server's answer and what grants it.
+        what: String,
+    },
 }
 
 /// Why an operation is paused. Sticky until a person resumes it.
@@ -388,6 +396,13 @@ impl Phase {
         }
     }
 
+    /// Whether the operation is stuck until a person acts (kstatus `Stalled`): paused,
+    /// refused, or waiting for a permission the operator lacks.
+    #[must_use]
+    pub fn needs_person(&self) -> bool {
+        matches!(self, Self::Paused(_) | Self::Refused(_) | Self::Waiting(WaitReason::Forbidden { .. }))
+    }
+
     /// What the phase says to people about the operation `operation`, in its status and
     /// its Event alike: [`Display`](fmt::Display), and for a pause how to resume it
     /// ([`crate::operation::resume_hint`]).
@@ -418,6 +433,7 @@ impl Phase {
                 WaitReason::MachinesUnobserved { .. } => "MachinesUnobserved",
                 WaitReason::NodesWithoutMachines { .. } => "NodesWithoutMachines",
                 WaitReason::WindingDown { .. } => "WindingDown",
+                WaitReason::Forbidden { .. } => "Forbidden",
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
             Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
@@ -469,6 +485,7 @@ impl fmt::Display for Phase {
                 WaitReason::WindingDown { machines } => {
                     write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
                 }
+                WaitReason::Forbidden { what } => write!(f, "waiting: forbidden: {what}"),
             },
             Self::Paused(PauseReason::MachineFailed { machines }) => {
                 f.write_str("paused: ")?;

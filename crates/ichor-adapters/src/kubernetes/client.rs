@@ -298,6 +298,8 @@ pub struct KubeCluster {
     counters: Arc<Counters>,
     /// The node this process runs on: its machine is ordered last in its role.
     last_node: Option<String>,
+    /// What a refused (403) call on the cluster lock says grants it.
+    forbidden_hint: Option<String>,
 }
 
 /// The objects this client wrote, as the API server returned them.
@@ -378,6 +380,7 @@ impl KubeCluster {
             written: Arc::default(),
             counters,
             last_node: None,
+            forbidden_hint: None,
         }
     }
 
@@ -390,6 +393,23 @@ impl KubeCluster {
     pub fn with_last_node(mut self, node: Option<String>) -> Self {
         self.last_node = node.filter(|n| !n.is_empty());
         self
+    }
+
+    /// What grants this client the namespace's cluster lock, added to the message of a
+    /// call on it the API server refuses (403): the engine shows it in the operation's
+    /// status ([`ichor_upgrade_core::rollout::WaitReason::Forbidden`]).
+    #[must_use]
+    pub fn with_forbidden_hint(mut self, hint: String) -> Self {
+        self.forbidden_hint = Some(hint);
+        self
+    }
+
+    /// A refused call's error with the hint added.
+    fn hinted(&self, error: KubeError) -> KubeError {
+        match (error, &self.forbidden_hint) {
+            (KubeError::Forbidden(message), Some(hint)) => KubeError::Forbidden(format!("{message}; {hint}")),
+            (error, _) => error,
+        }
     }
 
     /// The namespace.
@@ -700,7 +720,7 @@ fn operation_status(
         }
     };
     let completed = matches!(phase, Phase::Completed);
-    let stalled = matches!(phase, Phase::Paused(_) | Phase::Refused(_));
+    let stalled = phase.needs_person();
     // A condition that is True carries the phase's reason; one that is False says which
     // phase the operation is in instead.
     let reason_if = |on: bool| if on { phase.reason() } else { phase_name };
@@ -939,7 +959,7 @@ impl KubeApi for KubeCluster {
         let name = format!("{LEASE_PREFIX}{cluster}");
         match api.get_opt(&name).await {
             Ok(lease) => Ok(lease.map(|l| lease_info(&l))),
-            Err(e) => Err(kube_error(&format!("read Lease {name}"), &e)),
+            Err(e) => Err(self.hinted(kube_error(&format!("read Lease {name}"), &e))),
         }
     }
 
@@ -989,7 +1009,7 @@ impl KubeApi for KubeCluster {
             Err(kube::Error::Api(status)) if status.code == 409 || status.reason == "AlreadyExists" => {
                 Err(KubeError::Conflict(format!("write Lease {name}: {}", status.message)))
             }
-            Err(e) => Err(kube_error(&format!("write Lease {name}"), &e)),
+            Err(e) => Err(self.hinted(kube_error(&format!("write Lease {name}"), &e))),
         }
     }
 

@@ -6,7 +6,8 @@
 //! | HTTP 409 | `Conflict` (a lost race: transient) |
 //! | HTTP 404 | `NotFound` |
 //! | HTTP 429, 500–599, 410 (a watch's history expired) | `Unreachable` (transient) |
-//! | any other HTTP status (400, 401, 403, 405, 422, ...) | `Refused` |
+//! | HTTP 403 | `Forbidden` (RBAC: a person grants it) |
+//! | any other HTTP status (400, 401, 405, 422, ...) | `Refused` |
 //! | no connection, a broken one, a timeout, a broken watch stream | `Unreachable` |
 //! | TLS, a kubeconfig that does not load, a response that does not parse, a request that cannot be built | `Refused`: waiting does not fix it |
 
@@ -21,6 +22,7 @@ pub fn kube_error(what: &str, error: &kube::Error) -> KubeError {
         kube::Error::Api(status) => match status.code {
             409 => KubeError::Conflict(message),
             404 => KubeError::NotFound(message),
+            403 => KubeError::Forbidden(message),
             410 | 429 | 500..=599 => KubeError::Unreachable(message),
             _ => KubeError::Refused(message),
         },
@@ -72,10 +74,12 @@ mod tests {
             let e = kube_error("x", &api(code));
             assert!(matches!(e, KubeError::Unreachable(_)) && e.is_transient(), "{code}: {e:?}");
         }
-        for code in [400, 401, 403, 405, 422] {
+        for code in [400, 401, 405, 422] {
             let e = kube_error("x", &api(code));
             assert!(matches!(e, KubeError::Refused(_)) && !e.is_transient(), "{code}: {e:?}");
         }
+        let e = kube_error("x", &api(403));
+        assert!(matches!(e, KubeError::Forbidden(_)) && !e.is_transient(), "403: {e:?}");
         assert!(kube_error("patch TalosMachine m-1 status", &api(422)).to_string().contains("patch TalosMachine m-1"));
     }
 
