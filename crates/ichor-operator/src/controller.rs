@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use ichor_adapters::clock::SystemClock;
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
-use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, watch_observing};
+use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, engine_watcher, watch_observing, without_errors};
 use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_talos_executor::background::{Job, JobQueue};
@@ -809,9 +809,10 @@ pub async fn run(
     let on_node = stores.clone();
     let by_node = move |n: Node| operations_on_node(&on_node, &n.name_any(), &node_addresses(&n));
 
-    // The trigger streams' errors (every watch's, merged) are backed off once more by the
-    // controller: with kube-rs's default that climbed to 45 s after an API server restart
-    // (its 410s and "storage is (re)initializing" 429s), and no pass ran meanwhile.
+    // The trigger streams carry no errors (each watch backs its own off and relists at once
+    // on a 410: `engine_watcher`, `without_errors`); the controller's own backoff over
+    // them all, kept short in case, held every watch for one's error: 45 s with kube-rs's
+    // default after an API server restart, then 2 s per watch's 410, one after another.
     let mut controller = Controller::for_stream(streams.operations, stores.operations.clone())
         .trigger_backoff(ichor_adapters::kubernetes::watch_backoff())
         .watches_stream(streams.machines, by_machine)
@@ -820,25 +821,27 @@ pub async fn run(
         .watches_stream(streams.storages, every);
     if let Some(LonghornKinds { node: node_kind, replica: replica_kind, shard: shard_kind }) = longhorn {
         let namespace = config.longhorn_namespace.clone();
-        let nodes = watcher(
-            Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &node_kind),
-            watcher::Config::default(),
-        )
-        .backoff(ichor_adapters::kubernetes::watch_backoff())
-        .touched_objects();
+        let nodes = without_errors(
+            engine_watcher(
+                Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &node_kind),
+                watcher::Config::default(),
+            )
+            .touched_objects(),
+        );
         // Replicas and shards are watched by their metadata only (the node label is all a
         // pass needs), each into a store of its own, which tell whether a node has any
         // data left.
         let data_watch = |kind: &ApiResource| {
             let writer = reflector::store::Writer::<PartialObjectMeta<DynamicObject>>::new(kind.clone());
             let store = writer.as_reader();
-            let stream = watcher(
-                Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client.clone(), &namespace, kind),
-                watcher::Config::default(),
-            )
-            .backoff(ichor_adapters::kubernetes::watch_backoff())
-            .reflect(writer)
-            .touched_objects();
+            let stream = without_errors(
+                engine_watcher(
+                    Api::<PartialObjectMeta<DynamicObject>>::namespaced_with(client.clone(), &namespace, kind),
+                    watcher::Config::default(),
+                )
+                .reflect(writer)
+                .touched_objects(),
+            );
             (store, stream)
         };
         let (replica_store, replicas) = data_watch(&replica_kind);

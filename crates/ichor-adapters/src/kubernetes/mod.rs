@@ -8,7 +8,9 @@ pub mod errors;
 pub mod manifests;
 mod preflight;
 
-pub use client::{Counters, KubeCluster, Stores, WatchStreams, watch, watch_backoff, watch_observing};
+pub use client::{
+    Counters, KubeCluster, Stores, WatchStreams, engine_watcher, watch, watch_backoff, watch_observing, without_errors,
+};
 
 /// A client for the engine: kube-rs's own retry of 429, 503 and 504 is off. The engine
 /// decides what a refusal means (a 429 from the Eviction API is a PodDisruptionBudget
