@@ -11,6 +11,8 @@
 //!   machine), from what was observed of its workloads;
 //! - [`talos_step`] and [`lifecycle_step`]: one machine's upgrade, on Talos's legacy
 //!   Upgrade call and on its lifecycle API (pull, install, the engine's drain, reboot);
+//! - [`kubernetes_plan`]: a Kubernetes upgrade's plan: its steps in Talos's order, or
+//!   every reason it would break the cluster;
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
 //!
@@ -39,6 +41,7 @@ pub mod conditions;
 pub mod etcd_gate;
 pub mod etcd_snapshot;
 pub mod evacuation;
+pub mod kubernetes_plan;
 pub mod labels;
 pub mod lifecycle_step;
 pub mod operation;

@@ -176,8 +176,9 @@ impl<'de> Deserialize<'de> for TalosVersion {
     }
 }
 
-/// A Kubernetes version, such as `1.34.1`. Displays without a `v`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// A Kubernetes version, such as `1.34.1`. Displays without a `v`. Ordered as semver
+/// orders them (a pre-release before its release).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct KubernetesVersion(semver::Version);
 
 impl KubernetesVersion {
@@ -190,8 +191,15 @@ impl KubernetesVersion {
     }
 
     /// (major, minor, patch), the pre-release ignored, as Talos compares them.
-    fn core(&self) -> (u64, u64, u64) {
+    #[must_use]
+    pub fn core(&self) -> (u64, u64, u64) {
         (self.0.major, self.0.minor, self.0.patch)
+    }
+
+    /// Its minor line, such as `1.34`.
+    #[must_use]
+    pub fn minor_line(&self) -> Minor {
+        Minor { major: self.0.major, minor: self.0.minor }
     }
 }
 

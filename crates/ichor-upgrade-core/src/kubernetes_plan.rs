@@ -1,0 +1,388 @@
+//! Planning a Kubernetes upgrade (an operation of kind `kubernetes`): from the versions
+//! observed on every node, either the steps left to take, in the order Talos takes them,
+//! or every reason the upgrade would break the cluster (refused at planning: nothing
+//! touched).
+//!
+//! The order (`docs/kubernetes-upgrade-facts.md`): the control-plane components
+//! (kube-apiserver, kube-controller-manager, kube-scheduler) one control plane at a time;
+//! then kube-proxy, when Talos manages it; then the kubelets, control planes first. A
+//! component already on the target is not a step (an upgrade resumed, or run twice, does
+//! what is left and nothing else). The kubelet skew policy holds throughout: kubelets
+//! move only once every API server is on the target, so none is ever newer than an API
+//! server.
+//!
+//! Refused, each cause named ([`KubernetesPlanProblem`]): a target more than one minor
+//! above the lowest control-plane component, a downgrade of any component, a target the
+//! Talos version of any node does not support, a kubelet the target's API server would
+//! leave more than three minors behind, a version that was not observed (never guessed),
+//! and APIs the target removes that are still in use, by resource and count.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::operation::MachineRole;
+use crate::versions::{KubernetesVersion, Minor, TalosVersion, check_kubernetes_pairing};
+
+/// A Kubernetes component a Kubernetes upgrade changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Component {
+    /// The API server, a static pod of each control plane.
+    KubeApiserver,
+    /// The controller manager, a static pod of each control plane.
+    KubeControllerManager,
+    /// The scheduler, a static pod of each control plane.
+    KubeScheduler,
+    /// kube-proxy, a DaemonSet Talos manages (unless the cluster disables it).
+    KubeProxy,
+    /// The kubelet of each node.
+    Kubelet,
+}
+
+impl Component {
+    /// The control plane's static pods, in the order they change on a node.
+    pub const CONTROL_PLANE: [Self; 3] = [Self::KubeApiserver, Self::KubeControllerManager, Self::KubeScheduler];
+
+    /// The name the trace, the conditions and people use: `kube-apiserver`,
+    /// `kube-controller-manager`, `kube-scheduler`, `kube-proxy`, `kubelet`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::KubeApiserver => "kube-apiserver",
+            Self::KubeControllerManager => "kube-controller-manager",
+            Self::KubeScheduler => "kube-scheduler",
+            Self::KubeProxy => "kube-proxy",
+            Self::Kubelet => "kubelet",
+        }
+    }
+}
+
+impl fmt::Display for Component {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What was observed of one node's Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeKubernetes {
+    /// The machine (and its Node).
+    pub name: String,
+    /// Its role.
+    pub role: MachineRole,
+    /// The Talos version it runs.
+    pub talos: TalosVersion,
+    /// Its kubelet's version (`status.nodeInfo.kubeletVersion`); `None`: not observed.
+    pub kubelet: Option<KubernetesVersion>,
+    /// On a control plane, the version each static pod runs (from its mirror pod in
+    /// kube-system); a component missing here was not observed. Empty on a worker.
+    pub control_plane: BTreeMap<Component, KubernetesVersion>,
+}
+
+/// An API the API server reports as requested, with the release that removes it
+/// (`apiserver_requested_deprecated_apis{group,version,resource,removed_release}`), or
+/// objects stored only in such a version.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DeprecatedApiUse {
+    /// The API group (`""` for the core group).
+    pub group: String,
+    /// The version, such as `v1beta1`.
+    pub version: String,
+    /// The resource (plural), such as `flowschemas`.
+    pub resource: String,
+    /// The release that removes it, as the metric writes it (`1.36`).
+    pub removed_release: String,
+    /// How many uses were seen (requests since the API server started, or stored objects).
+    pub count: u64,
+}
+
+impl DeprecatedApiUse {
+    /// Whether the target removes it: its removal release is the target's minor or earlier.
+    /// A release that does not read as `MAJOR.MINOR` counts as removed (never guessed
+    /// safe).
+    #[must_use]
+    pub fn removed_by(&self, target: &KubernetesVersion) -> bool {
+        let parsed = self
+            .removed_release
+            .split_once('.')
+            .and_then(|(major, minor)| Some(Minor { major: major.parse().ok()?, minor: minor.parse().ok()? }));
+        parsed.is_none_or(|release| release <= target.minor_line())
+    }
+}
+
+impl fmt::Display for DeprecatedApiUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let group = if self.group.is_empty() { String::new() } else { format!("{}/", self.group) };
+        write!(
+            f,
+            "{}.{group}{} ({} uses, removed in {})",
+            self.resource, self.version, self.count, self.removed_release
+        )
+    }
+}
+
+/// What a Kubernetes upgrade is planned from.
+#[derive(Debug, Clone, Copy)]
+pub struct KubernetesPlanInput<'a> {
+    /// The target version.
+    pub target: &'a KubernetesVersion,
+    /// Every node of the cluster, control planes in the order they go.
+    pub nodes: &'a [NodeKubernetes],
+    /// Deprecated APIs in use (any removal release: those the target does not remove are
+    /// left be).
+    pub deprecated_apis: &'a [DeprecatedApiUse],
+    /// The version kube-proxy runs, when Talos manages it (`None`: not managed, or
+    /// disabled: not a step).
+    pub kube_proxy: Option<&'a KubernetesVersion>,
+}
+
+/// Why a Kubernetes upgrade is refused at planning.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum KubernetesPlanProblem {
+    /// The target is more than one minor above a control-plane component: Kubernetes
+    /// supports upgrading one minor at a time.
+    #[error(
+        "Kubernetes {target} skips a minor: {node}'s {component} runs {current}; upgrade to {next}.x first, one minor at a time"
+    )]
+    SkipsMinor {
+        /// The control plane.
+        node: String,
+        /// Its lowest component.
+        component: Component,
+        /// Its version.
+        current: String,
+        /// The target.
+        target: String,
+        /// The minor line to go to first.
+        next: String,
+    },
+    /// A component runs a newer version than the target.
+    #[error("Kubernetes {target} would downgrade {node}'s {component} from {current}; downgrades are not supported")]
+    Downgrade {
+        /// The node (`cluster` for kube-proxy).
+        node: String,
+        /// The component.
+        component: Component,
+        /// Its version.
+        current: String,
+        /// The target.
+        target: String,
+    },
+    /// Nodes whose Talos does not run the target.
+    #[error("{}: {refusal}", nodes.join(", "))]
+    UnsupportedByTalos {
+        /// The nodes, all with the same refusal.
+        nodes: Vec<String>,
+        /// The refusal, naming the supported range.
+        refusal: String,
+    },
+    /// Kubelets the target's API servers would leave more than three minors behind (the
+    /// kubelet skew policy).
+    #[error(
+        "kubelets more than three minors below Kubernetes {target}: {} (upgrade them first)",
+        nodes.iter().map(|(n, v)| format!("{n} ({v})")).collect::<Vec<_>>().join(", ")
+    )]
+    KubeletTooOld {
+        /// `(node, kubelet version)`.
+        nodes: Vec<(String, String)>,
+        /// The target.
+        target: String,
+    },
+    /// A version that was not observed: nothing is planned from a guess.
+    #[error("{node}'s {component} version was not observed (its Node or mirror pod is missing)")]
+    NotObserved {
+        /// The node.
+        node: String,
+        /// The component.
+        component: Component,
+    },
+    /// APIs the target removes, still in use.
+    #[error(
+        "APIs removed by Kubernetes {target} are still in use: {}; move their clients and stored objects to a served version first",
+        apis.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    RemovedApisInUse {
+        /// The uses, by resource.
+        apis: Vec<DeprecatedApiUse>,
+        /// The target.
+        target: String,
+    },
+}
+
+impl KubernetesPlanProblem {
+    /// The CamelCase reason users see.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::SkipsMinor { .. } => "KubernetesSkipsMinor",
+            Self::Downgrade { .. } => "KubernetesDowngrade",
+            Self::UnsupportedByTalos { .. } => "KubernetesUnsupportedByTalos",
+            Self::KubeletTooOld { .. } => "KubeletTooOld",
+            Self::NotObserved { .. } => "KubernetesVersionNotObserved",
+            Self::RemovedApisInUse { .. } => "RemovedApisInUse",
+        }
+    }
+}
+
+/// One change of a Kubernetes upgrade: a component on a node (kube-proxy's on no node).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct KubernetesStep {
+    /// The node whose machine configuration changes (`None` for kube-proxy).
+    pub node: Option<String>,
+    /// The component.
+    pub component: Component,
+}
+
+impl fmt::Display for KubernetesStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.node {
+            Some(node) => write!(f, "{node}/{}", self.component),
+            None => f.write_str(self.component.as_str()),
+        }
+    }
+}
+
+/// The steps left, in their stages: each stage starts only once the one before is done.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubernetesPlan {
+    /// Per control plane, in order, its components not on the target: one control plane at
+    /// a time, verified before the next.
+    pub control_planes: Vec<(String, Vec<Component>)>,
+    /// Whether kube-proxy changes.
+    pub kube_proxy: bool,
+    /// The kubelets not on the target: control planes first (one at a time), then workers
+    /// (up to `maxUnavailable` at once).
+    pub kubelets: Vec<(String, MachineRole)>,
+}
+
+impl KubernetesPlan {
+    /// Every step, in order.
+    #[must_use]
+    pub fn steps(&self) -> Vec<KubernetesStep> {
+        let components = self.control_planes.iter().flat_map(|(node, components)| {
+            components.iter().map(|c| KubernetesStep { node: Some(node.clone()), component: *c })
+        });
+        let proxy = self.kube_proxy.then_some(KubernetesStep { node: None, component: Component::KubeProxy });
+        let kubelets = self
+            .kubelets
+            .iter()
+            .map(|(node, _)| KubernetesStep { node: Some(node.clone()), component: Component::Kubelet });
+        components.chain(proxy).chain(kubelets).collect()
+    }
+
+    /// Whether nothing is left to do.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.control_planes.is_empty() && !self.kube_proxy && self.kubelets.is_empty()
+    }
+}
+
+/// Plans the upgrade of `input.nodes` to `input.target`.
+///
+/// # Errors
+/// Every problem found (at least one), in a stable order.
+pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan, Vec<KubernetesPlanProblem>> {
+    let target = input.target;
+    let mut problems = Vec::new();
+    let mut unsupported: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut too_old = Vec::new();
+    let mut plan = KubernetesPlan::default();
+    let version_of = |node: &str, component: Component, current: &KubernetesVersion, problems: &mut Vec<_>| {
+        compare(node, component, current, target, problems)
+    };
+    for node in input.nodes {
+        if let Err(refusal) = check_kubernetes_pairing(&node.talos, target) {
+            unsupported.entry(refusal.to_string()).or_default().push(node.name.clone());
+        }
+        if node.role == MachineRole::ControlPlane {
+            let mut left = Vec::new();
+            for component in Component::CONTROL_PLANE {
+                match node.control_plane.get(&component) {
+                    None => problems.push(KubernetesPlanProblem::NotObserved { node: node.name.clone(), component }),
+                    Some(current) => {
+                        if version_of(&node.name, component, current, &mut problems) {
+                            left.push(component);
+                        }
+                    }
+                }
+            }
+            if !left.is_empty() {
+                plan.control_planes.push((node.name.clone(), left));
+            }
+        }
+        match &node.kubelet {
+            None => problems
+                .push(KubernetesPlanProblem::NotObserved { node: node.name.clone(), component: Component::Kubelet }),
+            Some(kubelet) => {
+                if target.minor_line().major == kubelet.minor_line().major
+                    && target.minor_line().minor > kubelet.minor_line().minor + 3
+                {
+                    too_old.push((node.name.clone(), kubelet.to_string()));
+                }
+                if version_of(&node.name, Component::Kubelet, kubelet, &mut problems) {
+                    plan.kubelets.push((node.name.clone(), node.role));
+                }
+            }
+        }
+    }
+    if let Some(proxy) = input.kube_proxy {
+        plan.kube_proxy = version_of("cluster", Component::KubeProxy, proxy, &mut problems);
+    }
+    // Control planes' kubelets first, each role in the order given.
+    plan.kubelets.sort_by_key(|(_, role)| *role);
+    for (refusal, nodes) in unsupported {
+        problems.push(KubernetesPlanProblem::UnsupportedByTalos { nodes, refusal });
+    }
+    if !too_old.is_empty() {
+        problems.push(KubernetesPlanProblem::KubeletTooOld { nodes: too_old, target: target.to_string() });
+    }
+    let mut removed: Vec<DeprecatedApiUse> =
+        input.deprecated_apis.iter().filter(|api| api.count > 0 && api.removed_by(target)).cloned().collect();
+    if !removed.is_empty() {
+        removed.sort();
+        problems.push(KubernetesPlanProblem::RemovedApisInUse { apis: removed, target: target.to_string() });
+    }
+    if problems.is_empty() { Ok(plan) } else { Err(problems) }
+}
+
+/// Whether `component` on `node` must change to reach `target` (`false` when it is there
+/// already); a downgrade or a skipped minor is recorded in `problems`.
+fn compare(
+    node: &str,
+    component: Component,
+    current: &KubernetesVersion,
+    target: &KubernetesVersion,
+    problems: &mut Vec<KubernetesPlanProblem>,
+) -> bool {
+    if current == target {
+        return false;
+    }
+    if current > target {
+        problems.push(KubernetesPlanProblem::Downgrade {
+            node: node.to_owned(),
+            component,
+            current: current.to_string(),
+            target: target.to_string(),
+        });
+        return false;
+    }
+    let (from, to) = (current.minor_line(), target.minor_line());
+    // The kubelet may trail by more (the skew policy, checked apart); every other component
+    // moves one minor at a time.
+    let skips = from.major != to.major || to.minor > from.minor + 1;
+    if skips && component != Component::Kubelet {
+        problems.push(KubernetesPlanProblem::SkipsMinor {
+            node: node.to_owned(),
+            component,
+            current: current.to_string(),
+            target: target.to_string(),
+            next: format!("{}.{}", from.major, from.minor + 1),
+        });
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests;
