@@ -3,13 +3,16 @@
 //! or every reason the upgrade would break the cluster (refused at planning: nothing
 //! touched).
 //!
-//! The order (`docs/kubernetes-upgrade-facts.md`): the control-plane components
-//! (kube-apiserver, kube-controller-manager, kube-scheduler) one control plane at a time;
-//! then kube-proxy, when Talos manages it; then the kubelets, control planes first. A
-//! component already on the target is not a step (an upgrade resumed, or run twice, does
-//! what is left and nothing else). The kubelet skew policy holds throughout: kubelets
-//! move only once every API server is on the target, so none is ever newer than an API
-//! server.
+//! The order: the control-plane components (kube-apiserver, kube-controller-manager,
+//! kube-scheduler) one control plane at a time; then kube-proxy, when Talos manages it;
+//! then the kubelets, control planes first. Talos's `upgrade-k8s` takes the same stages
+//! but goes component by component across the control planes
+//! (`docs/kubernetes-upgrade-facts.md` §1); this plan goes node by node, so that each
+//! node's static pods are verified together and a node that fails stops the next before
+//! any of its components change. A component already on the target is not a step (an
+//! upgrade resumed, or run twice, does what is left and nothing else). The kubelet skew
+//! policy holds throughout: kubelets move only once every API server is on the target,
+//! so none is ever newer than an API server.
 //!
 //! Refused, each cause named ([`KubernetesPlanProblem`]): a target more than one minor
 //! above the lowest control-plane component, a downgrade of any component, a target the
