@@ -17,6 +17,7 @@ fn rollout_decision(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::from_parameter(machines), &cluster, |b, cluster| {
             b.iter(|| {
                 decide(black_box(&RolloutInput {
+                    kubernetes: None,
                     operation: &op,
                     release_talos_version: "v1.14.4",
                     kubernetes_version: "1.34.1",

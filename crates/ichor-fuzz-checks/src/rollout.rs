@@ -131,6 +131,7 @@ pub fn rollout(data: &[u8]) {
     };
     let config = RolloutConfig::default();
     let input = RolloutInput {
+        kubernetes: None,
         operation: &op,
         release_talos_version: "v1.14.4",
         kubernetes_version: kubernetes,

@@ -528,6 +528,7 @@ async fn reconcile_pass(
     let named: BTreeSet<&str> = observed.iter().filter_map(Observed::node_name).collect();
     let unaccounted: Vec<String> = cluster.nodes.iter().filter(|n| !named.contains(n.as_str())).cloned().collect();
     let input = RolloutInput {
+        kubernetes: None,
         operation: &view,
         release_talos_version: &cluster.release_talos_version,
         kubernetes_version: &cluster.kubernetes_version,

@@ -48,6 +48,10 @@ impl Component {
     /// The control plane's static pods, in the order they change on a node.
     pub const CONTROL_PLANE: [Self; 3] = [Self::KubeApiserver, Self::KubeControllerManager, Self::KubeScheduler];
 
+    /// Every component, in the order a Kubernetes upgrade changes them.
+    pub const ALL: [Self; 5] =
+        [Self::KubeApiserver, Self::KubeControllerManager, Self::KubeScheduler, Self::KubeProxy, Self::Kubelet];
+
     /// The name the trace, the conditions and people use: `kube-apiserver`,
     /// `kube-controller-manager`, `kube-scheduler`, `kube-proxy`, `kubelet`.
     #[must_use]

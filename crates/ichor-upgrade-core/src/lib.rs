@@ -12,7 +12,8 @@
 //! - [`talos_step`] and [`lifecycle_step`]: one machine's upgrade, on Talos's legacy
 //!   Upgrade call and on its lifecycle API (pull, install, the engine's drain, reboot);
 //! - [`kubernetes_plan`]: a Kubernetes upgrade's plan: its steps in Talos's order, or
-//!   every reason it would break the cluster;
+//!   every reason it would break the cluster; [`kubernetes_step`]: one machine's part
+//!   of it (a component's image applied with no reboot, then verified);
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
 //!
@@ -42,6 +43,7 @@ pub mod etcd_gate;
 pub mod etcd_snapshot;
 pub mod evacuation;
 pub mod kubernetes_plan;
+pub mod kubernetes_step;
 pub mod labels;
 pub mod lifecycle_step;
 pub mod operation;

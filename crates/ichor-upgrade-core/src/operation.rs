@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::versions::{TalosVersion, VersionError};
+use crate::kubernetes_plan::KubernetesPlanProblem;
+use crate::versions::{KubernetesVersion, TalosVersion, VersionError};
 
 /// Machine label (integer) that orders a rollout within a role: ascending, machines
 /// without it last, then by name. Workers with different values are separate waves.
@@ -49,13 +50,17 @@ impl MachineRole {
     }
 }
 
-/// The kinds of operation this engine runs: an upgrade ([`OperationKind::Talos`]) and a
-/// machine's removal ([`OperationKind::Remove`]), both under the cluster's lock. Other
-/// kinds are refused by [`OperationSpec::validate`], never run as a Talos upgrade.
+/// The kinds of operation this engine runs: an upgrade of Talos ([`OperationKind::Talos`]),
+/// an upgrade of Kubernetes ([`OperationKind::Kubernetes`]) and a machine's removal
+/// ([`OperationKind::Remove`]), all under the cluster's lock. Other kinds are refused by
+/// [`OperationSpec::validate`], never run as another kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperationKind {
     /// Upgrade the Talos OS of every machine of a cluster.
     Talos,
+    /// Upgrade the Kubernetes of every machine of a cluster (`spec.targetVersion` is a
+    /// Kubernetes version).
+    Kubernetes,
     /// Remove one machine from the cluster (`spec.machine`).
     Remove,
 }
@@ -63,17 +68,31 @@ pub enum OperationKind {
 impl OperationKind {
     /// The upgrade's kind as written in a spec.
     pub const TALOS: &'static str = "talos";
+    /// The Kubernetes upgrade's kind as written in a spec.
+    pub const KUBERNETES: &'static str = "kubernetes";
     /// The removal's kind as written in a spec.
     pub const REMOVE: &'static str = "remove";
+}
+
+/// A Kubernetes upgrade's spec that passed validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesSpec {
+    /// The target Kubernetes version.
+    pub target: KubernetesVersion,
+    /// How many workers' kubelets may restart at once.
+    pub max_unavailable: u32,
+    /// Whether an etcd snapshot precedes the first control plane.
+    pub etcd_snapshot: SnapshotMode,
 }
 
 /// An operation's spec as written by a person or a tool; validated, never trusted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OperationSpec {
-    /// `talos`; anything else is refused.
+    /// `talos`, `kubernetes` or `remove`; anything else is refused.
     pub kind: String,
-    /// The Talos version to upgrade to, such as `v1.14.4`.
+    /// The version to upgrade to: a Talos version such as `v1.14.4`, or for `kubernetes`
+    /// a Kubernetes version such as `1.35.0`.
     pub target_version: String,
     /// How many workers may be unavailable at once (at least 1).
     pub max_unavailable: i64,
@@ -139,9 +158,9 @@ pub enum Refusal {
         /// The cluster as written.
         cluster: String,
     },
-    /// The kind is neither `talos` nor `remove`.
+    /// The kind is not `talos`, `kubernetes` or `remove`.
     #[error(
-        "operation kind {kind:?} is not supported: only \"talos\" (upgrade) and \"remove\" operations run here, and no other kind is ever run as a Talos upgrade"
+        "operation kind {kind:?} is not supported: only \"talos\" (upgrade), \"kubernetes\" (upgrade) and \"remove\" operations run here, and no other kind is ever run as another"
     )]
     UnsupportedKind {
         /// The kind as written.
@@ -164,6 +183,12 @@ pub enum Refusal {
     UnknownMachine {
         /// The machine as written.
         machine: String,
+    },
+    /// `spec.targetVersion` of a Kubernetes upgrade is not a Kubernetes version.
+    #[error("spec.targetVersion (a Kubernetes version for kind \"kubernetes\"): {error}")]
+    InvalidKubernetesTarget {
+        /// The parse error, quoting the text.
+        error: String,
     },
     /// `spec.targetVersion` is not a Talos version.
     #[error("spec.targetVersion: {error}")]
@@ -243,6 +268,10 @@ pub enum PlanProblem {
         /// The two.
         machines: Vec<String>,
     },
+    /// A Kubernetes upgrade would break the cluster (see
+    /// [`crate::kubernetes_plan::KubernetesPlanProblem`]).
+    #[error("{0}")]
+    Kubernetes(KubernetesPlanProblem),
     /// Machine names that appear more than once.
     #[error("duplicate machine names: {}", names.join(", "))]
     DuplicateMachineNames {
@@ -273,6 +302,7 @@ impl PlanProblem {
             Self::TwoControlPlanes { .. } => "TwoControlPlanes",
             Self::DuplicateMachineNames { .. } => "DuplicateMachineNames",
             Self::NodesWithoutMachines { .. } => "NodesWithoutMachines",
+            Self::Kubernetes(problem) => problem.reason(),
         }
     }
 }
@@ -287,6 +317,7 @@ impl Refusal {
             Self::MissingMachine => "MissingMachine",
             Self::UnknownMachine { .. } => "UnknownMachine",
             Self::InvalidTarget { .. } => "InvalidTargetVersion",
+            Self::InvalidKubernetesTarget { .. } => "InvalidKubernetesTargetVersion",
             Self::InvalidReleaseVersion { .. } => "InvalidReleaseVersion",
             Self::TargetNotReleaseSet { .. } => "TargetNotReleaseSet",
             Self::InvalidMaxUnavailable { .. } => "InvalidMaxUnavailable",
@@ -317,6 +348,33 @@ impl OperationSpec {
         self.kind == OperationKind::REMOVE
     }
 
+    /// Whether this is a Kubernetes upgrade (`kind: kubernetes`).
+    #[must_use]
+    pub fn is_kubernetes(&self) -> bool {
+        self.kind == OperationKind::KUBERNETES
+    }
+
+    /// Validates a Kubernetes upgrade's spec: kind `kubernetes`, naming no machine, the
+    /// target a Kubernetes version, `maxUnavailable` between 1 and [`u32::MAX`].
+    ///
+    /// # Errors
+    /// The first [`Refusal`] found, in that order.
+    pub fn validate_kubernetes(&self) -> Result<KubernetesSpec, Refusal> {
+        if !self.is_kubernetes() {
+            return Err(Refusal::UnsupportedKind { kind: self.kind.clone() });
+        }
+        if self.machine.is_some() {
+            return Err(Refusal::MachineNotForKind { kind: self.kind.clone() });
+        }
+        let target = KubernetesVersion::parse(&self.target_version)
+            .map_err(|e| Refusal::InvalidKubernetesTarget { error: e.to_string() })?;
+        let max_unavailable = match u32::try_from(self.max_unavailable) {
+            Ok(n) if n >= 1 => n,
+            _ => return Err(Refusal::InvalidMaxUnavailable { value: self.max_unavailable }),
+        };
+        Ok(KubernetesSpec { target, max_unavailable, etcd_snapshot: self.etcd_snapshot.unwrap_or_default() })
+    }
+
     /// Validates a removal's spec: kind `remove` naming the machine to remove.
     ///
     /// # Errors
@@ -337,8 +395,9 @@ impl OperationSpec {
     /// # Errors
     /// The first [`Refusal`] found, in that order.
     pub fn validate(&self, release_talos_version: &str) -> Result<ValidSpec, Refusal> {
-        if self.kind == OperationKind::REMOVE {
-            // A removal is valid on its own terms (see `validate_removal`), never as an upgrade.
+        if self.kind == OperationKind::REMOVE || self.kind == OperationKind::KUBERNETES {
+            // A removal and a Kubernetes upgrade are valid on their own terms (see
+            // `validate_removal`, `validate_kubernetes`), never as a Talos upgrade.
             return Err(Refusal::UnsupportedKind { kind: self.kind.clone() });
         }
         let kind = match self.kind.as_str() {
@@ -394,7 +453,7 @@ mod tests {
 
     #[test]
     fn kinds_other_than_talos_are_refused_never_run() {
-        for kind in ["kubernetes", "ichor", "Talos", "", "banana"] {
+        for kind in ["kubernetes", "ichor", "Talos", "", "banana", "Kubernetes"] {
             let refusal = spec(kind, "v1.14.4", 1).validate("v1.14.4").unwrap_err();
             assert_eq!(refusal, Refusal::UnsupportedKind { kind: kind.into() });
             assert!(refusal.to_string().contains("not supported"), "{refusal}");
@@ -448,6 +507,23 @@ mod tests {
         assert_eq!(removal.validate_removal(), Ok("worker-2"));
         assert!(matches!(removal.validate("v1.14.4"), Err(Refusal::UnsupportedKind { .. })));
         assert!(matches!(spec("talos", "v1.14.4", 1).validate_removal(), Err(Refusal::UnsupportedKind { .. })));
+    }
+
+    #[test]
+    fn a_kubernetes_upgrade_takes_a_kubernetes_version_and_names_no_machine() {
+        let valid = spec("kubernetes", "1.35.0", 3).validate_kubernetes().unwrap();
+        assert_eq!(valid.target.to_string(), "1.35.0");
+        assert_eq!(valid.max_unavailable, 3);
+        assert_eq!(spec("kubernetes", "v1.35.0", 1).validate_kubernetes().unwrap().target, valid.target);
+        let refusal = spec("kubernetes", "1.35", 1).validate_kubernetes().unwrap_err();
+        assert_eq!(refusal.reason(), "InvalidKubernetesTargetVersion");
+        assert!(refusal.to_string().contains("\"1.35\""), "{refusal}");
+        let mut named = spec("kubernetes", "1.35.0", 1);
+        named.machine = Some("cp-1".into());
+        assert_eq!(named.validate_kubernetes(), Err(Refusal::MachineNotForKind { kind: "kubernetes".into() }));
+        assert!(matches!(spec("talos", "v1.14.4", 1).validate_kubernetes(), Err(Refusal::UnsupportedKind { .. })));
+        let refusal = spec("kubernetes", "1.35.0", 0).validate_kubernetes().unwrap_err();
+        assert_eq!(refusal, Refusal::InvalidMaxUnavailable { value: 0 });
     }
 
     #[test]

@@ -33,7 +33,11 @@ use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd_snapshot::SnapshotState;
-use crate::operation::{MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, SnapshotMode, ValidSpec};
+use crate::kubernetes_plan::KubernetesPlanProblem;
+use crate::kubernetes_step::KubernetesStage;
+use crate::operation::{
+    KubernetesSpec, MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, SnapshotMode, ValidSpec,
+};
 use crate::preflight::{Blocker, describe};
 use crate::status::{MachineRecord, RecordState};
 use crate::time::Timestamp;
@@ -208,12 +212,27 @@ pub struct RolloutInput<'a> {
     pub unaccounted_nodes: &'a [String],
     /// The etcd gate's verdict.
     pub etcd: &'a EtcdVerdict,
+    /// For a Kubernetes upgrade: its stage and what planning found (`None` for other kinds;
+    /// for a Kubernetes upgrade, not observed: it waits).
+    pub kubernetes: Option<&'a KubernetesInput>,
     /// The preflight gate's verdicts.
     pub preflight: &'a PreflightVerdict,
     /// Lock timing.
     pub config: &'a RolloutConfig,
     /// The current time.
     pub now: Timestamp,
+}
+
+/// What a Kubernetes upgrade is decided from, besides the machines: each machine's
+/// [`MachineView::progress`] is its progress in this stage
+/// ([`crate::kubernetes_step::stage_converged`], [`crate::kubernetes_step::past_apply`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesInput {
+    /// The stage the upgrade is in ([`crate::kubernetes_step::kubernetes_stage`]).
+    pub stage: KubernetesStage,
+    /// What [`crate::kubernetes_plan::plan_kubernetes`] refused, if anything; judged
+    /// before any machine starts, as a Talos upgrade's planning is.
+    pub problems: Vec<KubernetesPlanProblem>,
 }
 
 /// What the preflight gate (see [`crate::preflight`]) found for the machines the engine
@@ -338,6 +357,9 @@ pub enum WaitReason {
         /// Machines still being observed.
         machines: Vec<String>,
     },
+    /// A Kubernetes upgrade whose cluster's Kubernetes versions were not observed (the
+    /// caller could not read them): nothing is planned from a guess.
+    KubernetesNotObserved,
     /// The operator may not read or write what the pass needs first (the cluster lock
     /// Lease in the operation's namespace): its RBAC lacks that namespace. Nothing is read
     /// further and nothing is done until a person grants it; the operation is looked at
@@ -434,6 +456,7 @@ impl Phase {
                 WaitReason::NodesWithoutMachines { .. } => "NodesWithoutMachines",
                 WaitReason::WindingDown { .. } => "WindingDown",
                 WaitReason::Forbidden { .. } => "Forbidden",
+                WaitReason::KubernetesNotObserved => "KubernetesNotObserved",
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
             Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
@@ -486,6 +509,9 @@ impl fmt::Display for Phase {
                     write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
                 }
                 WaitReason::Forbidden { what } => write!(f, "waiting: forbidden: {what}"),
+                WaitReason::KubernetesNotObserved => {
+                    f.write_str("waiting: the cluster's Kubernetes versions are not observed yet")
+                }
             },
             Self::Paused(PauseReason::MachineFailed { machines }) => {
                 f.write_str("paused: ")?;
@@ -797,7 +823,8 @@ impl Decision {
     /// A machine not checked yet is named in [`Decision::check_preflight`]; one with
     /// blockers is held back under [`PreflightMode::Enforce`] and started with a warning
     /// under [`PreflightMode::Warn`].
-    fn preflight_admits(&mut self, input: &RolloutInput<'_>, mode: PreflightMode, machine: &str) -> bool {
+    fn preflight_admits(&mut self, input: &RolloutInput<'_>, mode: Option<PreflightMode>, machine: &str) -> bool {
+        let Some(mode) = mode else { return true };
         match input.preflight.of(machine) {
             None => {
                 if !matches!(input.preflight, PreflightVerdict::Last(_)) {
@@ -846,6 +873,8 @@ pub fn decide(input: &RolloutInput<'_>) -> Decision {
 enum Plan<'a> {
     /// Upgrade every machine to the target.
     Upgrade(ValidSpec),
+    /// Upgrade every machine's Kubernetes to the target, in this stage.
+    Kubernetes(KubernetesSpec, KubernetesStage),
     /// Remove this machine.
     Remove(&'a str),
 }
@@ -867,6 +896,18 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
             Ok(machine) => Plan::Remove(machine),
             Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
         }
+    } else if op.spec.is_kubernetes() {
+        let spec = match op.spec.validate_kubernetes() {
+            Ok(spec) => spec,
+            Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
+        };
+        let Some(kubernetes) = input.kubernetes else {
+            return wind_down(input, &lock, Phase::Waiting(WaitReason::KubernetesNotObserved));
+        };
+        if let Some(refusal) = kubernetes_refusal(input, kubernetes) {
+            return wind_down(input, &lock, Phase::Refused(refusal));
+        }
+        Plan::Kubernetes(spec, kubernetes.stage)
     } else {
         let spec = match op.spec.validate(input.release_talos_version) {
             Ok(spec) => spec,
@@ -902,7 +943,8 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     let (action, renewed_at) = if renew { (LockAction::Renew, input.now) } else { (LockAction::Keep, renewed_at) };
 
     let mut d = match plan_of {
-        Plan::Upgrade(spec) => plan(input, &spec, action),
+        Plan::Upgrade(spec) => plan(input, &Rules::talos(&spec), action),
+        Plan::Kubernetes(spec, stage) => plan(input, &Rules::kubernetes(&spec, stage), action),
         Plan::Remove(machine) => plan_removal(input, machine, action),
     };
     if d.lock != LockAction::Release {
@@ -995,7 +1037,7 @@ impl<'a> Authoriser<'a> {
             Some(CallDenied::LockNotHeld)
         } else if op.deleting {
             Some(CallDenied::Deleting)
-        } else if op.spec.validate(input.release_talos_version).is_ok_and(|spec| plan_refusal(input, &spec).is_none()) {
+        } else if !refused(input) {
             let failed = input.machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }))
                 || matches!(op.status.etcd_snapshot, Some(SnapshotState::Failed { .. }));
             (!resuming && failed).then_some(CallDenied::Paused)
@@ -1040,6 +1082,10 @@ impl<'a> Authoriser<'a> {
     /// when it lets the call go; judged in this pass or to be gathered. Under
     /// [`PreflightMode::Warn`] it never stops a call (the start recorded the warning).
     fn preflight(&self, m: &MachineView) -> Option<CallAuthority> {
+        if self.input.operation.spec.is_kubernetes() {
+            // A kubelet or a static pod restarting is no disruption the gate weighs.
+            return None;
+        }
         let mode = self.input.operation.spec.preflight.unwrap_or_default();
         match (self.input.preflight.of(&m.name), mode) {
             (_, PreflightMode::Warn) | (Some([]), PreflightMode::Enforce) => None,
@@ -1089,6 +1135,35 @@ impl<'a> Authoriser<'a> {
     }
 }
 
+/// Whether the operation is refused (its spec, or its planning): no call goes out.
+fn refused(input: &RolloutInput<'_>) -> bool {
+    let spec = &input.operation.spec;
+    if spec.is_kubernetes() {
+        spec.validate_kubernetes().is_err()
+            || input.kubernetes.is_none_or(|kubernetes| kubernetes_refusal(input, kubernetes).is_some())
+    } else {
+        !spec.validate(input.release_talos_version).is_ok_and(|spec| plan_refusal(input, &spec).is_none())
+    }
+}
+
+/// Whether no machine of this operation has started (planning is judged only then).
+fn not_started(input: &RolloutInput<'_>) -> bool {
+    input.operation.status.machines.is_empty()
+        && input.machines.iter().all(|m| matches!(m.progress, MachineProgress::Pending))
+}
+
+/// A Kubernetes upgrade's planning, before any machine of it has started: what
+/// [`crate::kubernetes_plan::plan_kubernetes`] refused, and the cluster's own shape (two
+/// control planes, duplicate names, Nodes without machines), as for a Talos upgrade.
+fn kubernetes_refusal(input: &RolloutInput<'_>, kubernetes: &KubernetesInput) -> Option<Refusal> {
+    if !not_started(input) {
+        return None;
+    }
+    let mut problems = shape_problems(input);
+    problems.extend(kubernetes.problems.iter().cloned().map(PlanProblem::Kubernetes));
+    (!problems.is_empty()).then_some(Refusal::Unplannable { problems })
+}
+
 /// Whether a control plane must wait for an etcd snapshot: required by the spec (an
 /// invalid spec requires one too) and none recorded.
 fn snapshot_missing(input: &RolloutInput<'_>) -> bool {
@@ -1103,27 +1178,10 @@ fn snapshot_missing(input: &RolloutInput<'_>) -> bool {
 /// does not run, and each machine's version against the target (the upgrade path). A
 /// machine whose Node could not be read is checked when it starts.
 fn plan_refusal(input: &RolloutInput<'_>, spec: &ValidSpec) -> Option<Refusal> {
-    let started = !input.operation.status.machines.is_empty()
-        || input.machines.iter().any(|m| !matches!(m.progress, MachineProgress::Pending));
-    if started {
+    if !not_started(input) {
         return None;
     }
-    let mut problems = Vec::new();
-    let mut seen = BTreeSet::new();
-    let duplicates: BTreeSet<&str> =
-        input.machines.iter().map(|m| m.name.as_str()).filter(|name| !seen.insert(*name)).collect();
-    if !duplicates.is_empty() {
-        problems
-            .push(PlanProblem::DuplicateMachineNames { names: duplicates.into_iter().map(str::to_owned).collect() });
-    }
-    let control_planes: Vec<String> =
-        input.machines.iter().filter(|m| m.role == MachineRole::ControlPlane).map(|m| m.name.clone()).collect();
-    if control_planes.len() == 2 {
-        problems.push(PlanProblem::TwoControlPlanes { machines: control_planes });
-    }
-    if !input.unaccounted_nodes.is_empty() {
-        problems.push(PlanProblem::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() });
-    }
+    let mut problems = shape_problems(input);
     match KubernetesVersion::parse(input.kubernetes_version) {
         Ok(kubernetes) => {
             if let Err(refusal) = check_kubernetes_pairing(&spec.target, &kubernetes) {
@@ -1146,6 +1204,28 @@ fn plan_refusal(input: &RolloutInput<'_>, spec: &ValidSpec) -> Option<Refusal> {
     }
     problems.extend(by_refusal.into_iter().map(|(refusal, machines)| PlanProblem::UpgradePath { machines, refusal }));
     (!problems.is_empty()).then_some(Refusal::Unplannable { problems })
+}
+
+/// The planning problems of any upgrade from the cluster's own shape: duplicate machine
+/// names, exactly two control planes, Nodes without machines.
+fn shape_problems(input: &RolloutInput<'_>) -> Vec<PlanProblem> {
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    let duplicates: BTreeSet<&str> =
+        input.machines.iter().map(|m| m.name.as_str()).filter(|name| !seen.insert(*name)).collect();
+    if !duplicates.is_empty() {
+        problems
+            .push(PlanProblem::DuplicateMachineNames { names: duplicates.into_iter().map(str::to_owned).collect() });
+    }
+    let control_planes: Vec<String> =
+        input.machines.iter().filter(|m| m.role == MachineRole::ControlPlane).map(|m| m.name.clone()).collect();
+    if control_planes.len() == 2 {
+        problems.push(PlanProblem::TwoControlPlanes { machines: control_planes });
+    }
+    if !input.unaccounted_nodes.is_empty() {
+        problems.push(PlanProblem::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() });
+    }
+    problems
 }
 
 /// The cluster lock as this operation sees it.
@@ -1236,8 +1316,30 @@ fn order_key(m: &MachineView) -> (bool, bool, i64, &str) {
     (m.last, order.is_none(), order.unwrap_or(0), m.name.as_str())
 }
 
+/// The rules of an upgrade's plan, whatever it upgrades.
+struct Rules {
+    /// How many workers may be unavailable at once.
+    max_unavailable: u32,
+    /// The preflight gate's mode; `None`: no gate (a Kubernetes upgrade restarts
+    /// components, it takes no node out).
+    preflight: Option<PreflightMode>,
+    /// For a Kubernetes upgrade, its stage: in the first, only control planes start and
+    /// the operation does not complete.
+    stage: Option<KubernetesStage>,
+}
+
+impl Rules {
+    fn talos(spec: &ValidSpec) -> Self {
+        Self { max_unavailable: spec.max_unavailable, preflight: Some(spec.preflight), stage: None }
+    }
+
+    fn kubernetes(spec: &KubernetesSpec, stage: KubernetesStage) -> Self {
+        Self { max_unavailable: spec.max_unavailable, preflight: None, stage: Some(stage) }
+    }
+}
+
 /// The plan of a pass while this operation holds the lock.
-fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decision {
+fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
     let op = input.operation;
     let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
 
@@ -1343,6 +1445,12 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
     let (control_planes, workers): (Vec<_>, Vec<_>) =
         slots.iter().partition(|(m, _)| m.role == MachineRole::ControlPlane);
     let blocked = match start_control_plane(input, spec.preflight, &control_planes, &mut d) {
+        // The first stage of a Kubernetes upgrade is the control planes' alone: the
+        // kubelets go once every API server is on the target.
+        Stage::Done if spec.stage == Some(KubernetesStage::ControlPlane) => {
+            d.phase = Phase::Progressing;
+            return d;
+        }
         Stage::Done => start_workers(input, spec, &workers, &mut d),
         Stage::Busy => None,
         Stage::Blocked(wait) => Some(wait),
@@ -1363,8 +1471,9 @@ fn plan(input: &RolloutInput<'_>, spec: &ValidSpec, lock: LockAction) -> Decisio
         d.lock = LockAction::Release;
         Phase::Completed
     };
-    // The next machines to start, in the order they will: their installer pulled ahead.
-    let ahead = usize::try_from(spec.max_unavailable).unwrap_or(1).max(1);
+    // The next machines to start, in the order they will: their installer pulled ahead
+    // (a Talos upgrade's alone).
+    let ahead = if spec.stage.is_some() { 0 } else { usize::try_from(spec.max_unavailable).unwrap_or(1).max(1) };
     d.prepull = slots
         .iter()
         .filter(|(m, slot)| *slot == Slot::Candidate && m.node_ready && !d.start.contains(&m.name))
@@ -1394,7 +1503,7 @@ enum Stage {
 /// control-plane node is Ready and the etcd gate passes.
 fn start_control_plane(
     input: &RolloutInput<'_>,
-    preflight: PreflightMode,
+    preflight: Option<PreflightMode>,
     cps: &[&(&MachineView, Slot)],
     d: &mut Decision,
 ) -> Stage {
@@ -1449,7 +1558,7 @@ fn start_control_plane(
 /// workers already unavailable for other reasons.
 fn start_workers(
     input: &RolloutInput<'_>,
-    spec: &ValidSpec,
+    spec: &Rules,
     workers: &[&(&MachineView, Slot)],
     d: &mut Decision,
 ) -> Option<WaitReason> {

@@ -90,6 +90,22 @@ impl OperationStatus {
         }
     }
 
+    /// A Kubernetes upgrade's view of a machine in its current stage: `converged` (the
+    /// stage's record in the machine's conditions, [`crate::kubernetes_step::stage_converged`])
+    /// is its only record of convergence, a record saying converged is not (it may be the
+    /// other stage's); `past_apply` ([`crate::kubernetes_step::past_apply`]) keeps a machine
+    /// whose apply was intended in progress, whatever the status says.
+    #[must_use]
+    pub fn kubernetes_progress_of(&self, machine: &str, past_apply: bool, converged: bool) -> MachineProgress {
+        match self.machines.get(machine).map(|r| (r.state, r)) {
+            Some((RecordState::Failed, record)) => MachineProgress::Failed { reason: record.message.clone() },
+            _ if converged => MachineProgress::Converged,
+            Some((RecordState::InProgress, _)) => MachineProgress::InProgress { past_upgrade_call: past_apply },
+            _ if past_apply => MachineProgress::InProgress { past_upgrade_call: true },
+            _ => MachineProgress::Pending,
+        }
+    }
+
     /// Drops the records of converged machines, counting them in `converged` instead: a
     /// machine's convergence is recorded in its own conditions, and the status stays small
     /// whatever the cluster's size. `converged` is how many machines are converged now;
@@ -262,6 +278,28 @@ mod tests {
             finalized: false,
             recheck_at: None,
         }
+    }
+
+    #[test]
+    fn a_kubernetes_upgrade_reads_convergence_from_the_stage_record_never_from_the_status() {
+        let record = |state| MachineRecord { state, reason: "r".into(), message: "m".into(), recheck_at: None };
+        let mut status = OperationStatus::default();
+        // A record left Converged by the first stage is not the kubelet's convergence.
+        status.machines.insert("cp-1".into(), record(RecordState::Converged));
+        assert_eq!(status.kubernetes_progress_of("cp-1", false, false), MachineProgress::Pending);
+        assert_eq!(status.kubernetes_progress_of("cp-1", false, true), MachineProgress::Converged);
+        assert_eq!(
+            status.kubernetes_progress_of("cp-1", true, false),
+            MachineProgress::InProgress { past_upgrade_call: true },
+            "an intent recorded is in progress whatever the status says"
+        );
+        status.machines.insert("cp-1".into(), record(RecordState::Failed));
+        assert!(matches!(status.kubernetes_progress_of("cp-1", false, true), MachineProgress::Failed { .. }));
+        status.machines.insert("cp-1".into(), record(RecordState::InProgress));
+        assert_eq!(
+            status.kubernetes_progress_of("cp-1", false, false),
+            MachineProgress::InProgress { past_upgrade_call: false }
+        );
     }
 
     #[test]

@@ -367,6 +367,7 @@ proptest! {
         let lease = lease(s.lock);
         let config = RolloutConfig::default();
         let input = RolloutInput {
+            kubernetes: None,
             operation: &op,
             release_talos_version: "v1.14.4",
             kubernetes_version: "1.34.1",
@@ -411,6 +412,7 @@ proptest! {
         let lease = lease(s.lock);
         let config = RolloutConfig::default();
         let d = decide(&RolloutInput {
+            kubernetes: None,
             operation: &op,
             release_talos_version: "v1.14.4",
             kubernetes_version: "1.34.1",
@@ -489,6 +491,7 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
         let etcd =
             if cps_ready { EtcdVerdict::Healthy } else { EtcdVerdict::Unhealthy { reason: "member down".into() } };
         let d = decide(&RolloutInput {
+            kubernetes: None,
             operation: &op,
             release_talos_version: "v1.14.4",
             kubernetes_version: "1.34.1",

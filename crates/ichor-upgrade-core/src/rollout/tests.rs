@@ -19,6 +19,7 @@ struct Fixture {
     lease: Option<LeaseHolder>,
     machines: Vec<MachineView>,
     unaccounted: Vec<String>,
+    k8s: Option<KubernetesInput>,
     etcd: EtcdVerdict,
     preflight: PreflightVerdict,
     config: RolloutConfig,
@@ -70,6 +71,7 @@ impl Fixture {
             }),
             machines,
             unaccounted: Vec::new(),
+            k8s: None,
             etcd: EtcdVerdict::Healthy,
             preflight: PreflightVerdict::Off,
             config: RolloutConfig::default(),
@@ -173,6 +175,14 @@ impl Fixture {
         self
     }
 
+    /// A Kubernetes upgrade to 1.35.0 in `stage`, planning finding `problems`.
+    fn kubernetes(mut self, stage: KubernetesStage, problems: Vec<KubernetesPlanProblem>) -> Self {
+        self.op.spec.kind = "kubernetes".into();
+        self.op.spec.target_version = "1.35.0".into();
+        self.k8s = Some(KubernetesInput { stage, problems });
+        self
+    }
+
     fn deleting(mut self) -> Self {
         self.op.deleting = true;
         self
@@ -180,6 +190,7 @@ impl Fixture {
 
     fn decide(&self) -> Decision {
         decide(&RolloutInput {
+            kubernetes: self.k8s.as_ref(),
             operation: &self.op,
             release_talos_version: &self.release,
             kubernetes_version: &self.kubernetes,
@@ -549,7 +560,7 @@ fn rule8_the_same_observation_gives_the_same_decision() {
 
 #[test]
 fn rule9_other_kinds_are_refused_and_touch_nothing() {
-    for kind in ["kubernetes", "ichor", "unknown"] {
+    for kind in ["Kubernetes", "ichor", "unknown"] {
         let d = Fixture::cluster(3, 2).no_lease().kind(kind).decide();
         assert_eq!(d.phase, Phase::Refused(Refusal::UnsupportedKind { kind: kind.into() }));
         assert_eq!(d.lock, LockAction::Leave, "a refused operation never takes the lock");
@@ -643,12 +654,12 @@ fn rule6_a_paused_operation_keeps_renewing_its_lock() {
 
 #[test]
 fn rule9_a_spec_made_invalid_mid_way_winds_down_before_releasing() {
-    let d = Fixture::cluster(2, 2).kind("kubernetes").in_progress("cp-1", true).decide();
+    let d = Fixture::cluster(2, 2).kind("ichor").in_progress("cp-1", true).decide();
     assert!(matches!(d.phase, Phase::Refused(Refusal::UnsupportedKind { .. })));
     assert_eq!(d.advance, names(&["cp-1"]), "a machine past its call is still observed to the end");
     assert_eq!(d.lock, LockAction::Keep);
     assert!(d.start.is_empty());
-    let d = Fixture::cluster(2, 2).kind("kubernetes").in_progress("worker-1", false).decide();
+    let d = Fixture::cluster(2, 2).kind("ichor").in_progress("worker-1", false).decide();
     assert_eq!(d.stop, names(&["worker-1"]));
 }
 
@@ -704,6 +715,7 @@ fn a_paused_deleting_or_held_operation_authorises_no_call() {
 fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
     let f = Fixture::cluster(3, 0).in_progress("cp-1", true).etcd(EtcdVerdict::Healthy);
     let input = RolloutInput {
+        kubernetes: None,
         operation: &f.op,
         release_talos_version: &f.release,
         kubernetes_version: &f.kubernetes,
@@ -796,6 +808,7 @@ fn finish_authority_asked_again_needs_the_lock() {
     let f = Fixture::cluster(3, 0).in_progress("cp-1", true).etcd(EtcdVerdict::Healthy);
     let not_ours = Fixture::cluster(3, 0).lease(OTHER, at(1000), true);
     let input = RolloutInput {
+        kubernetes: None,
         operation: &not_ours.op,
         release_talos_version: &f.release,
         kubernetes_version: &f.kubernetes,
@@ -1245,4 +1258,84 @@ fn one_etcd_gate_verdict_authorises_one_control_plane() {
     // Workers are not counted against it.
     let w = Fixture::cluster(1, 2).max_unavailable(2).decide();
     assert!(w.start.iter().all(|m| w.authority.get(m) == Some(&CallAuthority::Granted)), "{w:?}");
+}
+
+// Kubernetes upgrades (issue 32): the same engine, in two stages.
+
+#[test]
+fn a_kubernetes_upgrade_starts_one_control_plane_and_no_worker_in_its_first_stage() {
+    let f = Fixture::cluster(3, 4).max_unavailable(3).kubernetes(KubernetesStage::ControlPlane, Vec::new());
+    let d = f.decide();
+    assert_eq!(d.start, names(&["cp-1"]));
+    assert_eq!(authority(&d, "cp-1"), CallAuthority::Granted, "no preflight gate for a Kubernetes upgrade");
+    assert!(d.prepull.is_empty(), "there is no installer to pull");
+    // Every control plane through its first stage: still no worker, and not completed.
+    let d = f.clone().all_control_planes_converged().decide();
+    assert!(d.start.is_empty(), "{d:?}");
+    assert_eq!(d.phase, Phase::Progressing);
+    assert_ne!(d.lock, LockAction::Release);
+}
+
+#[test]
+fn a_kubernetes_upgrades_kubelets_go_control_planes_first_then_max_unavailable_workers() {
+    let f = Fixture::cluster(3, 4).max_unavailable(3).kubernetes(KubernetesStage::Kubelets, Vec::new());
+    assert_eq!(f.decide().start, names(&["cp-1"]));
+    let d = f.clone().all_control_planes_converged().decide();
+    assert_eq!(d.start, names(&["worker-1", "worker-2", "worker-3"]));
+    let d = f.all_control_planes_converged().converged(&["worker-1", "worker-2", "worker-3", "worker-4"]).decide();
+    assert_eq!(d.phase, Phase::Completed);
+    assert_eq!(d.lock, LockAction::Release);
+}
+
+#[test]
+fn a_kubernetes_upgrade_is_refused_at_planning_naming_each_cause_and_takes_no_lock() {
+    let problems = vec![
+        KubernetesPlanProblem::SkipsMinor {
+            node: "cp-1".into(),
+            component: crate::kubernetes_plan::Component::KubeApiserver,
+            current: "1.33.4".into(),
+            target: "1.35.0".into(),
+            next: "1.34".into(),
+        },
+        KubernetesPlanProblem::RemovedApisInUse {
+            apis: vec![crate::kubernetes_plan::DeprecatedApiUse {
+                group: "flowcontrol.apiserver.k8s.io".into(),
+                version: "v1beta3".into(),
+                resource: "flowschemas".into(),
+                removed_release: "1.35".into(),
+                count: 2,
+            }],
+            target: "1.35.0".into(),
+        },
+    ];
+    let d = Fixture::cluster(3, 2).no_lease().kubernetes(KubernetesStage::ControlPlane, problems).decide();
+    let Phase::Refused(refusal) = &d.phase else { panic!("{:?}", d.phase) };
+    assert_eq!(refusal.reason(), "KubernetesSkipsMinor");
+    let text = refusal.to_string();
+    assert!(
+        text.contains("skips a minor") && text.contains("flowschemas.flowcontrol.apiserver.k8s.io/v1beta3 (2 uses"),
+        "{text}"
+    );
+    assert_eq!(d.lock, LockAction::Leave);
+    assert!(d.start.is_empty());
+}
+
+#[test]
+fn a_kubernetes_upgrade_not_observed_waits_and_grants_no_call() {
+    let mut f = Fixture::cluster(3, 2).kubernetes(KubernetesStage::ControlPlane, Vec::new()).in_progress("cp-1", true);
+    f.k8s = None;
+    let d = f.decide();
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::KubernetesNotObserved));
+    assert_eq!(d.advance, names(&["cp-1"]), "a machine past its apply is still observed");
+    assert!(matches!(authority(&d, "cp-1"), CallAuthority::Denied(CallDenied::Refused)));
+}
+
+#[test]
+fn a_kubernetes_upgrade_pauses_on_a_failed_control_plane_and_starts_no_other() {
+    let d = Fixture::cluster(3, 2)
+        .kubernetes(KubernetesStage::ControlPlane, Vec::new())
+        .failed("cp-1", "kube-apiserver crash-loops on v1.35.0")
+        .decide();
+    assert!(matches!(d.phase, Phase::Paused(PauseReason::MachineFailed { .. })));
+    assert!(d.start.is_empty() && d.advance.is_empty());
 }

@@ -1,0 +1,250 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::conditions::ConditionUpdate;
+
+const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
+
+fn v(text: &str) -> KubernetesVersion {
+    KubernetesVersion::parse(text).unwrap()
+}
+
+/// A machine's world: its configuration, pods, kubelet and conditions.
+struct Machine {
+    role: MachineRole,
+    stage: KubernetesStage,
+    config: BTreeMap<Component, String>,
+    pods: BTreeMap<Component, StaticPodObservation>,
+    kubelet: KubeletObservation,
+    conditions: Conditions,
+}
+
+impl Machine {
+    fn new(role: MachineRole, stage: KubernetesStage) -> Self {
+        let mut config = BTreeMap::new();
+        let mut pods = BTreeMap::new();
+        for c in Component::ALL {
+            config.insert(c, target_image(c, None, &v("1.34.2")));
+            if Component::CONTROL_PLANE.contains(&c) && role == MachineRole::ControlPlane {
+                pods.insert(c, StaticPodObservation { version: Some(v("1.34.2")), ready: true, crash_looping: false });
+            }
+        }
+        let kubelet = KubeletObservation { version: Some(v("1.34.2")), ready: true };
+        Self { role, stage, config, pods, kubelet, conditions: Conditions::new() }
+    }
+
+    fn step_at(&self, now: Timestamp) -> KubernetesAction {
+        let target = v("1.35.0");
+        kubernetes_step(&KubernetesStepInput {
+            stage: self.stage,
+            role: self.role,
+            kube_proxy: true,
+            target: &target,
+            conditions: &self.conditions,
+            config: Some(&self.config),
+            pods: &self.pods,
+            kubelet: Some(&self.kubelet),
+            timeouts: &KubernetesTimeouts::default(),
+            now,
+        })
+    }
+
+    fn step(&self) -> KubernetesAction {
+        self.step_at(T0)
+    }
+
+    fn record(&mut self, status: ConditionStatus, reason: &str, message: &str, at: Timestamp) {
+        self.conditions.upsert(ConditionUpdate::new(KUBERNETES_UPGRADE, status, reason, message), at);
+    }
+
+    fn intend(&mut self, component: Component) {
+        self.record(ConditionStatus::Unknown, reason::APPLY_REQUESTED, &apply_message(component, &v("1.35.0")), T0);
+    }
+
+    fn acknowledge(&mut self, component: Component) {
+        self.record(ConditionStatus::True, reason::APPLIED, &apply_message(component, &v("1.35.0")), T0);
+    }
+
+    fn configure(&mut self, component: Component) {
+        self.config
+            .insert(component, target_image(component, self.config.get(&component).map(String::as_str), &v("1.35.0")));
+    }
+
+    fn pod_on_target(&mut self, component: Component, ready: bool) {
+        self.pods.insert(component, StaticPodObservation { version: Some(v("1.35.0")), ready, crash_looping: false });
+    }
+}
+
+fn control_plane() -> Machine {
+    Machine::new(MachineRole::ControlPlane, KubernetesStage::ControlPlane)
+}
+
+#[test]
+fn a_control_plane_starts_with_its_api_server_in_the_repository_it_uses() {
+    let mut m = control_plane();
+    m.config.insert(Component::KubeApiserver, "mirror.local:5000/k8s/kube-apiserver:v1.34.2".into());
+    assert_eq!(
+        m.step(),
+        KubernetesAction::Apply {
+            component: Component::KubeApiserver,
+            image: "mirror.local:5000/k8s/kube-apiserver:v1.35.0".into()
+        }
+    );
+}
+
+#[test]
+fn an_intent_whose_call_never_landed_is_applied_again_and_one_that_landed_is_only_recorded() {
+    let mut m = control_plane();
+    m.intend(Component::KubeApiserver);
+    assert!(matches!(m.step(), KubernetesAction::Apply { component: Component::KubeApiserver, .. }));
+    m.configure(Component::KubeApiserver);
+    assert_eq!(m.step(), KubernetesAction::RecordApplied { component: Component::KubeApiserver });
+}
+
+#[test]
+fn an_acknowledged_change_is_never_applied_a_second_time() {
+    let mut m = control_plane();
+    m.acknowledge(Component::KubeApiserver);
+    // The configuration holds the old image again: someone changed the machine.
+    let KubernetesAction::Fail(failure) = m.step() else { panic!("{:?}", m.step()) };
+    assert_eq!(failure.reason(), "MachineConfigReverted");
+    assert!(failure.to_string().contains("not applied again"), "{failure}");
+}
+
+#[test]
+fn an_applied_component_is_waited_on_until_its_bound_then_fails_naming_what_was_seen() {
+    let mut m = control_plane();
+    m.configure(Component::KubeApiserver);
+    m.acknowledge(Component::KubeApiserver);
+    m.pod_on_target(Component::KubeApiserver, false);
+    let deadline = T0.saturating_add(KubernetesTimeouts::default().component_ready);
+    assert_eq!(
+        m.step(),
+        KubernetesAction::Wait {
+            reason: KubernetesWait::ComponentNotReady { component: Component::KubeApiserver },
+            recheck_at: Some(deadline)
+        }
+    );
+    let KubernetesAction::Fail(failure) = m.step_at(deadline) else { panic!() };
+    assert_eq!(failure.reason(), "ComponentNotReady");
+    assert!(failure.to_string().contains("pod v1.35.0, not Ready"), "{failure}");
+}
+
+#[test]
+fn a_component_crash_looping_on_the_target_fails_at_once() {
+    let mut m = control_plane();
+    m.configure(Component::KubeApiserver);
+    m.acknowledge(Component::KubeApiserver);
+    m.pods.insert(
+        Component::KubeApiserver,
+        StaticPodObservation { version: Some(v("1.35.0")), ready: false, crash_looping: true },
+    );
+    let KubernetesAction::Fail(failure) = m.step() else { panic!() };
+    assert_eq!(failure.reason(), "ComponentCrashLoop");
+    // The old version crash-looping is not the new one's failure: it is waited on.
+    m.pods.get_mut(&Component::KubeApiserver).unwrap().version = Some(v("1.34.2"));
+    assert!(matches!(m.step(), KubernetesAction::Wait { .. }));
+}
+
+#[test]
+fn a_control_planes_components_go_in_order_and_its_record_ends_the_stage() {
+    let mut m = control_plane();
+    for (i, component) in Component::CONTROL_PLANE.into_iter().enumerate() {
+        assert!(matches!(m.step(), KubernetesAction::Apply { component: c, .. } if c == component), "step {i}");
+        m.configure(component);
+        m.acknowledge(component);
+        m.pod_on_target(component, true);
+    }
+    assert_eq!(m.step(), KubernetesAction::Converged { reason: reason::CONTROL_PLANE_CONVERGED });
+    m.record(ConditionStatus::True, reason::CONTROL_PLANE_CONVERGED, "1.35.0", T0);
+    assert!(control_plane_done(&m.conditions, &v("1.35.0")));
+    assert!(!control_plane_done(&m.conditions, &v("1.36.0")), "a record is for its version only");
+}
+
+#[test]
+fn a_control_planes_kubelet_stage_sets_kube_proxy_first_then_waits_for_its_node() {
+    let mut m = Machine::new(MachineRole::ControlPlane, KubernetesStage::Kubelets);
+    m.record(ConditionStatus::True, reason::CONTROL_PLANE_CONVERGED, "1.35.0", T0);
+    assert!(matches!(m.step(), KubernetesAction::Apply { component: Component::KubeProxy, .. }));
+    m.configure(Component::KubeProxy);
+    m.acknowledge(Component::KubeProxy);
+    let KubernetesAction::Apply { component: Component::Kubelet, image } = m.step() else { panic!() };
+    assert_eq!(image, "ghcr.io/siderolabs/kubelet:v1.35.0");
+    m.configure(Component::Kubelet);
+    m.acknowledge(Component::Kubelet);
+    m.kubelet.ready = false;
+    assert!(matches!(m.step(), KubernetesAction::Wait { reason: KubernetesWait::KubeletNotBack, .. }));
+    m.kubelet = KubeletObservation { version: Some(v("1.35.0")), ready: true };
+    assert_eq!(m.step(), KubernetesAction::Converged { reason: reason::CONVERGED });
+}
+
+#[test]
+fn a_kubelet_not_back_within_its_bound_fails() {
+    let mut m = Machine::new(MachineRole::Worker, KubernetesStage::Kubelets);
+    m.configure(Component::Kubelet);
+    m.acknowledge(Component::Kubelet);
+    m.kubelet = KubeletObservation { version: Some(v("1.34.2")), ready: false };
+    let later = T0.saturating_add(KubernetesTimeouts::default().kubelet_ready);
+    let KubernetesAction::Fail(failure) = m.step_at(later) else { panic!() };
+    assert_eq!(failure.reason(), "KubeletNotBack");
+    assert!(failure.to_string().contains("kubelet v1.34.2, Node NotReady"), "{failure}");
+}
+
+#[test]
+fn a_machine_already_on_the_target_is_recorded_with_no_call() {
+    let mut m = Machine::new(MachineRole::Worker, KubernetesStage::Kubelets);
+    m.configure(Component::Kubelet);
+    m.kubelet = KubeletObservation { version: Some(v("1.35.0")), ready: true };
+    assert_eq!(m.step(), KubernetesAction::Converged { reason: reason::CONVERGED });
+}
+
+#[test]
+fn an_unreadable_configuration_is_waited_on_never_guessed() {
+    let m = Machine::new(MachineRole::Worker, KubernetesStage::Kubelets);
+    let target = v("1.35.0");
+    let action = kubernetes_step(&KubernetesStepInput {
+        stage: m.stage,
+        role: m.role,
+        kube_proxy: false,
+        target: &target,
+        conditions: &m.conditions,
+        config: None,
+        pods: &m.pods,
+        kubelet: Some(&m.kubelet),
+        timeouts: &KubernetesTimeouts::default(),
+        now: T0,
+    });
+    assert!(matches!(action, KubernetesAction::Wait { reason: KubernetesWait::ConfigUnreadable, .. }));
+}
+
+#[test]
+fn the_stage_is_the_control_planes_until_every_one_is_recorded() {
+    let target = v("1.35.0");
+    let mut done = Conditions::new();
+    let message = "1.35.0";
+    done.upsert(
+        ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, reason::CONTROL_PLANE_CONVERGED, message),
+        T0,
+    );
+    let none = Conditions::new();
+    let cp = MachineRole::ControlPlane;
+    let worker = MachineRole::Worker;
+    assert_eq!(kubernetes_stage([(cp, &done), (cp, &none), (worker, &none)], &target), KubernetesStage::ControlPlane);
+    assert_eq!(kubernetes_stage([(cp, &done), (worker, &none)], &target), KubernetesStage::Kubelets);
+    assert!(stage_converged(&done, &target, KubernetesStage::ControlPlane));
+    assert!(!stage_converged(&done, &target, KubernetesStage::Kubelets));
+}
+
+#[test]
+fn image_tags_are_read_past_ports_and_digests() {
+    assert_eq!(image_tag("registry.k8s.io/kube-apiserver:v1.35.0"), Some("v1.35.0"));
+    assert_eq!(image_tag("mirror:5000/kube-apiserver"), None);
+    assert_eq!(image_tag("mirror:5000/kube-apiserver:v1.34.1@sha256:abc"), Some("v1.34.1"));
+    assert_eq!(
+        target_image(Component::KubeScheduler, Some("mirror:5000/kube-scheduler:v1.34.1@sha256:abc"), &v("1.35.0")),
+        "mirror:5000/kube-scheduler:v1.35.0"
+    );
+    assert_eq!(target_image(Component::KubeProxy, Some(""), &v("1.35.0")), "registry.k8s.io/kube-proxy:v1.35.0");
+    assert!(image_on("ghcr.io/siderolabs/kubelet:v1.35.0", &v("1.35.0")));
+    assert!(!image_on("ghcr.io/siderolabs/kubelet:v1.35.0-rc.1", &v("1.35.0")));
+}
