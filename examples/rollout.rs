@@ -4,7 +4,8 @@
 //! ```text
 //! cargo run --example rollout -- [--control-planes N] [--workers N] [--max-unavailable N]
 //!     [--seed N] [--from V] [--to V] [--kubernetes V] [--faults LIST]
-//!     [--operation upgrade|remove] [--node NAME] [--trace FILE] [--json]
+//!     [--operation upgrade|remove|kubernetes] [--node NAME] [--to-kubernetes V]
+//!     [--trace FILE] [--json]
 //!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto] [--prepull on|off]
 //!     [--timeline FILE.svg] [--progress on|off] [--pass-interval-ms MS]
 //! ```
@@ -14,6 +15,15 @@
 //! Exit 3: refused at planning (a version two minors behind, a Kubernetes version the
 //! target does not run, two control planes), nothing touched. Every failure, pause, wait
 //! and refusal is printed with its reason, in the output, the trace and the JSON summary.
+//!
+//! `--operation kubernetes --to-kubernetes 1.35.0` upgrades the cluster's Kubernetes
+//! instead (Talos stays on `--from`): each control plane's kube-apiserver,
+//! kube-controller-manager and kube-scheduler, one control plane at a time, then each
+//! node's kubelet (a control plane's kube-proxy image first), workers `--max-unavailable`
+//! at once, each change a machine configuration applied with no reboot. The trace records
+//! `config-apply` with the node and component before each change. Faults of its own:
+//! `component-crashloop` (exit 4, no other control plane touched after it),
+//! `kubelet-not-back` (exit 4), `removed-api-in-use` (exit 3, refused at planning).
 //!
 //! An upgrade streams an etcd snapshot from a simulated control plane before the first
 //! control plane's Upgrade call, into `--etcd-snapshot-dir` (default: a new directory
@@ -48,6 +58,8 @@ enum Operation {
     Upgrade,
     /// Remove the machine `--node`.
     Remove,
+    /// Upgrade every machine's Kubernetes to `--to-kubernetes`.
+    Kubernetes,
 }
 
 /// Roll a simulated Talos cluster to a new version (or remove a node) with the real engine.
@@ -78,7 +90,8 @@ struct Args {
     /// Faults, comma-separated: ab-fallback, controller-crash, api-outage, evacuation-stuck,
     /// slow-reboot, pdb-blocked, etcd-lag, not-ready, call-lost, control-plane-not-ready,
     /// snapshot-fails, pdb-zero, single-replica, hold-during-install, pause-during-install,
-    /// delete-during-install.
+    /// delete-during-install; for --operation kubernetes: component-crashloop,
+    /// removed-api-in-use, kubelet-not-back.
     #[arg(long, value_delimiter = ',', value_parser = parse_fault)]
     faults: Vec<Fault>,
     /// Upgrade the cluster, or remove one node.
@@ -87,6 +100,9 @@ struct Args {
     /// The node to remove (with --operation remove).
     #[arg(long)]
     node: Option<String>,
+    /// The Kubernetes version to upgrade to (with --operation kubernetes).
+    #[arg(long, value_name = "V", value_parser = KubernetesVersion::parse)]
+    to_kubernetes: Option<KubernetesVersion>,
     /// Write the world's events as JSON lines to this file.
     #[arg(long)]
     trace: Option<PathBuf>,
@@ -185,7 +201,15 @@ fn main() {
                 bad_argument("--node: the only control plane cannot be removed");
             }
         }
-        (Operation::Upgrade, None) => {}
+        (Operation::Upgrade | Operation::Kubernetes, None) => {}
+        (Operation::Kubernetes, Some(_)) => bad_argument("--node is only for --operation remove"),
+    }
+    match (args.operation, &args.to_kubernetes) {
+        (Operation::Kubernetes, None) => bad_argument("--operation kubernetes needs --to-kubernetes VERSION"),
+        (Operation::Upgrade | Operation::Remove, Some(_)) => {
+            bad_argument("--to-kubernetes is only for --operation kubernetes")
+        }
+        _ => {}
     }
     let trace_file = args.trace.as_ref().map(|path| match File::create(path) {
         Ok(file) => file,
@@ -215,6 +239,10 @@ fn main() {
     let started = std::time::Instant::now();
     let runtime = ichor_adapters::sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
+    progress.kubernetes.clone_from(&args.to_kubernetes);
+    if let Some(target) = &args.to_kubernetes {
+        progress.target = format!("Kubernetes {target}");
+    }
     progress.bars(args.progress, control_planes, args.max_unavailable as usize);
     let mut executor = executor_config(args.executor, args.prepull);
     if let Some(ms) = args.pass_interval_ms {
@@ -226,6 +254,17 @@ fn main() {
             let end = runtime.block_on(run_removal(&sim, node, &executor, MAX_PASSES));
             progress.show(&sim);
             end
+        }
+        (Operation::Kubernetes, _) => {
+            let target = args.to_kubernetes.clone().unwrap_or_else(|| args.kubernetes.clone());
+            progress.header(&format!(
+                "upgrading Kubernetes of {control_planes} control planes + {workers} workers from {} to {target} (maxUnavailable {}, seed {})",
+                args.kubernetes, args.max_unavailable, args.seed
+            ));
+            let spec =
+                OperationSpec { kind: "kubernetes".into(), target_version: target.to_string(), ..upgrade_spec(&args) };
+            sim.create_operation("kubernetes", spec);
+            runtime.block_on(run_operation(&sim, "kubernetes", &executor, MAX_PASSES, |sim| progress.show(sim)))
         }
         _ => {
             progress.header(&format!(
@@ -281,6 +320,15 @@ fn main() {
         RunEnd::Stalled(_) | RunEnd::PassBound => "failed",
     };
     let why = Why::of(&sim, &end);
+    if let Some(target) = &args.to_kubernetes {
+        let summary = KubernetesSummary::of(&sim, target, &report);
+        if args.json {
+            println!("{}", summary.json(outcome, &why, wall_s));
+        } else {
+            summary.print(outcome, &end, &why, wall_s);
+        }
+        std::process::exit(exit_code(&end, &args));
+    }
     if args.json {
         let mut summary = json_summary(outcome, &report, &why, wall_s, args.wake);
         if let Some(rows) = &compare {
@@ -299,13 +347,155 @@ fn main() {
             }
         }
     }
-    let code = match end {
+    std::process::exit(exit_code(&end, &args));
+}
+
+/// The exit code of a run that ended so.
+fn exit_code(end: &RunEnd, args: &Args) -> i32 {
+    match end {
         RunEnd::Completed => EXIT_OK,
         RunEnd::Refused => EXIT_REFUSED,
         _ if !args.faults.is_empty() => EXIT_FAULT,
         _ => EXIT_NOT_COMPLETED,
-    };
-    std::process::exit(code);
+    }
+}
+
+/// What a Kubernetes upgrade comes to: where every component stands, and what was applied.
+struct KubernetesSummary {
+    target: KubernetesVersion,
+    nodes: usize,
+    /// Kubelets on the target.
+    kubelets_on_target: usize,
+    /// Control planes whose three static pods run the target, Ready.
+    control_planes_on_target: usize,
+    control_planes: usize,
+    /// Every apply, by component.
+    applies: std::collections::BTreeMap<&'static str, usize>,
+    /// The same change applied twice to one node (must be 0).
+    repeated_applies: usize,
+    makespan_s: f64,
+    max_control_planes_down: usize,
+    restarts: u64,
+    talos_calls: u64,
+    passes: u64,
+}
+
+impl KubernetesSummary {
+    fn of(sim: &SimCluster, target: &KubernetesVersion, report: &Report) -> Self {
+        use ichor_upgrade_core::operation::MachineRole;
+        sim.read_world(|w| {
+            let mut applies = std::collections::BTreeMap::new();
+            let mut repeated_applies = 0;
+            for n in &w.nodes {
+                for (k, c) in n.kube.applies.iter().enumerate() {
+                    *applies.entry(c.as_str()).or_insert(0) += 1;
+                    repeated_applies += usize::from(n.kube.applies[..k].contains(c));
+                }
+            }
+            let control_planes: Vec<_> = w.nodes.iter().filter(|n| n.role == MachineRole::ControlPlane).collect();
+            // When a component restarts, from the trace: how many control planes had one
+            // restarting (applied, not yet back) at once.
+            let mut down: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+            let mut max_control_planes_down = 0;
+            for e in &w.trace {
+                let component = e.component.unwrap_or_default();
+                let static_pod = component.starts_with("kube-") && component != "kube-proxy";
+                if e.role != "control-plane" || !static_pod {
+                    continue;
+                }
+                match e.event {
+                    TraceKind::ConfigApply => {
+                        down.insert(e.node.as_str());
+                    }
+                    TraceKind::ComponentReady => {
+                        down.remove(e.node.as_str());
+                    }
+                    _ => {}
+                }
+                max_control_planes_down = max_control_planes_down.max(down.len());
+            }
+            Self {
+                target: target.clone(),
+                nodes: w.nodes.len(),
+                kubelets_on_target: w.nodes.iter().filter(|n| &n.kube.kubelet == target).count(),
+                control_planes_on_target: control_planes
+                    .iter()
+                    .filter(|n| n.kube.pods.values().all(|p| &p.version == target && p.ready))
+                    .count(),
+                control_planes: control_planes.len(),
+                applies,
+                repeated_applies,
+                makespan_s: w
+                    .trace
+                    .iter()
+                    .filter(|e| e.event == TraceKind::ConfigApply || e.event == TraceKind::ComponentReady)
+                    .map(|e| e.t)
+                    .fold(0.0, f64::max),
+                max_control_planes_down,
+                restarts: w.counters.restarts,
+                talos_calls: report.talos_calls,
+                passes: report.passes,
+            }
+        })
+    }
+
+    fn json(&self, outcome: &str, why: &Why, wall_s: f64) -> serde_json::Value {
+        let failed: Vec<serde_json::Value> = why
+            .failed
+            .iter()
+            .map(|(node, reason, message)| serde_json::json!({ "node": node, "reason": reason, "message": message }))
+            .collect();
+        serde_json::json!({
+            "outcome": outcome,
+            "operation": "kubernetes",
+            "target": self.target.to_string(),
+            "reason": why.reason,
+            "message": why.message,
+            "failed": failed,
+            "nodes": self.nodes,
+            "kubelets_on_target": self.kubelets_on_target,
+            "control_planes_on_target": self.control_planes_on_target,
+            "control_planes": self.control_planes,
+            "applies": self.applies,
+            "repeated_applies": self.repeated_applies,
+            "max_control_planes_restarting": self.max_control_planes_down,
+            "makespan_s": self.makespan_s,
+            "controller_restarts": self.restarts,
+            "talos_calls": self.talos_calls,
+            "passes": self.passes,
+            "wall_s": wall_s,
+        })
+    }
+
+    fn print(&self, outcome: &str, end: &RunEnd, why: &Why, wall_s: f64) {
+        println!();
+        println!(
+            "outcome: {outcome}{}",
+            if let RunEnd::Stalled(phase) = end { format!(" ({phase})") } else { String::new() }
+        );
+        if *end != RunEnd::Completed {
+            println!("reason: {}: {}", why.reason, why.message);
+        }
+        for (node, reason, message) in &why.failed {
+            println!("failed: {node}: {reason}: {message}");
+        }
+        println!(
+            "control planes on Kubernetes {}: {}/{}; kubelets on it: {}/{}",
+            self.target, self.control_planes_on_target, self.control_planes, self.kubelets_on_target, self.nodes
+        );
+        let applies: Vec<String> = self.applies.iter().map(|(c, n)| format!("{c} {n}")).collect();
+        println!(
+            "configuration applies (no reboot): {} ({}); the same change applied twice: {}",
+            self.applies.values().sum::<usize>(),
+            if applies.is_empty() { "none".to_owned() } else { applies.join(", ") },
+            self.repeated_applies
+        );
+        println!("most control planes restarting a component at once: {}", self.max_control_planes_down);
+        if *end == RunEnd::Completed {
+            println!("makespan: {}; wall time {wall_s:.1} s", clock(self.makespan_s));
+        }
+        println!("Talos calls: {}, passes: {}, controller restarts: {}", self.talos_calls, self.passes, self.restarts);
+    }
 }
 
 /// The upgrade the main job runs.
@@ -507,6 +697,8 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
 /// Live progress: one line per change of the world, and a progress bar; or, on a
 /// terminal, bars redrawn in place (see [`Bars`]).
 struct Progress {
+    /// A Kubernetes upgrade's target: progress counts kubelets on it.
+    kubernetes: Option<KubernetesVersion>,
     to_stderr: bool,
     tty: bool,
     shown: usize,
@@ -519,7 +711,7 @@ struct Progress {
 impl Progress {
     fn new(to_stderr: bool, nodes: usize, target: String) -> Self {
         let tty = if to_stderr { std::io::stderr().is_terminal() } else { std::io::stdout().is_terminal() };
-        Self { to_stderr, tty, shown: 0, nodes, target, last_bar: None, bars: None }
+        Self { kubernetes: None, to_stderr, tty, shown: 0, nodes, target, last_bar: None, bars: None }
     }
 
     /// Turns the bars on when asked, or by default on a terminal.
@@ -559,9 +751,10 @@ impl Progress {
         let (events, on_target, now) = sim.read_world(|w| {
             let new: Vec<TraceEvent> = w.trace[self.shown.min(w.trace.len())..].to_vec();
             // A node's version changes only with a traced event (its reboot's end).
-            let on_target = match self.last_bar {
-                Some(count) if new.is_empty() => count,
-                _ => w.nodes.iter().filter(|n| n.version == w.config.to).count(),
+            let on_target = match (self.last_bar, &self.kubernetes) {
+                (Some(count), _) if new.is_empty() => count,
+                (_, Some(target)) => w.nodes.iter().filter(|n| &n.kube.kubelet == target).count(),
+                (_, None) => w.nodes.iter().filter(|n| n.version == w.config.to).count(),
             };
             (new, on_target, w.now.saturating_since(w.start).as_secs_f64())
         });
@@ -585,6 +778,7 @@ impl Progress {
         for e in events.iter().filter(|e| e.event != TraceKind::Listed) {
             let detail = match (e.event, &e.reason, &e.message) {
                 (TraceKind::RebootEnd, _, _) => format!(" into {}", e.version.as_deref().unwrap_or("?")),
+                (_, None, Some(message)) if e.component.is_some() => format!(" {message}"),
                 (_, Some(reason), Some(message)) => format!(": {reason}: {message}"),
                 (_, Some(reason), None) => format!(": {reason}"),
                 _ => String::new(),

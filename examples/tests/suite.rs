@@ -9,6 +9,7 @@ mod operator_install;
 mod operator_kwok;
 mod operator_trace;
 mod rollout_example;
+mod rollout_kubernetes;
 mod support;
 mod talos_example;
 mod timeline_example;

@@ -91,6 +91,14 @@ pub enum TraceKind {
     ApiBack,
     /// The operation was refused (at planning, or its spec): nothing was touched.
     Refused,
+    /// A Kubernetes upgrade applied a machine configuration changing one component's image
+    /// (`component` names it), with no reboot.
+    ConfigApply,
+    /// A Kubernetes component changed by an apply runs Ready on its new version
+    /// (`component` names it).
+    ComponentReady,
+    /// A Kubernetes component changed by an apply crash-loops on its new version.
+    ComponentCrashLoop,
 }
 
 impl TraceKind {
@@ -133,6 +141,9 @@ impl TraceKind {
             Self::ApiOutage => "api-outage",
             Self::ApiBack => "api-back",
             Self::Refused => "refused",
+            Self::ConfigApply => "config-apply",
+            Self::ComponentReady => "component-ready",
+            Self::ComponentCrashLoop => "component-crash-loop",
         }
     }
 }
@@ -163,6 +174,10 @@ pub struct TraceEvent {
     /// The message for people, with the reason.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The Kubernetes component a Kubernetes upgrade's record is about: `kube-apiserver`,
+    /// `kube-controller-manager`, `kube-scheduler`, `kube-proxy` or `kubelet`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub component: Option<&'static str>,
 }
 
 /// One record a change of an operation's status makes: about a machine (by name), or
@@ -275,6 +290,9 @@ mod tests {
             TraceKind::ApiOutage,
             TraceKind::ApiBack,
             TraceKind::Refused,
+            TraceKind::ConfigApply,
+            TraceKind::ComponentReady,
+            TraceKind::ComponentCrashLoop,
         ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::Value::String(kind.name().to_owned()));
         }
@@ -291,6 +309,7 @@ mod tests {
             boot_id: None,
             reason: None,
             message: None,
+            component: None,
         };
         assert_eq!(
             serde_json::to_string(&event).unwrap(),

@@ -9,6 +9,7 @@ mod manifests;
 mod restart_property;
 mod sim_etcd_snapshot;
 mod sim_image_pull;
+mod sim_kubernetes;
 mod sim_preflight;
 mod sim_removal;
 mod sim_rollout;

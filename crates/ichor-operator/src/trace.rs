@@ -290,6 +290,7 @@ impl Recorder {
             boot_id: seen.map(|s| s.boot_id.clone()).filter(|b| !b.is_empty()),
             reason,
             message,
+            component: None,
         });
     }
 

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use ichor_upgrade_core::kubernetes_step::KubernetesTimeouts;
 use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::rollout::RolloutConfig;
 use ichor_upgrade_core::talos_step::StepTimeouts;
@@ -45,6 +46,8 @@ pub struct ExecutorConfig {
     /// under 1% of a machine's few minutes (`docs/performance.md`). Unlike kube-runtime's
     /// trailing debounce it cannot be put off for ever by a stream of events.
     pub pass_interval: Duration,
+    /// A Kubernetes upgrade's bounds: how long a changed component may take to be verified.
+    pub kubernetes: KubernetesTimeouts,
 }
 
 /// Pre-pulling the installer image ahead of a machine's turn.
@@ -76,6 +79,7 @@ impl Default for ExecutorConfig {
             executor: ExecutorChoice::Auto,
             prepull: Prepull::default(),
             pass_interval: Duration::from_secs(2),
+            kubernetes: KubernetesTimeouts::default(),
         }
     }
 }

@@ -6,6 +6,8 @@
 //! | side effect | authority | precondition |
 //! |---|---|---|
 //! | `MachineService.Upgrade`, the lifecycle install | [`Calling`] (the call granted in this pass, or a job's fresh read) | [`Recorded`] intent |
+//! | a Kubernetes upgrade's `ApplyConfiguration` | [`Calling`] | [`Recorded`] `ApplyRequested` intent |
+//! | its dry run (stores nothing) | [`Advancing`] | none |
 //! | the lifecycle reboot | [`Finishing`] (the finish granted in this pass) | [`Recorded`] reboot request |
 //! | etcd leave, member removal, the reset | [`Advancing`] (the pass advances the machine) | [`Recorded`] departure or reset intent |
 //! | cordon, Node deletion | [`Advancing`] | the Node as read ([`NodeInfo`]: its resourceVersion) |
@@ -38,7 +40,8 @@ use crate::background::StopFlag;
 use crate::calls::{AdvanceError, CallTimedOut, Executor, bounded, kube, talos};
 use crate::kube_api::{Eviction, KubeError, MachineInfo, NodeInfo};
 use crate::talos_api::{
-    InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosError, UpgradeAck, UpgradeRequest,
+    ApplyConfigReply, ApplyConfigRequest, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosError,
+    UpgradeAck, UpgradeRequest,
 };
 
 /// The authority to advance one machine in this pass: the pass's decision starts or
@@ -263,6 +266,54 @@ pub(crate) async fn upgrade(
     use ichor_upgrade_core::upgrade_marker::reason;
     check("Upgrade", &machine.name, &calling.machine, recorded, reason::UPGRADE_INTENT)?;
     Ok(bounded("Upgrade", bound, ex.talos.upgrade(&machine.address, request)).await)
+}
+
+/// A Kubernetes upgrade's `MachineService.ApplyConfiguration` on the machine (never a dry
+/// run: that is [`dry_run_configuration`]), under the ordinary bound.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] when the authority or the record is not for this
+/// machine's apply intent, or the request is a dry run; nothing is called then. The
+/// call's own failure is the inner result.
+pub(crate) async fn apply_configuration(
+    ex: &Executor<'_>,
+    calling: &Calling,
+    recorded: &Recorded<'_>,
+    machine: &MachineInfo,
+    request: &ApplyConfigRequest,
+) -> Result<Result<Result<ApplyConfigReply, TalosError>, CallTimedOut>, AdvanceError> {
+    use ichor_upgrade_core::kubernetes_step::reason;
+    check("ApplyConfiguration", &machine.name, &calling.machine, recorded, reason::APPLY_REQUESTED)?;
+    if request.dry_run {
+        return Err(mismatch("ApplyConfiguration", &machine.name, "a dry run is no apply".to_owned()));
+    }
+    let bound = ex.config.call_timeout;
+    Ok(bounded("ApplyConfiguration", bound, ex.talos.apply_configuration(&machine.address, request)).await)
+}
+
+/// The dry run of an ApplyConfiguration: the node validates the configuration and says how
+/// it would apply it, storing nothing. Under the pass's advancing of the machine.
+///
+/// # Errors
+/// [`AdvanceError::NotAuthorised`] for another machine, or a request that is no dry run.
+pub(crate) async fn dry_run_configuration(
+    ex: &Executor<'_>,
+    advancing: &Advancing,
+    machine: &MachineInfo,
+    request: &ApplyConfigRequest,
+) -> Result<Result<Result<ApplyConfigReply, TalosError>, CallTimedOut>, AdvanceError> {
+    if advancing.machine != machine.name {
+        return Err(mismatch(
+            "ApplyConfiguration",
+            &machine.name,
+            format!("its authority is for {}", advancing.machine),
+        ));
+    }
+    if !request.dry_run {
+        return Err(mismatch("ApplyConfiguration", &machine.name, "only a dry run goes out here".to_owned()));
+    }
+    let bound = ex.config.call_timeout;
+    Ok(bounded("ApplyConfiguration", bound, ex.talos.apply_configuration(&machine.address, request)).await)
 }
 
 /// The lifecycle install (`LifecycleService.Upgrade`) on the machine, reporting through
@@ -623,8 +674,10 @@ mod tests {
         ("etcd_snapshot.rs", include_str!("etcd_snapshot.rs")),
         ("jobs.rs", include_str!("jobs.rs")),
         ("kube_api.rs", include_str!("kube_api.rs")),
+        ("kubernetes.rs", include_str!("kubernetes.rs")),
         ("lib.rs", include_str!("lib.rs")),
         ("lifecycle.rs", include_str!("lifecycle.rs")),
+        ("machine_config.rs", include_str!("machine_config.rs")),
         ("reconcile.rs", include_str!("reconcile.rs")),
         ("removal.rs", include_str!("removal.rs")),
         ("snapshot.rs", include_str!("snapshot.rs")),
@@ -636,6 +689,7 @@ mod tests {
     /// The adapters' calls that change a machine, its Node, its pods, its storage or etcd.
     const SIDE_EFFECTS: &[&str] = &[
         ".upgrade(",
+        ".apply_configuration(",
         ".lifecycle_upgrade(",
         ".lifecycle_upgrade_reporting(",
         ".reboot(",

@@ -9,6 +9,8 @@ use async_trait::async_trait;
 use ichor_storage::ConditionStore;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
+use ichor_upgrade_core::kubernetes_plan::{Component, DeprecatedApiUse};
+use ichor_upgrade_core::kubernetes_step::StaticPodObservation;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::OperationStatus;
 
@@ -67,6 +69,30 @@ pub struct NodeInfo {
     /// `metadata.resourceVersion` as read: the precondition of the engine's cordon and
     /// uncordon.
     pub resource_version: String,
+}
+
+/// What Kubernetes reports of one node's Kubernetes: its kubelet (from the Node) and, on a
+/// control plane, its static pods (from their mirror pods in `kube-system`, label
+/// `k8s-app=<component>`, on this node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeKubernetesInfo {
+    /// `status.nodeInfo.kubeletVersion`, as written (`v1.34.2`); empty when unset.
+    pub kubelet_version: String,
+    /// Whether the Node is Ready.
+    pub ready: bool,
+    /// The control-plane components' mirror pods on the node, by component.
+    pub static_pods: BTreeMap<Component, StaticPodObservation>,
+}
+
+/// What Kubernetes reports of the cluster's Kubernetes as a whole, for planning.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterKubernetesInfo {
+    /// Deprecated APIs in use, with the release that removes each: the API servers'
+    /// `apiserver_requested_deprecated_apis`, and stored objects of removed versions.
+    pub deprecated_apis: Vec<DeprecatedApiUse>,
+    /// The version kube-proxy runs (the `kube-system/kube-proxy` DaemonSet's image tag),
+    /// when there is one.
+    pub kube_proxy: Option<String>,
 }
 
 /// A `TalosMachine`.
@@ -277,4 +303,15 @@ pub trait KubeApi: ConditionStore {
     /// ([`KubeError::Conflict`] otherwise: a Node changed since, or another that joined
     /// under the same name, is never deleted on an old read). One already gone is `Ok`.
     async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError>;
+    /// A node's Kubernetes: its kubelet and, on a control plane, its static pods; `None`
+    /// when the Node does not exist. (The default answers [`KubeError::Refused`]: a
+    /// Kubernetes upgrade then waits, never guessing.)
+    async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
+        Err(KubeError::Refused(format!("the Kubernetes versions of {node} cannot be read through this client")))
+    }
+    /// The cluster's Kubernetes as planning reads it. (The default answers
+    /// [`KubeError::Refused`].)
+    async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
+        Err(KubeError::Refused("the cluster's deprecated APIs cannot be read through this client".to_owned()))
+    }
 }

@@ -10,7 +10,7 @@
 //! [`effects`], which takes the authority the pass's decision gave (or a background job's
 //! fresh read) and the precondition each needs, by type. The modules depend downwards
 //! only: [`reconcile`](mod@reconcile) on the drivers ([`advance`], [`removal`], [`lifecycle`],
-//! [`upgrade_step`]), the drivers on [`effects`] and [`etcd`], and those on [`calls`].
+//! [`upgrade_step`], [`kubernetes`]), the drivers on [`effects`] and [`etcd`], and those on [`calls`].
 //!
 //! # What this crate must not do
 //! It makes no decision of its own: every choice lives in `ichor-upgrade-core`. It keeps no
@@ -31,7 +31,9 @@ pub mod etcd;
 pub mod etcd_snapshot;
 pub mod jobs;
 pub mod kube_api;
+pub mod kubernetes;
 pub mod lifecycle;
+pub mod machine_config;
 pub mod reconcile;
 pub mod removal;
 pub mod snapshot;

@@ -15,27 +15,32 @@ use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::{
     EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state, with_recorded_evacuation,
 };
+use ichor_upgrade_core::kubernetes_plan::{
+    Component, KubernetesPlanInput, KubernetesPlanProblem, NodeKubernetes, plan_kubernetes,
+};
+use ichor_upgrade_core::kubernetes_step::{KubernetesStage, kubernetes_stage, past_apply, stage_converged};
 use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordoned_for};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
 use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
-    CallAuthority, CallDenied, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView,
-    OperationStatus, OperationView, Phase, PreflightVerdict, RolloutInput, WaitReason, call_authority, decide,
-    finish_authority,
+    CallAuthority, CallDenied, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction, MachineProgress,
+    MachineView, OperationStatus, OperationView, Phase, PreflightVerdict, RolloutInput, WaitReason, call_authority,
+    decide, finish_authority,
 };
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget, installer_image_for};
-use ichor_upgrade_core::versions::TalosVersion;
+use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
 use crate::advance::{advance_machine_with, machine_past_upgrade_call, outcome_recheck, reset_for_retry};
 use crate::background::{Background, Job};
 use crate::calls::{AdvanceError, Executor, KubeCallError, OperationRef, bounded};
 use crate::cause::report;
-use crate::effects::{self, Advancing};
+use crate::effects::{self, Advancing, Grants};
 use crate::etcd::{self, ControlPlane};
 use crate::etcd_snapshot;
 use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
+use crate::kubernetes::{KubernetesWork, advance_kubernetes};
 use crate::removal::remove_machine;
 
 /// What one pass came to.
@@ -182,7 +187,7 @@ pub struct PassMemory {
 #[derive(Debug, Default)]
 struct ViewCache {
     /// Whether the views are of a removal, and the version convergence is judged on.
-    key: Option<(bool, Option<ConvergedOn>)>,
+    key: Option<ViewKey>,
     views: Vec<MachineView>,
     sources: Vec<(Arc<MachineInfo>, Option<Arc<NodeInfo>>)>,
     /// Each machine's index, by name.
@@ -197,7 +202,7 @@ impl ViewCache {
     /// machine has or had a record in the status.
     fn refresh(
         &mut self,
-        key: (bool, Option<ConvergedOn>),
+        key: ViewKey,
         observed: &[Observed],
         status: &OperationStatus,
         build: impl Fn(&Observed) -> MachineView,
@@ -239,6 +244,10 @@ impl ViewCache {
         self.recorded = recorded;
     }
 }
+
+/// What the views' progress was read against: a removal, a Talos upgrade's target, or a
+/// Kubernetes upgrade's target and stage.
+type ViewKey = (bool, Option<ConvergedOn>, Option<(KubernetesVersion, KubernetesStage)>);
 
 /// A machine's last wait, with what it was decided from.
 #[derive(Debug, Clone)]
@@ -485,16 +494,32 @@ async fn reconcile_pass(
     let Observation { op, cluster, lease, holder, observed, status } = seen;
     let removal = op.spec.is_removal();
     let target = upgrade_target(&cluster);
+    // A Kubernetes upgrade's target and stage, read from the machines' own records.
+    let kubernetes_work: Option<(KubernetesVersion, KubernetesStage)> =
+        op.spec.validate_kubernetes().ok().map(|spec| {
+            let stage =
+                kubernetes_stage(observed.iter().map(|o| (o.machine.role, &o.machine.conditions)), &spec.target);
+            (spec.target, stage)
+        });
     // An upgrade's converged machines are recorded in their own conditions, for this target.
-    let converged_on_target = target.as_ref().ok().filter(|_| !removal).map(|t| ConvergedOn::new(&t.version));
-    let converged = |m: &MachineInfo| converged_on_target.as_ref().is_some_and(|c| c.recorded(&m.conditions));
-    let progress = |o: &Observed| {
-        status.progress_of(
+    let converged_on_target =
+        target.as_ref().ok().filter(|_| !removal && !op.spec.is_kubernetes()).map(|t| ConvergedOn::new(&t.version));
+    let converged = |m: &MachineInfo| match &kubernetes_work {
+        Some((target, stage)) => stage_converged(&m.conditions, target, *stage),
+        None => converged_on_target.as_ref().is_some_and(|c| c.recorded(&m.conditions)),
+    };
+    let progress = |o: &Observed| match &kubernetes_work {
+        Some((target, stage)) => status.kubernetes_progress_of(
+            &o.machine.name,
+            past_apply(&o.machine.conditions, target, *stage),
+            stage_converged(&o.machine.conditions, target, *stage),
+        ),
+        None => status.progress_of(
             &o.machine.name,
             past_the_point_of_no_return(removal, &o.machine),
             o.machine.conditions.is_true(STORAGE_EVACUATION),
             converged(&o.machine),
-        )
+        ),
     };
     let build = |o: &Observed| {
         let held = o.machine.annotations.contains_key(HOLD_ANNOTATION)
@@ -511,7 +536,8 @@ async fn reconcile_pass(
         }
     };
     let mut cache = memory.take_views();
-    cache.refresh((removal, converged_on_target.clone()), &observed, &status, build, progress);
+    let key = (removal, converged_on_target.clone(), kubernetes_work.clone());
+    cache.refresh(key, &observed, &status, build, progress);
     debug_assert_eq!(cache.views, observed.iter().map(build).collect::<Vec<_>>(), "a kept view is stale");
     let views = &cache.views;
     let view = OperationView {
@@ -527,8 +553,12 @@ async fn reconcile_pass(
     // node names: one it could not learn names none) is never left behind unsaid.
     let named: BTreeSet<&str> = observed.iter().filter_map(Observed::node_name).collect();
     let unaccounted: Vec<String> = cluster.nodes.iter().filter(|n| !named.contains(n.as_str())).cloned().collect();
+    let kubernetes_input = match &kubernetes_work {
+        Some((target, stage)) => kubernetes_input(ex, &observed, &status, views, target, *stage).await,
+        None => None,
+    };
     let input = RolloutInput {
-        kubernetes: None,
+        kubernetes: kubernetes_input.as_ref(),
         operation: &view,
         release_talos_version: &cluster.release_talos_version,
         kubernetes_version: &cluster.kubernetes_version,
@@ -547,7 +577,16 @@ async fn reconcile_pass(
         .filter(|o| past_the_point_of_no_return(removal, &o.machine) && !converged(&o.machine))
         .filter_map(Observed::node_name)
         .collect();
-    let pass = Pass { ex, name, op: &op, observed: &observed, status: &status, removal, down };
+    let pass = Pass {
+        ex,
+        name,
+        op: &op,
+        observed: &observed,
+        status: &status,
+        removal,
+        down,
+        kubernetes: kubernetes_work.as_ref(),
+    };
     let Gates { decision, etcd: verdict, checked, recorded_view } = match gather_gates(&pass, &view, input).await? {
         GatesEnd::Decided(gates) => *gates,
         GatesEnd::SnapshotRecorded(decision) => {
@@ -777,7 +816,7 @@ async fn act(
     target: &Result<UpgradeTarget, String>,
     now: Timestamp,
 ) -> Result<(Vec<(String, MachineOutcome)>, Option<Timestamp>), ReconcileError> {
-    let (ex, op, observed, removal) = (pass.ex, pass.op, pass.observed, pass.removal);
+    let (ex, op, observed, removal, kubernetes) = (pass.ex, pass.op, pass.observed, pass.removal, pass.kubernetes);
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
     for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
         // A resume is carried out whole or not at all: a machine whose failed attempt
@@ -827,6 +866,13 @@ async fn act(
                 _ if removal => remove_machine(ex, &advancing, operation.identity, &machine, control_planes)
                     .await
                     .unwrap_or_else(|e| e.outcome(ex.retry_at())),
+                _ if let Some((target, stage)) = kubernetes => {
+                    let grants = Grants::of(advancing, &authority, &finish);
+                    let work = KubernetesWork { target, stage: *stage };
+                    advance_kubernetes(ex, &grants, &authority, &machine, work)
+                        .await
+                        .unwrap_or_else(|e| e.outcome(ex.retry_at()))
+                }
                 Ok(target) => advance_machine_with(ex, &advancing, operation, &machine, target, &authority, &finish)
                     .await
                     .unwrap_or_else(|e| e.outcome(ex.retry_at())),
@@ -857,9 +903,12 @@ async fn act(
             .into_iter()
             .filter(|o| {
                 // A removal is one machine whose waits (drain, reset, storage) are not
-                // polled by its step: it is always looked at.
+                // polled by its step: it is always looked at. So is a Kubernetes upgrade's
+                // machine: what it waits on (its mirror pods, its kubelet's version) is in
+                // neither its machine nor its Node as remembered.
                 let remembered = waits.get(&o.machine.name).filter(|r| {
                     !removal
+                        && kubernetes.is_none()
                         && !decision.start.contains(&o.machine.name)
                         && r.recheck_at.is_none_or(|t| t > now)
                         && r.machine == o.machine
@@ -917,6 +966,98 @@ async fn act(
     Ok((outcomes, kept_recheck))
 }
 
+/// A Kubernetes upgrade keeps a record only of a machine it started or advances in this
+/// pass, one that failed, or one it does not observe (waited on): its machines' progress
+/// is read from their own conditions, and a record left by the other stage (a control
+/// plane's, once its first stage converged in a pass whose status write was held back)
+/// would stand for ever, an operation paused with it counting as one still under way.
+fn forget_other_stage(next: &mut OperationStatus, decision: &Decision, views: &[MachineView]) {
+    let seen: HashSet<&str, FixedState> = views.iter().map(|v| v.name.as_str()).collect();
+    next.machines.retain(|name, record| {
+        record.state == ichor_upgrade_core::status::RecordState::Failed
+            || decision.start.contains(name)
+            || decision.advance.contains(name)
+            || !seen.contains(name.as_str())
+    });
+}
+
+/// A Kubernetes upgrade's input to the engine: its stage and, before any machine of it has
+/// started, what planning finds (each node's kubelet and static pods, the deprecated APIs
+/// in use, kube-proxy). `None` when what planning needs could not be read: the engine
+/// waits, never planning from a guess.
+async fn kubernetes_input(
+    ex: &Executor<'_>,
+    observed: &[Observed],
+    status: &OperationStatus,
+    views: &[MachineView],
+    target: &KubernetesVersion,
+    stage: KubernetesStage,
+) -> Option<KubernetesInput> {
+    let started = !status.machines.is_empty() || views.iter().any(|v| v.progress != MachineProgress::Pending);
+    if started {
+        return Some(KubernetesInput { stage, problems: Vec::new() });
+    }
+    let bound = ex.config.call_timeout;
+    let cluster = match bounded("read cluster Kubernetes", bound, ex.kube.cluster_kubernetes()).await {
+        Ok(Ok(cluster)) => cluster,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "the cluster's Kubernetes could not be read: the upgrade waits");
+            return None;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "the cluster's Kubernetes could not be read: the upgrade waits");
+            return None;
+        }
+    };
+    let mut nodes = Vec::with_capacity(observed.len());
+    let mut problems = Vec::new();
+    for o in observed {
+        let name = o.machine.name.clone();
+        let talos = o.node.as_ref().and_then(|n| TalosVersion::from_os_image(&n.os_image).ok());
+        let seen = match o.node_name() {
+            Some(node) => match bounded("read Node's Kubernetes", bound, ex.kube.node_kubernetes(node)).await {
+                Ok(Ok(seen)) => seen,
+                Ok(Err(error)) => {
+                    tracing::warn!(machine = %name, %error, "its Kubernetes could not be read: the upgrade waits");
+                    return None;
+                }
+                Err(error) => {
+                    tracing::warn!(machine = %name, %error, "its Kubernetes could not be read: the upgrade waits");
+                    return None;
+                }
+            },
+            None => None,
+        };
+        let (Some(talos), Some(seen)) = (talos, seen) else {
+            problems.push(KubernetesPlanProblem::NotObserved { node: name, component: Component::Kubelet });
+            continue;
+        };
+        let control_plane = seen
+            .static_pods
+            .iter()
+            .filter_map(|(component, pod)| pod.version.clone().map(|v| (*component, v)))
+            .collect();
+        nodes.push(NodeKubernetes {
+            name,
+            role: o.machine.role,
+            talos,
+            kubelet: KubernetesVersion::parse(&seen.kubelet_version).ok(),
+            control_plane,
+        });
+    }
+    let kube_proxy = cluster.kube_proxy.as_deref().and_then(|v| KubernetesVersion::parse(v).ok());
+    let plan = plan_kubernetes(&KubernetesPlanInput {
+        target,
+        nodes: &nodes,
+        deprecated_apis: &cluster.deprecated_apis,
+        kube_proxy: kube_proxy.as_ref(),
+    });
+    if let Err(found) = plan {
+        problems.extend(found);
+    }
+    Some(KubernetesInput { stage, problems })
+}
+
 /// Stage "lock", its observation: who holds the cluster's Lease, as the rollout engine
 /// judges it. Our own Lease carries the time we wrote; another holder's is judged by how
 /// long this controller has seen it unchanged (never by the time another replica's clock
@@ -954,6 +1095,8 @@ struct Pass<'p> {
     removal: bool,
     /// The nodes of the machines past their disruptive call and not converged.
     down: Vec<&'p str>,
+    /// A Kubernetes upgrade's target and stage.
+    kubernetes: Option<&'p (KubernetesVersion, KubernetesStage)>,
 }
 
 impl Pass<'_> {
@@ -1031,6 +1174,9 @@ async fn record_pass(
         next.forget_converged(count, |name| {
             converged_in_pass(name) || by_name.get(name).is_some_and(|o| converged(&o.machine))
         });
+        if pass.kubernetes.is_some() {
+            forget_other_stage(&mut next, decision, views);
+        }
     }
     if let (Some(background), Ok(target)) = (ex.background, target)
         && ex.config.prepull.enabled

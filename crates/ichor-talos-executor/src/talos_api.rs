@@ -122,6 +122,45 @@ pub struct UpgradeRequest {
     pub timeout: std::time::Duration,
 }
 
+/// How a node applies a machine configuration (`ApplyConfigurationRequest.Mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyMode {
+    /// Apply and reboot (refused outside maintenance from Talos 1.14).
+    Reboot,
+    /// Apply with no reboot if possible, else reboot (Talos 1.13 and older; 1.14 turns it
+    /// into [`ApplyMode::NoReboot`]).
+    Auto,
+    /// Apply with no reboot, or fail (`InvalidArgument` on Talos 1.13 and older when the
+    /// change needs one).
+    NoReboot,
+    /// Store for the next boot.
+    Staged,
+    /// Apply with no reboot and roll back after a timeout unless confirmed.
+    Try,
+}
+
+/// `MachineService.ApplyConfiguration`'s request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyConfigRequest {
+    /// The whole configuration.
+    pub data: Vec<u8>,
+    /// How to apply it.
+    pub mode: ApplyMode,
+    /// Validate and say what would happen; store nothing.
+    pub dry_run: bool,
+}
+
+/// The node's answer to an ApplyConfiguration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApplyConfigReply {
+    /// The mode the node used (or, in a dry run, would use).
+    pub mode: ApplyMode,
+    /// What the node says of it (a dry run's summary and diff).
+    pub mode_details: String,
+    /// Warnings about the configuration.
+    pub warnings: Vec<String>,
+}
+
 /// The node's acknowledgement of an Upgrade call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpgradeAck {
@@ -268,6 +307,22 @@ pub trait TalosApi: Send + Sync {
     ) -> Result<InstallOutcome, TalosError> {
         let _ = started;
         self.lifecycle_upgrade(node, request).await
+    }
+    /// The node's active machine configuration (`MachineConfigs.config.talos.dev`,
+    /// namespace `config`, ID `v1alpha1`): the YAML it was given. (The default answers
+    /// `Unimplemented`.)
+    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        Err(unimplemented("COSI Get MachineConfigs", node))
+    }
+    /// `MachineService.ApplyConfiguration` on the node. (The default answers
+    /// `Unimplemented`; wrappers must forward it.)
+    async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        let _ = request;
+        Err(unimplemented("MachineService.ApplyConfiguration", node))
     }
     /// `MachineService.Reboot` in the default mode; the actor ID. It does not drain.
     async fn reboot(&self, node: &str) -> Result<String, TalosError> {

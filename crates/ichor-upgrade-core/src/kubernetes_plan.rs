@@ -148,17 +148,16 @@ pub struct KubernetesPlanInput<'a> {
 /// Why a Kubernetes upgrade is refused at planning.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum KubernetesPlanProblem {
-    /// The target is more than one minor above a control-plane component: Kubernetes
-    /// supports upgrading one minor at a time.
+    /// The target is more than one minor above control-plane components (or kube-proxy):
+    /// Kubernetes supports upgrading one minor at a time. One problem per version found.
     #[error(
-        "Kubernetes {target} skips a minor: {node}'s {component} runs {current}; upgrade to {next}.x first, one minor at a time"
+        "Kubernetes {target} skips a minor: {} run {current}; upgrade to {next}.x first, one minor at a time",
+        components.join(", ")
     )]
     SkipsMinor {
-        /// The control plane.
-        node: String,
-        /// Its lowest component.
-        component: Component,
-        /// Its version.
+        /// Each component on that version, as `node/component` (`cluster/kube-proxy`).
+        components: Vec<String>,
+        /// Their version.
         current: String,
         /// The target.
         target: String,
@@ -293,11 +292,13 @@ impl KubernetesPlan {
 pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan, Vec<KubernetesPlanProblem>> {
     let target = input.target;
     let mut problems = Vec::new();
+    let mut skipping: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut unsupported: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut too_old = Vec::new();
     let mut plan = KubernetesPlan::default();
     let version_of = |node: &str, component: Component, current: &KubernetesVersion, problems: &mut Vec<_>| {
-        compare(node, component, current, target, problems)
+        let (changes, skips) = compare(node, component, current, target, problems);
+        (changes, skips.then(|| (current.to_string(), format!("{node}/{component}"))))
     };
     for node in input.nodes {
         if let Err(refusal) = check_kubernetes_pairing(&node.talos, target) {
@@ -309,7 +310,11 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
                 match node.control_plane.get(&component) {
                     None => problems.push(KubernetesPlanProblem::NotObserved { node: node.name.clone(), component }),
                     Some(current) => {
-                        if version_of(&node.name, component, current, &mut problems) {
+                        let (changes, skips) = version_of(&node.name, component, current, &mut problems);
+                        if let Some((version, what)) = skips {
+                            skipping.entry(version).or_default().push(what);
+                        }
+                        if changes {
                             left.push(component);
                         }
                     }
@@ -328,14 +333,35 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
                 {
                     too_old.push((node.name.clone(), kubelet.to_string()));
                 }
-                if version_of(&node.name, Component::Kubelet, kubelet, &mut problems) {
+                if version_of(&node.name, Component::Kubelet, kubelet, &mut problems).0 {
                     plan.kubelets.push((node.name.clone(), node.role));
                 }
             }
         }
     }
     if let Some(proxy) = input.kube_proxy {
-        plan.kube_proxy = version_of("cluster", Component::KubeProxy, proxy, &mut problems);
+        let (changes, skips) = version_of("cluster", Component::KubeProxy, proxy, &mut problems);
+        if let Some((version, what)) = skips {
+            skipping.entry(version).or_default().push(what);
+        }
+        plan.kube_proxy = changes;
+    }
+    // One problem per version skipped from, lowest first, before the others.
+    let mut skips: Vec<(KubernetesVersion, Vec<String>)> = skipping
+        .into_iter()
+        .filter_map(|(current, components)| KubernetesVersion::parse(&current).ok().map(|v| (v, components)))
+        .collect();
+    skips.sort_by(|a, b| a.0.cmp(&b.0));
+    for (k, (current, components)) in skips.into_iter().enumerate() {
+        let from = current.minor_line();
+        let next = format!("{}.{}", from.major, from.minor + 1);
+        let problem = KubernetesPlanProblem::SkipsMinor {
+            components,
+            current: current.to_string(),
+            target: target.to_string(),
+            next,
+        };
+        problems.insert(k, problem);
     }
     // Control planes' kubelets first, each role in the order given.
     plan.kubelets.sort_by_key(|(_, role)| *role);
@@ -355,16 +381,16 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
 }
 
 /// Whether `component` on `node` must change to reach `target` (`false` when it is there
-/// already); a downgrade or a skipped minor is recorded in `problems`.
+/// already), and whether it would skip a minor; a downgrade is recorded in `problems`.
 fn compare(
     node: &str,
     component: Component,
     current: &KubernetesVersion,
     target: &KubernetesVersion,
     problems: &mut Vec<KubernetesPlanProblem>,
-) -> bool {
+) -> (bool, bool) {
     if current == target {
-        return false;
+        return (false, false);
     }
     if current > target {
         problems.push(KubernetesPlanProblem::Downgrade {
@@ -373,22 +399,13 @@ fn compare(
             current: current.to_string(),
             target: target.to_string(),
         });
-        return false;
+        return (false, false);
     }
     let (from, to) = (current.minor_line(), target.minor_line());
     // The kubelet may trail by more (the skew policy, checked apart); every other component
     // moves one minor at a time.
     let skips = from.major != to.major || to.minor > from.minor + 1;
-    if skips && component != Component::Kubelet {
-        problems.push(KubernetesPlanProblem::SkipsMinor {
-            node: node.to_owned(),
-            component,
-            current: current.to_string(),
-            target: target.to_string(),
-            next: format!("{}.{}", from.major, from.minor + 1),
-        });
-    }
-    true
+    (true, skips && component != Component::Kubelet)
 }
 
 #[cfg(test)]

@@ -327,6 +327,8 @@ pub enum KubernetesAction {
 pub enum KubernetesWait {
     /// Its machine configuration could not be read (the Talos API).
     ConfigUnreadable,
+    /// Its Node is not Ready: nothing is applied to it until it is.
+    NodeNotReady,
     /// A component was applied; its mirror pod is not on the target and Ready yet.
     ComponentNotReady {
         /// The component.
@@ -342,6 +344,7 @@ impl KubernetesWait {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::ConfigUnreadable => "MachineConfigUnreadable",
+            Self::NodeNotReady => "NodeNotReady",
             Self::ComponentNotReady { .. } => "ComponentNotReady",
             Self::KubeletNotBack => "KubeletNotBack",
         }
@@ -352,6 +355,7 @@ impl fmt::Display for KubernetesWait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ConfigUnreadable => f.write_str("its machine configuration could not be read through the Talos API"),
+            Self::NodeNotReady => f.write_str("its Node is not Ready: nothing is applied until it is"),
             Self::ComponentNotReady { component } => {
                 write!(f, "{component} was applied; waiting for its mirror pod on the target and Ready")
             }
@@ -479,6 +483,11 @@ pub fn kubernetes_step(input: &KubernetesStepInput<'_>) -> KubernetesAction {
             if acknowledged {
                 let image = configured.unwrap_or("(Talos's default)").to_owned();
                 return KubernetesAction::Fail(KubernetesFailure::ConfigReverted { component, image });
+            }
+            // A node whose kubelet is down restarts nothing: its static pods and its
+            // kubelet would not come back, and its wait would run out for nothing.
+            if input.kubelet.is_none_or(|k| !k.ready) {
+                return wait(KubernetesWait::NodeNotReady, Some(input.now.saturating_add(input.timeouts.poll)));
             }
             let image = target_image(component, configured, target);
             return KubernetesAction::Apply { component, image };

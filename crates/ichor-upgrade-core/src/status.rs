@@ -90,17 +90,21 @@ impl OperationStatus {
         }
     }
 
-    /// A Kubernetes upgrade's view of a machine in its current stage: `converged` (the
-    /// stage's record in the machine's conditions, [`crate::kubernetes_step::stage_converged`])
-    /// is its only record of convergence, a record saying converged is not (it may be the
-    /// other stage's); `past_apply` ([`crate::kubernetes_step::past_apply`]) keeps a machine
-    /// whose apply was intended in progress, whatever the status says.
+    /// A Kubernetes upgrade's view of a machine in its current stage, from the machine's own
+    /// conditions: `converged` (the stage's record,
+    /// [`crate::kubernetes_step::stage_converged`]) is its only record of convergence, and
+    /// `past_apply` ([`crate::kubernetes_step::past_apply`]: an apply of this stage
+    /// intended or made, not yet verified) its only record of being under way. A record of
+    /// the status says neither: it may be the other stage's (a control plane's record left
+    /// in progress by its first stage once carried it into its kubelet's with no start, past
+    /// the rule that starts one control plane at a time, all of them Ready). Only a failure
+    /// is read from the status. A machine started and not yet applied is pending again: it
+    /// has changed nothing, and the rules start it again (the same one, in the same order).
     #[must_use]
     pub fn kubernetes_progress_of(&self, machine: &str, past_apply: bool, converged: bool) -> MachineProgress {
         match self.machines.get(machine).map(|r| (r.state, r)) {
             Some((RecordState::Failed, record)) => MachineProgress::Failed { reason: record.message.clone() },
             _ if converged => MachineProgress::Converged,
-            Some((RecordState::InProgress, _)) => MachineProgress::InProgress { past_upgrade_call: past_apply },
             _ if past_apply => MachineProgress::InProgress { past_upgrade_call: true },
             _ => MachineProgress::Pending,
         }
@@ -295,11 +299,10 @@ mod tests {
         );
         status.machines.insert("cp-1".into(), record(RecordState::Failed));
         assert!(matches!(status.kubernetes_progress_of("cp-1", false, true), MachineProgress::Failed { .. }));
+        // Found by the property: a record left in progress by the first stage is no start
+        // of the second.
         status.machines.insert("cp-1".into(), record(RecordState::InProgress));
-        assert_eq!(
-            status.kubernetes_progress_of("cp-1", false, false),
-            MachineProgress::InProgress { past_upgrade_call: false }
-        );
+        assert_eq!(status.kubernetes_progress_of("cp-1", false, false), MachineProgress::Pending);
     }
 
     #[test]

@@ -9,12 +9,12 @@ use async_trait::async_trait;
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::Clock;
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
-    PodInfo,
+    ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
+    NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
-    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
+    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
@@ -584,6 +584,18 @@ impl TalosApi for SimCluster {
         .await
     }
 
+    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.talos("machine_config", node, |w, i| Ok(w.nodes[i].kube.config_yaml(w.nodes[i].role).into_bytes())).await
+    }
+
+    async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        self.talos("apply_configuration", node, |w, i| w.apply_configuration(i, request)).await
+    }
+
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         self.talos("boot_id", node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
     }
@@ -812,6 +824,14 @@ impl KubeApi for SimCluster {
             Ok(Eviction::Evicted)
         })
         .await
+    }
+
+    async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
+        self.kube(KubeCall::CachedRead, |w| Ok(w.node_kubernetes(node))).await
+    }
+
+    async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
+        self.kube(KubeCall::Read, |w| Ok(w.cluster_kubernetes())).await
     }
 
     async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {

@@ -57,11 +57,20 @@ pub enum Fault {
     /// the operation winds down (machines not past their call stopped, the others finished)
     /// and its finalizer is removed.
     DeleteDuringInstall,
+    /// A Kubernetes upgrade: one control plane's component (kube-apiserver,
+    /// kube-controller-manager or kube-scheduler, drawn) crash-loops on the version it is
+    /// changed to.
+    ComponentCrashloop,
+    /// A Kubernetes upgrade: the API servers report requests to an API the next minor
+    /// removes (`widgets.v1beta1.widgets.sim.ichor.dev`, the simulator's own), 3 of them.
+    RemovedApiInUse,
+    /// A Kubernetes upgrade: one node's kubelet never comes back after its apply.
+    KubeletNotBack,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 19] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -78,6 +87,9 @@ impl Fault {
         Self::HoldDuringInstall,
         Self::PauseDuringInstall,
         Self::DeleteDuringInstall,
+        Self::ComponentCrashloop,
+        Self::RemovedApiInUse,
+        Self::KubeletNotBack,
     ];
 
     /// The name on the command line.
@@ -100,6 +112,9 @@ impl Fault {
             Self::HoldDuringInstall => "hold-during-install",
             Self::PauseDuringInstall => "pause-during-install",
             Self::DeleteDuringInstall => "delete-during-install",
+            Self::ComponentCrashloop => "component-crashloop",
+            Self::RemovedApiInUse => "removed-api-in-use",
+            Self::KubeletNotBack => "kubelet-not-back",
         }
     }
 

@@ -12,6 +12,7 @@
 
 mod apis;
 pub mod config;
+pub mod kubernetes;
 pub mod peers;
 mod rng;
 pub mod runner;

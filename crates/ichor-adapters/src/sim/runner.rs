@@ -125,6 +125,7 @@ pub async fn run_operation(
                     boot_id: None,
                     reason: None,
                     message: None,
+                    component: None,
                 });
             }
             restarted

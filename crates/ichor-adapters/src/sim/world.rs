@@ -13,11 +13,13 @@ use ichor_talos_executor::kube_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::EvacuationRecord;
+use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::versions::TalosVersion;
+use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
 use super::config::{Fault, SimConfig, secs};
+use super::kubernetes::SimKube;
 use super::rng::Rng;
 use super::trace::{TraceEvent, TraceKind};
 
@@ -223,6 +225,8 @@ pub struct SimNode {
     engine_cordon: bool,
     /// What its Node object shows (late, as a real one does).
     pub view: NodeView,
+    /// Its Kubernetes: configuration images, kubelet, static pods.
+    pub kube: SimKube,
 }
 
 impl SimNode {
@@ -695,6 +699,10 @@ impl World {
         let start = Timestamp::from_unix_secs(1_767_225_600); // 2026-01-01T00:00:00Z
         let mut nodes = Vec::new();
         let naming = &config.naming;
+        // What the cluster runs; a version that does not parse (a test of planning's
+        // refusal) leaves every component on 0.0.0.
+        let kubernetes = KubernetesVersion::parse(&config.kubernetes)
+            .unwrap_or_else(|_| KubernetesVersion::parse("0.0.0").expect("a version"));
         let roles = (1..=config.control_planes)
             .map(|i| (format!("{}cp-{i}{}", naming.prefix, naming.suffix), MachineRole::ControlPlane))
             .chain(
@@ -782,6 +790,7 @@ impl World {
                 install_run: None,
                 install_exit: None,
                 engine_cordon: false,
+                kube: SimKube::new(role, &kubernetes),
             });
         }
         for n in &mut nodes {
@@ -857,6 +866,7 @@ impl World {
         world.name_order.sort_by(|a, b| world.nodes[*a].name.cmp(&world.nodes[*b].name));
         // Faults may place pods of their own.
         world.place_faults();
+        world.place_kubernetes_faults();
         world.pod_nodes = world
             .nodes
             .iter()
@@ -961,11 +971,11 @@ impl World {
         None
     }
 
-    fn indices(&self, role: MachineRole) -> Vec<usize> {
+    pub(crate) fn indices(&self, role: MachineRole) -> Vec<usize> {
         (0..self.nodes.len()).filter(|&i| self.nodes[i].role == role).collect()
     }
 
-    fn pick(&mut self, from: &[usize]) -> Option<usize> {
+    pub(crate) fn pick(&mut self, from: &[usize]) -> Option<usize> {
         if from.is_empty() {
             return None;
         }
@@ -1605,7 +1615,7 @@ impl World {
     }
 
     /// The node's kubelet stopped (or its Node went silent) now.
-    fn kubelet_lost(&mut self, i: usize) {
+    pub(crate) fn kubelet_lost_now(&mut self, i: usize) {
         let grace = self.config.realism.node_monitor_grace;
         self.view_change(i, grace, ViewChange::NotReady);
     }
@@ -1613,7 +1623,7 @@ impl World {
     /// Node `i` went down for its reboot now: its kubelet stopped, its etcd member left the
     /// list.
     pub(crate) fn node_went_down(&mut self, i: usize) {
-        self.kubelet_lost(i);
+        self.kubelet_lost_now(i);
         if self.nodes[i].etcd.is_some() {
             self.nodes[i].etcd = Some(EtcdMember::Missing);
             self.record(i, TraceKind::EtcdMemberMissing);
@@ -1622,7 +1632,7 @@ impl World {
     }
 
     /// The node turned Ready now.
-    fn kubelet_ready(&mut self, i: usize) {
+    pub(crate) fn kubelet_ready_now(&mut self, i: usize) {
         self.view_change(i, Duration::ZERO, ViewChange::Ready);
     }
 
@@ -1644,6 +1654,23 @@ impl World {
             boot_id: Some(node.boot_id.clone()),
             reason,
             message,
+            component: None,
+        });
+    }
+
+    /// Records a trace event about a Kubernetes component of node `i`.
+    pub(crate) fn record_component(&mut self, i: usize, kind: TraceKind, component: Component, message: String) {
+        let node = &self.nodes[i];
+        self.trace.push(TraceEvent {
+            t: self.now.saturating_since(self.start).as_secs_f64(),
+            node: node.name.clone(),
+            role: node.role.as_str(),
+            event: kind,
+            version: Some(node.version.to_string()),
+            boot_id: None,
+            reason: None,
+            message: Some(message),
+            component: Some(component.as_str()),
         });
     }
 
@@ -1658,6 +1685,7 @@ impl World {
             boot_id: None,
             reason: None,
             message: None,
+            component: None,
         });
     }
 
@@ -1672,6 +1700,7 @@ impl World {
             boot_id: None,
             reason: Some(reason.to_owned()),
             message: Some(message),
+            component: None,
         });
     }
 
@@ -1831,13 +1860,14 @@ impl World {
             if self.nodes[i].ready {
                 self.nodes[i].ready = false;
                 self.record(i, TraceKind::NotReady);
-                self.kubelet_lost(i);
+                self.kubelet_lost_now(i);
             }
         }
         self.apply_node_rest(i, now);
     }
 
     fn apply_node_rest(&mut self, i: usize, now: Timestamp) {
+        self.apply_kubernetes(i, now);
         if self.nodes[i].install_run.as_ref().is_some_and(|r| now >= r.until || r.boot_id != self.nodes[i].boot_id) {
             self.finish_install(i);
         }
@@ -1846,7 +1876,7 @@ impl World {
             if matches!(self.nodes[i].phase, NodePhase::Running) {
                 self.nodes[i].ready = true;
                 self.record(i, TraceKind::Ready);
-                self.kubelet_ready(i);
+                self.kubelet_ready_now(i);
             }
         }
         match self.nodes[i].phase.clone() {
@@ -1874,7 +1904,7 @@ impl World {
                 if self.nodes[i].not_ready_until.is_none() {
                     self.nodes[i].ready = true;
                     self.record(i, TraceKind::Ready);
-                    self.kubelet_ready(i);
+                    self.kubelet_ready_now(i);
                 }
                 if self.nodes[i].etcd.is_some() {
                     match self.nodes[i].etcd_lag.take() {
@@ -1893,7 +1923,7 @@ impl World {
                 self.nodes[i].ready = false;
                 self.nodes[i].etcd = None;
                 self.record(i, TraceKind::NotReady);
-                self.kubelet_lost(i);
+                self.kubelet_lost_now(i);
             }
             NodePhase::Running
             | NodePhase::Installing { .. }
@@ -2101,5 +2131,6 @@ fn node_next_change(n: &SimNode) -> Option<Timestamp> {
     consider(n.evacuation.as_ref().and_then(|e| e.next_move_at));
     consider(n.view.pending.first().map(|(t, _)| *t));
     consider(n.install_run.as_ref().map(|r| r.until));
+    consider(n.kube.next_change());
     next
 }

@@ -76,9 +76,20 @@ fn what_is_on_the_target_already_is_not_a_step_and_a_finished_upgrade_plans_noth
 fn a_skipped_minor_and_a_downgrade_are_refused_naming_node_component_and_version() {
     let nodes = [control_plane("cp-1", "1.33.4"), worker("w-1", "1.33.4")];
     let problems = plan("1.35.0", &nodes, None).unwrap_err();
-    assert_eq!(reasons(&problems), ["KubernetesSkipsMinor"; 3], "{problems:?}");
+    assert_eq!(reasons(&problems), ["KubernetesSkipsMinor"], "one problem per version skipped from: {problems:?}");
     let text = problems[0].to_string();
-    assert!(text.contains("cp-1's kube-apiserver runs 1.33.4") && text.contains("1.34.x first"), "{text}");
+    assert!(
+        text.contains("cp-1/kube-apiserver, cp-1/kube-controller-manager, cp-1/kube-scheduler run 1.33.4")
+            && text.contains("1.34.x first"),
+        "{text}"
+    );
+    let mut mixed = control_plane("cp-2", "1.34.1");
+    mixed.control_plane.insert(Component::KubeScheduler, k("1.33.4"));
+    let problems = plan("1.36.0", &[mixed], Some("1.34.1")).unwrap_err();
+    let texts: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    assert_eq!(reasons(&problems), ["KubernetesSkipsMinor"; 2], "{texts:?}");
+    assert!(texts[0].contains("cp-2/kube-scheduler run 1.33.4; upgrade to 1.34.x first"), "{texts:?}");
+    assert!(texts[1].contains("cluster/kube-proxy run 1.34.1; upgrade to 1.35.x first"), "{texts:?}");
 
     let problems = plan("1.34.0", &[control_plane("cp-1", "1.34.2")], None).unwrap_err();
     assert!(reasons(&problems).iter().all(|r| *r == "KubernetesDowngrade"), "{problems:?}");

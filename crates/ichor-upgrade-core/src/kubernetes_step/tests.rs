@@ -248,3 +248,14 @@ fn image_tags_are_read_past_ports_and_digests() {
     assert!(image_on("ghcr.io/siderolabs/kubelet:v1.35.0", &v("1.35.0")));
     assert!(!image_on("ghcr.io/siderolabs/kubelet:v1.35.0-rc.1", &v("1.35.0")));
 }
+
+#[test]
+fn nothing_is_applied_to_a_node_that_is_not_ready() {
+    let mut m = control_plane();
+    m.kubelet.ready = false;
+    assert!(matches!(m.step(), KubernetesAction::Wait { reason: KubernetesWait::NodeNotReady, .. }));
+    // Past its apply, the same NotReady is the restart being waited on.
+    m.configure(Component::KubeApiserver);
+    m.acknowledge(Component::KubeApiserver);
+    assert!(matches!(m.step(), KubernetesAction::Wait { reason: KubernetesWait::ComponentNotReady { .. }, .. }));
+}

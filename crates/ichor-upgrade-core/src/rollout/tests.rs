@@ -1291,8 +1291,7 @@ fn a_kubernetes_upgrades_kubelets_go_control_planes_first_then_max_unavailable_w
 fn a_kubernetes_upgrade_is_refused_at_planning_naming_each_cause_and_takes_no_lock() {
     let problems = vec![
         KubernetesPlanProblem::SkipsMinor {
-            node: "cp-1".into(),
-            component: crate::kubernetes_plan::Component::KubeApiserver,
+            components: vec!["cp-1/kube-apiserver".into()],
             current: "1.33.4".into(),
             target: "1.35.0".into(),
             next: "1.34".into(),

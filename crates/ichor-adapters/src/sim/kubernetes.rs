@@ -1,0 +1,332 @@
+//! The simulated cluster's Kubernetes: each node's machine configuration (the images of its
+//! Kubernetes components), its kubelet, and on a control plane its static pods, as a
+//! Kubernetes upgrade sees and changes them.
+//!
+//! An apply (`ApplyConfiguration`, no reboot) that changes a component's image restarts
+//! it: a static pod is not Ready for a drawn few seconds (the kubelet stops the old one
+//! and starts the new), then runs the new version Ready; a kubelet stops (the Node turns
+//! NotReady after the node lifecycle controller's grace, if it is gone that long) and
+//! comes back on the new version; kube-proxy's image changes in the configuration only
+//! (Talos's manifests roll it out). The faults: `component-crashloop` (a control plane's
+//! component crash-loops on the version it is changed to), `kubelet-not-back` (a node's
+//! kubelet never comes back after its apply) and `removed-api-in-use` (the API servers
+//! report requests to an API the next minor removes; the API's name is the simulator's
+//! own).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, NodeKubernetesInfo};
+use ichor_talos_executor::machine_config::MachineConfig;
+use ichor_talos_executor::talos_api::{ApplyConfigReply, ApplyConfigRequest, ApplyMode, TalosError};
+use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::kubernetes_plan::{Component, DeprecatedApiUse};
+use ichor_upgrade_core::kubernetes_step::{StaticPodObservation, image_tag, target_image};
+use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::versions::{KubernetesVersion, check_kubernetes_pairing};
+
+use super::config::{Fault, secs};
+use super::trace::TraceKind;
+use super::world::World;
+
+/// A control plane's static pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimStaticPod {
+    /// The version it runs.
+    pub version: KubernetesVersion,
+    /// Whether it is Ready.
+    pub ready: bool,
+    /// Whether it crash-loops.
+    pub crash_looping: bool,
+    /// Restarting: runs `.1` from `.0`.
+    pub restart: Option<(Timestamp, KubernetesVersion)>,
+}
+
+/// A kubelet restarting after an apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletRestart {
+    /// When it is back (`None`: never, the kubelet-not-back fault).
+    pub back_at: Option<Timestamp>,
+    /// The version it comes back on.
+    pub into: KubernetesVersion,
+}
+
+/// One node's Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimKube {
+    /// The images its machine configuration holds, by component.
+    pub config: BTreeMap<Component, String>,
+    /// The kubelet's version.
+    pub kubelet: KubernetesVersion,
+    /// The kubelet restarting, if it is.
+    pub kubelet_restart: Option<KubeletRestart>,
+    /// On a control plane, its static pods.
+    pub pods: BTreeMap<Component, SimStaticPod>,
+    /// The component whose change crash-loops here (the component-crashloop fault).
+    pub crash_loops: Option<Component>,
+    /// Its kubelet never comes back after an apply (the kubelet-not-back fault).
+    pub kubelet_stays_down: bool,
+    /// Every apply it took, with the component it changed: what a test checks for a
+    /// second apply of the same change.
+    pub applies: Vec<Component>,
+}
+
+impl SimKube {
+    /// A node of `role` on Kubernetes `version`, with Talos's default images.
+    #[must_use]
+    pub fn new(role: MachineRole, version: &KubernetesVersion) -> Self {
+        let components: &[Component] = match role {
+            MachineRole::ControlPlane => &Component::ALL,
+            MachineRole::Worker => &[Component::Kubelet],
+        };
+        let config = components.iter().map(|c| (*c, target_image(*c, None, version))).collect();
+        let pods = match role {
+            MachineRole::ControlPlane => Component::CONTROL_PLANE
+                .into_iter()
+                .map(|c| {
+                    let pod =
+                        SimStaticPod { version: version.clone(), ready: true, crash_looping: false, restart: None };
+                    (c, pod)
+                })
+                .collect(),
+            MachineRole::Worker => BTreeMap::new(),
+        };
+        Self {
+            config,
+            kubelet: version.clone(),
+            kubelet_restart: None,
+            pods,
+            crash_loops: None,
+            kubelet_stays_down: false,
+            applies: Vec::new(),
+        }
+    }
+
+    /// Its next change.
+    #[must_use]
+    pub fn next_change(&self) -> Option<Timestamp> {
+        let pods = self.pods.values().filter_map(|p| p.restart.as_ref().map(|(t, _)| *t));
+        let kubelet = self.kubelet_restart.as_ref().and_then(|r| r.back_at);
+        pods.chain(kubelet).min()
+    }
+
+    /// The machine configuration, as YAML in the shape `talosctl gen config` writes.
+    #[must_use]
+    pub fn config_yaml(&self, role: MachineRole) -> String {
+        let image = |c: Component| self.config.get(&c).cloned().unwrap_or_default();
+        let machine_type = match role {
+            MachineRole::ControlPlane => "controlplane",
+            MachineRole::Worker => "worker",
+        };
+        let mut yaml = format!(
+            "version: v1alpha1\ndebug: false\npersist: true\nmachine:\n  type: {machine_type}\n  kubelet:\n    image: {}\n",
+            image(Component::Kubelet)
+        );
+        yaml.push_str("cluster:\n  clusterName: sim\n");
+        if role == MachineRole::ControlPlane {
+            yaml.push_str(&format!(
+                "  apiServer:\n    image: {}\n  controllerManager:\n    image: {}\n  proxy:\n    image: {}\n  scheduler:\n    image: {}\n",
+                image(Component::KubeApiserver),
+                image(Component::KubeControllerManager),
+                image(Component::KubeProxy),
+                image(Component::KubeScheduler),
+            ));
+        }
+        yaml
+    }
+}
+
+fn answered(code: &str, message: String) -> TalosError {
+    TalosError::Answered { code: code.to_owned(), message }
+}
+
+impl World {
+    /// Places the Kubernetes faults.
+    pub(crate) fn place_kubernetes_faults(&mut self) {
+        let cps = self.indices(MachineRole::ControlPlane);
+        let all: Vec<usize> = (0..self.nodes.len()).collect();
+        if self.config.has(Fault::ComponentCrashloop)
+            && let Some(i) = self.pick(&cps)
+        {
+            let component = Component::CONTROL_PLANE[self.rng.in_range(0..=2) as usize];
+            self.nodes[i].kube.crash_loops = Some(component);
+        }
+        if self.config.has(Fault::KubeletNotBack)
+            && let Some(i) = self.pick(&all)
+        {
+            self.nodes[i].kube.kubelet_stays_down = true;
+        }
+    }
+
+    /// `ApplyConfiguration` on node `i`.
+    pub(crate) fn apply_configuration(
+        &mut self,
+        i: usize,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        match request.mode {
+            // Talos 1.14 refuses REBOOT outside maintenance; the simulator does on every version.
+            ApplyMode::Reboot => {
+                return Err(answered("Unimplemented", "apply configuration with reboot is not supported".into()));
+            }
+            ApplyMode::Staged | ApplyMode::Try => {
+                return Err(answered("Unimplemented", "the simulator applies with no reboot only".into()));
+            }
+            ApplyMode::Auto | ApplyMode::NoReboot => {}
+        }
+        let config = MachineConfig::parse(&request.data)
+            .map_err(|e| answered("InvalidArgument", format!("failed to parse config: {e}")))?;
+        let node_version = self.nodes[i].version.clone();
+        let role = self.nodes[i].role;
+        let mut changed = Vec::new();
+        for (component, image) in config.images() {
+            let Some(version) = image_tag(&image).and_then(|t| KubernetesVersion::parse(t).ok()) else {
+                return Err(answered("InvalidArgument", format!("{component} image {image:?} has no version tag")));
+            };
+            // Talos validates Kubernetes images against its own version's window.
+            if component != Component::KubeProxy
+                && let Err(refusal) = check_kubernetes_pairing(&node_version, &version)
+            {
+                return Err(answered("InvalidArgument", format!("{component} image {image}: {refusal}")));
+            }
+            if role == MachineRole::Worker && component != Component::Kubelet {
+                continue;
+            }
+            if self.nodes[i].kube.config.get(&component) != Some(&image) {
+                changed.push((component, image, version));
+            }
+        }
+        let details = if changed.is_empty() {
+            "No changes.".to_owned()
+        } else {
+            changed.iter().map(|(c, image, _)| format!("{c}: image {image}")).collect::<Vec<_>>().join("\n")
+        };
+        let reply = ApplyConfigReply { mode: ApplyMode::NoReboot, mode_details: details, warnings: Vec::new() };
+        if request.dry_run {
+            return Ok(reply);
+        }
+        for (component, image, version) in changed {
+            self.nodes[i].kube.config.insert(component, image);
+            self.nodes[i].kube.applies.push(component);
+            self.record_component(i, TraceKind::ConfigApply, component, format!("{component} to v{version}"));
+            self.restart_component(i, component, version);
+        }
+        self.changed(i);
+        Ok(reply)
+    }
+
+    /// A component of node `i` restarts onto `version`.
+    fn restart_component(&mut self, i: usize, component: Component, version: KubernetesVersion) {
+        match component {
+            Component::KubeProxy => {}
+            Component::Kubelet => {
+                let back_at = (!self.nodes[i].kube.kubelet_stays_down)
+                    .then(|| self.now.saturating_add(secs(self.rng.in_range(5..=20))));
+                self.nodes[i].kube.kubelet_restart = Some(KubeletRestart { back_at, into: version });
+                if self.nodes[i].ready {
+                    self.nodes[i].ready = false;
+                    self.record(i, TraceKind::NotReady);
+                    self.kubelet_lost_now(i);
+                }
+            }
+            _ => {
+                let back = self.now.saturating_add(secs(self.rng.in_range(5..=30)));
+                if let Some(pod) = self.nodes[i].kube.pods.get_mut(&component) {
+                    pod.ready = false;
+                    pod.crash_looping = false;
+                    pod.restart = Some((back, version));
+                }
+            }
+        }
+    }
+
+    /// Node `i`'s Kubernetes changes due now.
+    pub(crate) fn apply_kubernetes(&mut self, i: usize, now: Timestamp) {
+        let due: Vec<Component> = self.nodes[i]
+            .kube
+            .pods
+            .iter()
+            .filter(|(_, p)| p.restart.as_ref().is_some_and(|(t, _)| *t <= now))
+            .map(|(c, _)| *c)
+            .collect();
+        for component in due {
+            let crash = self.nodes[i].kube.crash_loops == Some(component);
+            let Some(pod) = self.nodes[i].kube.pods.get_mut(&component) else { continue };
+            let Some((_, version)) = pod.restart.take() else { continue };
+            pod.version = version.clone();
+            pod.ready = !crash;
+            pod.crash_looping = crash;
+            let kind = if crash { TraceKind::ComponentCrashLoop } else { TraceKind::ComponentReady };
+            self.record_component(i, kind, component, format!("{component} v{version}"));
+            // Its mirror pod changed: the controller watches them (kube-system, `k8s-app`).
+            self.watch_event();
+        }
+        let back = self.nodes[i].kube.kubelet_restart.as_ref().is_some_and(|r| r.back_at.is_some_and(|t| t <= now));
+        if back && let Some(restart) = self.nodes[i].kube.kubelet_restart.take() {
+            self.nodes[i].kube.kubelet = restart.into.clone();
+            let message = format!("kubelet v{}", restart.into);
+            self.record_component(i, TraceKind::ComponentReady, Component::Kubelet, message);
+            // The kubelet's status update (its new kubeletVersion) is a watch event on the Node.
+            self.watch_event();
+            if self.nodes[i].not_ready_until.is_none() && self.nodes[i].reachable() && !self.nodes[i].upgrading() {
+                self.nodes[i].ready = true;
+                self.record(i, TraceKind::Ready);
+                self.kubelet_ready_now(i);
+            }
+        }
+    }
+
+    /// Node `name`'s Kubernetes, as its Node and mirror pods show it.
+    pub(crate) fn node_kubernetes(&self, name: &str) -> Option<NodeKubernetesInfo> {
+        let n = self.node(name).filter(|n| !n.removed)?;
+        let static_pods = n
+            .kube
+            .pods
+            .iter()
+            .map(|(c, p)| {
+                let seen = StaticPodObservation {
+                    version: Some(p.version.clone()),
+                    ready: p.ready,
+                    crash_looping: p.crash_looping,
+                };
+                (*c, seen)
+            })
+            .collect();
+        Some(NodeKubernetesInfo { kubelet_version: format!("v{}", n.kube.kubelet), ready: n.view.ready, static_pods })
+    }
+
+    /// The cluster's Kubernetes as planning reads it.
+    pub(crate) fn cluster_kubernetes(&self) -> ClusterKubernetesInfo {
+        let mut deprecated_apis = Vec::new();
+        if self.config.has(Fault::RemovedApiInUse) {
+            let next = KubernetesVersion::parse(&self.config.kubernetes)
+                .map(|v| format!("{}.{}", v.minor_line().major, v.minor_line().minor + 1))
+                .unwrap_or_else(|_| "1.0".to_owned());
+            deprecated_apis.push(DeprecatedApiUse {
+                group: "widgets.sim.ichor.dev".to_owned(),
+                version: "v1beta1".to_owned(),
+                resource: "widgets".to_owned(),
+                removed_release: next,
+                count: 3,
+            });
+        }
+        let kube_proxy = self
+            .nodes
+            .iter()
+            .filter(|n| n.role == MachineRole::ControlPlane && !n.removed)
+            .filter_map(|n| n.kube.config.get(&Component::KubeProxy))
+            .filter_map(|image| image_tag(image).and_then(|t| KubernetesVersion::parse(t).ok()))
+            .min()
+            .map(|v| v.to_string());
+        ClusterKubernetesInfo { deprecated_apis, kube_proxy }
+    }
+
+    /// Whether a kubelet of the cluster restarts (for the runner's idle check).
+    #[must_use]
+    pub fn kubelets_restarting(&self) -> usize {
+        self.nodes.iter().filter(|n| n.kube.kubelet_restart.is_some()).count()
+    }
+}
+
+/// How long a component takes to restart, at most (for tests' bounds).
+pub const RESTART_AT_MOST: Duration = Duration::from_secs(30);

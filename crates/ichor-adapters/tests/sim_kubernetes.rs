@@ -1,0 +1,285 @@
+//! Kubernetes upgrades (an operation of kind `kubernetes`) on the simulated cluster, through
+//! the real engine and drivers: the runs issue 32 names, and a property over random
+//! clusters, fault sets and controller crashes, each failure printing the command that
+//! replays it.
+//!
+//! Invariants, from the trace and the simulated nodes:
+//! - never two control planes with a static pod restarting at once;
+//! - no kubelet changed before every control plane's kube-apiserver runs the target
+//!   (no kubelet newer than an API server);
+//! - never more than maxUnavailable workers' kubelets restarting at once;
+//! - no node takes the same change twice (an acknowledged apply is never repeated, a
+//!   controller killed at any instant included);
+//! - a component that crash-loops pauses the operation, and nothing is applied after it;
+//! - a run without a failing fault completes, with every component on the target and every
+//!   machine recorded converged.
+
+use std::collections::BTreeSet;
+
+use ichor_adapters::sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::kubernetes_step::{KubernetesRecord, kubernetes_record};
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
+use proptest::prelude::*;
+
+const FROM: &str = "1.34.1";
+const TARGET: &str = "1.35.0";
+
+fn spec(target: &str, max_unavailable: i64) -> OperationSpec {
+    OperationSpec {
+        kind: "kubernetes".into(),
+        target_version: target.into(),
+        ..OperationSpec::talos("v1.14.4", max_unavailable)
+    }
+}
+
+fn cluster(control_planes: usize, workers: usize, seed: u64, faults: &[Fault], oracle: bool) -> SimCluster {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    SimCluster::new(
+        SimConfig::new(control_planes, workers, v("v1.14.3"), v("v1.14.4"))
+            .with_seed(seed)
+            .with_kubernetes(FROM.to_owned())
+            .with_faults(faults.to_vec())
+            .with_realism(if oracle { Realism::oracle() } else { Realism::cluster() }),
+    )
+}
+
+fn run(sim: &SimCluster, target: &str, max_unavailable: i64) -> RunEnd {
+    sim.create_operation("kubernetes", spec(target, max_unavailable));
+    let runtime = ichor_adapters::sim::runtime();
+    runtime.block_on(run_operation(sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}))
+}
+
+/// The faults a Kubernetes upgrade meets.
+const FAULTS: [Fault; 6] = [
+    Fault::ControllerCrash,
+    Fault::ApiOutage,
+    Fault::ComponentCrashloop,
+    Fault::KubeletNotBack,
+    Fault::ControlPlaneNotReady,
+    Fault::EtcdLag,
+];
+
+fn faults() -> impl Strategy<Value = Vec<Fault>> {
+    prop::collection::vec(prop::bool::weighted(0.3), FAULTS.len())
+        .prop_map(|on| FAULTS.iter().zip(on).filter(|(_, on)| *on).map(|(f, _)| *f).collect())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: crate::cases("KUBERNETES_CASES", 150), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_kubernetes_upgrade_invariant_holds(
+        control_planes in prop::sample::select(vec![1usize, 3, 4, 5]),
+        workers in 0usize..=30,
+        max_unavailable in 1i64..=5,
+        seed in any::<u64>(),
+        faults in faults(),
+        oracle in prop::bool::weighted(0.2),
+    ) {
+        check(control_planes, workers, max_unavailable, seed, &faults, oracle)?;
+    }
+}
+
+/// Runs one Kubernetes upgrade and checks every invariant over it.
+fn check(
+    control_planes: usize,
+    workers: usize,
+    max_unavailable: i64,
+    seed: u64,
+    faults: &[Fault],
+    oracle: bool,
+) -> Result<(), TestCaseError> {
+    let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+    let replay = format!(
+        "replay: cargo run --example rollout -- --operation kubernetes --to-kubernetes {TARGET} --control-planes \
+         {control_planes} --workers {workers} --max-unavailable {max_unavailable} --seed {seed}{}{}",
+        if names.is_empty() { String::new() } else { format!(" --faults {}", names.join(",")) },
+        if oracle { " --wake oracle" } else { "" },
+    );
+    let sim = cluster(control_planes, workers, seed, faults, oracle);
+    let end = run(&sim, TARGET, max_unavailable);
+    let failing = faults.contains(&Fault::ComponentCrashloop) || faults.contains(&Fault::KubeletNotBack);
+    // A control plane's hiccup of its own that began just before its apply (its Node still
+    // shown Ready, the grace period not over) keeps its kubelet from being Ready in time:
+    // that pause is right.
+    let hiccup_failed = end == RunEnd::Paused
+        && faults.contains(&Fault::ControlPlaneNotReady)
+        && sim.with_world(|w| {
+            let failed: Vec<&str> =
+                w.trace.iter().filter(|e| e.event == TraceKind::Failed).map(|e| e.node.as_str()).collect();
+            failed.iter().all(|node| {
+                w.trace.iter().enumerate().any(|(k, e)| {
+                    let own_restart = k > 0
+                        && w.trace[k - 1].event == TraceKind::ConfigApply
+                        && w.trace[k - 1].node == e.node
+                        && w.trace[k - 1].component == Some("kubelet");
+                    e.event == TraceKind::NotReady && e.node == *node && !own_restart
+                })
+            })
+        });
+    if failing || hiccup_failed {
+        prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused), "{:?}\n{}", end, replay);
+    } else {
+        prop_assert_eq!(&end, &RunEnd::Completed, "{}", replay);
+    }
+    let target = KubernetesVersion::parse(TARGET).unwrap();
+    sim.with_world(|w| -> Result<(), TestCaseError> {
+        let static_pod = |c: Option<&str>| c.is_some_and(|c| c != "kubelet" && c != "kube-proxy");
+        let mut restarting_control_planes: BTreeSet<&str> = BTreeSet::new();
+        let mut restarting_workers: BTreeSet<&str> = BTreeSet::new();
+        let mut api_servers_on_target = 0;
+        let mut crash_loop_at: Option<f64> = None;
+        for e in &w.trace {
+            match e.event {
+                TraceKind::ConfigApply => {
+                    prop_assert!(crash_loop_at.is_none(), "{} applied after a crash-loop: {e:?}\n{replay}", e.node);
+                    if static_pod(e.component) {
+                        restarting_control_planes.insert(&e.node);
+                        prop_assert!(
+                            restarting_control_planes.len() <= 1,
+                            "two control planes restarting: {restarting_control_planes:?} at {}\n{replay}",
+                            e.t
+                        );
+                    }
+                    if e.component == Some("kubelet") {
+                        prop_assert_eq!(
+                            api_servers_on_target,
+                            control_planes,
+                            "a kubelet changed before every API server was on the target: {:?}\n{}",
+                            e,
+                            replay
+                        );
+                        if e.role == "worker" {
+                            restarting_workers.insert(&e.node);
+                            prop_assert!(
+                                restarting_workers.len() <= max_unavailable as usize,
+                                "{} kubelets restarting, max {max_unavailable}\n{replay}",
+                                restarting_workers.len()
+                            );
+                        }
+                    }
+                }
+                TraceKind::ComponentReady => {
+                    if static_pod(e.component) {
+                        restarting_control_planes.remove(e.node.as_str());
+                    }
+                    if e.component == Some("kube-apiserver") {
+                        api_servers_on_target += 1;
+                    }
+                    if e.component == Some("kubelet") {
+                        restarting_workers.remove(e.node.as_str());
+                    }
+                }
+                TraceKind::ComponentCrashLoop => crash_loop_at = Some(e.t),
+                _ => {}
+            }
+        }
+        for n in &w.nodes {
+            let mut seen = BTreeSet::new();
+            for c in &n.kube.applies {
+                prop_assert!(seen.insert(*c), "{} took {c} twice: {:?}\n{replay}", n.name, n.kube.applies);
+            }
+        }
+        if crash_loop_at.is_some() {
+            prop_assert_eq!(&end, &RunEnd::Paused, "a crash-loop pauses\n{}", replay);
+        }
+        if end == RunEnd::Completed {
+            for n in &w.nodes {
+                prop_assert_eq!(&n.kube.kubelet, &target, "{}'s kubelet\n{}", n.name, replay);
+                // A control plane's hiccup of its own (control-plane-not-ready) may come
+                // after it was verified: nothing the engine does.
+                let hiccup = faults.contains(&Fault::ControlPlaneNotReady) && n.role == MachineRole::ControlPlane;
+                prop_assert!(n.ready || hiccup, "{} not Ready\n{}", n.name, replay);
+                for (c, pod) in &n.kube.pods {
+                    prop_assert!(pod.version == target && pod.ready, "{}'s {c}: {pod:?}\n{}", n.name, replay);
+                }
+                let record = kubernetes_record(&w.conditions[&n.name], &target);
+                prop_assert_eq!(record, KubernetesRecord::Converged, "{} not recorded converged\n{}", n.name, replay);
+            }
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn three_control_planes_and_twenty_workers_go_to_the_next_minor_with_and_without_faults() {
+    for faults in [vec![], vec![Fault::ControllerCrash, Fault::ApiOutage], vec![Fault::EtcdLag]] {
+        for seed in [1, 2, 3] {
+            check(3, 20, 3, seed, &faults, false).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_crash_looping_component_pauses_and_no_other_control_plane_is_touched_after_it() {
+    for seed in 1..=6 {
+        let sim = cluster(3, 20, seed, &[Fault::ComponentCrashloop], false);
+        assert_eq!(run(&sim, TARGET, 3), RunEnd::Paused, "seed {seed}");
+        sim.with_world(|w| {
+            let crash = w.trace.iter().position(|e| e.event == TraceKind::ComponentCrashLoop).expect("a crash-loop");
+            let crashed = &w.trace[crash].node;
+            assert!(
+                !w.trace[crash..].iter().any(|e| e.event == TraceKind::ConfigApply),
+                "seed {seed}: an apply after {crashed}'s crash-loop"
+            );
+            let later: Vec<&str> = w
+                .nodes
+                .iter()
+                .filter(|n| n.role == MachineRole::ControlPlane && n.name > *crashed)
+                .filter(|n| !n.kube.applies.is_empty())
+                .map(|n| n.name.as_str())
+                .collect();
+            assert!(later.is_empty(), "seed {seed}: control planes after {crashed} touched: {later:?}");
+            assert!(w.nodes.iter().all(|n| n.kube.kubelet.to_string() == FROM), "no kubelet changed");
+            let op = w.operations.values().next().unwrap();
+            let text = op.info.status.phase.to_string();
+            assert!(text.contains("crash-loops on v1.35.0"), "{text}");
+        });
+    }
+}
+
+#[test]
+fn a_kubelet_that_does_not_come_back_pauses_naming_it() {
+    let sim = cluster(3, 5, 7, &[Fault::KubeletNotBack], false);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Paused);
+    sim.with_world(|w| {
+        let failed = w.trace.iter().find(|e| e.event == TraceKind::Failed).expect("a failure");
+        assert_eq!(failed.reason.as_deref(), Some("KubeletNotBack"), "{failed:?}");
+        assert!(failed.message.as_deref().unwrap_or_default().contains("within 300 s"), "{failed:?}");
+    });
+}
+
+#[test]
+fn a_removed_api_in_use_and_a_skipped_minor_are_refused_touching_nothing() {
+    let sim = cluster(3, 2, 1, &[Fault::RemovedApiInUse], false);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Refused);
+    let sim_skip = cluster(3, 2, 1, &[], false);
+    assert_eq!(run(&sim_skip, "1.36.0", 1), RunEnd::Refused);
+    for (sim, reason, words) in [
+        (&sim, "RemovedApisInUse", "widgets.widgets.sim.ichor.dev/v1beta1 (3 uses, removed in 1.35)"),
+        (&sim_skip, "KubernetesSkipsMinor", "cp-1/kube-apiserver"),
+    ] {
+        sim.with_world(|w| {
+            let op = w.operations.values().next().unwrap();
+            assert_eq!(op.info.status.phase.reason(), reason);
+            let text = op.info.status.phase.to_string();
+            assert!(text.contains(words), "{text}");
+            assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "nothing applied");
+            assert!(w.lease.is_none(), "no lock taken");
+        });
+    }
+}
+
+#[test]
+fn a_second_run_to_the_same_target_applies_nothing() {
+    let sim = cluster(3, 3, 4, &[], false);
+    assert_eq!(run(&sim, TARGET, 2), RunEnd::Completed);
+    let applied = sim.with_world(|w| w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>());
+    sim.create_operation("again", spec(TARGET, 2));
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "again", &ExecutorConfig::default(), 10_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+    assert_eq!(sim.with_world(|w| w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>()), applied);
+}
