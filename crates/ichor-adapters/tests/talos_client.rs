@@ -3,15 +3,17 @@
 //! Ed25519 keys under Talos's own `ED25519 PRIVATE KEY` label, and ECDSA under `EC PRIVATE
 //! KEY`. The stand-in requires and verifies the client certificate.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ichor_adapters::talos::{ClientOptions, SnapshotError, TalosClient};
 use ichor_talos_executor::cause::report;
 use ichor_talos_executor::talos_api::{
-    InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
+    ApplyConfigReply, ApplyConfigRequest, ApplyMode, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError,
+    UpgradeRequest,
 };
 use ichor_talosconfig::{Overrides, TalosContext, parse};
-use ichor_testkit::apid::{Apid, Behaviour};
+use ichor_testkit::apid::{Apid, Behaviour, Served, serve};
 use ichor_testkit::net::{BlackHole, refused_endpoint};
 use ichor_testkit::pki::{Ca, KeyKind, Leaf, Validity, talosconfig};
 use ichor_upgrade_core::talos_step::MachineStage;
@@ -413,4 +415,344 @@ async fn lifecycle_calls_to_a_node_apid_cannot_reach_are_unreachable() {
     assert!(err.is_unreachable(), "{err:?}");
     let pull = PullRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
     assert!(bounded(c.client.image_pull("10.5.0.9", &pull)).await.unwrap_err().is_unreachable());
+}
+
+// ApplyConfiguration and the machine configuration's COSI Get, against a double that
+// decodes the requests and encodes its answers with messages written here from Talos's
+// own field numbers and enum values, not with Ichor's proto subset: a wrong number on
+// either side fails these tests.
+
+/// Talos's `machine.ApplyConfigurationRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TalosApplyRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    data: Vec<u8>,
+    /// `Mode`: REBOOT 0, AUTO 1, NO_REBOOT 2, STAGED 3, TRY 4.
+    #[prost(int32, tag = "4")]
+    mode: i32,
+    #[prost(bool, tag = "5")]
+    dry_run: bool,
+    #[prost(message, optional, tag = "6")]
+    try_mode_timeout: Option<prost_types::Duration>,
+}
+
+/// Talos's `common.Metadata`, its first two fields.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TalosMetadata {
+    #[prost(string, tag = "1")]
+    hostname: String,
+    #[prost(string, tag = "2")]
+    error: String,
+}
+
+/// Talos's `machine.ApplyConfiguration`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TalosApplied {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<TalosMetadata>,
+    #[prost(string, repeated, tag = "2")]
+    warnings: Vec<String>,
+    #[prost(int32, tag = "3")]
+    mode: i32,
+    #[prost(string, tag = "4")]
+    mode_details: String,
+}
+
+/// Talos's `machine.ApplyConfigurationResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TalosApplyResponse {
+    #[prost(message, repeated, tag = "1")]
+    messages: Vec<TalosApplied>,
+}
+
+/// COSI's `cosi.resource.GetRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CosiGetRequest {
+    #[prost(string, tag = "1")]
+    namespace: String,
+    #[prost(string, tag = "2")]
+    r#type: String,
+    #[prost(string, tag = "3")]
+    id: String,
+}
+
+/// COSI's `Spec`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CosiSpec {
+    #[prost(bytes = "vec", tag = "1")]
+    proto_spec: Vec<u8>,
+    #[prost(string, tag = "2")]
+    yaml_spec: String,
+}
+
+/// COSI's `Resource`, its spec (field 1, the metadata, left out).
+#[derive(Clone, PartialEq, prost::Message)]
+struct CosiResource {
+    #[prost(message, optional, tag = "2")]
+    spec: Option<CosiSpec>,
+}
+
+/// COSI's `GetResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CosiGetResponse {
+    #[prost(message, optional, tag = "1")]
+    resource: Option<CosiResource>,
+}
+
+/// Talos's `resource.config.MachineConfigSpec`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TalosMachineConfigSpec {
+    #[prost(bytes = "vec", tag = "1")]
+    yaml_marshalled: Vec<u8>,
+}
+
+/// How the wire double answers.
+#[derive(Clone, Default)]
+struct WireAnswer {
+    /// The mode number of the ApplyConfiguration reply; `None`: the request's.
+    mode: Option<i32>,
+    /// A `metadata.error` in the reply.
+    metadata_error: Option<String>,
+    /// An error status instead of a reply.
+    status: Option<(tonic::Code, &'static str)>,
+    /// The machine configuration's YAML.
+    config: Vec<u8>,
+}
+
+/// What the wire double decoded, with each call's `node` metadata.
+#[derive(Default)]
+struct WireSeen {
+    applies: Vec<(String, TalosApplyRequest)>,
+    gets: Vec<(String, CosiGetRequest)>,
+}
+
+#[derive(Clone)]
+struct Wire {
+    seen: Arc<Mutex<WireSeen>>,
+    answer: WireAnswer,
+}
+
+impl Wire {
+    fn apply(&self, request: tonic::Request<TalosApplyRequest>) -> Result<TalosApplyResponse, tonic::Status> {
+        let node = node_of(&request);
+        let request = request.into_inner();
+        let mode = self.answer.mode.unwrap_or(request.mode);
+        self.seen.lock().unwrap().applies.push((node, request));
+        if let Some((code, message)) = self.answer.status {
+            return Err(tonic::Status::new(code, message));
+        }
+        let metadata =
+            self.answer.metadata_error.clone().map(|error| TalosMetadata { error, ..TalosMetadata::default() });
+        let applied = TalosApplied {
+            metadata,
+            warnings: vec![format!("warning {mode}")],
+            mode,
+            mode_details: format!("details {mode}"),
+        };
+        Ok(TalosApplyResponse { messages: vec![applied] })
+    }
+
+    fn get(&self, request: tonic::Request<CosiGetRequest>) -> Result<CosiGetResponse, tonic::Status> {
+        let node = node_of(&request);
+        self.seen.lock().unwrap().gets.push((node, request.into_inner()));
+        let spec = TalosMachineConfigSpec { yaml_marshalled: self.answer.config.clone() };
+        let spec = CosiSpec { proto_spec: prost::Message::encode_to_vec(&spec), yaml_spec: String::new() };
+        Ok(CosiGetResponse { resource: Some(CosiResource { spec: Some(spec) }) })
+    }
+}
+
+fn node_of<T>(request: &tonic::Request<T>) -> String {
+    request.metadata().get("node").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+}
+
+/// One unary method, `answer`, run by tonic's own server machinery with prost's codec.
+struct Method<F>(Arc<F>);
+
+impl<Req, Resp, F> tonic::server::UnaryService<Req> for Method<F>
+where
+    F: Fn(tonic::Request<Req>) -> Result<Resp, tonic::Status>,
+{
+    type Response = Resp;
+    type Future = std::future::Ready<Result<tonic::Response<Resp>, tonic::Status>>;
+
+    fn call(&mut self, request: tonic::Request<Req>) -> Self::Future {
+        std::future::ready((self.0)(request).map(tonic::Response::new))
+    }
+}
+
+type HttpFuture = tonic::codegen::BoxFuture<http::Response<tonic::body::Body>, std::convert::Infallible>;
+
+fn unary<Req, Resp, F>(request: http::Request<tonic::body::Body>, answer: F) -> HttpFuture
+where
+    Req: prost::Message + Default + Send + 'static,
+    Resp: prost::Message + Send + 'static,
+    F: Fn(tonic::Request<Req>) -> Result<Resp, tonic::Status> + Send + Sync + 'static,
+{
+    Box::pin(async move {
+        let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<Resp, Req>::default());
+        Ok(grpc.unary(Method(Arc::new(answer)), request).await)
+    })
+}
+
+/// `machine.MachineService`, its ApplyConfiguration only.
+#[derive(Clone)]
+struct WireMachine(Wire);
+
+impl tonic::server::NamedService for WireMachine {
+    const NAME: &'static str = "machine.MachineService";
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for WireMachine {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = HttpFuture;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let wire = self.0.clone();
+        match request.uri().path() {
+            "/machine.MachineService/ApplyConfiguration" => unary(request, move |r| wire.apply(r)),
+            path => {
+                let status = tonic::Status::unimplemented(path.to_owned());
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
+}
+
+/// `cosi.resource.State`, its Get only.
+#[derive(Clone)]
+struct WireState(Wire);
+
+impl tonic::server::NamedService for WireState {
+    const NAME: &'static str = "cosi.resource.State";
+}
+
+impl tonic::codegen::Service<http::Request<tonic::body::Body>> for WireState {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = HttpFuture;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let wire = self.0.clone();
+        match request.uri().path() {
+            "/cosi.resource.State/Get" => unary(request, move |r| wire.get(r)),
+            path => {
+                let status = tonic::Status::unimplemented(path.to_owned());
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
+}
+
+/// The wire double on loopback over mutual TLS, and a client of it.
+struct WireCluster {
+    seen: Arc<Mutex<WireSeen>>,
+    client: TalosClient,
+    _served: Served,
+}
+
+impl WireCluster {
+    fn start(answer: WireAnswer) -> Self {
+        let ca = Ca::new(KeyKind::Ed25519);
+        let cert = ca.server(&["127.0.0.1"]);
+        let wire = Wire { seen: Arc::default(), answer };
+        let routes = tonic::service::Routes::new(WireMachine(wire.clone())).add_service(WireState(wire.clone()));
+        let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, routes);
+        let client =
+            TalosClient::new(&context(&[served.endpoint()], &ca, &ca.admin(Validity::Current)), options()).unwrap();
+        Self { seen: wire.seen, client, _served: served }
+    }
+}
+
+const MODES: [(ApplyMode, i32); 5] = [
+    (ApplyMode::Reboot, 0),
+    (ApplyMode::Auto, 1),
+    (ApplyMode::NoReboot, 2),
+    (ApplyMode::Staged, 3),
+    (ApplyMode::Try, 4),
+];
+
+#[tokio::test]
+async fn apply_modes_and_fields_travel_by_talos_numbers_both_ways() {
+    let c = WireCluster::start(WireAnswer::default());
+    let data = |i: usize| format!("version: v1alpha1 # {i}\n").into_bytes();
+    for (i, (mode, number)) in MODES.into_iter().enumerate() {
+        let request = ApplyConfigRequest { data: data(i), mode, dry_run: i % 2 == 0 };
+        let reply = bounded(c.client.apply_configuration("10.5.0.7", &request)).await.unwrap();
+        // The double answers in the mode number it decoded: the client names it back.
+        let expected = ApplyConfigReply {
+            mode,
+            mode_details: format!("details {number}"),
+            warnings: vec![format!("warning {number}")],
+        };
+        assert_eq!(reply, expected, "{mode:?}");
+    }
+    let expected: Vec<(String, TalosApplyRequest)> = MODES
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, mode))| {
+            let request = TalosApplyRequest { data: data(i), mode, dry_run: i % 2 == 0, try_mode_timeout: None };
+            ("10.5.0.7".to_owned(), request)
+        })
+        .collect();
+    assert_eq!(
+        c.seen.lock().unwrap().applies,
+        expected,
+        "data field 1, mode field 4 by Talos's numbers, dry_run field 5, no timeout"
+    );
+}
+
+#[tokio::test]
+async fn an_apply_answered_in_a_mode_ichor_does_not_know_is_an_error_naming_it() {
+    let c = WireCluster::start(WireAnswer { mode: Some(9), ..WireAnswer::default() });
+    let request = ApplyConfigRequest { data: b"x".to_vec(), mode: ApplyMode::NoReboot, dry_run: true };
+    let err = bounded(c.client.apply_configuration("10.5.0.7", &request)).await.unwrap_err();
+    assert!(matches!(&err, TalosError::Answered { message, .. } if message.contains("unknown mode 9")), "{err:?}");
+}
+
+#[tokio::test]
+async fn an_apply_refused_or_failed_on_the_node_is_an_answered_error() {
+    let request = ApplyConfigRequest { data: b"x".to_vec(), mode: ApplyMode::NoReboot, dry_run: false };
+    let refused = WireCluster::start(WireAnswer {
+        status: Some((tonic::Code::InvalidArgument, "failed to validate config")),
+        ..WireAnswer::default()
+    });
+    let err = bounded(refused.client.apply_configuration("10.5.0.7", &request)).await.unwrap_err();
+    assert_eq!(
+        err,
+        TalosError::Answered { code: "InvalidArgument".into(), message: "failed to validate config".into() }
+    );
+    assert!(!err.is_unreachable());
+    let failed =
+        WireCluster::start(WireAnswer { metadata_error: Some("apply failed".into()), ..WireAnswer::default() });
+    let err = bounded(failed.client.apply_configuration("10.5.0.7", &request)).await.unwrap_err();
+    assert_eq!(err, TalosError::Answered { code: "Unknown".into(), message: "apply failed".into() });
+    let unreachable = WireCluster::start(WireAnswer {
+        status: Some((tonic::Code::Unavailable, "connection error: connection refused")),
+        ..WireAnswer::default()
+    });
+    let err = bounded(unreachable.client.apply_configuration("10.5.0.9", &request)).await.unwrap_err();
+    assert!(matches!(&err, TalosError::Unreachable { code, .. } if code == "Unavailable"), "{err:?}");
+}
+
+#[tokio::test]
+async fn the_machine_configuration_is_the_cosi_get_of_config_v1alpha1() {
+    let yaml = b"version: v1alpha1\nmachine:\n  type: worker\n".to_vec();
+    let c = WireCluster::start(WireAnswer { config: yaml.clone(), ..WireAnswer::default() });
+    assert_eq!(bounded(c.client.machine_config("10.5.0.7")).await.unwrap(), yaml, "yaml_marshalled, field 1");
+    let seen = c.seen.lock().unwrap();
+    let get = CosiGetRequest {
+        namespace: "config".into(),
+        r#type: "MachineConfigs.config.talos.dev".into(),
+        id: "v1alpha1".into(),
+    };
+    assert_eq!(seen.gets, vec![("10.5.0.7".to_owned(), get)]);
 }

@@ -7,10 +7,13 @@ use std::time::Duration;
 
 use ichor_adapters::sim::{Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::{ClientOptions, TalosClient, server};
-use ichor_talos_executor::talos_api::{InstallRequest, PullRequest, TalosApi, TalosError, UpgradeRequest};
+use ichor_talos_executor::talos_api::{
+    ApplyConfigRequest, ApplyMode, InstallRequest, PullRequest, TalosApi, TalosError, UpgradeRequest,
+};
 use ichor_talosconfig::{Overrides, parse};
 use ichor_testkit::apid::serve;
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
+use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::talos_step::MachineStage;
 use ichor_upgrade_core::versions::TalosVersion;
 
@@ -115,6 +118,72 @@ async fn the_lifecycle_path_is_served_as_talos_serves_it() {
             assert_eq!(w.node("worker-1").unwrap().version, v("v1.14.4"), "booted into the slot installed")
         });
         assert_eq!(sim.with_world(|w| (w.installs.len(), w.reboots.len())), (1, 1));
+    };
+    tokio::time::timeout(Duration::from_secs(30), run).await.expect("the test's own bound");
+}
+
+#[tokio::test]
+async fn a_machine_configuration_is_read_and_applied_as_talos_serves_it() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let config = SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4"))
+        .with_storage(false)
+        .with_kubernetes("1.34.1")
+        .with_realism(Realism::oracle());
+    let sim = Arc::new(SimCluster::new(config));
+    let ca = Ca::new(KeyKind::Ed25519);
+    let cert = ca.server(&["127.0.0.1"]);
+    let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, server::services(Arc::clone(&sim)));
+    let admin = ca.admin(Validity::Current);
+    let text = talosconfig("fleet", &[served.endpoint()], &[], &ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
+    let client = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), ClientOptions::default()).unwrap();
+    let worker = "10.5.0.5"; // worker-1
+    let applies = || sim.read_world(|w| w.node("worker-1").unwrap().kube.applies.clone());
+    let run = async {
+        // The COSI Get of config/MachineConfigs.config.talos.dev/v1alpha1: the node's YAML.
+        let yaml = client.machine_config(worker).await.unwrap();
+        assert_eq!(yaml, sim.machine_config(worker).await.unwrap(), "the bytes the node holds");
+        let text = String::from_utf8(yaml.clone()).unwrap();
+        assert!(text.contains("kubelet:v1.34.1"), "{text}");
+        let changed = text.replace("kubelet:v1.34.1", "kubelet:v1.35.0").into_bytes();
+
+        // A dry run: the mode the node would use and what would change; nothing stored.
+        let dry = ApplyConfigRequest { data: changed.clone(), mode: ApplyMode::NoReboot, dry_run: true };
+        let reply = client.apply_configuration(worker, &dry).await.unwrap();
+        assert_eq!(reply.mode, ApplyMode::NoReboot);
+        assert!(reply.mode_details.contains("kubelet:v1.35.0"), "{reply:?}");
+        assert!(reply.warnings.is_empty(), "{reply:?}");
+        assert_eq!(client.machine_config(worker).await.unwrap(), yaml, "a dry run stores nothing");
+        assert!(applies().is_empty());
+
+        // The apply itself.
+        let apply = ApplyConfigRequest { dry_run: false, ..dry.clone() };
+        let reply = client.apply_configuration(worker, &apply).await.unwrap();
+        assert_eq!(reply.mode, ApplyMode::NoReboot);
+        assert!(reply.mode_details.contains("kubelet:v1.35.0"), "{reply:?}");
+        assert_eq!(client.machine_config(worker).await.unwrap(), changed, "the node holds the new configuration");
+        assert_eq!(applies(), vec![Component::Kubelet]);
+        // The same configuration again: nothing to change.
+        let again = client.apply_configuration(worker, &apply).await.unwrap();
+        assert_eq!((again.mode, again.mode_details.as_str()), (ApplyMode::NoReboot, "No changes."));
+
+        // A configuration the node refuses: InvalidArgument, answered as such.
+        let untagged = String::from_utf8(changed.clone()).unwrap().replace(":v1.35.0", "").into_bytes();
+        let err = client
+            .apply_configuration(worker, &ApplyConfigRequest { data: untagged, ..apply.clone() })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, TalosError::Answered { code, message } if code == "InvalidArgument" && message.contains("no version tag")),
+            "{err:?}"
+        );
+        assert!(!err.is_unreachable());
+        // A mode the simulator does not serve: its own code travels too.
+        let err = client
+            .apply_configuration(worker, &ApplyConfigRequest { mode: ApplyMode::Reboot, ..apply.clone() })
+            .await
+            .unwrap_err();
+        assert!(matches!(&err, TalosError::Answered { code, .. } if code == "Unimplemented"), "{err:?}");
+        assert_eq!(applies(), vec![Component::Kubelet], "nothing more applied");
     };
     tokio::time::timeout(Duration::from_secs(30), run).await.expect("the test's own bound");
 }

@@ -14,6 +14,7 @@ use ichor_talos_executor::talos_api::TalosApi;
 use ichor_talosconfig::{Overrides, parse};
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::Ca;
+use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::talos_step::MachineStage;
 use ichor_upgrade_core::versions::TalosVersion;
 
@@ -203,4 +204,43 @@ async fn talosctl_is_answered_by_the_stand_in_as_by_talos() {
     let (installs, reboots) = scene.sim.read_world(|w| (w.counters.install_calls, w.counters.reboot_calls));
     assert_eq!((installs, reboots), (1, 1));
     assert_eq!(scene.sim.machine_stage(OTHER_WORKER).await.unwrap(), MachineStage::Upgrading);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs talosctl: ICHOR_TEST_TALOSCTL (bash scripts/talosctl.sh build)"]
+async fn talosctl_apply_config_is_answered_by_the_stand_in_as_by_talos() {
+    let scene = Arc::new(tokio::task::spawn_blocking(Scene::new).await.unwrap());
+    // The worker's own configuration (the simulated cluster runs Kubernetes 1.34.1), its
+    // kubelet moved on a minor.
+    let text = String::from_utf8(scene.sim.machine_config(WORKER).await.unwrap()).unwrap();
+    let changed = text.replace("kubelet:v1.34.1", "kubelet:v1.35.0");
+    assert_ne!(changed, text, "{text}");
+    let file = scene.dir.path().join("worker-1.yaml");
+    std::fs::write(&file, &changed).unwrap();
+    let untagged = scene.dir.path().join("untagged.yaml");
+    std::fs::write(&untagged, changed.replace(":v1.35.0", "")).unwrap();
+    let s = Arc::clone(&scene);
+    let applies = move || s.sim.read_world(|w| w.node("worker-1").unwrap().kube.applies.clone());
+    let s = Arc::clone(&scene);
+    tokio::task::spawn_blocking(move || {
+        let (file, untagged) = (file.to_str().unwrap(), untagged.to_str().unwrap());
+        // A dry run: the node's account of the change (talosctl prints mode_details);
+        // nothing applied.
+        let out = s.talosctl_ok(WORKER, &["apply-config", "--dry-run", "--mode", "no-reboot", "--file", file]);
+        assert!(out.contains("kubelet: image ghcr.io/siderolabs/kubelet:v1.35.0"), "{out}");
+        assert!(applies().is_empty(), "a dry run applies nothing");
+        // The apply, in talosctl's default mode (AUTO), which the node takes with no reboot.
+        let out = s.talosctl_ok(WORKER, &["apply-config", "--file", file]);
+        assert!(out.contains("kubelet:v1.35.0"), "{out}");
+        assert_eq!(applies(), vec![Component::Kubelet]);
+        // A configuration the node refuses: talosctl reports the node's InvalidArgument.
+        let refused = s.talosctl(WORKER, &["apply-config", "--mode", "no-reboot", "--file", untagged]);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{stderr}");
+        assert!(stderr.contains("InvalidArgument") && stderr.contains("no version tag"), "{stderr}");
+        assert_eq!(applies(), vec![Component::Kubelet], "nothing more applied");
+    })
+    .await
+    .unwrap();
+    assert_eq!(scene.sim.machine_config(WORKER).await.unwrap(), changed.into_bytes(), "the node holds it");
 }

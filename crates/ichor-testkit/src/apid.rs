@@ -224,6 +224,14 @@ impl LifecycleService for Talos {
 
 #[tonic::async_trait]
 impl MachineService for Talos {
+    async fn apply_configuration(
+        &self,
+        request: Request<pb::ApplyConfigurationRequest>,
+    ) -> Result<Response<pb::ApplyConfigurationResponse>, Status> {
+        self.route("ApplyConfiguration", &request)?;
+        Err(Status::unimplemented("this stand-in does not serve ApplyConfiguration"))
+    }
+
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         self.route("Version", &request)?;
         let version = pb::Version {

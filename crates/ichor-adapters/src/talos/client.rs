@@ -28,8 +28,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ichor_talos_executor::cause::{Cause, report};
 use ichor_talos_executor::talos_api::{
-    BOOT_ID_PATH, EtcdAlarm, EtcdMember, EtcdStatus, INSTALL_OUTPUT_LINES, ImageInfo, InstallOutcome, InstallRequest,
-    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    ApplyConfigReply, ApplyConfigRequest, ApplyMode, BOOT_ID_PATH, EtcdAlarm, EtcdMember, EtcdStatus,
+    INSTALL_OUTPUT_LINES, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, SnapshotStream,
+    TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_talosconfig::{Endpoint, TalosContext};
 use ichor_upgrade_core::talos_step::MachineStage;
@@ -41,9 +42,11 @@ use super::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamesp
 use super::proto::machine::image_service_client::ImageServiceClient;
 use super::proto::machine::lifecycle_service_client::LifecycleServiceClient;
 use super::proto::machine::machine_service_client::MachineServiceClient;
-use super::proto::machine::{self as pb};
+use super::proto::machine::{self as pb, apply_configuration_request::Mode as WireMode};
 use super::proto::resource::state_client::StateClient;
-use super::proto::resource::{GetRequest, MachineStatusSpec, NodenameSpec, machine_status_spec::Stage};
+use super::proto::resource::{
+    GetRequest, MachineConfigSpec, MachineStatusSpec, NodenameSpec, machine_status_spec::Stage,
+};
 
 /// The client's bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -380,6 +383,29 @@ fn system_namespace() -> ContainerdInstance {
     ContainerdInstance { driver: ContainerDriver::Cri as i32, namespace: ContainerdNamespace::NsSystem as i32 }
 }
 
+/// An apply mode as `ApplyConfigurationRequest.Mode` numbers it.
+pub(super) fn wire_mode(mode: ApplyMode) -> WireMode {
+    match mode {
+        ApplyMode::Reboot => WireMode::Reboot,
+        ApplyMode::Auto => WireMode::Auto,
+        ApplyMode::NoReboot => WireMode::NoReboot,
+        ApplyMode::Staged => WireMode::Staged,
+        ApplyMode::Try => WireMode::Try,
+    }
+}
+
+/// The apply mode numbered `number` on the wire; `None` for a number the subset does not
+/// know.
+pub(super) fn apply_mode(number: i32) -> Option<ApplyMode> {
+    Some(match WireMode::try_from(number).ok()? {
+        WireMode::Reboot => ApplyMode::Reboot,
+        WireMode::Auto => ApplyMode::Auto,
+        WireMode::NoReboot => ApplyMode::NoReboot,
+        WireMode::Staged => ApplyMode::Staged,
+        WireMode::Try => ApplyMode::Try,
+    })
+}
+
 /// The `node` metadata value that routes a call to `node` through apid; none for an empty
 /// name (the endpoint's own node).
 fn target(node: &str) -> Result<Option<tonic::metadata::AsciiMetadataValue>, TalosError> {
@@ -651,6 +677,32 @@ impl TalosApi for TalosClient {
         let exit_code = exit_code
             .ok_or_else(|| TalosError::transport("the install stream ended without the installer's exit code"))?;
         Ok(InstallOutcome { exit_code, output: output.into() })
+    }
+
+    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        let spec = self.get(node, "config", "MachineConfigs.config.talos.dev", "v1alpha1").await?;
+        let spec = MachineConfigSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
+        Ok(spec.yaml_marshalled)
+    }
+
+    async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        // No try_mode_timeout: the request has none (Talos's default applies to TRY).
+        let message = pb::ApplyConfigurationRequest {
+            data: request.data.clone(),
+            mode: wire_mode(request.mode) as i32,
+            dry_run: request.dry_run,
+            try_mode_timeout: None,
+        };
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.apply_configuration(r).await }).await?;
+        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
+        let mode = apply_mode(first.mode).ok_or_else(|| {
+            answered("Unknown", format!("ApplyConfiguration answered an unknown mode {}", first.mode))
+        })?;
+        Ok(ApplyConfigReply { mode, mode_details: first.mode_details, warnings: first.warnings })
     }
 
     async fn reboot(&self, node: &str) -> Result<String, TalosError> {

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use ichor_talos_executor::cause::report;
 use ichor_talos_executor::talos_api::{
-    BOOT_ID_PATH, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
+    ApplyConfigRequest, BOOT_ID_PATH, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
 };
 use ichor_upgrade_core::talos_step::MachineStage;
 use prost::Message;
 use tonic::{Code, Request, Response, Status};
 
+use super::client::{apply_mode, wire_mode};
 use super::proto::common::{ContainerDriver, ContainerdInstance, ContainerdNamespace, Data};
 use super::proto::machine::image_service_server::{ImageService, ImageServiceServer};
 use super::proto::machine::lifecycle_service_server::{LifecycleService, LifecycleServiceServer};
@@ -24,7 +25,8 @@ use super::proto::machine::machine_service_server::{MachineService, MachineServi
 use super::proto::machine::{self as pb};
 use super::proto::resource::state_server::{State, StateServer};
 use super::proto::resource::{
-    GetRequest, GetResponse, MachineStatusSpec, NodenameSpec, Resource, Spec, machine_status_spec::Stage,
+    GetRequest, GetResponse, MachineConfigSpec, MachineStatusSpec, NodenameSpec, Resource, Spec,
+    machine_status_spec::Stage,
 };
 
 /// Every service (`MachineService`, the resource `State`, `ImageService`,
@@ -132,6 +134,25 @@ fn code_of(name: &str) -> Code {
 
 #[tonic::async_trait]
 impl<T: TalosApi + 'static> MachineService for Apid<T> {
+    async fn apply_configuration(
+        &self,
+        request: Request<pb::ApplyConfigurationRequest>,
+    ) -> Result<Response<pb::ApplyConfigurationResponse>, Status> {
+        let node = node(&request)?;
+        let message = request.into_inner();
+        let mode = apply_mode(message.mode)
+            .ok_or_else(|| Status::invalid_argument(format!("unknown apply mode {}", message.mode)))?;
+        let call = ApplyConfigRequest { data: message.data, mode, dry_run: message.dry_run };
+        let reply = self.api.apply_configuration(&node, &call).await.map_err(|e| status(&e))?;
+        let applied = pb::ApplyConfiguration {
+            metadata: None,
+            warnings: reply.warnings,
+            mode: wire_mode(reply.mode) as i32,
+            mode_details: reply.mode_details,
+        };
+        Ok(Response::new(pb::ApplyConfigurationResponse { messages: vec![applied] }))
+    }
+
     async fn version(&self, request: Request<()>) -> Result<Response<pb::VersionResponse>, Status> {
         let node = node(&request)?;
         let tag = self.api.talos_version(&node).await.map_err(|e| status(&e))?;
@@ -383,6 +404,10 @@ impl<T: TalosApi + 'static> State for Apid<T> {
                     MachineStage::Unknown => Stage::Unknown,
                 };
                 MachineStatusSpec { stage: stage as i32, status: None }.encode_to_vec()
+            }
+            ("config", "MachineConfigs.config.talos.dev", "v1alpha1") => {
+                let yaml_marshalled = self.api.machine_config(&node).await.map_err(|e| status(&e))?;
+                MachineConfigSpec { yaml_marshalled }.encode_to_vec()
             }
             // Talos keeps the installer's PID while its task runs (the spec's content is
             // not read: its existence is the answer).
