@@ -283,3 +283,117 @@ fn a_second_run_to_the_same_target_applies_nothing() {
     assert_eq!(end, RunEnd::Completed);
     assert_eq!(sim.with_world(|w| w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>()), applied);
 }
+
+/// Kills the controller at the first apply (the first control plane's kube-apiserver),
+/// before or after it took effect, and runs on to the end.
+fn killed_at_the_first_apply(before_effect: bool) -> SimCluster {
+    let sim = cluster(3, 2, 11, &[], false);
+    sim.with_world(|w| w.crash.on_next_apply = Some(before_effect));
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Completed);
+    sim
+}
+
+#[test]
+fn killed_after_an_apply_took_effect_the_change_is_read_from_the_node_and_never_applied_again() {
+    let sim = killed_at_the_first_apply(false);
+    sim.with_world(|w| {
+        assert_eq!(w.counters.restarts, 1, "the controller was killed");
+        let cp1 = w.node("cp-1").unwrap();
+        let apiserver = cp1.kube.applies.iter().filter(|c| c.as_str() == "kube-apiserver").count();
+        assert_eq!(
+            apiserver, 1,
+            "the acknowledgement was lost, the configuration said it landed: {:?}",
+            cp1.kube.applies
+        );
+    });
+}
+
+#[test]
+fn killed_before_an_apply_reached_the_node_it_is_made_once() {
+    let sim = killed_at_the_first_apply(true);
+    sim.with_world(|w| {
+        assert_eq!(w.counters.restarts, 1, "the controller was killed");
+        let cp1 = w.node("cp-1").unwrap();
+        let apiserver = cp1.kube.applies.iter().filter(|c| c.as_str() == "kube-apiserver").count();
+        assert_eq!(apiserver, 1, "applied once, after the restart: {:?}", cp1.kube.applies);
+        let record = w.trace.iter().position(|e| e.event == TraceKind::ControllerRestart).unwrap();
+        let apply = w.trace.iter().position(|e| e.event == TraceKind::ConfigApply).unwrap();
+        assert!(apply > record, "the first apply never reached the node");
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: crate::cases("KUBERNETES_RESTART_CASES", 60), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The restart property for Kubernetes upgrades: a controller killed at random points
+    /// ends as one never killed (the same end, the same failed machines, every component
+    /// where the other left it when completed), and no node takes a change twice.
+    #[test]
+    fn a_kubernetes_upgrade_killed_anywhere_ends_as_one_never_killed(
+        control_planes in prop::sample::select(vec![1usize, 3, 5]),
+        workers in 0usize..=12,
+        max_unavailable in 1i64..=4,
+        seed in any::<u64>(),
+        crash_loop in prop::bool::weighted(0.3),
+    ) {
+        let faults = |crash: bool| {
+            let mut faults = Vec::new();
+            if crash_loop {
+                faults.push(Fault::ComponentCrashloop);
+            }
+            if crash {
+                faults.push(Fault::ControllerCrash);
+            }
+            faults
+        };
+        let ending = |sim: &SimCluster, end: RunEnd| {
+            sim.with_world(|w| {
+                let failed: Vec<String> =
+                    w.trace.iter().filter(|e| e.event == TraceKind::Failed).map(|e| e.node.clone()).collect();
+                let kubelets: Vec<String> = w.nodes.iter().map(|n| n.kube.kubelet.to_string()).collect();
+                (end, failed, kubelets)
+            })
+        };
+        let calm = cluster(control_planes, workers, seed, &faults(false), false);
+        let calm_end = run(&calm, TARGET, max_unavailable);
+        let killed = cluster(control_planes, workers, seed, &faults(true), false);
+        let killed_end = run(&killed, TARGET, max_unavailable);
+        let (calm, killed) = (ending(&calm, calm_end), ending(&killed, killed_end.clone()));
+        prop_assert_eq!(&killed.0, &calm.0, "seed {}", seed);
+        prop_assert_eq!(&killed.1, &calm.1, "the same machines fail; seed {}", seed);
+        if killed.0 == RunEnd::Completed {
+            prop_assert_eq!(&killed.2, &calm.2, "seed {}", seed);
+        }
+        check(control_planes, workers, max_unavailable, seed, &faults(true), false)?;
+    }
+}
+
+#[test]
+fn a_talos_and_a_kubernetes_upgrade_of_one_cluster_never_run_at_once_and_chain_through_the_lock() {
+    let sim = cluster(3, 2, 3, &[], false);
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
+    sim.create_operation("kubernetes", spec(TARGET, 1));
+    let runtime = ichor_adapters::sim::runtime();
+    let config = ExecutorConfig::default();
+    // The Talos upgrade takes the cluster lock in its first pass.
+    runtime.block_on(run_operation(&sim, "upgrade", &config, 1, |_| {}));
+    // The Kubernetes upgrade then waits for it, touching nothing.
+    runtime.block_on(run_operation(&sim, "kubernetes", &config, 1, |_| {}));
+    sim.with_world(|w| {
+        let phase = &w.operations["kubernetes"].info.status.phase;
+        assert_eq!(phase.reason(), "LockHeld", "{phase}");
+        assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "nothing applied under another's lock");
+    });
+    assert_eq!(runtime.block_on(run_operation(&sim, "upgrade", &config, 50_000, |_| {})), RunEnd::Completed);
+    assert_eq!(runtime.block_on(run_operation(&sim, "kubernetes", &config, 50_000, |_| {})), RunEnd::Completed);
+    sim.with_world(|w| {
+        for n in &w.nodes {
+            assert_eq!(n.version.to_string(), "v1.14.4", "{}", n.name);
+            assert_eq!(n.kube.kubelet.to_string(), TARGET, "{}", n.name);
+        }
+        // The Kubernetes upgrade's first apply came after the Talos upgrade's last reboot.
+        let last_reboot = w.trace.iter().rposition(|e| e.event == TraceKind::RebootEnd).unwrap();
+        let first_apply = w.trace.iter().position(|e| e.event == TraceKind::ConfigApply).unwrap();
+        assert!(first_apply > last_reboot);
+    });
+}

@@ -565,7 +565,8 @@ fn judge_wait(input: &KubernetesStepInput<'_>, component: Component, since: Time
     } else {
         KubernetesWait::ComponentNotReady { component }
     };
-    wait(reason, Some(deadline))
+    // Looked at again at the poll as well: a controller need not watch mirror pods.
+    wait(reason, Some(deadline.min(input.now.saturating_add(input.timeouts.poll))))
 }
 
 #[cfg(test)]

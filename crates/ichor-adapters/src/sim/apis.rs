@@ -593,6 +593,13 @@ impl TalosApi for SimCluster {
         node: &str,
         request: &ApplyConfigRequest,
     ) -> Result<ApplyConfigReply, TalosError> {
+        if !request.dry_run {
+            self.with_world_untouched(|w| {
+                if let Some(before_effect) = w.crash.on_next_apply.take() {
+                    w.arm_crash(1, before_effect);
+                }
+            });
+        }
         self.talos("apply_configuration", node, |w, i| w.apply_configuration(i, request)).await
     }
 

@@ -341,6 +341,10 @@ pub struct CrashState {
     /// Kill the controller at the next Upgrade call: before its effect (`true`, the call
     /// never reaches the node) or after it (`false`, the acknowledgement is lost).
     pub on_next_upgrade: Option<bool>,
+    /// Kill the controller at the next ApplyConfiguration that is no dry run: before its
+    /// effect (`true`, the configuration is not stored) or after it (`false`, the
+    /// acknowledgement is lost).
+    pub on_next_apply: Option<bool>,
     /// Kill the controller at the next storage evacuation request, once its write took
     /// effect (the answer is lost): the backend's record is then all that says so.
     pub on_next_evacuation: bool,

@@ -122,9 +122,13 @@ fn an_applied_component_is_waited_on_until_its_bound_then_fails_naming_what_was_
         m.step(),
         KubernetesAction::Wait {
             reason: KubernetesWait::ComponentNotReady { component: Component::KubeApiserver },
-            recheck_at: Some(deadline)
-        }
+            recheck_at: Some(T0.saturating_add(KubernetesTimeouts::default().poll))
+        },
+        "looked at again at the poll, a mirror pod being no watch of the engine's"
     );
+    let near = deadline.saturating_add(std::time::Duration::from_secs(0)).unix_millis() - 1_000;
+    let KubernetesAction::Wait { recheck_at, .. } = m.step_at(Timestamp::from_unix_millis(near)) else { panic!() };
+    assert_eq!(recheck_at, Some(deadline), "never past the bound");
     let KubernetesAction::Fail(failure) = m.step_at(deadline) else { panic!() };
     assert_eq!(failure.reason(), "ComponentNotReady");
     assert!(failure.to_string().contains("pod v1.35.0, not Ready"), "{failure}");
