@@ -506,10 +506,10 @@ async fn a_bad_kind_is_refused_by_the_schema_and_a_bad_machine_by_the_controller
     let both = scene.fleet("1+1", &[]);
     scene.fleet_up(2).await;
     let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
-    let mut spec = scene.operation_spec("kubernetes", None);
+    let mut spec = scene.operation_spec("ichor", None);
     let refused = ops.create(&PostParams::default(), &TalosOperation::new("k8s", spec.clone())).await.unwrap_err();
     let text = refused.to_string();
-    assert!(text.contains("spec.kind") && text.contains("\"talos\"") && text.contains("\"remove\""), "{text}");
+    assert!(text.contains("spec.kind") && text.contains("\"talos\"") && text.contains("\"kubernetes\""), "{text}");
     spec.kind = "talos".into();
     spec.machine = Some(fleet::CLUSTER.to_owned() + "-worker-1");
     let refused = ops.create(&PostParams::default(), &TalosOperation::new("k8s", spec)).await.unwrap_err();
@@ -726,5 +726,78 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
     }
     scene.only_allowed_requests(&second).await;
     drop(fleet);
+    scene.end().await;
+}
+
+/// The target of the fleet's Kubernetes upgrades: the next minor of [`fleet::KUBERNETES`].
+const KUBERNETES_TARGET: &str = "1.35.0";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_kubernetes_upgrade_completes_on_the_simulated_fleet_with_every_kubelet_on_the_target() {
+    let scene = Scene::new("e2e-k8s").await;
+    let fleet = scene.fleet("3+3", &["--fleet-only"]);
+    scene.fleet_up(6).await;
+    let kubeconfig = scene.operator_kubeconfig().await;
+    let mut first = scene.operator("operator-1", &kubeconfig, &["--identity", "replica-a"]);
+    let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let spec = TalosOperationSpec {
+        target_version: KUBERNETES_TARGET.into(),
+        max_unavailable: 2,
+        ..scene.operation_spec("kubernetes", None)
+    };
+    ops.create(&PostParams::default(), &TalosOperation::new("kubernetes", spec)).await.unwrap();
+    // Killed after its first applies, while a control plane's components change.
+    eventually("three applies", || async { fleet.value("ichor_fleet_config_applies_total").await >= Some(3.0) }).await;
+    scene.only_allowed_requests(&first).await;
+    first.kill();
+    let before = fleet.value("ichor_fleet_config_applies_total").await.unwrap_or_default();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    let traced = ["--identity", "replica-a", "--trace", trace.to_str().unwrap()];
+    let second = scene.operator("operator-2", &kubeconfig, &traced);
+    eventually("the Kubernetes upgrade completes", || async { scene.phase("kubernetes").await == "Completed" }).await;
+    // The restarted operator's trace: a config-apply, with its node and component, before
+    // each apply it made.
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &serde_json::Value| r["event"] == "config-apply")
+        .collect();
+    let components = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet"];
+    for record in &records {
+        assert!(record["node"].as_str().is_some_and(|n| n.starts_with("demo-")), "{record}");
+        assert!(components.contains(&record["component"].as_str().unwrap_or_default()), "{record}");
+    }
+    let after = fleet.value("ichor_fleet_config_applies_total").await.unwrap_or_default();
+    #[allow(clippy::cast_precision_loss)]
+    let traced_applies = records.len() as f64;
+    assert_eq!(traced_applies, after - before, "one config-apply record per apply after the restart: {records:?}");
+
+    let nodes = scene.fleet_nodes().await;
+    assert_eq!(nodes.len(), 6);
+    for node in &nodes {
+        let info = node.status.as_ref().and_then(|s| s.node_info.as_ref()).expect("nodeInfo");
+        assert_eq!(info.kubelet_version, format!("v{KUBERNETES_TARGET}"), "{}", node.name_any());
+    }
+    // Every control plane's mirror pods on the target and Ready.
+    let pods: Api<Pod> = Api::namespaced(scene.ns.client.clone(), "kube-system");
+    let mirrors = pods
+        .list(&ListParams::default().labels(&format!("{}={}", fleet::FLEET_LABEL, scene.ns.name)))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(mirrors.len(), 9, "three static pods on each of three control planes");
+    for pod in &mirrors {
+        assert_eq!(pod.labels().get("app.kubernetes.io/version").map(String::as_str), Some(KUBERNETES_TARGET));
+    }
+    // Three static pods and kube-proxy per control plane, a kubelet per node; none twice.
+    assert_eq!(fleet.value("ichor_fleet_config_applies_total").await, Some(3.0 * 4.0 + 6.0));
+    assert_eq!(fleet.value("ichor_fleet_repeated_applies").await, Some(0.0), "no change applied twice");
+    assert_eq!(fleet.value("ichor_fleet_talos_calls_total").await.map(|n| n > 0.0), Some(true));
+    let lease = scene.cluster_lease().await.expect("the cluster Lease");
+    assert!(lease.spec.and_then(|s| s.holder_identity).unwrap_or_default().is_empty(), "the lock is released");
+    scene.only_allowed_requests(&second).await;
     scene.end().await;
 }

@@ -20,12 +20,12 @@ use std::time::Instant;
 use async_trait::async_trait;
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
-    PodInfo,
+    ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
+    NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
-    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
+    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
@@ -105,6 +105,20 @@ impl TalosApi for FencedTalos<'_> {
     async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
         self.fence.talos(node)?;
         self.inner.upgrade(node, request).await
+    }
+    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.inner.machine_config(node).await
+    }
+    async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        // A dry run stores nothing; an apply changes the node.
+        if !request.dry_run {
+            self.fence.talos(node)?;
+        }
+        self.inner.apply_configuration(node, request).await
     }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.inner.etcd_members(node).await
@@ -192,6 +206,12 @@ impl ConditionStore for FencedKube<'_> {
 impl KubeApi for FencedKube<'_> {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
         self.inner.node(name).await
+    }
+    async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
+        self.inner.node_kubernetes(node).await
+    }
+    async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
+        self.inner.cluster_kubernetes().await
     }
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
         self.inner.operation(name).await

@@ -36,8 +36,8 @@ use ichor_adapters::sim::world::NodePhase;
 use ichor_adapters::sim::{Naming, Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::server;
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
-    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
+    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
@@ -48,7 +48,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Pod, Secret, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use prometheus_client::collector::Collector;
@@ -238,6 +238,20 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.boot_id(node).await
     }
+    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.machine_config(node).await
+    }
+    async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let result = self.sim.apply_configuration(node, request).await;
+        tracing::info!(node, dry_run = request.dry_run, applied = result.is_ok(), "fleet: ApplyConfiguration");
+        result
+    }
 }
 
 /// A running fleet: the simulation, its Talos API and what it received.
@@ -262,6 +276,10 @@ struct Published {
     ready: bool,
     boot_id: String,
     os_image: String,
+    /// Its kubelet's version (`1.35.0`).
+    kubelet_version: String,
+    /// On a control plane, its static pods: the component, its version, Ready, crash-looping.
+    static_pods: Vec<(&'static str, String, bool, bool)>,
 }
 
 impl Fleet {
@@ -351,6 +369,7 @@ impl Fleet {
             "simulated fleet up"
         );
         let kubelet = (!self.config.kwok).then(|| tokio::spawn(kubelet(client.clone(), names.clone())));
+        let mut mirrored: HashMap<String, Vec<(&'static str, String, bool, bool)>> = HashMap::new();
         let mut shutdown = std::pin::pin!(shutdown);
         let mut beat: Option<Instant> = None;
         loop {
@@ -390,6 +409,19 @@ impl Fleet {
                     Err(e) => tracing::warn!(node = %name, error = %e, "fleet: Node status not written"),
                 }
             }
+            // The control planes' static pods, as their kubelets' mirror pods show them.
+            for (name, _, view) in &views {
+                if view.static_pods.is_empty() || mirrored.get(name) == Some(&view.static_pods) {
+                    continue;
+                }
+                let before = mirrored.get(name).map(Vec::as_slice).unwrap_or_default();
+                match publish_static_pods(&client, name, &self.config.namespace, before, &view.static_pods).await {
+                    Ok(()) => {
+                        mirrored.insert(name.clone(), view.static_pods.clone());
+                    }
+                    Err(e) => tracing::warn!(node = %name, error = %e, "fleet: mirror pods not written"),
+                }
+            }
             if !self.config.kwok && beat.is_none_or(|b| b.elapsed() >= HEARTBEAT) {
                 beat = Some(Instant::now());
                 for (name, up, _) in &views {
@@ -405,6 +437,11 @@ impl Fleet {
         }
         if let Some(kubelet) = kubelet {
             kubelet.abort();
+        }
+        let mirrors: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+        let mine = ListParams::default().labels(&format!("{FLEET_LABEL}={}", self.config.namespace));
+        if let Err(e) = mirrors.delete_collection(&DeleteParams::default(), &mine).await {
+            tracing::warn!(error = %e, "fleet: mirror pods not deleted");
         }
         let nodes: Api<Node> = Api::all(client.clone());
         futures::stream::iter(names)
@@ -433,8 +470,19 @@ impl Fleet {
                         n.phase,
                         NodePhase::Running | NodePhase::Installing { .. } | NodePhase::Booting { .. }
                     );
-                    let view =
-                        Published { ready: n.ready && up, boot_id: n.boot_id.clone(), os_image: n.version.os_image() };
+                    let static_pods = n
+                        .kube
+                        .pods
+                        .iter()
+                        .map(|(c, p)| (c.as_str(), p.version.to_string(), p.ready && up, p.crash_looping))
+                        .collect();
+                    let view = Published {
+                        ready: n.ready && up,
+                        boot_id: n.boot_id.clone(),
+                        os_image: n.version.os_image(),
+                        kubelet_version: n.kube.kubelet.to_string(),
+                        static_pods,
+                    };
                     (n.name.clone(), up, view)
                 })
                 .collect()
@@ -627,6 +675,85 @@ async fn publish_status(client: &Client, name: &str, view: &Published) -> Result
     Api::<Node>::all(client.clone()).patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map(drop)
 }
 
+/// A control plane's static pods as its kubelet's mirror pods in `kube-system` (labelled as
+/// Talos renders them, the fleet's label besides): each made, or made again when its
+/// version changed (a kubelet replaces the mirror pod of a changed static pod: its
+/// `kubernetes.io/config.mirror` hash cannot change), then its status (Running; Ready, or a
+/// container waiting in `CrashLoopBackOff`).
+async fn publish_static_pods(
+    client: &Client,
+    node: &str,
+    namespace: &str,
+    before: &[(&'static str, String, bool, bool)],
+    pods: &[(&'static str, String, bool, bool)],
+) -> Result<(), kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    for (component, version, ready, crash_looping) in pods {
+        let name = format!("{component}-{node}");
+        let was = before.iter().find(|(c, ..)| c == component);
+        if was.is_some_and(|(_, v, ..)| v != version) {
+            let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+            match api.delete(&name, &now).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": "kube-system",
+                "labels": {
+                    "k8s-app": component,
+                    "component": component,
+                    "tier": "control-plane",
+                    "app.kubernetes.io/name": component,
+                    "app.kubernetes.io/version": version,
+                    "app.kubernetes.io/component": "control-plane",
+                    "app.kubernetes.io/managed-by": "Talos",
+                    FLEET_LABEL: namespace,
+                },
+                "annotations": { "kubernetes.io/config.mirror": format!("{component}-{version}") },
+            },
+            "spec": {
+                "nodeName": node,
+                "priorityClassName": "system-cluster-critical",
+                "tolerations": [{ "operator": "Exists" }],
+                "containers": [{ "name": component, "image": format!("registry.k8s.io/{component}:v{version}") }],
+            },
+        });
+        api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&pod)).await?;
+        let now = now_time();
+        let ready_text = if *ready { "True" } else { "False" };
+        let state = if *crash_looping {
+            json!({ "waiting": { "reason": "CrashLoopBackOff", "message": "back-off restarting failed container" } })
+        } else {
+            json!({ "running": { "startedAt": now } })
+        };
+        let status = json!({ "status": {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": [
+                { "type": "Ready", "status": ready_text, "lastTransitionTime": now },
+                { "type": "ContainersReady", "status": ready_text, "lastTransitionTime": now },
+                { "type": "PodScheduled", "status": "True", "lastTransitionTime": now },
+            ],
+            "containerStatuses": [{
+                "name": component,
+                "image": format!("registry.k8s.io/{component}:v{version}"),
+                "imageID": "",
+                "ready": *ready,
+                "restartCount": u32::from(*crash_looping) * 5,
+                "started": *ready,
+                "state": state,
+            }],
+        } });
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    }
+    Ok(())
+}
+
 /// What the machine's kubelet reports of it.
 fn node_info(view: &Published) -> NodeSystemInfo {
     NodeSystemInfo {
@@ -636,7 +763,7 @@ fn node_info(view: &Published) -> NodeSystemInfo {
         system_uuid: String::new(),
         kernel_version: "6.12.0-talos".to_owned(),
         container_runtime_version: "containerd://2.1.0".to_owned(),
-        kubelet_version: format!("v{KUBERNETES}"),
+        kubelet_version: format!("v{}", view.kubelet_version),
         kube_proxy_version: String::new(),
         operating_system: "linux".to_owned(),
         architecture: "amd64".to_owned(),
@@ -659,7 +786,9 @@ async fn publish_to_kwok(
     if !view.ready && (was_ready || before.is_none()) {
         nodes.patch(name, &PatchParams::default(), &Patch::Merge(&kubelet(false))).await?;
     }
-    if before.is_none_or(|b| b.boot_id != view.boot_id || b.os_image != view.os_image) {
+    if before.is_none_or(|b| {
+        b.boot_id != view.boot_id || b.os_image != view.os_image || b.kubelet_version != view.kubelet_version
+    }) {
         let status = json!({ "status": { "nodeInfo": node_info(view) } });
         nodes.patch_status(name, &PatchParams::default(), &Patch::Merge(&status)).await?;
     }
@@ -759,13 +888,21 @@ struct VersionLabel {
 impl Collector for FleetMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let upgrades = self.talos.upgrades.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let (names, versions, counters) = self.sim.with_world(|w| {
+        let (names, versions, counters, applies, repeated) = self.sim.with_world(|w| {
             let names: HashMap<String, String> = w.nodes.iter().map(|n| (n.address.clone(), n.name.clone())).collect();
             let mut versions: BTreeMap<String, i64> = BTreeMap::new();
             for n in w.nodes.iter().filter(|n| !matches!(n.phase, NodePhase::PoweredOff)) {
                 *versions.entry(n.version.to_string()).or_default() += 1;
             }
-            (names, versions, w.counters.clone())
+            let applies: u64 = w.nodes.iter().map(|n| n.kube.applies.len() as u64).sum();
+            let repeated: u64 = w
+                .nodes
+                .iter()
+                .map(|n| {
+                    n.kube.applies.iter().enumerate().filter(|(k, c)| n.kube.applies[..*k].contains(c)).count() as u64
+                })
+                .sum();
+            (names, versions, w.counters.clone(), applies, repeated)
         });
         {
             let mut family = encoder.encode_descriptor(
@@ -803,6 +940,20 @@ impl Collector for FleetMetrics {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
+        let applied = ConstCounter::new(applies);
+        applied.encode(encoder.encode_descriptor(
+            "fleet_config_applies",
+            "Machine configurations the simulated fleet applied, each changing one Kubernetes component",
+            None,
+            applied.metric_type(),
+        )?)?;
+        let twice = ConstGauge::new(i64::try_from(repeated).unwrap_or(i64::MAX));
+        twice.encode(encoder.encode_descriptor(
+            "fleet_repeated_applies",
+            "Changes a simulated node took a second time (must stay 0)",
+            None,
+            twice.metric_type(),
+        )?)?;
         let calls = ConstCounter::new(self.talos.calls.load(Ordering::Relaxed));
         calls.encode(encoder.encode_descriptor(
             "fleet_talos_calls",

@@ -120,6 +120,12 @@ pub const RULES: &[Rule] = &[
         "the preflight gate: budgets at zero over a node's pods",
     ),
     everywhere("", &["pods/eviction"], &["create"], "evictions, which PodDisruptionBudgets can refuse"),
+    everywhere(
+        "apps",
+        &["daemonsets"],
+        &["list"],
+        "a Kubernetes upgrade's planning: kube-proxy's version (kube-system/kube-proxy)",
+    ),
     Rule {
         scope: Scope::ClusterNamespaces,
         group: "",
@@ -233,12 +239,26 @@ fn policy(scope: Scope) -> Vec<PolicyRule> {
         .collect()
 }
 
-/// The ClusterRole named `name` with the rules of [`Scope::Cluster`].
+/// The URLs that name no resource the operator reads (granted cluster-wide, `get`), with
+/// what needs each.
+pub const NON_RESOURCE_URLS: &[(&str, &str)] = &[(
+    "/metrics",
+    "a Kubernetes upgrade's planning: the API server's apiserver_requested_deprecated_apis and request counts",
+)];
+
+/// The ClusterRole named `name` with the rules of [`Scope::Cluster`] and the
+/// [`NON_RESOURCE_URLS`].
 #[must_use]
 pub fn cluster_role(name: &str) -> ClusterRole {
+    let mut rules = policy(Scope::Cluster);
+    rules.push(PolicyRule {
+        non_resource_urls: Some(NON_RESOURCE_URLS.iter().map(|(url, _)| (*url).to_owned()).collect()),
+        verbs: vec!["get".to_owned()],
+        ..PolicyRule::default()
+    });
     ClusterRole {
         metadata: ObjectMeta { name: Some(name.to_owned()), labels: Some(labels()), ..ObjectMeta::default() },
-        rules: Some(policy(Scope::Cluster)),
+        rules: Some(rules),
         ..ClusterRole::default()
     }
 }

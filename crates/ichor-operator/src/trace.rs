@@ -43,16 +43,18 @@ use async_trait::async_trait;
 pub use ichor_adapters::trace::{TraceEvent, TraceKind};
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
-    PodInfo,
+    ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
+    NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
+use ichor_talos_executor::machine_config::MachineConfig;
 use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
-    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
+    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition, ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
+use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::preflight::ClusterFacts;
 use ichor_upgrade_core::rollout::OperationStatus;
@@ -278,6 +280,17 @@ impl Recorder {
     /// Hands one record to the sink, stamped now (under the shared order lock: records
     /// are in time order).
     fn emit(&self, state: &State, subject: &Subject, event: TraceKind, why: Option<(String, String)>) {
+        self.emit_about(state, subject, event, why, None);
+    }
+
+    fn emit_about(
+        &self,
+        state: &State,
+        subject: &Subject,
+        event: TraceKind,
+        why: Option<(String, String)>,
+        component: Option<&'static str>,
+    ) {
         let seen = state.nodes.get(&subject.node);
         let (reason, message) = why.map_or((None, None), |(r, m)| (Some(r), Some(m)));
         let _order = self.shared.order.lock().unwrap_or_else(PoisonError::into_inner);
@@ -290,11 +303,19 @@ impl Recorder {
             boot_id: seen.map(|s| s.boot_id.clone()).filter(|b| !b.is_empty()),
             reason,
             message,
-            component: None,
+            component,
         });
     }
 
     // ----- what the Talos API did
+
+    /// A Kubernetes upgrade's apply of `component`'s image, about to be sent to `address`.
+    fn config_apply(&self, address: &str, component: &'static str) {
+        let state = self.lock();
+        if let Some(subject) = state.by_talos_address(address) {
+            self.emit_about(&state, &subject, TraceKind::ConfigApply, None, Some(component));
+        }
+    }
 
     fn talos_call(&self, address: &str, event: TraceKind) {
         let state = self.lock();
@@ -581,6 +602,30 @@ impl TalosApi for TracedTalos<'_> {
         }
         Ok(ack)
     }
+    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.inner.machine_config(node).await
+    }
+    async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        // Before the call: which component's image it changes, from the node's configuration
+        // now (read again, only when a trace is kept).
+        if let Some(r) = self.recorder
+            && !request.dry_run
+        {
+            let before = self.inner.machine_config(node).await.ok().and_then(|b| MachineConfig::parse(&b).ok());
+            if let (Some(before), Ok(after)) = (before, MachineConfig::parse(&request.data)) {
+                for component in Component::ALL {
+                    if after.image(component).is_some_and(|image| before.image(component).as_ref() != Some(&image)) {
+                        r.config_apply(node, component.as_str());
+                    }
+                }
+            }
+        }
+        self.inner.apply_configuration(node, request).await
+    }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.inner.etcd_members(node).await
     }
@@ -712,6 +757,12 @@ impl KubeApi for TracedKube<'_> {
     }
     async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
         self.inner.operation_exists(identity).await
+    }
+    async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
+        self.inner.node_kubernetes(node).await
+    }
+    async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
+        self.inner.cluster_kubernetes().await
     }
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
         self.inner.cluster(name).await

@@ -30,8 +30,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use ichor_storage::{ConditionStore, ConditionWriteError};
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, Metadata,
-    NodeInfo, OperationInfo, PodInfo,
+    ClusterInfo, ClusterKubernetesInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
+    MachineInfo, Metadata, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
@@ -1155,6 +1155,18 @@ impl KubeApi for KubeCluster {
         let (facts, lists) = super::preflight::read_facts(&self.client, asked).await?;
         self.counters.reads.fetch_add(lists, Ordering::Relaxed);
         Ok(facts)
+    }
+
+    async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
+        self.listed()?;
+        let Some(read) = self.stores.nodes.get(&ObjectRef::new(node)) else { return Ok(None) };
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        super::versions::node_kubernetes(&self.client, &read).await.map(Some)
+    }
+
+    async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
+        self.counters.reads.fetch_add(2, Ordering::Relaxed);
+        super::versions::cluster_kubernetes(&self.client).await
     }
 
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {

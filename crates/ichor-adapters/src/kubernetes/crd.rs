@@ -6,7 +6,7 @@
 //! | --- | --- |
 //! | [`TalosCluster`] | a Talos cluster: the release set's Talos version (the only allowed target), its Kubernetes version, the Image Factory platform and schematic, and the Secret with its talosconfig |
 //! | [`TalosMachine`] | one machine of a cluster: its role, its Talos API address, its hostname; its conditions are where an upgrade's progress lives |
-//! | [`TalosOperation`] | an upgrade of a cluster to a version (`kind: talos`), or a machine's removal (`kind: remove`) |
+//! | [`TalosOperation`] | an upgrade of a cluster to a Talos version (`kind: talos`) or a Kubernetes version (`kind: kubernetes`), or a machine's removal (`kind: remove`) |
 //! | [`TalosStorage`] | which nodes carry storage to evacuate before they go down |
 
 use std::collections::BTreeMap;
@@ -245,14 +245,15 @@ impl TalosMachineStatus {
     }
 }
 
-/// An operation on a cluster: an upgrade (`kind: talos`) or a machine's removal
-/// (`kind: remove`). Other kinds are refused, never run as an upgrade.
+/// An operation on a cluster: an upgrade of Talos (`kind: talos`) or of Kubernetes (`kind:
+/// kubernetes`), or a machine's removal (`kind: remove`). Other kinds are refused, never
+/// run as another.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "ichor.dev",
     version = "v1alpha1",
     kind = "TalosOperation",
-    doc = "An operation on a Talos cluster: an upgrade (kind talos) or a machine's removal (kind remove), under the cluster's lock.",
+    doc = "An operation on a Talos cluster: an upgrade of Talos (kind talos) or of Kubernetes (kind kubernetes), or a machine's removal (kind remove), under the cluster's lock.",
     plural = "talosoperations",
     shortname = "top",
     category = "ichor",
@@ -286,24 +287,31 @@ impl TalosMachineStatus {
     {
         "rule": "self.kind != 'talos' || (has(self.targetVersion) && size(self.targetVersion) > 0)",
         "message": "an upgrade (kind talos) names its Talos version in spec.targetVersion"
+    },
+    {
+        "rule": "self.kind != 'kubernetes' || (has(self.targetVersion) && size(self.targetVersion) > 0)",
+        "message": "a Kubernetes upgrade (kind kubernetes) names its Kubernetes version in spec.targetVersion"
     }
 ]))]
 pub struct TalosOperationSpec {
     /// The `TalosCluster` it operates on, in the same namespace.
     #[schemars(length(min = 1))]
     pub cluster: String,
-    /// `talos` (upgrade every machine to `targetVersion`) or `remove` (remove `machine`).
-    /// The schema admits no other; a controller behind an API server that does not check
-    /// it refuses any other with a Warning Event, never running it as an upgrade.
-    #[schemars(extend("enum" = ["talos", "remove"]))]
+    /// `talos` (upgrade every machine's Talos to `targetVersion`), `kubernetes` (upgrade
+    /// every machine's Kubernetes to `targetVersion`) or `remove` (remove `machine`). The
+    /// schema admits no other; a controller behind an API server that does not check it
+    /// refuses any other with a Warning Event, never running it as another.
+    #[schemars(extend("enum" = ["talos", "kubernetes", "remove"]))]
     pub kind: String,
     /// For `talos` (required): the Talos version to upgrade to, such as `v1.14.4`; it must
-    /// be the cluster's `talosVersion`.
+    /// be the cluster's `talosVersion`. For `kubernetes` (required): the Kubernetes version,
+    /// such as `1.35.0`, at most one minor above the control planes'.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(regex(pattern = r"^v?[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$"))]
     pub target_version: String,
-    /// For `talos`: how many workers may be unavailable at once, 1 (the default) to
-    /// 4294967295. Control planes always go one at a time.
+    /// For `talos` and `kubernetes`: how many workers may be unavailable (or restart their
+    /// kubelet) at once, 1 (the default) to 4294967295. Control planes always go one at a
+    /// time.
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 4_294_967_295_i64))]
     pub max_unavailable: i64,

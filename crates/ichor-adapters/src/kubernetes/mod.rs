@@ -7,6 +7,7 @@ pub mod crd;
 pub mod errors;
 pub mod manifests;
 mod preflight;
+pub mod versions;
 
 pub use client::{
     Counters, KubeCluster, Stores, WatchStreams, engine_watcher, watch, watch_backoff, watch_observing, without_errors,
