@@ -6,16 +6,19 @@
 //! or finished machine; never a machine past its Upgrade call stopped.
 //! Liveness: when every started machine eventually converges and holds are lifted, the
 //! operation reaches `Completed`, and the safety properties hold at every step on the way.
+//! A Kubernetes upgrade (kind `kubernetes`) keeps every one of them, and its stages: in the
+//! control planes' stage no worker starts and it never completes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::etcd_snapshot::{SnapshotRecord, SnapshotState};
+use ichor_upgrade_core::kubernetes_step::KubernetesStage;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec, Refusal, SnapshotMode};
 use ichor_upgrade_core::rollout::{
-    CallAuthority, Decision, EtcdVerdict, LeaseHolder, LockAction, MachineProgress, MachineView, OperationStatus,
-    OperationView, Phase, RolloutConfig, RolloutInput, decide,
+    CallAuthority, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction, MachineProgress, MachineView,
+    OperationStatus, OperationView, Phase, RolloutConfig, RolloutInput, decide,
 };
 use ichor_upgrade_core::status::{MachineRecord, RecordState};
 use proptest::prelude::*;
@@ -44,6 +47,18 @@ struct Scenario {
     deleting: bool,
     kind: &'static str,
     snapshot: SnapshotKind,
+    /// For a Kubernetes upgrade: its stage.
+    stage: KubernetesStage,
+}
+
+/// Whether an operation of `kind` upgrades machines (the kinds the engine runs).
+fn runs(kind: &str) -> bool {
+    kind == "talos" || kind == "kubernetes"
+}
+
+/// A Kubernetes upgrade's input for `s` (`None` for another kind).
+fn kubernetes_input(s: &Scenario) -> Option<KubernetesInput> {
+    (s.kind == "kubernetes").then(|| KubernetesInput { stage: s.stage, problems: Vec::new() })
 }
 
 /// The spec's etcd snapshot mode and what the status records of it.
@@ -130,15 +145,27 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         Just((Some("t1".to_owned()), Some("t1".to_owned()))),
         Just((Some("t2".to_owned()), Some("t1".to_owned()))),
     ];
-    let kind = prop_oneof![18 => Just("talos"), 1 => Just("kubernetes"), 1 => Just("ichor")];
+    let kind = prop_oneof![12 => Just("talos"), 6 => Just("kubernetes"), 1 => Just("ichor")];
     let snapshot = prop_oneof![
         Just(SnapshotKind::Skip),
         Just(SnapshotKind::RequiredNone),
         Just(SnapshotKind::RequiredTaken),
         Just(SnapshotKind::RequiredFailed),
     ];
-    (cps, workers, 1i64..=10, lock, etcd, resume, prop::bool::weighted(0.05), kind, snapshot).prop_map(
-        |(cps, workers, max_unavailable, lock, etcd, (resume_token, observed_resume), deleting, kind, snapshot)| {
+    let stage = prop_oneof![Just(KubernetesStage::ControlPlane), Just(KubernetesStage::Kubelets)];
+    (cps, workers, 1i64..=10, lock, etcd, resume, prop::bool::weighted(0.05), kind, snapshot, stage).prop_map(
+        |(
+            cps,
+            workers,
+            max_unavailable,
+            lock,
+            etcd,
+            (resume_token, observed_resume),
+            deleting,
+            kind,
+            snapshot,
+            stage,
+        )| {
             Scenario {
                 machines: name_machines(cps.into_iter().chain(workers).collect()),
                 max_unavailable,
@@ -149,6 +176,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 deleting,
                 kind,
                 snapshot,
+                stage,
             }
         },
     )
@@ -186,7 +214,7 @@ fn operation(s: &Scenario) -> OperationView {
                 SnapshotMode::Required
             }),
             kind: s.kind.to_owned(),
-            target_version: "v1.14.4".to_owned(),
+            target_version: if s.kind == "kubernetes" { "1.35.0" } else { "v1.14.4" }.to_owned(),
             max_unavailable: s.max_unavailable,
             machine: None,
         },
@@ -236,9 +264,9 @@ fn check_safety(
     }
     if failed && !resuming {
         prop_assert!(d.start.is_empty(), "started while paused: {:?}", d.start);
-        prop_assert!(matches!(d.phase, Phase::Paused(_)) || !ours || op.deleting || op.spec.kind != "talos");
+        prop_assert!(matches!(d.phase, Phase::Paused(_)) || !ours || op.deleting || !runs(&op.spec.kind));
     }
-    if op.deleting || op.spec.kind != "talos" {
+    if op.deleting || !runs(&op.spec.kind) {
         prop_assert!(d.start.is_empty());
     }
 
@@ -271,7 +299,7 @@ fn check_safety(
         if d.authority.get(name) != Some(&CallAuthority::Granted) {
             continue;
         }
-        prop_assert!(ours && !op.deleting && op.spec.kind == "talos", "{name}: a call authorised out of the operation");
+        prop_assert!(ours && !op.deleting && runs(&op.spec.kind), "{name}: a call authorised out of the operation");
         prop_assert!(!m.held, "{name}: a call authorised for a held machine");
         prop_assert!(!failed || resuming, "{name}: a call authorised while paused");
         if m.role == MachineRole::ControlPlane {
@@ -317,7 +345,7 @@ fn check_safety(
 
     // Completed only when every machine observed is converged and every machine the
     // status records as under way or failed is observed.
-    if d.phase == Phase::Completed && op.spec.kind == "talos" && !op.deleting {
+    if d.phase == Phase::Completed && runs(&op.spec.kind) && !op.deleting {
         prop_assert!(
             machines.iter().all(|m| m.progress == MachineProgress::Converged),
             "Completed with a machine not converged"
@@ -366,8 +394,9 @@ proptest! {
         let op = operation(&s);
         let lease = lease(s.lock);
         let config = RolloutConfig::default();
+        let kubernetes = kubernetes_input(&s);
         let input = RolloutInput {
-            kubernetes: None,
+            kubernetes: kubernetes.as_ref(),
             operation: &op,
             release_talos_version: "v1.14.4",
             kubernetes_version: "1.34.1",
@@ -382,6 +411,16 @@ proptest! {
         let d = decide(&input);
         check_safety(&s.machines, &op, lease.as_ref(), &s.etcd, &d)?;
         prop_assert_eq!(&d, &decide(&input), "not deterministic");
+        if s.kind == "kubernetes" && s.stage == KubernetesStage::ControlPlane {
+            let workers: Vec<&String> = d
+                .start
+                .iter()
+                .filter(|name| s.machines.iter().any(|m| &m.name == *name && m.role == MachineRole::Worker))
+                .collect();
+            prop_assert!(workers.is_empty(), "a worker started in the control planes' stage: {workers:?}");
+            prop_assert_ne!(&d.phase, &Phase::Completed, "completed in the control planes' stage");
+            prop_assert!(d.prepull.is_empty(), "no installer to pull");
+        }
     }
 
     /// A partial view (a cache of machines not filled yet, or machines deleted under way)
@@ -411,8 +450,9 @@ proptest! {
             s.machines.iter().zip(&seen).filter(|(_, seen)| **seen).map(|(m, _)| m.clone()).collect();
         let lease = lease(s.lock);
         let config = RolloutConfig::default();
+        let kubernetes = kubernetes_input(&s);
         let d = decide(&RolloutInput {
-            kubernetes: None,
+            kubernetes: kubernetes.as_ref(),
             operation: &op,
             release_talos_version: "v1.14.4",
             kubernetes_version: "1.34.1",
@@ -427,6 +467,53 @@ proptest! {
         check_safety(&observed, &op, lease.as_ref(), &s.etcd, &d)?;
     }
 
+    /// A Kubernetes upgrade's first stage, whatever its control planes' progress (all of
+    /// them through it included): no worker starts, and it never completes.
+    #[test]
+    fn in_the_control_planes_stage_no_worker_starts_and_nothing_completes(
+        s in scenario(),
+        all_through in any::<bool>(),
+    ) {
+        let mut s = s;
+        s.kind = "kubernetes";
+        s.stage = KubernetesStage::ControlPlane;
+        s.deleting = false;
+        s.resume_token = None;
+        s.lock = LockKind::Ours { age_secs: 0 };
+        for m in &mut s.machines {
+            m.progress = match (m.role, &m.progress) {
+                (MachineRole::Worker, _) => MachineProgress::Pending,
+                (MachineRole::ControlPlane, _) if all_through => MachineProgress::Converged,
+                (MachineRole::ControlPlane, MachineProgress::Failed { .. }) => MachineProgress::Pending,
+                (MachineRole::ControlPlane, progress) => progress.clone(),
+            };
+            m.node_ready = true;
+            m.held = false;
+        }
+        let op = operation(&s);
+        let lease = lease(s.lock);
+        let config = RolloutConfig::default();
+        let kubernetes = kubernetes_input(&s);
+        let d = decide(&RolloutInput {
+            kubernetes: kubernetes.as_ref(),
+            operation: &op,
+            release_talos_version: "v1.14.4",
+            kubernetes_version: "1.34.1",
+            lease: lease.as_ref(),
+            machines: &s.machines,
+            unaccounted_nodes: &[],
+            etcd: &s.etcd,
+            preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+            config: &config,
+            now: NOW,
+        });
+        check_safety(&s.machines, &op, lease.as_ref(), &s.etcd, &d)?;
+        let workers: Vec<&String> =
+            d.start.iter().filter(|name| name.starts_with("worker-")).collect();
+        prop_assert!(workers.is_empty(), "a worker started in the control planes' stage: {workers:?}");
+        prop_assert_ne!(&d.phase, &Phase::Completed, "completed in the control planes' stage");
+    }
+
     /// Played forward, with every started machine converging after a while and holds
     /// lifted at some point, any cluster reaches Completed; safety holds at every step.
     #[test]
@@ -435,8 +522,9 @@ proptest! {
         seed in any::<u64>(),
         lift_holds_at in 0usize..40,
         recover_at in 0usize..40,
+        kubernetes in prop::bool::weighted(0.3),
     ) {
-        run_to_completion(s, seed, lift_holds_at, recover_at)?;
+        run_to_completion(s, seed, lift_holds_at, recover_at, kubernetes)?;
     }
 }
 
@@ -452,9 +540,20 @@ impl Rng {
     }
 }
 
-fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_at: usize) -> Result<(), TestCaseError> {
-    // The liveness run starts from a consistent, unfailed, live operation.
-    s.kind = "talos";
+fn run_to_completion(
+    mut s: Scenario,
+    seed: u64,
+    lift_holds_at: usize,
+    recover_at: usize,
+    kubernetes: bool,
+) -> Result<(), TestCaseError> {
+    // The liveness run starts from a consistent, unfailed, live operation; a Kubernetes
+    // upgrade from its first stage, nothing started (a worker is never under way in it).
+    s.kind = if kubernetes { "kubernetes" } else { "talos" };
+    if kubernetes {
+        s.stage = KubernetesStage::ControlPlane;
+        s.machines.iter_mut().for_each(|m| m.progress = MachineProgress::Pending);
+    }
     s.deleting = false;
     s.resume_token = None;
     if s.snapshot == SnapshotKind::RequiredFailed {
@@ -472,7 +571,7 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
     let mut now = NOW;
     // Steps left for each in-progress machine before its next stage.
     let mut timers: BTreeMap<String, u64> = BTreeMap::new();
-    let bound = 50 + 8 * s.machines.len();
+    let bound = (50 + 8 * s.machines.len()) * if kubernetes { 2 } else { 1 };
     let index: BTreeMap<String, usize> = s.machines.iter().enumerate().map(|(i, m)| (m.name.clone(), i)).collect();
 
     for step in 0..bound {
@@ -490,8 +589,22 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
         let cps_ready = s.machines.iter().filter(|m| m.role == MachineRole::ControlPlane).all(|m| m.node_ready);
         let etcd =
             if cps_ready { EtcdVerdict::Healthy } else { EtcdVerdict::Unhealthy { reason: "member down".into() } };
+        // The second stage begins once every control plane's first is recorded: each
+        // machine is pending again, for its kubelet.
+        if kubernetes
+            && s.stage == KubernetesStage::ControlPlane
+            && s.machines
+                .iter()
+                .filter(|m| m.role == MachineRole::ControlPlane)
+                .all(|m| m.progress == MachineProgress::Converged)
+        {
+            s.stage = KubernetesStage::Kubelets;
+            s.machines.iter_mut().for_each(|m| m.progress = MachineProgress::Pending);
+            timers.clear();
+        }
+        let input = kubernetes_input(&s);
         let d = decide(&RolloutInput {
-            kubernetes: None,
+            kubernetes: input.as_ref(),
             operation: &op,
             release_talos_version: "v1.14.4",
             kubernetes_version: "1.34.1",
@@ -516,6 +629,7 @@ fn run_to_completion(mut s: Scenario, seed: u64, lift_holds_at: usize, recover_a
         if d.phase == Phase::Completed {
             // Every machine converged; a hold put on a machine after it converged holds nothing back.
             prop_assert!(s.machines.iter().all(|m| m.progress == MachineProgress::Converged));
+            prop_assert!(!kubernetes || s.stage == KubernetesStage::Kubelets, "completed in the first stage");
             return Ok(());
         }
         prop_assert!(!matches!(d.phase, Phase::Paused(_) | Phase::Refused(_)), "{:?}", d.phase);
