@@ -536,12 +536,14 @@ fn trace_record(e: &TraceEvent) -> ichor_timeline::TraceRecord {
 fn write_timeline(mut file: File, sim: &SimCluster, report: &Report, args: &Args) -> std::io::Result<()> {
     let records: Vec<ichor_timeline::TraceRecord> = sim.read_world(|w| w.trace.iter().map(trace_record).collect());
     let timeline = ichor_timeline::Timeline::from_records(&records);
+    let (from, to) = match &args.to_kubernetes {
+        Some(target) => (format!("Kubernetes {}", args.kubernetes), target.to_string()),
+        None => (args.from.to_string(), args.to.to_string()),
+    };
     let title = format!(
-        "{} control planes + {} workers, {} to {}, maxUnavailable {}, seed {}{}",
+        "{} control planes + {} workers, {from} to {to}, maxUnavailable {}, seed {}{}",
         args.control_planes,
         args.workers,
-        args.from,
-        args.to,
         args.max_unavailable,
         args.seed,
         if args.faults.is_empty() {
@@ -552,7 +554,8 @@ fn write_timeline(mut file: File, sim: &SimCluster, report: &Report, args: &Args
     );
     let options = ichor_timeline::Options {
         title,
-        bound_s: (report.lower_bound_s > 0.0).then_some(report.lower_bound_s),
+        // The physical bound is a Talos upgrade's (drains, installs, reboots).
+        bound_s: (report.lower_bound_s > 0.0 && args.to_kubernetes.is_none()).then_some(report.lower_bound_s),
         ..ichor_timeline::Options::default()
     };
     file.write_all(ichor_timeline::render(&timeline, &options).to_string().as_bytes())?;

@@ -127,3 +127,20 @@ fn the_kubernetes_options_are_checked() {
         assert!(err.contains("kubernetes") || err.contains("--node") || err.contains("1.35"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn the_timeline_draws_each_change_and_its_verification_and_no_talos_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("k8s.svg");
+    let mut args = vec!["--workers", "4", "--json", "--timeline", svg.to_str().unwrap()];
+    args.extend(KUBERNETES);
+    let output = rollout(&args);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("Kubernetes 1.34.1 to 1.35.0"), "the title names the Kubernetes upgrade");
+    for phase in ["applying", "verifying", "converged"] {
+        assert!(text.contains(&format!("data-phase=\"{phase}\"")), "no {phase} bar");
+    }
+    assert!(!text.contains("data-phase=\"rebooting\""), "a kubelet restart is no reboot");
+    assert!(!text.contains("data-kind=\"bound\""), "no Talos bound drawn for a Kubernetes upgrade");
+}

@@ -397,3 +397,20 @@ fn a_talos_and_a_kubernetes_upgrade_of_one_cluster_never_run_at_once_and_chain_t
         assert!(first_apply > last_reboot);
     });
 }
+
+#[test]
+fn a_change_whose_dry_run_says_it_needs_a_reboot_fails_and_is_never_applied() {
+    let sim = cluster(3, 1, 2, &[], false);
+    sim.with_world(|w| w.nodes[0].kube.needs_reboot = true);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Paused);
+    sim.with_world(|w| {
+        assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "nothing applied");
+        let failed = w.trace.iter().find(|e| e.event == TraceKind::Failed).expect("a failure");
+        assert_eq!(failed.node, "cp-1");
+        assert_eq!(failed.reason.as_deref(), Some("ApplyRefused"), "{failed:?}");
+        assert!(failed.message.as_deref().unwrap_or_default().contains("would apply it in mode Reboot"), "{failed:?}");
+        // No intent was recorded: the machine never went past its call.
+        let conditions = &w.conditions["cp-1"];
+        assert_eq!(kubernetes_record(conditions, &KubernetesVersion::parse(TARGET).unwrap()), KubernetesRecord::None);
+    });
+}

@@ -66,6 +66,7 @@ pub fn colour(phase: Phase) -> &'static str {
         Phase::Resetting => "#332288",
         Phase::WaitingReady => "#F0E442",
         Phase::Verifying => "#009E73",
+        Phase::Applying => "#882255",
         Phase::Converged => "#BFE3D4",
         Phase::Removed => "#DDDDDD",
         Phase::Failed => "#D55E00",

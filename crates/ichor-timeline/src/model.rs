@@ -33,6 +33,9 @@ pub enum Phase {
     WaitingReady,
     /// Ready; the engine verifies the version, the etcd member, the uncordon.
     Verifying,
+    /// A Kubernetes upgrade's change: a machine configuration applied with no reboot, the
+    /// component restarting (`config-apply` until its `component-ready`).
+    Applying,
     /// Recorded converged.
     Converged,
     /// Removed from the cluster (a removal).
@@ -43,7 +46,7 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the legend's order.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::Pulling,
         Self::Held,
         Self::Evacuating,
@@ -53,6 +56,7 @@ impl Phase {
         Self::Resetting,
         Self::WaitingReady,
         Self::Verifying,
+        Self::Applying,
         Self::Converged,
         Self::Removed,
         Self::Failed,
@@ -71,6 +75,7 @@ impl Phase {
             Self::Resetting => "resetting (removal)",
             Self::WaitingReady => "waiting for Ready",
             Self::Verifying => "verifying",
+            Self::Applying => "config apply (Kubernetes)",
             Self::Converged => "converged",
             Self::Removed => "removed",
             Self::Failed => "failed",
@@ -90,6 +95,7 @@ impl Phase {
             Self::Resetting => "resetting",
             Self::WaitingReady => "waiting-ready",
             Self::Verifying => "verifying",
+            Self::Applying => "applying",
             Self::Converged => "converged",
             Self::Removed => "removed",
             Self::Failed => "failed",
@@ -108,6 +114,7 @@ impl Phase {
                 | Self::Resetting
                 | Self::WaitingReady
                 | Self::Verifying
+                | Self::Applying
         )
     }
 
@@ -148,6 +155,11 @@ impl Phase {
                 Some(Self::WaitingReady)
             }
             "ready" if matches!(current, Some(Self::Rebooting | Self::WaitingReady)) => Some(Self::Verifying),
+            // A Kubernetes upgrade: each component's apply, then its restart verified.
+            "config-apply" if restartable || matches!(current, Some(Self::Applying | Self::Verifying)) => {
+                Some(Self::Applying)
+            }
+            "component-ready" if current == Some(Self::Applying) => Some(Self::Verifying),
             "converged" => Some(Self::Converged),
             "removed" => Some(Self::Removed),
             "failed" => Some(Self::Failed),
@@ -589,6 +601,35 @@ mod tests {
     /// The bars of one machine's row, drawn from its events alone.
     fn bars_of(node: &str, at: &[(f64, &str)]) -> Vec<(Phase, f64, Option<f64>)> {
         phases(&Timeline::from_records(&events(node, at)).rows[0])
+    }
+
+    #[test]
+    fn a_kubernetes_upgrade_draws_each_apply_and_its_verification_and_a_kubelet_restart_is_no_reboot() {
+        let bars = bars_of(
+            "w-1",
+            &[
+                (1.0, "config-apply"),
+                (1.0, "not-ready"),
+                (9.0, "component-ready"),
+                (9.0, "ready"),
+                (12.0, "config-apply"),
+                (20.0, "component-ready"),
+                (21.0, "converged"),
+            ],
+        );
+        assert_eq!(
+            bars,
+            vec![
+                (Phase::Applying, 1.0, Some(9.0)),
+                (Phase::Verifying, 9.0, Some(12.0)),
+                (Phase::Applying, 12.0, Some(20.0)),
+                (Phase::Verifying, 20.0, Some(21.0)),
+                // A final phase lasts to the trace's end.
+                (Phase::Converged, 21.0, Some(21.0)),
+            ]
+        );
+        let crashed = bars_of("w-1", &[(1.0, "config-apply"), (8.0, "component-crash-loop"), (300.0, "failed")]);
+        assert_eq!(crashed, vec![(Phase::Applying, 1.0, Some(300.0)), (Phase::Failed, 300.0, Some(300.0))]);
     }
 
     #[test]

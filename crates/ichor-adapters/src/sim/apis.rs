@@ -19,6 +19,7 @@ use ichor_talos_executor::talos_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
+use ichor_upgrade_core::kubernetes_step::{KUBERNETES_UPGRADE, reason as kubernetes_reason};
 use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
@@ -661,6 +662,14 @@ impl SimCluster {
             let converged =
                 after.is_some_and(|c| c.status == ConditionStatus::False && c.reason == upgrade_reason::CONVERGED);
             if converged && before.as_ref() != after {
+                w.record(i, TraceKind::Converged);
+            }
+            // A Kubernetes upgrade's machine, converged once its last stage is recorded.
+            let kubernetes = |c: &Conditions| {
+                c.get(KUBERNETES_UPGRADE).filter(|c| c.reason == kubernetes_reason::CONVERGED).cloned()
+            };
+            let now_converged = kubernetes(conditions);
+            if now_converged.is_some() && w.conditions.get(machine).and_then(kubernetes) != now_converged {
                 w.record(i, TraceKind::Converged);
             }
             w.set_conditions(i, conditions.clone());

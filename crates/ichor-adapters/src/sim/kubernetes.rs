@@ -69,6 +69,9 @@ pub struct SimKube {
     /// Every apply it took, with the component it changed: what a test checks for a
     /// second apply of the same change.
     pub applies: Vec<Component>,
+    /// Its dry runs say a change needs a reboot, and it refuses to apply one without
+    /// (a test's knob).
+    pub needs_reboot: bool,
 }
 
 impl SimKube {
@@ -99,6 +102,7 @@ impl SimKube {
             crash_loops: None,
             kubelet_stays_down: false,
             applies: Vec::new(),
+            needs_reboot: false,
         }
     }
 
@@ -201,9 +205,15 @@ impl World {
         } else {
             changed.iter().map(|(c, image, _)| format!("{c}: image {image}")).collect::<Vec<_>>().join("\n")
         };
-        let reply = ApplyConfigReply { mode: ApplyMode::NoReboot, mode_details: details, warnings: Vec::new() };
+        // A node that says the change needs a reboot (a test's knob: an older Talos asked
+        // in AUTO, or a change outside what applies live) answers so to a dry run.
+        let mode = if self.nodes[i].kube.needs_reboot { ApplyMode::Reboot } else { ApplyMode::NoReboot };
+        let reply = ApplyConfigReply { mode, mode_details: details, warnings: Vec::new() };
         if request.dry_run {
             return Ok(reply);
+        }
+        if self.nodes[i].kube.needs_reboot {
+            return Err(answered("InvalidArgument", "the configuration can't be applied without a reboot".into()));
         }
         for (component, image, version) in changed {
             self.nodes[i].kube.config.insert(component, image);
