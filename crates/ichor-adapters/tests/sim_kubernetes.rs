@@ -414,3 +414,17 @@ fn a_change_whose_dry_run_says_it_needs_a_reboot_fails_and_is_never_applied() {
         assert_eq!(kubernetes_record(conditions, &KubernetesVersion::parse(TARGET).unwrap()), KubernetesRecord::None);
     });
 }
+
+#[test]
+fn calls_landing_on_a_restarting_api_server_are_refused_and_the_upgrade_goes_on() {
+    let mut refused = 0;
+    for seed in 1..=4 {
+        let sim = cluster(3, 6, seed, &[], false);
+        assert_eq!(run(&sim, TARGET, 2), RunEnd::Completed, "seed {seed}");
+        sim.with_world(|w| {
+            refused += w.counters.api_server_restart_refusals;
+            assert!(w.nodes.iter().all(|n| n.kube.kubelet.to_string() == TARGET));
+        });
+    }
+    assert!(refused > 0, "no call ever landed on a restarting API server");
+}

@@ -181,6 +181,19 @@ impl SimCluster {
             Gate::Refuse => return Err(refused_kube()),
             Gate::Go { killed } => killed,
         };
+        // A call that reaches the API server (a cached read does not) may land, through
+        // the control planes' load balancer, on one whose kube-apiserver is restarting.
+        if call != KubeCall::CachedRead
+            && let Some(restarting) = w.api_server_restarting()
+        {
+            let share = 1.0 / w.api_servers().max(1) as f64;
+            if w.latency_rng.chance(share) {
+                w.counters.api_server_restart_refusals += 1;
+                return Err(KubeError::Unreachable(format!(
+                    "connection refused: the kube-apiserver of {restarting} restarts"
+                )));
+            }
+        }
         let result = f(&mut w);
         if call.is_read() {
             w.counters.kube_reads += 1;

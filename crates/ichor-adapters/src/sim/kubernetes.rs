@@ -4,7 +4,10 @@
 //!
 //! An apply (`ApplyConfiguration`, no reboot) that changes a component's image restarts
 //! it: a static pod is not Ready for a drawn few seconds (the kubelet stops the old one
-//! and starts the new), then runs the new version Ready; a kubelet stops (the Node turns
+//! and starts the new), then runs the new version Ready; while a control plane's
+//! kube-apiserver restarts, a Kubernetes call that is not served from the controller's
+//! cache fails as refused with the chance of landing on it through the load balancer
+//! (one in the number of API servers); a kubelet stops (the Node turns
 //! NotReady after the node lifecycle controller's grace, if it is gone that long) and
 //! comes back on the new version; kube-proxy's image changes in the configuration only
 //! (Talos's manifests roll it out). The faults: `component-crashloop` (a control plane's
@@ -329,6 +332,22 @@ impl World {
             .min()
             .map(|v| v.to_string());
         ClusterKubernetesInfo { deprecated_apis, kube_proxy }
+    }
+
+    /// The control plane whose kube-apiserver restarts now, if one does: a call through
+    /// the load balancer that lands on it is refused.
+    #[must_use]
+    pub fn api_server_restarting(&self) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|n| n.kube.pods.get(&Component::KubeApiserver).is_some_and(|p| p.restart.is_some()))
+            .map(|n| n.name.clone())
+    }
+
+    /// How many API servers the load balancer spreads calls over.
+    #[must_use]
+    pub fn api_servers(&self) -> usize {
+        self.nodes.iter().filter(|n| n.kube.pods.contains_key(&Component::KubeApiserver) && !n.removed).count()
     }
 
     /// Whether a kubelet of the cluster restarts (for the runner's idle check).

@@ -369,6 +369,9 @@ pub struct Counters {
     pub talos_calls_by_method: std::collections::BTreeMap<&'static str, u64>,
     /// Acknowledged Upgrade calls.
     pub upgrade_calls: u64,
+    /// Kubernetes calls refused because they landed on a kube-apiserver restarting (a
+    /// Kubernetes upgrade's control plane).
+    pub api_server_restart_refusals: u64,
     /// Lifecycle installs carried out to their end.
     pub install_calls: u64,
     /// Reboot calls carried out.
