@@ -428,3 +428,192 @@ fn calls_landing_on_a_restarting_api_server_are_refused_and_the_upgrade_goes_on(
     }
     assert!(refused > 0, "no call ever landed on a restarting API server");
 }
+
+/// The stage a component's change belongs to: the control planes' (0) or the kubelets' (1).
+fn stage_of(component: Option<&str>) -> u8 {
+    u8::from(matches!(component, Some("kubelet" | "kube-proxy")))
+}
+
+/// A 3 + 4 Kubernetes upgrade with one stop-during-install `fault`, maxUnavailable
+/// `max_unavailable`: its end, the world, and the stop's machine and instant in seconds
+/// (as first seen armed), or `None` when this seed never drew the stop.
+fn stopped_during_a_change(fault: Fault, seed: u64, max_unavailable: i64) -> Option<(RunEnd, SimCluster, String, f64)> {
+    use ichor_adapters::sim::StopDuringInstall;
+    let sim = cluster(3, 4, seed, &[fault], false);
+    sim.create_operation("kubernetes", spec(TARGET, max_unavailable));
+    let armed = std::cell::RefCell::new(None);
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
+        sim.read_world(|w| {
+            if let StopDuringInstall::Armed(_, machine, at) = &w.stop_during_install
+                && armed.borrow().is_none()
+            {
+                *armed.borrow_mut() = Some((machine.clone(), at.saturating_since(w.start).as_secs_f64()));
+            }
+        });
+    }));
+    let (machine, at) = armed.into_inner()?;
+    // Drawn at the last machine's reads, the stop may come after the upgrade's end.
+    if matches!(sim.read_world(|w| w.stop_during_install.clone()), StopDuringInstall::Armed(..)) {
+        assert_eq!(end, RunEnd::Completed, "seed {seed}: ended before the stop");
+        return None;
+    }
+    Some((end, sim, machine, at))
+}
+
+/// Per node, the first instant each stage's first change was applied to it.
+fn stage_starts(sim: &SimCluster) -> Vec<(String, u8, f64)> {
+    sim.read_world(|w| {
+        let mut starts: Vec<(String, u8, f64)> = Vec::new();
+        for e in w.trace.iter().filter(|e| e.event == TraceKind::ConfigApply) {
+            let stage = stage_of(e.component);
+            if !starts.iter().any(|(n, s, _)| *n == e.node && *s == stage) {
+                starts.push((e.node.clone(), stage, e.t));
+            }
+        }
+        starts
+    })
+}
+
+/// Whether the upgrade was in its kubelets' stage at `at` seconds (its first change of
+/// that stage made by then).
+fn in_kubelet_stage_at(sim: &SimCluster, at: f64) -> bool {
+    sim.read_world(|w| {
+        w.trace.iter().any(|e| e.event == TraceKind::ConfigApply && stage_of(e.component) == 1 && e.t <= at)
+    })
+}
+
+/// Whether any two control planes had a static pod restarting at once (from the trace).
+fn two_control_planes_restarting(sim: &SimCluster) -> bool {
+    sim.read_world(|w| {
+        let mut restarting: BTreeSet<&str> = BTreeSet::new();
+        for e in &w.trace {
+            let static_pod = stage_of(e.component) == 0 && e.component.is_some();
+            match e.event {
+                TraceKind::ConfigApply if static_pod => {
+                    restarting.insert(&e.node);
+                    if restarting.len() > 1 {
+                        return true;
+                    }
+                }
+                TraceKind::ComponentReady if static_pod => {
+                    restarting.remove(e.node.as_str());
+                }
+                _ => {}
+            }
+        }
+        false
+    })
+}
+
+/// DESIGN §3.11 in a Kubernetes upgrade: a person holds a started machine at a drawn
+/// instant of either stage (before its changes, between them or while one is verified)
+/// and lifts the hold minutes later. No stage of the held machine is begun while it is
+/// held (a machine past its first change of a stage is seen through that stage, as a
+/// machine past its Upgrade call is), one control plane restarts at a time, and once the
+/// hold is lifted the upgrade completes with every kubelet on the target.
+#[test]
+fn a_hold_at_any_instant_of_a_kubernetes_upgrade_begins_nothing_on_the_held_machine() {
+    let mut stopped = 0;
+    let mut in_kubelet_stage = 0;
+    for seed in 1..=12 {
+        for max_unavailable in [1, 2] {
+            let Some((end, sim, machine, at)) =
+                stopped_during_a_change(Fault::HoldDuringInstall, seed, max_unavailable)
+            else {
+                continue;
+            };
+            stopped += 1;
+            in_kubelet_stage += usize::from(in_kubelet_stage_at(&sim, at));
+            assert_eq!(end, RunEnd::Completed, "seed {seed}: the hold lifted, the upgrade completes");
+            let begun: Vec<_> = stage_starts(&sim)
+                .into_iter()
+                .filter(|(n, _, t)| *n == machine && *t > at && *t < at + 120.0)
+                .collect();
+            assert!(begun.is_empty(), "seed {seed}: a stage begun on {machine}, held at {at} s: {begun:?}");
+            assert!(!two_control_planes_restarting(&sim), "seed {seed}: two control planes restarting at once");
+            sim.read_world(|w| {
+                let target = KubernetesVersion::parse(TARGET).unwrap();
+                assert!(w.nodes.iter().all(|n| n.kube.kubelet == target), "seed {seed}: every kubelet on the target");
+            });
+        }
+    }
+    assert!(stopped >= 18, "the hold was drawn in {stopped} of 24 runs");
+    assert!(
+        (1..stopped).contains(&in_kubelet_stage),
+        "holds in the kubelets' stage: {in_kubelet_stage} of {stopped}; both stages must be met"
+    );
+}
+
+/// A pause recorded at a drawn instant of a Kubernetes upgrade (the machine's failure, as
+/// a pass records one): the failed machine takes no change after it, no machine begins a
+/// stage after it, the pause stays, and one control plane restarted at a time.
+#[test]
+fn a_pause_at_any_instant_of_a_kubernetes_upgrade_touches_the_failed_machine_no_more_and_begins_nothing() {
+    let mut stopped = 0;
+    for seed in 1..=12 {
+        for max_unavailable in [1, 2] {
+            let Some((end, sim, machine, at)) =
+                stopped_during_a_change(Fault::PauseDuringInstall, seed, max_unavailable)
+            else {
+                continue;
+            };
+            // The failure is recorded only on a machine still in progress at that instant.
+            let recorded = sim.read_world(|w| {
+                w.trace.iter().any(|e| e.event == TraceKind::Failed && e.reason.as_deref() == Some("FaultInjected"))
+            });
+            if !recorded {
+                assert_eq!(end, RunEnd::Completed, "seed {seed}: no failure recorded, nothing paused");
+                continue;
+            }
+            stopped += 1;
+            assert_eq!(end, RunEnd::Paused, "seed {seed}: nobody resumes");
+            let begun: Vec<_> = stage_starts(&sim).into_iter().filter(|(_, _, t)| *t > at).collect();
+            assert!(begun.is_empty(), "seed {seed}: stages begun after the pause at {at} s: {begun:?}");
+            sim.read_world(|w| {
+                let touched: Vec<_> = w
+                    .trace
+                    .iter()
+                    .filter(|e| e.event == TraceKind::ConfigApply && e.node == machine && e.t > at)
+                    .map(|e| (e.t, e.component))
+                    .collect();
+                assert!(touched.is_empty(), "seed {seed}: {machine} changed after its failure at {at} s: {touched:?}");
+                assert!(
+                    matches!(
+                        w.operations["kubernetes"].info.status.phase,
+                        ichor_upgrade_core::rollout::Phase::Paused(_)
+                    ),
+                    "seed {seed}"
+                );
+            });
+            assert!(!two_control_planes_restarting(&sim), "seed {seed}: two control planes restarting at once");
+        }
+    }
+    // A pause drawn after its machine's last change records nothing (it is not in progress).
+    assert!(stopped >= 10, "the pause was drawn and recorded in {stopped} of 24 runs");
+}
+
+/// The operation deleted at a drawn instant of a Kubernetes upgrade: it winds down (no
+/// stage begun after the deletion, the lock released, the finalizer removed) and one
+/// control plane restarted at a time.
+#[test]
+fn a_deletion_at_any_instant_of_a_kubernetes_upgrade_winds_down_beginning_nothing() {
+    let mut stopped = 0;
+    for seed in 1..=12 {
+        for max_unavailable in [1, 2] {
+            let Some((end, sim, _, at)) = stopped_during_a_change(Fault::DeleteDuringInstall, seed, max_unavailable)
+            else {
+                continue;
+            };
+            stopped += 1;
+            assert_eq!(end, RunEnd::Deleted, "seed {seed}");
+            let begun: Vec<_> = stage_starts(&sim).into_iter().filter(|(_, _, t)| *t > at).collect();
+            assert!(begun.is_empty(), "seed {seed}: stages begun after the deletion at {at} s: {begun:?}");
+            assert!(!two_control_planes_restarting(&sim), "seed {seed}: two control planes restarting at once");
+            sim.read_world(|w| {
+                assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "seed {seed}: lock released");
+            });
+        }
+    }
+    assert!(stopped >= 18, "the deletion was drawn in {stopped} of 24 runs");
+}

@@ -8,7 +8,8 @@
 //!   `ApplyConfiguration` with mode `NO_REBOOT`; then `Applied` once acknowledged. A call
 //!   whose outcome is not known leaves the intent: the next pass reads the configuration,
 //!   which says whether it landed;
-//! - a record (applied with no call, or the stage verified), written on the machine;
+//! - a record (applied with no call, a change verified between two, or the stage
+//!   verified), written on the machine;
 //! - a wait or a failure, as an outcome.
 //!
 //! The apply goes out only under [`CallAuthority::Granted`] in this pass (on a control
@@ -113,6 +114,13 @@ pub async fn advance_kubernetes(
             let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, reason::APPLIED, message);
             effects::note_condition(ex, machine, &mut conditions, update).await?;
             Ok(MachineOutcome::Progressed { action: "RecordApplied" })
+        }
+        KubernetesAction::RecordVerified { component } => {
+            let mut conditions = machine.conditions.clone();
+            let message = apply_message(component, work.target);
+            let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, reason::VERIFIED, message);
+            effects::note_condition(ex, machine, &mut conditions, update).await?;
+            Ok(MachineOutcome::Progressed { action: "RecordVerified" })
         }
         KubernetesAction::Converged { reason } => {
             let mut conditions = machine.conditions.clone();

@@ -14,6 +14,10 @@
 //! - `Unknown/ApplyRequested`, message `<component> <version>`: written just before the
 //!   apply (the intent, as for an Upgrade call);
 //! - `True/Applied`, same message: the apply was acknowledged;
+//! - `True/ComponentVerified`, same message: that change verified, and another of the
+//!   stage's changes still to make on the machine. No change is in flight: a hold, a
+//!   pause or a deletion stops the machine here, before its next change (DESIGN §3.11),
+//!   where an `ApplyRequested` or `Applied` record keeps it observed to its verification;
 //! - `True/ControlPlaneConverged`, message the version: every control-plane component of
 //!   the machine verified on it (the first stage's record);
 //! - `True/KubernetesConverged`, message the version: the machine verified on it.
@@ -51,6 +55,8 @@ pub mod reason {
     pub const APPLY_REQUESTED: &str = "ApplyRequested";
     /// `True`: the apply was acknowledged by the node.
     pub const APPLIED: &str = "Applied";
+    /// `True`: the change verified; the machine has another change of its stage to make.
+    pub const VERIFIED: &str = "ComponentVerified";
     /// `True`: every control-plane component of the machine verified on the version.
     pub const CONTROL_PLANE_CONVERGED: &str = "ControlPlaneConverged";
     /// `True`: the machine verified on the version (its kubelet, and on a control plane
@@ -94,6 +100,12 @@ pub enum KubernetesRecord {
         /// When the record was written (the verification's clock).
         since: Timestamp,
     },
+    /// `component`'s change verified, with nothing in flight: the machine is between two
+    /// changes of its stage.
+    Verified {
+        /// The component.
+        component: Component,
+    },
     /// The first stage verified.
     ControlPlaneConverged,
     /// The machine verified.
@@ -121,6 +133,10 @@ pub fn kubernetes_record(conditions: &Conditions, target: &KubernetesVersion) ->
                 _ => KubernetesRecord::None,
             }
         }
+        (ConditionStatus::True, reason::VERIFIED) => match parse_apply(c) {
+            Some((component, version)) if &version == target => KubernetesRecord::Verified { component },
+            _ => KubernetesRecord::None,
+        },
         _ => KubernetesRecord::None,
     }
 }
@@ -144,7 +160,9 @@ fn parse_apply(c: &Condition) -> Option<(Component, KubernetesVersion)> {
 pub fn control_plane_done(conditions: &Conditions, target: &KubernetesVersion) -> bool {
     match kubernetes_record(conditions, target) {
         KubernetesRecord::ControlPlaneConverged | KubernetesRecord::Converged => true,
-        KubernetesRecord::Apply { component, .. } => !Component::CONTROL_PLANE.contains(&component),
+        KubernetesRecord::Apply { component, .. } | KubernetesRecord::Verified { component } => {
+            !Component::CONTROL_PLANE.contains(&component)
+        }
         KubernetesRecord::None => false,
     }
 }
@@ -159,8 +177,9 @@ pub fn stage_converged(conditions: &Conditions, target: &KubernetesVersion, stag
 }
 
 /// Whether an apply of `stage` is recorded under way for `target` (intended or
-/// acknowledged, not yet verified): such a machine is seen to the end, never interrupted
-/// by a hold or a pause.
+/// acknowledged, not yet verified): such a machine is seen to its verification, never
+/// interrupted by a hold, a pause or a deletion. Between two changes
+/// ([`KubernetesRecord::Verified`]) it is not: nothing of it is in flight.
 #[must_use]
 pub fn past_apply(conditions: &Conditions, target: &KubernetesVersion, stage: KubernetesStage) -> bool {
     match kubernetes_record(conditions, target) {
@@ -302,6 +321,13 @@ pub enum KubernetesAction {
     /// before its acknowledgement was written, or a person's own change): write `Applied`
     /// with no call, which starts the verification's clock.
     RecordApplied {
+        /// The component.
+        component: Component,
+    },
+    /// `component`'s change verified, and the stage has another change to make on the
+    /// machine: write `ComponentVerified`, so that a hold, a pause or a deletion stops the
+    /// machine before that change.
+    RecordVerified {
         /// The component.
         component: Component,
     },
@@ -466,7 +492,8 @@ pub fn kubernetes_step(input: &KubernetesStepInput<'_>) -> KubernetesAction {
         return wait(KubernetesWait::ConfigUnreadable, Some(input.now.saturating_add(input.timeouts.poll)));
     };
     let record = kubernetes_record(input.conditions, target);
-    for component in components_of(input.stage, input.role, input.kube_proxy) {
+    let components = components_of(input.stage, input.role, input.kube_proxy);
+    for (k, &component) in components.iter().enumerate() {
         let configured = config.get(&component).map(String::as_str);
         let in_config = configured.is_some_and(|image| image_on(image, target));
         let (recorded, acknowledged, since) = match record {
@@ -477,6 +504,9 @@ pub fn kubernetes_step(input: &KubernetesStepInput<'_>) -> KubernetesAction {
         };
         // kube-proxy is verified by the configuration alone: Talos waits on nothing for it.
         if verified(input, component) || (component == Component::KubeProxy && in_config) {
+            if recorded && k + 1 < components.len() {
+                return KubernetesAction::RecordVerified { component };
+            }
             continue;
         }
         if !in_config {

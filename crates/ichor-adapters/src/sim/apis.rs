@@ -30,6 +30,11 @@ use super::config::{Fault, secs};
 use super::trace::TraceKind;
 use super::world::{EtcdMember as SimMember, Evacuation, Gate, LifecycleRecord, NodePhase, UpgradeRecord, World};
 
+/// In a Kubernetes upgrade, the stop-during-install faults are armed at one read of a
+/// started machine's configuration in this many (drawn), so the stop lands anywhere in
+/// either stage: a 3 + 4 upgrade reads about a hundred.
+const STOP_ONE_IN_READS: u64 = 25;
+
 fn refused_talos(address: &str) -> TalosError {
     TalosError::dial(format!("{address}:50000"), "connection refused")
 }
@@ -599,6 +604,12 @@ impl TalosApi for SimCluster {
     }
 
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.with_world_untouched(|w| {
+            if let Some(i) = w.node_index_by_address(node) {
+                let machine = w.nodes[i].name.clone();
+                w.arm_stop_during_change(&machine, STOP_ONE_IN_READS);
+            }
+        });
         self.talos("machine_config", node, |w, i| Ok(w.nodes[i].kube.config_yaml(w.nodes[i].role).into_bytes())).await
     }
 

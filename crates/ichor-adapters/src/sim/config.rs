@@ -46,7 +46,9 @@ pub enum Fault {
     /// A person holds a machine at a drawn instant of its upgrade's start (within a minute
     /// of its first installer pull, while the pull, the install job or the Upgrade call is
     /// under way) and lifts the hold 2 to 10 minutes later: whatever runs for the machine
-    /// must stop before its next side effect unless the machine is past its call.
+    /// must stop before its next side effect unless the machine is past its call. In a
+    /// Kubernetes upgrade (with the two below): at a drawn read of a started machine's
+    /// configuration, then within a minute, in either stage.
     HoldDuringInstall,
     /// The operation pauses at a drawn instant of a machine's upgrade start (within a
     /// minute of its first installer pull): that machine's failure is recorded in the

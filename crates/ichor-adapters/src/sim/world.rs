@@ -1056,6 +1056,18 @@ impl World {
     /// operation records as started: draws what is done (among the faults on) and when,
     /// within a minute.
     pub(crate) fn arm_stop_during_install(&mut self, machine: &str) {
+        self.arm_stop(machine, 1);
+    }
+
+    /// The stop-during-install faults in a Kubernetes upgrade: at a read of the
+    /// configuration of a machine the operation records as started, one read in
+    /// `one_in` drawn (so the stop lands in either stage, before, between or after a
+    /// machine's changes), then within a minute.
+    pub(crate) fn arm_stop_during_change(&mut self, machine: &str, one_in: u64) {
+        self.arm_stop(machine, one_in);
+    }
+
+    fn arm_stop(&mut self, machine: &str, one_in: u64) {
         if self.stop_during_install != StopDuringInstall::Idle {
             return;
         }
@@ -1078,7 +1090,7 @@ impl World {
                 .get(machine)
                 .is_some_and(|r| r.state == ichor_upgrade_core::status::RecordState::InProgress)
         });
-        if started {
+        if started && (one_in <= 1 || self.rng.in_range(1..=one_in) == 1) {
             let kind = kinds[self.rng.in_range(0..=(kinds.len() as u64 - 1)) as usize];
             let after = Duration::from_millis(self.rng.in_range(0..=60_000));
             self.stop_during_install =

@@ -153,12 +153,24 @@ fn a_component_crash_looping_on_the_target_fails_at_once() {
 #[test]
 fn a_control_planes_components_go_in_order_and_its_record_ends_the_stage() {
     let mut m = control_plane();
+    let target = v("1.35.0");
     for (i, component) in Component::CONTROL_PLANE.into_iter().enumerate() {
         assert!(matches!(m.step(), KubernetesAction::Apply { component: c, .. } if c == component), "step {i}");
         m.configure(component);
         m.acknowledge(component);
+        assert!(past_apply(&m.conditions, &target, KubernetesStage::ControlPlane), "{component} in flight");
         m.pod_on_target(component, true);
+        if i + 1 < Component::CONTROL_PLANE.len() {
+            // Verified with another change to make: recorded, so that a hold, a pause or a
+            // deletion stops the machine here, before its next change.
+            assert_eq!(m.step(), KubernetesAction::RecordVerified { component }, "step {i}");
+            m.record(ConditionStatus::True, reason::VERIFIED, &apply_message(component, &target), T0);
+            assert_eq!(kubernetes_record(&m.conditions, &target), KubernetesRecord::Verified { component });
+            assert!(!past_apply(&m.conditions, &target, KubernetesStage::ControlPlane), "nothing in flight");
+            assert!(!control_plane_done(&m.conditions, &target));
+        }
     }
+    // The last change's verification is the stage's record itself.
     assert_eq!(m.step(), KubernetesAction::Converged { reason: reason::CONTROL_PLANE_CONVERGED });
     m.record(ConditionStatus::True, reason::CONTROL_PLANE_CONVERGED, "1.35.0", T0);
     assert!(control_plane_done(&m.conditions, &v("1.35.0")));
@@ -172,6 +184,10 @@ fn a_control_planes_kubelet_stage_sets_kube_proxy_first_then_waits_for_its_node(
     assert!(matches!(m.step(), KubernetesAction::Apply { component: Component::KubeProxy, .. }));
     m.configure(Component::KubeProxy);
     m.acknowledge(Component::KubeProxy);
+    assert_eq!(m.step(), KubernetesAction::RecordVerified { component: Component::KubeProxy });
+    m.record(ConditionStatus::True, reason::VERIFIED, "kube-proxy v1.35.0", T0);
+    assert!(control_plane_done(&m.conditions, &v("1.35.0")), "a kubelet-stage record is past the first stage");
+    assert!(!past_apply(&m.conditions, &v("1.35.0"), KubernetesStage::Kubelets));
     let KubernetesAction::Apply { component: Component::Kubelet, image } = m.step() else { panic!() };
     assert_eq!(image, "ghcr.io/siderolabs/kubelet:v1.35.0");
     m.configure(Component::Kubelet);
