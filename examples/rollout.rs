@@ -375,6 +375,10 @@ struct KubernetesSummary {
     repeated_applies: usize,
     makespan_s: f64,
     max_control_planes_down: usize,
+    /// The bootstrap manifests' server-side applies, and the version kube-proxy's
+    /// DaemonSet runs after them.
+    manifest_applies: usize,
+    kube_proxy: KubernetesVersion,
     restarts: u64,
     talos_calls: u64,
     passes: u64,
@@ -432,6 +436,8 @@ impl KubernetesSummary {
                     .map(|e| e.t)
                     .fold(0.0, f64::max),
                 max_control_planes_down,
+                manifest_applies: w.bootstrap.applies,
+                kube_proxy: w.kube_proxy_version(),
                 restarts: w.counters.restarts,
                 talos_calls: report.talos_calls,
                 passes: report.passes,
@@ -459,6 +465,8 @@ impl KubernetesSummary {
             "applies": self.applies,
             "repeated_applies": self.repeated_applies,
             "max_control_planes_restarting": self.max_control_planes_down,
+            "manifest_applies": self.manifest_applies,
+            "kube_proxy": self.kube_proxy.to_string(),
             "makespan_s": self.makespan_s,
             "controller_restarts": self.restarts,
             "talos_calls": self.talos_calls,
@@ -491,6 +499,10 @@ impl KubernetesSummary {
             self.repeated_applies
         );
         println!("most control planes restarting a component at once: {}", self.max_control_planes_down);
+        println!(
+            "bootstrap manifests applied server-side (field manager talos): {} objects; kube-proxy's DaemonSet on {}",
+            self.manifest_applies, self.kube_proxy
+        );
         if *end == RunEnd::Completed {
             println!("makespan: {}; wall time {wall_s:.1} s", clock(self.makespan_s));
         }

@@ -792,6 +792,24 @@ async fn a_kubernetes_upgrade_completes_on_the_simulated_fleet_with_every_kubele
     for pod in &mirrors {
         assert_eq!(pod.labels().get("app.kubernetes.io/version").map(String::as_str), Some(KUBERNETES_TARGET));
     }
+    // The bootstrap manifests, last: kube-proxy's DaemonSet on the target, applied
+    // server-side by the operator under Talos's field manager.
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(scene.ns.client.clone(), "kube-system");
+    let proxy = daemonsets.get("kube-proxy").await.expect("kube-system/kube-proxy");
+    let containers = &proxy.spec.template.spec.as_ref().expect("a pod spec").containers;
+    assert_eq!(
+        containers[0].image.as_deref(),
+        Some(format!("registry.k8s.io/kube-proxy:v{KUBERNETES_TARGET}").as_str())
+    );
+    assert!(
+        proxy
+            .managed_fields()
+            .iter()
+            .any(|f| f.manager.as_deref() == Some("talos") && f.operation.as_deref() == Some("Apply")),
+        "{:?}",
+        proxy.managed_fields()
+    );
     // Three static pods and kube-proxy per control plane, a kubelet per node; none twice.
     assert_eq!(fleet.value("ichor_fleet_config_applies_total").await, Some(3.0 * 4.0 + 6.0));
     assert_eq!(fleet.value("ichor_fleet_repeated_applies").await, Some(0.0), "no change applied twice");

@@ -45,6 +45,10 @@ fn three_control_planes_and_twenty_workers_complete_with_and_without_faults_each
         assert_eq!(json["control_planes_on_target"], 3, "{json}");
         assert_eq!(json["repeated_applies"], 0, "no change applied twice: {json}");
         assert_eq!(json["max_control_planes_restarting"], 1, "{json}");
+        // The bootstrap manifests, last: kube-proxy's ServiceAccount and DaemonSet (applied
+        // again only when a controller killed before their record applies them again).
+        assert!(json["manifest_applies"].as_u64().is_some_and(|n| n >= 2 && n % 2 == 0), "{json}");
+        assert_eq!(json["kube_proxy"], "1.35.0", "{json}");
         let applies: Vec<Value> = trace(&trace_file).into_iter().filter(|e| e["event"] == "config-apply").collect();
         // Three static pods and kube-proxy per control plane, a kubelet per node.
         assert_eq!(applies.len(), 3 * 4 + 23, "{faults:?}");
@@ -70,6 +74,8 @@ fn a_skipped_minor_is_exit_3_naming_each_component_and_touching_nothing() {
     let message = json["message"].as_str().unwrap();
     assert!(message.contains("cp-1/kube-apiserver") && message.contains("upgrade to 1.35.x first"), "{message}");
     assert_eq!(json["applies"], serde_json::json!({}), "nothing touched");
+    assert_eq!(json["manifest_applies"], 0, "nothing applied");
+    assert_eq!(json["kube_proxy"], "1.34.1", "{json}");
     let text = String::from_utf8_lossy(&rollout(&["--operation", "kubernetes", "--to-kubernetes", "1.36.0"]).stdout)
         .into_owned();
     assert!(text.contains("outcome: refused") && text.contains("reason: KubernetesSkipsMinor"), "{text}");
@@ -86,6 +92,8 @@ fn a_removed_api_in_use_is_exit_3_naming_the_resource_and_its_count() {
     let message = json["message"].as_str().unwrap();
     assert!(message.contains("widgets.widgets.sim.ichor.dev/v1beta1 (3 uses, removed in 1.35)"), "{message}");
     assert_eq!(json["applies"], serde_json::json!({}), "nothing touched");
+    assert_eq!(json["manifest_applies"], 0, "nothing applied");
+    assert_eq!(json["kube_proxy"], "1.34.1", "{json}");
 }
 
 #[test]

@@ -669,3 +669,75 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
     other.delete().await;
     ns.delete().await;
 }
+
+/// A Kubernetes upgrade's bootstrap manifests, applied as Talos applies them: server-side
+/// under the field manager `talos`, the kind's API found by discovery, forced over a field
+/// another manager set, and idempotent (the same objects again change nothing, not even
+/// the resourceVersion). A kind the API server does not serve, or an invalid object, is a
+/// refusal no retry fixes.
+#[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn bootstrap_manifests_are_applied_server_side_under_talos_forced_and_idempotent() {
+    let ns = TestNamespace::create("ichor-bootstrap").await;
+    let kube = kube_cluster(&ns).await;
+    let daemonset = |image: &str| {
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "kube-proxy", "namespace": ns.name, "labels": {"k8s-app": "kube-proxy"}},
+            "spec": {
+                "selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                "template": {
+                    "metadata": {"labels": {"k8s-app": "kube-proxy"}},
+                    "spec": {"containers": [{"name": "kube-proxy", "image": image}], "hostNetwork": true},
+                },
+            },
+        })
+    };
+    let account =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "kube-proxy", "namespace": ns.name}});
+    let api: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(ns.client.clone(), &ns.name);
+    let image = |ds: &k8s_openapi::api::apps::v1::DaemonSet| {
+        ds.spec.template.spec.as_ref().unwrap().containers[0].image.clone().unwrap()
+    };
+    bounded(async {
+        // Made by the apply.
+        kube.apply_manifest(&account, "talos").await.unwrap();
+        kube.apply_manifest(&daemonset("registry.k8s.io/kube-proxy:v1.34.1"), "talos").await.unwrap();
+        let made = api.get("kube-proxy").await.unwrap();
+        assert_eq!(image(&made), "registry.k8s.io/kube-proxy:v1.34.1");
+        let managers: Vec<(String, String)> = made
+            .managed_fields()
+            .iter()
+            .map(|f| (f.manager.clone().unwrap_or_default(), f.operation.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(managers, [("talos".to_owned(), "Apply".to_owned())]);
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(ns.client.clone(), &ns.name);
+        assert!(accounts.get_opt("kube-proxy").await.unwrap().is_some());
+
+        // A person's edit of the image (another manager): the apply takes the field back.
+        let edit = json!({"spec": {"template": {"spec": {"containers": [{"name": "kube-proxy", "image": "example.org/proxy:edited"}]}}}});
+        api.patch("kube-proxy", &PatchParams::default(), &Patch::Strategic(&edit)).await.unwrap();
+        kube.apply_manifest(&daemonset("registry.k8s.io/kube-proxy:v1.35.0"), "talos").await.unwrap();
+        let rolled = api.get("kube-proxy").await.unwrap();
+        assert_eq!(image(&rolled), "registry.k8s.io/kube-proxy:v1.35.0");
+
+        // The same objects again: nothing changes.
+        kube.apply_manifest(&daemonset("registry.k8s.io/kube-proxy:v1.35.0"), "talos").await.unwrap();
+        let again = api.get("kube-proxy").await.unwrap();
+        assert_eq!(again.resource_version(), rolled.resource_version(), "an apply of the same object is no write");
+
+        // A kind nobody serves, and an invalid object: refusals, nothing made.
+        let widget = json!({"apiVersion": "widgets.sim.ichor.dev/v1beta1", "kind": "Widget", "metadata": {"name": "w", "namespace": ns.name}});
+        let err = kube.apply_manifest(&widget, "talos").await.unwrap_err();
+        assert!(!err.is_transient() && err.to_string().contains("Widget"), "{err:?}");
+        let mut invalid = daemonset("registry.k8s.io/kube-proxy:v1.35.0");
+        invalid["metadata"]["name"] = json!("no-selector");
+        invalid["spec"].as_object_mut().unwrap().remove("selector");
+        let err = kube.apply_manifest(&invalid, "talos").await.unwrap_err();
+        assert!(matches!(err, KubeError::Refused(_)) && err.to_string().contains("DaemonSet"), "{err:?}");
+        assert!(api.get_opt("no-selector").await.unwrap().is_none());
+    })
+    .await;
+}

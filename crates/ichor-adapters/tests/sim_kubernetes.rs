@@ -18,8 +18,10 @@
 
 use std::collections::BTreeSet;
 
+use ichor_adapters::sim::kubernetes::KUBE_PROXY_DAEMONSET;
 use ichor_adapters::sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
+use ichor_upgrade_core::kubernetes_manifests::ManifestsState;
 use ichor_upgrade_core::kubernetes_step::{KubernetesRecord, kubernetes_record};
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
@@ -209,6 +211,14 @@ fn check(
                 let record = kubernetes_record(&w.conditions[&n.name], &target);
                 prop_assert_eq!(record, KubernetesRecord::Converged, "{} not recorded converged\n{}", n.name, replay);
             }
+            // The bootstrap manifests went last: kube-proxy's DaemonSet on the target,
+            // applied server-side under Talos's field manager.
+            prop_assert_eq!(w.kube_proxy_version(), target.clone(), "kube-proxy's DaemonSet\n{}", replay);
+            let (_, manager) = &w.bootstrap.objects[KUBE_PROXY_DAEMONSET];
+            prop_assert_eq!(manager.as_str(), "talos", "{}", replay);
+        }
+        if end == RunEnd::Paused {
+            prop_assert_eq!(w.bootstrap.applies, 0, "manifests applied in a paused upgrade\n{}", replay);
         }
         Ok(())
     })
@@ -627,4 +637,72 @@ fn a_deletion_at_any_instant_of_a_kubernetes_upgrade_winds_down_beginning_nothin
         }
     }
     assert!(stopped >= 18, "the deletion was drawn in {stopped} of 24 runs");
+}
+
+/// Issue 32, item 2's last step: once every kubelet is on the target, the bootstrap
+/// manifests a control plane renders (kube-proxy's ServiceAccount and DaemonSet, with the
+/// image its configuration now holds; not the bootstrap token's Secret) are applied
+/// server-side under Talos's field manager, and only then does the upgrade complete. Until then the cluster's kube-proxy
+/// stays on its first version, whatever the configurations hold.
+#[test]
+fn the_bootstrap_manifests_go_last_and_roll_kube_proxy_to_the_target() {
+    let sim = cluster(3, 4, 5, &[], false);
+    let target = KubernetesVersion::parse(TARGET).unwrap();
+    sim.create_operation("kubernetes", spec(TARGET, 2));
+    let runtime = ichor_adapters::sim::runtime();
+    // At every pass: no apply before every kubelet is on the target.
+    let early = std::cell::Cell::new(false);
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
+        sim.read_world(|w| {
+            if w.bootstrap.applies > 0 && w.nodes.iter().any(|n| n.kube.kubelet != target) {
+                early.set(true);
+            }
+        });
+    }));
+    assert_eq!(end, RunEnd::Completed);
+    assert!(!early.get(), "a manifest applied before every kubelet was on the target");
+    sim.read_world(|w| {
+        assert_eq!(w.kube_proxy_version(), target);
+        assert_eq!(w.bootstrap.applies, 2, "the ServiceAccount and the DaemonSet, once each");
+        assert!(
+            !w.bootstrap.objects.keys().any(|k| k.starts_with("Secret ")),
+            "the bootstrap token is not applied: {:?}",
+            w.bootstrap.objects.keys()
+        );
+        assert!(w.bootstrap.objects.values().all(|(_, manager)| manager == "talos"));
+        let status = &w.operations["kubernetes"].info.status;
+        assert!(
+            matches!(&status.manifests, Some(ManifestsState::Applied { objects: 2, target, .. }) if target == TARGET),
+            "{:?}",
+            status.manifests
+        );
+    });
+}
+
+/// An apply the API server refuses (an admission webhook saying no) pauses the upgrade
+/// with every machine on the target, naming the object; a resume applies them again,
+/// and once the API server takes them the upgrade completes.
+#[test]
+fn a_refused_bootstrap_manifest_pauses_naming_it_and_a_resume_applies_them_again() {
+    use ichor_upgrade_core::operation::RESUME_ANNOTATION;
+    use ichor_upgrade_core::rollout::{PauseReason, Phase};
+    let sim = cluster(1, 2, 3, &[], false);
+    sim.with_world(|w| w.bootstrap.refuse = true);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Paused);
+    sim.read_world(|w| {
+        let phase = &w.operations["kubernetes"].info.status.phase;
+        let Phase::Paused(PauseReason::ManifestsFailed { reason }) = phase else { panic!("{phase:?}") };
+        assert!(reason.contains("ServiceAccount kube-system/kube-proxy") && reason.contains("denied"), "{reason}");
+        assert_eq!(w.bootstrap.applies, 0);
+        assert!(w.nodes.iter().all(|n| n.kube.kubelet == KubernetesVersion::parse(TARGET).unwrap()));
+    });
+    // Still refused: a resume pauses again. Then taken: it completes.
+    sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "r1");
+    let runtime = ichor_adapters::sim::runtime();
+    let again = || runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
+    assert_eq!(again(), RunEnd::Paused);
+    sim.with_world(|w| w.bootstrap.refuse = false);
+    sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "r2");
+    assert_eq!(again(), RunEnd::Completed);
+    sim.read_world(|w| assert_eq!(w.kube_proxy_version(), KubernetesVersion::parse(TARGET).unwrap()));
 }

@@ -187,3 +187,42 @@ async fn a_machine_configuration_is_read_and_applied_as_talos_serves_it() {
     };
     tokio::time::timeout(Duration::from_secs(30), run).await.expect("the test's own bound");
 }
+
+/// The bootstrap manifests, as Talos lists them (COSI List of
+/// `Manifests.kubernetes.talos.dev` in `controlplane`, a stream of resources whose specs
+/// hold each object as a `google.protobuf.Struct`), read by the real client: on a
+/// control plane, kube-proxy's objects with the image its configuration holds, whole
+/// numbers as integers; on a worker, none.
+#[tokio::test]
+async fn the_bootstrap_manifests_are_listed_as_talos_lists_them() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let config = SimConfig::new(1, 1, v("v1.14.3"), v("v1.14.4"))
+        .with_storage(false)
+        .with_kubernetes("1.34.1")
+        .with_realism(Realism::oracle());
+    let sim = Arc::new(SimCluster::new(config));
+    let ca = Ca::new(KeyKind::Ed25519);
+    let cert = ca.server(&["127.0.0.1"]);
+    let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, server::services(Arc::clone(&sim)));
+    let admin = ca.admin(Validity::Current);
+    let text = talosconfig("fleet", &[served.endpoint()], &[], &ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
+    let client = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), ClientOptions::default()).unwrap();
+    let run = async {
+        let objects = client.bootstrap_manifests("10.5.0.2").await.unwrap(); // cp-1
+        assert_eq!(objects, sim.bootstrap_manifests("10.5.0.2").await.unwrap(), "every object, as rendered");
+        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        assert_eq!(kinds, ["Secret", "ServiceAccount", "DaemonSet"]);
+        let daemonset = &objects[2];
+        assert_eq!(
+            daemonset["spec"]["template"]["spec"]["containers"][0]["image"],
+            "registry.k8s.io/kube-proxy:v1.34.1"
+        );
+        assert_eq!(
+            serde_json::to_string(&daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"]).unwrap(),
+            "1",
+            "a whole number reads as an integer"
+        );
+        assert!(client.bootstrap_manifests("10.5.0.3").await.unwrap().is_empty(), "a worker renders none");
+    };
+    tokio::time::timeout(Duration::from_secs(30), run).await.expect("the test's own bound");
+}

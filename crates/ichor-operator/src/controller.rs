@@ -135,6 +135,7 @@ impl ControllerError {
             Self::Reconcile(E::WriteOperation { .. }) => "write-operation",
             Self::Reconcile(E::RetryReset { .. }) => "retry-reset",
             Self::Reconcile(E::EvacuationRecord { .. }) => "evacuation-record",
+            Self::Reconcile(E::Manifests { .. }) => "manifests",
         }
     }
 }

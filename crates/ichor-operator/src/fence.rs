@@ -109,6 +109,9 @@ impl TalosApi for FencedTalos<'_> {
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.inner.machine_config(node).await
     }
+    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
+        self.inner.bootstrap_manifests(node).await
+    }
     async fn apply_configuration(
         &self,
         node: &str,
@@ -212,6 +215,10 @@ impl KubeApi for FencedKube<'_> {
     }
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.inner.cluster_kubernetes().await
+    }
+    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
+        self.fence.kube()?;
+        self.inner.apply_manifest(object, field_manager).await
     }
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
         self.inner.operation(name).await

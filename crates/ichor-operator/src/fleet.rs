@@ -242,6 +242,10 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.machine_config(node).await
     }
+    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.bootstrap_manifests(node).await
+    }
     async fn apply_configuration(
         &self,
         node: &str,

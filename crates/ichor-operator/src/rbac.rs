@@ -126,6 +126,38 @@ pub const RULES: &[Rule] = &[
         &["list"],
         "a Kubernetes upgrade's planning: kube-proxy's version (kube-system/kube-proxy)",
     ),
+    // A Kubernetes upgrade's last step applies Talos's bootstrap manifests server-side
+    // (an apply that makes an object is authorised as a create too): CoreDNS, kube-proxy,
+    // flannel and the CSR bindings, as `talosctl upgrade-k8s` does with an admin
+    // kubeconfig. Their ClusterRoles grant what the operator does not hold, hence escalate
+    // and bind; the operator's Talos credentials (os:admin, which read the machine
+    // configuration and its cluster CA) already reach further. Not Secrets: the one
+    // Secret of the manifests (the bootstrap token) does not change with Kubernetes and
+    // is not applied (`ichor_talos_executor::kubernetes::apply_manifests`).
+    everywhere(
+        "",
+        &["serviceaccounts", "configmaps", "services"],
+        &["create", "patch"],
+        "a Kubernetes upgrade's bootstrap manifests, applied server-side",
+    ),
+    everywhere(
+        "apps",
+        &["daemonsets", "deployments"],
+        &["create", "patch"],
+        "a Kubernetes upgrade's bootstrap manifests (kube-proxy, flannel, CoreDNS), applied server-side",
+    ),
+    everywhere(
+        "rbac.authorization.k8s.io",
+        &["clusterroles", "clusterrolebindings"],
+        &["create", "patch", "escalate", "bind"],
+        "a Kubernetes upgrade's bootstrap manifests: their ClusterRoles and bindings, applied server-side",
+    ),
+    everywhere(
+        "apiextensions.k8s.io",
+        &["customresourcedefinitions"],
+        &["create", "patch"],
+        "a Kubernetes upgrade's bootstrap manifests: Talos's own CRDs, applied server-side",
+    ),
     Rule {
         scope: Scope::ClusterNamespaces,
         group: "",

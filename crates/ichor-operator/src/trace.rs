@@ -605,6 +605,9 @@ impl TalosApi for TracedTalos<'_> {
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.inner.machine_config(node).await
     }
+    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
+        self.inner.bootstrap_manifests(node).await
+    }
     async fn apply_configuration(
         &self,
         node: &str,
@@ -763,6 +766,9 @@ impl KubeApi for TracedKube<'_> {
     }
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.inner.cluster_kubernetes().await
+    }
+    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
+        self.inner.apply_manifest(object, field_manager).await
     }
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
         self.inner.cluster(name).await

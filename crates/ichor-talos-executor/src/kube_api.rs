@@ -314,4 +314,11 @@ pub trait KubeApi: ConditionStore {
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         Err(KubeError::Refused("the cluster's deprecated APIs cannot be read through this client".to_owned()))
     }
+    /// Applies `object` (a whole Kubernetes object as JSON) server-side under
+    /// `field_manager`, taking over the fields another manager holds, as Talos's manifest
+    /// sync does. (The default answers [`KubeError::Refused`]; wrappers must forward it.)
+    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
+        let _ = (object, field_manager);
+        Err(KubeError::Refused("server-side apply is not available through this client".to_owned()))
+    }
 }

@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
+use ichor_upgrade_core::kubernetes_manifests::{FIELD_MANAGER, ManifestsState};
 use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::kubernetes_step::{
     KUBERNETES_UPGRADE, KubeletObservation, KubernetesAction, KubernetesFailure, KubernetesStage, KubernetesStepInput,
@@ -235,5 +236,87 @@ async fn apply(
         Err(timed_out) => {
             Err(AdvanceError::TalosCall { call: "ApplyConfiguration", source: TalosCallError::from(timed_out) })
         }
+    }
+}
+
+/// A Kubernetes upgrade's last step ([`ichor_upgrade_core::kubernetes_manifests`]): the
+/// bootstrap manifests read from the first of `control_planes` whose Talos API answers,
+/// then each object applied server-side under Talos's field manager, in order (but
+/// Secrets: the bootstrap token, which a Kubernetes upgrade never changes). Its
+/// record, for the status: applied, or failed naming the object the API server refused
+/// (a refusal retrying will not fix; the operation pauses).
+///
+/// Called only when the pass's decision asks for it (under the lock, every machine
+/// through). Applied again after a crash before its record, it changes nothing.
+///
+/// # Errors
+/// No control plane's manifests could be read, or an apply failed in a way retrying can
+/// fix: the next pass applies them again.
+pub async fn apply_manifests(
+    ex: &Executor<'_>,
+    control_planes: &[&MachineInfo],
+    target: &KubernetesVersion,
+) -> Result<ManifestsState, AdvanceError> {
+    let bound = ex.config.call_timeout;
+    let failed = |reason: String| ManifestsState::Failed { target: target.to_string(), reason, at: ex.clock.now() };
+    let mut last = None;
+    let mut objects = None;
+    for machine in control_planes {
+        let error = match bounded("read the bootstrap manifests", bound, ex.talos.bootstrap_manifests(&machine.address))
+            .await
+        {
+            Ok(Ok(read)) => {
+                objects = Some(read);
+                break;
+            }
+            Ok(Err(error)) => TalosCallError::from(error),
+            Err(timed_out) => TalosCallError::from(timed_out),
+        };
+        tracing::debug!(machine = %machine.name, %error, "bootstrap manifests unreadable");
+        last = Some((machine.name.clone(), error));
+    }
+    let Some(objects) = objects else {
+        return match last {
+            // Every control plane answered, and refused: a person must look.
+            Some((machine, error)) if !error.is_unreachable() => {
+                Ok(failed(format!("reading the bootstrap manifests from {machine}: {error}")))
+            }
+            Some((_, source)) => Err(AdvanceError::TalosCall { call: "COSI List Manifests", source }),
+            None => Ok(failed("no control plane to read the bootstrap manifests from".to_owned())),
+        };
+    };
+    // Secrets are not applied: the manifests' one Secret is the bootstrap token, made by
+    // the node's own manifest controller from the machine configuration, which a
+    // Kubernetes upgrade never changes; and the operator holds no write on Secrets
+    // beyond its clusters' namespaces.
+    let (secrets, objects): (Vec<_>, Vec<_>) =
+        objects.into_iter().partition(|o| o.get("kind").and_then(serde_json::Value::as_str) == Some("Secret"));
+    for secret in &secrets {
+        tracing::debug!(object = %object_name(secret), "bootstrap manifest not applied: a Secret");
+    }
+    for object in &objects {
+        let name = object_name(object);
+        match bounded("apply a bootstrap manifest", bound, ex.kube.apply_manifest(object, FIELD_MANAGER)).await {
+            Ok(Ok(())) => tracing::debug!(object = %name, "bootstrap manifest applied"),
+            Ok(Err(error)) if !error.is_transient() => return Ok(failed(format!("{name}: {error}"))),
+            Ok(Err(error)) => {
+                return Err(AdvanceError::KubeCall { call: "apply a bootstrap manifest", source: error.into() });
+            }
+            Err(timed_out) => {
+                return Err(AdvanceError::KubeCall { call: "apply a bootstrap manifest", source: timed_out.into() });
+            }
+        }
+    }
+    Ok(ManifestsState::Applied { target: target.to_string(), objects: objects.len(), at: ex.clock.now() })
+}
+
+/// `Kind namespace/name` (or `Kind name`) of an object, for people.
+fn object_name(object: &serde_json::Value) -> String {
+    let field = |path: &[&str]| {
+        path.iter().try_fold(object, |v, k| v.get(k)).and_then(serde_json::Value::as_str).unwrap_or("?").to_owned()
+    };
+    match object.pointer("/metadata/namespace").and_then(serde_json::Value::as_str) {
+        Some(namespace) => format!("{} {namespace}/{}", field(&["kind"]), field(&["metadata", "name"])),
+        None => format!("{} {}", field(&["kind"]), field(&["metadata", "name"])),
     }
 }

@@ -121,6 +121,15 @@ pub enum ReconcileError {
         #[source]
         source: AdvanceError,
     },
+    /// A Kubernetes upgrade's bootstrap manifests could not be read from any control
+    /// plane, or an apply failed in a way a retry can fix: nothing is recorded, the next
+    /// pass applies them again.
+    #[error("applying the bootstrap manifests: {source}")]
+    Manifests {
+        /// The cause.
+        #[source]
+        source: AdvanceError,
+    },
 }
 
 impl ReconcileError {
@@ -132,7 +141,9 @@ impl ReconcileError {
             | Self::ReadCluster { source, .. }
             | Self::WriteLease { source, .. }
             | Self::WriteOperation { source, .. } => source.is_transient(),
-            Self::RetryReset { source, .. } | Self::EvacuationRecord { source, .. } => source.is_transient(),
+            Self::RetryReset { source, .. } | Self::EvacuationRecord { source, .. } | Self::Manifests { source } => {
+                source.is_transient()
+            }
         }
     }
 }
@@ -1120,8 +1131,9 @@ struct Gates {
 /// How stage "decide" ended.
 enum GatesEnd {
     Decided(Box<Gates>),
-    /// The etcd snapshot was taken and recorded: the pass ends there, and the next one
-    /// authorises the first control plane from gates read again.
+    /// The etcd snapshot was taken and recorded (or a Kubernetes upgrade's bootstrap
+    /// manifests applied and recorded): the pass ends there, and the next one authorises
+    /// the first control plane from gates read again (or completes).
     SnapshotRecorded(Box<Decision>),
 }
 
@@ -1250,6 +1262,25 @@ async fn gather_gates(
     let mut checked: BTreeMap<String, Vec<Blocker>> = BTreeMap::new();
     // The operation as this pass sees it once it took (or failed to take) the etcd snapshot.
     let mut recorded_view: Option<OperationView> = None;
+    if decision.apply_manifests
+        && let Some(spec) = op.spec.validate_kubernetes().ok()
+    {
+        // The Kubernetes upgrade's last step, alone in its pass: every machine is through.
+        let mut control_planes: Vec<&Observed> =
+            observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane).collect();
+        // Ready ones first, then by name: the manifests of a control plane that answers.
+        control_planes.sort_by_key(|o| (!o.node.as_ref().is_some_and(|n| n.ready), o.machine.name.clone()));
+        let machines: Vec<&MachineInfo> = control_planes.iter().map(|o| o.machine.as_ref()).collect();
+        let state = crate::kubernetes::apply_manifests(ex, &machines, &spec.target)
+            .await
+            .map_err(|source| ReconcileError::Manifests { source })?;
+        // With the resume this pass acted upon: a failure recorded again is not resumed
+        // again by the same token.
+        let observed_resume = decision.acknowledge_resume.clone().or_else(|| op.status.observed_resume.clone());
+        let recorded = OperationStatus { manifests: Some(state), observed_resume, ..op.status.clone() };
+        write_status(ex, name, &op.status, &recorded).await?;
+        return Ok(GatesEnd::SnapshotRecorded(Box::new(decision)));
+    }
     for round in 1..=GATE_ROUNDS {
         let needs_etcd = decision.check_etcd && verdict.is_none();
         let needs_snapshot = decision.take_etcd_snapshot.is_some() && recorded_view.is_none();

@@ -314,6 +314,13 @@ pub trait TalosApi: Send + Sync {
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         Err(unimplemented("COSI Get MachineConfigs", node))
     }
+    /// The bootstrap manifests a control plane renders (`Manifests.kubernetes.talos.dev`,
+    /// namespace `controlplane`, listed): every Kubernetes object in them, in the order of
+    /// the resources' IDs and of the objects in each. (The default answers
+    /// `Unimplemented`; wrappers must forward it.)
+    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
+        Err(unimplemented("COSI List Manifests", node))
+    }
     /// `MachineService.ApplyConfiguration` on the node. (The default answers
     /// `Unimplemented`; wrappers must forward it.)
     async fn apply_configuration(

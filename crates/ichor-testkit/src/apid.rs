@@ -15,7 +15,8 @@ use ichor_adapters::talos::proto::machine::machine_service_server::{MachineServi
 use ichor_adapters::talos::proto::machine::{self as pb};
 use ichor_adapters::talos::proto::resource::state_server::{State, StateServer};
 use ichor_adapters::talos::proto::resource::{
-    GetRequest, GetResponse, MachineStatusSpec, NodenameSpec, Resource, Spec, machine_status_spec::Stage,
+    GetRequest, GetResponse, ListRequest, ListResponse, MachineStatusSpec, NodenameSpec, Resource, Spec,
+    machine_status_spec::Stage,
 };
 use prost::Message;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -381,6 +382,14 @@ impl State for Talos {
         };
         let resource = Resource { metadata: None, spec: Some(Spec { proto_spec, yaml_spec: String::new() }) };
         Ok(Response::new(GetResponse { resource: Some(resource) }))
+    }
+
+    type ListStream = Streamed<ListResponse>;
+
+    /// Lists nothing (no bootstrap manifests on this stand-in).
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<Self::ListStream>, Status> {
+        self.route("List", &request)?;
+        Ok(Response::new(tokio_stream::iter(Vec::new())))
     }
 }
 

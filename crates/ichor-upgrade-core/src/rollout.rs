@@ -33,6 +33,7 @@ use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd_snapshot::SnapshotState;
+use crate::kubernetes_manifests::{ManifestsState, ManifestsStep, manifests_step};
 use crate::kubernetes_plan::KubernetesPlanProblem;
 use crate::kubernetes_step::KubernetesStage;
 use crate::operation::{
@@ -168,6 +169,10 @@ pub struct OperationStatus {
     /// The etcd snapshot taken before the first control plane, or why it could not be.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_snapshot: Option<SnapshotState>,
+    /// A Kubernetes upgrade's bootstrap manifests, applied last
+    /// ([`crate::kubernetes_manifests`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifests: Option<ManifestsState>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -384,6 +389,12 @@ pub enum PauseReason {
         /// Why, with its causes.
         reason: String,
     },
+    /// A Kubernetes upgrade's bootstrap manifests could not be applied; every machine is
+    /// on the target.
+    ManifestsFailed {
+        /// Which object, and why.
+        reason: String,
+    },
 }
 
 /// The phase of an operation.
@@ -460,6 +471,7 @@ impl Phase {
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
             Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
+            Self::Paused(PauseReason::ManifestsFailed { .. }) => "ManifestsFailed",
             Self::Completed => "Completed",
             Self::Refused(refusal) => refusal.reason(),
         }
@@ -525,6 +537,12 @@ impl fmt::Display for Phase {
             }
             Self::Paused(PauseReason::EtcdSnapshotFailed { reason }) => {
                 write!(f, "paused: the etcd snapshot before the first control plane failed: {reason}")
+            }
+            Self::Paused(PauseReason::ManifestsFailed { reason }) => {
+                write!(
+                    f,
+                    "paused: every machine is on the target, but the bootstrap manifests were not applied: {reason}"
+                )
             }
             Self::Completed => f.write_str("every machine is on the target"),
             Self::Refused(refusal) => write!(f, "refused: {refusal}"),
@@ -715,6 +733,10 @@ pub struct Decision {
     /// The control plane that would start but for the etcd snapshot the spec requires:
     /// take the snapshot (from any healthy control plane), record it, and decide again.
     pub take_etcd_snapshot: Option<String>,
+    /// A Kubernetes upgrade with every machine through: apply the bootstrap manifests
+    /// (server-side, read from a control plane), record them in the status
+    /// ([`OperationStatus::manifests`]), and decide again.
+    pub apply_manifests: bool,
     /// For each machine in [`Decision::start`] and [`Decision::advance`], whether its
     /// Upgrade call may go out in this pass. The executor's step makes no call without
     /// [`CallAuthority::Granted`].
@@ -749,6 +771,7 @@ impl Decision {
             check_preflight: Vec::new(),
             preflight_blocked: Vec::new(),
             take_etcd_snapshot: None,
+            apply_manifests: false,
             authority: BTreeMap::new(),
             finish_authority: BTreeMap::new(),
             prepull: Vec::new(),
@@ -1326,15 +1349,28 @@ struct Rules {
     /// For a Kubernetes upgrade, its stage: in the first, only control planes start and
     /// the operation does not complete.
     stage: Option<KubernetesStage>,
+    /// For a Kubernetes upgrade, its target: it completes once its bootstrap manifests
+    /// are applied for it.
+    kubernetes_target: Option<KubernetesVersion>,
 }
 
 impl Rules {
     fn talos(spec: &ValidSpec) -> Self {
-        Self { max_unavailable: spec.max_unavailable, preflight: Some(spec.preflight), stage: None }
+        Self {
+            max_unavailable: spec.max_unavailable,
+            preflight: Some(spec.preflight),
+            stage: None,
+            kubernetes_target: None,
+        }
     }
 
     fn kubernetes(spec: &KubernetesSpec, stage: KubernetesStage) -> Self {
-        Self { max_unavailable: spec.max_unavailable, preflight: None, stage: Some(stage) }
+        Self {
+            max_unavailable: spec.max_unavailable,
+            preflight: None,
+            stage: Some(stage),
+            kubernetes_target: Some(spec.target.clone()),
+        }
     }
 }
 
@@ -1467,6 +1503,20 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
         Phase::Progressing
     } else if !input.unaccounted_nodes.is_empty() {
         Phase::Waiting(WaitReason::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() })
+    } else if let Some(target) = spec.kubernetes_target.as_ref() {
+        // A Kubernetes upgrade ends with its bootstrap manifests.
+        match manifests_step(op.status.manifests.as_ref(), target, resuming) {
+            ManifestsStep::Done => {
+                d.lock = LockAction::Release;
+                Phase::Completed
+            }
+            ManifestsStep::Apply => {
+                d.apply_manifests = true;
+                d.recheck_at = Some(input.now);
+                Phase::Progressing
+            }
+            ManifestsStep::Failed { reason } => Phase::Paused(PauseReason::ManifestsFailed { reason }),
+        }
     } else {
         d.lock = LockAction::Release;
         Phase::Completed

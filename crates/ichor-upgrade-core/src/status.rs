@@ -276,6 +276,7 @@ mod tests {
             check_preflight: vec![],
             preflight_blocked: vec![],
             take_etcd_snapshot: None,
+            apply_manifests: false,
             authority: std::collections::BTreeMap::new(),
             finish_authority: std::collections::BTreeMap::new(),
             prepull: vec![],

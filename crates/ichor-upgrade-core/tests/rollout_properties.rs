@@ -329,6 +329,17 @@ fn check_safety(
         prop_assert!(!snapshot_ok && etcd == &EtcdVerdict::Healthy && ours, "a snapshot asked for out of turn");
     }
 
+    // A Kubernetes upgrade's bootstrap manifests go last: under the lock, with every
+    // machine on the target and none under way.
+    if d.apply_manifests {
+        prop_assert!(op.spec.is_kubernetes() && ours && !op.deleting, "manifests applied out of turn: {d:?}");
+        prop_assert!(
+            machines.iter().all(|m| m.progress == MachineProgress::Converged),
+            "manifests applied before every machine is through: {machines:?}"
+        );
+        prop_assert!(d.start.is_empty() && d.advance.is_empty(), "manifests applied beside a machine: {d:?}");
+    }
+
     // Control planes: never a second one.
     let is_cp = |name: &String| by_name[name.as_str()].role == MachineRole::ControlPlane;
     let cp_started = d.start.iter().filter(|n| is_cp(n)).count();
@@ -649,6 +660,14 @@ fn run_to_completion(
         // The executor takes the snapshot asked for and records it.
         if d.take_etcd_snapshot.is_some() {
             op.status.etcd_snapshot = Some(taken_snapshot());
+        }
+        // The executor applies the bootstrap manifests asked for and records them.
+        if d.apply_manifests {
+            op.status.manifests = Some(ichor_upgrade_core::kubernetes_manifests::ManifestsState::Applied {
+                target: op.spec.target_version.clone(),
+                objects: 1,
+                at: now,
+            });
         }
         for name in &d.stop {
             s.machines[index[name]].progress = MachineProgress::Pending;

@@ -1169,6 +1169,13 @@ impl KubeApi for KubeCluster {
         super::versions::cluster_kubernetes(&self.client).await
     }
 
+    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
+        // Discovery of its kind's API (one request), then the apply.
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        super::bootstrap::apply_manifest(&self.client, object, field_manager).await
+    }
+
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let api: Api<Pod> = Api::all(self.client.clone());

@@ -1,7 +1,9 @@
 //! The Kubernetes half of the engine: Ichor's custom resources ([`crd`]), the manifests
 //! generated from them ([`manifests`]), `KubeApi` on kube-rs ([`client()`]) and the mapping
-//! of kube-rs errors ([`errors`]).
+//! of kube-rs errors ([`errors`]); a Kubernetes upgrade's reads ([`versions`]) and
+//! server-side applies ([`bootstrap`]).
 
+pub mod bootstrap;
 pub mod client;
 pub mod crd;
 pub mod errors;

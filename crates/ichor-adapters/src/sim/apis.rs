@@ -613,6 +613,10 @@ impl TalosApi for SimCluster {
         self.talos("machine_config", node, |w, i| Ok(w.nodes[i].kube.config_yaml(w.nodes[i].role).into_bytes())).await
     }
 
+    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
+        self.talos("bootstrap_manifests", node, |w, i| Ok(w.bootstrap_manifests(i))).await
+    }
+
     async fn apply_configuration(
         &self,
         node: &str,
@@ -872,6 +876,10 @@ impl KubeApi for SimCluster {
 
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.kube(KubeCall::Read, |w| Ok(w.cluster_kubernetes())).await
+    }
+
+    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
+        self.kube(KubeCall::Write, |w| w.apply_manifest(object, field_manager)).await
     }
 
     async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {

@@ -9,8 +9,10 @@
 //! cache fails as refused with the chance of landing on it through the load balancer
 //! (one in the number of API servers); a kubelet stops (the Node turns
 //! NotReady after the node lifecycle controller's grace, if it is gone that long) and
-//! comes back on the new version; kube-proxy's image changes in the configuration only
-//! (Talos's manifests roll it out). The faults: `component-crashloop` (a control plane's
+//! comes back on the new version; kube-proxy's image changes in the configuration only:
+//! a control plane renders its bootstrap manifests (kube-proxy's ServiceAccount and
+//! DaemonSet) from it, and the DaemonSet the cluster runs changes when they are applied
+//! server-side ([`SimBootstrap`]). The faults: `component-crashloop` (a control plane's
 //! component crash-loops on the version it is changed to), `kubelet-not-back` (a node's
 //! kubelet never comes back after its apply) and `removed-api-in-use` (the API servers
 //! report requests to an API the next minor removes; the API's name is the simulator's
@@ -19,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, NodeKubernetesInfo};
+use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKubernetesInfo};
 use ichor_talos_executor::machine_config::MachineConfig;
 use ichor_talos_executor::talos_api::{ApplyConfigReply, ApplyConfigRequest, ApplyMode, TalosError};
 use ichor_upgrade_core::Timestamp;
@@ -31,6 +33,23 @@ use ichor_upgrade_core::versions::{KubernetesVersion, check_kubernetes_pairing};
 use super::config::{Fault, secs};
 use super::trace::TraceKind;
 use super::world::World;
+
+/// The objects of Talos's bootstrap manifests as the cluster holds them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SimBootstrap {
+    /// Each object applied, by `Kind namespace/name`, as last applied, with its field
+    /// manager. Before any apply the cluster runs what Talos created at bootstrap: the
+    /// kube-proxy DaemonSet on the cluster's first version.
+    pub objects: BTreeMap<String, (serde_json::Value, String)>,
+    /// Server-side applies made.
+    pub applies: usize,
+    /// A test knob: the API server refuses every apply (as an admission webhook that says
+    /// no would): a failure no retry fixes.
+    pub refuse: bool,
+}
+
+/// The key of kube-proxy's DaemonSet in [`SimBootstrap::objects`].
+pub const KUBE_PROXY_DAEMONSET: &str = "DaemonSet kube-system/kube-proxy";
 
 /// A control plane's static pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -323,15 +342,91 @@ impl World {
                 count: 3,
             });
         }
-        let kube_proxy = self
-            .nodes
-            .iter()
-            .filter(|n| n.role == MachineRole::ControlPlane && !n.removed)
-            .filter_map(|n| n.kube.config.get(&Component::KubeProxy))
-            .filter_map(|image| image_tag(image).and_then(|t| KubernetesVersion::parse(t).ok()))
-            .min()
-            .map(|v| v.to_string());
+        let kube_proxy = Some(self.kube_proxy_version().to_string());
         ClusterKubernetesInfo { deprecated_apis, kube_proxy }
+    }
+
+    /// The version kube-proxy's DaemonSet runs: its image's, as last applied, or the
+    /// cluster's first version.
+    #[must_use]
+    pub fn kube_proxy_version(&self) -> KubernetesVersion {
+        self.bootstrap
+            .objects
+            .get(KUBE_PROXY_DAEMONSET)
+            .and_then(|(object, _)| object.pointer("/spec/template/spec/containers/0/image"))
+            .and_then(serde_json::Value::as_str)
+            .and_then(|image| image_tag(image).and_then(|t| KubernetesVersion::parse(t).ok()))
+            .or_else(|| KubernetesVersion::parse(&self.config.kubernetes).ok())
+            .unwrap_or_else(|| KubernetesVersion::parse("1.0.0").expect("a version"))
+    }
+
+    /// The bootstrap manifests node `i` renders: on a control plane, the kubelets'
+    /// bootstrap token (a Secret) and kube-proxy's ServiceAccount and DaemonSet, with the
+    /// image its configuration holds; none on a worker.
+    pub(crate) fn bootstrap_manifests(&self, i: usize) -> Vec<serde_json::Value> {
+        let n = &self.nodes[i];
+        if n.role != MachineRole::ControlPlane {
+            return Vec::new();
+        }
+        let first = KubernetesVersion::parse(&self.config.kubernetes).ok();
+        let image = n.kube.config.get(&Component::KubeProxy).cloned().unwrap_or_else(|| {
+            first.as_ref().map_or_else(String::new, |v| target_image(Component::KubeProxy, None, v))
+        });
+        let labels = serde_json::json!({"k8s-app": "kube-proxy", "tier": "node"});
+        vec![
+            // The kubelets' bootstrap token (Talos's `00-kubelet-bootstrapping-token`).
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "bootstrap-token-sim000", "namespace": "kube-system"},
+                "type": "bootstrap.kubernetes.io/token",
+                "stringData": {"token-id": "sim000", "token-secret": "0123456789abcdef", "usage-bootstrap-authentication": "true"},
+            }),
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "kube-proxy", "namespace": "kube-system"},
+            }),
+            serde_json::json!({
+                "apiVersion": "apps/v1",
+                "kind": "DaemonSet",
+                "metadata": {"name": "kube-proxy", "namespace": "kube-system", "labels": labels},
+                "spec": {
+                    "selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+                    "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "containers": [{
+                                "name": "kube-proxy",
+                                "image": image,
+                                "command": ["/usr/local/bin/kube-proxy", "--hostname-override=$(NODE_NAME)"],
+                            }],
+                            "hostNetwork": true,
+                            "serviceAccountName": "kube-proxy",
+                            "tolerations": [{"operator": "Exists"}],
+                        },
+                    },
+                },
+            }),
+        ]
+    }
+
+    /// A server-side apply of `object` under `manager`.
+    pub(crate) fn apply_manifest(&mut self, object: &serde_json::Value, manager: &str) -> Result<(), KubeError> {
+        let text = |pointer: &str| object.pointer(pointer).and_then(serde_json::Value::as_str).unwrap_or_default();
+        let key = match text("/metadata/namespace") {
+            "" => format!("{} {}", text("/kind"), text("/metadata/name")),
+            namespace => format!("{} {namespace}/{}", text("/kind"), text("/metadata/name")),
+        };
+        if self.bootstrap.refuse {
+            return Err(KubeError::Refused(format!(
+                "apply {key}: admission webhook \"policy.sim.ichor.dev\" denied the request"
+            )));
+        }
+        self.bootstrap.applies += 1;
+        self.bootstrap.objects.insert(key, (object.clone(), manager.to_owned()));
+        Ok(())
     }
 
     /// The control plane whose kube-apiserver restarts now, if one does: a call through

@@ -485,6 +485,8 @@ pub struct World {
     /// The hold-, pause- and delete-during-install faults: what stops which machine's start
     /// and when, once drawn; then when a hold is lifted.
     pub stop_during_install: StopDuringInstall,
+    /// The objects of Talos's bootstrap manifests the cluster holds.
+    pub bootstrap: super::kubernetes::SimBootstrap,
     /// A Node a person cordons (`kubectl cordon`) in the instant before the engine's next
     /// cordon of it arrives, after the engine read it: the race the cordon's precondition
     /// is for (issue 29 item 8). Taken when it fires.
@@ -851,6 +853,7 @@ impl World {
             pdb_zero_until: None,
             single_replica_until: None,
             stop_during_install: StopDuringInstall::Idle,
+            bootstrap: super::kubernetes::SimBootstrap::default(),
             cordon_race: None,
             failing_condition_writes: 0,
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),

@@ -45,8 +45,12 @@ use super::proto::machine::machine_service_client::MachineServiceClient;
 use super::proto::machine::{self as pb, apply_configuration_request::Mode as WireMode};
 use super::proto::resource::state_client::StateClient;
 use super::proto::resource::{
-    GetRequest, MachineConfigSpec, MachineStatusSpec, NodenameSpec, machine_status_spec::Stage,
+    GetRequest, ListRequest, ListResponse, MachineConfigSpec, MachineStatusSpec, ManifestSpec, NodenameSpec,
+    machine_status_spec::Stage,
 };
+
+/// The COSI type of Talos's bootstrap manifests (namespace `controlplane`).
+pub const MANIFESTS: &str = "Manifests.kubernetes.talos.dev";
 
 /// The client's bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -683,6 +687,34 @@ impl TalosApi for TalosClient {
         let spec = self.get(node, "config", "MachineConfigs.config.talos.dev", "v1alpha1").await?;
         let spec = MachineConfigSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
         Ok(spec.yaml_marshalled)
+    }
+
+    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
+        let list = ListRequest { namespace: "controlplane".to_owned(), r#type: MANIFESTS.to_owned() };
+        let mut specs: Vec<(String, Vec<u8>)> = Vec::new();
+        let bound = self.inner.options.call_timeout;
+        self.stream(
+            node,
+            list,
+            bound,
+            |channel, r| async move { StateClient::new(channel).list(r).await },
+            |reply: ListResponse| {
+                let resource = reply.resource.unwrap_or_default();
+                let id = resource.metadata.map(|m| m.id).unwrap_or_default();
+                specs.push((id, resource.spec.map(|s| s.proto_spec).unwrap_or_default()));
+                Ok(())
+            },
+        )
+        .await?;
+        // In the resources' order (`05-flannel` before `10-kube-proxy`), as Talos applies.
+        specs.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut objects = Vec::new();
+        for (id, bytes) in specs {
+            let spec = ManifestSpec::decode(bytes.as_slice())
+                .map_err(|e| answered("DataLoss", format!("{MANIFESTS} {id}: {e}")))?;
+            objects.extend(super::manifests::objects(&spec));
+        }
+        Ok(objects)
     }
 
     async fn apply_configuration(

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod manifests;
 pub mod server;
 
 pub use client::{ClientError, ClientOptions, Snapshot, SnapshotError, TalosClient};
@@ -19,7 +20,7 @@ pub mod proto {
     pub mod machine {
         tonic::include_proto!("machine");
     }
-    /// `cosi.resource`: the resource API's Get, and the specs Ichor reads.
+    /// `cosi.resource`: the resource API's Get and List, and the specs Ichor reads.
     pub mod resource {
         tonic::include_proto!("cosi.resource");
     }

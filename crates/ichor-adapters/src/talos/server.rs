@@ -25,8 +25,8 @@ use super::proto::machine::machine_service_server::{MachineService, MachineServi
 use super::proto::machine::{self as pb};
 use super::proto::resource::state_server::{State, StateServer};
 use super::proto::resource::{
-    GetRequest, GetResponse, MachineConfigSpec, MachineStatusSpec, NodenameSpec, Resource, Spec,
-    machine_status_spec::Stage,
+    GetRequest, GetResponse, ListRequest, ListResponse, MachineConfigSpec, MachineStatusSpec, Metadata, NodenameSpec,
+    Resource, Spec, machine_status_spec::Stage,
 };
 
 /// Every service (`MachineService`, the resource `State`, `ImageService`,
@@ -422,6 +422,32 @@ impl<T: TalosApi + 'static> State for Apid<T> {
         };
         let resource = Resource { metadata: None, spec: Some(Spec { proto_spec, yaml_spec: String::new() }) };
         Ok(Response::new(GetResponse { resource: Some(resource) }))
+    }
+
+    type ListStream = futures::stream::BoxStream<'static, Result<ListResponse, Status>>;
+
+    /// The bootstrap manifests, as one resource (`10-manifests`) holding every object
+    /// the implementation gives; any other type lists nothing.
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<Self::ListStream>, Status> {
+        let node = node(&request)?;
+        let list = request.into_inner();
+        let mut replies = Vec::new();
+        if (list.namespace.as_str(), list.r#type.as_str()) == ("controlplane", super::client::MANIFESTS) {
+            let objects = self.api.bootstrap_manifests(&node).await.map_err(|e| status(&e))?;
+            if !objects.is_empty() {
+                let metadata = Metadata {
+                    namespace: list.namespace.clone(),
+                    r#type: list.r#type.clone(),
+                    id: "10-manifests".to_owned(),
+                    ..Metadata::default()
+                };
+                let proto_spec = super::manifests::manifest(&objects).encode_to_vec();
+                let spec = Spec { proto_spec, yaml_spec: String::new() };
+                replies
+                    .push(Ok(ListResponse { resource: Some(Resource { metadata: Some(metadata), spec: Some(spec) }) }));
+            }
+        }
+        Ok(Response::new(Box::pin(futures::stream::iter(replies))))
     }
 }
 

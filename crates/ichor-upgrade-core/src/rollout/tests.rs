@@ -1282,9 +1282,38 @@ fn a_kubernetes_upgrades_kubelets_go_control_planes_first_then_max_unavailable_w
     assert_eq!(f.decide().start, names(&["cp-1"]));
     let d = f.clone().all_control_planes_converged().decide();
     assert_eq!(d.start, names(&["worker-1", "worker-2", "worker-3"]));
-    let d = f.all_control_planes_converged().converged(&["worker-1", "worker-2", "worker-3", "worker-4"]).decide();
+    let through = f.all_control_planes_converged().converged(&["worker-1", "worker-2", "worker-3", "worker-4"]);
+    // Every machine through: the bootstrap manifests go last, then it completes.
+    let d = through.clone().decide();
+    assert!(d.apply_manifests && d.start.is_empty(), "{d:?}");
+    assert_eq!(d.phase, Phase::Progressing);
+    assert_ne!(d.lock, LockAction::Release);
+    let applied = ManifestsState::Applied { target: "1.35.0".into(), objects: 3, at: Timestamp::from_unix_millis(0) };
+    let d = through.status(OperationStatus { manifests: Some(applied), ..OperationStatus::default() }).decide();
     assert_eq!(d.phase, Phase::Completed);
+    assert!(!d.apply_manifests);
     assert_eq!(d.lock, LockAction::Release);
+}
+
+#[test]
+fn a_kubernetes_upgrades_manifests_refused_pause_it_until_a_resume_applies_them_again() {
+    let failed = ManifestsState::Failed {
+        target: "1.35.0".into(),
+        reason: "DaemonSet kube-system/kube-proxy: forbidden".into(),
+        at: Timestamp::from_unix_millis(0),
+    };
+    let f = Fixture::cluster(1, 1)
+        .kubernetes(KubernetesStage::Kubelets, Vec::new())
+        .converged(&["cp-1", "worker-1"])
+        .status(OperationStatus { manifests: Some(failed), ..OperationStatus::default() });
+    let d = f.clone().decide();
+    let Phase::Paused(PauseReason::ManifestsFailed { reason }) = &d.phase else { panic!("{:?}", d.phase) };
+    assert!(reason.contains("kube-proxy: forbidden"));
+    assert!(!d.apply_manifests);
+    assert!(d.phase.to_string().contains("bootstrap manifests were not applied"), "{}", d.phase);
+    let d = f.resume("again").decide();
+    assert!(d.apply_manifests, "{d:?}");
+    assert_eq!(d.acknowledge_resume.as_deref(), Some("again"));
 }
 
 #[test]
