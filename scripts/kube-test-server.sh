@@ -19,7 +19,9 @@
 #                                            stop the API server, keep it down SECONDS, start
 #                                            it again; print when it was ready (Unix ms)
 #
-# What runs: the API server (token auth, RBAC; no TaintNodesByCondition admission, see below);
+# What runs: the API server (token auth, RBAC; no TaintNodesByCondition admission, see below;
+# resource.k8s.io/v1beta1 served, an API deprecated and removed in 1.38, for the test of a
+# removed API still in use);
 # the controller-manager's namespace, garbage collector, disruption (PodDisruptionBudget
 # status), deployment, replicaset and statefulset controllers; the scheduler, which places
 # the pods that name no node; and kwok, the kubelet of every Node labelled ichor.dev/kwok=true
@@ -334,6 +336,7 @@ cmd_start() {
         --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key" \
         --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
         --service-cluster-ip-range=10.96.0.0/24 --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
+        --runtime-config=resource.k8s.io/v1beta1=true \
         --allow-privileged=true)
     printf '%s\n' "${apiserver[@]}" >"$dir/kube-apiserver.args"
     echo "$ap" >"$dir/kube-apiserver.port"

@@ -741,3 +741,63 @@ async fn bootstrap_manifests_are_applied_server_side_under_talos_forced_and_idem
     })
     .await;
 }
+
+/// Issue 32, item 1 on a real API server: an API the next minor removes, served and
+/// requested (`resource.k8s.io/v1beta1`, deprecated in 1.35 and removed in 1.38; the test
+/// server enables it), is read from the API server's own
+/// `apiserver_requested_deprecated_apis` with its `removed_release` and counted by
+/// `apiserver_request_total`; planning an upgrade to 1.38 refuses, naming the resource and
+/// its count, and one within 1.37 does not.
+#[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn an_api_the_target_removes_still_in_use_is_read_from_the_api_server_and_refused_at_planning() {
+    use ichor_upgrade_core::kubernetes_plan::{KubernetesPlanInput, KubernetesPlanProblem, plan_kubernetes};
+    use ichor_upgrade_core::versions::KubernetesVersion;
+    let ns = TestNamespace::create("ichor-deprecated").await;
+    let kube = kube_cluster(&ns).await;
+    let claims = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("resource.k8s.io", "v1beta1", "ResourceClaim"),
+        "resourceclaims",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &claims);
+    bounded(async {
+        for _ in 0..3 {
+            api.list(&ListParams::default())
+                .await
+                .expect("resource.k8s.io/v1beta1 served (kube-test-server.sh enables it)");
+        }
+        let cluster = kube.cluster_kubernetes().await.unwrap();
+        let used = cluster
+            .deprecated_apis
+            .iter()
+            .find(|a| a.group == "resource.k8s.io" && a.version == "v1beta1" && a.resource == "resourceclaims")
+            .unwrap_or_else(|| panic!("not read: {:?}", cluster.deprecated_apis));
+        assert_eq!(used.removed_release, "1.38");
+        assert!(used.count >= 3, "{used:?}");
+
+        let plan = |target: &str| {
+            let target = KubernetesVersion::parse(target).unwrap();
+            plan_kubernetes(&KubernetesPlanInput {
+                target: &target,
+                nodes: &[],
+                deprecated_apis: &cluster.deprecated_apis,
+                kube_proxy: None,
+            })
+        };
+        let problems = plan("1.38.0").unwrap_err();
+        let removed = problems
+            .iter()
+            .find(|p| matches!(p, KubernetesPlanProblem::RemovedApisInUse { .. }))
+            .unwrap_or_else(|| panic!("{problems:?}"));
+        assert!(removed.to_string().contains("resourceclaims.resource.k8s.io/v1beta1"), "{removed}");
+        let within = plan("1.37.2");
+        assert!(
+            within
+                .as_ref()
+                .err()
+                .is_none_or(|p| !p.iter().any(|p| matches!(p, KubernetesPlanProblem::RemovedApisInUse { .. }))),
+            "{within:?}"
+        );
+    })
+    .await;
+}
