@@ -706,3 +706,33 @@ fn a_refused_bootstrap_manifest_pauses_naming_it_and_a_resume_applies_them_again
     assert_eq!(again(), RunEnd::Completed);
     sim.read_world(|w| assert_eq!(w.kube_proxy_version(), KubernetesVersion::parse(TARGET).unwrap()));
 }
+
+/// Decision 0014, item 8: a Kubernetes target the cluster's Talos does not run yet is
+/// refused at planning, touching nothing, and the refusal lifts once the Talos upgrade
+/// that brings it is done: Kubernetes 1.38 needs Talos 1.15, so an upgrade to it waits
+/// (refused, decided again at each pass) for the Talos upgrade to v1.15.0, then completes.
+#[test]
+fn a_kubernetes_target_refused_for_the_clusters_talos_lifts_once_the_talos_upgrade_is_done() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let sim = SimCluster::new(
+        SimConfig::new(3, 2, v("v1.14.3"), v("v1.15.0")).with_seed(4).with_kubernetes("1.37.2".to_owned()),
+    );
+    sim.create_operation("kubernetes", spec("1.38.0", 1));
+    let runtime = ichor_adapters::sim::runtime();
+    let config = ExecutorConfig::default();
+    assert_eq!(runtime.block_on(run_operation(&sim, "kubernetes", &config, 50_000, |_| {})), RunEnd::Refused);
+    sim.read_world(|w| {
+        let phase = &w.operations["kubernetes"].info.status.phase;
+        assert_eq!(phase.reason(), "KubernetesUnsupportedByTalos", "{phase}");
+        assert!(phase.to_string().contains("1.38.0"), "{phase}");
+        assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "nothing touched");
+    });
+    sim.create_operation("upgrade", OperationSpec::talos("v1.15.0", 1));
+    assert_eq!(runtime.block_on(run_operation(&sim, "upgrade", &config, 50_000, |_| {})), RunEnd::Completed);
+    // The same operation, decided again: planned, run, completed.
+    assert_eq!(runtime.block_on(run_operation(&sim, "kubernetes", &config, 50_000, |_| {})), RunEnd::Completed);
+    sim.read_world(|w| {
+        let target = KubernetesVersion::parse("1.38.0").unwrap();
+        assert!(w.nodes.iter().all(|n| n.version == v("v1.15.0") && n.kube.kubelet == target));
+    });
+}
