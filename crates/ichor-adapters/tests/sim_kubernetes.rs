@@ -736,3 +736,35 @@ fn a_kubernetes_target_refused_for_the_clusters_talos_lifts_once_the_talos_upgra
         assert!(w.nodes.iter().all(|n| n.version == v("v1.15.0") && n.kube.kubelet == target));
     });
 }
+
+/// A resume closes a failed machine's attempt (`KubernetesUpgrade=False/Retry`), so the
+/// retry starts from the node with a fresh bound: a kubelet that did not come back within
+/// 5 minutes, repaired by a person a minute after the resume, is verified and the upgrade
+/// completes. Before, the retry judged the old record's clock and failed again at its
+/// first look, however the node stood a minute later.
+#[test]
+fn a_resume_after_a_kubelet_not_back_gives_it_a_fresh_bound() {
+    use ichor_upgrade_core::operation::RESUME_ANNOTATION;
+    let sim = cluster(1, 3, 7, &[Fault::KubeletNotBack], false);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Paused);
+    let failed = sim.with_world(|w| {
+        let failed = w.trace.iter().find(|e| e.event == TraceKind::Failed).expect("a failure").node.clone();
+        let i = w.nodes.iter().position(|n| n.name == failed).unwrap();
+        // A person repairs the node: its kubelet comes back a minute from now.
+        let back = w.now.saturating_add(std::time::Duration::from_secs(60));
+        let restart = w.nodes[i].kube.kubelet_restart.as_mut().expect("still down");
+        restart.back_at = Some(back);
+        w.nodes[i].kube.kubelet_stays_down = false;
+        failed
+    });
+    sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "repaired");
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed, "{failed} verified within its new bound");
+    sim.read_world(|w| {
+        let target = KubernetesVersion::parse(TARGET).unwrap();
+        assert!(w.nodes.iter().all(|n| n.kube.kubelet == target));
+        let node = w.node(&failed).unwrap();
+        assert_eq!(node.kube.applies.iter().filter(|c| c.as_str() == "kubelet").count(), 1, "never applied again");
+    });
+}

@@ -23,7 +23,7 @@ use ichor_upgrade_core::kubernetes_manifests::{FIELD_MANAGER, ManifestsState};
 use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::kubernetes_step::{
     KUBERNETES_UPGRADE, KubeletObservation, KubernetesAction, KubernetesFailure, KubernetesStage, KubernetesStepInput,
-    apply_message, kubernetes_step, reason,
+    apply_message, kubernetes_step, reason, retry_record,
 };
 use ichor_upgrade_core::rollout::CallAuthority;
 use ichor_upgrade_core::status::MachineOutcome;
@@ -135,6 +135,31 @@ pub async fn advance_kubernetes(
         }
         KubernetesAction::Fail(failure) => Ok(failed(&failure)),
     }
+}
+
+/// A resume of a machine that failed in a Kubernetes upgrade to `target`: its failed
+/// attempt is closed ([`ichor_upgrade_core::kubernetes_step::retry_record`]), so that the
+/// retry starts from the node's configuration with fresh bounds, never from the old
+/// record's clock or its verdict on a configuration someone changed.
+///
+/// # Errors
+/// The condition write that failed.
+pub async fn reset_for_retry(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    target: &KubernetesVersion,
+) -> Result<(), AdvanceError> {
+    let Some((status, why, message)) = retry_record(machine.role, &machine.conditions, target) else {
+        return Ok(());
+    };
+    let mut conditions = machine.conditions.clone();
+    effects::note_condition(
+        ex,
+        machine,
+        &mut conditions,
+        ConditionUpdate::new(KUBERNETES_UPGRADE, status, why, message),
+    )
+    .await
 }
 
 fn unreachable_config(machine: &MachineInfo) {

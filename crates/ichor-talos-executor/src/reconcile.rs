@@ -832,9 +832,11 @@ async fn act(
     for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
         // A resume is carried out whole or not at all: a machine whose failed attempt
         // could not be closed must not be advanced with its old marker as if resumed.
-        reset_for_retry(ex, &machine.machine)
-            .await
-            .map_err(|source| ReconcileError::RetryReset { machine: machine.machine.name.clone(), source })?;
+        let reset = match kubernetes {
+            Some((target, _)) => crate::kubernetes::reset_for_retry(ex, &machine.machine, target).await,
+            None => reset_for_retry(ex, &machine.machine).await,
+        };
+        reset.map_err(|source| ReconcileError::RetryReset { machine: machine.machine.name.clone(), source })?;
     }
     for machine in decision.stop.iter().filter_map(|n| by_name.get(n.as_str())) {
         if let Err(e) = stop_machine(ex, machine).await {

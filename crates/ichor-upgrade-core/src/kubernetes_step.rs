@@ -62,6 +62,9 @@ pub mod reason {
     /// `True`: the machine verified on the version (its kubelet, and on a control plane
     /// everything else).
     pub const CONVERGED: &str = "KubernetesConverged";
+    /// `False`: a person resumed the operation after the machine failed; the failed
+    /// attempt is closed (no record for any target: the node's configuration decides).
+    pub const RETRY: &str = "Retry";
 }
 
 /// Where a Kubernetes upgrade stands as a whole: which of its two stages runs.
@@ -138,6 +141,31 @@ pub fn kubernetes_record(conditions: &Conditions, target: &KubernetesVersion) ->
             _ => KubernetesRecord::None,
         },
         _ => KubernetesRecord::None,
+    }
+}
+
+/// What a resume writes on a machine that failed, to close its failed attempt (`None`:
+/// nothing to close), as `(status, reason, message)`. The retry starts from the node as it
+/// is, with fresh bounds: a change its configuration holds is recorded applied again (with
+/// no call) and verified within a new bound; one it does not hold (someone reverted it) is
+/// applied again, the person's resume being the decision. A control plane through its
+/// first stage keeps that record, so the upgrade stays in its kubelets' stage.
+#[must_use]
+pub fn retry_record(
+    role: MachineRole,
+    conditions: &Conditions,
+    target: &KubernetesVersion,
+) -> Option<(ConditionStatus, &'static str, String)> {
+    match kubernetes_record(conditions, target) {
+        KubernetesRecord::None | KubernetesRecord::Converged | KubernetesRecord::ControlPlaneConverged => None,
+        _ if role == MachineRole::ControlPlane && control_plane_done(conditions, target) => {
+            Some((ConditionStatus::True, reason::CONTROL_PLANE_CONVERGED, target.to_string()))
+        }
+        _ => Some((
+            ConditionStatus::False,
+            reason::RETRY,
+            "a person resumed the operation; the failed attempt is closed".to_owned(),
+        )),
     }
 }
 

@@ -279,3 +279,35 @@ fn nothing_is_applied_to_a_node_that_is_not_ready() {
     m.acknowledge(Component::KubeApiserver);
     assert!(matches!(m.step(), KubernetesAction::Wait { reason: KubernetesWait::ComponentNotReady { .. }, .. }));
 }
+
+#[test]
+fn a_resume_closes_a_failed_attempt_keeping_a_control_planes_first_stage() {
+    let target = v("1.35.0");
+    // A control plane failed in its first stage: the attempt closes, nothing recorded.
+    let mut m = control_plane();
+    m.configure(Component::KubeApiserver);
+    m.acknowledge(Component::KubeApiserver);
+    let (status, why, _) = retry_record(MachineRole::ControlPlane, &m.conditions, &target).unwrap();
+    assert_eq!((status, why), (ConditionStatus::False, reason::RETRY));
+    m.record(status, why, "resumed", T0);
+    assert_eq!(kubernetes_record(&m.conditions, &target), KubernetesRecord::None);
+    assert!(!past_apply(&m.conditions, &target, KubernetesStage::ControlPlane));
+    // Started again: the configuration holds the change, recorded with no call, a new clock.
+    assert_eq!(m.step(), KubernetesAction::RecordApplied { component: Component::KubeApiserver });
+
+    // A control plane failed in the kubelets' stage keeps its first stage's record.
+    let mut m = Machine::new(MachineRole::ControlPlane, KubernetesStage::Kubelets);
+    m.record(ConditionStatus::True, reason::APPLIED, "kubelet v1.35.0", T0);
+    let (status, why, message) = retry_record(MachineRole::ControlPlane, &m.conditions, &target).unwrap();
+    assert_eq!((status, why, message.as_str()), (ConditionStatus::True, reason::CONTROL_PLANE_CONVERGED, "1.35.0"));
+    m.record(status, why, &message, T0);
+    assert!(control_plane_done(&m.conditions, &target), "the upgrade stays in its kubelets' stage");
+
+    // A worker's failed kubelet: closed. Nothing recorded, or converged: nothing to close.
+    let mut w = Machine::new(MachineRole::Worker, KubernetesStage::Kubelets);
+    assert_eq!(retry_record(MachineRole::Worker, &w.conditions, &target), None);
+    w.record(ConditionStatus::True, reason::APPLIED, "kubelet v1.35.0", T0);
+    assert_eq!(retry_record(MachineRole::Worker, &w.conditions, &target).map(|r| r.1), Some(reason::RETRY));
+    w.record(ConditionStatus::True, reason::CONVERGED, "1.35.0", T0);
+    assert_eq!(retry_record(MachineRole::Worker, &w.conditions, &target), None);
+}
