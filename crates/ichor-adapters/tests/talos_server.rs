@@ -11,17 +11,16 @@ use ichor_talos_executor::talos_api::{
     ApplyConfigRequest, ApplyMode, InstallRequest, PullRequest, TalosApi, TalosError, UpgradeRequest,
 };
 use ichor_talosconfig::{Overrides, parse};
-use ichor_testkit::apid::serve;
+use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
 use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::talos_step::MachineStage;
 use ichor_upgrade_core::versions::TalosVersion;
 
-#[tokio::test]
-async fn a_simulated_cluster_answers_the_real_client_as_apid_would() {
-    let v = |t: &str| TalosVersion::parse(t).unwrap();
-    // Served over real sockets in wall-clock time: the oracle model, with no virtual latency.
-    let config = SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_storage(false).with_realism(Realism::oracle());
+/// The simulated cluster of `config` behind the Talos API on loopback over mutual TLS,
+/// and the real client, with a talosconfig as `talosctl` writes one for it. The server
+/// stops when the second value is dropped.
+fn served(config: SimConfig) -> (Arc<SimCluster>, Served, TalosClient) {
     let sim = Arc::new(SimCluster::new(config));
     let ca = Ca::new(KeyKind::Ed25519);
     let cert = ca.server(&["127.0.0.1"]);
@@ -29,6 +28,15 @@ async fn a_simulated_cluster_answers_the_real_client_as_apid_would() {
     let admin = ca.admin(Validity::Current);
     let text = talosconfig("fleet", &[served.endpoint()], &[], &ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
     let client = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), ClientOptions::default()).unwrap();
+    (sim, served, client)
+}
+
+#[tokio::test]
+async fn a_simulated_cluster_answers_the_real_client_as_apid_would() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    // Served over real sockets in wall-clock time: the oracle model, with no virtual latency.
+    let config = SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_storage(false).with_realism(Realism::oracle());
+    let (sim, _served, client) = served(config);
     let worker = "10.5.0.5"; // worker-1: the sim numbers addresses from 10.5.0.2
     let run = async {
         assert_eq!(client.nodename(worker).await.unwrap(), "worker-1");
@@ -66,13 +74,7 @@ async fn a_simulated_cluster_answers_the_real_client_as_apid_would() {
 async fn the_lifecycle_path_is_served_as_talos_serves_it() {
     let v = |t: &str| TalosVersion::parse(t).unwrap();
     let config = SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_storage(false).with_realism(Realism::oracle());
-    let sim = Arc::new(SimCluster::new(config));
-    let ca = Ca::new(KeyKind::Ed25519);
-    let cert = ca.server(&["127.0.0.1"]);
-    let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, server::services(Arc::clone(&sim)));
-    let admin = ca.admin(Validity::Current);
-    let text = talosconfig("fleet", &[served.endpoint()], &[], &ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
-    let client = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), ClientOptions::default()).unwrap();
+    let (sim, _served, client) = served(config);
     let worker = "10.5.0.5";
     let image =
         "factory.talos.dev/metal-installer/376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba:v1.14.4";
@@ -129,13 +131,7 @@ async fn a_machine_configuration_is_read_and_applied_as_talos_serves_it() {
         .with_storage(false)
         .with_kubernetes("1.34.1")
         .with_realism(Realism::oracle());
-    let sim = Arc::new(SimCluster::new(config));
-    let ca = Ca::new(KeyKind::Ed25519);
-    let cert = ca.server(&["127.0.0.1"]);
-    let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, server::services(Arc::clone(&sim)));
-    let admin = ca.admin(Validity::Current);
-    let text = talosconfig("fleet", &[served.endpoint()], &[], &ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
-    let client = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), ClientOptions::default()).unwrap();
+    let (sim, _served, client) = served(config);
     let worker = "10.5.0.5"; // worker-1
     let applies = || sim.read_world(|w| w.node("worker-1").unwrap().kube.applies.clone());
     let run = async {
@@ -200,13 +196,7 @@ async fn the_bootstrap_manifests_are_listed_as_talos_lists_them() {
         .with_storage(false)
         .with_kubernetes("1.34.1")
         .with_realism(Realism::oracle());
-    let sim = Arc::new(SimCluster::new(config));
-    let ca = Ca::new(KeyKind::Ed25519);
-    let cert = ca.server(&["127.0.0.1"]);
-    let served = serve(&cert.cert_pem, &cert.key_pem, &ca.cert_pem, server::services(Arc::clone(&sim)));
-    let admin = ca.admin(Validity::Current);
-    let text = talosconfig("fleet", &[served.endpoint()], &[], &ca.cert_pem, &admin.cert_pem, &admin.talos_key_pem);
-    let client = TalosClient::new(&parse(&text, &Overrides::default()).unwrap(), ClientOptions::default()).unwrap();
+    let (sim, _served, client) = served(config);
     let run = async {
         let objects = client.bootstrap_manifests("10.5.0.2").await.unwrap(); // cp-1
         assert_eq!(objects, sim.bootstrap_manifests("10.5.0.2").await.unwrap(), "every object, as rendered");

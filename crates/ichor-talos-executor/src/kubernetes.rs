@@ -109,19 +109,17 @@ pub async fn advance_kubernetes(
             };
             apply(ex, grants, authority, machine, &config, component, &image, work.target).await
         }
-        KubernetesAction::RecordApplied { component } => {
+        KubernetesAction::RecordApplied { component } | KubernetesAction::RecordVerified { component } => {
+            let (why, action) = if matches!(action, KubernetesAction::RecordApplied { .. }) {
+                (reason::APPLIED, "RecordApplied")
+            } else {
+                (reason::VERIFIED, "RecordVerified")
+            };
             let mut conditions = machine.conditions.clone();
             let message = apply_message(component, work.target);
-            let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, reason::APPLIED, message);
+            let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, why, message);
             effects::note_condition(ex, machine, &mut conditions, update).await?;
-            Ok(MachineOutcome::Progressed { action: "RecordApplied" })
-        }
-        KubernetesAction::RecordVerified { component } => {
-            let mut conditions = machine.conditions.clone();
-            let message = apply_message(component, work.target);
-            let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, reason::VERIFIED, message);
-            effects::note_condition(ex, machine, &mut conditions, update).await?;
-            Ok(MachineOutcome::Progressed { action: "RecordVerified" })
+            Ok(MachineOutcome::Progressed { action })
         }
         KubernetesAction::Converged { reason } => {
             let mut conditions = machine.conditions.clone();
