@@ -801,3 +801,49 @@ async fn an_api_the_target_removes_still_in_use_is_read_from_the_api_server_and_
     })
     .await;
 }
+
+/// A bootstrap workload's rollout read as `kubectl rollout status` reads it: not done
+/// until its controller observed its latest generation and every pod it wants is updated
+/// and available; a workload that does not exist is not done. (The test server runs no
+/// DaemonSet controller: the test writes the status a controller would.)
+#[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_bootstrap_workloads_rollout_is_read_from_its_status() {
+    let ns = TestNamespace::create("ichor-rollout").await;
+    let kube = kube_cluster(&ns).await;
+    let workload = format!("DaemonSet {}/kube-proxy", ns.name);
+    let daemonset = json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "kube-proxy", "namespace": ns.name},
+        "spec": {
+            "selector": {"matchLabels": {"k8s-app": "kube-proxy"}},
+            "template": {"metadata": {"labels": {"k8s-app": "kube-proxy"}}, "spec": {"containers": [{"name": "p", "image": "registry.k8s.io/kube-proxy:v1.35.0"}]}},
+        },
+    });
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apps", "v1", "DaemonSet"), "daemonsets"),
+    );
+    bounded(async {
+        let missing = kube.workload_rollout(&workload).await.unwrap();
+        assert!(!missing.done && missing.detail == "not found", "{missing:?}");
+        kube.apply_manifest(&daemonset, "talos").await.unwrap();
+        let fresh = kube.workload_rollout(&workload).await.unwrap();
+        assert!(!fresh.done && fresh.detail.contains("not observed"), "{fresh:?}");
+        let generation = api.get("kube-proxy").await.unwrap().metadata.generation.unwrap();
+        let status = |updated: i32, available: i32| {
+            json!({"status": {"observedGeneration": generation, "desiredNumberScheduled": 3, "currentNumberScheduled": 3,
+                "numberMisscheduled": 0, "numberReady": available, "updatedNumberScheduled": updated, "numberAvailable": available}})
+        };
+        api.patch_status("kube-proxy", &PatchParams::default(), &Patch::Merge(&status(3, 1))).await.unwrap();
+        let rolling = kube.workload_rollout(&workload).await.unwrap();
+        assert!(!rolling.done && rolling.detail == "updated 3/3, available 1/3", "{rolling:?}");
+        api.patch_status("kube-proxy", &PatchParams::default(), &Patch::Merge(&status(3, 3))).await.unwrap();
+        assert!(kube.workload_rollout(&workload).await.unwrap().done);
+        let err = kube.workload_rollout("StatefulSet x/y").await.unwrap_err();
+        assert!(!err.is_transient(), "{err:?}");
+    })
+    .await;
+}

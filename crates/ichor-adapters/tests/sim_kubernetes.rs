@@ -672,7 +672,8 @@ fn the_bootstrap_manifests_go_last_and_roll_kube_proxy_to_the_target() {
         assert!(w.bootstrap.objects.values().all(|(_, manager)| manager == "talos"));
         let status = &w.operations["kubernetes"].info.status;
         assert!(
-            matches!(&status.manifests, Some(ManifestsState::Applied { objects: 2, target, .. }) if target == TARGET),
+            matches!(&status.manifests, Some(ManifestsState::Applied { objects: 2, target, rolled_out: true, workloads, .. })
+                if target == TARGET && workloads == &[KUBE_PROXY_DAEMONSET.to_owned()]),
             "{:?}",
             status.manifests
         );
@@ -766,5 +767,52 @@ fn a_resume_after_a_kubelet_not_back_gives_it_a_fresh_bound() {
         assert!(w.nodes.iter().all(|n| n.kube.kubelet == target));
         let node = w.node(&failed).unwrap();
         assert_eq!(node.kube.applies.iter().filter(|c| c.as_str() == "kubelet").count(), 1, "never applied again");
+    });
+}
+
+/// Applied is not done: kube-proxy's DaemonSet must roll out (its pods updated and
+/// available on every node) within 5 minutes of the apply. One whose new image never
+/// runs pauses the upgrade, naming it and what was seen, with every machine on the
+/// target; once a person repairs it, a resume applies the manifests again (changing
+/// nothing) and the upgrade completes on the rollout it sees done.
+#[test]
+fn a_bootstrap_workload_that_does_not_roll_out_pauses_naming_it() {
+    use ichor_upgrade_core::operation::RESUME_ANNOTATION;
+    use ichor_upgrade_core::rollout::{PauseReason, Phase};
+    let sim = cluster(1, 4, 9, &[], false);
+    sim.with_world(|w| w.bootstrap.stuck = true);
+    assert_eq!(run(&sim, TARGET, 2), RunEnd::Paused);
+    let applied_at = sim.read_world(|w| {
+        let status = &w.operations["kubernetes"].info.status;
+        let Phase::Paused(PauseReason::ManifestsFailed { reason }) = &status.phase else {
+            panic!("{:?}", status.phase)
+        };
+        assert!(
+            reason.contains("not rolled out within 300 s")
+                && reason.contains("DaemonSet kube-system/kube-proxy (updated 1/5, available 0/5)"),
+            "{reason}"
+        );
+        assert!(w.nodes.iter().all(|n| n.kube.kubelet == KubernetesVersion::parse(TARGET).unwrap()));
+        w.bootstrap.rollouts[KUBE_PROXY_DAEMONSET].0
+    });
+    // The pause came at the bound, not before.
+    let paused_at = sim.read_world(|w| w.now);
+    assert!(paused_at.saturating_since(applied_at) >= std::time::Duration::from_secs(300));
+    // Repaired (the image pulls): the pods come up. Resumed: completed.
+    sim.with_world(|w| {
+        w.bootstrap.stuck = false;
+        w.bootstrap.rollouts.clear();
+    });
+    sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "repaired");
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+    sim.read_world(|w| {
+        let status = &w.operations["kubernetes"].info.status;
+        assert!(
+            matches!(&status.manifests, Some(ManifestsState::Applied { rolled_out: true, .. })),
+            "{:?}",
+            status.manifests
+        );
     });
 }

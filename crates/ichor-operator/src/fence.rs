@@ -220,6 +220,12 @@ impl KubeApi for FencedKube<'_> {
         self.fence.kube()?;
         self.inner.apply_manifest(object, field_manager).await
     }
+    async fn workload_rollout(
+        &self,
+        workload: &str,
+    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+        self.inner.workload_rollout(workload).await
+    }
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {
         self.inner.operation(name).await
     }

@@ -376,6 +376,7 @@ impl Fleet {
         let mut mirrored: HashMap<String, Vec<(&'static str, String, bool, bool)>> = HashMap::new();
         let mut shutdown = std::pin::pin!(shutdown);
         let mut beat: Option<Instant> = None;
+        let mut proxy_beat: Option<Instant> = None;
         loop {
             let elapsed = self.started.elapsed().as_secs_f64() * self.config.time_scale;
             let views = self.views(virtual_start.saturating_add(Duration::from_secs_f64(elapsed)));
@@ -424,6 +425,15 @@ impl Fleet {
                         mirrored.insert(name.clone(), view.static_pods.clone());
                     }
                     Err(e) => tracing::warn!(node = %name, error = %e, "fleet: mirror pods not written"),
+                }
+            }
+            // The API server has no DaemonSet controller here: kube-proxy's DaemonSet (applied
+            // by a Kubernetes upgrade's bootstrap manifests) rolls out on the fleet's nodes.
+            if proxy_beat.is_none_or(|b: Instant| b.elapsed() >= PROXY_ROLLOUT) {
+                proxy_beat = Some(Instant::now());
+                let up = views.iter().filter(|(_, up, _)| *up).count();
+                if let Err(e) = roll_out_kube_proxy(&client, up).await {
+                    tracing::debug!(error = %e, "fleet: kube-proxy's rollout not written");
                 }
             }
             if !self.config.kwok && beat.is_none_or(|b| b.elapsed() >= HEARTBEAT) {
@@ -660,6 +670,31 @@ where
 
 fn now_time() -> Time {
     Time(jiff::Timestamp::now())
+}
+
+/// How long a rollout of kube-proxy's DaemonSet takes on the fleet (and how often it is
+/// looked at).
+const PROXY_ROLLOUT: Duration = Duration::from_secs(1);
+
+/// `kube-system/kube-proxy`'s rollout, as the DaemonSet controller would write it once its
+/// pods run the latest spec on the fleet's `nodes` up: observed, every pod updated and
+/// available. Nothing when there is no such DaemonSet or it is already rolled out.
+async fn roll_out_kube_proxy(client: &Client, nodes: usize) -> Result<(), kube::Error> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
+    let Some(ds) = api.get_opt("kube-proxy").await? else { return Ok(()) };
+    let generation = ds.metadata.generation.unwrap_or(0);
+    if ds.status.as_ref().and_then(|s| s.observed_generation).is_some_and(|g| g >= generation) {
+        return Ok(());
+    }
+    let n = i32::try_from(nodes).unwrap_or(i32::MAX);
+    let status = serde_json::json!({"status": {
+        "observedGeneration": generation, "desiredNumberScheduled": n, "currentNumberScheduled": n,
+        "numberMisscheduled": 0, "numberReady": n, "updatedNumberScheduled": n, "numberAvailable": n,
+    }});
+    api.patch_status("kube-proxy", &PatchParams::default(), &Patch::Merge(&status)).await?;
+    tracing::info!(nodes, generation, "fleet: kube-proxy rolled out");
+    Ok(())
 }
 
 async fn publish_status(client: &Client, name: &str, view: &Published) -> Result<(), kube::Error> {

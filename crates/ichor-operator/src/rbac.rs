@@ -143,8 +143,8 @@ pub const RULES: &[Rule] = &[
     everywhere(
         "apps",
         &["daemonsets", "deployments"],
-        &["create", "patch"],
-        "a Kubernetes upgrade's bootstrap manifests (kube-proxy, flannel, CoreDNS), applied server-side",
+        &["get", "create", "patch"],
+        "a Kubernetes upgrade's bootstrap manifests (kube-proxy, flannel, CoreDNS), applied server-side; their rollouts",
     ),
     everywhere(
         "rbac.authorization.k8s.io",

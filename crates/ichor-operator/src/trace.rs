@@ -770,6 +770,12 @@ impl KubeApi for TracedKube<'_> {
     async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
         self.inner.apply_manifest(object, field_manager).await
     }
+    async fn workload_rollout(
+        &self,
+        workload: &str,
+    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+        self.inner.workload_rollout(workload).await
+    }
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
         self.inner.cluster(name).await
     }

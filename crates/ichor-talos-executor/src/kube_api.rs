@@ -321,4 +321,14 @@ pub trait KubeApi: ConditionStore {
         let _ = (object, field_manager);
         Err(KubeError::Refused("server-side apply is not available through this client".to_owned()))
     }
+    /// The rollout of `workload` (`DaemonSet namespace/name` or `Deployment
+    /// namespace/name`): done when its controller observed its latest spec and its pods
+    /// are all updated and available. (The default answers [`KubeError::Refused`];
+    /// wrappers must forward it.)
+    async fn workload_rollout(
+        &self,
+        workload: &str,
+    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+        Err(KubeError::Refused(format!("the rollout of {workload} cannot be read through this client")))
+    }
 }

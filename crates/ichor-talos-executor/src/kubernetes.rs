@@ -330,7 +330,19 @@ pub async fn apply_manifests(
             }
         }
     }
-    Ok(ManifestsState::Applied { target: target.to_string(), objects: objects.len(), at: ex.clock.now() })
+    // Its DaemonSets and Deployments must roll out before the upgrade completes.
+    let workloads = objects
+        .iter()
+        .filter(|o| matches!(o.get("kind").and_then(serde_json::Value::as_str), Some("DaemonSet" | "Deployment")))
+        .map(object_name)
+        .collect();
+    Ok(ManifestsState::Applied {
+        target: target.to_string(),
+        objects: objects.len(),
+        at: ex.clock.now(),
+        workloads,
+        rolled_out: false,
+    })
 }
 
 /// `Kind namespace/name` (or `Kind name`) of an object, for people.

@@ -15,6 +15,7 @@ use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::{
     EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state, with_recorded_evacuation,
 };
+use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
 use ichor_upgrade_core::kubernetes_plan::{
     Component, KubernetesPlanInput, KubernetesPlanProblem, NodeKubernetes, plan_kubernetes,
 };
@@ -1008,7 +1009,12 @@ async fn kubernetes_input(
 ) -> Option<KubernetesInput> {
     let started = !status.machines.is_empty() || views.iter().any(|v| v.progress != MachineProgress::Pending);
     if started {
-        return Some(KubernetesInput { stage, problems: Vec::new() });
+        // The bootstrap manifests applied and rolling out: their workloads, read now.
+        let rollouts = match status.manifests.as_ref().and_then(|m| m.rolling_out(target)) {
+            Some(workloads) => read_rollouts(ex, workloads).await,
+            None => None,
+        };
+        return Some(KubernetesInput { stage, problems: Vec::new(), rollouts });
     }
     let bound = ex.config.call_timeout;
     let cluster = match bounded("read cluster Kubernetes", bound, ex.kube.cluster_kubernetes()).await {
@@ -1068,7 +1074,27 @@ async fn kubernetes_input(
     if let Err(found) = plan {
         problems.extend(found);
     }
-    Some(KubernetesInput { stage, problems })
+    Some(KubernetesInput { stage, problems, rollouts: None })
+}
+
+/// The rollouts of the bootstrap manifests' `workloads` (`Kind namespace/name`); `None`
+/// when one could not be read (the engine looks again, never guessing it done).
+async fn read_rollouts(ex: &Executor<'_>, workloads: &[String]) -> Option<Vec<WorkloadRollout>> {
+    let mut rollouts = Vec::with_capacity(workloads.len());
+    for workload in workloads {
+        match bounded("read a workload's rollout", ex.config.call_timeout, ex.kube.workload_rollout(workload)).await {
+            Ok(Ok(rollout)) => rollouts.push(rollout),
+            Ok(Err(error)) => {
+                tracing::warn!(%workload, %error, "its rollout could not be read");
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(%workload, %error, "its rollout could not be read");
+                return None;
+            }
+        }
+    }
+    Some(rollouts)
 }
 
 /// Stage "lock", its observation: who holds the cluster's Lease, as the rollout engine

@@ -16,6 +16,14 @@
 //! pass that finds none applies them (again). An apply the API server refuses (an
 //! invalid object, a forbidden kind) fails the step: the operation pauses, naming the
 //! object, and a resume applies them again.
+//!
+//! Applied is not done: the workloads applied (DaemonSets, Deployments) must roll out,
+//! each with its new pods updated and available everywhere it runs, within
+//! [`ROLLOUT_TIMEOUT`] of the apply (Talos's own wait, `--manifests-reconcile-timeout`),
+//! or the step fails naming what did not, and the operation pauses: a kube-proxy whose new
+//! image does not run is never reported as an upgrade completed.
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +34,22 @@ use crate::versions::KubernetesVersion;
 /// it applied earlier stay under one manager.
 pub const FIELD_MANAGER: &str = "talos";
 
+/// How long the applied workloads have to roll out: Talos's default (5 minutes).
+pub const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+/// How often a rollout is looked at again (nothing watches the workloads).
+pub const ROLLOUT_POLL: Duration = Duration::from_secs(5);
+
+/// A workload's rollout, as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadRollout {
+    /// `Kind namespace/name`.
+    pub workload: String,
+    /// Its new pods are updated and available everywhere it runs.
+    pub done: bool,
+    /// What was seen, for people (`updated 2/5, available 1/5`).
+    pub detail: String,
+}
 /// Where a Kubernetes upgrade's bootstrap manifests stand, in its status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ManifestsState {
@@ -37,6 +61,12 @@ pub enum ManifestsState {
         objects: usize,
         /// When.
         at: Timestamp,
+        /// The workloads applied, `Kind namespace/name`, whose rollout is waited for.
+        #[serde(default)]
+        workloads: Vec<String>,
+        /// Whether every one of them rolled out.
+        #[serde(default)]
+        rolled_out: bool,
     },
     /// An apply was refused, for `target`: the operation pauses until resumed.
     Failed {
@@ -50,10 +80,20 @@ pub enum ManifestsState {
 }
 
 impl ManifestsState {
-    /// Whether the manifests are recorded applied for `target`.
+    /// Whether the manifests are recorded applied for `target`, and rolled out.
     #[must_use]
     pub fn applied_for(&self, target: &KubernetesVersion) -> bool {
-        matches!(self, Self::Applied { target: t, .. } if same(t, target))
+        matches!(self, Self::Applied { target: t, rolled_out: true, .. } if same(t, target))
+    }
+
+    /// The workloads whose rollout is waited for, when the manifests are recorded applied
+    /// for `target` and not yet rolled out.
+    #[must_use]
+    pub fn rolling_out(&self, target: &KubernetesVersion) -> Option<&[String]> {
+        match self {
+            Self::Applied { target: t, rolled_out: false, workloads, .. } if same(t, target) => Some(workloads),
+            _ => None,
+        }
     }
 
     /// Why the apply for `target` failed, if it is recorded failed.
@@ -78,6 +118,13 @@ pub enum ManifestsStep {
     Done,
     /// Apply them (read from a control plane), then record it.
     Apply,
+    /// Write this record (the rollout done, or failed).
+    Record(ManifestsState),
+    /// The workloads roll out: look again by then.
+    Wait {
+        /// When, at the latest.
+        recheck_at: Timestamp,
+    },
     /// The apply failed and no resume came: the operation stays paused.
     Failed {
         /// Why.
@@ -85,17 +132,58 @@ pub enum ManifestsStep {
     },
 }
 
-/// The last step's decision, from the record for `target` and whether a resume arrived.
+/// The last step's decision, from the record for `target`, whether a resume arrived, and
+/// the applied workloads' rollouts as observed now (`None`: not read).
 #[must_use]
-pub fn manifests_step(recorded: Option<&ManifestsState>, target: &KubernetesVersion, resuming: bool) -> ManifestsStep {
-    match recorded {
-        Some(state) if state.applied_for(target) => ManifestsStep::Done,
-        Some(state) => match state.failed_for(target) {
-            Some(reason) if !resuming => ManifestsStep::Failed { reason: reason.to_owned() },
-            _ => ManifestsStep::Apply,
-        },
-        None => ManifestsStep::Apply,
+pub fn manifests_step(
+    recorded: Option<&ManifestsState>,
+    target: &KubernetesVersion,
+    resuming: bool,
+    observed: Option<&[WorkloadRollout]>,
+    now: Timestamp,
+) -> ManifestsStep {
+    let Some(state) = recorded else { return ManifestsStep::Apply };
+    if state.applied_for(target) {
+        return ManifestsStep::Done;
     }
+    if let Some(reason) = state.failed_for(target) {
+        return if resuming { ManifestsStep::Apply } else { ManifestsStep::Failed { reason: reason.to_owned() } };
+    }
+    let (Some(workloads), ManifestsState::Applied { objects, at, .. }) = (state.rolling_out(target), state) else {
+        return ManifestsStep::Apply;
+    };
+    let poll = now.saturating_add(ROLLOUT_POLL);
+    let Some(observed) = observed else { return ManifestsStep::Wait { recheck_at: poll } };
+    let pending: Vec<String> = workloads
+        .iter()
+        .filter(|w| !observed.iter().any(|o| &o.workload == *w && o.done))
+        .map(|w| match observed.iter().find(|o| &o.workload == w) {
+            Some(o) => format!("{w} ({})", o.detail),
+            None => format!("{w} (not read)"),
+        })
+        .collect();
+    if pending.is_empty() {
+        return ManifestsStep::Record(ManifestsState::Applied {
+            target: target.to_string(),
+            objects: *objects,
+            at: *at,
+            workloads: workloads.to_vec(),
+            rolled_out: true,
+        });
+    }
+    let deadline = at.saturating_add(ROLLOUT_TIMEOUT);
+    if now >= deadline {
+        return ManifestsStep::Record(ManifestsState::Failed {
+            target: target.to_string(),
+            reason: format!(
+                "applied, but not rolled out within {} s: {}",
+                ROLLOUT_TIMEOUT.as_secs(),
+                pending.join("; ")
+            ),
+            at: now,
+        });
+    }
+    ManifestsStep::Wait { recheck_at: poll.min(deadline) }
 }
 
 #[cfg(test)]
@@ -108,30 +196,85 @@ mod tests {
 
     const AT: Timestamp = Timestamp::from_unix_millis(1_000);
 
+    const PROXY: &str = "DaemonSet kube-system/kube-proxy";
+
+    fn applied(rolled_out: bool) -> ManifestsState {
+        ManifestsState::Applied {
+            target: "1.35.0".into(),
+            objects: 4,
+            at: AT,
+            workloads: vec![PROXY.into()],
+            rolled_out,
+        }
+    }
+
+    fn step(recorded: Option<&ManifestsState>, target: &str, observed: Option<&[WorkloadRollout]>) -> ManifestsStep {
+        manifests_step(recorded, &v(target), false, observed, AT.saturating_add(Duration::from_secs(10)))
+    }
+
+    fn rollout(done: bool) -> WorkloadRollout {
+        WorkloadRollout { workload: PROXY.into(), done, detail: "updated 1/3, available 0/3".into() }
+    }
+
     #[test]
-    fn nothing_recorded_applies_and_an_apply_for_the_target_is_done() {
-        assert_eq!(manifests_step(None, &v("1.35.0"), false), ManifestsStep::Apply);
-        let applied = ManifestsState::Applied { target: "1.35.0".into(), objects: 4, at: AT };
-        assert_eq!(manifests_step(Some(&applied), &v("1.35.0"), false), ManifestsStep::Done);
-        assert_eq!(manifests_step(Some(&applied), &v("v1.35.0"), false), ManifestsStep::Done, "a leading v reads");
+    fn nothing_recorded_applies_and_a_rolled_out_apply_for_the_target_is_done() {
+        assert_eq!(step(None, "1.35.0", None), ManifestsStep::Apply);
+        assert_eq!(step(Some(&applied(true)), "1.35.0", None), ManifestsStep::Done);
+        assert_eq!(step(Some(&applied(true)), "v1.35.0", None), ManifestsStep::Done, "a leading v reads");
         // A record of another version is none for this target.
-        assert_eq!(manifests_step(Some(&applied), &v("1.36.0"), false), ManifestsStep::Apply);
+        assert_eq!(step(Some(&applied(true)), "1.36.0", None), ManifestsStep::Apply);
+        assert_eq!(step(Some(&applied(false)), "1.36.0", None), ManifestsStep::Apply);
+    }
+
+    #[test]
+    fn applied_workloads_are_waited_for_until_rolled_out_or_past_their_bound() {
+        let waiting = applied(false);
+        // Not read, or not rolled out: looked at again at the poll.
+        let poll = AT.saturating_add(Duration::from_secs(10) + ROLLOUT_POLL);
+        assert_eq!(step(Some(&waiting), "1.35.0", None), ManifestsStep::Wait { recheck_at: poll });
+        assert_eq!(step(Some(&waiting), "1.35.0", Some(&[rollout(false)])), ManifestsStep::Wait { recheck_at: poll });
+        assert_eq!(step(Some(&waiting), "1.35.0", Some(&[])), ManifestsStep::Wait { recheck_at: poll }, "not read");
+        // Rolled out: recorded, then done.
+        assert_eq!(step(Some(&waiting), "1.35.0", Some(&[rollout(true)])), ManifestsStep::Record(applied(true)));
+        // Past the bound: a failure naming the workload and what was seen.
+        let late = AT.saturating_add(ROLLOUT_TIMEOUT);
+        let ManifestsStep::Record(ManifestsState::Failed { reason, .. }) =
+            manifests_step(Some(&waiting), &v("1.35.0"), false, Some(&[rollout(false)]), late)
+        else {
+            panic!()
+        };
+        assert!(
+            reason.contains("within 300 s") && reason.contains("kube-proxy (updated 1/3, available 0/3)"),
+            "{reason}"
+        );
+        // Nothing to wait for: done at once.
+        let none = ManifestsState::Applied {
+            target: "1.35.0".into(),
+            objects: 1,
+            at: AT,
+            workloads: vec![],
+            rolled_out: false,
+        };
+        assert!(matches!(
+            step(Some(&none), "1.35.0", Some(&[])),
+            ManifestsStep::Record(ManifestsState::Applied { rolled_out: true, .. })
+        ));
     }
 
     #[test]
     fn a_failure_pauses_until_a_resume_applies_again() {
         let failed = ManifestsState::Failed { target: "1.35.0".into(), reason: "DaemonSet x: invalid".into(), at: AT };
         assert_eq!(
-            manifests_step(Some(&failed), &v("1.35.0"), false),
+            step(Some(&failed), "1.35.0", None),
             ManifestsStep::Failed { reason: "DaemonSet x: invalid".into() }
         );
-        assert_eq!(manifests_step(Some(&failed), &v("1.35.0"), true), ManifestsStep::Apply);
-        assert_eq!(manifests_step(Some(&failed), &v("1.36.0"), false), ManifestsStep::Apply, "another version's");
+        assert_eq!(manifests_step(Some(&failed), &v("1.35.0"), true, None, AT), ManifestsStep::Apply);
+        assert_eq!(step(Some(&failed), "1.36.0", None), ManifestsStep::Apply, "another version's");
     }
 
     #[test]
     fn the_record_reads_back_as_written() {
-        let applied = ManifestsState::Applied { target: "1.35.0".into(), objects: 4, at: AT };
+        let applied = applied(false);
         let json = serde_json::to_value(&applied).unwrap();
         assert_eq!(serde_json::from_value::<ManifestsState>(json).unwrap(), applied);
     }

@@ -33,7 +33,7 @@ use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd_snapshot::SnapshotState;
-use crate::kubernetes_manifests::{ManifestsState, ManifestsStep, manifests_step};
+use crate::kubernetes_manifests::{ManifestsState, ManifestsStep, WorkloadRollout, manifests_step};
 use crate::kubernetes_plan::KubernetesPlanProblem;
 use crate::kubernetes_step::KubernetesStage;
 use crate::operation::{
@@ -238,6 +238,9 @@ pub struct KubernetesInput {
     /// What [`crate::kubernetes_plan::plan_kubernetes`] refused, if anything; judged
     /// before any machine starts, as a Talos upgrade's planning is.
     pub problems: Vec<KubernetesPlanProblem>,
+    /// When the bootstrap manifests are recorded applied and not yet rolled out, their
+    /// workloads' rollouts as observed in this pass (`None`: not read).
+    pub rollouts: Option<Vec<WorkloadRollout>>,
 }
 
 /// What the preflight gate (see [`crate::preflight`]) found for the machines the engine
@@ -737,6 +740,9 @@ pub struct Decision {
     /// (server-side, read from a control plane), record them in the status
     /// ([`OperationStatus::manifests`]), and decide again.
     pub apply_manifests: bool,
+    /// A new record of the bootstrap manifests (their workloads rolled out, or not within
+    /// their bound): the caller writes it in the status ([`OperationStatus::manifests`]).
+    pub record_manifests: Option<ManifestsState>,
     /// For each machine in [`Decision::start`] and [`Decision::advance`], whether its
     /// Upgrade call may go out in this pass. The executor's step makes no call without
     /// [`CallAuthority::Granted`].
@@ -772,6 +778,7 @@ impl Decision {
             preflight_blocked: Vec::new(),
             take_etcd_snapshot: None,
             apply_manifests: false,
+            record_manifests: None,
             authority: BTreeMap::new(),
             finish_authority: BTreeMap::new(),
             prepull: Vec::new(),
@@ -1504,8 +1511,9 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
     } else if !input.unaccounted_nodes.is_empty() {
         Phase::Waiting(WaitReason::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() })
     } else if let Some(target) = spec.kubernetes_target.as_ref() {
-        // A Kubernetes upgrade ends with its bootstrap manifests.
-        match manifests_step(op.status.manifests.as_ref(), target, resuming) {
+        // A Kubernetes upgrade ends with its bootstrap manifests, applied and rolled out.
+        let rollouts = input.kubernetes.and_then(|k| k.rollouts.as_deref());
+        match manifests_step(op.status.manifests.as_ref(), target, resuming, rollouts, input.now) {
             ManifestsStep::Done => {
                 d.lock = LockAction::Release;
                 Phase::Completed
@@ -1513,6 +1521,15 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
             ManifestsStep::Apply => {
                 d.apply_manifests = true;
                 d.recheck_at = Some(input.now);
+                Phase::Progressing
+            }
+            ManifestsStep::Record(state) => {
+                d.record_manifests = Some(state);
+                d.recheck_at = Some(input.now);
+                Phase::Progressing
+            }
+            ManifestsStep::Wait { recheck_at } => {
+                d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(recheck_at));
                 Phase::Progressing
             }
             ManifestsStep::Failed { reason } => Phase::Paused(PauseReason::ManifestsFailed { reason }),

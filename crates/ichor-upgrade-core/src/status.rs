@@ -137,6 +137,7 @@ impl OperationStatus {
             && self.observed_generation == written.observed_generation
             && self.observed_resume == written.observed_resume
             && self.etcd_snapshot == written.etcd_snapshot
+            && self.manifests == written.manifests
             && self.machines.iter().all(|(name, r)| written.machines.get(name).is_some_and(|w| w.state == r.state))
     }
 
@@ -186,6 +187,9 @@ impl OperationStatus {
             if matches!(next.etcd_snapshot, Some(SnapshotState::Failed { .. })) {
                 next.etcd_snapshot = None;
             }
+        }
+        if let Some(manifests) = &decision.record_manifests {
+            next.manifests = Some(manifests.clone());
         }
         for name in decision.retry.iter().chain(&decision.stop) {
             next.machines.remove(name);
@@ -277,6 +281,7 @@ mod tests {
             preflight_blocked: vec![],
             take_etcd_snapshot: None,
             apply_manifests: false,
+            record_manifests: None,
             authority: std::collections::BTreeMap::new(),
             finish_authority: std::collections::BTreeMap::new(),
             prepull: vec![],

@@ -58,7 +58,7 @@ fn runs(kind: &str) -> bool {
 
 /// A Kubernetes upgrade's input for `s` (`None` for another kind).
 fn kubernetes_input(s: &Scenario) -> Option<KubernetesInput> {
-    (s.kind == "kubernetes").then(|| KubernetesInput { stage: s.stage, problems: Vec::new() })
+    (s.kind == "kubernetes").then(|| KubernetesInput { stage: s.stage, problems: Vec::new(), rollouts: None })
 }
 
 /// The spec's etcd snapshot mode and what the status records of it.
@@ -667,6 +667,8 @@ fn run_to_completion(
                 target: op.spec.target_version.clone(),
                 objects: 1,
                 at: now,
+                workloads: Vec::new(),
+                rolled_out: true,
             });
         }
         for name in &d.stop {

@@ -1,9 +1,10 @@
 //! A Kubernetes upgrade's bootstrap manifests applied as Talos applies them: each object
 //! server-side, under Talos's field manager, taking over fields another manager holds.
 //! The object's API is found by discovery (its group, version and kind), so any kind a
-//! manifest holds (a CRD's included) applies.
+//! manifest holds (a CRD's included) applies. Then the rollouts of the workloads applied.
 
 use ichor_talos_executor::kube_api::KubeError;
+use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::{GroupVersionKind, TypeMeta};
@@ -44,4 +45,56 @@ pub async fn apply_manifest(client: &Client, object: &Value, field_manager: &str
         .await
         .map_err(|e| kube_error(&format!("apply {what}"), &e))?;
     Ok(())
+}
+
+/// The rollout of `workload` (`DaemonSet namespace/name` or `Deployment namespace/name`),
+/// as `kubectl rollout status` judges it: its controller observed its latest generation,
+/// and every pod it wants is updated and available (a Deployment: no old pod left either).
+/// A workload that does not exist is not rolled out.
+///
+/// # Errors
+/// A workload named in another form, or the read's own failure.
+pub async fn workload_rollout(client: &Client, workload: &str) -> Result<WorkloadRollout, KubeError> {
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    let parsed =
+        workload.split_once(' ').and_then(|(kind, rest)| rest.split_once('/').map(|(ns, name)| (kind, ns, name)));
+    let Some((kind, namespace, name)) = parsed else {
+        return Err(KubeError::Refused(format!("not a workload: {workload:?}")));
+    };
+    let rollout = |done: bool, detail: String| WorkloadRollout { workload: workload.to_owned(), done, detail };
+    let read = |e: &kube::Error| kube_error(&format!("read {workload}"), e);
+    match kind {
+        "DaemonSet" => {
+            let Some(ds) =
+                Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(name).await.map_err(|e| read(&e))?
+            else {
+                return Ok(rollout(false, "not found".to_owned()));
+            };
+            let status = ds.status.unwrap_or_default();
+            let observed = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
+            let desired = status.desired_number_scheduled;
+            let updated = status.updated_number_scheduled.unwrap_or(0);
+            let available = status.number_available.unwrap_or(0);
+            let done = observed && updated == desired && available == desired;
+            let seen = if observed { "" } else { ", its latest spec not observed yet" };
+            Ok(rollout(done, format!("updated {updated}/{desired}, available {available}/{desired}{seen}")))
+        }
+        "Deployment" => {
+            let Some(deployment) =
+                Api::<Deployment>::namespaced(client.clone(), namespace).get_opt(name).await.map_err(|e| read(&e))?
+            else {
+                return Ok(rollout(false, "not found".to_owned()));
+            };
+            let wanted = deployment.spec.replicas.unwrap_or(1);
+            let status = deployment.status.unwrap_or_default();
+            let observed = status.observed_generation.unwrap_or(0) >= deployment.metadata.generation.unwrap_or(0);
+            let updated = status.updated_replicas.unwrap_or(0);
+            let available = status.available_replicas.unwrap_or(0);
+            let all = status.replicas.unwrap_or(0);
+            let done = observed && updated == wanted && available == wanted && all == wanted;
+            let seen = if observed { "" } else { ", its latest spec not observed yet" };
+            Ok(rollout(done, format!("updated {updated}/{wanted}, available {available}/{wanted}, {all} in all{seen}")))
+        }
+        other => Err(KubeError::Refused(format!("{workload}: the rollout of a {other} is not read"))),
+    }
 }

@@ -1176,6 +1176,14 @@ impl KubeApi for KubeCluster {
         super::bootstrap::apply_manifest(&self.client, object, field_manager).await
     }
 
+    async fn workload_rollout(
+        &self,
+        workload: &str,
+    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        super::bootstrap::workload_rollout(&self.client, workload).await
+    }
+
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let api: Api<Pod> = Api::all(self.client.clone());

@@ -882,6 +882,13 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::Write, |w| w.apply_manifest(object, field_manager)).await
     }
 
+    async fn workload_rollout(
+        &self,
+        workload: &str,
+    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+        self.kube(KubeCall::Read, |w| Ok(w.workload_rollout(workload))).await
+    }
+
     async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
         self.kube(KubeCall::Write, |w| {
             let i = w.node_written_under(read)?;

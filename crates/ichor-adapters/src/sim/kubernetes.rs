@@ -25,6 +25,7 @@ use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKuber
 use ichor_talos_executor::machine_config::MachineConfig;
 use ichor_talos_executor::talos_api::{ApplyConfigReply, ApplyConfigRequest, ApplyMode, TalosError};
 use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
 use ichor_upgrade_core::kubernetes_plan::{Component, DeprecatedApiUse};
 use ichor_upgrade_core::kubernetes_step::{StaticPodObservation, image_tag, target_image};
 use ichor_upgrade_core::operation::MachineRole;
@@ -46,7 +47,16 @@ pub struct SimBootstrap {
     /// A test knob: the API server refuses every apply (as an admission webhook that says
     /// no would): a failure no retry fixes.
     pub refuse: bool,
+    /// Each workload applied with a new spec (`Kind namespace/name`): when its rollout
+    /// ends (its pods replaced one node at a time, 2 s each), `None` when it never does.
+    pub rollouts: BTreeMap<String, (Timestamp, Option<Timestamp>)>,
+    /// A test knob: a workload applied from now on never rolls out (its new image does
+    /// not pull).
+    pub stuck: bool,
 }
+
+/// How long a DaemonSet's pod takes to be replaced on one node.
+const POD_REPLACED: Duration = Duration::from_secs(2);
 
 /// The key of kube-proxy's DaemonSet in [`SimBootstrap::objects`].
 pub const KUBE_PROXY_DAEMONSET: &str = "DaemonSet kube-system/kube-proxy";
@@ -425,8 +435,39 @@ impl World {
             )));
         }
         self.bootstrap.applies += 1;
+        let changed =
+            self.bootstrap.objects.get(&key).is_none_or(|(before, _)| before.get("spec") != object.get("spec"));
+        if changed && matches!(text("/kind"), "DaemonSet" | "Deployment") {
+            let nodes = u32::try_from(self.nodes.iter().filter(|n| !n.removed).count()).unwrap_or(u32::MAX);
+            let ends = (!self.bootstrap.stuck).then(|| self.now.saturating_add(POD_REPLACED * nodes));
+            self.bootstrap.rollouts.insert(key.clone(), (self.now, ends));
+        }
         self.bootstrap.objects.insert(key, (object.clone(), manager.to_owned()));
         Ok(())
+    }
+
+    /// The rollout of `workload`, as a controller's status would say: its pods replaced
+    /// one node at a time since its apply.
+    pub(crate) fn workload_rollout(&self, workload: &str) -> WorkloadRollout {
+        let nodes = self.nodes.iter().filter(|n| !n.removed).count();
+        let (done, updated) = match self.bootstrap.rollouts.get(workload) {
+            // Never applied with a new spec: as it was made at bootstrap.
+            None if self.bootstrap.objects.contains_key(workload) || workload == KUBE_PROXY_DAEMONSET => (true, nodes),
+            None => (false, 0),
+            Some((_, Some(ends))) if *ends <= self.now => (true, nodes),
+            Some((since, ends)) => {
+                let elapsed = self.now.saturating_since(*since).as_millis();
+                let replaced = usize::try_from(elapsed / POD_REPLACED.as_millis()).unwrap_or(usize::MAX);
+                // A stuck rollout replaces its first pod, which never becomes available.
+                (false, if ends.is_none() { 1.min(nodes) } else { replaced.min(nodes) })
+            }
+        };
+        let available = if done { nodes } else { updated.saturating_sub(1) };
+        WorkloadRollout {
+            workload: workload.to_owned(),
+            done,
+            detail: format!("updated {updated}/{nodes}, available {available}/{nodes}"),
+        }
     }
 
     /// The control plane whose kube-apiserver restarts now, if one does: a call through

@@ -179,7 +179,7 @@ impl Fixture {
     fn kubernetes(mut self, stage: KubernetesStage, problems: Vec<KubernetesPlanProblem>) -> Self {
         self.op.spec.kind = "kubernetes".into();
         self.op.spec.target_version = "1.35.0".into();
-        self.k8s = Some(KubernetesInput { stage, problems });
+        self.k8s = Some(KubernetesInput { stage, problems, rollouts: None });
         self
     }
 
@@ -1288,7 +1288,20 @@ fn a_kubernetes_upgrades_kubelets_go_control_planes_first_then_max_unavailable_w
     assert!(d.apply_manifests && d.start.is_empty(), "{d:?}");
     assert_eq!(d.phase, Phase::Progressing);
     assert_ne!(d.lock, LockAction::Release);
-    let applied = ManifestsState::Applied { target: "1.35.0".into(), objects: 3, at: Timestamp::from_unix_millis(0) };
+    let at = Timestamp::from_unix_millis(0);
+    let workloads = vec!["DaemonSet kube-system/kube-proxy".to_owned()];
+    // Applied, rolling out: looked at again, not completed.
+    let rolling = ManifestsState::Applied {
+        target: "1.35.0".into(),
+        objects: 3,
+        at,
+        workloads: workloads.clone(),
+        rolled_out: false,
+    };
+    let d = through.clone().status(OperationStatus { manifests: Some(rolling), ..OperationStatus::default() }).decide();
+    assert_eq!(d.phase, Phase::Progressing);
+    assert!(!d.apply_manifests && d.record_manifests.is_none() && d.recheck_at.is_some(), "{d:?}");
+    let applied = ManifestsState::Applied { target: "1.35.0".into(), objects: 3, at, workloads, rolled_out: true };
     let d = through.status(OperationStatus { manifests: Some(applied), ..OperationStatus::default() }).decide();
     assert_eq!(d.phase, Phase::Completed);
     assert!(!d.apply_manifests);
