@@ -345,8 +345,10 @@ pub async fn apply_manifests(
     })
 }
 
-/// `Kind namespace/name` (or `Kind name`) of an object, for people.
-fn object_name(object: &serde_json::Value) -> String {
+/// `Kind namespace/name` (or `Kind name`) of an object: how the manifests' objects and
+/// workloads are named, in records and for people.
+#[must_use]
+pub fn object_name(object: &serde_json::Value) -> String {
     let field = |path: &[&str]| {
         path.iter().try_fold(object, |v, k| v.get(k)).and_then(serde_json::Value::as_str).unwrap_or("?").to_owned()
     };

@@ -82,7 +82,7 @@ pub enum ManifestsState {
 impl ManifestsState {
     /// Whether the manifests are recorded applied for `target`, and rolled out.
     #[must_use]
-    pub fn applied_for(&self, target: &KubernetesVersion) -> bool {
+    pub fn rolled_out_for(&self, target: &KubernetesVersion) -> bool {
         matches!(self, Self::Applied { target: t, rolled_out: true, .. } if same(t, target))
     }
 
@@ -143,7 +143,7 @@ pub fn manifests_step(
     now: Timestamp,
 ) -> ManifestsStep {
     let Some(state) = recorded else { return ManifestsStep::Apply };
-    if state.applied_for(target) {
+    if state.rolled_out_for(target) {
         return ManifestsStep::Done;
     }
     if let Some(reason) = state.failed_for(target) {

@@ -4,6 +4,7 @@
 //! manifest holds (a CRD's included) applies. Then the rollouts of the workloads applied.
 
 use ichor_talos_executor::kube_api::KubeError;
+use ichor_talos_executor::kubernetes::object_name;
 use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
 use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -26,10 +27,7 @@ pub async fn apply_manifest(client: &Client, object: &Value, field_manager: &str
             "a bootstrap manifest object lacks its apiVersion, kind or metadata.name".to_owned(),
         ));
     };
-    let what = match text("/metadata/namespace") {
-        Some(namespace) => format!("{kind} {namespace}/{name}"),
-        None => format!("{kind} {name}"),
-    };
+    let what = object_name(object);
     let types = TypeMeta { api_version: api_version.to_owned(), kind: kind.to_owned() };
     let gvk = GroupVersionKind::try_from(&types)
         .map_err(|e| KubeError::Refused(format!("{what}: apiVersion {api_version:?}: {e}")))?;

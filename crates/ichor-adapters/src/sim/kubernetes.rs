@@ -425,10 +425,7 @@ impl World {
     /// A server-side apply of `object` under `manager`.
     pub(crate) fn apply_manifest(&mut self, object: &serde_json::Value, manager: &str) -> Result<(), KubeError> {
         let text = |pointer: &str| object.pointer(pointer).and_then(serde_json::Value::as_str).unwrap_or_default();
-        let key = match text("/metadata/namespace") {
-            "" => format!("{} {}", text("/kind"), text("/metadata/name")),
-            namespace => format!("{} {namespace}/{}", text("/kind"), text("/metadata/name")),
-        };
+        let key = ichor_talos_executor::kubernetes::object_name(object);
         if self.bootstrap.refuse {
             return Err(KubeError::Refused(format!(
                 "apply {key}: admission webhook \"policy.sim.ichor.dev\" denied the request"
