@@ -13,6 +13,9 @@
 #                                            ICHOR_TEST_KUBECONFIG=DIR/kubeconfig
 #                                            (DIR/kubectl: the machine's kubectl, or one of
 #                                            the release built when it has none)
+#   scripts/kube-test-server.sh start-apiserver DIR RUNTIME_CONFIG
+#                                            only etcd and the API server, serving what
+#                                            RUNTIME_CONFIG names (--runtime-config)
 #   scripts/kube-test-server.sh stop DIR     stop what `start DIR` started (by PID only)
 #   scripts/kube-test-server.sh env DIR      print the ICHOR_TEST_KUBECONFIG= line again
 #   scripts/kube-test-server.sh restart-apiserver DIR SECONDS
@@ -285,8 +288,10 @@ current-context: ichor-test
 EOF
 }
 
-cmd_start() {
-    local dir=${1:?usage: $0 start DIR}
+# The API server and its etcd, started in DIR with the API versions RUNTIME_CONFIG
+# names (--runtime-config); DIR/kubeconfig written once it is ready.
+start_api_server() {
+    local dir=$1 runtime=$2
     cache_ok || die "no binaries in $CACHE: run '$0 build' first"
     command -v openssl >/dev/null 2>&1 || die "openssl not installed: run '$0 build' first"
     command -v curl >/dev/null 2>&1 || die "curl not installed: run '$0 build' first"
@@ -336,7 +341,7 @@ cmd_start() {
         --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key" \
         --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC \
         --service-cluster-ip-range=10.96.0.0/24 --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
-        --runtime-config=resource.k8s.io/v1beta1=true \
+        --runtime-config="$runtime" \
         --allow-privileged=true)
     printf '%s\n' "${apiserver[@]}" >"$dir/kube-apiserver.args"
     echo "$ap" >"$dir/kube-apiserver.port"
@@ -354,9 +359,18 @@ cmd_start() {
     local ready_ms=$((($(date +%s%N) - t0ns) / 1000000))
     log "API server ready after ${ready_ms} ms"
 
+    write_kubeconfig "$dir" "$ap" "$dir/kubeconfig"
+}
+
+cmd_start() {
+    local dir=${1:?usage: $0 start DIR}
+    local t0ns ap deadline
+    t0ns=$(date +%s%N)
+    start_api_server "$dir" resource.k8s.io/v1beta1=true
+    dir="$(abs_dir "$dir")"
+    ap=$(cat "$dir/kube-apiserver.port")
     # The controller-manager reads the same kubeconfig (it needs the server's certificate,
     # which the API server writes at start-up), so it starts once the server is ready.
-    write_kubeconfig "$dir" "$ap" "$dir/kubeconfig"
     launch "$dir" kube-controller-manager "$CACHE/kube-controller-manager" \
         --kubeconfig="$dir/kubeconfig" --leader-elect=false \
         --controllers=namespace-controller,garbage-collector-controller,disruption-controller \
@@ -395,6 +409,18 @@ cmd_start() {
     echo "ICHOR_TEST_KUBECONFIG=$dir/kubeconfig"
 }
 
+# start-apiserver DIR RUNTIME_CONFIG: only etcd and the API server, serving the API
+# versions RUNTIME_CONFIG names (as --runtime-config), for a test that needs a server
+# shaped unlike the shared one (one that serves only a removed version of a resource,
+# which the shared server's scheduler could not run beside). Stopped by `stop DIR`.
+cmd_start_apiserver() {
+    local dir=${1:?usage: $0 start-apiserver DIR RUNTIME_CONFIG} runtime=${2:?usage: $0 start-apiserver DIR RUNTIME_CONFIG}
+    start_api_server "$dir" "$runtime"
+    dir="$(abs_dir "$dir")"
+    log "API server ready; server https://127.0.0.1:$(cat "$dir/kube-apiserver.port"), token $TOKEN"
+    echo "ICHOR_TEST_KUBECONFIG=$dir/kubeconfig"
+}
+
 cmd_stop() {
     local dir=${1:?usage: $0 stop DIR}
     [ -d "$dir" ] || { log "$dir does not exist: nothing to stop"; return 0; }
@@ -411,7 +437,7 @@ cmd_env() {
 }
 
 usage() {
-    sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -451,6 +477,7 @@ case "${1:-}" in
 build) shift; cmd_build "$@" ;;
 restart-apiserver) shift; cmd_restart_apiserver "$@" ;;
 start) shift; cmd_start "$@" ;;
+start-apiserver) shift; cmd_start_apiserver "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 env) shift; cmd_env "$@" ;;
 *) usage ;;

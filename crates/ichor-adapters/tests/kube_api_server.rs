@@ -742,6 +742,19 @@ async fn bootstrap_manifests_are_applied_server_side_under_talos_forced_and_idem
     .await;
 }
 
+/// What planning a Kubernetes upgrade to `target` says of `apis` in use: its
+/// `RemovedApisInUse` refusal, if any.
+fn removed_apis_refusal(
+    apis: &[ichor_upgrade_core::kubernetes_plan::DeprecatedApiUse],
+    target: &str,
+) -> Option<String> {
+    use ichor_upgrade_core::kubernetes_plan::{KubernetesPlanInput, KubernetesPlanProblem, plan_kubernetes};
+    let target = ichor_upgrade_core::versions::KubernetesVersion::parse(target).unwrap();
+    let input = KubernetesPlanInput { target: &target, nodes: &[], deprecated_apis: apis, kube_proxy: None };
+    let problems = plan_kubernetes(&input).err()?;
+    problems.iter().find(|p| matches!(p, KubernetesPlanProblem::RemovedApisInUse { .. })).map(ToString::to_string)
+}
+
 /// Issue 32, item 1 on a real API server: an API the next minor removes, served and
 /// requested (`resource.k8s.io/v1beta1`, deprecated in 1.35 and removed in 1.38; the test
 /// server enables it), is read from the API server's own
@@ -751,8 +764,7 @@ async fn bootstrap_manifests_are_applied_server_side_under_talos_forced_and_idem
 #[tokio::test]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn an_api_the_target_removes_still_in_use_is_read_from_the_api_server_and_refused_at_planning() {
-    use ichor_upgrade_core::kubernetes_plan::{KubernetesPlanInput, KubernetesPlanProblem, plan_kubernetes};
-    use ichor_upgrade_core::versions::KubernetesVersion;
+    use ichor_upgrade_core::kubernetes_plan::ApiUseSeenAs;
     let ns = TestNamespace::create("ichor-deprecated").await;
     let kube = kube_cluster(&ns).await;
     let claims = ApiResource::from_gvk_with_plural(
@@ -774,30 +786,16 @@ async fn an_api_the_target_removes_still_in_use_is_read_from_the_api_server_and_
             .unwrap_or_else(|| panic!("not read: {:?}", cluster.deprecated_apis));
         assert_eq!(used.removed_release, "1.38");
         assert!(used.count >= 3, "{used:?}");
-
-        let plan = |target: &str| {
-            let target = KubernetesVersion::parse(target).unwrap();
-            plan_kubernetes(&KubernetesPlanInput {
-                target: &target,
-                nodes: &[],
-                deprecated_apis: &cluster.deprecated_apis,
-                kube_proxy: None,
-            })
-        };
-        let problems = plan("1.38.0").unwrap_err();
-        let removed = problems
-            .iter()
-            .find(|p| matches!(p, KubernetesPlanProblem::RemovedApisInUse { .. }))
-            .unwrap_or_else(|| panic!("{problems:?}"));
-        assert!(removed.to_string().contains("resourceclaims.resource.k8s.io/v1beta1"), "{removed}");
-        let within = plan("1.37.2");
+        // resource.k8s.io/v1 serves the same resources: no stored object is stranded.
         assert!(
-            within
-                .as_ref()
-                .err()
-                .is_none_or(|p| !p.iter().any(|p| matches!(p, KubernetesPlanProblem::RemovedApisInUse { .. }))),
-            "{within:?}"
+            !cluster.deprecated_apis.iter().any(|a| a.seen_as == ApiUseSeenAs::StoredObjects),
+            "{:?}",
+            cluster.deprecated_apis
         );
+
+        let removed = removed_apis_refusal(&cluster.deprecated_apis, "1.38.0").expect("refused for 1.38.0");
+        assert!(removed.contains("resourceclaims.resource.k8s.io/v1beta1"), "{removed}");
+        assert_eq!(removed_apis_refusal(&cluster.deprecated_apis, "1.37.2"), None);
     })
     .await;
 }
@@ -846,4 +844,64 @@ async fn a_bootstrap_workloads_rollout_is_read_from_its_status() {
         assert!(!err.is_transient(), "{err:?}");
     })
     .await;
+}
+
+/// Issue 32, item 1, its second source, on an API server of the test's own that serves
+/// ResourceClaims only through `resource.k8s.io/v1beta1` (removed in 1.38; `v1` and
+/// `v1beta2` turned off): the two claims stored are found by discovery and counted;
+/// planning
+/// an upgrade to 1.38 refuses, naming the resource and its count, and one to 1.37 does not.
+#[tokio::test]
+#[ignore = "needs the Kubernetes test server's binaries: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn objects_stored_that_only_removed_versions_serve_are_counted_and_refused_at_planning() {
+    use ichor_adapters::kubernetes::versions::stored_only_in_removed_versions;
+    use ichor_testkit::kube::{OwnApiServer, client_for};
+    use ichor_upgrade_core::kubernetes_plan::ApiUseSeenAs;
+    let server =
+        OwnApiServer::start("resource.k8s.io/v1=false,resource.k8s.io/v1beta2=false,resource.k8s.io/v1beta1=true");
+    let client = client_for(&server.kubeconfig).await;
+    let claims = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("resource.k8s.io", "v1beta1", "ResourceClaim"),
+        "resourceclaims",
+    );
+    bounded(async {
+        // Nothing stored yet: nothing counted.
+        assert!(stored_only_in_removed_versions(&client).await.unwrap().is_empty());
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &claims);
+        for name in ["gpu-a", "gpu-b"] {
+            let claim: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1beta1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {},
+            }))
+            .unwrap();
+            // The namespace controller does not run here: default is made by the API
+            // server itself, a moment after it is ready.
+            let mut tries = 0;
+            while let Err(error) = api.create(&PostParams::default(), &claim).await {
+                tries += 1;
+                assert!(tries < 50, "{error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let stranded = stored_only_in_removed_versions(&client).await.unwrap();
+        let claims_use = stranded
+            .iter()
+            .find(|u| u.resource == "resourceclaims")
+            .unwrap_or_else(|| panic!("not counted: {stranded:?}"));
+        assert_eq!(
+            (claims_use.group.as_str(), claims_use.version.as_str(), claims_use.removed_release.as_str()),
+            ("resource.k8s.io", "v1beta1", "1.38")
+        );
+        assert_eq!((claims_use.count, claims_use.seen_as), (2, ApiUseSeenAs::StoredObjects));
+        assert!(stranded.iter().all(|u| u.resource != "deviceclasses"), "none stored: {stranded:?}");
+
+        let removed = removed_apis_refusal(&stranded, "1.38.0").expect("refused for 1.38.0");
+        let expected = "resourceclaims.resource.k8s.io/v1beta1 (2 stored objects, served by no version from 1.38 on)";
+        assert!(removed.contains(expected), "{removed}");
+        assert_eq!(removed_apis_refusal(&stranded, "1.37.2"), None);
+    })
+    .await;
+    drop(server);
 }

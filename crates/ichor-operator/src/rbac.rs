@@ -73,6 +73,16 @@ const fn everywhere(
     Rule { scope: Scope::Cluster, group, resources, verbs, names: &[], why }
 }
 
+/// A list, everywhere, of resources whose versions a Kubernetes release removes.
+const fn stranded_count(group: &'static str, resources: &'static [&'static str]) -> Rule {
+    everywhere(
+        group,
+        resources,
+        &["list"],
+        "a Kubernetes upgrade's planning: objects stored of resources only removed versions serve, counted",
+    )
+}
+
 /// The operator's permissions.
 pub const RULES: &[Rule] = &[
     everywhere(
@@ -158,6 +168,38 @@ pub const RULES: &[Rule] = &[
         &["create", "patch"],
         "a Kubernetes upgrade's bootstrap manifests: Talos's own CRDs, applied server-side",
     ),
+    // A Kubernetes upgrade's planning counts the stored objects of resources that only
+    // versions the target removes serve (`ichor_upgrade_core::kubernetes_removals`): list,
+    // on every resource its table names (a test checks), except the two it names that
+    // are not stored (selfsubjectreviews, apigroupdiscoveries).
+    stranded_count(
+        "admissionregistration.k8s.io",
+        &[
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+            "mutatingadmissionpolicies",
+            "mutatingadmissionpolicybindings",
+        ],
+    ),
+    stranded_count("certificates.k8s.io", &["clustertrustbundles", "podcertificaterequests"]),
+    stranded_count("coordination.k8s.io", &["leasecandidates"]),
+    stranded_count("flowcontrol.apiserver.k8s.io", &["flowschemas", "prioritylevelconfigurations"]),
+    stranded_count("lifecycle.k8s.io", &["evictions", "evictionrequests"]),
+    stranded_count("networking.k8s.io", &["ipaddresses", "servicecidrs"]),
+    stranded_count(
+        "resource.k8s.io",
+        &[
+            "deviceclasses",
+            "resourceclaims",
+            "resourceclaimtemplates",
+            "resourceslices",
+            "devicetaintrules",
+            "resourcepoolstatusrequests",
+        ],
+    ),
+    stranded_count("scheduling.k8s.io", &["podgroups", "workloads"]),
+    stranded_count("storage.k8s.io", &["volumeattributesclasses"]),
+    stranded_count("storagemigration.k8s.io", &["storageversionmigrations"]),
     Rule {
         scope: Scope::ClusterNamespaces,
         group: "",
@@ -674,6 +716,17 @@ mod tests {
             "kubectl create rolebinding ichor-operator --namespace prod --clusterrole ichor-operator-cluster-namespace \
              --serviceaccount ichor-system:ichor-operator"
         );
+    }
+
+    #[test]
+    fn every_resource_the_removal_table_names_may_be_counted() {
+        let allows = |r: &Request| allows(r, &PLACED);
+        let not_stored = ["selfsubjectreviews", "apigroupdiscoveries"];
+        for api in ichor_upgrade_core::kubernetes_removals::removed_apis() {
+            let list = request("list", api.group, api.resource, "");
+            assert_eq!(allows(&list), !not_stored.contains(&api.resource), "{api:?}");
+            assert!(!allows(&request("get", api.group, api.resource, "")), "{api:?}");
+        }
     }
 
     #[test]

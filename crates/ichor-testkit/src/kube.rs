@@ -48,6 +48,54 @@ pub async fn client_for(path: &std::path::Path) -> Client {
     ichor_adapters::kubernetes::client(config).expect("a client")
 }
 
+/// An API server of a test's own (etcd and kube-apiserver only, on loopback), started by
+/// `scripts/kube-test-server.sh start-apiserver` from the binaries the shared test server
+/// runs, serving the API versions `runtime_config` names; stopped (by process id) when
+/// dropped. For a server shaped unlike the shared one.
+pub struct OwnApiServer {
+    dir: PathBuf,
+    /// Its kubeconfig (an admin's token).
+    pub kubeconfig: PathBuf,
+}
+
+fn test_server_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kube-test-server.sh")
+}
+
+impl OwnApiServer {
+    /// Starts one serving `runtime_config` (`--runtime-config`, such as
+    /// `resource.k8s.io/v1=false`), in a directory of its own.
+    ///
+    /// # Panics
+    /// When no shared test server is set (the binaries are built with it), or the server
+    /// does not start.
+    #[must_use]
+    pub fn start(runtime_config: &str) -> Self {
+        let _built = kubeconfig();
+        let unique = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("ichor-own-apiserver-{}-{unique}", std::process::id()));
+        let server = Self { kubeconfig: dir.join("kubeconfig"), dir };
+        let status = std::process::Command::new("bash")
+            .arg(test_server_script())
+            .args(["start-apiserver".as_ref(), server.dir.as_os_str(), runtime_config.as_ref()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("bash runs");
+        assert!(status.success(), "kube-test-server.sh start-apiserver {runtime_config}: {status}");
+        server
+    }
+}
+
+impl Drop for OwnApiServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(test_server_script())
+            .args(["stop".as_ref(), self.dir.as_os_str()])
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A namespace of its own on the test server, with Ichor's CRDs applied.
 pub struct TestNamespace {
     /// The client.

@@ -89,20 +89,36 @@ pub struct NodeKubernetes {
 }
 
 /// An API the API server reports as requested, with the release that removes it
-/// (`apiserver_requested_deprecated_apis{group,version,resource,removed_release}`), or
-/// objects stored only in such a version.
+/// (`apiserver_requested_deprecated_apis{group,version,resource,removed_release}`), or a
+/// resource with stored objects that only removed versions serve.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct DeprecatedApiUse {
     /// The API group (`""` for the core group).
     pub group: String,
-    /// The version, such as `v1beta1`.
+    /// The version, such as `v1beta1` (for stored objects, every version serving them,
+    /// joined by `,`).
     pub version: String,
     /// The resource (plural), such as `flowschemas`.
     pub resource: String,
-    /// The release that removes it, as the metric writes it (`1.36`).
+    /// The release that removes it, as the metric writes it (`1.36`); for stored objects,
+    /// the first release that serves none of its versions.
     pub removed_release: String,
-    /// How many uses were seen (requests since the API server started, or stored objects).
+    /// How many uses were seen: requests since the API server started, or stored objects.
     pub count: u64,
+    /// What was counted.
+    #[serde(default)]
+    pub seen_as: ApiUseSeenAs,
+}
+
+/// What a [`DeprecatedApiUse`] counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ApiUseSeenAs {
+    /// Requests to the version (the API server's metrics).
+    #[default]
+    Requests,
+    /// Objects stored of a resource that only removed versions serve.
+    StoredObjects,
 }
 
 impl DeprecatedApiUse {
@@ -122,11 +138,14 @@ impl DeprecatedApiUse {
 impl fmt::Display for DeprecatedApiUse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let group = if self.group.is_empty() { String::new() } else { format!("{}/", self.group) };
-        write!(
-            f,
-            "{}.{group}{} ({} uses, removed in {})",
-            self.resource, self.version, self.count, self.removed_release
-        )
+        let (resource, version, count, removed) = (&self.resource, &self.version, self.count, &self.removed_release);
+        match self.seen_as {
+            ApiUseSeenAs::Requests => write!(f, "{resource}.{group}{version} ({count} uses, removed in {removed})"),
+            ApiUseSeenAs::StoredObjects => write!(
+                f,
+                "{resource}.{group}{version} ({count} stored objects, served by no version from {removed} on)"
+            ),
+        }
     }
 }
 

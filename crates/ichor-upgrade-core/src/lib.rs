@@ -14,6 +14,8 @@
 //! - [`kubernetes_plan`]: a Kubernetes upgrade's plan: its steps in Talos's order, or
 //!   every reason it would break the cluster; [`kubernetes_step`]: one machine's part
 //!   of it (a component's image applied with no reboot, then verified);
+//!   [`kubernetes_removals`]: the API versions Kubernetes releases remove, and the
+//!   resources only such versions serve;
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
 //!
@@ -44,6 +46,7 @@ pub mod etcd_snapshot;
 pub mod evacuation;
 pub mod kubernetes_manifests;
 pub mod kubernetes_plan;
+pub mod kubernetes_removals;
 pub mod kubernetes_step;
 pub mod labels;
 pub mod lifecycle_step;

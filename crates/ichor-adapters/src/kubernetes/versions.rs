@@ -2,18 +2,21 @@
 //! each node's kubelet (its Node) and static pods (their mirror pods in `kube-system`,
 //! labelled `k8s-app=<component>`, as Talos renders them), the deprecated APIs clients still
 //! request (the API server's own `apiserver_requested_deprecated_apis`, with the request
-//! counts of `apiserver_request_total`), and kube-proxy's version (the
+//! counts of `apiserver_request_total`), the objects stored of resources only removed
+//! versions serve (counted after discovery), and kube-proxy's version (the
 //! `kube-system/kube-proxy` DaemonSet's image).
 
 use std::collections::BTreeMap;
 
 use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKubernetesInfo};
-use ichor_upgrade_core::kubernetes_plan::{Component, DeprecatedApiUse};
+use ichor_upgrade_core::kubernetes_plan::{ApiUseSeenAs, Component, DeprecatedApiUse};
+use ichor_upgrade_core::kubernetes_removals::{self, ServedResource};
 use ichor_upgrade_core::kubernetes_step::{StaticPodObservation, image_tag};
 use ichor_upgrade_core::versions::KubernetesVersion;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::discovery::{Discovery, verbs};
 use kube::{Client, ResourceExt};
 
 use super::errors::kube_error;
@@ -92,7 +95,8 @@ pub async fn cluster_kubernetes(client: &Client) -> Result<ClusterKubernetesInfo
         .body(Vec::new())
         .map_err(|e| KubeError::Refused(format!("the API server's /metrics: {e}")))?;
     let metrics = client.request_text(request).await.map_err(|e| kube_error("read the API server's /metrics", &e))?;
-    let deprecated_apis = deprecated_apis(&metrics);
+    let mut deprecated_apis = deprecated_apis(&metrics);
+    deprecated_apis.extend(stored_only_in_removed_versions(client).await?);
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "kube-system");
     let params = ListParams::default().fields("metadata.name=kube-proxy");
     let list = daemonsets.list(&params).await.map_err(|e| kube_error("list kube-system/kube-proxy", &e))?;
@@ -106,6 +110,80 @@ pub async fn cluster_kubernetes(client: &Client) -> Result<ClusterKubernetesInfo
         .and_then(|tag| KubernetesVersion::parse(tag).ok())
         .map(|v| v.to_string());
     Ok(ClusterKubernetesInfo { deprecated_apis, kube_proxy })
+}
+
+/// Every resource with stored objects that only versions a release removes serve, with
+/// its object count (issue 32, item 1): aggregated discovery of the groups the removal
+/// table names (one request; per group on a server without it), then a metadata list of
+/// each such resource, 500 objects a page.
+///
+/// # Errors
+/// Discovery failed, or a resource could not be listed (never taken as empty).
+pub async fn stored_only_in_removed_versions(client: &Client) -> Result<Vec<DeprecatedApiUse>, KubeError> {
+    let groups = kubernetes_removals::groups();
+    let discovery = match Discovery::new(client.clone()).filter(&groups).run_aggregated().await {
+        Ok(discovery) => discovery,
+        Err(_) => Discovery::new(client.clone())
+            .filter(&groups)
+            .run()
+            .await
+            .map_err(|e| kube_error("discover the served API versions", &e))?,
+    };
+    let mut served: BTreeMap<(String, String), (ServedResource, Option<ApiResource>)> = BTreeMap::new();
+    for group in discovery.groups() {
+        for version in group.versions() {
+            for (resource, capabilities) in group.versioned_resources(version) {
+                if !capabilities.supports_operation(verbs::LIST) {
+                    continue;
+                }
+                let entry = served.entry((resource.group.clone(), resource.plural.clone())).or_insert_with(|| {
+                    let empty = ServedResource {
+                        group: resource.group.clone(),
+                        resource: resource.plural.clone(),
+                        versions: Vec::new(),
+                    };
+                    (empty, None)
+                });
+                entry.0.versions.push((resource.version.clone(), resource.kind.clone()));
+                entry.1.get_or_insert(resource);
+            }
+        }
+    }
+    let resources: Vec<ServedResource> = served.values().map(|(r, _)| r.clone()).collect();
+    let mut uses = Vec::new();
+    for stranded in kubernetes_removals::served_only_by_removed(&resources) {
+        let Some((_, Some(api_resource))) = served.get(&(stranded.group.clone(), stranded.resource.clone())) else {
+            continue;
+        };
+        let count = count_objects(client, api_resource).await?;
+        if count > 0 {
+            uses.push(DeprecatedApiUse {
+                group: stranded.group,
+                version: stranded.versions.join(","),
+                resource: stranded.resource,
+                removed_release: format!("{}.{}", stranded.stranded_from.major, stranded.stranded_from.minor),
+                count,
+                seen_as: ApiUseSeenAs::StoredObjects,
+            });
+        }
+    }
+    Ok(uses)
+}
+
+/// How many objects of `resource` the cluster stores, in every namespace.
+async fn count_objects(client: &Client, resource: &ApiResource) -> Result<u64, KubeError> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    let what = format!("list {}.{}/{}", resource.plural, resource.group, resource.version);
+    let mut params = ListParams::default().limit(500);
+    let mut count = 0u64;
+    loop {
+        let page = api.list_metadata(&params).await.map_err(|e| kube_error(&what, &e))?;
+        count += page.items.len() as u64;
+        match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(count),
+        }
+    }
 }
 
 /// The deprecated APIs in `metrics` (the Prometheus text of an API server) that a release
@@ -141,7 +219,7 @@ pub fn deprecated_apis(metrics: &str) -> Vec<DeprecatedApiUse> {
         .into_iter()
         .map(|((group, version, resource), removed_release)| {
             let count = requests.get(&(group.clone(), version.clone(), resource.clone())).copied().unwrap_or(0).max(1);
-            DeprecatedApiUse { group, version, resource, removed_release, count }
+            DeprecatedApiUse { group, version, resource, removed_release, count, seen_as: ApiUseSeenAs::Requests }
         })
         .collect()
 }

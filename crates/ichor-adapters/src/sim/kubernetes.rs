@@ -26,7 +26,7 @@ use ichor_talos_executor::machine_config::MachineConfig;
 use ichor_talos_executor::talos_api::{ApplyConfigReply, ApplyConfigRequest, ApplyMode, TalosError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
-use ichor_upgrade_core::kubernetes_plan::{Component, DeprecatedApiUse};
+use ichor_upgrade_core::kubernetes_plan::{ApiUseSeenAs, Component, DeprecatedApiUse};
 use ichor_upgrade_core::kubernetes_step::{StaticPodObservation, image_tag, target_image};
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::versions::{KubernetesVersion, check_kubernetes_pairing};
@@ -350,6 +350,7 @@ impl World {
                 resource: "widgets".to_owned(),
                 removed_release: next,
                 count: 3,
+                seen_as: ApiUseSeenAs::Requests,
             });
         }
         let kube_proxy = Some(self.kube_proxy_version().to_string());

@@ -119,13 +119,33 @@ fn removed_apis_in_use_are_refused_by_resource_and_count_and_others_left_be() {
         resource: resource.into(),
         removed_release: removed.into(),
         count,
+        seen_as: ApiUseSeenAs::Requests,
     };
-    let uses = [api("flowschemas", "1.35", 12), api("prioritylevelconfigurations", "1.36", 3), api("other", "1.35", 0)];
+    let stored = DeprecatedApiUse {
+        group: "resource.k8s.io".into(),
+        version: "v1beta2,v1beta1".into(),
+        resource: "resourceslices".into(),
+        removed_release: "1.35".into(),
+        count: 4,
+        seen_as: ApiUseSeenAs::StoredObjects,
+    };
+    let uses = [
+        api("flowschemas", "1.35", 12),
+        api("prioritylevelconfigurations", "1.36", 3),
+        api("other", "1.35", 0),
+        stored,
+    ];
     let input = KubernetesPlanInput { target: &target, nodes: &nodes, deprecated_apis: &uses, kube_proxy: None };
     let problems = plan_kubernetes(&input).unwrap_err();
     assert_eq!(reasons(&problems), ["RemovedApisInUse"]);
     let text = problems[0].to_string();
     assert!(text.contains("flowschemas.flowcontrol.apiserver.k8s.io/v1beta3 (12 uses, removed in 1.35)"), "{text}");
+    assert!(
+        text.contains(
+            "resourceslices.resource.k8s.io/v1beta2,v1beta1 (4 stored objects, served by no version from 1.35 on)"
+        ),
+        "{text}"
+    );
     assert!(!text.contains("prioritylevelconfigurations"), "removed later: not this target's concern: {text}");
     assert!(!text.contains("other"), "no use, no problem: {text}");
     assert!(api("x", "garbage", 1).removed_by(&target), "an unreadable release is never guessed safe");
