@@ -8,6 +8,7 @@
 //!     [--trace FILE] [--json]
 //!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto] [--prepull on|off]
 //!     [--timeline FILE.svg] [--progress on|off] [--pass-interval-ms MS]
+//!     [--plan [--history FILE]]
 //! ```
 //! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
@@ -25,6 +26,13 @@
 //! `component-crashloop` (exit 4, no other control plane touched after it),
 //! `kubelet-not-back` (exit 4), `removed-api-in-use` (exit 3, refused at planning).
 //!
+//! `--plan` runs nothing: it prints the upgrade's predicted makespan (p10, p50, p90 over
+//! 200 runs drawn from an earlier run's trace, `--history FILE`, else from the simulator's
+//! default durations, said so), the physical bound, the order and the machines the
+//! preflight holds now, with why (`--json`: `{"plan": {"p10_s", "p50_s", "p90_s",
+//! "bound_s", "held": [{"node", "reason"}], ...}}`). Exit 0; 2 for a history that does
+//! not read. The model and its limits: `docs/plan.md`.
+//!
 //! An upgrade streams an etcd snapshot from a simulated control plane before the first
 //! control plane's Upgrade call, into `--etcd-snapshot-dir` (default: a new directory
 //! under the system's temporary directory, kept), and prints where it is, its size and
@@ -40,8 +48,11 @@ use ichor_adapters::sim::{
 };
 use ichor_adapters::snapshot_store::DirectoryStore;
 use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, ExecutorArg, Switch, executor_config, parse_args};
+use ichor_timeline::History;
 use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
-use ichor_upgrade_core::operation::OperationSpec;
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::plan::{DEFAULT_RUNS, PlanInput, PlanMachine, TurnModel, plan};
+use ichor_upgrade_core::preflight::{Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
 /// Exit code: paused or failed because of a fault.
@@ -153,6 +164,16 @@ struct Args {
     /// the pull a larger part of each machine's time, and pre-pulling worth more.
     #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(1..=100_000))]
     installer_mb: Option<u64>,
+    /// Print a plan of the upgrade instead of running it, touching nothing: its makespan's
+    /// p10, p50 and p90 over 200 runs drawn from the durations of `--history` (else the
+    /// simulator's default durations, said so), the physical bound, the order, and the
+    /// machines the preflight holds now, with why.
+    #[arg(long)]
+    plan: bool,
+    /// With `--plan`: the trace of an earlier run (`--trace FILE`) whose machines' turns,
+    /// lead and reaction times the plan draws from.
+    #[arg(long, value_name = "FILE", requires = "plan")]
+    history: Option<PathBuf>,
 }
 
 /// The wake models on the command line.
@@ -211,6 +232,16 @@ fn main() {
         }
         _ => {}
     }
+    if args.plan {
+        if args.operation != Operation::Upgrade {
+            bad_argument("--plan plans a Talos upgrade: it cannot be used with --operation remove or kubernetes");
+        }
+        if args.trace.is_some() || args.timeline.is_some() || args.compare || args.etcd_snapshot_dir.is_some() {
+            bad_argument(
+                "--plan runs nothing: --trace, --timeline, --compare and --etcd-snapshot-dir have nothing to write",
+            );
+        }
+    }
     let trace_file = args.trace.as_ref().map(|path| match File::create(path) {
         Ok(file) => file,
         Err(e) => bad_argument(&format!("--trace {}: {e}", path.display())),
@@ -231,6 +262,10 @@ fn main() {
         config.registry.image_bytes = mb * 1_000_000;
     }
     let sim = SimCluster::new(config.clone());
+    if args.plan {
+        print_plan(&args, &config, &sim);
+        std::process::exit(EXIT_OK);
+    }
     let snapshot_dir = args
         .etcd_snapshot_dir
         .clone()
@@ -511,6 +546,146 @@ impl KubernetesSummary {
 }
 
 /// The upgrade the main job runs.
+/// `--plan`: the plan of the upgrade from `--history` (else the simulator's default
+/// durations), with the machines the preflight holds in `sim` now; touches nothing.
+fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
+    let history = args.history.as_ref().map(|path| {
+        let file = File::open(path).unwrap_or_else(|e| bad_argument(&format!("--history {}: {e}", path.display())));
+        let records = ichor_timeline::read_trace(std::io::BufReader::new(file))
+            .unwrap_or_else(|e| bad_argument(&format!("--history {}: {e}", path.display())));
+        let history = History::from_timeline(&ichor_timeline::Timeline::from_records(&records));
+        if history.control_plane_turns.is_empty() && history.worker_turns.is_empty() {
+            bad_argument(&format!(
+                "--history {}: no machine converged in it, so it has no durations to learn from",
+                path.display()
+            ));
+        }
+        history
+    });
+    // With no history: the simulator's own ranges, each machine's turn their sum (its
+    // drain, its pull at the node's full speed, install, reboot, Ready).
+    let d = &config.durations;
+    let range = |r: &std::ops::RangeInclusive<u64>| {
+        #[allow(clippy::cast_precision_loss)]
+        let range = (*r.start() as f64, *r.end() as f64);
+        range
+    };
+    let pull = config.registry.uncontended().as_secs_f64();
+    let defaults = vec![range(&d.drain), (pull, pull), range(&d.install), range(&d.reboot), range(&d.ready)];
+    let mut assumed = Vec::new();
+    let mut model = |turns: Option<&Vec<f64>>, role: &str| match turns.filter(|t| !t.is_empty()) {
+        Some(turns) => TurnModel::Recorded(turns.clone()),
+        None => {
+            assumed.push(format!(
+                "{role}: no turn in the history: the simulator's default phases (drain {}-{} s, pull {pull:.0} s, \
+                 install {}-{} s, reboot {}-{} s, Ready {}-{} s)",
+                d.drain.start(),
+                d.drain.end(),
+                d.install.start(),
+                d.install.end(),
+                d.reboot.start(),
+                d.reboot.end(),
+                d.ready.start(),
+                d.ready.end()
+            ));
+            TurnModel::Phases(defaults.clone())
+        }
+    };
+    let control_plane = model(history.as_ref().map(|h| &h.control_plane_turns), "control planes");
+    let worker = model(history.as_ref().map(|h| &h.worker_turns), "workers");
+    let lead_s = history.as_ref().and_then(|h| h.lead).unwrap_or_else(|| {
+        assumed.push("lead: no history: none before the first machine".to_owned());
+        0.0
+    });
+    let reaction_s = history.as_ref().and_then(|h| h.reaction).unwrap_or_else(|| {
+        let pass = ichor_talos_executor::ExecutorConfig::default().pass_interval.as_secs_f64();
+        assumed.push(format!("reaction: no history: {pass:.0} s (the pass interval) between a machine and the next"));
+        pass
+    });
+    assumed.push(
+        "no fault is drawn (a fallback, a pause); machines the preflight holds are left out of the makespan".to_owned(),
+    );
+    // The preflight's verdict on every machine now, from what the cluster shows.
+    let nodes: Vec<(String, MachineRole)> =
+        sim.with_world(|w| w.nodes.iter().map(|n| (n.name.clone(), n.role)).collect());
+    let names: Vec<&str> = nodes.iter().map(|(name, _)| name.as_str()).collect();
+    let facts = sim.with_world(|w| w.preflight_facts(&names));
+    let preflight = PreflightConfig::default();
+    let gate = Preflight::new(&facts, &preflight);
+    let mut machines: Vec<PlanMachine> = nodes
+        .iter()
+        .map(|(node, role)| {
+            let blockers = gate.blockers(node);
+            let held = (!blockers.is_empty()).then(|| describe(&blockers));
+            PlanMachine { node: node.clone(), role: *role, held }
+        })
+        .collect();
+    // The engine's order: control planes first, then by name (the simulation sets no
+    // order labels).
+    machines.sort_by(|a, b| {
+        (a.role != MachineRole::ControlPlane, &a.node).cmp(&(b.role != MachineRole::ControlPlane, &b.node))
+    });
+    let input = PlanInput {
+        machines: &machines,
+        control_plane,
+        worker,
+        lead_s,
+        reaction_s,
+        max_unavailable: args.max_unavailable as usize,
+        runs: DEFAULT_RUNS,
+        seed: args.seed,
+    };
+    let plan = plan(&input);
+    let source = args.history.as_ref().map(|p| p.display().to_string());
+    if args.json {
+        let value = serde_json::json!({
+            "plan": {
+                "p10_s": plan.p10_s,
+                "p50_s": plan.p50_s,
+                "p90_s": plan.p90_s,
+                "bound_s": plan.bound_s,
+                "held": plan.held.iter().map(|h| serde_json::json!({"node": h.node, "reason": h.reason})).collect::<Vec<_>>(),
+                "order": plan.order,
+                "runs": plan.runs,
+                "history": source,
+                "assumed": assumed,
+            }
+        });
+        println!("{value}");
+        return;
+    }
+    println!(
+        "plan: upgrading {} control planes + {} workers from {} to {} (maxUnavailable {}), {} runs drawn from {}",
+        args.control_planes,
+        args.workers,
+        args.from,
+        args.to,
+        args.max_unavailable,
+        plan.runs,
+        source.as_deref().map_or_else(
+            || "the simulator's default durations (no --history)".to_owned(),
+            |s| format!("the history {s}")
+        )
+    );
+    println!(
+        "makespan: p10 {}, p50 {}, p90 {}; physical bound {}",
+        clock(plan.p10_s),
+        clock(plan.p50_s),
+        clock(plan.p90_s),
+        clock(plan.bound_s)
+    );
+    println!("order: {}", plan.order.join(", "));
+    if plan.held.is_empty() {
+        println!("held now: none");
+    }
+    for held in &plan.held {
+        println!("held now: {}: {}", held.node, held.reason);
+    }
+    for line in &assumed {
+        println!("assumed: {line}");
+    }
+}
+
 fn upgrade_spec(args: &Args) -> OperationSpec {
     OperationSpec {
         preflight: None,

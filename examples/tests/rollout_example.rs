@@ -276,3 +276,27 @@ fn a_larger_installer_makes_each_pull_longer_and_pre_pulling_worth_more() {
         assert!(String::from_utf8_lossy(&output.stderr).contains("--installer-mb"), "{output:?}");
     }
 }
+
+/// Issue 34, item 3 (decision 0009): a cluster already on the target is done with nothing
+/// done: no etcd snapshot, no call, no file in the snapshot directory.
+#[test]
+fn a_cluster_already_on_the_target_takes_no_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshots = dir.path().join("snapshots");
+    let output = rollout(&[
+        "--from",
+        "v1.14.4",
+        "--to",
+        "v1.14.4",
+        "--etcd-snapshot-dir",
+        snapshots.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let json = summary(&output);
+    assert_eq!(json["outcome"], "completed");
+    assert_eq!(json["etcd_snapshot"], Value::Null, "{json}");
+    assert_eq!((json["upgrade_calls"].as_u64(), json["install_calls"].as_u64()), (Some(0), Some(0)), "{json}");
+    let files = std::fs::read_dir(&snapshots).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(files, 0, "no snapshot written");
+}

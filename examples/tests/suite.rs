@@ -10,6 +10,7 @@ mod operator_kwok;
 mod operator_trace;
 mod rollout_example;
 mod rollout_kubernetes;
+mod rollout_plan;
 mod support;
 mod talos_example;
 mod timeline_example;

@@ -22,9 +22,11 @@
 #![deny(missing_docs)]
 
 pub mod draw;
+pub mod history;
 pub mod model;
 pub mod trace;
 
 pub use draw::{Options, render};
+pub use history::History;
 pub use model::{Bar, Machine, Phase, Timeline, Tracker};
 pub use trace::{TraceError, TraceRecord, read_trace};

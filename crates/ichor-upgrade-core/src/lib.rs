@@ -16,6 +16,8 @@
 //!   of it (a component's image applied with no reboot, then verified);
 //!   [`kubernetes_removals`]: the API versions Kubernetes releases remove, and the
 //!   resources only such versions serve;
+//! - [`plan`]: a calibrated plan of an upgrade before it runs (its makespan's spread
+//!   from the cluster's own history, the order, the machines held);
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
 //!
@@ -51,6 +53,7 @@ pub mod kubernetes_step;
 pub mod labels;
 pub mod lifecycle_step;
 pub mod operation;
+pub mod plan;
 pub mod preflight;
 pub mod removal_step;
 pub mod rollout;

@@ -1096,7 +1096,10 @@ impl<'a> Authoriser<'a> {
         if m.held {
             return CallAuthority::Denied(CallDenied::Held);
         }
-        if m.role == MachineRole::ControlPlane && snapshot_missing(self.input) {
+        if m.role == MachineRole::ControlPlane
+            && snapshot_missing(self.input)
+            && !already_on_talos_target(self.input, m)
+        {
             if let Some(denied) = self.others_not_ready(m) {
                 return CallAuthority::Denied(denied);
             }
@@ -1200,6 +1203,18 @@ fn snapshot_missing(input: &RolloutInput<'_>) -> bool {
     let op = input.operation;
     op.spec.etcd_snapshot.unwrap_or_default() == SnapshotMode::Required
         && op.status.etcd_snapshot.as_ref().and_then(SnapshotState::taken).is_none()
+}
+
+/// Whether `m`'s Node already runs the operation's Talos target: its turn makes no call
+/// and changes nothing, so it needs no etcd snapshot (decision 0009: nothing is done when
+/// nothing is to be done).
+fn already_on_talos_target(input: &RolloutInput<'_>, m: &MachineView) -> bool {
+    let spec = &input.operation.spec;
+    if spec.kind != "talos" {
+        return false;
+    }
+    let running = m.os_image.as_deref().and_then(|image| TalosVersion::from_os_image(image).ok());
+    running.is_some() && running == TalosVersion::parse(&spec.target_version).ok()
 }
 
 /// Planning, before any machine of this operation has started: every problem that would
@@ -1580,7 +1595,8 @@ fn start_control_plane(
         let before_call = cps.iter().find(|(m, slot)| {
             *slot == Slot::Advancing && m.progress == MachineProgress::InProgress { past_upgrade_call: false }
         });
-        if let Some((m, _)) = before_call.filter(|_| snapshot_missing(input)) {
+        if let Some((m, _)) = before_call.filter(|(m, _)| snapshot_missing(input) && !already_on_talos_target(input, m))
+        {
             match input.etcd {
                 EtcdVerdict::Healthy => d.take_etcd_snapshot = Some(m.name.clone()),
                 EtcdVerdict::NotChecked => d.check_etcd = true,
@@ -1599,7 +1615,7 @@ fn start_control_plane(
     match input.etcd {
         EtcdVerdict::Healthy => {
             if d.preflight_admits(input, preflight, &next.name) {
-                if snapshot_missing(input) {
+                if snapshot_missing(input) && !already_on_talos_target(input, next) {
                     d.take_etcd_snapshot = Some(next.name.clone());
                     return Stage::Blocked(WaitReason::EtcdSnapshotPending);
                 }

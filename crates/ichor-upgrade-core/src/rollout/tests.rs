@@ -1190,6 +1190,23 @@ fn no_snapshot_is_asked_for_when_no_control_plane_is_left_to_start() {
     assert_eq!(snapshot_required(Fixture::cluster(0, 2)).decide().take_etcd_snapshot, None);
 }
 
+/// Issue 34, item 3 (decision 0009): a control plane already on the target makes no
+/// call, so no snapshot is taken for it; the first one that needs a call still waits for
+/// one.
+#[test]
+fn a_control_plane_already_on_the_target_takes_no_snapshot() {
+    let target = |f: Fixture| {
+        let image = format!("Talos ({})", f.op.spec.target_version);
+        f.with("cp-1", |m| m.os_image = Some(image.clone()))
+    };
+    let d = target(snapshot_required(Fixture::cluster(3, 2))).decide();
+    assert_eq!((d.start.clone(), d.take_etcd_snapshot.clone()), (names(&["cp-1"]), None));
+    assert_eq!(d.authority.get("cp-1"), Some(&CallAuthority::Granted));
+    // cp-1 converged, cp-2 on the old version: its snapshot is asked for.
+    let d = target(snapshot_required(Fixture::cluster(3, 2))).converged(&["cp-1"]).decide();
+    assert_eq!(d.take_etcd_snapshot.as_deref(), Some("cp-2"));
+}
+
 #[test]
 fn a_control_plane_call_without_the_required_snapshot_is_denied() {
     // Started earlier (say while the spec said Skip), not past its call: no call until a
@@ -1345,6 +1362,7 @@ fn a_kubernetes_upgrade_is_refused_at_planning_naming_each_cause_and_takes_no_lo
                 resource: "flowschemas".into(),
                 removed_release: "1.35".into(),
                 count: 2,
+                seen_as: crate::kubernetes_plan::ApiUseSeenAs::Requests,
             }],
             target: "1.35.0".into(),
         },

@@ -1,0 +1,93 @@
+//! What a finished rollout's trace says about how long things take, for a plan of the
+//! next one (`rollout --plan --history FILE`): each converged machine's turn, end to end
+//! and by phase, the lead before the first turn, and the engine's reaction time between
+//! a machine's convergence and the next start.
+
+use std::collections::BTreeMap;
+
+use crate::model::{Machine, Phase, Timeline};
+
+/// The durations a trace recorded, in seconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct History {
+    /// Each converged control plane's turn (from its first in-turn phase to converged).
+    pub control_plane_turns: Vec<f64>,
+    /// Each converged worker's turn.
+    pub worker_turns: Vec<f64>,
+    /// Each phase's durations in converged machines' turns, by role (`control-plane` or
+    /// `worker`) and phase.
+    pub phases: BTreeMap<(String, Phase), Vec<f64>>,
+    /// From the trace's start to the first turn.
+    pub lead: Option<f64>,
+    /// The median time from a machine's convergence to the next machine's start, over
+    /// the starts that followed one (a control plane after the one before; a worker after
+    /// the latest convergence before it); `None` with no such start.
+    pub reaction: Option<f64>,
+    /// From the trace's start to its last convergence.
+    pub makespan: Option<f64>,
+}
+
+impl History {
+    /// What `timeline` recorded; a machine that did not converge (failed, held, never
+    /// started) is left out.
+    #[must_use]
+    pub fn from_timeline(timeline: &Timeline) -> Self {
+        let converged: Vec<&Machine> = timeline
+            .rows
+            .iter()
+            .filter(|m| m.bars.last().is_some_and(|b| b.phase == Phase::Converged) && m.started.is_some())
+            .collect();
+        let mut history = Self::default();
+        let mut finishes: Vec<f64> = Vec::new();
+        let mut gaps: Vec<f64> = Vec::new();
+        let mut by_start = converged.clone();
+        by_start.sort_by(|a, b| a.started.unwrap_or(0.0).total_cmp(&b.started.unwrap_or(0.0)));
+        for machine in &by_start {
+            let (Some(start), Some(end)) = (machine.started, machine.finished) else { continue };
+            let turns =
+                if machine.is_control_plane() { &mut history.control_plane_turns } else { &mut history.worker_turns };
+            turns.push(end - start);
+            for bar in machine.bars.iter().filter(|b| b.phase.in_turn() && b.start >= start) {
+                let key = (machine.role.clone(), bar.phase);
+                history.phases.entry(key).or_default().push(bar.end.unwrap_or(end) - bar.start);
+            }
+            if let Some(previous) = finishes.iter().copied().filter(|f| *f <= start).reduce(f64::max) {
+                gaps.push(start - previous);
+            }
+            finishes.push(end);
+            history.lead = Some(history.lead.map_or(start, |lead: f64| lead.min(start)));
+            history.makespan = Some(history.makespan.map_or(end, |m: f64| m.max(end)));
+        }
+        gaps.sort_by(f64::total_cmp);
+        history.reaction = gaps.get(gaps.len() / 2).copied();
+        history
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read_trace;
+
+    #[test]
+    fn turns_phases_lead_and_reaction_are_read_from_a_trace() {
+        let trace = r#"{"t":0,"node":"cp-1","role":"control-plane","event":"listed"}
+{"t":10,"node":"cp-1","role":"control-plane","event":"upgrade-call"}
+{"t":70,"node":"cp-1","role":"control-plane","event":"reboot-start"}
+{"t":170,"node":"cp-1","role":"control-plane","event":"reboot-end"}
+{"t":190,"node":"cp-1","role":"control-plane","event":"ready"}
+{"t":200,"node":"cp-1","role":"control-plane","event":"converged"}
+{"t":203,"node":"worker-1","role":"worker","event":"upgrade-call"}
+{"t":300,"node":"worker-1","role":"worker","event":"converged"}
+{"t":305,"node":"worker-2","role":"worker","event":"upgrade-call"}
+{"t":400,"node":"worker-2","role":"worker","event":"failed","reason":"AbFallback"}"#;
+        let timeline = Timeline::from_records(&read_trace(trace.as_bytes()).unwrap());
+        let history = History::from_timeline(&timeline);
+        assert_eq!(history.control_plane_turns, [190.0]);
+        assert_eq!(history.worker_turns, [97.0], "the failed worker teaches nothing");
+        assert_eq!(history.phases[&("control-plane".to_owned(), Phase::Rebooting)], [100.0]);
+        assert_eq!(history.phases[&("control-plane".to_owned(), Phase::Installing)], [60.0]);
+        assert_eq!((history.lead, history.reaction, history.makespan), (Some(10.0), Some(3.0), Some(300.0)));
+        assert_eq!(History::from_timeline(&Timeline::from_records(&[])), History::default());
+    }
+}

@@ -1,0 +1,263 @@
+//! A calibrated plan of an upgrade before it runs (issue 33): its makespan's p10, p50 and
+//! p90 and the physical bound, the order the machines would go in, and the machines the
+//! preflight holds now, from how long the cluster's own machines took before.
+//!
+//! The model is the engine's schedule: after a lead (planning, the etcd snapshot), the
+//! control planes one at a time, then the workers `maxUnavailable` at a time in the
+//! engine's order, each slot taken again a reaction time after its machine converged
+//! (the engine learns of it through a watch and starts the next at its next pass). Each
+//! of [`PlanInput::runs`] runs draws every machine's turn (its evacuation, pull, install
+//! or Upgrade call, reboot, Ready and verification, end to end) from its role's
+//! [`TurnModel`]: the turns recorded in an earlier upgrade, resampled (each run from its
+//! own bootstrap replicate of the record, so that a short history widens the spread as it
+//! should), or the sum of default phase ranges when there is no history. The lead and the reaction time are
+//! measured in the same history (else defaults), so the plan is calibrated by the engine's
+//! own overhead, not an ideal scheduler's.
+//!
+//! What it does not model (its limits, also in `docs/plan.md`): machines the preflight
+//! holds are left out of the makespan (they go when what holds them clears, which no
+//! history predicts); a fault (a fallback, a pause) is not drawn; turns are drawn
+//! independently, so a cause that slows every machine at once (a slow registry) widens
+//! the spread less than it should; a history of one run is a small sample.
+//!
+//! Pure and deterministic: the draws come from a SplitMix64 stream seeded by
+//! [`PlanInput::seed`], never from entropy; the same input gives the same plan.
+
+use serde::{Deserialize, Serialize};
+
+use crate::operation::MachineRole;
+
+/// How many runs a plan draws by default.
+pub const DEFAULT_RUNS: usize = 200;
+
+/// A machine as a plan sees it, in the engine's order within its role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanMachine {
+    /// Its node.
+    pub node: String,
+    /// Its role.
+    pub role: MachineRole,
+    /// What the preflight holds it for now, if anything.
+    pub held: Option<String>,
+}
+
+/// How long one machine's turn takes, for one role.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnModel {
+    /// Turns recorded in an earlier upgrade, in seconds, resampled.
+    Recorded(Vec<f64>),
+    /// No history: each turn is the sum of one uniform draw from each phase's range
+    /// (seconds).
+    Phases(Vec<(f64, f64)>),
+}
+
+impl TurnModel {
+    /// The model one run draws from: recorded turns resampled once per run (a bootstrap
+    /// replicate), so that the spread carries how little a short history knows besides
+    /// how much turns vary; default phases as they are.
+    fn for_run(&self, rng: &mut SplitMix64) -> Self {
+        match self {
+            Self::Recorded(turns) if !turns.is_empty() => {
+                Self::Recorded((0..turns.len()).map(|_| turns[rng.below(turns.len())]).collect())
+            }
+            other => other.clone(),
+        }
+    }
+
+    fn draw(&self, rng: &mut SplitMix64) -> f64 {
+        match self {
+            Self::Recorded(turns) if !turns.is_empty() => turns[rng.below(turns.len())],
+            Self::Recorded(_) => 0.0,
+            Self::Phases(ranges) => ranges.iter().map(|(low, high)| low + (high - low) * rng.unit()).sum(),
+        }
+    }
+
+    /// Its median turn, seconds (the phases' midpoints summed, when there is no history).
+    #[must_use]
+    pub fn median(&self) -> f64 {
+        match self {
+            Self::Recorded(turns) => quantile(turns, 0.5),
+            Self::Phases(ranges) => ranges.iter().map(|(low, high)| (low + high) / 2.0).sum(),
+        }
+    }
+}
+
+/// What a plan is made from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanInput<'a> {
+    /// The machines, control planes and workers each in the engine's order.
+    pub machines: &'a [PlanMachine],
+    /// The control planes' turns.
+    pub control_plane: TurnModel,
+    /// The workers' turns.
+    pub worker: TurnModel,
+    /// From the operation's start to its first machine's turn, seconds.
+    pub lead_s: f64,
+    /// From a machine's convergence to the next machine's start in its slot, seconds.
+    pub reaction_s: f64,
+    /// Workers at once.
+    pub max_unavailable: usize,
+    /// Runs drawn.
+    pub runs: usize,
+    /// The draws' seed.
+    pub seed: u64,
+}
+
+/// A machine the preflight holds now, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// Its node.
+    pub node: String,
+    /// What holds it, as the preflight says it.
+    pub reason: String,
+}
+
+/// One machine's turn in the median run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedTurn {
+    /// Its node.
+    pub node: String,
+    /// Its role.
+    pub role: MachineRole,
+    /// When its turn would start, seconds from the operation's start.
+    pub start_s: f64,
+    /// When it would converge.
+    pub end_s: f64,
+}
+
+/// A plan: the makespan's spread over the runs drawn, the bound, the order, the holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    /// The makespan 10 % of the runs stay under, seconds.
+    pub p10_s: f64,
+    /// The median makespan.
+    pub p50_s: f64,
+    /// The makespan 90 % of the runs stay under.
+    pub p90_s: f64,
+    /// The physical bound at the median run's turns: the control planes in series, then
+    /// the longer of the longest worker and the workers' total over `maxUnavailable`, with
+    /// no lead and no reaction time.
+    pub bound_s: f64,
+    /// The machines in the order they would start (held ones left out).
+    pub order: Vec<String>,
+    /// The machines the preflight holds now, and why.
+    pub held: Vec<Held>,
+    /// The median run, machine by machine (what a timeline draws).
+    pub median_run: Vec<PlannedTurn>,
+    /// How many runs were drawn.
+    pub runs: usize,
+}
+
+/// The plan for `input`.
+#[must_use]
+pub fn plan(input: &PlanInput<'_>) -> Plan {
+    let going: Vec<&PlanMachine> = input.machines.iter().filter(|m| m.held.is_none()).collect();
+    let control_planes: Vec<&PlanMachine> =
+        going.iter().copied().filter(|m| m.role == MachineRole::ControlPlane).collect();
+    let workers: Vec<&PlanMachine> = going.iter().copied().filter(|m| m.role == MachineRole::Worker).collect();
+    let mut rng = SplitMix64(input.seed);
+    let runs = input.runs.max(1);
+    let mut drawn: Vec<(f64, Vec<f64>, Vec<f64>)> = (0..runs)
+        .map(|_| {
+            let (control_plane, worker) = (input.control_plane.for_run(&mut rng), input.worker.for_run(&mut rng));
+            let cps: Vec<f64> = control_planes.iter().map(|_| control_plane.draw(&mut rng)).collect();
+            let ws: Vec<f64> = workers.iter().map(|_| worker.draw(&mut rng)).collect();
+            let makespan = schedule(input, &cps, &ws).iter().map(|(_, end)| *end).fold(input.lead_s, f64::max);
+            (makespan, cps, ws)
+        })
+        .collect();
+    drawn.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let makespans: Vec<f64> = drawn.iter().map(|d| d.0).collect();
+    let (_, cps, ws) = &drawn[nearest_rank(runs, 0.5)];
+    let turns = schedule(input, cps, ws);
+    let median_run = control_planes
+        .iter()
+        .chain(&workers)
+        .zip(&turns)
+        .map(|(m, (start, end))| PlannedTurn { node: m.node.clone(), role: m.role, start_s: *start, end_s: *end })
+        .collect();
+    let longest = ws.iter().copied().fold(0.0, f64::max);
+    #[allow(clippy::cast_precision_loss)]
+    let spread = ws.iter().sum::<f64>() / input.max_unavailable.max(1) as f64;
+    Plan {
+        p10_s: quantile(&makespans, 0.1),
+        p50_s: quantile(&makespans, 0.5),
+        p90_s: quantile(&makespans, 0.9),
+        bound_s: cps.iter().sum::<f64>() + longest.max(spread),
+        order: control_planes.iter().chain(&workers).map(|m| m.node.clone()).collect(),
+        held: input
+            .machines
+            .iter()
+            .filter_map(|m| m.held.as_ref().map(|reason| Held { node: m.node.clone(), reason: reason.clone() }))
+            .collect(),
+        median_run,
+        runs,
+    }
+}
+
+/// Each machine's (start, end), control planes then workers, for the drawn turns.
+fn schedule(input: &PlanInput<'_>, control_planes: &[f64], workers: &[f64]) -> Vec<(f64, f64)> {
+    let mut turns = Vec::with_capacity(control_planes.len() + workers.len());
+    let mut free = input.lead_s;
+    for turn in control_planes {
+        turns.push((free, free + turn));
+        free += turn + input.reaction_s;
+    }
+    let mut slots = vec![free; input.max_unavailable.max(1)];
+    for turn in workers {
+        let (slot, at) = slots.iter().copied().enumerate().min_by(|a, b| a.1.total_cmp(&b.1)).unwrap_or((0, free));
+        turns.push((at, at + turn));
+        slots[slot] = at + turn + input.reaction_s;
+    }
+    turns
+}
+
+/// The `q` quantile of `values` by nearest rank (sorted or not); 0 for none.
+#[must_use]
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[nearest_rank(sorted.len(), q)]
+}
+
+fn nearest_rank(len: usize, q: f64) -> usize {
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = (q.clamp(0.0, 1.0) * (len.saturating_sub(1)) as f64).round() as usize;
+    rank.min(len.saturating_sub(1))
+}
+
+/// SplitMix64: a small deterministic stream (Steele, Lea and Flood, 2014), enough for
+/// resampling; seeded, never from entropy.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let unit = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        unit
+    }
+
+    /// Uniform in 0..n (n > 0).
+    fn below(&mut self, n: usize) -> usize {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        let index = (self.unit() * n as f64) as usize;
+        index.min(n - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,96 @@
+use super::*;
+
+fn machines(control_planes: usize, workers: usize) -> Vec<PlanMachine> {
+    let cp = (1..=control_planes).map(|i| PlanMachine {
+        node: format!("cp-{i}"),
+        role: MachineRole::ControlPlane,
+        held: None,
+    });
+    let w = (1..=workers).map(|i| PlanMachine { node: format!("worker-{i}"), role: MachineRole::Worker, held: None });
+    cp.chain(w).collect()
+}
+
+fn input(machines: &[PlanMachine], cp: TurnModel, worker: TurnModel, k: usize, seed: u64) -> PlanInput<'_> {
+    PlanInput {
+        machines,
+        control_plane: cp,
+        worker,
+        lead_s: 10.0,
+        reaction_s: 2.0,
+        max_unavailable: k,
+        runs: DEFAULT_RUNS,
+        seed,
+    }
+}
+
+#[test]
+fn fixed_turns_give_the_engines_schedule_exactly() {
+    let m = machines(3, 4);
+    let p = plan(&input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 2, 1));
+    // Lead 10; three control planes of 100, each slot taken again 2 s later: the workers
+    // start at 316; two at once: 316-366, then 368-418.
+    assert_eq!((p.p10_s, p.p50_s, p.p90_s), (418.0, 418.0, 418.0));
+    assert_eq!(p.bound_s, 300.0 + 100.0, "control planes in series, then 200 s of workers over 2 slots");
+    assert_eq!(p.order, ["cp-1", "cp-2", "cp-3", "worker-1", "worker-2", "worker-3", "worker-4"]);
+    let starts: Vec<f64> = p.median_run.iter().map(|t| t.start_s).collect();
+    assert_eq!(starts, [10.0, 112.0, 214.0, 316.0, 316.0, 368.0, 368.0]);
+    assert!(p.held.is_empty());
+    assert_eq!(p.runs, DEFAULT_RUNS);
+}
+
+#[test]
+fn held_machines_are_named_with_their_reason_and_left_out_of_the_schedule() {
+    let mut m = machines(1, 3);
+    m[2].held = Some("PodDisruptionBudget prod/db allows no disruption".into());
+    let p = plan(&input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 1, 1));
+    assert_eq!(
+        p.held,
+        [Held { node: "worker-2".into(), reason: "PodDisruptionBudget prod/db allows no disruption".into() }]
+    );
+    assert_eq!(p.order, ["cp-1", "worker-1", "worker-3"]);
+    assert_eq!(p.p50_s, 10.0 + 102.0 + 52.0 + 50.0);
+}
+
+#[test]
+fn the_spread_orders_its_quantiles_and_the_same_seed_gives_the_same_plan() {
+    let m = machines(3, 20);
+    let cp = TurnModel::Recorded(vec![200.0, 220.0, 260.0, 240.0, 300.0]);
+    let worker = TurnModel::Phases(vec![(5.0, 30.0), (30.0, 60.0), (60.0, 150.0), (15.0, 45.0)]);
+    let a = plan(&input(&m, cp.clone(), worker.clone(), 3, 7));
+    assert!(a.p10_s < a.p50_s && a.p50_s < a.p90_s, "{a:?}");
+    assert!(a.bound_s < a.p50_s, "the median run's bound has no lead and no reaction: {a:?}");
+    assert_eq!(a, plan(&input(&m, cp.clone(), worker.clone(), 3, 7)));
+    assert_ne!(a.p50_s, plan(&input(&m, cp, worker, 3, 8)).p50_s);
+    assert_eq!(a.median_run.len(), 23);
+    assert!(a.median_run.iter().all(|t| t.end_s > t.start_s));
+}
+
+/// The point of the plan: a run drawn from the same turns falls between p10 and p90 about
+/// 80 % of the time, and near p50.
+#[test]
+fn runs_drawn_from_the_same_turns_fall_between_p10_and_p90_about_four_times_in_five() {
+    let m = machines(3, 20);
+    let cp = TurnModel::Recorded((0..30).map(|i| 180.0 + 4.0 * f64::from(i)).collect());
+    let worker = TurnModel::Phases(vec![(5.0, 30.0), (30.0, 60.0), (60.0, 150.0), (15.0, 45.0)]);
+    let p = plan(&input(&m, cp.clone(), worker.clone(), 2, 1));
+    let trials = 500;
+    let mut inside = 0;
+    let mut near = 0;
+    for seed in 0..trials {
+        // One run, as an upgrade would draw it: a plan of one run with another seed.
+        let actual = plan(&PlanInput { runs: 1, ..input(&m, cp.clone(), worker.clone(), 2, 1_000 + seed) }).p50_s;
+        inside += usize::from(p.p10_s <= actual && actual <= p.p90_s);
+        near += usize::from((actual - p.p50_s).abs() <= 0.1 * p.p50_s);
+    }
+    let share = f64::from(u32::try_from(inside).unwrap()) / f64::from(u32::try_from(trials).unwrap());
+    assert!((0.72..=0.88).contains(&share), "{share}");
+    assert!(near >= trials as usize * 95 / 100, "{near} of {trials} within 10 % of p50");
+}
+
+#[test]
+fn quantiles_by_nearest_rank() {
+    let values = [5.0, 1.0, 4.0, 2.0, 3.0];
+    assert_eq!((quantile(&values, 0.0), quantile(&values, 0.5), quantile(&values, 1.0)), (1.0, 3.0, 5.0));
+    assert_eq!(quantile(&[], 0.5), 0.0);
+    assert_eq!(TurnModel::Phases(vec![(0.0, 10.0), (20.0, 30.0)]).median(), 30.0);
+}
