@@ -362,7 +362,7 @@ fn main() {
         } else {
             summary.print(outcome, &end, &why, wall_s);
         }
-        std::process::exit(exit_code(&end, &args));
+        std::process::exit(exit_code(&end, &why, &sim, &args));
     }
     if args.json {
         let mut summary = json_summary(outcome, &report, &why, wall_s, args.wake);
@@ -382,17 +382,24 @@ fn main() {
             }
         }
     }
-    std::process::exit(exit_code(&end, &args));
+    std::process::exit(exit_code(&end, &why, &sim, &args));
 }
 
-/// The exit code of a run that ended so.
-fn exit_code(end: &RunEnd, args: &Args) -> i32 {
-    match end {
-        RunEnd::Completed => EXIT_OK,
-        RunEnd::Refused => EXIT_REFUSED,
-        _ if !args.faults.is_empty() => EXIT_FAULT,
-        _ => EXIT_NOT_COMPLETED,
-    }
+/// The exit code of a run that ended so, by its cause, not by the flags: a pause an
+/// injected fault caused is 4, one the environment caused is 1 (an etcd snapshot that
+/// failed with no stream broken by `snapshot-fails`: the snapshot directory could not be
+/// written), and a deletion is 4 only when `delete-during-install` made it.
+fn exit_code(end: &RunEnd, why: &Why, sim: &SimCluster, args: &Args) -> i32 {
+    let by_fault = match end {
+        RunEnd::Completed => return EXIT_OK,
+        RunEnd::Refused => return EXIT_REFUSED,
+        RunEnd::Deleted => args.faults.contains(&Fault::DeleteDuringInstall),
+        RunEnd::Paused if why.reason == "EtcdSnapshotFailed" => {
+            sim.with_world(|w| w.counters.snapshot_streams_broken) > 0
+        }
+        _ => !args.faults.is_empty(),
+    };
+    if by_fault { EXIT_FAULT } else { EXIT_NOT_COMPLETED }
 }
 
 /// What a Kubernetes upgrade comes to: where every component stands, and what was applied.

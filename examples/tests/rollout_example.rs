@@ -300,3 +300,26 @@ fn a_cluster_already_on_the_target_takes_no_snapshot() {
     let files = std::fs::read_dir(&snapshots).map(|d| d.count()).unwrap_or(0);
     assert_eq!(files, 0, "no snapshot written");
 }
+
+/// Issue 34, item 2: the exit code follows the cause, not the flags. A snapshot directory
+/// that cannot be written pauses the run before any call; with a fault on the command
+/// line that did not cause it (`pdb-zero`), that is still exit 1, not 4. The fault that
+/// breaks the snapshot stream (`snapshot-fails`) is 4.
+#[test]
+fn a_pause_the_environment_caused_is_exit_1_whatever_faults_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let unwritable = file.join("snapshots");
+    let unwritable = unwritable.to_str().unwrap();
+    for faults in [&[][..], &["--faults", "pdb-zero"][..]] {
+        let output = rollout(&[faults, &["--etcd-snapshot-dir", unwritable, "--json"]].concat());
+        assert_eq!(output.status.code(), Some(1), "{faults:?}: {output:?}");
+        let json = summary(&output);
+        assert_eq!((json["outcome"].as_str(), json["reason"].as_str()), (Some("paused"), Some("EtcdSnapshotFailed")));
+        assert_eq!(json["upgrade_calls"], 0, "{json}");
+    }
+    let output = rollout(&["--faults", "snapshot-fails", "--json"]);
+    assert_eq!(output.status.code(), Some(4), "{output:?}");
+    assert_eq!(summary(&output)["reason"], "EtcdSnapshotFailed");
+}

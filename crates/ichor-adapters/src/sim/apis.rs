@@ -450,7 +450,9 @@ impl TalosApi for SimCluster {
                 }
                 w.record(i, TraceKind::EtcdSnapshot);
                 let size = super::snapshot::snapshot_size(w.nodes.len());
-                Ok((w.config.seed, size, w.config.has(Fault::SnapshotFails), w.config.realism.takes_time()))
+                let fails = w.config.has(Fault::SnapshotFails);
+                w.counters.snapshot_streams_broken += u64::from(fails);
+                Ok((w.config.seed, size, fails, w.config.realism.takes_time()))
             })
             .await?;
         Ok(super::snapshot::stream(seed, size, fails, takes_time))

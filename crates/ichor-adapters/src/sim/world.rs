@@ -378,6 +378,10 @@ pub struct Counters {
     pub reboot_calls: u64,
     /// Pods evicted (the lifecycle executor's drain, a removal's).
     pub evictions: u64,
+    /// etcd snapshot streams the `snapshot-fails` fault broke: what tells a snapshot
+    /// failure the fault caused from one of the environment (a snapshot store that cannot
+    /// be written).
+    pub snapshot_streams_broken: u64,
 
     /// Most control planes down at once.
     pub max_control_planes_down: usize,
