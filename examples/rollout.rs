@@ -51,7 +51,7 @@ use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, ExecutorArg, Swit
 use ichor_timeline::History;
 use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
-use ichor_upgrade_core::plan::{DEFAULT_RUNS, PlanInput, PlanMachine, TurnModel, plan};
+use ichor_upgrade_core::plan::{DEFAULT_RUNS, Models, PlanInput, PlanMachine, Recorded, models, plan};
 use ichor_upgrade_core::preflight::{Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
@@ -569,49 +569,15 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
         }
         history
     });
-    // With no history: the simulator's own ranges, each machine's turn their sum (its
-    // drain, its pull at the node's full speed, install, reboot, Ready).
-    let d = &config.durations;
-    let range = |r: &std::ops::RangeInclusive<u64>| {
-        #[allow(clippy::cast_precision_loss)]
-        let range = (*r.start() as f64, *r.end() as f64);
-        range
-    };
-    let pull = config.registry.uncontended().as_secs_f64();
-    let defaults = vec![range(&d.drain), (pull, pull), range(&d.install), range(&d.reboot), range(&d.ready)];
-    let mut assumed = Vec::new();
-    let mut model = |turns: Option<&Vec<f64>>, role: &str| match turns.filter(|t| !t.is_empty()) {
-        Some(turns) => TurnModel::Recorded(turns.clone()),
-        None => {
-            assumed.push(format!(
-                "{role}: no turn in the history: the simulator's default phases (drain {}-{} s, pull {pull:.0} s, \
-                 install {}-{} s, reboot {}-{} s, Ready {}-{} s)",
-                d.drain.start(),
-                d.drain.end(),
-                d.install.start(),
-                d.install.end(),
-                d.reboot.start(),
-                d.reboot.end(),
-                d.ready.start(),
-                d.ready.end()
-            ));
-            TurnModel::Phases(defaults.clone())
-        }
-    };
-    let control_plane = model(history.as_ref().map(|h| &h.control_plane_turns), "control planes");
-    let worker = model(history.as_ref().map(|h| &h.worker_turns), "workers");
-    let lead_s = history.as_ref().and_then(|h| h.lead).unwrap_or_else(|| {
-        assumed.push("lead: no history: none before the first machine".to_owned());
-        0.0
+    let recorded = history.as_ref().map(|h| Recorded {
+        control_plane_turns: h.control_plane_turns.clone(),
+        worker_turns: h.worker_turns.clone(),
+        lead: h.lead,
+        reaction: h.reaction,
     });
-    let reaction_s = history.as_ref().and_then(|h| h.reaction).unwrap_or_else(|| {
-        let pass = ichor_talos_executor::ExecutorConfig::default().pass_interval.as_secs_f64();
-        assumed.push(format!("reaction: no history: {pass:.0} s (the pass interval) between a machine and the next"));
-        pass
-    });
-    assumed.push(
-        "no fault is drawn (a fallback, a pause); machines the preflight holds are left out of the makespan".to_owned(),
-    );
+    let pass = ichor_talos_executor::ExecutorConfig::default().pass_interval;
+    let Models { control_plane, worker, lead_s, reaction_s, assumed } =
+        models(recorded.as_ref(), &config.plan_defaults(pass));
     // The preflight's verdict on every machine now, from what the cluster shows.
     let nodes: Vec<(String, MachineRole)> =
         sim.with_world(|w| w.nodes.iter().map(|n| (n.name.clone(), n.role)).collect());

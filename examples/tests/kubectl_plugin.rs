@@ -39,7 +39,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 /// Runs the plugin, expecting exit 0; its stdout.
-fn ok(kubeconfig: &Path, namespace: &str, args: &[&str]) -> String {
+pub(crate) fn ok(kubeconfig: &Path, namespace: &str, args: &[&str]) -> String {
     let output = plugin(kubeconfig, namespace, args);
     assert_eq!(
         output.status.code(),

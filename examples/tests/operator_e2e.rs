@@ -78,8 +78,13 @@ impl Scene {
     }
 
     pub(crate) fn fleet(&self, shape: &str, extra: &[&str]) -> Process {
+        self.fleet_at(shape, TIME_SCALE, extra)
+    }
+
+    /// A fleet at `time_scale` virtual seconds per second.
+    pub(crate) fn fleet_at(&self, shape: &str, time_scale: &str, extra: &[&str]) -> Process {
         let snapshots = self.snapshot_dir();
-        let mut args = vec!["--namespace", &self.ns.name, "--simulate-fleet", shape, "--time-scale", TIME_SCALE];
+        let mut args = vec!["--namespace", &self.ns.name, "--simulate-fleet", shape, "--time-scale", time_scale];
         args.extend_from_slice(&["--etcd-snapshot-dir", &snapshots]);
         args.extend_from_slice(extra);
         Process::start("fleet", self.dir.path(), self.admin(), &args)
@@ -119,6 +124,7 @@ impl Scene {
         TalosOperationSpec {
             preflight: None,
             etcd_snapshot: None,
+            dry_run: false,
             cluster: fleet::CLUSTER.into(),
             kind: kind.into(),
             target_version: fleet::TARGET.into(),

@@ -95,6 +95,7 @@ async fn traced_upgrade(prefix: &str, control_planes: usize, workers: usize, ext
         TalosOperationSpec {
             preflight: None,
             etcd_snapshot: None,
+            dry_run: false,
             cluster: fleet::CLUSTER.into(),
             kind: "talos".into(),
             target_version: fleet::TARGET.into(),

@@ -52,7 +52,7 @@ fn a_plan_from_one_runs_trace_predicts_the_next_runs_makespan() {
         assert_eq!(plan["order"][0], "cp-1");
         assert_eq!(plan["history"], history);
         let assumed = plan["assumed"].as_array().unwrap();
-        assert!(assumed.iter().all(|a| !a.as_str().unwrap().contains("no history")), "{plan}");
+        assert!(assumed.iter().all(|a| !a.as_str().unwrap().contains("recorded")), "{plan}");
 
         let actual = run_json(&cluster, &["--seed", &(seed + 1).to_string(), "--json"])["makespan_s"].as_f64().unwrap();
         assert!((actual - p50).abs() <= 0.1 * p50, "scenario {seed}: {actual} s against p50 {p50}");
@@ -78,7 +78,7 @@ fn a_plan_names_the_machines_a_budget_at_zero_holds_and_touches_nothing() {
     }
     // Without --history: the default durations, said so.
     let assumed: Vec<&str> = plan["assumed"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    assert!(assumed.iter().any(|a| a.contains("no turn in the history")), "{assumed:?}");
+    assert!(assumed.iter().any(|a| a.contains("no turn recorded")), "{assumed:?}");
     assert_eq!(plan["history"], Value::Null);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 

@@ -7,6 +7,7 @@ mod operator_e2e;
 mod operator_example;
 mod operator_install;
 mod operator_kwok;
+mod operator_plan;
 mod operator_trace;
 mod rollout_example;
 mod rollout_kubernetes;

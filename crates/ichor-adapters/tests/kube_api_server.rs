@@ -76,6 +76,7 @@ async fn the_crds_validate_what_is_written() {
             TalosOperationSpec {
                 preflight: None,
                 etcd_snapshot: None,
+                dry_run: false,
                 cluster: "prod".into(),
                 kind: "talos".into(),
                 target_version: "v1.14.4".into(),
@@ -230,6 +231,7 @@ async fn a_pass_right_after_a_write_reads_that_write_while_the_store_lags_behind
     let spec = TalosOperationSpec {
         preflight: None,
         etcd_snapshot: None,
+        dry_run: false,
         cluster: "prod".into(),
         kind: "talos".into(),
         target_version: "v1.14.4".into(),
@@ -360,6 +362,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
     let spec = TalosOperationSpec {
         preflight: None,
         etcd_snapshot: None,
+        dry_run: false,
         cluster: "prod".into(),
         kind: "talos".into(),
         target_version: "v1.14.4".into(),
@@ -407,6 +410,42 @@ async fn operation_status_and_events_are_written_for_people_too() {
         "{:?}",
         list.items
     );
+    ns.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_new_operations_first_status_write_follows_its_finalizer_without_a_conflict() {
+    // A pass adds the finalizer, then writes the status conditional on the version it
+    // read: the finalizer's, not the store's older one (which cost every new operation a
+    // conflict and a retry's delay whenever the watch had not caught up).
+    let ns = TestNamespace::create("finalizer").await;
+    let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
+    let kube = kube_cluster(&ns).await;
+    for i in 0..10 {
+        let name = format!("upgrade-{i}");
+        let spec = TalosOperationSpec {
+            preflight: None,
+            etcd_snapshot: None,
+            dry_run: false,
+            cluster: "prod".into(),
+            kind: "talos".into(),
+            target_version: "v1.14.4".into(),
+            max_unavailable: 1,
+            machine: None,
+        };
+        ops.create(&PostParams::default(), &TalosOperation::new(&name, spec)).await.unwrap();
+        eventually(|| kube.stores().operations.state().iter().any(|o| o.name_any() == name)).await;
+        kube.ensure_finalizer(&name).await.unwrap();
+        let info = kube.operation(&name).await.unwrap().unwrap();
+        let status = OperationStatus { observed_generation: Some(1), ..info.status };
+        kube.write_operation_status(&name, &status).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    ops.delete_collection(&Default::default(), &Default::default()).await.ok();
+    for i in 0..10 {
+        let lifted = serde_json::json!({ "metadata": { "finalizers": null } });
+        ops.patch(&format!("upgrade-{i}"), &PatchParams::default(), &Patch::Merge(&lifted)).await.ok();
+    }
     ns.delete().await;
 }
 

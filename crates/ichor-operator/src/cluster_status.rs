@@ -5,7 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ichor_adapters::kubernetes::crd::{TalosCluster, TalosClusterStatus, TalosMachine, TalosOperation};
+use ichor_adapters::kubernetes::crd::{
+    LAST_OPERATIONS, OperationSummary, TalosCluster, TalosClusterStatus, TalosMachine, TalosOperation,
+};
+use ichor_upgrade_core::operation::OperationKind;
 use ichor_upgrade_core::versions::TalosVersion;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -61,7 +64,56 @@ pub fn summarize(
         nodes: Some(count),
         machines: Some(i64::try_from(machines).unwrap_or(i64::MAX)),
         operation,
+        last_operations: last_operations(&namespace, &name, operations),
     }
+}
+
+/// The cluster's operations that ran (not dry runs, not refused), newest first, at most
+/// [`LAST_OPERATIONS`].
+fn last_operations(
+    namespace: &Option<String>,
+    cluster: &str,
+    operations: &[Arc<TalosOperation>],
+) -> Vec<OperationSummary> {
+    let mut ran: Vec<&Arc<TalosOperation>> = operations
+        .iter()
+        .filter(|o| o.namespace() == *namespace && o.spec.cluster == cluster && !o.spec.dry_run)
+        .filter(|o| {
+            let phase = o.status.as_ref().and_then(|s| s.phase.as_deref());
+            phase.is_some_and(|p| p != "Refused" && p != "Pending")
+        })
+        .collect();
+    ran.sort_by_key(|o| std::cmp::Reverse((o.creation_timestamp().map(|t| t.0), o.name_any())));
+    ran.into_iter()
+        .take(LAST_OPERATIONS)
+        .filter_map(|o| {
+            let status = o.status.as_ref()?;
+            let start = o.creation_timestamp()?;
+            let end = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Completed" && c.status == "True")
+                .map(|c| c.last_transition_time.clone());
+            #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
+            let makespan_seconds =
+                end.as_ref().map(|e| (e.0.as_millisecond() - start.0.as_millisecond()) as f64 / 1000.0);
+            let counts = status.machines.clone().unwrap_or_default();
+            let operation = match o.spec.machine.as_deref() {
+                Some(machine) if o.spec.kind == OperationKind::REMOVE => format!("remove {machine}"),
+                _ => format!("{} {}", o.spec.kind, o.spec.target_version),
+            };
+            Some(OperationSummary {
+                name: o.name_any(),
+                operation,
+                phase: status.phase.clone().unwrap_or_default(),
+                start,
+                end,
+                makespan_seconds,
+                machines: counts.total,
+                failed: counts.failed,
+            })
+        })
+        .collect()
 }
 
 /// A Talos version or none (an `osImage` that names none), ordered versions first.
@@ -200,5 +252,49 @@ mod tests {
 
         let status = summarize(&cluster(), &nodes, &machines, &operations[2..]);
         assert_eq!(status.operation, None, "a completed operation holds nothing");
+    }
+
+    #[test]
+    fn the_last_operations_that_ran_are_summarized_newest_first() {
+        use ichor_adapters::kubernetes::crd::MachineCounts;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |secs: i64| Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap());
+        let made = |name: &str, phase: &str, secs: i64, completed: Option<i64>, dry_run: bool| {
+            let mut o = crate::fixtures::operation(name, phase, phase);
+            o.metadata.creation_timestamp = Some(at(secs));
+            o.spec.dry_run = dry_run;
+            let status = o.status.as_mut().unwrap();
+            status.machines =
+                Some(MachineCounts { total: 8, converged: 8, in_progress: 0, failed: i64::from(phase == "Paused") });
+            if let Some(end) = completed {
+                status.conditions.push(Condition {
+                    type_: "Completed".into(),
+                    status: "True".into(),
+                    reason: "Completed".into(),
+                    message: String::new(),
+                    last_transition_time: at(end),
+                    observed_generation: None,
+                });
+            }
+            Arc::new(o)
+        };
+        let mut operations: Vec<Arc<TalosOperation>> = vec![
+            made("first", "Completed", 1_000, Some(1_300), false),
+            made("plan", "Completed", 2_000, Some(2_001), true),
+            made("refused", "Refused", 2_500, None, false),
+            made("second", "Paused", 3_000, None, false),
+        ];
+        operations.extend((0..6).map(|i| made(&format!("old-{i}"), "Completed", i, Some(i + 10), false)));
+        let status = summarize(&cluster(), &[], &[], &operations);
+        let names: Vec<&str> = status.last_operations.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["second", "first", "old-5", "old-4", "old-3"], "no dry run, no refusal, five kept");
+        let first = &status.last_operations[1];
+        assert_eq!(
+            (first.operation.as_str(), first.makespan_seconds, first.machines),
+            ("talos v1.14.4", Some(300.0), 8)
+        );
+        let second = &status.last_operations[0];
+        assert_eq!((second.end.is_none(), second.makespan_seconds, second.failed), (true, None, 1));
     }
 }

@@ -28,6 +28,7 @@ use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_talos_executor::background::{Job, JobQueue};
 use ichor_talos_executor::jobs::run_job;
+use ichor_talos_executor::kube_api::KubeApi;
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi,
     TalosError, UpgradeAck, UpgradeRequest,
@@ -35,7 +36,7 @@ use ichor_talos_executor::talos_api::{
 use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
 use ichor_upgrade_core::talos_step::MachineStage;
 use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Reporter;
@@ -113,6 +114,12 @@ pub enum ControllerError {
     /// A TalosMachine discovered from its Node could not be written.
     #[error("writing a discovered TalosMachine: {0}")]
     Discovery(#[source] kube::Error),
+    /// A dry run could not read what it plans from.
+    #[error("a dry run's read: {0}")]
+    DryRunRead(#[source] ichor_talos_executor::KubeError),
+    /// A dry run's plan, or a calibration, could not be written.
+    #[error("writing a plan or a calibration: {0}")]
+    PlanWrite(#[source] kube::Error),
 }
 
 impl ControllerError {
@@ -120,7 +127,10 @@ impl ControllerError {
         match self {
             Self::Finalizer(e) => e.is_transient(),
             Self::Reconcile(e) => e.is_transient(),
-            Self::Discovery(e) => !matches!(e, kube::Error::Api(s) if s.code == 403 || s.code == 422),
+            Self::Discovery(e) | Self::PlanWrite(e) => {
+                !matches!(e, kube::Error::Api(s) if s.code == 403 || s.code == 422)
+            }
+            Self::DryRunRead(e) => e.is_transient(),
         }
     }
 
@@ -129,6 +139,8 @@ impl ControllerError {
         match self {
             Self::Finalizer(_) => "finalizer",
             Self::Discovery(_) => "discovery",
+            Self::DryRunRead(_) => "dry-run-read",
+            Self::PlanWrite(_) => "plan-write",
             Self::Reconcile(E::ReadOperation { .. }) => "read-operation",
             Self::Reconcile(E::ReadCluster { .. }) => "read-cluster",
             Self::Reconcile(E::WriteLease { .. }) => "write-lease",
@@ -433,6 +445,9 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         // Decided once the machines' watch events have filled the store.
         return Ok(Action::requeue(MIN_REQUEUE));
     }
+    if op.spec.dry_run {
+        return dry_run(&ctx, &op).await.inspect_err(|e| ctx.metrics.error(e.kind()));
+    }
     let started = Instant::now();
     let kube = ctx.kube(&namespace);
     let result: Result<_, ControllerError> = async {
@@ -473,13 +488,30 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
     };
     ctx.metrics.pass("ok");
     tracing::debug!(%namespace, operation = %name, phase = %outcome.phase, requeue_at = ?outcome.requeue_at, "pass");
-    write_cluster_status(&ctx, &namespace, &op.spec.cluster).await;
+    // The pass that completed the operation wrote a status the store has not seen yet
+    // (and status changes trigger no pass): read back once, for the cluster's summary and
+    // the calibration.
+    let completed = outcome.phase.name() == "Completed";
+    let fresh = if completed && crate::dry_run::completed_at(&op).is_none() {
+        let api: Api<TalosOperation> = Api::namespaced(ctx.client.clone(), &namespace);
+        api.get_opt(&name).await.ok().flatten().map(Arc::new)
+    } else {
+        None
+    };
+    write_cluster_status(&ctx, &namespace, &op.spec.cluster, fresh.as_ref()).await;
     if !usable && !outcome.finished && outcome.phase.name() != "Refused" {
         // Decided without the cluster's Talos API (no TalosCluster, Secret or talosconfig
         // yet): looked at again once the credentials are read again, not at the wait's
         // own recheck (the etcd gate's is half a minute).
         let soon = SystemClock.now().saturating_add(UNUSABLE_TALOSCONFIG_TTL);
         outcome.requeue_at = Some(outcome.requeue_at.map_or(soon, |at| at.min(soon)));
+    }
+    // A completed upgrade after a dry run: the plan against what happened, once.
+    if completed
+        && let Some(calibration) =
+            crate::dry_run::calibration(fresh.as_ref().unwrap_or(&op), &ctx.stores.operations.state())
+    {
+        write_plan_status(&ctx, &op, serde_json::json!({ "calibration": calibration })).await?;
     }
     if outcome.finished {
         return Ok(Action::await_change());
@@ -494,16 +526,107 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
     })
 }
 
-/// Writes `cluster`'s status when it changed ([`cluster_status`]); best effort (the next
-/// pass writes it again).
-async fn write_cluster_status(ctx: &Context, namespace: &str, cluster: &str) {
-    let Some(object) = ctx.stores.clusters.get(&ObjectRef::new(cluster).within(namespace)) else { return };
-    let status = cluster_status::summarize(
-        &object,
-        &ctx.stores.nodes.state(),
-        &ctx.stores.machines.state(),
-        &ctx.stores.operations.state(),
+/// The field manager of what a dry run writes and of a calibration: `status.plan` and a
+/// dry run's phase, `status.calibration` (the engine's manager owns the rest).
+const PLAN_FIELD_MANAGER: &str = "ichor-plan";
+
+/// How soon a dry run for a cluster not yet made looks again.
+const DRY_RUN_RETRY: Duration = Duration::from_secs(10);
+
+/// A dry run's pass: the plan of the upgrade it describes, in its status; nothing else is
+/// read past the stores but the preflight's facts, and nothing else is written
+/// ([`crate::dry_run`]).
+async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, ControllerError> {
+    if crate::dry_run::planned_already(op) {
+        ctx.metrics.pass("ok");
+        return Ok(Action::await_change());
+    }
+    let namespace = op.namespace().unwrap_or_default();
+    let Some(cluster) = ctx.stores.clusters.get(&ObjectRef::new(&op.spec.cluster).within(&namespace)) else {
+        let message = format!("TalosCluster {namespace}/{} not found: planned once it is made", op.spec.cluster);
+        write_plan_status(
+            ctx,
+            op,
+            serde_json::json!({ "phase": "Pending", "reason": "ClusterNotFound", "message": message }),
+        )
+        .await?;
+        ctx.metrics.pass("ok");
+        return Ok(Action::requeue(DRY_RUN_RETRY));
+    };
+    let nodes: Vec<Arc<Node>> =
+        ctx.stores.nodes.state().into_iter().filter(|n| cluster.spec.selects(n.labels())).collect();
+    let machines = ctx.stores.machines.state();
+    let asked: Vec<String> = crate::recorded::machines_of(op, &machines)
+        .into_iter()
+        .filter_map(|m| crate::dry_run::node_of(m, &nodes).map(ResourceExt::name_any))
+        .collect();
+    let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
+    let facts = ctx.kube(&namespace).preflight_facts(&asked).await.map_err(ControllerError::DryRunRead)?;
+    let dry = crate::dry_run::DryRun {
+        operation: op,
+        machines: &machines,
+        nodes: &nodes,
+        operations: &ctx.stores.operations.state(),
+        facts,
+        preflight: ichor_upgrade_core::preflight::PreflightConfig::default(),
+        preflight_warns: op.spec.preflight == Some(ichor_adapters::kubernetes::crd::Preflight::Warn),
+        defaults: ichor_adapters::sim::SimConfig::plan_defaults_of(
+            &ichor_adapters::sim::config::Durations::default(),
+            &ichor_adapters::sim::config::Registry::default(),
+            ctx.config.executor.pass_interval,
+        ),
+        own_node: ctx.config.own_node.as_deref(),
+    };
+    let started = Instant::now();
+    let planned = crate::dry_run::plan_status(&dry);
+    tracing::info!(
+        %namespace,
+        operation = %op.name_any(),
+        seconds = started.elapsed().as_secs_f64(),
+        machines = machines.len(),
+        "dry run planned"
     );
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    write_plan_status(ctx, op, crate::dry_run::status_patch(op, &planned, now)).await?;
+    ctx.metrics.pass("ok");
+    Ok(Action::await_change())
+}
+
+/// Applies `status` (part of a TalosOperation's status) as [`PLAN_FIELD_MANAGER`], under
+/// the fence.
+async fn write_plan_status(
+    ctx: &Context,
+    op: &TalosOperation,
+    status: serde_json::Value,
+) -> Result<(), ControllerError> {
+    if !ctx.fence.leads() {
+        return Err(ControllerError::PlanWrite(kube::Error::Service("not sent: this replica no longer leads".into())));
+    }
+    let api: Api<TalosOperation> = Api::namespaced(ctx.client.clone(), &op.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": "ichor.dev/v1alpha1",
+        "kind": "TalosOperation",
+        "metadata": { "name": op.name_any() },
+        "status": status,
+    });
+    api.patch_status(&op.name_any(), &PatchParams::apply(PLAN_FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map_err(ControllerError::PlanWrite)?;
+    Ok(())
+}
+
+/// Writes `cluster`'s status when it changed ([`cluster_status`]), with `fresh` (an
+/// operation read back after the pass that completed it) in place of the store's; best
+/// effort (the next pass writes it again).
+async fn write_cluster_status(ctx: &Context, namespace: &str, cluster: &str, fresh: Option<&Arc<TalosOperation>>) {
+    let Some(object) = ctx.stores.clusters.get(&ObjectRef::new(cluster).within(namespace)) else { return };
+    let mut operations = ctx.stores.operations.state();
+    if let Some(fresh) = fresh {
+        operations.retain(|o| o.uid() != fresh.uid());
+        operations.push(Arc::clone(fresh));
+    }
+    let status =
+        cluster_status::summarize(&object, &ctx.stores.nodes.state(), &ctx.stores.machines.state(), &operations);
     if let Err(e) = cluster_status::write(&ctx.client, &object, &status, &ctx.fence).await {
         tracing::warn!(%namespace, %cluster, error = %e, "the TalosCluster's status was not written");
     }

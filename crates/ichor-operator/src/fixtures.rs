@@ -34,6 +34,7 @@ pub(crate) fn operation(name: &str, phase: &str, reason: &str) -> TalosOperation
             machine: None,
             preflight: None,
             etcd_snapshot: None,
+            dry_run: false,
         },
     );
     o.metadata.namespace = Some("ops".into());

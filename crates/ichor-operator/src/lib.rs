@@ -8,6 +8,8 @@
 //!   ClusterRole that allows exactly those, and the manifests in `deploy/`.
 //! - `fleet` (feature `fleet`): a simulated Talos fleet on a real API server, to try it with
 //!   no machines.
+//! - [`dry_run`] and [`recorded`]: a dry run's plan from the machines' recorded history,
+//!   and its calibration once the real upgrade completes.
 //! - [`cli`]: the command line of the `ichor-operator` binary (and the `operator` example).
 //! - [`trace`]: the trace of what the engine does and sees, in the simulator's records
 //!   ([`ichor_adapters::trace`]), as JSON lines.
@@ -21,6 +23,7 @@ pub mod cli;
 pub mod cluster_status;
 pub mod controller;
 pub mod discovery;
+pub mod dry_run;
 pub mod fence;
 #[cfg(test)]
 mod fixtures;
@@ -31,6 +34,7 @@ pub mod leader;
 pub mod metrics;
 pub mod plugin;
 pub mod rbac;
+pub mod recorded;
 pub mod requests;
 pub mod trace;
 

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ichor_adapters::kubernetes::Counters;
-use ichor_adapters::kubernetes::crd::{MachineStep, TalosMachine, TalosOperation};
+use ichor_adapters::kubernetes::crd::{TalosMachine, TalosOperation, step_durations};
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
@@ -211,30 +211,6 @@ impl Collector for EngineCalls {
     }
 }
 
-/// The durations of the steps of a machine's last upgrade, from its history: each step
-/// from the last time it began to the step that ended it, before the convergence.
-fn step_durations(history: &[MachineStep]) -> Vec<(&'static str, f64)> {
-    let at = |i: usize| history[i].time.0.as_millisecond();
-    let last = |type_: &str, reason: &str, before: usize| {
-        (0..before).rev().find(|&i| history[i].type_ == type_ && history[i].reason == reason)
-    };
-    let Some(end) = history.len().checked_sub(1) else { return Vec::new() };
-    let spans = [
-        ("evacuation", ("StorageEvacuation", "Evacuating"), ("StorageEvacuation", "Ended")),
-        ("upgrade", ("TalosUpgrade", "UpgradeRequested"), ("TalosUpgrade", "Converged")),
-        ("install", ("TalosLifecycle", "InstallRunning"), ("TalosLifecycle", "Installed")),
-        ("reboot", ("TalosLifecycle", "RebootRequested"), ("TalosLifecycle", "Converged")),
-    ];
-    let mut durations = Vec::new();
-    for (step, (start_type, start_reason), (end_type, end_reason)) in spans {
-        let Some(stop) = last(end_type, end_reason, end + 1) else { continue };
-        let Some(start) = last(start_type, start_reason, stop) else { continue };
-        #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
-        durations.push((step, (at(stop) - at(start)).max(0) as f64 / 1000.0));
-    }
-    durations
-}
-
 /// Machines by state and phases, read from the operations' status in the store; encoded
 /// only while the gauge (the leader's) is 1.
 #[derive(Debug)]
@@ -314,6 +290,7 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ichor_adapters::kubernetes::crd::MachineStep;
 
     #[test]
     fn passes_and_engine_calls_show_in_the_text() {
@@ -388,7 +365,7 @@ mod tests {
             "w-1",
             TalosMachineSpec { cluster: "prod".into(), role: Role::Worker, address: "10.5.0.2".into(), hostname: None },
         );
-        machine.status = Some(TalosMachineStatus { conditions: Vec::new(), history });
+        machine.status = Some(TalosMachineStatus { history, ..TalosMachineStatus::default() });
         let metrics = Metrics::new();
         metrics.machine_seen(&machine);
         let count = "ichor_machine_step_duration_seconds_count{step=\"upgrade\"}";

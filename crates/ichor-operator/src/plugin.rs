@@ -8,7 +8,7 @@
 //! | `status [NAME]` | each operation (or NAME): phase, reason, message, a progress bar, and each machine's step |
 //! | `resume NAME` | sets `ichor.dev/resume` to the time now, on a paused operation only |
 //! | `hold NODE` / `release NODE` | sets or removes `ichor.dev/hold` on the Node |
-//! | `timeline NAME -o FILE.svg` | draws the operation from its machines' recorded history |
+//! | `timeline NAME -o FILE.svg` | draws the operation from its machines' recorded history; a dry run's plan, its median run |
 //!
 //! Exit codes: 0 done, 1 refused or failed (an operation that is not paused, one not
 //! found, the API server's error), 2 a bad argument or an unusable kubeconfig.
@@ -17,8 +17,10 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use ichor_adapters::kubernetes::crd::{Role, TalosMachine, TalosOperation};
+use ichor_adapters::kubernetes::crd::{PlanStatus, Role, TalosMachine, TalosOperation};
 use ichor_timeline::{Options, Timeline, TraceRecord, render};
+
+use crate::recorded::{Origin, history_records, machines_of};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, OperationKind, RESUME_ANNOTATION};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -201,15 +203,46 @@ pub async fn run(args: &Args) -> Result<String, PluginError> {
         Command::Timeline { name, output } => {
             let op = get(&operations, name, &namespace).await?;
             let all = machines.list(&ListParams::default()).await.map_err(|e| failed("list TalosMachines", &e))?.items;
-            let records = history_records(&op, &all);
+            let plan = op.status.as_ref().and_then(|s| s.plan.as_ref());
+            let (records, title) = match plan {
+                // A dry run: its plan's median run.
+                Some(plan) => (
+                    planned_records(plan),
+                    format!(
+                        "{namespace}/{name}: plan, median run (p10 {:.0} s, p50 {:.0} s, p90 {:.0} s)",
+                        plan.p10_seconds, plan.p50_seconds, plan.p90_seconds
+                    ),
+                ),
+                None => {
+                    let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                    let records = history_records(&op, &machines_of(&op, &all), None, Origin::FirstRecord);
+                    (records, format!("{namespace}/{name}: {phase}"))
+                }
+            };
             let timeline = Timeline::from_records(&records);
-            let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-            let options = Options { title: format!("{namespace}/{name}: {phase}"), ..Options::default() };
+            let options = Options { title, ..Options::default() };
             std::fs::write(output, render(&timeline, &options).to_string())
                 .map_err(|e| PluginError::Failed(format!("writing {}: {e}", output.display())))?;
             Ok(format!("{}: {} machines, {} records\n", output.display(), timeline.rows.len(), records.len()))
         }
     }
+}
+
+/// A plan's median run as the timeline's records: each machine's turn, from its start to
+/// its convergence.
+fn planned_records(plan: &PlanStatus) -> Vec<TraceRecord> {
+    let mut records: Vec<TraceRecord> = plan
+        .median_run
+        .iter()
+        .flat_map(|m| {
+            [
+                TraceRecord::new(m.start_seconds, &m.machine, &m.role, "upgrade-call"),
+                TraceRecord::new(m.end_seconds, &m.machine, &m.role, "converged"),
+            ]
+        })
+        .collect();
+    records.sort_by(|a, b| a.t.total_cmp(&b.t));
+    records
 }
 
 async fn get(operations: &Api<TalosOperation>, name: &str, namespace: &str) -> Result<TalosOperation, PluginError> {
@@ -220,20 +253,16 @@ async fn get(operations: &Api<TalosOperation>, name: &str, namespace: &str) -> R
         .ok_or_else(|| PluginError::Failed(format!("talosoperation {name} not found in namespace {namespace}")))
 }
 
-/// The machines an operation concerns: its cluster's, or the one it removes.
-fn machines_of<'a>(op: &TalosOperation, machines: &'a [TalosMachine]) -> Vec<&'a TalosMachine> {
-    let mut of: Vec<&TalosMachine> = machines
-        .iter()
-        .filter(|m| m.spec.cluster == op.spec.cluster)
-        .filter(|m| op.spec.kind != OperationKind::REMOVE || op.spec.machine.as_deref() == Some(m.name_any().as_str()))
-        .collect();
-    of.sort_by_key(|m| (m.spec.role != Role::Controlplane, m.name_any()));
-    of
-}
-
 /// `control-plane` or `worker`, as traces and timelines write a role.
 fn role_name(role: Role) -> &'static str {
     ichor_upgrade_core::operation::MachineRole::from(role).as_str()
+}
+
+/// `12:05` (minutes and seconds).
+fn minutes(seconds: f64) -> String {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a makespan, rounded")]
+    let s = seconds.max(0.0).round() as u64;
+    format!("{}:{:02}", s / 60, s % 60)
 }
 
 /// `[#####.....]  5/10`.
@@ -268,6 +297,36 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
     }
     if let Some(waiting) = &status.waiting_for {
         let _ = writeln!(text, "  waiting for: {waiting}");
+    }
+    if let Some(plan) = &status.plan {
+        let _ = writeln!(
+            text,
+            "  plan: makespan p10 {}, p50 {}, p90 {} (bound {}), from {}",
+            minutes(plan.p10_seconds),
+            minutes(plan.p50_seconds),
+            minutes(plan.p90_seconds),
+            minutes(plan.bound_seconds),
+            plan.history.as_deref().map_or_else(|| "default durations".to_owned(), |h| format!("the history of {h}"))
+        );
+        let _ = writeln!(text, "  order: {}", plan.order.join(", "));
+        for held in &plan.held {
+            let _ = writeln!(text, "  held now: {}: {}", held.machine, held.reason);
+        }
+        for assumed in &plan.assumed {
+            let _ = writeln!(text, "  assumed: {assumed}");
+        }
+        return text;
+    }
+    if let Some(c) = &status.calibration {
+        let _ = writeln!(
+            text,
+            "  against plan {}: took {}, p50 {} ({:+.1} %), {} p10-p90",
+            c.plan,
+            minutes(c.actual_seconds),
+            minutes(c.p50_seconds),
+            c.error_percent,
+            if c.within_band { "within" } else { "outside" }
+        );
     }
     let records = status.engine.as_ref().and_then(|e| e.get("machines")).cloned().unwrap_or_default();
     let rows: Vec<[String; 4]> = machines_of(op, machines)
@@ -307,52 +366,6 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
     text
 }
 
-/// The timeline's records from the history of the operation's machines since it was
-/// made: each step of a condition, as the event the timeline draws.
-fn history_records(op: &TalosOperation, machines: &[TalosMachine]) -> Vec<TraceRecord> {
-    let since = op.creation_timestamp().map_or(0, |t| t.0.as_millisecond());
-    let mut records = Vec::new();
-    let mut first = i64::MAX;
-    for machine in machines_of(op, machines) {
-        let role = role_name(machine.spec.role);
-        for step in machine.status.iter().flat_map(|s| &s.history) {
-            let at = step.time.0.as_millisecond();
-            if at < since {
-                continue;
-            }
-            let Some(event) = timeline_event(&step.type_, &step.status, &step.reason) else { continue };
-            first = first.min(at);
-            records.push((at, TraceRecord::new(0.0, &machine.name_any(), role, event).with_reason(&step.reason)));
-        }
-    }
-    records.sort_by_key(|(at, r)| (*at, r.node.clone()));
-    records
-        .into_iter()
-        .map(|(at, mut r)| {
-            #[allow(clippy::cast_precision_loss)]
-            let t = (at - first) as f64 / 1000.0;
-            r.t = t;
-            r
-        })
-        .collect()
-}
-
-/// The timeline event a condition's step stands for (`None`: not drawn).
-fn timeline_event(type_: &str, status: &str, reason: &str) -> Option<&'static str> {
-    Some(match (type_, reason) {
-        ("StorageEvacuation", "Evacuating") => "evacuation-start",
-        ("TalosUpgrade", "UpgradeRequested") => "upgrade-call",
-        ("TalosUpgrade" | "TalosLifecycle", "Converged") if status == "False" || status == "True" => "converged",
-        ("TalosUpgrade", "UpgradeRefused") | ("TalosLifecycle", "InstallFailed") => "failed",
-        ("TalosLifecycle", "InstallRunning") => "install-start",
-        ("TalosLifecycle", "Installed") => "installed",
-        ("TalosLifecycle", "RebootRequested") => "reboot-call",
-        ("NodeRemoval", "ResetRequested") => "reset-call",
-        ("NodeRemoval", "Removed") => "removed",
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,13 +376,5 @@ mod tests {
         assert_eq!(progress_bar(5, 10), format!("[{}{}] 5/10", "#".repeat(15), ".".repeat(15)));
         assert_eq!(progress_bar(13, 13), format!("[{}] 13/13", "#".repeat(30)));
         assert_eq!(progress_bar(0, 0), format!("[{}] 0/0", ".".repeat(30)), "nothing to do is not a panic");
-    }
-
-    #[test]
-    fn condition_steps_map_to_the_timelines_events() {
-        assert_eq!(timeline_event("TalosUpgrade", "True", "UpgradeRequested"), Some("upgrade-call"));
-        assert_eq!(timeline_event("TalosUpgrade", "False", "Converged"), Some("converged"));
-        assert_eq!(timeline_event("TalosUpgrade", "True", "UpgradeIntent"), None, "an intent is not a call");
-        assert_eq!(timeline_event("NodeRemoval", "True", "Removed"), Some("removed"));
     }
 }

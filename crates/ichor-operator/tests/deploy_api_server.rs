@@ -30,6 +30,7 @@ async fn every_manifest_and_sample_is_accepted_by_the_api_server() {
         "operator.yaml",
         "examples/cluster.yaml",
         "examples/upgrade.yaml",
+        "examples/plan.yaml",
         "examples/remove.yaml",
         "examples/storage.yaml",
     ];

@@ -82,6 +82,88 @@ impl TurnModel {
     }
 }
 
+/// What an earlier operation recorded, for a plan of the next (seconds).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recorded {
+    /// Each converged control plane's turn.
+    pub control_plane_turns: Vec<f64>,
+    /// Each converged worker's turn.
+    pub worker_turns: Vec<f64>,
+    /// From the operation's start to its first turn.
+    pub lead: Option<f64>,
+    /// The median time from a convergence to the next start.
+    pub reaction: Option<f64>,
+}
+
+/// What a plan assumes where nothing was recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaults {
+    /// Each phase of a turn: its name and range (seconds), summed into a turn.
+    pub phases: Vec<(String, (f64, f64))>,
+    /// The reaction time (the engine's pass interval).
+    pub reaction_s: f64,
+}
+
+/// The models a plan draws from, and what it assumed for want of a record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Models {
+    /// The control planes' turns.
+    pub control_plane: TurnModel,
+    /// The workers' turns.
+    pub worker: TurnModel,
+    /// The lead, seconds.
+    pub lead_s: f64,
+    /// The reaction time, seconds.
+    pub reaction_s: f64,
+    /// Each default taken, in words (empty: everything came from the record).
+    pub assumed: Vec<String>,
+}
+
+/// The models for a plan from `recorded` (none: no history), each thing it lacks taken
+/// from `defaults` and said so in [`Models::assumed`]. The main job's `--plan` and the
+/// operator's dry run both plan through this.
+#[must_use]
+pub fn models(recorded: Option<&Recorded>, defaults: &Defaults) -> Models {
+    let mut assumed = Vec::new();
+    let phases: Vec<(f64, f64)> = defaults.phases.iter().map(|(_, range)| *range).collect();
+    let described = defaults
+        .phases
+        .iter()
+        .map(|(name, (low, high))| {
+            if (high - low).abs() < f64::EPSILON {
+                format!("{name} {low:.0} s")
+            } else {
+                format!("{name} {low:.0}-{high:.0} s")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut model = |turns: Option<&Vec<f64>>, role: &str| match turns.filter(|t| !t.is_empty()) {
+        Some(turns) => TurnModel::Recorded(turns.clone()),
+        None => {
+            assumed.push(format!("{role}: no turn recorded: default phases ({described})"));
+            TurnModel::Phases(phases.clone())
+        }
+    };
+    let control_plane = model(recorded.map(|r| &r.control_plane_turns), "control planes");
+    let worker = model(recorded.map(|r| &r.worker_turns), "workers");
+    let lead_s = recorded.and_then(|r| r.lead).unwrap_or_else(|| {
+        assumed.push("lead: none recorded: none before the first machine".to_owned());
+        0.0
+    });
+    let reaction_s = recorded.and_then(|r| r.reaction).unwrap_or_else(|| {
+        assumed.push(format!(
+            "reaction: none recorded: {:.0} s (the pass interval) between a machine and the next",
+            defaults.reaction_s
+        ));
+        defaults.reaction_s
+    });
+    assumed.push(
+        "no fault is drawn (a fallback, a pause); machines the preflight holds are left out of the makespan".to_owned(),
+    );
+    Models { control_plane, worker, lead_s, reaction_s, assumed }
+}
+
 /// What a plan is made from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanInput<'a> {

@@ -1357,8 +1357,17 @@ enum Slot {
 /// order label ascending, machines without one (or with one that is not an integer) last,
 /// then the name.
 fn order_key(m: &MachineView) -> (bool, bool, i64, &str) {
-    let order = m.order_label.as_deref().and_then(|v| v.parse::<i64>().ok());
-    (m.last, order.is_none(), order.unwrap_or(0), m.name.as_str())
+    start_order(m.order_label.as_deref(), m.last, &m.name)
+}
+
+/// The key the engine orders a role's machines by (smallest first): the controller's own
+/// machine (`last`) after all others, then the [`crate::operation::ORDER_LABEL`] value
+/// ascending, machines without one (or with one that is not an integer) last, then the
+/// name. A plan of the rollout orders by the same key.
+#[must_use]
+pub fn start_order<'a>(order_label: Option<&str>, last: bool, name: &'a str) -> (bool, bool, i64, &'a str) {
+    let order = order_label.and_then(|v| v.parse::<i64>().ok());
+    (last, order.is_none(), order.unwrap_or(0), name)
 }
 
 /// The rules of an upgrade's plan, whatever it upgrades.

@@ -541,11 +541,15 @@ impl KubeCluster {
         finalizers.push(FINALIZER.to_owned());
         let patch = json!({ "metadata": { "finalizers": finalizers, "resourceVersion": op.resource_version() } });
         self.wrote();
-        self.operations()
+        // Kept as written: the pass's status write right after is conditional on the
+        // version it reads, which must be this one, not the store's (which has not seen
+        // the finalizer yet, and would lose the write to a conflict and the pass to a retry).
+        let written = self
+            .operations()
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map(drop)
-            .map_err(|e| kube_error(&format!("add finalizer to TalosOperation {name}"), &e))
+            .map_err(|e| kube_error(&format!("add finalizer to TalosOperation {name}"), &e));
+        keep_written(&self.written.operations, name, written)
     }
 
     /// Applies `status` to object `name` under the version its view was read at; the
@@ -788,6 +792,9 @@ fn operation_status(
             time: timestamp_to_time(s.taken_at),
         }),
         engine: serde_json::to_value(engine).ok(),
+        // Written by the operator's dry run and calibration, under their own field manager.
+        plan: None,
+        calibration: None,
     }
 }
 
@@ -816,6 +823,9 @@ fn same_status(a: &TalosOperationStatus, b: &TalosOperationStatus) -> bool {
         for c in &mut s.conditions {
             c.last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
         }
+        // Not the engine's: another field manager's (the operator's calibration).
+        s.plan = None;
+        s.calibration = None;
         s
     };
     strip(a) == strip(b)

@@ -131,6 +131,37 @@ pub struct TalosClusterStatus {
     /// The operation that holds the cluster now (started, waiting or paused), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
+    /// Its last operations that ran (dry runs aside), newest first, the last
+    /// [`LAST_OPERATIONS`] kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_operations: Vec<OperationSummary>,
+}
+
+/// How many operations [`TalosClusterStatus::last_operations`] keeps.
+pub const LAST_OPERATIONS: usize = 5;
+
+/// One operation of a cluster, in its status.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationSummary {
+    /// The TalosOperation.
+    pub name: String,
+    /// Its kind and target, such as `talos v1.14.4` or `remove worker-3`.
+    pub operation: String,
+    /// Its phase.
+    pub phase: String,
+    /// When it was made.
+    pub start: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// When it completed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// From its start to its end, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub makespan_seconds: Option<f64>,
+    /// Its machines.
+    pub machines: i64,
+    /// Of those, failed.
+    pub failed: i64,
 }
 
 /// A machine's role.
@@ -200,6 +231,75 @@ pub struct TalosMachineStatus {
     /// its Events have expired. Written with the conditions, in the same request.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<MachineStep>,
+    /// How its last upgrade went, once it converged: what a plan of the next one
+    /// (`spec.dryRun`) learns from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_upgrade: Option<LastUpgrade>,
+}
+
+/// A machine's last upgrade, from its [`MachineStep`]s: its turn, end to end and by step.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastUpgrade {
+    /// When its turn began (its first step after its previous convergence).
+    pub start: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// When it converged.
+    pub converged: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// From its start to its convergence, seconds.
+    pub seconds: f64,
+    /// Each step's duration, seconds: `evacuation` (storage moved off it), `upgrade` (from
+    /// the Upgrade call to convergence: pull, drain, install, reboot, Ready, verification),
+    /// `install` and `reboot` (a lifecycle upgrade's).
+    pub steps: BTreeMap<String, f64>,
+}
+
+/// The durations of the steps of a machine's last upgrade, from its history: each step
+/// from the last time it began to the step that ended it, before the convergence.
+#[must_use]
+pub fn step_durations(history: &[MachineStep]) -> Vec<(&'static str, f64)> {
+    let at = |i: usize| history[i].time.0.as_millisecond();
+    let last = |type_: &str, reason: &str, before: usize| {
+        (0..before).rev().find(|&i| history[i].type_ == type_ && history[i].reason == reason)
+    };
+    let Some(end) = history.len().checked_sub(1) else { return Vec::new() };
+    let spans = [
+        ("evacuation", ("StorageEvacuation", "Evacuating"), ("StorageEvacuation", "Ended")),
+        ("upgrade", ("TalosUpgrade", "UpgradeRequested"), ("TalosUpgrade", "Converged")),
+        ("install", ("TalosLifecycle", "InstallRunning"), ("TalosLifecycle", "Installed")),
+        ("reboot", ("TalosLifecycle", "RebootRequested"), ("TalosLifecycle", "Converged")),
+    ];
+    let mut durations = Vec::new();
+    for (step, (start_type, start_reason), (end_type, end_reason)) in spans {
+        let Some(stop) = last(end_type, end_reason, end + 1) else { continue };
+        let Some(start) = last(start_type, start_reason, stop) else { continue };
+        #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
+        durations.push((step, (at(stop) - at(start)).max(0) as f64 / 1000.0));
+    }
+    durations
+}
+
+/// Whether `step` is an upgrade's convergence (of a Talos Upgrade call or a lifecycle
+/// install).
+fn converges(step: &MachineStep) -> bool {
+    (step.type_ == "TalosUpgrade" || step.type_ == "TalosLifecycle") && step.reason == "Converged"
+}
+
+/// The last upgrade `history` ends with, when its last step is a convergence: from the
+/// first step after the convergence before it (or the first kept) to it.
+#[must_use]
+pub fn last_upgrade(history: &[MachineStep]) -> Option<LastUpgrade> {
+    let end = history.last().filter(|s| converges(s))?;
+    let first = history[..history.len() - 1].iter().rposition(converges).map_or(0, |i| i + 1);
+    let start = history[first..].iter().find(|s| s.type_ != "NodeRemoval")?;
+    let millis = (end.time.0.as_millisecond() - start.time.0.as_millisecond()).max(0);
+    #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
+    let seconds = millis as f64 / 1000.0;
+    Some(LastUpgrade {
+        start: start.time.clone(),
+        converged: end.time.clone(),
+        seconds,
+        steps: step_durations(&history[first..]).into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+    })
 }
 
 /// How many [`MachineStep`]s a machine keeps: a few operations' worth (an upgrade takes
@@ -239,9 +339,17 @@ impl TalosMachineStatus {
                 time: condition.last_transition_time.clone(),
             });
         }
+        // A convergence just recorded is the end of an upgrade: its durations are kept
+        // (before the oldest steps are dropped, which may hold its start).
+        let before = self.history.len();
+        let last_upgrade = history[before..]
+            .iter()
+            .rposition(converges)
+            .and_then(|i| last_upgrade(&history[..=before + i]))
+            .or_else(|| self.last_upgrade.clone());
         let excess = history.len().saturating_sub(MACHINE_HISTORY);
         history.drain(..excess);
-        Self { conditions, history }
+        Self { conditions, history, last_upgrade }
     }
 }
 
@@ -331,6 +439,14 @@ pub struct TalosOperationSpec {
     /// take it pauses the operation before any control plane is touched. `Skip` takes none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_snapshot: Option<EtcdSnapshotMode>,
+    /// For `talos`: `true` plans the upgrade and touches nothing (no lock, no machine, no
+    /// Talos call): the operator reads the cluster (its machines, Nodes, budgets and
+    /// workloads) and the durations its machines recorded in their last upgrade, draws
+    /// the rollout 200 times, and writes `status.plan`: the makespan's p10, p50 and p90,
+    /// the physical bound, the order, the machines the preflight would hold now and why,
+    /// and what it assumed. The operation is then Completed (reason `Planned`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// `spec.etcdSnapshot`.
@@ -432,6 +548,89 @@ pub struct TalosOperationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "preserved_object")]
     pub engine: Option<serde_json::Value>,
+    /// A dry run's plan (`spec.dryRun`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+    /// Once a real operation completed after a dry run of the same cluster: the plan
+    /// against what happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
+}
+
+/// `status.plan`: what a dry run predicts.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanStatus {
+    /// The makespan (from the operation's start to its last machine's convergence) one
+    /// run in ten beats, seconds.
+    pub p10_seconds: f64,
+    /// The median makespan, seconds.
+    pub p50_seconds: f64,
+    /// The makespan nine runs in ten beat, seconds.
+    pub p90_seconds: f64,
+    /// The median run's physical bound: its control planes' turns in a row, then its
+    /// workers' spread over `maxUnavailable` (or its longest), with no lead or reaction.
+    pub bound_seconds: f64,
+    /// How many runs were drawn.
+    pub runs: i64,
+    /// The machines in the order they would go (held ones left out).
+    pub order: Vec<String>,
+    /// Each machine the preflight (or a hold) would hold now, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<PlanHeld>,
+    /// Where the durations came from: the operation whose recorded turns were drawn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<String>,
+    /// What it assumed for want of a record, in words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub assumed: Vec<String>,
+    /// The median run, machine by machine, for `kubectl ichor timeline`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub median_run: Vec<PlannedMachine>,
+}
+
+/// A machine a plan holds.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanHeld {
+    /// The TalosMachine.
+    pub machine: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A machine's turn in a plan's median run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedMachine {
+    /// The TalosMachine.
+    pub machine: String,
+    /// `control-plane` or `worker`.
+    pub role: String,
+    /// Its start, seconds from the operation's.
+    pub start_seconds: f64,
+    /// Its convergence, seconds from the operation's start.
+    pub end_seconds: f64,
+}
+
+/// `status.calibration`: a plan against what happened.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Calibration {
+    /// The dry run whose plan this is.
+    pub plan: String,
+    /// Its p10, seconds.
+    pub p10_seconds: f64,
+    /// Its p50, seconds.
+    pub p50_seconds: f64,
+    /// Its p90, seconds.
+    pub p90_seconds: f64,
+    /// This operation's makespan, seconds.
+    pub actual_seconds: f64,
+    /// `(actual - p50) / p50`, percent.
+    pub error_percent: f64,
+    /// Whether the makespan fell between p10 and p90.
+    pub within_band: bool,
 }
 
 /// `status.etcdSnapshot`: where the snapshot is and how to check it.
@@ -547,5 +746,30 @@ mod tests {
         }
         assert_eq!(long.history.len(), MACHINE_HISTORY);
         assert_eq!(long.history.last().unwrap().reason, "R39", "the newest kept, the oldest dropped");
+    }
+
+    #[test]
+    fn a_convergence_records_the_upgrade_it_ends_and_keeps_it_until_the_next() {
+        let step = |status: TalosMachineStatus, type_: &str, reason: &str, secs: i64| {
+            let mut conditions = status.conditions.clone();
+            conditions.retain(|c| c.type_ != type_);
+            conditions.push(condition(type_, "True", reason, secs));
+            status.with_conditions(conditions)
+        };
+        let mut status = TalosMachineStatus::default();
+        status = step(status, "TalosUpgrade", "Converged", 5);
+        assert_eq!(status.last_upgrade.as_ref().unwrap().seconds, 0.0, "a convergence with nothing before it");
+        status = step(status, "StorageEvacuation", "Evacuating", 100);
+        status = step(status, "StorageEvacuation", "Ended", 160);
+        status = step(status, "TalosUpgrade", "UpgradeIntent", 161);
+        status = step(status, "TalosUpgrade", "UpgradeRequested", 162);
+        assert_eq!(status.last_upgrade.as_ref().unwrap().seconds, 0.0, "kept until the next convergence");
+        status = step(status, "TalosUpgrade", "Converged", 400);
+        let last = status.last_upgrade.clone().unwrap();
+        assert_eq!((last.start.0.as_second(), last.converged.0.as_second(), last.seconds), (100, 400, 300.0));
+        assert_eq!(last.steps, [("evacuation".to_owned(), 60.0), ("upgrade".to_owned(), 238.0)].into());
+        // A write that changes nothing keeps it.
+        let again = status.with_conditions(status.conditions.clone());
+        assert_eq!(again.last_upgrade, Some(last));
     }
 }

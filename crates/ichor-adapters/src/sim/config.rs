@@ -352,6 +352,38 @@ impl Default for Naming {
 }
 
 impl SimConfig {
+    /// What a plan assumes where no turn was recorded
+    /// ([`ichor_upgrade_core::plan::models`]): a turn is this simulator's drain, an
+    /// uncontended image pull, install, reboot and Ready, each drawn from its range, and
+    /// the reaction is `pass_interval`.
+    #[must_use]
+    pub fn plan_defaults(&self, pass_interval: Duration) -> ichor_upgrade_core::plan::Defaults {
+        Self::plan_defaults_of(&self.durations, &self.registry, pass_interval)
+    }
+
+    /// As [`SimConfig::plan_defaults`], from phase ranges and a registry.
+    #[must_use]
+    pub fn plan_defaults_of(
+        durations: &Durations,
+        registry: &Registry,
+        pass_interval: Duration,
+    ) -> ichor_upgrade_core::plan::Defaults {
+        #[allow(clippy::cast_precision_loss, reason = "seconds well within f64's exact range")]
+        let range = |r: &RangeInclusive<u64>| (*r.start() as f64, *r.end() as f64);
+        let pull = registry.uncontended().as_secs_f64();
+        let d = durations;
+        ichor_upgrade_core::plan::Defaults {
+            phases: vec![
+                ("drain".to_owned(), range(&d.drain)),
+                ("pull".to_owned(), (pull, pull)),
+                ("install".to_owned(), range(&d.install)),
+                ("reboot".to_owned(), range(&d.reboot)),
+                ("Ready".to_owned(), range(&d.ready)),
+            ],
+            reaction_s: pass_interval.as_secs_f64(),
+        }
+    }
+
     /// A cluster of `control_planes` + `workers` on `from`, upgraded to `to`.
     #[must_use]
     pub fn new(control_planes: usize, workers: usize, from: TalosVersion, to: TalosVersion) -> Self {

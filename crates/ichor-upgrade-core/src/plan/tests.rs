@@ -94,3 +94,27 @@ fn quantiles_by_nearest_rank() {
     assert_eq!(quantile(&[], 0.5), 0.0);
     assert_eq!(TurnModel::Phases(vec![(0.0, 10.0), (20.0, 30.0)]).median(), 30.0);
 }
+
+#[test]
+fn models_take_what_was_recorded_and_say_what_they_assumed() {
+    let defaults =
+        Defaults { phases: vec![("install".into(), (30.0, 60.0)), ("pull".into(), (4.0, 4.0))], reaction_s: 2.0 };
+    let recorded =
+        Recorded { control_plane_turns: vec![200.0, 210.0], worker_turns: vec![], lead: Some(12.0), reaction: None };
+    let m = models(Some(&recorded), &defaults);
+    assert_eq!(m.control_plane, TurnModel::Recorded(vec![200.0, 210.0]));
+    assert_eq!(m.worker, TurnModel::Phases(vec![(30.0, 60.0), (4.0, 4.0)]));
+    assert_eq!((m.lead_s, m.reaction_s), (12.0, 2.0));
+    assert!(
+        m.assumed[0].starts_with("workers: no turn recorded: default phases (install 30-60 s, pull 4 s)"),
+        "{:?}",
+        m.assumed
+    );
+    assert!(m.assumed[1].starts_with("reaction: none recorded: 2 s"), "{:?}", m.assumed);
+    assert!(!m.assumed.iter().any(|a| a.starts_with("control planes") || a.starts_with("lead")), "{:?}", m.assumed);
+
+    let none = models(None, &defaults);
+    assert_eq!(none.control_plane, none.worker);
+    assert_eq!(none.lead_s, 0.0);
+    assert_eq!(none.assumed.len(), 5, "both roles, the lead, the reaction and the faults: {:?}", none.assumed);
+}

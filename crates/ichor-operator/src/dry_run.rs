@@ -1,0 +1,350 @@
+//! A dry run (`spec.dryRun: true`): the plan of a Talos upgrade, written in the
+//! operation's `status.plan`, and the calibration of that plan once a real upgrade of the
+//! same cluster completes (`status.calibration`).
+//!
+//! A dry run reads the watch stores (the cluster, its machines and their recorded
+//! history, the Nodes, the operations) and the preflight gate's facts (pods, budgets,
+//! workloads, listed as a pass before a start lists them), and plans with
+//! [`ichor_upgrade_core::plan`]. The durations come from the machines' history of the
+//! cluster's last completed upgrade ([`crate::recorded`]); without one, from the
+//! simulator's defaults, and the plan says so.
+//!
+//! What it must not do: touch the cluster. It takes no lock, writes no machine, Node or
+//! Lease, calls no Talos API; its only write is the operation's own status, under this
+//! replica's leadership (the fence), like every other write of the operator.
+
+use std::sync::Arc;
+
+use ichor_adapters::kubernetes::crd::{
+    Calibration, PlanHeld, PlanStatus, PlannedMachine, TalosMachine, TalosOperation,
+};
+use ichor_timeline::{History, Timeline};
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, OperationKind};
+use ichor_upgrade_core::plan::{DEFAULT_RUNS, Defaults, Models, PlanInput, PlanMachine, Recorded, models, plan};
+use ichor_upgrade_core::preflight::{ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
+use ichor_upgrade_core::versions::TalosVersion;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+
+use crate::recorded::{Origin, history_records, machines_of};
+
+/// The reason of a dry run's phase once planned.
+pub const PLANNED: &str = "Planned";
+
+/// What a dry run plans from.
+#[derive(Debug)]
+pub struct DryRun<'a> {
+    /// The dry run.
+    pub operation: &'a TalosOperation,
+    /// Every TalosMachine in the store.
+    pub machines: &'a [Arc<TalosMachine>],
+    /// Every Node in the store, already narrowed to the cluster's.
+    pub nodes: &'a [Arc<Node>],
+    /// Every TalosOperation in the store (the last completed upgrade is among them).
+    pub operations: &'a [Arc<TalosOperation>],
+    /// The preflight gate's facts about the machines' Nodes (`nodes` left empty).
+    pub facts: ClusterFacts,
+    /// The gate's settings for this operation.
+    pub preflight: PreflightConfig,
+    /// `spec.preflight: Warn`: what the gate finds starts a machine anyway (with a
+    /// Warning Event), so it holds none.
+    pub preflight_warns: bool,
+    /// Defaults for what no history records.
+    pub defaults: Defaults,
+    /// The Node the operator runs on: its machine goes last in its role, as the engine
+    /// orders it.
+    pub own_node: Option<&'a str>,
+}
+
+/// Why a dry run cannot plan: its reason and message, for a Refused phase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// CamelCase.
+    pub reason: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+/// The Node of `machine`: the one its hostname names, else the one named as the machine,
+/// else the one with its Talos API address.
+#[must_use]
+pub fn node_of<'a>(machine: &TalosMachine, nodes: &'a [Arc<Node>]) -> Option<&'a Node> {
+    let name = machine.spec.hostname.clone().unwrap_or_else(|| machine.name_any());
+    nodes.iter().map(AsRef::as_ref).find(|n| n.name_any() == name).or_else(|| {
+        nodes.iter().map(AsRef::as_ref).find(|n| {
+            let addresses = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+            addresses.is_some_and(|a| a.iter().any(|a| a.address == machine.spec.address))
+        })
+    })
+}
+
+fn ready(node: &Node) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn os_image(node: &Node) -> Option<&str> {
+    node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.os_image.as_str())
+}
+
+/// The last upgrade of the dry run's cluster that completed before it was made, if the
+/// store still has it.
+#[must_use]
+pub fn last_completed<'a>(op: &TalosOperation, operations: &'a [Arc<TalosOperation>]) -> Option<&'a TalosOperation> {
+    let made = op.creation_timestamp().map(|t| t.0);
+    operations
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|o| o.namespace() == op.namespace() && o.spec.cluster == op.spec.cluster)
+        .filter(|o| o.spec.kind == OperationKind::TALOS && !o.spec.dry_run)
+        .filter(|o| completed_at(o).is_some() && o.creation_timestamp().map(|t| t.0) < made)
+        .max_by_key(|o| o.creation_timestamp().map(|t| t.0))
+}
+
+/// When `op` completed (its `Completed` condition turned True), Unix milliseconds.
+#[must_use]
+pub fn completed_at(op: &TalosOperation) -> Option<i64> {
+    let status = op.status.as_ref()?;
+    if status.phase.as_deref() != Some("Completed") {
+        return None;
+    }
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Completed" && c.status == "True")
+        .map(|c| c.last_transition_time.0.as_millisecond())
+}
+
+/// What `previous`'s machines recorded: each converged machine's turn by role, the lead
+/// from its creation and the reaction time.
+#[must_use]
+pub fn recorded(previous: &TalosOperation, machines: &[Arc<TalosMachine>]) -> Recorded {
+    let of = machines_of(previous, machines);
+    let records = history_records(previous, &of, completed_at(previous), Origin::Creation);
+    let history = History::from_timeline(&Timeline::from_records(&records));
+    Recorded {
+        control_plane_turns: history.control_plane_turns,
+        worker_turns: history.worker_turns,
+        lead: history.lead,
+        reaction: history.reaction,
+    }
+}
+
+/// The plan of `dry`, or why there is none.
+///
+/// # Errors
+/// A [`Refusal`] for an operation that is not a Talos upgrade, or whose target does not
+/// parse.
+pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
+    let op = dry.operation;
+    if op.spec.kind != OperationKind::TALOS {
+        return Err(Refusal {
+            reason: "DryRunUnsupported",
+            message: format!(
+                "a dry run plans a Talos upgrade (kind talos), not kind {}: nothing was read or changed",
+                op.spec.kind
+            ),
+        });
+    }
+    let target = TalosVersion::parse(&op.spec.target_version).map_err(|e| Refusal {
+        reason: "InvalidTarget",
+        message: format!("spec.targetVersion {:?}: {e}", op.spec.target_version),
+    })?;
+    let machines = machines_of(op, dry.machines);
+    let mut facts = dry.facts.clone();
+    // Every Node that is not Ready or is cordoned holds every machine but its own, as it
+    // would hold the upgrade's first start.
+    facts.nodes = dry
+        .nodes
+        .iter()
+        .filter(|n| !ready(n) || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false))
+        .map(|n| NodeFacts {
+            name: n.name_any(),
+            ready: ready(n),
+            unschedulable: n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            by_operation: false,
+            cordoned_by: None,
+        })
+        .collect();
+    let gate = Preflight::new(&facts, &dry.preflight);
+    let mut on_target = 0;
+    let mut warned = Vec::new();
+    let mut planned: Vec<(PlanMachine, (bool, bool, i64, String))> = Vec::new();
+    for machine in &machines {
+        let name = machine.name_any();
+        let role = MachineRole::from(machine.spec.role);
+        let node = node_of(machine, dry.nodes);
+        if node.and_then(os_image).and_then(|i| TalosVersion::from_os_image(i).ok()).as_ref() == Some(&target) {
+            on_target += 1;
+            continue;
+        }
+        let held = match node {
+            None => Some(format!("no Node found for it (hostname {:?})", machine.spec.hostname)),
+            Some(_) if machine.annotations().contains_key(HOLD_ANNOTATION) => {
+                Some(format!("held by the annotation {HOLD_ANNOTATION} on the TalosMachine"))
+            }
+            Some(n) if n.annotations().contains_key(HOLD_ANNOTATION) => {
+                Some(format!("held by the annotation {HOLD_ANNOTATION} on Node {}", n.name_any()))
+            }
+            Some(n) => {
+                let blockers = gate.blockers(&n.name_any());
+                if dry.preflight_warns && !blockers.is_empty() {
+                    warned.push(format!("{name}: {}", describe(&blockers)));
+                    None
+                } else {
+                    (!blockers.is_empty()).then(|| describe(&blockers))
+                }
+            }
+        };
+        let last = dry.own_node.is_some() && node.map(ResourceExt::name_any).as_deref() == dry.own_node;
+        let order = ichor_upgrade_core::rollout::start_order(
+            machine.labels().get(ORDER_LABEL).map(String::as_str),
+            last,
+            &name,
+        );
+        let key = (order.0, order.1, order.2, order.3.to_owned());
+        planned.push((PlanMachine { node: name, role, held }, key));
+    }
+    planned.sort_by(|a, b| {
+        (a.0.role != MachineRole::ControlPlane, &a.1).cmp(&(b.0.role != MachineRole::ControlPlane, &b.1))
+    });
+    let plan_machines: Vec<PlanMachine> = planned.into_iter().map(|(m, _)| m).collect();
+    let previous = last_completed(op, dry.operations);
+    let recorded = previous.map(|p| recorded(p, dry.machines));
+    let Models { control_plane, worker, lead_s, reaction_s, mut assumed } = models(recorded.as_ref(), &dry.defaults);
+    for line in warned {
+        assumed.push(format!("preflight Warn: started despite {line}"));
+    }
+    if on_target > 0 {
+        assumed.push(format!("{on_target} machines already run {target}: nothing to do for them"));
+    }
+    let input = PlanInput {
+        machines: &plan_machines,
+        control_plane,
+        worker,
+        lead_s,
+        reaction_s,
+        max_unavailable: usize::try_from(op.spec.max_unavailable).unwrap_or(1).max(1),
+        runs: DEFAULT_RUNS,
+        seed: seed(&op.uid().unwrap_or_else(|| op.name_any())),
+    };
+    let planned = plan(&input);
+    Ok(PlanStatus {
+        p10_seconds: planned.p10_s,
+        p50_seconds: planned.p50_s,
+        p90_seconds: planned.p90_s,
+        bound_seconds: planned.bound_s,
+        runs: i64::try_from(planned.runs).unwrap_or(i64::MAX),
+        order: planned.order,
+        held: planned.held.into_iter().map(|h| PlanHeld { machine: h.node, reason: h.reason }).collect(),
+        history: previous.map(ResourceExt::name_any),
+        assumed,
+        median_run: planned
+            .median_run
+            .into_iter()
+            .map(|t| PlannedMachine {
+                machine: t.node,
+                role: t.role.as_str().to_owned(),
+                start_seconds: t.start_s,
+                end_seconds: t.end_s,
+            })
+            .collect(),
+    })
+}
+
+/// A seed from `text` (FNV-1a): the same operation plans the same.
+fn seed(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The calibration `op` (a real upgrade) should record, when it completed after a dry run
+/// of its cluster that planned it and has none yet: the latest planned dry run made
+/// before it.
+#[must_use]
+pub fn calibration(op: &TalosOperation, operations: &[Arc<TalosOperation>]) -> Option<Calibration> {
+    if op.spec.dry_run || op.spec.kind != OperationKind::TALOS {
+        return None;
+    }
+    if op.status.as_ref().is_some_and(|s| s.calibration.is_some()) {
+        return None;
+    }
+    let end = completed_at(op)?;
+    let start = op.creation_timestamp()?.0.as_millisecond();
+    let made = op.creation_timestamp().map(|t| t.0);
+    let dry = operations
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|o| o.namespace() == op.namespace() && o.spec.cluster == op.spec.cluster && o.spec.dry_run)
+        .filter(|o| o.creation_timestamp().map(|t| t.0) <= made)
+        .filter(|o| o.status.as_ref().is_some_and(|s| s.plan.is_some()))
+        .max_by_key(|o| o.creation_timestamp().map(|t| t.0))?;
+    let plan = dry.status.as_ref()?.plan.as_ref()?;
+    #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
+    let actual = (end - start) as f64 / 1000.0;
+    let error_percent =
+        if plan.p50_seconds > 0.0 { (actual - plan.p50_seconds) / plan.p50_seconds * 100.0 } else { 0.0 };
+    Some(Calibration {
+        plan: dry.name_any(),
+        p10_seconds: plan.p10_seconds,
+        p50_seconds: plan.p50_seconds,
+        p90_seconds: plan.p90_seconds,
+        actual_seconds: actual,
+        error_percent: (error_percent * 10.0).round() / 10.0,
+        within_band: plan.p10_seconds <= actual && actual <= plan.p90_seconds,
+    })
+}
+
+/// The status a dry run writes: Completed with its plan, or Refused.
+#[must_use]
+pub fn status_patch(op: &TalosOperation, planned: &Result<PlanStatus, Refusal>, now: Time) -> serde_json::Value {
+    let condition = |type_: &str, on: bool, reason: &str, message: &str| Condition {
+        type_: type_.to_owned(),
+        status: if on { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        last_transition_time: now.clone(),
+        observed_generation: op.metadata.generation,
+    };
+    let (phase, reason, message, plan) = match planned {
+        Ok(plan) => {
+            let held = if plan.held.is_empty() { String::new() } else { format!("; {} held now", plan.held.len()) };
+            let message = format!(
+                "planned (nothing touched): makespan p10 {:.0} s, p50 {:.0} s, p90 {:.0} s; {} machines{held}",
+                plan.p10_seconds,
+                plan.p50_seconds,
+                plan.p90_seconds,
+                plan.order.len()
+            );
+            ("Completed", PLANNED, message, Some(plan))
+        }
+        Err(refusal) => ("Refused", refusal.reason, refusal.message.clone(), None),
+    };
+    let done = phase == "Completed";
+    let conditions = vec![
+        condition("Ready", done, if done { reason } else { phase }, &message),
+        condition("Reconciling", false, phase, &message),
+        condition("Stalled", !done, if done { phase } else { reason }, &message),
+        condition("Completed", done, if done { reason } else { phase }, &message),
+        condition("Refused", !done, if done { phase } else { reason }, &message),
+    ];
+    serde_json::json!({
+        "phase": phase,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": op.metadata.generation,
+        "conditions": conditions,
+        "plan": plan,
+    })
+}
+
+/// Whether `op` is a dry run whose plan is for its current generation already.
+#[must_use]
+pub fn planned_already(op: &TalosOperation) -> bool {
+    op.status.as_ref().is_some_and(|s| {
+        s.observed_generation == op.metadata.generation && matches!(s.phase.as_deref(), Some("Completed" | "Refused"))
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,229 @@
+use super::*;
+use ichor_adapters::kubernetes::crd::{
+    MachineStep, Role, TalosMachineSpec, TalosMachineStatus, TalosOperationSpec, TalosOperationStatus,
+};
+use ichor_upgrade_core::labels::LabelSelector;
+use ichor_upgrade_core::preflight::{BudgetFacts, PodFacts};
+use serde_json::json;
+
+fn at(secs: i64) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
+}
+
+fn condition(type_: &str, secs: i64) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: type_.into(),
+        message: String::new(),
+        last_transition_time: at(secs),
+        observed_generation: None,
+    }
+}
+
+/// An upgrade of `prod` made at `made`, Completed at `completed`.
+fn operation(name: &str, made: i64, completed: Option<i64>, dry_run: bool) -> Arc<TalosOperation> {
+    let mut o = crate::fixtures::operation(name, if completed.is_some() { "Completed" } else { "Progressing" }, "x");
+    o.metadata.creation_timestamp = Some(at(made));
+    o.metadata.uid = Some(format!("uid-{name}"));
+    o.metadata.generation = Some(1);
+    o.spec.dry_run = dry_run;
+    if let Some(end) = completed {
+        o.status.as_mut().unwrap().conditions.push(condition("Completed", end));
+    }
+    Arc::new(o)
+}
+
+/// A machine of `prod` whose history is an upgrade called at `call` and converged at
+/// `converged`, if given.
+fn machine(name: &str, role: Role, turn: Option<(i64, i64)>) -> Arc<TalosMachine> {
+    let mut m = TalosMachine::new(
+        name,
+        TalosMachineSpec { cluster: "prod".into(), role, address: format!("10.5.0.{}", name.len()), hostname: None },
+    );
+    m.metadata.namespace = Some("ops".into());
+    if let Some((call, converged)) = turn {
+        let step = |reason: &str, secs: i64| MachineStep {
+            type_: "TalosUpgrade".into(),
+            status: "True".into(),
+            reason: reason.into(),
+            time: at(secs),
+        };
+        m.status = Some(TalosMachineStatus {
+            history: vec![step("UpgradeRequested", call), step("Converged", converged)],
+            ..TalosMachineStatus::default()
+        });
+    }
+    Arc::new(m)
+}
+
+fn node(name: &str, os_image: &str, annotations: serde_json::Value) -> Arc<Node> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "labels": { "pool": "prod" }, "annotations": annotations },
+            "status": {
+                "conditions": [{ "type": "Ready", "status": "True" }],
+                "nodeInfo": {
+                    "osImage": os_image, "kubeletVersion": "v1.34.1", "architecture": "amd64", "bootID": "b",
+                    "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "", "machineID": "",
+                    "operatingSystem": "linux", "systemUUID": ""
+                }
+            }
+        }))
+        .unwrap(),
+    )
+}
+
+fn defaults() -> Defaults {
+    Defaults { phases: vec![("install".into(), (100.0, 100.0))], reaction_s: 2.0 }
+}
+
+struct Cluster {
+    machines: Vec<Arc<TalosMachine>>,
+    nodes: Vec<Arc<Node>>,
+    operations: Vec<Arc<TalosOperation>>,
+}
+
+/// `prod` with 1 control plane and 3 workers, each turn recorded by `first` (made at
+/// 1,000, completed at 1,500): a 10 s lead, then cp-1 100 s, then the workers one at a
+/// time, each 2 s after the one before converged.
+fn cluster() -> Cluster {
+    let machines = vec![
+        machine("cp-1", Role::Controlplane, Some((1_010, 1_110))),
+        machine("w-1", Role::Worker, Some((1_112, 1_172))),
+        machine("w-2", Role::Worker, Some((1_174, 1_234))),
+        machine("w-3", Role::Worker, Some((1_236, 1_296))),
+    ];
+    let nodes = ["cp-1", "w-1", "w-2", "w-3"].iter().map(|n| node(n, "Talos (v1.14.3)", json!({}))).collect();
+    let operations = vec![operation("first", 1_000, Some(1_500), false), operation("plan", 2_000, None, true)];
+    Cluster { machines, nodes, operations }
+}
+
+fn dry_run<'a>(c: &'a Cluster, facts: ClusterFacts) -> DryRun<'a> {
+    DryRun {
+        operation: &c.operations[1],
+        machines: &c.machines,
+        nodes: &c.nodes,
+        operations: &c.operations,
+        facts,
+        preflight: PreflightConfig::default(),
+        preflight_warns: false,
+        defaults: defaults(),
+        own_node: None,
+    }
+}
+
+#[test]
+fn a_plan_learns_turns_lead_and_reaction_from_the_last_completed_upgrade() {
+    let c = cluster();
+    let plan = plan_status(&dry_run(&c, ClusterFacts::default())).unwrap();
+    assert_eq!(plan.history.as_deref(), Some("first"));
+    assert_eq!(plan.order, ["cp-1", "w-1", "w-2", "w-3"]);
+    // Every turn recorded is the same per role, so every run is the record: 10 + 100 +
+    // 2 + 3 * 60 + 2 * 2.
+    assert_eq!((plan.p10_seconds, plan.p50_seconds, plan.p90_seconds), (296.0, 296.0, 296.0));
+    assert_eq!(plan.bound_seconds, 280.0);
+    assert!(plan.assumed.iter().all(|a| !a.contains("recorded")), "{:?}", plan.assumed);
+    assert_eq!(plan.median_run.len(), 4);
+    assert_eq!((plan.median_run[1].machine.as_str(), plan.median_run[1].start_seconds), ("w-1", 112.0));
+    assert_eq!(plan.median_run[0].role, "control-plane");
+}
+
+#[test]
+fn with_no_completed_upgrade_it_plans_from_defaults_and_says_so() {
+    let mut c = cluster();
+    c.operations[0] = operation("first", 1_000, None, false);
+    let plan = plan_status(&dry_run(&c, ClusterFacts::default())).unwrap();
+    assert_eq!(plan.history, None);
+    assert!(plan.assumed.iter().any(|a| a.starts_with("control planes: no turn recorded")), "{:?}", plan.assumed);
+    // Defaults: 100 s a turn, no lead, 2 s reaction: 100 + 2 + 3 * 100 + 2 * 2.
+    assert_eq!(plan.p50_seconds, 406.0);
+}
+
+#[test]
+fn it_names_the_machines_a_budget_at_zero_or_a_hold_would_hold_and_leaves_those_on_target_out() {
+    let mut c = cluster();
+    c.nodes[1] = node("w-1", "Talos (v1.14.3)", json!({ HOLD_ANNOTATION: "kubectl-ichor" }));
+    c.nodes[3] = node("w-3", "Talos (v1.14.4)", json!({}));
+    let pod = PodFacts {
+        namespace: "payments".into(),
+        name: "ledger-0".into(),
+        node: Some("w-2".into()),
+        ready: true,
+        labels: [("app".to_owned(), "ledger".to_owned())].into(),
+        owner: None,
+        mirror: false,
+    };
+    let budget = BudgetFacts {
+        namespace: "payments".into(),
+        name: "ledger".into(),
+        selector: Some(LabelSelector {
+            match_labels: [("app".to_owned(), "ledger".to_owned())].into(),
+            ..Default::default()
+        }),
+        disruptions_allowed: 0,
+        current_healthy: 2,
+        desired_healthy: 2,
+    };
+    let facts = ClusterFacts { pods: vec![pod], budgets: vec![budget], ..ClusterFacts::default() };
+    let plan = plan_status(&dry_run(&c, facts.clone())).unwrap();
+    assert_eq!(plan.order, ["cp-1"], "w-3 already runs the target, the others are held");
+    let held: Vec<(&str, &str)> = plan.held.iter().map(|h| (h.machine.as_str(), h.reason.as_str())).collect();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert_eq!(held[0], ("w-1", "held by the annotation ichor.dev/hold on Node w-1"));
+    assert_eq!(held[1].0, "w-2");
+    assert!(held[1].1.contains("payments/ledger") && held[1].1.contains("0 disruptions"), "{held:?}");
+    assert!(
+        plan.assumed.iter().any(|a| a == "1 machines already run v1.14.4: nothing to do for them"),
+        "{:?}",
+        plan.assumed
+    );
+
+    // Warn: the budget holds nothing, and the plan says it would go anyway.
+    let warned = plan_status(&DryRun { preflight_warns: true, ..dry_run(&c, facts) }).unwrap();
+    assert_eq!(warned.order, ["cp-1", "w-2"]);
+    assert!(
+        warned.assumed.iter().any(|a| a.starts_with("preflight Warn: started despite w-2: ")),
+        "{:?}",
+        warned.assumed
+    );
+}
+
+#[test]
+fn only_a_talos_upgrade_with_a_version_is_planned() {
+    let c = cluster();
+    let mut op = (*c.operations[1]).clone();
+    op.spec = TalosOperationSpec { kind: "kubernetes".into(), ..op.spec.clone() };
+    let refused = plan_status(&DryRun { operation: &op, ..dry_run(&c, ClusterFacts::default()) }).unwrap_err();
+    assert_eq!(refused.reason, "DryRunUnsupported");
+    op.spec = TalosOperationSpec { kind: "talos".into(), target_version: "latest".into(), ..op.spec.clone() };
+    let refused = plan_status(&DryRun { operation: &op, ..dry_run(&c, ClusterFacts::default()) }).unwrap_err();
+    assert_eq!(refused.reason, "InvalidTarget");
+    let status = status_patch(&op, &Err(refused), at(5));
+    assert_eq!((status["phase"].as_str(), status["plan"].is_null()), (Some("Refused"), true));
+}
+
+#[test]
+fn a_completed_upgrade_after_a_plan_records_how_the_plan_did() {
+    let mut c = cluster();
+    let mut planned = (*c.operations[1]).clone();
+    planned.status = Some(TalosOperationStatus {
+        phase: Some("Completed".into()),
+        plan: Some(PlanStatus { p10_seconds: 280.0, p50_seconds: 300.0, p90_seconds: 330.0, ..PlanStatus::default() }),
+        ..TalosOperationStatus::default()
+    });
+    c.operations[1] = Arc::new(planned);
+    let real = operation("second", 2_100, Some(2_410), false);
+    c.operations.push(Arc::clone(&real));
+    let calibration = calibration(&real, &c.operations).unwrap();
+    assert_eq!(calibration.plan, "plan");
+    assert_eq!((calibration.actual_seconds, calibration.error_percent, calibration.within_band), (310.0, 3.3, true));
+    // Recorded once; none for a dry run, for an upgrade not completed, or with no plan
+    // made before it.
+    let mut recorded = (*real).clone();
+    recorded.status.as_mut().unwrap().calibration = Some(calibration);
+    assert_eq!(super::calibration(&recorded, &c.operations), None);
+    assert_eq!(super::calibration(&c.operations[1], &c.operations), None);
+    assert_eq!(super::calibration(&operation("third", 2_200, None, false), &c.operations), None);
+    assert_eq!(super::calibration(&c.operations[0], &c.operations), None, "the plan came after it");
+}
