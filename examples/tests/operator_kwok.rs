@@ -13,7 +13,8 @@ use ichor_operator::fleet;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ListParams, PostParams};
+use ichor_adapters::kubernetes::crd::{TalosCluster, TalosOperation, TalosOperationSpec};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const CONTROL_PLANES: usize = 3;
@@ -183,6 +184,32 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
     let moved = expected_pods - stayed.len();
     assert!(stayed.is_empty(), "{} pods were never evicted: {stayed:?}", stayed.len());
     eventually_within(BOUND, "every workload ready again", || workloads_ready(&scene)).await;
+
+    // A dry run of the next release on the same 1,003 machines, from this upgrade's history.
+    let clusters: Api<TalosCluster> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let next = json!({ "spec": { "talosVersion": "v1.14.4" } });
+    clusters.patch(fleet::CLUSTER, &PatchParams::default(), &Patch::Merge(&next)).await.unwrap();
+    let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let spec = TalosOperationSpec {
+        target_version: "v1.14.4".into(),
+        max_unavailable: MAX_UNAVAILABLE,
+        dry_run: true,
+        ..scene.operation_spec("talos", None)
+    };
+    let planning = Instant::now();
+    ops.create(&PostParams::default(), &TalosOperation::new("plan", spec)).await.unwrap();
+    eventually_within(BOUND, "the dry run plans", || async { scene.phase("plan").await == "Completed" }).await;
+    let planned_in = planning.elapsed();
+    let plan = scene.operation("plan").await.and_then(|op| op.status?.plan).expect("status.plan");
+    assert_eq!(plan.history.as_deref(), Some("upgrade"), "{:?}", plan.assumed);
+    assert_eq!(plan.order.len() + plan.held.len(), machines, "every machine planned or held");
+    assert!(plan.p10_seconds <= plan.p50_seconds && plan.p50_seconds <= plan.p90_seconds);
+    eprintln!(
+        "dry run of {machines} machines: Completed {:.1} s after its creation; p50 {:.0} s ({} held)",
+        planned_in.as_secs_f64(),
+        plan.p50_seconds,
+        plan.held.len()
+    );
     scene.only_allowed_requests(&operator).await;
 
     let requests = total(&metrics, "ichor_kube_requests_total{");
