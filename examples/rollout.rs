@@ -4,8 +4,8 @@
 //! ```text
 //! cargo run --example rollout -- [--control-planes N] [--workers N] [--max-unavailable N]
 //!     [--seed N] [--from V] [--to V] [--kubernetes V] [--faults LIST]
-//!     [--operation upgrade|remove|kubernetes] [--node NAME] [--to-kubernetes V]
-//!     [--trace FILE] [--json]
+//!     [--operation upgrade|remove|kubernetes] [--node NAME] [--allow-two-control-planes]
+//!     [--to-kubernetes V] [--trace FILE] [--json]
 //!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto] [--prepull on|off]
 //!     [--timeline FILE.svg] [--progress on|off] [--pass-interval-ms MS]
 //!     [--plan [--history FILE]]
@@ -14,7 +14,8 @@
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
 //! of a fault. Exit 1: paused or failed for another reason. Exit 2: bad arguments, named.
 //! Exit 3: refused at planning (a version two minors behind, a Kubernetes version the
-//! target does not run, two control planes), nothing touched. Every failure, pause, wait
+//! target does not run, two control planes, the removal of a control plane that would
+//! leave two without `--allow-two-control-planes`), nothing touched. Every failure, pause, wait
 //! and refusal is printed with its reason, in the output, the trace and the JSON summary.
 //!
 //! `--operation kubernetes --to-kubernetes 1.35.0` upgrades the cluster's Kubernetes
@@ -53,6 +54,7 @@ use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::plan::{DEFAULT_RUNS, Models, PlanInput, PlanMachine, Recorded, models, plan};
 use ichor_upgrade_core::preflight::{Preflight, PreflightConfig, describe};
+use ichor_upgrade_core::rollout::removal_refusal;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
 /// Exit code: paused or failed because of a fault.
@@ -111,6 +113,10 @@ struct Args {
     /// The node to remove (with --operation remove).
     #[arg(long)]
     node: Option<String>,
+    /// With --operation remove: go on with the removal of a control plane that leaves two
+    /// (refused otherwise: a two-member etcd tolerates no failure).
+    #[arg(long)]
+    allow_two_control_planes: bool,
     /// The Kubernetes version to upgrade to (with --operation kubernetes).
     #[arg(long, value_name = "V", value_parser = KubernetesVersion::parse)]
     to_kubernetes: Option<KubernetesVersion>,
@@ -221,9 +227,18 @@ fn main() {
             if node.starts_with("cp-") && control_planes == 1 {
                 bad_argument("--node: the only control plane cannot be removed");
             }
+            // Refused at planning, nothing touched, as the operator refuses it.
+            let role = if node.starts_with("cp-") { MachineRole::ControlPlane } else { MachineRole::Worker };
+            let others = if role == MachineRole::ControlPlane { control_planes - 1 } else { control_planes };
+            if let Some(refusal) = removal_refusal(args.allow_two_control_planes, node, role, others) {
+                refuse(&args, refusal.reason(), &refusal.to_string());
+            }
         }
         (Operation::Upgrade | Operation::Kubernetes, None) => {}
         (Operation::Kubernetes, Some(_)) => bad_argument("--node is only for --operation remove"),
+    }
+    if args.allow_two_control_planes && args.operation != Operation::Remove {
+        bad_argument("--allow-two-control-planes is only for --operation remove");
     }
     match (args.operation, &args.to_kubernetes) {
         (Operation::Kubernetes, None) => bad_argument("--operation kubernetes needs --to-kubernetes VERSION"),
@@ -659,9 +674,20 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
     }
 }
 
+/// Prints a refusal at planning (nothing was touched) and exits 3.
+fn refuse(args: &Args, reason: &str, message: &str) -> ! {
+    if args.json {
+        println!("{}", serde_json::json!({ "outcome": "refused", "reason": reason, "message": message }));
+    } else {
+        println!("refused: {reason}: {message}");
+    }
+    std::process::exit(EXIT_REFUSED);
+}
+
 fn upgrade_spec(args: &Args) -> OperationSpec {
     OperationSpec {
         preflight: None,
+        allow_two_control_planes: false,
         etcd_snapshot: None,
         kind: "talos".into(),
         target_version: args.to.to_string(),

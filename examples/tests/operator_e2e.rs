@@ -125,6 +125,7 @@ impl Scene {
             preflight: None,
             etcd_snapshot: None,
             dry_run: false,
+            allow_two_control_planes: false,
             cluster: fleet::CLUSTER.into(),
             kind: kind.into(),
             target_version: fleet::TARGET.into(),

@@ -96,6 +96,7 @@ async fn traced_upgrade(prefix: &str, control_planes: usize, workers: usize, ext
             preflight: None,
             etcd_snapshot: None,
             dry_run: false,
+            allow_two_control_planes: false,
             cluster: fleet::CLUSTER.into(),
             kind: "talos".into(),
             target_version: fleet::TARGET.into(),

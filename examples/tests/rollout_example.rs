@@ -323,3 +323,32 @@ fn a_pause_the_environment_caused_is_exit_1_whatever_faults_are_named() {
     assert_eq!(output.status.code(), Some(4), "{output:?}");
     assert_eq!(summary(&output)["reason"], "EtcdSnapshotFailed");
 }
+
+#[test]
+fn removing_a_control_plane_that_leaves_two_is_refused_at_planning_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_file = dir.path().join("trace.jsonl");
+    let trace_arg = trace_file.to_str().unwrap();
+    let remove = ["--operation", "remove", "--node", "cp-2", "--json"];
+    let output = rollout(&[&remove[..], &["--trace", trace_arg]].concat());
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let json = summary(&output);
+    assert_eq!((json["outcome"].as_str(), json["reason"].as_str()), (Some("refused"), Some("LeavesTwoControlPlanes")));
+    let message = json["message"].as_str().unwrap();
+    assert!(message.contains("cp-2") && message.contains("tolerates no failure"), "{message}");
+    assert!(message.contains("add a control plane first"), "says what to do: {message}");
+    assert!(!trace_file.exists(), "refused before anything ran: no trace");
+
+    // Allowed: it completes into two control planes.
+    let output = rollout(&[&remove[..], &["--allow-two-control-planes"]].concat());
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(summary(&output)["outcome"], "completed");
+    // Four control planes leave three; a worker is no control plane.
+    let output = rollout(&["--control-planes", "4", "--operation", "remove", "--node", "cp-4", "--json"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(rollout(&["--operation", "remove", "--node", "worker-1", "--json"]).status.code(), Some(0));
+    // The flag belongs to a removal.
+    let output = rollout(&["--allow-two-control-planes"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("only for --operation remove"), "{output:?}");
+}

@@ -114,6 +114,7 @@ async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
     let sim = cluster(3, 3, &[]);
     let remove = OperationSpec {
         preflight: None,
+        allow_two_control_planes: false,
         etcd_snapshot: None,
         kind: "remove".into(),
         target_version: String::new(),
@@ -159,6 +160,7 @@ async fn a_second_control_plane_removal_through_an_operation_completes() {
         let name = format!("remove-{machine}");
         let spec = OperationSpec {
             preflight: None,
+            allow_two_control_planes: false,
             etcd_snapshot: None,
             kind: "remove".into(),
             target_version: String::new(),

@@ -118,6 +118,7 @@ pub fn rollout(data: &[u8]) {
         resume_token: (resume > 0).then(|| "t".to_owned()),
         spec: OperationSpec {
             preflight: None,
+            allow_two_control_planes: false,
             etcd_snapshot: None,
             kind: "talos".into(),
             target_version: "v1.14.4".into(),

@@ -35,6 +35,7 @@ pub(crate) fn operation(name: &str, phase: &str, reason: &str) -> TalosOperation
             preflight: None,
             etcd_snapshot: None,
             dry_run: false,
+            allow_two_control_planes: false,
         },
     );
     o.metadata.namespace = Some("ops".into());

@@ -728,9 +728,13 @@ async fn observe(
     };
     let holder = lease_holder(ex, memory, &op, lease.as_ref()).await.map_err(read_cluster)?;
     let removal = op.spec.is_removal();
-    // A machine removed earlier is no longer the cluster's: an upgrade does not wait for it.
-    let machines: Vec<Arc<MachineInfo>> =
-        machines.into_iter().filter(|m| removal || !is_removed(&m.conditions)).collect();
+    // A machine removed earlier is no longer the cluster's: an upgrade does not wait for
+    // it, and a removal counts it among no control planes (only its own machine is kept
+    // once removed: its removal's end).
+    let machines: Vec<Arc<MachineInfo>> = machines
+        .into_iter()
+        .filter(|m| (removal && op.spec.machine.as_deref() == Some(m.name.as_str())) || !is_removed(&m.conditions))
+        .collect();
     let mut observed = observe_machines(ex, machines).await;
     let status = op.status.clone().for_generation(op.generation);
     if recover {

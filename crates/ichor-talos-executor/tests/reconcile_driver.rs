@@ -133,6 +133,7 @@ fn operation_info(target_version: &str, max_unavailable: i64, status: OperationS
         annotations: BTreeMap::new(),
         spec: OperationSpec {
             preflight: None,
+            allow_two_control_planes: false,
             etcd_snapshot: None,
             kind: "talos".into(),
             target_version: target_version.into(),

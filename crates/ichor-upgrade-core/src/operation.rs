@@ -107,6 +107,11 @@ pub struct OperationSpec {
     /// ([`SnapshotMode::Required`], the default) or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_snapshot: Option<SnapshotMode>,
+    /// For `remove`: go on with the removal of a control plane that leaves two. Without
+    /// it such a removal is refused at planning ([`Refusal::LeavesTwoControlPlanes`]): a
+    /// two-member etcd tolerates no failure, and the next upgrade refuses the cluster.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_two_control_planes: bool,
 }
 
 /// Whether an operation takes an etcd snapshot before it touches the first control plane.
@@ -218,6 +223,14 @@ pub enum Refusal {
         /// The value as written.
         value: i64,
     },
+    /// A removal of a control plane that would leave two, not allowed by the operation.
+    #[error(
+        "removing control plane {machine:?} would leave two: a two-member etcd tolerates no failure (losing either member loses quorum), and the next upgrade refuses a cluster of two control planes; add a control plane first, then remove this one (or, knowing this, allow it: spec.allowTwoControlPlanes, --allow-two-control-planes); nothing was touched"
+    )]
+    LeavesTwoControlPlanes {
+        /// The control plane to remove.
+        machine: String,
+    },
     /// Planning, before any machine started, found the cluster cannot be taken to the
     /// target as it stands. Nothing was touched.
     #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -322,6 +335,7 @@ impl Refusal {
             Self::TargetNotReleaseSet { .. } => "TargetNotReleaseSet",
             Self::InvalidMaxUnavailable { .. } => "InvalidMaxUnavailable",
             Self::MachineNotForKind { .. } => "MachineNotForKind",
+            Self::LeavesTwoControlPlanes { .. } => "LeavesTwoControlPlanes",
             Self::Unplannable { problems } => problems.first().map_or("Unplannable", PlanProblem::reason),
         }
     }
@@ -339,6 +353,7 @@ impl OperationSpec {
             machine: None,
             preflight: None,
             etcd_snapshot: None,
+            allow_two_control_planes: false,
         }
     }
 
@@ -435,6 +450,7 @@ mod tests {
     fn spec(kind: &str, target: &str, max_unavailable: i64) -> OperationSpec {
         OperationSpec {
             preflight: None,
+            allow_two_control_planes: false,
             etcd_snapshot: None,
             kind: kind.into(),
             target_version: target.into(),

@@ -955,6 +955,11 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
         let refusal = Refusal::UnknownMachine { machine: machine.to_owned() };
         return wind_down(input, &lock, Phase::Refused(refusal));
     }
+    if let Plan::Remove(machine) = plan_of
+        && let Some(refusal) = two_control_planes_left(input, machine)
+    {
+        return wind_down(input, &lock, Phase::Refused(refusal));
+    }
     if op.deleting {
         return wind_down(input, &lock, Phase::Waiting(WaitReason::WindingDown { machines: Vec::new() }));
     }
@@ -981,6 +986,37 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
         d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(renewed_at.saturating_add(input.config.renew_after)));
     }
     d
+}
+
+/// A removal of control plane `machine` that would leave two, not started yet and not
+/// allowed by the operation (issue 34): a two-member etcd loses quorum with either member,
+/// and the next upgrade refuses the cluster. A removal already started is never refused
+/// half way: it is finished. The machines are the cluster's not yet removed.
+fn two_control_planes_left(input: &RolloutInput<'_>, machine: &str) -> Option<Refusal> {
+    let op = input.operation;
+    if op.spec.allow_two_control_planes || op.status.machines.contains_key(machine) {
+        return None;
+    }
+    let view = input.machines.iter().find(|m| m.name == machine)?;
+    if view.role != MachineRole::ControlPlane || !matches!(view.progress, MachineProgress::Pending) {
+        return None;
+    }
+    let others = input.machines.iter().filter(|m| m.role == MachineRole::ControlPlane && m.name != machine).count();
+    removal_refusal(false, machine, view.role, others)
+}
+
+/// Whether the removal of `machine` (of `role`) is refused before it starts, with
+/// `other_control_planes` control planes besides it left in the cluster: a control plane
+/// whose removal leaves two is, unless `allowed` (`spec.allowTwoControlPlanes`).
+#[must_use]
+pub fn removal_refusal(
+    allowed: bool,
+    machine: &str,
+    role: MachineRole,
+    other_control_planes: usize,
+) -> Option<Refusal> {
+    (!allowed && role == MachineRole::ControlPlane && other_control_planes == 2)
+        .then(|| Refusal::LeavesTwoControlPlanes { machine: machine.to_owned() })
 }
 
 /// A removal under the cluster's lock: the one machine is started, advanced until it is

@@ -208,6 +208,7 @@ fn operation(s: &Scenario) -> OperationView {
         resume_token: s.resume_token.clone(),
         spec: OperationSpec {
             preflight: None,
+            allow_two_control_planes: false,
             etcd_snapshot: Some(if s.snapshot == SnapshotKind::Skip {
                 SnapshotMode::Skip
             } else {

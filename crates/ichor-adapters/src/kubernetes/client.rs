@@ -911,6 +911,7 @@ impl KubeApi for KubeCluster {
             annotations: metadata_map(op.annotations()),
             spec: OperationSpec {
                 preflight: op.spec.preflight.map(Into::into),
+                allow_two_control_planes: op.spec.allow_two_control_planes,
                 etcd_snapshot: op.spec.etcd_snapshot.map(Into::into),
                 kind: op.spec.kind.clone(),
                 target_version: op.spec.target_version.clone(),

@@ -447,6 +447,12 @@ pub struct TalosOperationSpec {
     /// and what it assumed. The operation is then Completed (reason `Planned`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// For `remove`: `true` goes on with the removal of a control plane that leaves two.
+    /// Without it that removal is refused (`LeavesTwoControlPlanes`): a two-member etcd
+    /// tolerates no failure, and the next upgrade refuses the cluster. Add a control plane
+    /// first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_two_control_planes: bool,
 }
 
 /// `spec.etcdSnapshot`.

@@ -53,6 +53,7 @@ impl Fixture {
                 spec: OperationSpec {
                     preflight: None,
                     // The snapshot's own tests ask for it.
+                    allow_two_control_planes: false,
                     etcd_snapshot: Some(crate::operation::SnapshotMode::Skip),
                     kind: "talos".into(),
                     target_version: "v1.14.4".into(),
@@ -918,6 +919,7 @@ fn removal(f: Fixture, machine: Option<&str>) -> Fixture {
     let mut f = f;
     f.op.spec = OperationSpec {
         preflight: None,
+        allow_two_control_planes: false,
         etcd_snapshot: None,
         kind: "remove".into(),
         target_version: String::new(),
@@ -960,6 +962,25 @@ fn a_removal_without_a_machine_or_of_an_unknown_one_is_refused() {
     // Two control planes are no reason to refuse a removal (it is how one gets to three or one).
     let d = removal(Fixture::cluster(2, 1), Some("cp-2")).decide();
     assert_eq!(d.start, names(&["cp-2"]));
+}
+
+#[test]
+fn removing_a_control_plane_that_leaves_two_is_refused_unless_allowed() {
+    let refused = Refusal::LeavesTwoControlPlanes { machine: "cp-2".into() };
+    let d = removal(Fixture::cluster(3, 2), Some("cp-2")).decide();
+    assert_eq!(d.phase, Phase::Refused(refused.clone()));
+    assert!(d.start.is_empty(), "nothing touched");
+    assert_eq!(refused.reason(), "LeavesTwoControlPlanes");
+    assert!(refused.to_string().contains("add a control plane first"), "{refused}");
+    // Allowed by the operation; four control planes leave three; a worker leaves three.
+    let mut allowed = removal(Fixture::cluster(3, 2), Some("cp-2"));
+    allowed.op.spec.allow_two_control_planes = true;
+    assert_eq!(allowed.decide().start, names(&["cp-2"]));
+    assert_eq!(removal(Fixture::cluster(4, 0), Some("cp-2")).decide().start, names(&["cp-2"]));
+    assert_eq!(removal(Fixture::cluster(3, 2), Some("worker-1")).decide().start, names(&["worker-1"]));
+    // A removal already under way is finished, never refused half way.
+    let d = removal(Fixture::cluster(3, 2), Some("cp-2")).in_progress("cp-2", false).decide();
+    assert_eq!(d.advance, names(&["cp-2"]));
 }
 
 fn blocker(node: &str) -> crate::preflight::Blocker {
