@@ -370,6 +370,14 @@ fn main() {
         RunEnd::Stalled(_) | RunEnd::PassBound => "failed",
     };
     let why = Why::of(&sim, &end);
+    let removal = args
+        .node
+        .as_deref()
+        .filter(|_| args.operation == Operation::Remove)
+        .map(|node| Removal::of(&sim, node, report.makespan_s));
+    // Ratios and bounds are an upgrade's that completed: a pause, a refusal or a removal
+    // has none (issue 34).
+    let measured = end == RunEnd::Completed && removal.is_none();
     if let Some(target) = &args.to_kubernetes {
         let summary = KubernetesSummary::of(&sim, target, &report);
         if args.json {
@@ -380,16 +388,19 @@ fn main() {
         std::process::exit(exit_code(&end, &why, &sim, &args));
     }
     if args.json {
-        let mut summary = json_summary(outcome, &report, &why, wall_s, args.wake);
-        if let Some(rows) = &compare {
+        let mut summary = json_summary(outcome, &report, &why, wall_s, args.wake, measured);
+        if let Some(removal) = &removal {
+            summary["removal"] = removal.json();
+        }
+        if let Some(rows) = compare.as_ref().filter(|_| measured) {
             let ratios: serde_json::Map<String, serde_json::Value> =
                 rows.iter().map(|(policy, _, ratio)| ((*policy).to_owned(), serde_json::json!(ratio))).collect();
             summary["compare"] = serde_json::Value::Object(ratios);
         }
         println!("{summary}");
     } else {
-        print_summary(outcome, &end, &report, &sim, &why, wall_s);
-        if let Some(rows) = &compare {
+        print_summary(outcome, &end, &report, &sim, &why, wall_s, removal.as_ref());
+        if let Some(rows) = compare.as_ref().filter(|_| measured) {
             println!();
             println!("{:<18} {:>10} {:>16}", "policy", "makespan", "makespan / bound");
             for (policy, makespan, ratio) in rows {
@@ -524,7 +535,8 @@ impl KubernetesSummary {
             "max_control_planes_restarting": self.max_control_planes_down,
             "manifest_applies": self.manifest_applies,
             "kube_proxy": self.kube_proxy.to_string(),
-            "makespan_s": self.makespan_s,
+            // A completed upgrade's; null otherwise (issue 34).
+            "makespan_s": (outcome == "completed").then_some(self.makespan_s),
             "controller_restarts": self.restarts,
             "talos_calls": self.talos_calls,
             "passes": self.passes,
@@ -786,7 +798,53 @@ impl Why {
     }
 }
 
-fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg) -> serde_json::Value {
+/// What a removal did, read from the world after it.
+struct Removal {
+    node: String,
+    /// Its Node object was deleted.
+    node_deleted: bool,
+    /// It was a control plane, and its etcd member is gone.
+    etcd_member_gone: Option<bool>,
+    /// Storage replicas moved off it (the simulator models no replica sizes).
+    replicas_moved: u32,
+    /// From the start to the end, virtual seconds.
+    duration_s: f64,
+}
+
+impl Removal {
+    fn of(sim: &SimCluster, node: &str, duration_s: f64) -> Self {
+        sim.with_world(|w| {
+            let n = w.nodes.iter().find(|n| n.name == node);
+            let replicas_moved = n.map_or(0, |n| {
+                let before = if n.labels.contains_key(ichor_adapters::sim::world::STORAGE_LABEL) {
+                    w.config.replicas_per_node
+                } else {
+                    0
+                };
+                before.saturating_sub(n.replicas)
+            });
+            Self {
+                node: node.to_owned(),
+                node_deleted: n.is_some_and(|n| n.removed),
+                etcd_member_gone: n.filter(|n| n.role == MachineRole::ControlPlane).map(|n| n.etcd.is_none()),
+                replicas_moved,
+                duration_s,
+            }
+        })
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "node": self.node,
+            "node_deleted": self.node_deleted,
+            "etcd_member_gone": self.etcd_member_gone,
+            "replicas_moved": self.replicas_moved,
+            "duration_s": self.duration_s,
+        })
+    }
+}
+
+fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg, measured: bool) -> serde_json::Value {
     let failed: Vec<serde_json::Value> = why
         .failed
         .iter()
@@ -805,9 +863,12 @@ fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg
         "evictions": r.evictions,
         "max_control_planes_down": r.max_control_planes_down,
         "max_workers_down": r.max_workers_down,
-        "makespan_s": r.makespan_s,
-        "lower_bound_s": r.lower_bound_s,
-        "ideal_s": r.ideal_s,
+        // An upgrade's that completed; null otherwise (a pause, a refusal, a removal).
+        "makespan_s": measured.then_some(r.makespan_s),
+        "lower_bound_s": measured.then_some(r.lower_bound_s),
+        "ideal_s": measured.then_some(r.ideal_s),
+        // Virtual time from the start to the end, whatever the end.
+        "elapsed_s": r.makespan_s,
         "wall_s": wall_s,
         "wake": match wake { WakeArg::Watch => "watch", WakeArg::Oracle => "oracle" },
         "kube_writes": r.kube_writes,
@@ -836,7 +897,15 @@ fn clock(seconds: f64) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
 }
 
-fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why: &Why, wall_s: f64) {
+fn print_summary(
+    outcome: &str,
+    end: &RunEnd,
+    r: &Report,
+    sim: &SimCluster,
+    why: &Why,
+    wall_s: f64,
+    removal: Option<&Removal>,
+) {
     let restarts = sim.with_world(|w| w.counters.restarts);
     println!();
     println!(
@@ -852,6 +921,20 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
     if let Some(s) = &why.snapshot {
         println!("etcd snapshot: {} ({} bytes, sha256 {}) from {}", s.location, s.size, s.sha256, s.node);
     }
+    if let Some(removal) = removal {
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        println!("node removed: {} (Node deleted: {})", removal.node, yes(removal.node_deleted));
+        if let Some(gone) = removal.etcd_member_gone {
+            println!("etcd member gone: {}", yes(gone));
+        }
+        println!("replicas moved off: {} (the simulator models no replica sizes)", removal.replicas_moved);
+        println!("duration: {}; wall time {wall_s:.1} s", clock(removal.duration_s));
+        println!(
+            "Kubernetes writes: {} (status {}, conditions {}, storage {}), Events {}, reads {}; Talos calls: {}",
+            r.kube_writes, r.status_writes, r.condition_writes, r.storage_writes, r.events, r.kube_reads, r.talos_calls
+        );
+        return;
+    }
     println!("nodes on target: {}/{}", r.on_target, r.nodes);
     println!("acknowledged Upgrade calls: {}", r.upgrade_calls);
     if r.install_calls + r.reboot_calls > 0 {
@@ -862,17 +945,22 @@ fn print_summary(outcome: &str, end: &RunEnd, r: &Report, sim: &SimCluster, why:
     }
     println!("most control planes down at once: {}", r.max_control_planes_down);
     println!("most workers down at once: {}", r.max_workers_down);
-    println!(
-        "makespan: {} (lower bound {}, ratio {:.3})",
-        clock(r.makespan_s),
-        clock(r.lower_bound_s),
-        if r.lower_bound_s > 0.0 { r.makespan_s / r.lower_bound_s } else { 0.0 }
-    );
-    println!(
-        "ideal scheduler: {} (ratio {:.3}); wall time {wall_s:.1} s",
-        clock(r.ideal_s),
-        if r.ideal_s > 0.0 { r.makespan_s / r.ideal_s } else { 0.0 }
-    );
+    if *end == RunEnd::Completed {
+        println!(
+            "makespan: {} (lower bound {}, ratio {:.3})",
+            clock(r.makespan_s),
+            clock(r.lower_bound_s),
+            if r.lower_bound_s > 0.0 { r.makespan_s / r.lower_bound_s } else { 0.0 }
+        );
+        println!(
+            "ideal scheduler: {} (ratio {:.3}); wall time {wall_s:.1} s",
+            clock(r.ideal_s),
+            if r.ideal_s > 0.0 { r.makespan_s / r.ideal_s } else { 0.0 }
+        );
+    } else {
+        // Not completed: no makespan, so no bound or ratio to hold it against.
+        println!("makespan: n/a ({outcome} at {}); ratios: n/a; wall time {wall_s:.1} s", clock(r.makespan_s));
+    }
     println!(
         "Kubernetes writes: {} (status {}, conditions {}, storage {}), Events {}, Lease writes {}, reads {}",
         r.kube_writes, r.status_writes, r.condition_writes, r.storage_writes, r.events, r.lease_writes, r.kube_reads

@@ -352,3 +352,42 @@ fn removing_a_control_plane_that_leaves_two_is_refused_at_planning_unless_allowe
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stderr).contains("only for --operation remove"), "{output:?}");
 }
+
+#[test]
+fn summaries_claim_ratios_and_bounds_only_for_a_completed_upgrade() {
+    // Paused: no makespan, bound or ratio; the time it stopped at is there.
+    let paused = rollout(&["--faults", "ab-fallback", "--seed", "3", "--json", "--compare"]);
+    assert_eq!(paused.status.code(), Some(4), "{paused:?}");
+    let json = summary(&paused);
+    for key in ["makespan_s", "lower_bound_s", "ideal_s", "compare"] {
+        assert!(json[key].is_null(), "{key} of a paused run: {json}");
+    }
+    assert!(json["elapsed_s"].as_f64().unwrap() > 0.0, "{json}");
+    let text = String::from_utf8_lossy(&rollout(&["--faults", "ab-fallback", "--seed", "3"]).stdout).into_owned();
+    assert!(text.contains("makespan: n/a (paused at "), "{text}");
+    assert!(!text.contains("ratio 0.") && !text.contains("lower bound"), "{text}");
+
+    // Completed: all of them.
+    let json = summary(&rollout(&["--json"]));
+    assert!(json["makespan_s"].as_f64().unwrap() >= json["lower_bound_s"].as_f64().unwrap(), "{json}");
+
+    // A removal: its own summary, no upgrade's figures.
+    let removal = rollout(&["--operation", "remove", "--node", "worker-2", "--json"]);
+    let json = summary(&removal);
+    assert_eq!(json["removal"]["node"], "worker-2", "{json}");
+    assert_eq!(json["removal"]["node_deleted"], true, "{json}");
+    assert!(json["removal"]["etcd_member_gone"].is_null(), "a worker has no member: {json}");
+    assert_eq!(json["removal"]["replicas_moved"], 4, "{json}");
+    assert!(json["makespan_s"].is_null() && json["lower_bound_s"].is_null(), "{json}");
+    let text = String::from_utf8_lossy(&rollout(&["--operation", "remove", "--node", "worker-2"]).stdout).into_owned();
+    assert!(text.contains("node removed: worker-2 (Node deleted: yes)"), "{text}");
+    assert!(!text.contains("nodes on target") && !text.contains("(ratio") && !text.contains("lower bound"), "{text}");
+    let text =
+        String::from_utf8_lossy(&rollout(&["--control-planes", "4", "--operation", "remove", "--node", "cp-4"]).stdout)
+            .into_owned();
+    assert!(text.contains("etcd member gone: yes"), "{text}");
+
+    // A refusal: nothing ran, nothing to hold a ratio against.
+    let text = String::from_utf8_lossy(&rollout(&["--control-planes", "2"]).stdout).into_owned();
+    assert!(!text.contains("ratio 0.000") && !text.contains("lower bound"), "{text}");
+}

@@ -9,6 +9,7 @@ mod operator_install;
 mod operator_kwok;
 mod operator_plan;
 mod operator_trace;
+mod readme_figures;
 mod rollout_example;
 mod rollout_kubernetes;
 mod rollout_plan;
