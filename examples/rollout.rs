@@ -343,7 +343,7 @@ fn main() {
     }
     let report = sim.report(args.max_unavailable as usize);
     if let Some(file) = timeline_file
-        && let Err(e) = write_timeline(file, &sim, &report, &args)
+        && let Err(e) = write_timeline(file, &sim, &report, &args, end == RunEnd::Completed)
     {
         eprintln!("error: writing the timeline: {e}");
         std::process::exit(EXIT_NOT_COMPLETED);
@@ -731,7 +731,13 @@ fn trace_record(e: &TraceEvent) -> ichor_timeline::TraceRecord {
     }
 }
 
-fn write_timeline(mut file: File, sim: &SimCluster, report: &Report, args: &Args) -> std::io::Result<()> {
+fn write_timeline(
+    mut file: File,
+    sim: &SimCluster,
+    report: &Report,
+    args: &Args,
+    completed: bool,
+) -> std::io::Result<()> {
     let records: Vec<ichor_timeline::TraceRecord> = sim.read_world(|w| w.trace.iter().map(trace_record).collect());
     let timeline = ichor_timeline::Timeline::from_records(&records);
     let (from, to) = match &args.to_kubernetes {
@@ -752,8 +758,13 @@ fn write_timeline(mut file: File, sim: &SimCluster, report: &Report, args: &Args
     );
     let options = ichor_timeline::Options {
         title,
-        // The physical bound is a Talos upgrade's (drains, installs, reboots).
-        bound_s: (report.lower_bound_s > 0.0 && args.to_kubernetes.is_none()).then_some(report.lower_bound_s),
+        // The physical bound is a Talos upgrade's (drains, installs, reboots), and drawn,
+        // as the summary gives it, for one that completed (issue 34).
+        bound_s: (completed
+            && report.lower_bound_s > 0.0
+            && args.to_kubernetes.is_none()
+            && args.operation == Operation::Upgrade)
+            .then_some(report.lower_bound_s),
         ..ichor_timeline::Options::default()
     };
     file.write_all(ichor_timeline::render(&timeline, &options).to_string().as_bytes())?;

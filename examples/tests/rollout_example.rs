@@ -391,3 +391,44 @@ fn summaries_claim_ratios_and_bounds_only_for_a_completed_upgrade() {
     let text = String::from_utf8_lossy(&rollout(&["--control-planes", "2"]).stdout).into_owned();
     assert!(!text.contains("ratio 0.000") && !text.contains("lower bound"), "{text}");
 }
+
+#[test]
+fn with_json_stdout_is_one_json_line_whatever_the_end_and_errors_go_to_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let unwritable = dir.path().join("file");
+    std::fs::write(&unwritable, b"").unwrap();
+    let snapshot_dir = unwritable.join("snapshots").display().to_string();
+    let ends: [(&[&str], i32); 7] = [
+        (&[], 0),
+        (&["--faults", "ab-fallback", "--seed", "3"], 4),
+        (&["--control-planes", "2"], 3),
+        (&["--operation", "remove", "--node", "cp-2"], 3),
+        (&["--operation", "remove", "--node", "worker-2"], 0),
+        (
+            &[
+                "--operation",
+                "kubernetes",
+                "--to-kubernetes",
+                "1.35.0",
+                "--faults",
+                "component-crashloop",
+                "--seed",
+                "2",
+            ],
+            4,
+        ),
+        (&["--etcd-snapshot-dir", &snapshot_dir], 1),
+    ];
+    for (args, code) in ends {
+        let output = rollout(&[args, &["--json"]].concat());
+        assert_eq!(output.status.code(), Some(code), "{args:?}: {output:?}");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(stdout.lines().count(), 1, "{args:?}: one line on stdout: {stdout}");
+        let json: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{args:?}: {e}: {stdout}"));
+        assert!(json["outcome"].is_string(), "{args:?}: {json}");
+    }
+    let output = rollout(&["--workers", "many", "--json"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(output.stdout.is_empty(), "a bad argument is an error on stderr: {output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("many"), "{output:?}");
+}

@@ -126,6 +126,57 @@ impl Scale {
     }
 }
 
+/// How the drawn run ended, for the subtitle: `completed at T` once every machine
+/// converged (or was removed), `paused at T: reason` for a pause still standing at the
+/// trace's end, `refused at T: reason`, else `ended at T with N of M converged` (a trace
+/// cut short, a run stopped): never a last convergence read as an end.
+fn outcome(timeline: &Timeline) -> String {
+    let last = |m: &crate::model::Machine| m.bars.last().map(|b| b.phase);
+    let converged = timeline.rows.iter().filter(|m| last(m) == Some(Phase::Converged)).count();
+    let removed: Vec<f64> =
+        timeline.rows.iter().filter(|m| last(m) == Some(Phase::Removed)).filter_map(|m| m.finished).collect();
+    let standing = timeline
+        .spans
+        .iter()
+        .filter(|s| s.kind == SpanKind::Paused && s.end.is_none_or(|e| e >= timeline.end))
+        .min_by(|a, b| a.start.total_cmp(&b.start));
+    if let Some(pause) = standing {
+        let why = if pause.text.is_empty() { String::new() } else { format!(": {}", pause.text) };
+        return format!("paused at {}{why}", clock(pause.start));
+    }
+    if let Some(refusal) = timeline.markers.iter().find(|m| m.kind == MarkerKind::Refused) {
+        return format!("refused at {}: {}", clock(refusal.t), refusal.text);
+    }
+    // A removal's trace: its machine removed is its end (the others never start).
+    if let Some(at) = removed.iter().copied().reduce(f64::max) {
+        return format!("removal completed at {}", clock(at));
+    }
+    if !timeline.rows.is_empty() && converged == timeline.rows.len() {
+        let done = timeline.rows.iter().filter_map(|m| m.finished).fold(0.0, f64::max);
+        return format!("completed at {}", clock(done));
+    }
+    format!("ended at {} with {converged} of {} converged", clock(timeline.end), timeline.rows.len())
+}
+
+/// `text` in lines of at most `chars` characters, broken at spaces (a longer word alone
+/// on its line).
+fn wrap(text: &str, chars: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split_whitespace() {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= chars => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_owned()),
+        }
+    }
+    if lines.is_empty() {
+        lines.push(String::new());
+    }
+    lines
+}
+
 /// Draws `timeline`.
 #[must_use]
 pub fn render(timeline: &Timeline, options: &Options) -> Document {
@@ -134,22 +185,28 @@ pub fn render(timeline: &Timeline, options: &Options) -> Document {
     let scale = Scale { t1, x0: PLOT_LEFT, x1: width - PLOT_RIGHT_MARGIN };
     let dense = timeline.rows.len() > options.dense_above;
 
-    let makespan = timeline.rows.iter().filter_map(|m| m.finished).fold(0.0, f64::max);
     let mut subtitle = format!(
-        "{} machines ({} control planes), waves of {}, last converged at {}",
+        "{}; {} machines ({} control planes), waves of {}",
+        outcome(timeline),
         timeline.rows.len(),
         timeline.rows.iter().filter(|m| m.is_control_plane()).count(),
         timeline.wave_size,
-        clock(makespan)
     );
     if let Some(bound) = options.bound_s {
         subtitle.push_str(&format!(", physical bound {}", clock(bound)));
     }
     let mut doc = SvgGroup::new().set("class", "timeline");
-    doc = doc
-        .add(text(12.0, 22.0, &options.title, 15.0).set("font-weight", "bold"))
-        .add(text(12.0, 40.0, &subtitle, 11.0).set("fill", "#444"));
-    let (legend, legend_bottom) = legend(timeline, options, width, dense);
+    // A title too long for the width wraps at words (about 8.5 pixels a character, bold
+    // at 15 pixels).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a character count")]
+    let title_chars = ((width - 24.0) / 8.5).max(20.0) as usize;
+    let mut y = 22.0;
+    for line in wrap(&options.title, title_chars) {
+        doc = doc.add(text(12.0, y, &line, 15.0).set("font-weight", "bold").set("class", "title"));
+        y += 18.0;
+    }
+    doc = doc.add(text(12.0, y, &subtitle, 11.0).set("fill", "#444").set("class", "subtitle"));
+    let (legend, legend_bottom) = legend(timeline, options, width, dense, y + 14.0);
     doc = doc.add(legend);
     let top = legend_bottom + 30.0;
 
@@ -198,7 +255,7 @@ fn text(x: f64, y: f64, content: &str, size: f64) -> Text {
 }
 
 /// The legend: the phases drawn, the markers and spans present, the bound; and its bottom.
-fn legend(timeline: &Timeline, options: &Options, width: f64, dense: bool) -> (SvgGroup, f64) {
+fn legend(timeline: &Timeline, options: &Options, width: f64, dense: bool, top: f64) -> (SvgGroup, f64) {
     let phases: Vec<Phase> = Phase::ALL
         .iter()
         .copied()
@@ -259,7 +316,7 @@ fn legend(timeline: &Timeline, options: &Options, width: f64, dense: bool) -> (S
         items.push(("physical bound".to_owned(), SvgGroup::new().set("data-kind", "bound").add(line)));
     }
     let mut group = SvgGroup::new().set("class", "legend");
-    let (mut x, mut y) = (12.0, 54.0);
+    let (mut x, mut y) = (12.0, top);
     for (label, swatch) in items {
         // About 6 pixels a character at 10 pixels.
         let item_width = 20.0 + 6.0 * label.chars().count() as f64 + 14.0;

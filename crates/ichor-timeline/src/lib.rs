@@ -26,7 +26,7 @@ pub mod history;
 pub mod model;
 pub mod trace;
 
-pub use draw::{Options, render};
+pub use draw::{Options, clock, render};
 pub use history::History;
 pub use model::{Bar, Machine, Phase, Timeline, Tracker};
 pub use trace::{TraceError, TraceRecord, read_trace};

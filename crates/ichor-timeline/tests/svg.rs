@@ -119,3 +119,53 @@ fn text_from_the_trace_is_escaped() {
     let doc = roxmltree::Document::parse(&svg).expect("well-formed XML despite markup in the input");
     assert!(doc.descendants().any(|n| n.text().map(str::trim) == Some("a <b> & c")));
 }
+
+/// The subtitle's text and the title's lines of a drawing.
+fn heading(svg: &str) -> (Vec<String>, String) {
+    let doc = roxmltree::Document::parse(svg).unwrap();
+    let texts = |class: &str| -> Vec<String> {
+        doc.descendants()
+            .filter(|n| class_is(n, class))
+            .map(|n| n.text().unwrap_or_default().trim().to_owned())
+            .collect()
+    };
+    (texts("title"), texts("subtitle").concat())
+}
+
+#[test]
+fn the_subtitle_says_how_the_run_ended_and_a_long_title_wraps() {
+    use ichor_timeline::TraceRecord;
+    // Completed: every machine converged.
+    let records = common::trace(2, 2, 1);
+    let timeline = Timeline::from_records(&records);
+    let done = timeline.rows.iter().filter_map(|m| m.finished).fold(0.0, f64::max);
+    let (_, subtitle) = heading(&render(&timeline, &Options::default()).to_string());
+    let expected = format!("completed at {}; 4 machines", ichor_timeline::clock(done));
+    assert!(subtitle.starts_with(&expected), "{subtitle:?} against {expected:?}");
+
+    // Paused, the pause standing at the end, one worker never converged: the pause, not
+    // a last convergence.
+    let mut records: Vec<TraceRecord> = common::trace(2, 2, 1).into_iter().filter(|r| r.node != "worker-2").collect();
+    records.push(TraceRecord::new(100.0, "worker-2", "worker", "upgrade-call"));
+    records.push(TraceRecord::new(150.0, "worker-2", "worker", "failed").with_reason("AbFallback"));
+    records.push(TraceRecord::new(151.0, "operation", "operation", "paused").with_reason("MachineFailed"));
+    records.sort_by(|a, b| a.t.total_cmp(&b.t));
+    let (_, subtitle) = heading(&render(&Timeline::from_records(&records), &Options::default()).to_string());
+    assert!(subtitle.starts_with("paused at 0:02:31: MachineFailed;"), "{subtitle}");
+    assert!(!subtitle.contains("converged at"), "{subtitle}");
+
+    // Cut short: neither.
+    let mut records = common::trace(2, 2, 1);
+    records.retain(|r| !(r.node == "worker-2" && r.event == "converged"));
+    let (_, subtitle) = heading(&render(&Timeline::from_records(&records), &Options::default()).to_string());
+    assert!(subtitle.starts_with("ended at ") && subtitle.contains("with 3 of 4 converged"), "{subtitle}");
+
+    // A title longer than the picture is wide wraps at words, every word kept.
+    let title = "talos-production/upgrade-to-v1.14.4: the median run of the plan drawn from the history of \
+                 the last completed upgrade of the production cluster, with every machine";
+    let options = Options { title: title.to_owned(), width: 600.0, ..Options::default() };
+    let (lines, _) = heading(&render(&Timeline::from_records(&common::trace(2, 2, 1)), &options).to_string());
+    assert!(lines.len() >= 2, "{lines:?}");
+    assert!(lines.iter().all(|l| l.chars().count() <= 68), "each line fits 600 px: {lines:?}");
+    assert_eq!(lines.join(" "), title.split_whitespace().collect::<Vec<_>>().join(" "));
+}
