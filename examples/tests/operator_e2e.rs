@@ -142,6 +142,36 @@ impl Scene {
         self.operation(name).await.and_then(|op| op.status.and_then(|s| s.phase)).unwrap_or_default()
     }
 
+    /// A pod `ledger-0` on `node` (it tolerates the fleet's taint) and a
+    /// PodDisruptionBudget `ledger` allowing none of its pods down (policy/v1: a current
+    /// server serves no other); their APIs.
+    pub(crate) async fn ledger_under_a_budget_at_zero(&self, node: &str) -> (Api<Pod>, Api<DynamicObject>) {
+        let pods: Api<Pod> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": "ledger-0", "labels": { "app": "ledger" } },
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{ "key": fleet::TAINT, "operator": "Exists" }],
+                "containers": [{ "name": "ledger", "image": "registry.invalid/ledger:1" }],
+            },
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        let pdb_kind = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        );
+        let pdbs: Api<DynamicObject> = Api::namespaced_with(self.ns.client.clone(), &self.ns.name, &pdb_kind);
+        let pdb: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": { "name": "ledger" },
+            "spec": { "maxUnavailable": 0, "selector": { "matchLabels": { "app": "ledger" } } },
+        }))
+        .unwrap();
+        pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+        (pods, pdbs)
+    }
+
     /// Waits until the fleet's objects exist.
     pub(crate) async fn fleet_up(&self, machines: usize) {
         let api: Api<TalosMachine> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
@@ -453,30 +483,7 @@ async fn a_pdb_at_zero_holds_a_removal_at_its_eviction_until_it_allows_it() {
     let kubeconfig = scene.operator_kubeconfig().await;
     let operator = scene.operator("operator", &kubeconfig, &[]);
     let node = format!("{}-worker-2.{}", fleet::CLUSTER, scene.ns.name);
-    let pods: Api<Pod> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "ledger-0", "labels": { "app": "ledger" } },
-        "spec": {
-            "nodeName": node,
-            "tolerations": [{ "key": fleet::TAINT, "operator": "Exists" }],
-            "containers": [{ "name": "ledger", "image": "registry.invalid/ledger:1" }],
-        },
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    // A current server serves PodDisruptionBudgets as policy/v1 (policy/v1beta1 went in 1.25).
-    let pdb_kind = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
-        "poddisruptionbudgets",
-    );
-    let pdbs: Api<DynamicObject> = Api::namespaced_with(scene.ns.client.clone(), &scene.ns.name, &pdb_kind);
-    let pdb: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": { "name": "ledger" },
-        "spec": { "maxUnavailable": 0, "selector": { "matchLabels": { "app": "ledger" } } },
-    }))
-    .unwrap();
-    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    let (pods, pdbs) = scene.ledger_under_a_budget_at_zero(&node).await;
     eventually("the pod runs", || async {
         pods.get("ledger-0").await.ok().and_then(|p| p.status).and_then(|s| s.phase).as_deref() == Some("Running")
     })

@@ -10,9 +10,8 @@ use crate::operator_e2e::Scene;
 use crate::support::{Process, eventually_within};
 use ichor_adapters::kubernetes::crd::{Calibration, TalosCluster, TalosMachine, TalosOperation, TalosOperationSpec};
 use ichor_operator::fleet;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// Slower than the other scenarios' (150): a turn of about 200 virtual seconds takes about
@@ -160,29 +159,7 @@ fn seen_through_the_plugin(scene: &Scene) {
 /// held, and leaves it out of the order.
 async fn held_by_a_budget_at_zero(scene: &Scene) {
     let node = format!("{}-worker-2.{}", fleet::CLUSTER, scene.ns.name);
-    let pods: Api<Pod> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "ledger-0", "labels": { "app": "ledger" } },
-        "spec": {
-            "nodeName": node,
-            "tolerations": [{ "key": fleet::TAINT, "operator": "Exists" }],
-            "containers": [{ "name": "ledger", "image": "registry.invalid/ledger:1" }],
-        },
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    let pdb_kind = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("policy", "v1", "PodDisruptionBudget"),
-        "poddisruptionbudgets",
-    );
-    let pdbs: Api<DynamicObject> = Api::namespaced_with(scene.ns.client.clone(), &scene.ns.name, &pdb_kind);
-    let pdb: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-        "metadata": { "name": "ledger" },
-        "spec": { "maxUnavailable": 0, "selector": { "matchLabels": { "app": "ledger" } } },
-    }))
-    .unwrap();
-    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    let (_, pdbs) = scene.ledger_under_a_budget_at_zero(&node).await;
     // The budget's status (0 allowed, 1 healthy) once its controller saw the pod Ready.
     eventually_within(Duration::from_secs(60), "the budget counts the pod", || async {
         let pdb = pdbs.get("ledger").await.unwrap();
