@@ -765,6 +765,7 @@ fn write_timeline(
             && args.to_kubernetes.is_none()
             && args.operation == Operation::Upgrade)
             .then_some(report.lower_bound_s),
+        max_unavailable: Some(args.max_unavailable as usize),
         ..ichor_timeline::Options::default()
     };
     file.write_all(ichor_timeline::render(&timeline, &options).to_string().as_bytes())?;

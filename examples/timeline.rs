@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --example timeline -- TRACE.jsonl -o FILE.svg [--bound SECONDS] [--title TEXT]
-//!     [--width PIXELS] [--dense-above N]
+//!     [--width PIXELS] [--dense-above N] [--max-unavailable N]
 //! ```
 //! The trace is the JSON lines that `rollout --trace FILE` or `operator --trace FILE`
 //! writes. Exit 0: drawn. Exit 2: bad arguments, or a trace that cannot be read (named by
@@ -41,6 +41,9 @@ struct Args {
     /// Above this many machines, a density band per role instead of a row per machine.
     #[arg(long, default_value_t = 1000)]
     dense_above: usize,
+    /// The workers' maxUnavailable, drawn as a line on their density band.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_unavailable: Option<u32>,
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {
@@ -67,8 +70,13 @@ fn main() {
         }
     };
     let timeline = Timeline::from_records(&records);
-    let options =
-        Options { title: args.title, bound_s: args.bound, width: f64::from(args.width), dense_above: args.dense_above };
+    let options = Options {
+        title: args.title,
+        bound_s: args.bound,
+        width: f64::from(args.width),
+        dense_above: args.dense_above,
+        max_unavailable: args.max_unavailable.map(|m| m as usize),
+    };
     let document = render(&timeline, &options);
     if let Err(e) = std::fs::write(&args.output, document.to_string()) {
         eprintln!("error: writing {}: {e}", args.output.display());

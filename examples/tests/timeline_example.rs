@@ -84,6 +84,45 @@ fn the_main_job_draws_its_rollout_and_the_timeline_example_draws_the_same_from_t
 }
 
 #[test]
+fn drawn_as_density_bands_the_workers_in_turn_stay_within_the_runs_max_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, redrawn) = (dir.path().join("run.jsonl"), dir.path().join("bands.svg"));
+    let output = run(
+        "rollout",
+        &[
+            "--control-planes",
+            "3",
+            "--workers",
+            "12",
+            "--max-unavailable",
+            "3",
+            "--seed",
+            "3",
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    // As density bands (above 10 machines here), with the run's maxUnavailable as the
+    // workers' limit: no more of them in turn at once than it.
+    let output = run(
+        "timeline",
+        &[trace.to_str().unwrap(), "-o", redrawn.to_str().unwrap(), "--dense-above", "10", "--max-unavailable", "3"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let drawn = text(&redrawn);
+    let doc = roxmltree::Document::parse(&drawn).unwrap();
+    let workers = doc
+        .descendants()
+        .find(|n| n.attribute("class") == Some("band") && n.attribute("data-role") == Some("worker"))
+        .expect("the workers' band");
+    let limit = workers.children().find(|n| n.attribute("class") == Some("limit")).expect("the limit's line");
+    assert_eq!(limit.attribute("data-limit"), Some("3"));
+    let in_turn: u32 = workers.attribute("data-most-active").unwrap().parse().unwrap();
+    assert!((2..=3).contains(&in_turn), "up to maxUnavailable in turn at once, never more: {in_turn}");
+}
+
+#[test]
 fn a_trace_that_cannot_be_read_is_exit_2_naming_the_line_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let (trace, svg) = (dir.path().join("bad.jsonl"), dir.path().join("out.svg"));
@@ -98,6 +137,12 @@ fn a_trace_that_cannot_be_read_is_exit_2_naming_the_line_and_writes_nothing() {
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let output = run("timeline", &[trace.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2), "-o is required: {output:?}");
+    let good = dir.path().join("good.jsonl");
+    std::fs::write(&good, "{\"t\":1,\"node\":\"cp-1\",\"role\":\"control-plane\",\"event\":\"ready\"}\n").unwrap();
+    let output = run("timeline", &[good.to_str().unwrap(), "-o", svg.to_str().unwrap(), "--max-unavailable", "0"]);
+    assert_eq!(output.status.code(), Some(2), "a limit of 0 is no limit: {output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--max-unavailable"), "{output:?}");
+    assert!(!svg.exists(), "nothing written");
     let output = run("rollout", &["--timeline", "/nonexistent-dir/x.svg"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stderr).contains("--timeline /nonexistent-dir/x.svg"), "{output:?}");

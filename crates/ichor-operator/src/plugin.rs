@@ -220,7 +220,11 @@ pub async fn run(args: &Args) -> Result<String, PluginError> {
                 }
             };
             let timeline = Timeline::from_records(&records);
-            let options = Options { title, ..Options::default() };
+            let options = Options {
+                title,
+                max_unavailable: usize::try_from(op.spec.max_unavailable).ok().filter(|m| *m > 0),
+                ..Options::default()
+            };
             std::fs::write(output, render(&timeline, &options).to_string())
                 .map_err(|e| PluginError::Failed(format!("writing {}: {e}", output.display())))?;
             Ok(format!("{}: {} machines, {} records\n", output.display(), timeline.rows.len(), records.len()))

@@ -2,8 +2,11 @@
 //!
 //! Up to [`Options::dense_above`] machines, one row per machine: a bar per phase, the
 //! control planes first then the workers by wave, names every few rows when the rows are
-//! thin. Above it, one density band per role: how many machines are in each phase, over
-//! time. Both have a legend, a time axis in hours and minutes, the markers and spans of
+//! thin. Above it, one density band per role: how many machines are in each phase of
+//! their turn, over time, against the limit (`maxUnavailable`, one control plane at a
+//! time) and an axis of machines, with the share done on a right axis in per cent, and
+//! the machines ahead of their turn (pulling early, held) in a strip of their own. Both
+//! have a legend, a time axis in hours and minutes, the markers and spans of
 //! [`Timeline`], and the physical bound as a line when it is given.
 //!
 //! The elements carry what the tests read back: `data-node`, `data-role` and
@@ -27,11 +30,19 @@ pub struct Options {
     pub width: f64,
     /// Above this many machines, density bands per role instead of one row per machine.
     pub dense_above: usize,
+    /// The workers' `maxUnavailable`, drawn as a line on their density band, if known.
+    pub max_unavailable: Option<usize>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { title: "Rollout timeline".to_owned(), bound_s: None, width: 1200.0, dense_above: 1000 }
+        Self {
+            title: "Rollout timeline".to_owned(),
+            bound_s: None,
+            width: 1200.0,
+            dense_above: 1000,
+            max_unavailable: None,
+        }
     }
 }
 
@@ -47,8 +58,20 @@ const ROW_MAX: f64 = 16.0;
 const ROW_MIN: f64 = 1.0;
 /// A label's height: rows thinner than this are labelled every few rows.
 const LABEL_HEIGHT: f64 = 11.0;
-/// The height of the control planes' density band, and of the workers'.
-const BAND_HEIGHTS: (f64, f64) = (90.0, 260.0);
+/// The density view's shortest band (the control planes', sized to them, at least this),
+/// and its tallest (the workers').
+const BAND_HEIGHTS: (f64, f64) = (60.0, 260.0);
+/// A control plane's share of its band's height: the panel is sized to its machines.
+const CONTROL_PLANE_PX: f64 = 20.0;
+/// Where the density view's labels end: the left axis' numbers sit between them and the
+/// plot.
+const BAND_LABEL_RIGHT: f64 = PLOT_LEFT - 30.0;
+/// The strip under a band that counts the machines ahead of their turn.
+const WAITING_HEIGHT: f64 = 26.0;
+/// Between a band and its strip.
+const WAITING_GAP: f64 = 6.0;
+/// Between two bands.
+const BAND_GAP: f64 = 16.0;
 /// The width of one time bin of a density band, in pixels.
 const BIN_PX: f64 = 2.0;
 const FONT: &str = "DejaVu Sans, Helvetica, Arial, sans-serif";
@@ -210,7 +233,8 @@ pub fn render(timeline: &Timeline, options: &Options) -> Document {
     doc = doc.add(legend);
     let top = legend_bottom + 30.0;
 
-    let (body, bottom) = if dense { bands(timeline, scale, top) } else { rows(timeline, scale, top) };
+    let (body, bottom) =
+        if dense { bands(timeline, scale, top, options.max_unavailable) } else { rows(timeline, scale, top) };
     doc = doc.add(axis(scale, top, bottom));
     doc = doc.add(body);
     // Over the bars, translucent: an outage or a pause concerns every machine.
@@ -314,6 +338,18 @@ fn legend(timeline: &Timeline, options: &Options, width: f64, dense: bool, top: 
             .set("stroke-width", 1.5)
             .set("stroke-dasharray", "4 2");
         items.push(("physical bound".to_owned(), SvgGroup::new().set("data-kind", "bound").add(line)));
+    }
+    if dense {
+        let line = Line::new()
+            .set("x1", 0)
+            .set("x2", 12)
+            .set("y1", 5)
+            .set("y2", 5)
+            .set("stroke", "#333")
+            .set("stroke-width", 1.2)
+            .set("stroke-dasharray", "5 3");
+        let words = if options.max_unavailable.is_some() { "limit (maxUnavailable)" } else { "limit" };
+        items.push((words.to_owned(), SvgGroup::new().set("data-kind", "limit").add(line)));
     }
     let mut group = SvgGroup::new().set("class", "legend");
     let (mut x, mut y) = (12.0, top);
@@ -548,20 +584,86 @@ fn rows(timeline: &Timeline, scale: Scale, top: f64) -> (SvgGroup, f64) {
     (group, top + n as f64 * h)
 }
 
-/// One density band per role, from `top`; and the bands' bottom. A band stacks how many
-/// machines are in each phase of their turn (and pulling, or held) over time, scaled to
-/// the most at once; a line shows the share converged (or removed), and one the share
-/// failed, against the role's machines.
-fn bands(timeline: &Timeline, scale: Scale, top: f64) -> (SvgGroup, f64) {
+/// A tick step for counts up to `most`: 1, 2 or 5 times a power of ten, five ticks at most
+/// above zero.
+fn count_step(most: i64) -> i64 {
+    let mut power = 1;
+    loop {
+        for m in [1, 2, 5] {
+            if most <= m * power * 5 {
+                return m * power;
+            }
+        }
+        power *= 10;
+    }
+}
+
+/// Stacked areas, one per phase of `phases` (indices into [`Phase::ALL`]) that is ever
+/// present, from the baseline `base` (pixels) up, `per` pixels a machine.
+fn stacked(
+    counts: &[Vec<i64>],
+    phases: &[usize],
+    bins: usize,
+    bin_x: &dyn Fn(usize) -> f64,
+    base: f64,
+    per: f64,
+    label: &str,
+) -> Vec<Polygon> {
+    let mut areas = Vec::new();
+    let mut below = vec![0i64; bins];
+    for &p in phases {
+        let phase = Phase::ALL[p];
+        if counts[p].iter().all(|c| *c == 0) {
+            continue;
+        }
+        let stack_y = |stack: i64| px(base - stack as f64 * per);
+        let mut points: Vec<String> = Vec::with_capacity(bins * 4);
+        for b in 0..bins {
+            let top_stack = below[b] + counts[p][b];
+            points.push(format!("{},{}", bin_x(b), stack_y(top_stack)));
+            points.push(format!("{},{}", bin_x(b + 1), stack_y(top_stack)));
+        }
+        for b in (0..bins).rev() {
+            points.push(format!("{},{}", bin_x(b + 1), stack_y(below[b])));
+            points.push(format!("{},{}", bin_x(b), stack_y(below[b])));
+        }
+        let most = counts[p][..bins].iter().max().copied().unwrap_or(0);
+        areas.push(
+            Polygon::new()
+                .set("class", "area")
+                .set("data-phase", phase.key())
+                .set("data-most", most)
+                .set("points", points.join(" "))
+                .set("fill", colour(phase))
+                .add(Title::new(format!("{label}: {} (at most {most} at once)", phase.label()))),
+        );
+        for b in 0..bins {
+            below[b] += counts[p][b];
+        }
+    }
+    areas
+}
+
+/// One density band per role, from `top`; and the bands' bottom.
+///
+/// A band stacks how many machines are in each phase of their turn over time: the
+/// phases that make a machine unavailable, and the only ones counted against the limit,
+/// drawn as a dashed line (`max_unavailable` for the workers, one at a time for the
+/// control planes). Its left axis counts machines; the control planes' band is sized to
+/// their number. A line shows the share converged (or removed), and one the share
+/// failed, against the right axis (per cent of the role's machines). Under the band, a
+/// strip counts the machines ahead of their turn (pulling the image early, held by the
+/// preflight), on its own scale: they are not unavailable.
+fn bands(timeline: &Timeline, scale: Scale, top: f64, max_unavailable: Option<usize>) -> (SvgGroup, f64) {
     let bins = ((scale.x1 - scale.x0) / BIN_PX).ceil().max(1.0) as usize;
     let dt = scale.t1 / bins as f64;
     let bin_x = |b: usize| px((scale.x0 + b as f64 * BIN_PX).min(scale.x1));
     let mut group = SvgGroup::new().set("class", "bands");
     let mut y = top;
-    for (role, label, height) in [
-        (crate::trace::CONTROL_PLANE, "control planes", BAND_HEIGHTS.0),
-        (crate::trace::WORKER, "workers", BAND_HEIGHTS.1),
-    ] {
+    let in_turn: Vec<usize> = (0..Phase::ALL.len()).filter(|p| Phase::ALL[*p].in_turn()).collect();
+    let waiting: Vec<usize> =
+        (0..Phase::ALL.len()).filter(|p| !Phase::ALL[*p].in_turn() && !Phase::ALL[*p].is_final()).collect();
+    for (role, label) in [(crate::trace::CONTROL_PLANE, "control planes"), (crate::trace::WORKER, "workers")] {
         let machines: Vec<_> = timeline.rows.iter().filter(|m| m.role == role).collect();
         if machines.is_empty() {
             continue;
@@ -587,65 +689,119 @@ fn bands(timeline: &Timeline, scale: Scale, top: f64) -> (SvgGroup, f64) {
                 *c = running;
             }
         }
-        let active: Vec<usize> = (0..Phase::ALL.len()).filter(|p| !Phase::ALL[*p].is_final()).collect();
-        let most_active =
-            (0..bins).map(|b| active.iter().map(|p| counts[*p][b]).sum::<i64>()).max().unwrap_or(0).max(1);
-        let per_active = height / most_active as f64;
+        let sum_over = |phases: &[usize], b: usize| phases.iter().map(|p| counts[*p][b]).sum::<i64>();
+        let most_in_turn = (0..bins).map(|b| sum_over(&in_turn, b)).max().unwrap_or(0);
+        let control_planes = role == crate::trace::CONTROL_PLANE;
+        let n = machines.len() as i64;
+        // The control planes: one at a time, on a panel their size (all of them on its
+        // axis); the workers: the limit given, on an axis up to the most in turn or it.
+        let (limit, height, most) = if control_planes {
+            (Some(1), (n as f64 * CONTROL_PLANE_PX).clamp(BAND_HEIGHTS.0, BAND_HEIGHTS.1), n.max(1))
+        } else {
+            let limit = max_unavailable.map(|m| m as i64);
+            (limit, BAND_HEIGHTS.1, most_in_turn.max(limit.unwrap_or(0)).max(1))
+        };
+        let step = count_step(most);
+        let axis_top = (most + step - 1) / step * step;
+        let per = height / axis_top as f64;
+        let base = y + height;
         let mut band = SvgGroup::new()
             .set("class", "band")
             .set("data-role", role)
             .set("data-machines", machines.len())
-            .set("data-most-active", most_active)
+            .set("data-most-active", most_in_turn)
+            .set("data-axis-top", axis_top)
             .add(
                 Rectangle::new()
+                    .set("class", "frame")
                     .set("x", scale.x0)
                     .set("y", px(y))
                     .set("width", px(scale.x1 - scale.x0))
-                    .set("height", height)
+                    .set("height", px(height))
                     .set("fill", "#fafafa")
                     .set("stroke", "#ccc"),
-            )
-            .add(text(PLOT_LEFT - 6.0, y + 12.0, label, 10.5).set("text-anchor", "end").set("font-weight", "bold"))
-            .add(
-                text(PLOT_LEFT - 6.0, y + 25.0, &format!("{} machines", machines.len()), 9.5)
-                    .set("text-anchor", "end")
-                    .set("fill", "#555"),
-            )
-            .add(
-                text(PLOT_LEFT - 6.0, y + height - 2.0, &format!("areas: 0 to {most_active} at once"), 9.0)
-                    .set("text-anchor", "end")
-                    .set("fill", "#555"),
             );
-        let mut below = vec![0i64; bins];
-        for &p in &active {
-            let phase = Phase::ALL[p];
-            if counts[p].iter().all(|c| *c == 0) {
-                continue;
-            }
-            let stack_y = |stack: i64| px(y + height - stack as f64 * per_active);
-            let mut points: Vec<String> = Vec::with_capacity(bins * 4);
-            for b in 0..bins {
-                let top_stack = below[b] + counts[p][b];
-                points.push(format!("{},{}", bin_x(b), stack_y(top_stack)));
-                points.push(format!("{},{}", bin_x(b + 1), stack_y(top_stack)));
-            }
-            for b in (0..bins).rev() {
-                points.push(format!("{},{}", bin_x(b + 1), stack_y(below[b])));
-                points.push(format!("{},{}", bin_x(b), stack_y(below[b])));
-            }
-            let most = counts[p][..bins].iter().max().copied().unwrap_or(0);
+        for (i, (line, size)) in [
+            (label.to_owned(), 10.5),
+            (format!("{} machines", machines.len()), 9.5),
+            ("areas: machines in turn".to_owned(), 9.0),
+            ("line: share done (right)".to_owned(), 9.0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut t = text(BAND_LABEL_RIGHT, y + 11.0 + i as f64 * 12.0, &line, size).set("text-anchor", "end");
+            t = if i == 0 { t.set("font-weight", "bold") } else { t.set("fill", "#555") };
+            band = band.add(t.set("class", "band-label"));
+        }
+        // The left axis: machines in turn.
+        let mut k = 0;
+        while k <= axis_top {
+            let ty = px(base - k as f64 * per);
+            band = band
+                .add(
+                    Line::new()
+                        .set("x1", scale.x0 - 4.0)
+                        .set("x2", scale.x0)
+                        .set("y1", ty)
+                        .set("y2", ty)
+                        .set("stroke", "#333"),
+                )
+                .add(
+                    text(scale.x0 - 6.0, ty + 3.0, &k.to_string(), 8.5)
+                        .set("text-anchor", "end")
+                        .set("class", "y-tick"),
+                );
+            k += step;
+        }
+        // The right axis: the share done, in per cent of the role's machines.
+        for share in [0, 50, 100] {
+            let ty = px(base - f64::from(share) / 100.0 * height);
+            band = band
+                .add(
+                    Line::new()
+                        .set("x1", scale.x1)
+                        .set("x2", scale.x1 + 3.0)
+                        .set("y1", ty)
+                        .set("y2", ty)
+                        .set("stroke", "#00734F"),
+                )
+                .add(
+                    text(scale.x1 + 4.0, ty + 3.0, &format!("{share}%"), 8.0)
+                        .set("fill", "#00734F")
+                        .set("class", "share-tick"),
+                );
+        }
+        for area in stacked(&counts, &in_turn, bins, &bin_x, base, per, label) {
+            band = band.add(area);
+        }
+        if let Some(limit) = limit {
+            let ly = px(base - limit as f64 * per);
+            let words = if control_planes { "one at a time".to_owned() } else { format!("maxUnavailable {limit}") };
             band = band.add(
-                Polygon::new()
-                    .set("class", "area")
-                    .set("data-phase", phase.key())
-                    .set("data-most", most)
-                    .set("points", points.join(" "))
-                    .set("fill", colour(phase))
-                    .add(Title::new(format!("{label}: {} (at most {most} at once)", phase.label()))),
+                SvgGroup::new()
+                    .set("class", "limit")
+                    .set("data-limit", limit)
+                    .add(
+                        Line::new()
+                            .set("x1", scale.x0)
+                            .set("x2", px(scale.x1))
+                            .set("y1", ly)
+                            .set("y2", ly)
+                            .set("stroke", "#333")
+                            .set("stroke-width", 1.2)
+                            .set("stroke-dasharray", "5 3"),
+                    )
+                    // At the left, where the bound's label is not, on a halo over the areas.
+                    .add(
+                        text(scale.x0 + 4.0, ly - 3.0, &words, 9.0)
+                            .set("fill", "#333")
+                            .set("stroke", "#fff")
+                            .set("stroke-width", 3)
+                            .set("paint-order", "stroke"),
+                    )
+                    .add(Title::new(format!("{label}: {words} (machines in turn, at most {most_in_turn} at once)"))),
             );
-            for b in 0..bins {
-                below[b] += counts[p][b];
-            }
         }
         // The shares done and failed, as lines over the whole band's height.
         let per_machine = height / machines.len() as f64;
@@ -659,9 +815,9 @@ fn bands(timeline: &Timeline, scale: Scale, top: f64) -> (SvgGroup, f64) {
             if most == 0 {
                 continue;
             }
-            let mut data = Data::new().move_to((bin_x(0), px(y + height - share(0) as f64 * per_machine)));
+            let mut data = Data::new().move_to((bin_x(0), px(base - share(0) as f64 * per_machine)));
             for b in 0..bins {
-                let level = px(y + height - share(b) as f64 * per_machine);
+                let level = px(base - share(b) as f64 * per_machine);
                 data = data.line_to((bin_x(b), level)).line_to((bin_x(b + 1), level));
             }
             band = band.add(
@@ -676,10 +832,54 @@ fn bands(timeline: &Timeline, scale: Scale, top: f64) -> (SvgGroup, f64) {
                     .add(Title::new(format!("{label} {key}: up to {most} of {}", machines.len()))),
             );
         }
+        y = base;
+        // Under it, the machines ahead of their turn, on a scale of their own.
+        let most_waiting = (0..bins).map(|b| sum_over(&waiting, b)).max().unwrap_or(0);
+        if most_waiting > 0 {
+            let strip_top = y + WAITING_GAP;
+            let mut strip = SvgGroup::new()
+                .set("class", "waiting")
+                .set("data-role", role)
+                .set("data-most", most_waiting)
+                .add(
+                    Rectangle::new()
+                        .set("x", scale.x0)
+                        .set("y", px(strip_top))
+                        .set("width", px(scale.x1 - scale.x0))
+                        .set("height", WAITING_HEIGHT)
+                        .set("fill", "#fafafa")
+                        .set("stroke", "#ddd"),
+                )
+                .add(
+                    text(BAND_LABEL_RIGHT, strip_top + 11.0, "ahead of turn", 9.0)
+                        .set("text-anchor", "end")
+                        .set("fill", "#555")
+                        .set("class", "band-label"),
+                )
+                .add(
+                    text(BAND_LABEL_RIGHT, strip_top + 22.0, "(not unavailable)", 8.5)
+                        .set("text-anchor", "end")
+                        .set("fill", "#777")
+                        .set("class", "band-label"),
+                );
+            let strip_base = strip_top + WAITING_HEIGHT;
+            let per_waiting = WAITING_HEIGHT / most_waiting as f64;
+            // Its scale: the most at once, at its top (its zero is the band's).
+            strip = strip.add(
+                text(scale.x0 - 6.0, strip_top + 8.0, &most_waiting.to_string(), 8.5)
+                    .set("text-anchor", "end")
+                    .set("class", "y-tick"),
+            );
+            for area in stacked(&counts, &waiting, bins, &bin_x, strip_base, per_waiting, label) {
+                strip = strip.add(area);
+            }
+            band = band.add(strip);
+            y = strip_base;
+        }
         group = group.add(band);
-        y += height + 14.0;
+        y += BAND_GAP;
     }
-    (group, y - 14.0)
+    (group, y - BAND_GAP)
 }
 
 /// The spans (outages, pauses) across the plot.

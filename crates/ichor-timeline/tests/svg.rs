@@ -103,7 +103,7 @@ fn five_thousand_machines_draw_a_density_band_per_role() {
     };
     assert!(most("rebooting") > 50.0 && most("rebooting") <= 100.0, "up to k=100 rebooting at once");
     let active = attr(workers, "data-most-active");
-    assert!((100.0..=200.0).contains(&active), "the areas scale to the most in flight: {active}");
+    assert!((50.0..=100.0).contains(&active), "at most k=100 in turn at once: {active}");
     let done = workers.children().find(|n| class_is(n, "share") && n.attribute("data-phase") == Some("done"));
     assert_eq!(done.map(|n| attr(n, "data-most")), Some(5000.0), "all converged at the end");
     assert!(svg.len() < 1 << 20, "the picture stays small: {} bytes", svg.len());
@@ -168,4 +168,91 @@ fn the_subtitle_says_how_the_run_ended_and_a_long_title_wraps() {
     assert!(lines.len() >= 2, "{lines:?}");
     assert!(lines.iter().all(|l| l.chars().count() <= 68), "each line fits 600 px: {lines:?}");
     assert_eq!(lines.join(" "), title.split_whitespace().collect::<Vec<_>>().join(" "));
+}
+
+/// The texts of `node`'s descendants of `class`, in document order.
+fn texts_of(node: roxmltree::Node<'_, '_>, class: &str) -> Vec<String> {
+    node.descendants().filter(|n| class_is(n, class)).map(|n| n.text().unwrap_or_default().trim().to_owned()).collect()
+}
+
+/// The frame (background) of a band: its top and height.
+fn frame(band: roxmltree::Node<'_, '_>) -> (f64, f64) {
+    let rect = band.children().find(|n| class_is(n, "frame")).expect("a band's frame");
+    (attr(rect, "y"), attr(rect, "height"))
+}
+
+#[test]
+fn the_density_view_counts_machines_in_turn_against_the_limit_on_labelled_axes() {
+    use ichor_timeline::TraceRecord;
+    // 3 control planes and 1,200 workers in pools of 20; each worker pulls its image
+    // from 400 s to 100 s before its turn, so that more pull at once than the limit.
+    let mut records = common::trace(3, 1200, 20);
+    let starts: Vec<(String, f64)> = records
+        .iter()
+        .filter(|r| r.role == "worker" && r.event == "evacuation-start")
+        .map(|r| (r.node.clone(), r.t))
+        .collect();
+    for (node, t0) in &starts {
+        records.push(TraceRecord::new(t0 - 400.0, node, "worker", "image-pull-start"));
+        records.push(TraceRecord::new(t0 - 100.0, node, "worker", "image-pulled"));
+    }
+    records.sort_by(|a, b| a.t.total_cmp(&b.t));
+    let timeline = Timeline::from_records(&records);
+    let options = Options { max_unavailable: Some(20), ..Options::default() };
+    let svg = render(&timeline, &options).to_string();
+    let doc = roxmltree::Document::parse(&svg).expect("well-formed XML");
+    let bands: Vec<_> = doc.descendants().filter(|n| class_is(n, "band")).collect();
+    assert_eq!(bands.len(), 2);
+    let (control_planes, workers) = (bands[0], bands[1]);
+
+    // Only the machines in their turn count against the limit: at most 20, where the
+    // early pulls alone reach more than 20 at once, counted in their own strip.
+    let in_turn = attr(workers, "data-most-active");
+    assert!((10.0..=20.0).contains(&in_turn), "machines in turn at most maxUnavailable: {in_turn}");
+    let waiting = workers.children().find(|n| class_is(n, "waiting")).expect("a strip of machines ahead of turn");
+    assert!(attr(waiting, "data-most") > 20.0, "the early pulls, apart: {}", attr(waiting, "data-most"));
+    assert!(waiting.children().any(|n| class_is(&n, "area") && n.attribute("data-phase") == Some("pulling")));
+    assert!(
+        workers.children().filter(|n| class_is(n, "area")).all(|n| n.attribute("data-phase") != Some("pulling")),
+        "no pulling area among the machines in turn"
+    );
+
+    // The limit's line, where 20 is on the left axis, whose ticks are labelled.
+    let (y, height) = frame(workers);
+    let axis_top = attr(workers, "data-axis-top");
+    assert_eq!(axis_top, 20.0);
+    let limit = workers.children().find(|n| class_is(n, "limit")).expect("the maxUnavailable line");
+    assert_eq!(attr(limit, "data-limit"), 20.0);
+    let line = limit.children().find(|n| n.tag_name().name() == "line").unwrap();
+    assert!((attr(line, "y1") - (y + height - 20.0 / axis_top * height)).abs() < 0.5, "the line at 20");
+    assert!(limit.descendants().any(|n| n.text().map(str::trim) == Some("maxUnavailable 20")));
+    let ticks: Vec<String> =
+        workers.children().filter(|n| class_is(n, "y-tick")).map(|n| n.text().unwrap().trim().to_owned()).collect();
+    assert_eq!(ticks, ["0", "5", "10", "15", "20"]);
+    // The share done has its own scale, on the right, and says so.
+    assert_eq!(texts_of(workers, "share-tick"), ["0%", "50%", "100%"]);
+    assert!(texts_of(workers, "band-label").contains(&"line: share done (right)".to_owned()));
+    assert!(texts_of(workers, "band-label").contains(&"ahead of turn".to_owned()));
+
+    // The control planes: a panel their size, on an axis of all three, one at a time.
+    let (_, cp_height) = frame(control_planes);
+    assert!(cp_height * 3.0 < height, "three machines get a small panel: {cp_height} against {height}");
+    assert_eq!(attr(control_planes, "data-axis-top"), 3.0);
+    assert_eq!(attr(control_planes, "data-most-active"), 1.0);
+    let cp_ticks: Vec<String> = control_planes
+        .children()
+        .filter(|n| class_is(n, "y-tick"))
+        .map(|n| n.text().unwrap().trim().to_owned())
+        .collect();
+    assert_eq!(cp_ticks, ["0", "1", "2", "3"]);
+    let cp_limit = control_planes.children().find(|n| class_is(n, "limit")).expect("one at a time");
+    assert_eq!(attr(cp_limit, "data-limit"), 1.0);
+
+    // With no maxUnavailable given, the workers' axis follows the most in turn, and no
+    // limit is drawn for them.
+    let svg = render(&timeline, &Options::default()).to_string();
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    let workers = doc.descendants().filter(|n| class_is(n, "band")).nth(1).unwrap();
+    assert!(workers.children().all(|n| !class_is(&n, "limit")));
+    assert!(attr(workers, "data-axis-top") >= attr(workers, "data-most-active"));
 }
