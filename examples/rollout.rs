@@ -817,8 +817,11 @@ struct Removal {
     node_deleted: bool,
     /// It was a control plane, and its etcd member is gone.
     etcd_member_gone: Option<bool>,
-    /// Storage replicas moved off it (the simulator models no replica sizes).
+    /// Storage replicas moved off it.
     replicas_moved: u32,
+    /// Their bytes (the simulator's sizes: each replica's move at
+    /// `REPLICA_BYTES_PER_SECOND`).
+    evacuated_bytes: u64,
     /// From the start to the end, virtual seconds.
     duration_s: f64,
 }
@@ -827,19 +830,21 @@ impl Removal {
     fn of(sim: &SimCluster, node: &str, duration_s: f64) -> Self {
         sim.with_world(|w| {
             let n = w.nodes.iter().find(|n| n.name == node);
-            let replicas_moved = n.map_or(0, |n| {
+            let (replicas_moved, evacuated_bytes) = n.map_or((0, 0), |n| {
                 let before = if n.labels.contains_key(ichor_adapters::sim::world::STORAGE_LABEL) {
                     w.config.replicas_per_node
                 } else {
                     0
                 };
-                before.saturating_sub(n.replicas)
+                let bytes = n.drawn.bytes_left(before).saturating_sub(n.drawn.bytes_left(n.replicas));
+                (before.saturating_sub(n.replicas), bytes)
             });
             Self {
                 node: node.to_owned(),
                 node_deleted: n.is_some_and(|n| n.removed),
                 etcd_member_gone: n.filter(|n| n.role == MachineRole::ControlPlane).map(|n| n.etcd.is_none()),
                 replicas_moved,
+                evacuated_bytes,
                 duration_s,
             }
         })
@@ -851,6 +856,7 @@ impl Removal {
             "node_deleted": self.node_deleted,
             "etcd_member_gone": self.etcd_member_gone,
             "replicas_moved": self.replicas_moved,
+            "evacuated_bytes": self.evacuated_bytes,
             "duration_s": self.duration_s,
         })
     }
@@ -939,7 +945,9 @@ fn print_summary(
         if let Some(gone) = removal.etcd_member_gone {
             println!("etcd member gone: {}", yes(gone));
         }
-        println!("replicas moved off: {} (the simulator models no replica sizes)", removal.replicas_moved);
+        #[allow(clippy::cast_precision_loss, reason = "bytes shown to a tenth of a GiB")]
+        let gib = removal.evacuated_bytes as f64 / f64::from(1u32 << 30);
+        println!("replicas moved off: {} ({gib:.1} GiB)", removal.replicas_moved);
         println!("duration: {}; wall time {wall_s:.1} s", clock(removal.duration_s));
         println!(
             "Kubernetes writes: {} (status {}, conditions {}, storage {}), Events {}, reads {}; Talos calls: {}",

@@ -680,10 +680,11 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
         }))
         .unwrap();
         nodes.create(&PostParams::default(), &node).await.unwrap();
+        // A 1 GiB volume's replica on the first, a 2 GiB one on the second.
         let replica: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
             "metadata": { "name": format!("pvc-data-r-{i}"), "labels": { "longhornnode": worker } },
-            "spec": { "nodeID": worker },
+            "spec": { "nodeID": worker, "volumeSize": ((i as u64 + 1) << 30).to_string() },
         }))
         .unwrap();
         replicas.create(&PostParams::default(), &replica).await.unwrap();
@@ -734,9 +735,14 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
         assert_eq!(spec, (&json!(i != 0), &json!(false)), "{worker}: put back as it was before");
         assert!(!node.annotations().contains_key("ichor.dev/evacuation"), "{worker}: the record is gone");
         let machine = machines.get(worker.split('.').next().unwrap()).await.unwrap();
-        let conditions = machine.status.map(|s| s.conditions).unwrap_or_default();
+        let conditions = machine.status.clone().map(|s| s.conditions).unwrap_or_default();
         let evacuation = conditions.iter().find(|c| c.type_ == "StorageEvacuation").expect("the evacuation's end");
         assert_eq!((evacuation.status.as_str(), evacuation.reason.as_str()), ("False", "Ended"), "{worker}");
+        // Its upgrade recorded the bytes that were on it when the evacuation began, from
+        // Longhorn's record (for the first, the one the killed operator asked for).
+        let last = machine.status.and_then(|s| s.last_upgrade).expect("status.lastUpgrade");
+        assert_eq!(last.evacuated_bytes, Some((i as u64 + 1) << 30), "{worker}: {last:?}");
+        assert!(last.steps.contains_key("evacuation"), "{worker}: {last:?}");
     }
     scene.only_allowed_requests(&second).await;
     drop(fleet);

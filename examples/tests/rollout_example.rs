@@ -378,9 +378,13 @@ fn summaries_claim_ratios_and_bounds_only_for_a_completed_upgrade() {
     assert_eq!(json["removal"]["node_deleted"], true, "{json}");
     assert!(json["removal"]["etcd_member_gone"].is_null(), "a worker has no member: {json}");
     assert_eq!(json["removal"]["replicas_moved"], 4, "{json}");
+    // Four replicas of the simulator's sizes (each its move's seconds at 100 MiB/s).
+    let bytes = json["removal"]["evacuated_bytes"].as_u64().expect("evacuated bytes");
+    assert!(bytes >= 4 * (100 << 20) && bytes.is_multiple_of(100 << 20), "{json}");
     assert!(json["makespan_s"].is_null() && json["lower_bound_s"].is_null(), "{json}");
     let text = String::from_utf8_lossy(&rollout(&["--operation", "remove", "--node", "worker-2"]).stdout).into_owned();
     assert!(text.contains("node removed: worker-2 (Node deleted: yes)"), "{text}");
+    assert!(text.contains("replicas moved off: 4 (") && text.contains(" GiB)"), "{text}");
     assert!(!text.contains("nodes on target") && !text.contains("(ratio") && !text.contains("lower bound"), "{text}");
     let text =
         String::from_utf8_lossy(&rollout(&["--control-planes", "4", "--operation", "remove", "--node", "cp-4"]).stdout)

@@ -4,9 +4,9 @@
 //! | --- | --- |
 //! | `storage_objects` | `GET /apis/ichor.dev/v1alpha1/talosstorages` (Ichor's own CRD; `spec.nodeSelector`) |
 //! | `set_scheduling(n, false)` | `PATCH .../nodes/<n>` merge patch `{"spec":{"allowScheduling":false}}` |
-//! | `request_evacuation(n, since)` | `GET .../nodes/<n>`, then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/evacuation":<its scheduling and since>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
-//! | `evacuation_record(n)` | `GET .../nodes/<n>`: its `ichor.dev/evacuation` annotation (any 404: no record) |
-//! | `restore_scheduling(n, before)` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/evacuation":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
+//! | `request_evacuation(n, since)` | `GET .../nodes/<n>`; unless it has a record, `GET .../replicas?labelSelector=longhornnode=<n>` (their `spec.volumeSize`); then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/evacuation":<its scheduling and since>,"ichor.dev/evacuation-bytes":<bytes>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
+//! | `evacuation_record(n)` | `GET .../nodes/<n>`: its `ichor.dev/evacuation` and `ichor.dev/evacuation-bytes` annotations (any 404: no record) |
+//! | `restore_scheduling(n, before)` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/evacuation":null,"ichor.dev/evacuation-bytes":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
 //! | `set_scheduling(n, true)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":true,"evictionRequested":false}}` |
 //! | `backing_images_on(n)` (removal only) | `GET .../nodes/<n>` (its disks' `status.diskStatus.*.diskUUID`), `GET .../backingimages`: those with a file, or one to be, on those disks (`status.diskFileStatusMap`, `spec.diskFileSpecMap`, keyed by disk UUID) |
 //! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>` and, where Longhorn serves shards (1.12.1 and later), `GET .../shards?labelSelector=longhornnode=<n>`, metadata only, every item counted |
@@ -54,6 +54,14 @@ pub const FIELD_MANAGER: &str = "ichor";
 /// first record. It is the evacuation's only record until the machine's conditions carry
 /// it (decision 0011).
 pub const EVACUATION_ANNOTATION: &str = "ichor.dev/evacuation";
+
+/// The annotation beside [`EVACUATION_ANNOTATION`], written and removed with it, that
+/// keeps the bytes on the node when the evacuation was first asked for: the sum of the
+/// `spec.volumeSize` of the replicas there (nominal sizes: a thin volume's data may be
+/// less; shards are not counted). Absent when a replica's size did not read. An
+/// annotation of its own, so that an operator of an earlier version, which reads the
+/// first strictly, still reads it.
+pub const EVACUATION_BYTES_ANNOTATION: &str = "ichor.dev/evacuation-bytes";
 
 /// Longhorn's group and version.
 const GROUP_VERSION: &str = "longhorn.io/v1beta2";
@@ -115,6 +123,19 @@ impl LonghornStorage {
         Ok(*served)
     }
 
+    /// The bytes of the replicas on `node`: the sum of their `spec.volumeSize` (a string
+    /// of bytes, as Longhorn writes it, or a number); `None` when one has no size that
+    /// reads (no guess below the truth).
+    async fn bytes_on(&self, node: &str) -> Result<Option<u64>, StorageError> {
+        let params = ListParams::default().labels(&format!("{REPLICA_NODE_LABEL}={node}"));
+        let list = self
+            .replicas
+            .list(&params)
+            .await
+            .map_err(|e| storage_error(&format!("list Longhorn replicas on node {node}"), &e))?;
+        Ok(list.items.iter().try_fold(0u64, |sum, replica| sum.checked_add(volume_size(replica)?)))
+    }
+
     /// How many objects of `api` (`what`: their kind, for errors) carry `node`'s label.
     async fn count_on(&self, api: &Api<DynamicObject>, what: &str, node: &str) -> Result<u32, StorageError> {
         let params = ListParams::default().labels(&format!("{REPLICA_NODE_LABEL}={node}"));
@@ -126,13 +147,19 @@ impl LonghornStorage {
     }
 }
 
+/// A replica's `spec.volumeSize`, in bytes.
+fn volume_size(replica: &DynamicObject) -> Option<u64> {
+    let size = &replica.data["spec"]["volumeSize"];
+    size.as_u64().or_else(|| size.as_str()?.parse().ok())
+}
+
 fn patch_params() -> PatchParams {
     PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() }
 }
 
 /// The annotation's text: `allowScheduling=<bool>,evictionRequested=<bool>,since=<ms>`.
 fn record_text(record: EvacuationRecord) -> String {
-    let EvacuationRecord { before, since } = record;
+    let EvacuationRecord { before, since, .. } = record;
     let mut text = format!("allowScheduling={},evictionRequested={}", before.allowed, before.eviction_requested);
     if let Some(since) = since {
         text.push_str(&format!(",since={}", since.unix_millis()));
@@ -153,19 +180,24 @@ fn parse_record(text: &str) -> Option<EvacuationRecord> {
         None => None,
         Some(part) => Some(Timestamp::from_unix_millis(part.strip_prefix("since=")?.parse().ok()?)),
     };
-    parts.next().is_none().then_some(EvacuationRecord { before, since })
+    parts.next().is_none().then_some(EvacuationRecord { before, since, bytes: None })
 }
 
-/// The record of the Longhorn Node `object` (named `node`, for errors).
+/// The record of the Longhorn Node `object` (named `node`, for errors), with its bytes
+/// when [`EVACUATION_BYTES_ANNOTATION`] reads (a size is a detail: one that does not read
+/// is no size, never an error).
 fn record_of(object: &DynamicObject, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
-    let Some(kept) = object.metadata.annotations.as_ref().and_then(|a| a.get(EVACUATION_ANNOTATION)) else {
+    let annotations = object.metadata.annotations.as_ref();
+    let Some(kept) = annotations.and_then(|a| a.get(EVACUATION_ANNOTATION)) else {
         return Ok(None);
     };
-    parse_record(kept).map(Some).ok_or_else(|| {
+    let record = parse_record(kept).ok_or_else(|| {
         StorageError::failure(format!(
             "Longhorn Node {node}: annotation {EVACUATION_ANNOTATION} does not parse: {kept:?}"
         ))
-    })
+    })?;
+    let bytes = annotations.and_then(|a| a.get(EVACUATION_BYTES_ANNOTATION)).and_then(|b| b.parse().ok());
+    Ok(Some(EvacuationRecord { bytes, ..record }))
 }
 
 /// Maps a Kubernetes API error as every other call of the adapters does
@@ -245,7 +277,8 @@ impl StorageApi for LonghornStorage {
                 let flag = |key: &str| object.data["spec"][key].as_bool().unwrap_or(false);
                 let before =
                     Scheduling { allowed: flag("allowScheduling"), eviction_requested: flag("evictionRequested") };
-                EvacuationRecord { before, since: Some(since) }
+                // What is on the node now, before anything moves.
+                EvacuationRecord { before, since: Some(since), bytes: self.bytes_on(node).await? }
             }
         };
         let before = record.before;
@@ -254,7 +287,10 @@ impl StorageApi for LonghornStorage {
         let patch = json!({
             "metadata": {
                 "resourceVersion": object.metadata.resource_version,
-                "annotations": { EVACUATION_ANNOTATION: record_text(record) },
+                "annotations": {
+                    EVACUATION_ANNOTATION: record_text(record),
+                    EVACUATION_BYTES_ANNOTATION: record.bytes.map(|b| b.to_string()),
+                },
             },
             "spec": { "allowScheduling": false, "evictionRequested": true },
         });
@@ -276,7 +312,7 @@ impl StorageApi for LonghornStorage {
 
     async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
         let patch = json!({
-            "metadata": { "annotations": { EVACUATION_ANNOTATION: null } },
+            "metadata": { "annotations": { EVACUATION_ANNOTATION: null, EVACUATION_BYTES_ANNOTATION: null } },
             "spec": { "allowScheduling": before.allowed, "evictionRequested": before.eviction_requested },
         });
         match self.nodes.patch(node, &patch_params(), &Patch::Merge(&patch)).await {
@@ -332,13 +368,18 @@ mod tests {
         for allowed in [true, false] {
             for eviction_requested in [true, false] {
                 for since in [None, Some(Timestamp::from_unix_millis(1_764_640_488_123))] {
-                    let record = EvacuationRecord { before: Scheduling { allowed, eviction_requested }, since };
+                    let record =
+                        EvacuationRecord { before: Scheduling { allowed, eviction_requested }, since, bytes: None };
                     assert_eq!(parse_record(&record_text(record)), Some(record), "{record:?}");
                 }
             }
         }
         assert_eq!(
-            record_text(EvacuationRecord { before: Scheduling::ON, since: Some(Timestamp::from_unix_millis(5)) }),
+            record_text(EvacuationRecord {
+                before: Scheduling::ON,
+                since: Some(Timestamp::from_unix_millis(5)),
+                bytes: Some(7)
+            }),
             "allowScheduling=true,evictionRequested=false,since=5"
         );
         for text in [

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use ichor_adapters::longhorn::{EVACUATION_ANNOTATION, FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL};
+use ichor_adapters::longhorn::{
+    EVACUATION_ANNOTATION, EVACUATION_BYTES_ANNOTATION, FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL,
+};
 use ichor_storage::{EvacuationRequest, StorageApi};
 use ichor_testkit::kube::{TestNamespace, apply_longhorn_crds, longhorn_api};
 use ichor_upgrade_core::Timestamp;
@@ -86,6 +88,21 @@ async fn longhorn_an_evacuation_puts_back_the_scheduling_an_operator_had_set() {
     let by_hand = json!({ "spec": { "allowScheduling": false } });
     let params = kube::api::PatchParams { field_manager: Some("kubectl".into()), ..Default::default() };
     bounded(nodes.patch("worker-1", &params, &kube::api::Patch::Merge(&by_hand))).await.unwrap();
+    // Two replicas on it, of 20 GiB and 5 GiB volumes (sizes as Longhorn writes them),
+    // and one elsewhere.
+    let replicas = api(&ns, "Replica", "replicas");
+    for (name, node, size) in [
+        ("pvc-a-r-1", "worker-1", "21474836480"),
+        ("pvc-b-r-1", "worker-1", "5368709120"),
+        ("pvc-a-r-2", "worker-2", "1"),
+    ] {
+        let replica = json!({
+            "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+            "metadata": { "name": name, "labels": { REPLICA_NODE_LABEL: node } },
+            "spec": { "nodeID": node, "volumeSize": size }
+        });
+        create(&replicas, replica).await;
+    }
     let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
     let before = Scheduling { allowed: false, eviction_requested: false };
     let (first, again) =
@@ -98,12 +115,18 @@ async fn longhorn_an_evacuation_puts_back_the_scheduling_an_operator_had_set() {
     assert_eq!(request, EvacuationRequest::Requested { before });
     assert_eq!(node_spec(&ns, "worker-1").await.0, (false, true));
     let record = bounded(storage.evacuation_record("worker-1")).await.unwrap();
-    assert_eq!(record, Some(EvacuationRecord { before, since: Some(first) }), "the record, as the server keeps it");
+    let bytes = Some(26_843_545_600);
+    assert_eq!(
+        record,
+        Some(EvacuationRecord { before, since: Some(first), bytes }),
+        "the record, as the server keeps it"
+    );
     bounded(storage.restore_scheduling("worker-1", before)).await.unwrap();
     assert_eq!(node_spec(&ns, "worker-1").await.0, (false, false), "still unschedulable, as the operator left it");
     let node = bounded(nodes.get("worker-1")).await.unwrap();
     let annotations = node.metadata.annotations.unwrap_or_default();
     assert!(!annotations.contains_key(EVACUATION_ANNOTATION), "the record is gone: {annotations:?}");
+    assert!(!annotations.contains_key(EVACUATION_BYTES_ANNOTATION), "its bytes too: {annotations:?}");
     assert_eq!(bounded(storage.evacuation_record("worker-1")).await.unwrap(), None);
     assert_eq!(bounded(storage.evacuation_record("no-such-node")).await.unwrap(), None);
     // The next evacuation reads the node afresh.

@@ -60,6 +60,29 @@ async fn disabling_scheduling_patches_the_longhorn_node() {
     api.await.unwrap();
 }
 
+/// Takes the next request, checks it is a list of the replicas on `node` (by Longhorn's
+/// label, whole objects: their sizes are read), and answers one replica per size.
+async fn expect_replicas(server: &mut Server, node: &str, sizes: &[Value]) {
+    let (request, send) = server.next_request().await.expect("a request");
+    assert_eq!(request.method(), Method::GET);
+    assert_eq!(request.uri().path(), "/apis/longhorn.io/v1beta2/namespaces/longhorn-system/replicas");
+    let query = request.uri().query().unwrap_or_default();
+    assert!(query.contains(&format!("labelSelector=longhornnode%3D{node}")), "{query}");
+    assert!(!request.headers().get("accept").is_some_and(|a| a.to_str().unwrap().contains("PartialObjectMetadata")));
+    let items: Vec<Value> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, size)| {
+            json!({ "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+                    "metadata": { "name": format!("pvc-{i}-r-{node}"), "labels": { "longhornnode": node } },
+                    "spec": { "nodeID": node, "volumeSize": size } })
+        })
+        .collect();
+    let list = json!({ "apiVersion": "longhorn.io/v1beta2", "kind": "ReplicaList",
+                       "metadata": { "resourceVersion": "9" }, "items": items });
+    send.send_response(respond(StatusCode::OK, &list));
+}
+
 /// Takes the next request, checks it is a GET of Longhorn Node `node`, and answers `body`.
 async fn expect_get(server: &mut Server, node: &str, status: StatusCode, body: &Value) {
     let (request, send) = server.next_request().await.expect("a request");
@@ -75,26 +98,34 @@ async fn an_evacuation_is_an_eviction_request_with_scheduling_off_that_keeps_wha
         // An operator had turned scheduling off by hand.
         let node = longhorn_node("worker-1", json!({ "allowScheduling": false, "evictionRequested": false }));
         expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
+        // What is on the node before anything moves: its replicas' sizes (Longhorn writes
+        // them as strings of bytes).
+        expect_replicas(&mut server, "worker-1", &[json!("10737418240"), json!(2_147_483_648_u64)]).await;
         let (body, send) = expect_patch(&mut server, "worker-1").await;
         assert_eq!(
             body,
             json!({
                 "metadata": { "resourceVersion": "2",
-                              "annotations": { "ichor.dev/evacuation": "allowScheduling=false,evictionRequested=false,since=1000" } },
+                              "annotations": { "ichor.dev/evacuation": "allowScheduling=false,evictionRequested=false,since=1000",
+                                               "ichor.dev/evacuation-bytes": "12884901888" } },
                 "spec": { "allowScheduling": false, "evictionRequested": true }
             })
         );
         send.send_response(respond(StatusCode::OK, &longhorn_node("worker-1", body["spec"].clone())));
-        // Asked again (a pass after a crash): what was kept is what was before.
+        // Asked again (a pass after a crash): what was kept is what was before, with no
+        // second count of what is left.
         let mut node = longhorn_node("worker-1", json!({ "allowScheduling": false, "evictionRequested": true }));
-        node["metadata"]["annotations"] =
-            json!({ "ichor.dev/evacuation": "allowScheduling=false,evictionRequested=false,since=1000" });
+        node["metadata"]["annotations"] = json!({
+            "ichor.dev/evacuation": "allowScheduling=false,evictionRequested=false,since=1000",
+            "ichor.dev/evacuation-bytes": "12884901888",
+        });
         expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
         let (body, send) = expect_patch(&mut server, "worker-1").await;
         assert_eq!(
-            body["metadata"]["annotations"]["ichor.dev/evacuation"],
-            "allowScheduling=false,evictionRequested=false,since=1000",
-            "the first request's record, its time included"
+            body["metadata"]["annotations"],
+            json!({ "ichor.dev/evacuation": "allowScheduling=false,evictionRequested=false,since=1000",
+                    "ichor.dev/evacuation-bytes": "12884901888" }),
+            "the first request's record, its time and bytes included"
         );
         send.send_response(respond(StatusCode::OK, &node));
         // The record is read back from the node.
@@ -103,7 +134,7 @@ async fn an_evacuation_is_an_eviction_request_with_scheduling_off_that_keeps_wha
         let (body, send) = expect_patch(&mut server, "worker-1").await;
         assert_eq!(
             body,
-            json!({ "metadata": { "annotations": { "ichor.dev/evacuation": null } },
+            json!({ "metadata": { "annotations": { "ichor.dev/evacuation": null, "ichor.dev/evacuation-bytes": null } },
                     "spec": { "allowScheduling": false, "evictionRequested": false } })
         );
         send.send_response(respond(StatusCode::OK, &longhorn_node("worker-1", body["spec"].clone())));
@@ -113,8 +144,25 @@ async fn an_evacuation_is_an_eviction_request_with_scheduling_off_that_keeps_wha
     assert_eq!(storage.request_evacuation("worker-1", first).await.unwrap(), EvacuationRequest::Requested { before });
     assert_eq!(storage.request_evacuation("worker-1", again).await.unwrap(), EvacuationRequest::Requested { before });
     let record = storage.evacuation_record("worker-1").await.unwrap();
-    assert_eq!(record, Some(EvacuationRecord { before, since: Some(first) }));
+    assert_eq!(record, Some(EvacuationRecord { before, since: Some(first), bytes: Some(12_884_901_888) }));
     storage.restore_scheduling("worker-1", before).await.unwrap();
+    api.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replica_whose_size_does_not_read_leaves_the_bytes_unsaid_not_undercounted() {
+    let (storage, mut server) = storage();
+    let api = tokio::spawn(async move {
+        let node = longhorn_node("worker-1", json!({ "allowScheduling": true, "evictionRequested": false }));
+        expect_get(&mut server, "worker-1", StatusCode::OK, &node).await;
+        expect_replicas(&mut server, "worker-1", &[json!("10737418240"), json!("ten gigabytes")]).await;
+        let (body, send) = expect_patch(&mut server, "worker-1").await;
+        assert_eq!(body["metadata"]["annotations"]["ichor.dev/evacuation-bytes"], Value::Null, "{body}");
+        assert_eq!(body["spec"], json!({ "allowScheduling": false, "evictionRequested": true }), "the request goes on");
+        send.send_response(respond(StatusCode::OK, &longhorn_node("worker-1", body["spec"].clone())));
+    });
+    let request = storage.request_evacuation("worker-1", Timestamp::from_unix_millis(1000)).await.unwrap();
+    assert_eq!(request, EvacuationRequest::Requested { before: Scheduling::ON });
     api.await.unwrap();
 }
 
@@ -328,7 +376,8 @@ async fn the_evacuations_record_is_read_from_the_nodes_annotation_and_a_404_is_n
         send.send_response(respond(StatusCode::FORBIDDEN, &status(403, "Forbidden", "nodes.longhorn.io is forbidden")));
     });
     let record = storage.evacuation_record("worker-1").await.unwrap();
-    assert_eq!(record, Some(EvacuationRecord { before: Scheduling::ON, since: Some(Timestamp::from_unix_millis(42)) }));
+    let since = Some(Timestamp::from_unix_millis(42));
+    assert_eq!(record, Some(EvacuationRecord { before: Scheduling::ON, since, bytes: None }));
     assert_eq!(storage.evacuation_record("worker-1").await.unwrap(), None);
     assert_eq!(storage.evacuation_record("worker-1").await.unwrap(), None);
     let err = storage.evacuation_record("worker-1").await.unwrap_err();

@@ -317,6 +317,7 @@ mod tests {
             time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::from_second(1_767_225_600 + secs).unwrap(),
             ),
+            bytes: None,
         }
     }
 

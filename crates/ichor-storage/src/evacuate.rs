@@ -230,7 +230,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_observation_carries_the_backends_record_and_counts_replicas_for_it_even_unselected() {
-        let record = EvacuationRecord { before: Scheduling::ON, since: Some(now()) };
+        let record = EvacuationRecord { before: Scheduling::ON, since: Some(now()), bytes: None };
         let mut storage = MockStorageApi::new();
         // The selector no longer selects the node: the open evacuation still counts.
         storage.expect_storage_objects().returning(|| Ok(vec![]));

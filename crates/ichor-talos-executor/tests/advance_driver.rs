@@ -457,7 +457,7 @@ fn storage_recording(world: &mut World, replicas: u32, before: Scheduling, since
     world.storage = MockStorage::new();
     world.storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
     world.storage.expect_replicas_on().returning(move |_| Ok(replicas));
-    let record = ichor_upgrade_core::evacuation::EvacuationRecord { before, since: Some(since) };
+    let record = ichor_upgrade_core::evacuation::EvacuationRecord { before, since: Some(since), bytes: None };
     world.storage.expect_evacuation_record().with(eq("worker-1")).returning(move |_| Ok(Some(record)));
 }
 

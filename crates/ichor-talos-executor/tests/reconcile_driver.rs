@@ -98,7 +98,7 @@ async fn a_stop_ends_an_evacuation_only_the_backend_records() {
         let mut storage = MockStorage::new();
         storage.expect_storage_objects().returning(|| Ok(Vec::new()));
         let before = Scheduling { allowed: false, eviction_requested: false };
-        let record = EvacuationRecord { before, since: Some(NOW) };
+        let record = EvacuationRecord { before, since: Some(NOW), bytes: None };
         storage.expect_evacuation_record().with(eq("node-a")).returning(|_| Ok(None));
         storage.expect_evacuation_record().with(eq("node-b")).returning(move |_| Ok(recorded.then_some(record)));
         storage

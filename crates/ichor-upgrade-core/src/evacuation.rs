@@ -100,13 +100,33 @@ pub struct EvacuationRecord {
     /// When the evacuation was first asked for: its timeout's clock. `None` from a record
     /// that kept no time, which counts as now (the timeout never fires early).
     pub since: Option<Timestamp>,
+    /// The bytes on the node when the evacuation was first asked for: the sizes of the
+    /// replicas' volumes there (Longhorn: the sum of their `spec.volumeSize`), what the
+    /// evacuation moves at most. `None` when the backend did not say.
+    pub bytes: Option<u64>,
+}
+
+/// How the condition's message records [`EvacuationRecord::bytes`]: a part in parentheses
+/// ending with this, before the scheduling's record.
+const BYTES: &str = " bytes on it)";
+
+/// The bytes an evacuation moved at most, as the message of the condition that opened it
+/// records them (written by [`with_recorded_evacuation`] from the backend's record);
+/// `None` when it records none.
+#[must_use]
+pub fn bytes_from_message(message: &str) -> Option<u64> {
+    let end = message.find(BYTES)?;
+    let start = message[..end].rfind('(')? + 1;
+    message[start..end].parse().ok()
 }
 
 /// The message of `StorageEvacuation=True/Evacuating` for an evacuation of `node` asked
-/// for with the backend's scheduling from before it.
+/// for with the backend's scheduling from before it, and the bytes on the node then when
+/// the backend said.
 #[must_use]
-fn opened_message(node: &str, before: Scheduling) -> String {
-    format!("storage scheduling disabled on {node}; replicas asked to move{}", before.marker())
+fn opened_message(node: &str, before: Scheduling, bytes: Option<u64>) -> String {
+    let bytes = bytes.map(|b| format!(" ({b}{BYTES}")).unwrap_or_default();
+    format!("storage scheduling disabled on {node}; replicas asked to move{bytes}{}", before.marker())
 }
 
 /// The machine's conditions as its step sees them, when the storage backend records an
@@ -130,7 +150,7 @@ pub fn with_recorded_evacuation(
         STORAGE_EVACUATION,
         ConditionStatus::True,
         reason::EVACUATING,
-        opened_message(node, record.before),
+        opened_message(node, record.before, record.bytes),
     );
     seen.upsert(update, record.since.map_or(now, |since| since.min(now)));
     Some(seen)
@@ -332,7 +352,24 @@ mod tests {
 
     fn recorded(since: Option<i64>) -> StorageObservation {
         let before = Scheduling { allowed: false, eviction_requested: false };
-        StorageObservation { recorded: Some(EvacuationRecord { before, since: since.map(at) }), ..selected(Some(3)) }
+        let record = EvacuationRecord { before, since: since.map(at), bytes: None };
+        StorageObservation { recorded: Some(record), ..selected(Some(3)) }
+    }
+
+    #[test]
+    fn the_bytes_on_the_node_ride_in_the_opening_message_beside_the_scheduling() {
+        let before = Scheduling { allowed: true, eviction_requested: true };
+        for bytes in [None, Some(0), Some(53_687_091_200)] {
+            let record = EvacuationRecord { before, since: Some(at(100)), bytes };
+            let storage = StorageObservation { recorded: Some(record), ..selected(Some(3)) };
+            let seen = with_recorded_evacuation(&Conditions::new(), &storage, "w-1", at(200)).unwrap();
+            let message = &seen.get(STORAGE_EVACUATION).unwrap().message;
+            assert_eq!(bytes_from_message(message), bytes, "{message}");
+            assert_eq!(scheduling_to_restore(&seen), before, "{message}");
+        }
+        for message in ["", "replicas asked to move (x bytes on it)", "no parenthesis bytes on it)"] {
+            assert_eq!(bytes_from_message(message), None, "{message}");
+        }
     }
 
     #[test]

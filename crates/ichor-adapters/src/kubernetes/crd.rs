@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use ichor_upgrade_core::evacuation;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -251,6 +252,11 @@ pub struct LastUpgrade {
     /// the Upgrade call to convergence: pull, drain, install, reboot, Ready, verification),
     /// `install` and `reboot` (a lifecycle upgrade's).
     pub steps: BTreeMap<String, f64>,
+    /// The bytes its evacuation moved off it at most (what was on it when the evacuation
+    /// began, as the storage backend recorded it); absent with no evacuation, or none
+    /// recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evacuated_bytes: Option<u64>,
 }
 
 /// The durations of the steps of a machine's last upgrade, from its history: each step
@@ -299,6 +305,7 @@ pub fn last_upgrade(history: &[MachineStep]) -> Option<LastUpgrade> {
         converged: end.time.clone(),
         seconds,
         steps: step_durations(&history[first..]).into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        evacuated_bytes: history[first..].iter().rev().find_map(|s| s.bytes),
     })
 }
 
@@ -319,6 +326,10 @@ pub struct MachineStep {
     pub reason: String,
     /// When it entered them (the condition's `lastTransitionTime`).
     pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// For the opening of a storage evacuation (`StorageEvacuation` `Evacuating`): the
+    /// bytes on the node then, as the storage backend recorded them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 impl TalosMachineStatus {
@@ -332,11 +343,14 @@ impl TalosMachineStatus {
             if before.is_some_and(|b| b.status == condition.status && b.reason == condition.reason) {
                 continue;
             }
+            let opens_evacuation =
+                condition.type_ == evacuation::STORAGE_EVACUATION && condition.reason == evacuation::reason::EVACUATING;
             history.push(MachineStep {
                 type_: condition.type_.clone(),
                 status: condition.status.clone(),
                 reason: condition.reason.clone(),
                 time: condition.last_transition_time.clone(),
+                bytes: opens_evacuation.then(|| evacuation::bytes_from_message(&condition.message)).flatten(),
             });
         }
         // A convergence just recorded is the end of an upgrade: its durations are kept
@@ -774,8 +788,54 @@ mod tests {
         let last = status.last_upgrade.clone().unwrap();
         assert_eq!((last.start.0.as_second(), last.converged.0.as_second(), last.seconds), (100, 400, 300.0));
         assert_eq!(last.steps, [("evacuation".to_owned(), 60.0), ("upgrade".to_owned(), 238.0)].into());
+        assert_eq!(last.evacuated_bytes, None, "no bytes recorded, none claimed");
         // A write that changes nothing keeps it.
         let again = status.with_conditions(status.conditions.clone());
         assert_eq!(again.last_upgrade, Some(last));
+    }
+
+    #[test]
+    fn the_bytes_an_evacuation_recorded_at_its_opening_are_the_upgrades_evacuated_bytes() {
+        let opened = |bytes: Option<u64>| {
+            let record = evacuation::EvacuationRecord {
+                before: evacuation::Scheduling::ON,
+                since: Some(ichor_upgrade_core::Timestamp::from_unix_millis(100_000)),
+                bytes,
+            };
+            let storage = evacuation::StorageObservation { recorded: Some(record), ..Default::default() };
+            let now = ichor_upgrade_core::Timestamp::from_unix_millis(100_000);
+            let seen = evacuation::with_recorded_evacuation(
+                &ichor_upgrade_core::conditions::Conditions::new(),
+                &storage,
+                "w-1",
+                now,
+            )
+            .unwrap();
+            let c = seen.get(evacuation::STORAGE_EVACUATION).unwrap();
+            Condition {
+                message: c.message.clone(),
+                ..condition(evacuation::STORAGE_EVACUATION, "True", evacuation::reason::EVACUATING, 100)
+            }
+        };
+        for bytes in [Some(32_212_254_720), None] {
+            let status = TalosMachineStatus::default()
+                .with_conditions(vec![opened(bytes)])
+                .with_conditions(vec![
+                    condition(evacuation::STORAGE_EVACUATION, "False", evacuation::reason::ENDED, 160),
+                    condition("TalosUpgrade", "True", "UpgradeRequested", 161),
+                ])
+                .with_conditions(vec![
+                    condition(evacuation::STORAGE_EVACUATION, "False", evacuation::reason::ENDED, 160),
+                    condition("TalosUpgrade", "True", "Converged", 400),
+                ]);
+            assert_eq!(status.history[0].bytes, bytes, "the opening step keeps them");
+            assert!(status.history[1..].iter().all(|s| s.bytes.is_none()));
+            let last = status.last_upgrade.expect("converged");
+            assert_eq!(last.evacuated_bytes, bytes);
+            assert_eq!(last.steps["evacuation"], 60.0);
+            // Written as the API server keeps it: absent when unknown.
+            let json = serde_json::to_value(&last).unwrap();
+            assert_eq!(json.get("evacuatedBytes").and_then(serde_json::Value::as_u64), bytes);
+        }
     }
 }

@@ -1018,7 +1018,9 @@ impl StorageApi for SimCluster {
             // backend keeps it in an annotation written with the same patch.
             let n = &mut w.nodes[i];
             let now = Scheduling { allowed: n.scheduling, eviction_requested: n.evacuation.is_some() };
-            let before = n.storage_record.get_or_insert(EvacuationRecord { before: now, since: Some(since) }).before;
+            let bytes = Some(n.drawn.bytes_left(n.replicas));
+            let before =
+                n.storage_record.get_or_insert(EvacuationRecord { before: now, since: Some(since), bytes }).before;
             // Scheduling off and the eviction asked for, as Longhorn's one patch does.
             n.scheduling = false;
             if n.evacuation.is_some() {

@@ -136,7 +136,21 @@ pub struct Drawn {
     pub pull: Duration,
 }
 
+/// How fast a replica moves, bytes a second: what a replica's size is, from its drawn
+/// move (100 MiB/s, a rebuild over a 1 Gbit/s network with room to spare). The simulated
+/// storage has sizes this way, with no draw of its own (so seeds replay as before).
+pub const REPLICA_BYTES_PER_SECOND: u64 = 100 * 1024 * 1024;
+
 impl Drawn {
+    /// The bytes of the replicas still on the node, when `left` of its replicas are: the
+    /// last `left` of [`Self::replica_moves`] (they move in order), each its move's
+    /// seconds at [`REPLICA_BYTES_PER_SECOND`].
+    #[must_use]
+    pub fn bytes_left(&self, left: u32) -> u64 {
+        let moved = self.replica_moves.len().saturating_sub(left as usize);
+        self.replica_moves[moved..].iter().map(|s| s.saturating_mul(REPLICA_BYTES_PER_SECOND)).sum()
+    }
+
     /// The node's own time: its evacuation, an uncontended image pull, its drain and
     /// install, its reboot until Ready.
     #[must_use]

@@ -48,6 +48,7 @@ fn machine(name: &str, role: Role, turn: Option<(i64, i64)>) -> Arc<TalosMachine
             status: "True".into(),
             reason: reason.into(),
             time: at(secs),
+            bytes: None,
         };
         m.status = Some(TalosMachineStatus {
             history: vec![step("UpgradeRequested", call), step("Converged", converged)],
