@@ -52,7 +52,9 @@ use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, ExecutorArg, Swit
 use ichor_timeline::History;
 use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
-use ichor_upgrade_core::plan::{DEFAULT_RUNS, Models, PlanInput, PlanMachine, Recorded, models, plan};
+use ichor_upgrade_core::plan::{
+    DEFAULT_RUNS, Models, PlanInput, PlanMachine, Recorded, describe_storage, models, plan,
+};
 use ichor_upgrade_core::preflight::{Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::rollout::removal_refusal;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
@@ -601,25 +603,29 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
         worker_turns: h.worker_turns.clone(),
         lead: h.lead,
         reaction: h.reaction,
+        // A trace records no bytes: no rate to time evacuations by.
+        storage: None,
     });
     let pass = ichor_talos_executor::ExecutorConfig::default().pass_interval;
-    let Models { control_plane, worker, lead_s, reaction_s, assumed } =
+    let Models { control_plane, worker, lead_s, reaction_s, storage, mut assumed } =
         models(recorded.as_ref(), &config.plan_defaults(pass));
     // The preflight's verdict on every machine now, from what the cluster shows.
-    let nodes: Vec<(String, MachineRole)> =
-        sim.with_world(|w| w.nodes.iter().map(|n| (n.name.clone(), n.role)).collect());
-    let names: Vec<&str> = nodes.iter().map(|(name, _)| name.as_str()).collect();
+    // Each node with the bytes on it now (the simulator's sizes).
+    let nodes: Vec<(String, MachineRole, u64)> =
+        sim.with_world(|w| w.nodes.iter().map(|n| (n.name.clone(), n.role, n.drawn.bytes_left(n.replicas))).collect());
+    let names: Vec<&str> = nodes.iter().map(|(name, _, _)| name.as_str()).collect();
     let facts = sim.with_world(|w| w.preflight_facts(&names));
     let preflight = PreflightConfig::default();
     let gate = Preflight::new(&facts, &preflight);
     let mut machines: Vec<PlanMachine> = nodes
         .iter()
-        .map(|(node, role)| {
+        .map(|(node, role, bytes)| {
             let blockers = gate.blockers(node);
             let held = (!blockers.is_empty()).then(|| describe(&blockers));
-            PlanMachine { node: node.clone(), role: *role, held }
+            PlanMachine { node: node.clone(), role: *role, held, bytes: Some(*bytes) }
         })
         .collect();
+    assumed.extend(describe_storage(&machines, storage));
     // The engine's order: control planes first, then by name (the simulation sets no
     // order labels).
     machines.sort_by(|a, b| {
@@ -631,6 +637,7 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
         worker,
         lead_s,
         reaction_s,
+        storage,
         max_unavailable: args.max_unavailable as usize,
         runs: DEFAULT_RUNS,
         seed: args.seed,

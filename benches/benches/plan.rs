@@ -7,11 +7,22 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::plan::{DEFAULT_RUNS, PlanInput, PlanMachine, TurnModel, plan};
+use ichor_upgrade_core::plan::{DEFAULT_RUNS, PlanInput, PlanMachine, StorageRate, TurnModel, plan};
 
 fn machines(workers: usize) -> Vec<PlanMachine> {
-    let cp = (1..=3).map(|i| PlanMachine { node: format!("cp-{i}"), role: MachineRole::ControlPlane, held: None });
-    let w = (1..=workers).map(|i| PlanMachine { node: format!("worker-{i}"), role: MachineRole::Worker, held: None });
+    let cp = (1..=3).map(|i| PlanMachine {
+        node: format!("cp-{i}"),
+        role: MachineRole::ControlPlane,
+        held: None,
+        bytes: Some(0),
+    });
+    // Workers with storage, 1 to 40 GiB each.
+    let w = (1..=workers).map(|i| PlanMachine {
+        node: format!("worker-{i}"),
+        role: MachineRole::Worker,
+        held: None,
+        bytes: Some((1 + (i as u64 % 40)) << 30),
+    });
     cp.chain(w).collect()
 }
 
@@ -28,6 +39,7 @@ fn bench(c: &mut Criterion) {
             worker: TurnModel::Recorded(turns),
             lead_s: 12.0,
             reaction_s: 1.5,
+            storage: Some(StorageRate { bytes_per_s: 100.0 * 1024.0 * 1024.0, control_plane_s: 0.0, worker_s: 60.0 }),
             max_unavailable: 20,
             runs: DEFAULT_RUNS,
             seed: 1,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{Process, TIME_SCALE, eventually};
 use ichor_adapters::kubernetes::crd::{
-    TalosMachine, TalosOperation, TalosOperationSpec, TalosStorage, TalosStorageSpec,
+    TalosCluster, TalosMachine, TalosOperation, TalosOperationSpec, TalosStorage, TalosStorageSpec,
 };
 use ichor_operator::{fleet, rbac};
 use ichor_testkit::kube::TestNamespace;
@@ -744,6 +744,27 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
         assert_eq!(last.evacuated_bytes, Some((i as u64 + 1) << 30), "{worker}: {last:?}");
         assert!(last.steps.contains_key("evacuation"), "{worker}: {last:?}");
     }
+
+    // A plan of the next upgrade reads the replicas' sizes now (a 3 GiB volume's replica
+    // on the second worker) and times its evacuation at the rate the upgrade recorded.
+    let replica: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+        "metadata": { "name": "pvc-logs-r-1", "labels": { "longhornnode": &workers[1] } },
+        "spec": { "nodeID": &workers[1], "volumeSize": (3u64 << 30).to_string() },
+    }))
+    .unwrap();
+    replicas.create(&PostParams::default(), &replica).await.unwrap();
+    let clusters: Api<TalosCluster> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let next = json!({ "spec": { "talosVersion": "v1.14.4" } });
+    clusters.patch(fleet::CLUSTER, &PatchParams::default(), &Patch::Merge(&next)).await.unwrap();
+    let spec =
+        TalosOperationSpec { target_version: "v1.14.4".into(), dry_run: true, ..scene.operation_spec("talos", None) };
+    let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    ops.create(&PostParams::default(), &TalosOperation::new("plan", spec)).await.unwrap();
+    eventually("the plan is made", || async { scene.phase("plan").await == "Completed" }).await;
+    let plan = ops.get("plan").await.unwrap().status.and_then(|s| s.plan).expect("status.plan");
+    let said = plan.assumed.iter().find(|a| a.starts_with("storage: ")).unwrap_or_else(|| panic!("{plan:?}"));
+    assert!(said.starts_with("storage: 3.0 GiB on 1 machines now, each evacuation timed at the recorded "), "{said}");
     scene.only_allowed_requests(&second).await;
     drop(fleet);
     scene.end().await;

@@ -24,13 +24,14 @@
 //! (`reason: NotFound`, its name), never on a 404 of a missing CRD. `docs/storage-longhorn.md`
 //! has the details and the RBAC an operator grants.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use ichor_storage::{EvacuationRequest, LabelSelector, StorageApi, StorageError, StorageObject};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
+use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::OnceCell;
@@ -134,6 +135,29 @@ impl LonghornStorage {
             .await
             .map_err(|e| storage_error(&format!("list Longhorn replicas on node {node}"), &e))?;
         Ok(list.items.iter().try_fold(0u64, |sum, replica| sum.checked_add(volume_size(replica)?)))
+    }
+
+    /// The bytes of the replicas on each node that has any, from one list of every
+    /// replica (`GET .../replicas`, whole objects): the sum of their `spec.volumeSize` by
+    /// the node their label names; `None` for a node one of whose replicas has no size
+    /// that reads. What a dry run plans evacuations from; an upgrade asks per node, at its
+    /// evacuation's start ([`StorageApi::request_evacuation`]).
+    ///
+    /// # Errors
+    /// As every request of this backend: the list's failure, transient or not.
+    pub async fn bytes_by_node(&self) -> Result<BTreeMap<String, Option<u64>>, StorageError> {
+        let list = self
+            .replicas
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| storage_error("list Longhorn replicas", &e))?;
+        let mut bytes: BTreeMap<String, Option<u64>> = BTreeMap::new();
+        for replica in &list.items {
+            let Some(node) = replica.labels().get(REPLICA_NODE_LABEL).filter(|n| !n.is_empty()) else { continue };
+            let sum = bytes.entry(node.clone()).or_insert(Some(0));
+            *sum = sum.and_then(|s| s.checked_add(volume_size(replica)?));
+        }
+        Ok(bytes)
     }
 
     /// How many objects of `api` (`what`: their kind, for errors) carry `node`'s label.

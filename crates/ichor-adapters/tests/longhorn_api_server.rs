@@ -169,6 +169,37 @@ async fn longhorn_replicas_and_shards_left_on_a_node_are_all_counted() {
 
 #[tokio::test]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn longhorn_the_bytes_on_each_node_come_from_one_list_of_the_replicas_sizes() {
+    let ns = longhorn_namespace("lh-bytes").await;
+    let storage = LonghornStorage::new(ns.client.clone(), &ns.name);
+    assert!(bounded(storage.bytes_by_node()).await.unwrap().is_empty(), "no replica, no node");
+    let replicas = api(&ns, "Replica", "replicas");
+    for (name, node, size) in [
+        ("pvc-a-r-1", "worker-1", json!("21474836480")),
+        ("pvc-b-r-1", "worker-1", json!(5_368_709_120_u64)),
+        ("pvc-a-r-2", "worker-2", json!("1073741824")),
+        ("pvc-c-r-2", "worker-2", json!("unknown")),
+        ("pvc-a-r-3", "worker-3", json!("1073741824")),
+    ] {
+        let replica = json!({
+            "apiVersion": "longhorn.io/v1beta2", "kind": "Replica",
+            "metadata": { "name": name, "labels": { REPLICA_NODE_LABEL: node } },
+            "spec": { "nodeID": node, "volumeSize": size }
+        });
+        create(&replicas, replica).await;
+    }
+    let bytes = bounded(storage.bytes_by_node()).await.unwrap();
+    let expected = [
+        ("worker-1".to_owned(), Some(26_843_545_600)),
+        ("worker-2".to_owned(), None),
+        ("worker-3".to_owned(), Some(1_073_741_824)),
+    ];
+    assert_eq!(bytes, expected.into(), "a size that does not read leaves its node's bytes unsaid");
+    ns.delete().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn longhorn_only_a_404_for_that_node_counts_as_gone() {
     let ns = longhorn_namespace("lh-gone").await;
     let storage = LonghornStorage::new(ns.client.clone(), &ns.name);

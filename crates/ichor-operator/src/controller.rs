@@ -14,7 +14,7 @@
 //! happen) and every Talos call fails as unreachable with the reason, which the operation's
 //! status shows as a wait.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -562,6 +562,15 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
         .collect();
     let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
     let facts = ctx.kube(&namespace).preflight_facts(&asked).await.map_err(ControllerError::DryRunRead)?;
+    // What storage holds now: its objects, and (only where there are any) one list of
+    // the replicas' sizes. A read that fails is said in the plan, not a failed plan.
+    let storage = async {
+        let objects = ichor_storage::StorageApi::storage_objects(&ctx.storage).await?;
+        let bytes = if objects.is_empty() { BTreeMap::new() } else { ctx.storage.bytes_by_node().await? };
+        Ok::<_, ichor_storage::StorageError>(crate::dry_run::StorageNow { objects, bytes })
+    }
+    .await
+    .map_err(|e| e.to_string());
     let dry = crate::dry_run::DryRun {
         operation: op,
         machines: &machines,
@@ -576,6 +585,7 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
             ctx.config.executor.pass_interval,
         ),
         own_node: ctx.config.own_node.as_deref(),
+        storage,
     };
     let started = Instant::now();
     let planned = crate::dry_run::plan_status(&dry);

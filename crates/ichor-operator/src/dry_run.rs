@@ -7,20 +7,28 @@
 //! workloads, listed as a pass before a start lists them), and plans with
 //! [`ichor_upgrade_core::plan`]. The durations come from the machines' history of the
 //! cluster's last completed upgrade ([`crate::recorded`]); without one, from the
-//! simulator's defaults, and the plan says so.
+//! simulator's defaults, and the plan says so. Storage: the storage objects and the bytes
+//! of the replicas on each node now (one list of Longhorn's replicas), against the rate
+//! the last upgrade's evacuations recorded (`status.lastUpgrade.evacuatedBytes`), so that
+//! storage that grew, moved or went changes the plan.
 //!
 //! What it must not do: touch the cluster. It takes no lock, writes no machine, Node or
 //! Lease, calls no Talos API; its only write is the operation's own status, under this
 //! replica's leadership (the fence), like every other write of the operator.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ichor_adapters::kubernetes::crd::{
     Calibration, PlanHeld, PlanStatus, PlannedMachine, TalosMachine, TalosOperation,
 };
+use ichor_storage::StorageObject;
 use ichor_timeline::{History, Timeline};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, OperationKind};
-use ichor_upgrade_core::plan::{DEFAULT_RUNS, Defaults, Models, PlanInput, PlanMachine, Recorded, models, plan};
+use ichor_upgrade_core::plan::{
+    DEFAULT_RUNS, Defaults, Models, PlanInput, PlanMachine, Recorded, StorageRate, describe_storage, models, plan,
+    quantile,
+};
 use ichor_upgrade_core::preflight::{ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::versions::TalosVersion;
 use k8s_openapi::api::core::v1::Node;
@@ -55,6 +63,33 @@ pub struct DryRun<'a> {
     /// The Node the operator runs on: its machine goes last in its role, as the engine
     /// orders it.
     pub own_node: Option<&'a str>,
+    /// What storage holds now, or why it could not be read (the plan then times
+    /// evacuations as recorded, and says so).
+    pub storage: Result<StorageNow, String>,
+}
+
+/// What storage holds now, as a dry run reads it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageNow {
+    /// The storage objects (`TalosStorage`): a node none selects has nothing evacuated.
+    pub objects: Vec<StorageObject>,
+    /// The bytes of the replicas on each node that has any; `None` where a size did not
+    /// read.
+    pub bytes: BTreeMap<String, Option<u64>>,
+}
+
+impl StorageNow {
+    /// The bytes an evacuation of `node` (with `labels`) would move now: 0 when no storage
+    /// object selects it (or when it holds no replica), `None` when unknown (a size or a
+    /// selector that does not read).
+    #[must_use]
+    pub fn bytes_on(&self, node: &str, labels: &BTreeMap<String, String>) -> Option<u64> {
+        match ichor_storage::selecting(&self.objects, labels) {
+            Ok(selected) if selected.is_empty() => Some(0),
+            Ok(_) => self.bytes.get(node).copied().unwrap_or(Some(0)),
+            Err(_) => None,
+        }
+    }
 }
 
 /// Why a dry run cannot plan: its reason and message, for a Refused phase.
@@ -117,7 +152,7 @@ pub fn completed_at(op: &TalosOperation) -> Option<i64> {
 }
 
 /// What `previous`'s machines recorded: each converged machine's turn by role, the lead
-/// from its creation and the reaction time.
+/// from its creation, the reaction time, and its evacuations' rate.
 #[must_use]
 pub fn recorded(previous: &TalosOperation, machines: &[Arc<TalosMachine>]) -> Recorded {
     let of = machines_of(previous, machines);
@@ -128,7 +163,40 @@ pub fn recorded(previous: &TalosOperation, machines: &[Arc<TalosMachine>]) -> Re
         worker_turns: history.worker_turns,
         lead: history.lead,
         reaction: history.reaction,
+        storage: storage_rate(previous, &of),
     }
+}
+
+/// The rate `previous`'s evacuations moved storage at, from the `lastUpgrade` of its
+/// `machines` that converged within it: the median of bytes over seconds of those that
+/// recorded both, and each role's median evacuation (0 for a machine that had none).
+/// `None` when none recorded bytes.
+#[must_use]
+pub fn storage_rate(previous: &TalosOperation, machines: &[&TalosMachine]) -> Option<StorageRate> {
+    let made = previous.creation_timestamp()?.0.as_millisecond();
+    let ended = completed_at(previous)?;
+    let mut rates = Vec::new();
+    let (mut control_planes, mut workers) = (Vec::new(), Vec::new());
+    for machine in machines {
+        let Some(last) = machine.status.as_ref().and_then(|s| s.last_upgrade.as_ref()) else { continue };
+        if !(made..=ended).contains(&last.converged.0.as_millisecond()) {
+            continue;
+        }
+        let seconds = last.steps.get("evacuation").copied().unwrap_or(0.0);
+        match MachineRole::from(machine.spec.role) {
+            MachineRole::ControlPlane => control_planes.push(seconds),
+            MachineRole::Worker => workers.push(seconds),
+        }
+        if let Some(bytes) = last.evacuated_bytes.filter(|b| *b > 0 && seconds > 0.0) {
+            #[allow(clippy::cast_precision_loss, reason = "bytes to a rate, well within f64's range")]
+            rates.push(bytes as f64 / seconds);
+        }
+    }
+    (!rates.is_empty()).then(|| StorageRate {
+        bytes_per_s: quantile(&rates, 0.5),
+        control_plane_s: quantile(&control_planes, 0.5),
+        worker_s: quantile(&workers, 0.5),
+    })
 }
 
 /// The plan of `dry`, or why there is none.
@@ -204,7 +272,11 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
             &name,
         );
         let key = (order.0, order.1, order.2, order.3.to_owned());
-        planned.push((PlanMachine { node: name, role, held }, key));
+        let bytes = match (&dry.storage, node) {
+            (Ok(storage), Some(n)) => storage.bytes_on(&n.name_any(), n.labels()),
+            _ => None,
+        };
+        planned.push((PlanMachine { node: name, role, held, bytes }, key));
     }
     planned.sort_by(|a, b| {
         (a.0.role != MachineRole::ControlPlane, &a.1).cmp(&(b.0.role != MachineRole::ControlPlane, &b.1))
@@ -212,7 +284,12 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
     let plan_machines: Vec<PlanMachine> = planned.into_iter().map(|(m, _)| m).collect();
     let previous = last_completed(op, dry.operations);
     let recorded = previous.map(|p| recorded(p, dry.machines));
-    let Models { control_plane, worker, lead_s, reaction_s, mut assumed } = models(recorded.as_ref(), &dry.defaults);
+    let Models { control_plane, worker, lead_s, reaction_s, storage, mut assumed } =
+        models(recorded.as_ref(), &dry.defaults);
+    match &dry.storage {
+        Ok(_) => assumed.extend(describe_storage(&plan_machines, storage)),
+        Err(why) => assumed.push(format!("storage: not read ({why}): evacuations as the recorded turns had them")),
+    }
     for line in warned {
         assumed.push(format!("preflight Warn: started despite {line}"));
     }
@@ -225,6 +302,7 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
         worker,
         lead_s,
         reaction_s,
+        storage,
         max_unavailable: usize::try_from(op.spec.max_unavailable).unwrap_or(1).max(1),
         runs: DEFAULT_RUNS,
         seed: seed(&op.uid().unwrap_or_else(|| op.name_any())),

@@ -12,7 +12,11 @@
 //! own bootstrap replicate of the record, so that a short history widens the spread as it
 //! should), or the sum of default phase ranges when there is no history. The lead and the reaction time are
 //! measured in the same history (else defaults), so the plan is calibrated by the engine's
-//! own overhead, not an ideal scheduler's.
+//! own overhead, not an ideal scheduler's. Where the history recorded the bytes its
+//! evacuations moved ([`StorageRate`]) and the bytes on a machine now are known, its
+//! evacuation is the one those bytes take at the recorded rate, in place of the one its
+//! role's recorded turns had: storage that grew, moved or went makes the plan longer or
+//! shorter.
 //!
 //! What it does not model (its limits, also in `docs/plan.md`): machines the preflight
 //! holds are left out of the makespan (they go when what holds them clears, which no
@@ -39,6 +43,40 @@ pub struct PlanMachine {
     pub role: MachineRole,
     /// What the preflight holds it for now, if anything.
     pub held: Option<String>,
+    /// The bytes on it now that its evacuation would move (`Some(0)`: no storage to
+    /// move); `None` when not known.
+    pub bytes: Option<u64>,
+}
+
+/// What recorded evacuations say: how fast storage moved off a machine, and how much of
+/// a recorded turn was evacuation. A plan with it turns each machine's evacuation from
+/// the one its role's turns had into the one the bytes on it now take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StorageRate {
+    /// Bytes a second an evacuation moved (the median of the machines that recorded both
+    /// bytes and duration).
+    pub bytes_per_s: f64,
+    /// The median evacuation of the control planes recorded (0 for one that had none),
+    /// seconds.
+    pub control_plane_s: f64,
+    /// The same for the workers.
+    pub worker_s: f64,
+}
+
+impl StorageRate {
+    /// How much longer (or shorter, negative) than a recorded turn of its role a
+    /// machine's turn is, with `bytes` on it now: its evacuation at the recorded rate in
+    /// place of the role's median evacuation.
+    #[must_use]
+    pub fn adjustment(&self, role: MachineRole, bytes: u64) -> f64 {
+        let recorded = match role {
+            MachineRole::ControlPlane => self.control_plane_s,
+            MachineRole::Worker => self.worker_s,
+        };
+        #[allow(clippy::cast_precision_loss, reason = "bytes to seconds, well within f64's range")]
+        let now = bytes as f64 / self.bytes_per_s;
+        now - recorded
+    }
 }
 
 /// How long one machine's turn takes, for one role.
@@ -93,6 +131,8 @@ pub struct Recorded {
     pub lead: Option<f64>,
     /// The median time from a convergence to the next start.
     pub reaction: Option<f64>,
+    /// Its evacuations' rate and share of the turns, when it recorded bytes.
+    pub storage: Option<StorageRate>,
 }
 
 /// What a plan assumes where nothing was recorded.
@@ -115,6 +155,9 @@ pub struct Models {
     pub lead_s: f64,
     /// The reaction time, seconds.
     pub reaction_s: f64,
+    /// The recorded evacuations' rate, if the record has one (the caller, who reads the
+    /// bytes on the machines now, says what it made of it).
+    pub storage: Option<StorageRate>,
     /// Each default taken, in words (empty: everything came from the record).
     pub assumed: Vec<String>,
 }
@@ -158,10 +201,52 @@ pub fn models(recorded: Option<&Recorded>, defaults: &Defaults) -> Models {
         ));
         defaults.reaction_s
     });
+    // What storage holds now is the caller's to read, and to say.
+    let storage = recorded.and_then(|r| r.storage);
     assumed.push(
         "no fault is drawn (a fallback, a pause); machines the preflight holds are left out of the makespan".to_owned(),
     );
-    Models { control_plane, worker, lead_s, reaction_s, assumed }
+    Models { control_plane, worker, lead_s, reaction_s, storage, assumed }
+}
+
+/// What a plan made of storage, in words for its `assumed`: the bytes on the machines
+/// now and whether a recorded rate times their evacuations; `None` when there is nothing
+/// to say (no storage now, none recorded).
+#[must_use]
+pub fn describe_storage(machines: &[PlanMachine], rate: Option<StorageRate>) -> Option<String> {
+    let going = machines.iter().filter(|m| m.held.is_none());
+    let (mut bytes, mut holding, mut unknown) = (0u64, 0usize, 0usize);
+    for machine in going {
+        match machine.bytes {
+            Some(0) => {}
+            Some(b) => {
+                bytes = bytes.saturating_add(b);
+                holding += 1;
+            }
+            None => unknown += 1,
+        }
+    }
+    #[allow(clippy::cast_precision_loss, reason = "shown to a tenth of a GiB")]
+    let gib = bytes as f64 / f64::from(1u32 << 30);
+    let unknown = if unknown > 0 {
+        format!("; {unknown} machines' bytes unknown: their evacuations as recorded")
+    } else {
+        String::new()
+    };
+    match rate {
+        Some(rate) => Some(format!(
+            "storage: {gib:.1} GiB on {holding} machines now, each evacuation timed at the recorded {:.0} MiB/s in place of \
+             its role's recorded one (control planes {:.0} s, workers {:.0} s){unknown}",
+            rate.bytes_per_s / f64::from(1u32 << 20),
+            rate.control_plane_s,
+            rate.worker_s
+        )),
+        None if holding > 0 => Some(format!(
+            "storage: {gib:.1} GiB on {holding} machines now, but the history recorded no bytes: evacuations as its \
+             turns had them"
+        )),
+        None => None,
+    }
 }
 
 /// What a plan is made from.
@@ -177,6 +262,10 @@ pub struct PlanInput<'a> {
     pub lead_s: f64,
     /// From a machine's convergence to the next machine's start in its slot, seconds.
     pub reaction_s: f64,
+    /// The recorded evacuations' rate: with it, a machine whose bytes are known has its
+    /// turns adjusted to them ([`StorageRate::adjustment`]); without it, turns are as
+    /// recorded.
+    pub storage: Option<StorageRate>,
     /// Workers at once.
     pub max_unavailable: usize,
     /// Runs drawn.
@@ -241,11 +330,18 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let workers: Vec<&PlanMachine> = going.iter().copied().filter(|m| m.role == MachineRole::Worker).collect();
     let mut rng = SplitMix64(input.seed);
     let runs = input.runs.max(1);
+    // Each machine's evacuation as the bytes on it now take, where both are known.
+    let adjustment = |m: &PlanMachine| match (input.storage, m.bytes) {
+        (Some(rate), Some(bytes)) => rate.adjustment(m.role, bytes),
+        _ => 0.0,
+    };
+    let (cp_adjust, w_adjust): (Vec<f64>, Vec<f64>) =
+        (control_planes.iter().map(|m| adjustment(m)).collect(), workers.iter().map(|m| adjustment(m)).collect());
     let mut drawn: Vec<(f64, Vec<f64>, Vec<f64>)> = (0..runs)
         .map(|_| {
             let (control_plane, worker) = (input.control_plane.for_run(&mut rng), input.worker.for_run(&mut rng));
-            let cps: Vec<f64> = control_planes.iter().map(|_| control_plane.draw(&mut rng)).collect();
-            let ws: Vec<f64> = workers.iter().map(|_| worker.draw(&mut rng)).collect();
+            let cps: Vec<f64> = cp_adjust.iter().map(|a| (control_plane.draw(&mut rng) + a).max(0.0)).collect();
+            let ws: Vec<f64> = w_adjust.iter().map(|a| (worker.draw(&mut rng) + a).max(0.0)).collect();
             let makespan = schedule(input, &cps, &ws).iter().map(|(_, end)| *end).fold(input.lead_s, f64::max);
             (makespan, cps, ws)
         })

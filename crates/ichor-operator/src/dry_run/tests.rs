@@ -111,6 +111,7 @@ fn dry_run<'a>(c: &'a Cluster, facts: ClusterFacts) -> DryRun<'a> {
         preflight_warns: false,
         defaults: defaults(),
         own_node: None,
+        storage: Ok(StorageNow::default()),
     }
 }
 
@@ -227,4 +228,74 @@ fn a_completed_upgrade_after_a_plan_records_how_the_plan_did() {
     assert_eq!(super::calibration(&c.operations[1], &c.operations), None);
     assert_eq!(super::calibration(&operation("third", 2_200, None, false), &c.operations), None);
     assert_eq!(super::calibration(&c.operations[0], &c.operations), None, "the plan came after it");
+}
+
+/// The workers of [`cluster`] with a `lastUpgrade` each: a 60 s turn that began with a
+/// 20 s evacuation of 2,000 MiB (100 MiB/s).
+fn cluster_with_storage() -> Cluster {
+    let mut c = cluster();
+    for machine in c.machines.iter_mut().filter(|m| m.spec.role == Role::Worker) {
+        let status = Arc::make_mut(machine).status.as_mut().unwrap();
+        let converged = status.history.last().unwrap().time.clone();
+        status.last_upgrade = Some(ichor_adapters::kubernetes::crd::LastUpgrade {
+            start: at(converged.0.as_second() - 60),
+            converged,
+            seconds: 60.0,
+            steps: [("evacuation".to_owned(), 20.0), ("upgrade".to_owned(), 40.0)].into(),
+            evacuated_bytes: Some(2000 * MIB),
+        });
+    }
+    c
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Storage selecting every node of `prod`, with these bytes on them.
+fn storage_now(bytes: &[(&str, Option<u64>)]) -> StorageNow {
+    let selector =
+        LabelSelector { match_labels: [("pool".to_owned(), "prod".to_owned())].into(), ..Default::default() };
+    StorageNow {
+        objects: vec![StorageObject { name: "longhorn".into(), node_selector: selector, evacuation_timeout: None }],
+        bytes: bytes.iter().map(|(node, b)| ((*node).to_owned(), *b)).collect(),
+    }
+}
+
+#[test]
+fn the_bytes_on_the_machines_now_time_their_evacuations_at_the_recorded_rate() {
+    let c = cluster_with_storage();
+    let previous = &c.operations[0];
+    let of: Vec<&TalosMachine> = c.machines.iter().map(AsRef::as_ref).collect();
+    let rate = storage_rate(previous, &of).expect("bytes were recorded");
+    assert_eq!((rate.bytes_per_s, rate.control_plane_s, rate.worker_s), (100.0 * MIB as f64, 0.0, 20.0));
+
+    // As recorded: the record's schedule (296 s, as in the first test).
+    let same = storage_now(&[("w-1", Some(2000 * MIB)), ("w-2", Some(2000 * MIB)), ("w-3", Some(2000 * MIB))]);
+    let plan = plan_status(&DryRun { storage: Ok(same), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    assert_eq!(plan.p50_seconds, 296.0);
+    // Twice the bytes on w-1 and w-3, none left on w-2: +20 +20 -20 s, one worker at a time.
+    let now = storage_now(&[("w-1", Some(4000 * MIB)), ("w-3", Some(4000 * MIB))]);
+    let plan = plan_status(&DryRun { storage: Ok(now), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    assert_eq!(plan.p50_seconds, 316.0);
+    let said = plan.assumed.iter().find(|a| a.starts_with("storage: ")).expect("storage is said");
+    assert!(
+        said.starts_with("storage: 7.8 GiB on 2 machines now, each evacuation timed at the recorded 100 MiB/s"),
+        "{said}"
+    );
+    // No storage object selects anything now: no evacuation at all.
+    let none = StorageNow::default();
+    let plan = plan_status(&DryRun { storage: Ok(none), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    assert_eq!(plan.p50_seconds, 296.0 - 60.0);
+    // A size that did not read, or storage that could not be read: as recorded, and said.
+    let unknown = storage_now(&[("w-1", None), ("w-2", Some(2000 * MIB)), ("w-3", Some(2000 * MIB))]);
+    let plan = plan_status(&DryRun { storage: Ok(unknown), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    assert_eq!(plan.p50_seconds, 296.0);
+    let failed = Err("list Longhorn replicas: forbidden".to_owned());
+    let plan = plan_status(&DryRun { storage: failed, ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    assert_eq!(plan.p50_seconds, 296.0);
+    assert!(plan.assumed.iter().any(|a| a.starts_with("storage: not read (list Longhorn replicas: forbidden)")));
+    // A history that recorded no bytes gives no rate: the bytes now change nothing.
+    let plain = cluster();
+    let now = storage_now(&[("w-1", Some(4000 * MIB))]);
+    let plan = plan_status(&DryRun { storage: Ok(now), ..dry_run(&plain, ClusterFacts::default()) }).unwrap();
+    assert_eq!(plan.p50_seconds, 296.0);
 }

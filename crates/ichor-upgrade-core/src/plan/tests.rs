@@ -5,8 +5,14 @@ fn machines(control_planes: usize, workers: usize) -> Vec<PlanMachine> {
         node: format!("cp-{i}"),
         role: MachineRole::ControlPlane,
         held: None,
+        bytes: None,
     });
-    let w = (1..=workers).map(|i| PlanMachine { node: format!("worker-{i}"), role: MachineRole::Worker, held: None });
+    let w = (1..=workers).map(|i| PlanMachine {
+        node: format!("worker-{i}"),
+        role: MachineRole::Worker,
+        held: None,
+        bytes: None,
+    });
     cp.chain(w).collect()
 }
 
@@ -17,6 +23,7 @@ fn input(machines: &[PlanMachine], cp: TurnModel, worker: TurnModel, k: usize, s
         worker,
         lead_s: 10.0,
         reaction_s: 2.0,
+        storage: None,
         max_unavailable: k,
         runs: DEFAULT_RUNS,
         seed,
@@ -99,8 +106,13 @@ fn quantiles_by_nearest_rank() {
 fn models_take_what_was_recorded_and_say_what_they_assumed() {
     let defaults =
         Defaults { phases: vec![("install".into(), (30.0, 60.0)), ("pull".into(), (4.0, 4.0))], reaction_s: 2.0 };
-    let recorded =
-        Recorded { control_plane_turns: vec![200.0, 210.0], worker_turns: vec![], lead: Some(12.0), reaction: None };
+    let recorded = Recorded {
+        control_plane_turns: vec![200.0, 210.0],
+        worker_turns: vec![],
+        lead: Some(12.0),
+        reaction: None,
+        storage: None,
+    };
     let m = models(Some(&recorded), &defaults);
     assert_eq!(m.control_plane, TurnModel::Recorded(vec![200.0, 210.0]));
     assert_eq!(m.worker, TurnModel::Phases(vec![(30.0, 60.0), (4.0, 4.0)]));
@@ -117,4 +129,63 @@ fn models_take_what_was_recorded_and_say_what_they_assumed() {
     assert_eq!(none.control_plane, none.worker);
     assert_eq!(none.lead_s, 0.0);
     assert_eq!(none.assumed.len(), 5, "both roles, the lead, the reaction and the faults: {:?}", none.assumed);
+    assert_eq!(none.storage, None);
+    let rate = StorageRate { bytes_per_s: 1e8, control_plane_s: 0.0, worker_s: 30.0 };
+    assert_eq!(models(Some(&Recorded { storage: Some(rate), ..recorded }), &defaults).storage, Some(rate));
+}
+
+#[test]
+fn the_bytes_on_each_machine_now_replace_the_evacuation_its_roles_turns_recorded() {
+    // Recorded: workers' turns of 50 s, 20 s of which evacuating 2,000 MiB at 100 MiB/s.
+    const MIB: u64 = 1 << 20;
+    let rate = StorageRate { bytes_per_s: 100.0 * 1024.0 * 1024.0, control_plane_s: 0.0, worker_s: 20.0 };
+    let with = |bytes: Option<u64>| {
+        let mut m = machines(3, 4);
+        for machine in m.iter_mut().filter(|m| m.role == MachineRole::Worker) {
+            machine.bytes = bytes;
+        }
+        let mut input = input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 2, 1);
+        input.storage = Some(rate);
+        plan(&input).p50_s
+    };
+    // As recorded (2,000 MiB each): the schedule of fixed_turns_give_the_engines_schedule_exactly.
+    assert_eq!(with(Some(2000 * MIB)), 418.0);
+    // Unknown bytes: the turns as recorded.
+    assert_eq!(with(None), 418.0);
+    // Twice the bytes: 20 s more a worker, two waves: 40 s more.
+    assert_eq!(with(Some(4000 * MIB)), 458.0);
+    // Storage gone: no evacuation, 20 s less a worker.
+    assert_eq!(with(Some(0)), 378.0);
+    // No rate recorded: the bytes change nothing.
+    let mut m = machines(3, 4);
+    m.iter_mut().for_each(|m| m.bytes = Some(8 << 30));
+    let p = plan(&input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 2, 1));
+    assert_eq!(p.p50_s, 418.0);
+    assert_eq!(rate.adjustment(MachineRole::ControlPlane, 0), 0.0, "control planes recorded no evacuation");
+}
+
+#[test]
+fn what_a_plan_made_of_storage_is_said() {
+    const GIB: u64 = 1 << 30;
+    let mut m = machines(1, 3);
+    assert_eq!(describe_storage(&m, None), None, "no storage, no rate: nothing to say");
+    m[1].bytes = Some(3 * GIB);
+    m[2].bytes = Some(GIB);
+    m[3].bytes = None;
+    m[0].bytes = Some(0);
+    let rate = StorageRate { bytes_per_s: 100.0 * f64::from(1u32 << 20), control_plane_s: 0.0, worker_s: 41.0 };
+    let said = describe_storage(&m, Some(rate)).unwrap();
+    assert!(
+        said.starts_with("storage: 4.0 GiB on 2 machines now, each evacuation timed at the recorded 100 MiB/s"),
+        "{said}"
+    );
+    assert!(
+        said.contains("workers 41 s") && said.ends_with("1 machines' bytes unknown: their evacuations as recorded"),
+        "{said}"
+    );
+    let said = describe_storage(&m, None).unwrap();
+    assert!(said.contains("the history recorded no bytes"), "{said}");
+    // A held machine goes nowhere: its storage is not counted.
+    m[1].held = Some("a budget".into());
+    assert!(describe_storage(&m, Some(rate)).unwrap().starts_with("storage: 1.0 GiB on 1 machines"));
 }
