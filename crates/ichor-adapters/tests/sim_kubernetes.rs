@@ -816,3 +816,21 @@ fn a_bootstrap_workload_that_does_not_roll_out_pauses_naming_it() {
         );
     });
 }
+
+// Found by the property above (CI, 2026-12-04): the pause-during-install fault, armed
+// during cp-1's change, came due after its conditions recorded it converged and the
+// manifests were applied, but before a pass recorded it converged in the operation's
+// status (the manifests' pass records no machine). It recorded a failure no pass would
+// record, and the run ended paused with the manifests applied. A pass fails only a
+// machine it has not seen through, so the fault lands on none: the run completes.
+#[test]
+fn a_failure_is_never_recorded_for_a_machine_whose_conditions_record_it_converged() {
+    let faults = [Fault::EtcdLag, Fault::PauseDuringInstall];
+    let sim = cluster(1, 0, 16_847_554_713_558_292_264, &faults, false);
+    let end = run(&sim, TARGET, 1);
+    sim.with_world(|w| {
+        assert_eq!(end, RunEnd::Completed, "{:?}", w.counters);
+        assert!(w.bootstrap.applies > 0, "the manifests went last");
+        assert!(!w.trace.iter().any(|e| e.event == TraceKind::Failed), "no failure recorded");
+    });
+}

@@ -1176,9 +1176,27 @@ impl World {
         use ichor_upgrade_core::status::{MachineRecord, RecordState};
         let reason = "a failure recorded by the pause-during-install fault".to_owned();
         let mut recorded = false;
+        // A pass records a failure only for a machine whose change it has not seen
+        // through: one whose conditions record it converged on the operation's target
+        // (its status record may lag a pass behind: a Kubernetes upgrade's manifests pass
+        // records no machine) is never failed after the fact.
+        let conditions = self.conditions.get(machine);
+        let converged = |spec: &ichor_upgrade_core::operation::OperationSpec| {
+            let Some(conditions) = conditions else { return false };
+            match spec.validate_kubernetes() {
+                Ok(k) => {
+                    ichor_upgrade_core::kubernetes_step::kubernetes_record(conditions, &k.target)
+                        == ichor_upgrade_core::kubernetes_step::KubernetesRecord::Converged
+                }
+                Err(_) => TalosVersion::parse(&spec.target_version)
+                    .is_ok_and(|t| ichor_upgrade_core::talos_step::converged_on(conditions) == Some(t)),
+            }
+        };
         for op in self.operations.values_mut() {
             let status = &mut op.info.status;
-            if !status.machines.get(machine).is_some_and(|r| r.state == RecordState::InProgress) {
+            if !status.machines.get(machine).is_some_and(|r| r.state == RecordState::InProgress)
+                || converged(&op.info.spec)
+            {
                 continue;
             }
             let record = MachineRecord {
