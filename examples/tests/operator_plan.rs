@@ -61,6 +61,10 @@ async fn scenario(seed: u64) -> (Scene, Process) {
     for machine in machines.list(&ListParams::default()).await.unwrap() {
         let last = machine.status.and_then(|s| s.last_upgrade).expect("status.lastUpgrade");
         assert!(last.seconds > 0.0 && last.steps.get("upgrade").is_some_and(|s| *s > 0.0), "{last:?}");
+        // Its Node seen turning Ready again splits the call: to Ready, then verified.
+        let (ready, verification) = (last.steps.get("ready"), last.steps.get("verification"));
+        assert!(ready.zip(verification).is_some_and(|(r, v)| *r > 0.0 && *v >= 0.0), "{last:?}");
+        assert!((ready.unwrap() + verification.unwrap() - last.steps["upgrade"]).abs() < 1e-6, "{last:?}");
     }
 
     release(&scene, NEXT).await;

@@ -513,6 +513,17 @@ impl KubeCluster {
         fresher(&self.written.machines, name, stored)
     }
 
+    /// When the Node of `machine` (its hostname, else its name) last turned Ready, as the
+    /// store has it: what splits a converging upgrade's call into `ready` and
+    /// `verification` ([`crate::kubernetes::crd::TalosMachineStatus::with_conditions_and_ready`]).
+    fn ready_since(&self, machine: &str) -> Option<Time> {
+        let stored = self.stored_machine(machine)?;
+        let name = stored.spec.hostname.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| machine.to_owned());
+        let node = self.stores.nodes.get(&ObjectRef::new(&name))?;
+        let conditions = node.status.as_ref()?.conditions.as_ref()?;
+        conditions.iter().find(|c| c.type_ == "Ready" && c.status == "True")?.last_transition_time.clone()
+    }
+
     /// A merge patch of a Node (the engine's cordon and uncordon).
     async fn patch_node(&self, node: &str, what: &str, patch: &serde_json::Value) -> Result<(), KubeError> {
         let api: Api<Node> = Api::all(self.client.clone());
@@ -859,7 +870,9 @@ impl ConditionStore for KubeCluster {
         {
             return Ok(());
         }
-        let status = serde_json::to_value(current.with_conditions(desired)).unwrap_or_default();
+        let ready = self.ready_since(machine);
+        let status =
+            serde_json::to_value(current.with_conditions_and_ready(desired, ready.as_ref())).unwrap_or_default();
         let written = self.apply_status(&self.machines_api(), MACHINE, machine, status).await;
         keep_written(&self.written.machines, machine, written).map_err(failed)
     }
@@ -876,7 +889,10 @@ impl ConditionStore for KubeCluster {
             message: e.to_string(),
         };
         let current = self.stored_machine(machine).and_then(|m| m.status.clone()).unwrap_or_default();
-        let status = serde_json::to_value(current.with_conditions(to_kube_conditions(conditions))).unwrap_or_default();
+        let ready = self.ready_since(machine);
+        let status =
+            serde_json::to_value(current.with_conditions_and_ready(to_kube_conditions(conditions), ready.as_ref()))
+                .unwrap_or_default();
         let written = self
             .apply_status_at(&self.machines_api(), MACHINE, machine, Some(resource_version.to_owned()), status)
             .await;

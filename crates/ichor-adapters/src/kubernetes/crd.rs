@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use ichor_upgrade_core::evacuation;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -250,7 +250,12 @@ pub struct LastUpgrade {
     pub seconds: f64,
     /// Each step's duration, seconds: `evacuation` (storage moved off it), `upgrade` (from
     /// the Upgrade call to convergence: pull, drain, install, reboot, Ready, verification),
-    /// `install` and `reboot` (a lifecycle upgrade's).
+    /// `install` and `reboot` (a lifecycle upgrade's: from its install, and from its
+    /// Reboot call, to convergence); and, where its Node's turning Ready again was seen,
+    /// `ready` (from the Upgrade or Reboot call to the Node Ready: Talos's pull, drain and
+    /// install inside the call, the reboot, the kubelet's return) and `verification` (from
+    /// Ready to convergence: the version, the etcd member, the uncordon). The pull is not
+    /// a step of its own: inside an Upgrade call it is Talos's, unseen.
     pub steps: BTreeMap<String, f64>,
     /// The bytes its evacuation moved off it at most (what was on it when the evacuation
     /// began, as the storage backend recorded it); absent with no evacuation, or none
@@ -291,20 +296,36 @@ fn converges(step: &MachineStep) -> bool {
 }
 
 /// The last upgrade `history` ends with, when its last step is a convergence: from the
-/// first step after the convergence before it (or the first kept) to it.
+/// first step after the convergence before it (or the first kept) to it. `ready`: when
+/// the machine's Node last turned Ready, if known; within the upgrade's call (or Reboot
+/// call) and its convergence, it splits that span into `ready` and `verification`.
 #[must_use]
-pub fn last_upgrade(history: &[MachineStep]) -> Option<LastUpgrade> {
+pub fn last_upgrade(history: &[MachineStep], ready: Option<&Time>) -> Option<LastUpgrade> {
     let end = history.last().filter(|s| converges(s))?;
     let first = history[..history.len() - 1].iter().rposition(converges).map_or(0, |i| i + 1);
     let start = history[first..].iter().find(|s| s.type_ != "NodeRemoval")?;
-    let millis = (end.time.0.as_millisecond() - start.time.0.as_millisecond()).max(0);
     #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
-    let seconds = millis as f64 / 1000.0;
+    let seconds_between =
+        |from: &Time, to: &Time| (to.0.as_millisecond() - from.0.as_millisecond()).max(0) as f64 / 1000.0;
+    let mut steps: BTreeMap<String, f64> =
+        step_durations(&history[first..]).into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    // The call whose reboot the Node's Ready ends: the Upgrade call, or the Reboot call.
+    let called = history[first..].iter().rev().find(|s| {
+        (s.type_ == "TalosUpgrade" && s.reason == "UpgradeRequested")
+            || (s.type_ == "TalosLifecycle" && s.reason == "RebootRequested")
+    });
+    if let (Some(called), Some(ready)) = (called, ready)
+        && called.time.0 <= ready.0
+        && ready.0 <= end.time.0
+    {
+        steps.insert("ready".to_owned(), seconds_between(&called.time, ready));
+        steps.insert("verification".to_owned(), seconds_between(ready, &end.time));
+    }
     Some(LastUpgrade {
         start: start.time.clone(),
         converged: end.time.clone(),
-        seconds,
-        steps: step_durations(&history[first..]).into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+        seconds: seconds_between(&start.time, &end.time),
+        steps,
         evacuated_bytes: history[first..].iter().rev().find_map(|s| s.bytes),
     })
 }
@@ -337,6 +358,14 @@ impl TalosMachineStatus {
     /// or reason they change (the oldest dropped beyond [`MACHINE_HISTORY`]).
     #[must_use]
     pub fn with_conditions(&self, conditions: Vec<Condition>) -> Self {
+        self.with_conditions_and_ready(conditions, None)
+    }
+
+    /// [`Self::with_conditions`], with when the machine's Node last turned Ready (its
+    /// `Ready` condition's `lastTransitionTime`, as the writer's store has it): an upgrade
+    /// that converges in this write gets its `ready` and `verification` steps from it.
+    #[must_use]
+    pub fn with_conditions_and_ready(&self, conditions: Vec<Condition>, ready: Option<&Time>) -> Self {
         let mut history = self.history.clone();
         for condition in &conditions {
             let before = self.conditions.iter().find(|c| c.type_ == condition.type_);
@@ -359,7 +388,7 @@ impl TalosMachineStatus {
         let last_upgrade = history[before..]
             .iter()
             .rposition(converges)
-            .and_then(|i| last_upgrade(&history[..=before + i]))
+            .and_then(|i| last_upgrade(&history[..=before + i], ready))
             .or_else(|| self.last_upgrade.clone());
         let excess = history.len().saturating_sub(MACHINE_HISTORY);
         history.drain(..excess);
@@ -792,6 +821,33 @@ mod tests {
         // A write that changes nothing keeps it.
         let again = status.with_conditions(status.conditions.clone());
         assert_eq!(again.last_upgrade, Some(last));
+    }
+
+    #[test]
+    fn the_nodes_ready_splits_the_call_into_ready_and_verification() {
+        let steps = |ready: Option<i64>| {
+            let ready = ready.map(|s| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap()));
+            let status = TalosMachineStatus::default()
+                .with_conditions(vec![condition("TalosUpgrade", "True", "UpgradeRequested", 100)])
+                .with_conditions_and_ready(vec![condition("TalosUpgrade", "False", "Converged", 400)], ready.as_ref());
+            status.last_upgrade.unwrap().steps
+        };
+        let split = steps(Some(370));
+        assert_eq!((split["upgrade"], split["ready"], split["verification"]), (300.0, 270.0, 30.0));
+        // A Ready from before the call (a reboot the Node never showed), or none known: no split.
+        for ready in [Some(50), None] {
+            let steps = steps(ready);
+            assert!(!steps.contains_key("ready") && !steps.contains_key("verification"), "{ready:?}: {steps:?}");
+        }
+        // A lifecycle upgrade: from its Reboot call.
+        let ready = Time(k8s_openapi::jiff::Timestamp::from_second(260).unwrap());
+        let status = TalosMachineStatus::default()
+            .with_conditions(vec![condition("TalosLifecycle", "Unknown", "InstallRunning", 100)])
+            .with_conditions(vec![condition("TalosLifecycle", "True", "Installed", 150)])
+            .with_conditions(vec![condition("TalosLifecycle", "Unknown", "RebootRequested", 160)])
+            .with_conditions_and_ready(vec![condition("TalosLifecycle", "False", "Converged", 300)], Some(&ready));
+        let steps = status.last_upgrade.unwrap().steps;
+        assert_eq!((steps["reboot"], steps["ready"], steps["verification"]), (140.0, 100.0, 40.0));
     }
 
     #[test]
