@@ -70,22 +70,8 @@ async fn eventually(mut check: impl FnMut() -> bool) {
 async fn the_crds_validate_what_is_written() {
     let ns = TestNamespace::create("crd").await;
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
-    let op = |name: &str, max: i64| {
-        TalosOperation::new(
-            name,
-            TalosOperationSpec {
-                preflight: None,
-                etcd_snapshot: None,
-                dry_run: false,
-                allow_two_control_planes: false,
-                cluster: "prod".into(),
-                kind: "talos".into(),
-                target_version: "v1.14.4".into(),
-                max_unavailable: max,
-                machine: None,
-            },
-        )
-    };
+    let op =
+        |name: &str, max: i64| TalosOperation::new(name, TalosOperationSpec { max_unavailable: max, ..upgrade_spec() });
     let err = ops.create(&PostParams::default(), &op("zero", 0)).await.unwrap_err();
     assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("maxUnavailable")), "{err}");
     // The schema's maximum is the engine's (a u32), so 2^32 is refused at admission, naming it.
@@ -196,8 +182,6 @@ async fn a_write_from_a_stale_view_is_a_conflict_never_a_blind_overwrite() {
     ns.delete().await;
 }
 
-/// A cluster whose stores listed once and then stopped following the server: every write
-/// from then on is one the stores lag behind.
 /// An upgrade of `prod` to v1.14.4, one worker at a time.
 fn upgrade_spec() -> TalosOperationSpec {
     TalosOperationSpec {
@@ -213,6 +197,8 @@ fn upgrade_spec() -> TalosOperationSpec {
     }
 }
 
+/// A cluster whose stores listed once and then stopped following the server: every write
+/// from then on is one the stores lag behind.
 async fn lagging_kube_cluster(ns: &TestNamespace) -> KubeCluster {
     let (stores, streams) = ichor_adapters::kubernetes::watch(&ns.client, Some(&ns.name));
     fn follow<K: Send + 'static>(
