@@ -277,6 +277,21 @@ async fn a_lifecycle_upgrade_completes_on_the_simulated_fleet_with_no_upgrade_ca
     }
     assert!(upgrade_calls(&fleet).await.iter().all(|(_, n)| *n == 0.0), "no legacy Upgrade call");
     assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
+    // Each machine's pull is a step of its own, recorded with its intent, and its turn
+    // starts at it.
+    let machines: Api<TalosMachine> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    for machine in machines.list(&ListParams::default()).await.unwrap() {
+        let status = machine.status.clone().unwrap_or_default();
+        let last = status.last_upgrade.clone().expect("status.lastUpgrade");
+        let pull = status.history.iter().rfind(|s| s.type_ == "InstallerPull").expect("the pull's step");
+        let intent = status.history.iter().rfind(|s| s.reason == "InstallIntent").expect("the intent's step");
+        assert_eq!(
+            (pull.time.clone(), last.steps.get("pull").copied()),
+            (intent.time.clone(), pull.seconds),
+            "{status:?}"
+        );
+        assert!(last.start.0.as_millisecond() <= pull.began_ms(), "the turn starts at the pull: {last:?}");
+    }
     scene.only_allowed_requests(&operator).await;
     scene.end().await;
 }
@@ -742,7 +757,8 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
         // Longhorn's record (for the first, the one the killed operator asked for).
         let last = machine.status.and_then(|s| s.last_upgrade).expect("status.lastUpgrade");
         assert_eq!(last.evacuated_bytes, Some((i as u64 + 1) << 30), "{worker}: {last:?}");
-        assert!(last.steps.contains_key("evacuation"), "{worker}: {last:?}");
+        // The move, not the whole turn: storage stays off the node until it converges.
+        assert!(last.steps["evacuation"] < last.seconds - last.steps["upgrade"] + 1e-6, "{worker}: {last:?}");
     }
 
     // A plan of the next upgrade reads the replicas' sizes now (a 3 GiB volume's replica

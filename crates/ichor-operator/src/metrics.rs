@@ -318,6 +318,7 @@ mod tests {
                 k8s_openapi::jiff::Timestamp::from_second(1_767_225_600 + secs).unwrap(),
             ),
             bytes: None,
+            seconds: None,
         }
     }
 

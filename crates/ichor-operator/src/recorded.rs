@@ -6,6 +6,7 @@ use std::borrow::Borrow;
 
 use ichor_adapters::kubernetes::crd::{Role, TalosMachine, TalosOperation};
 use ichor_timeline::TraceRecord;
+use ichor_upgrade_core::lifecycle_step::INSTALLER_PULL;
 use ichor_upgrade_core::operation::OperationKind;
 use kube::ResourceExt;
 
@@ -51,9 +52,18 @@ pub fn history_records(
             if at < since || at > until {
                 continue;
             }
-            let Some(event) = timeline_event(&step.type_, &step.status, &step.reason) else { continue };
-            first = first.min(at);
-            records.push((at, TraceRecord::new(0.0, &machine.name_any(), role, event).with_reason(&step.reason)));
+            // A pull recorded at its end: drawn from when it began.
+            let events: &[(i64, &str)] = match (step.type_.as_str(), step.seconds) {
+                (INSTALLER_PULL, Some(_)) => &[(step.began_ms().max(since), "image-pull-start"), (at, "image-pulled")],
+                _ => match timeline_event(&step.type_, &step.status, &step.reason) {
+                    Some(event) => &[(at, event)],
+                    None => continue,
+                },
+            };
+            for &(at, event) in events {
+                first = first.min(at);
+                records.push((at, TraceRecord::new(0.0, &machine.name_any(), role, event).with_reason(&step.reason)));
+            }
         }
     }
     let zero = match origin {

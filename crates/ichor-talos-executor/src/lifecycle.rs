@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
 use ichor_upgrade_core::lifecycle_step::{
-    CORDONED_ANNOTATION, CordonState, DrainObservation, InstallExit, LifecycleAction, LifecycleInput, TALOS_LIFECYCLE,
-    cordon_annotation, cordoned_for, cordoned_since, lifecycle_reads, lifecycle_step, reason,
+    CORDONED_ANNOTATION, CordonState, DrainObservation, INSTALLER_PULL, InstallExit, LifecycleAction, LifecycleInput,
+    PULLED, TALOS_LIFECYCLE, cordon_annotation, cordoned_for, cordoned_since, lifecycle_reads, lifecycle_step,
+    pulled_message, reason,
 };
 use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::removal_step::PodRef;
@@ -327,6 +328,7 @@ pub(crate) async fn install(
     }
     let bound = ex.config.step.upgrade_call;
     let pull = PullRequest { image: image.clone(), timeout: bound };
+    let pull_began = ex.clock.now();
     match effects::pull(ex, &machine.address, &pull).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) if e.is_unreachable() => {
@@ -363,6 +365,12 @@ pub(crate) async fn install(
     // it fails at the verify bound instead of being asked for ever.
     if !repeated {
         conditions.remove(TALOS_LIFECYCLE);
+        // The pull is recorded in the intent's own write (the machine's history keeps it
+        // as its `pull` step); a repeated install's pull of an image already there is not.
+        conditions.remove(INSTALLER_PULL);
+        let took = ex.clock.now().saturating_since(pull_began);
+        let pulled = ConditionUpdate::new(INSTALLER_PULL, ConditionStatus::True, PULLED, pulled_message(&image, took));
+        conditions.upsert(pulled, ex.clock.now());
     }
     if let Some(check) = check
         && !repeated

@@ -69,6 +69,30 @@ use crate::versions::TalosVersion;
 /// The condition type of the lifecycle executor's progress.
 pub const TALOS_LIFECYCLE: &str = "TalosLifecycle";
 
+/// The condition type that records the installer's pull on this path, written in the
+/// same write as the install's intent (no write of its own, so no authority of its own):
+/// `True/Pulled`, its message [`pulled_message`]. Nothing decides on it; it is what the
+/// machine's history keeps of the pull (its `pull` step), since no other record sees it.
+pub const INSTALLER_PULL: &str = "InstallerPull";
+
+/// The reason of [`INSTALLER_PULL`]: the pull before the intent answered.
+pub const PULLED: &str = "Pulled";
+
+/// The message of [`INSTALLER_PULL`]: `pulled <image> in <seconds> s`, the seconds to the
+/// millisecond (an image already on the node answers at once: about 0).
+#[must_use]
+pub fn pulled_message(image: &str, took: Duration) -> String {
+    format!("pulled {image} in {:.3} s", took.as_secs_f64())
+}
+
+/// The seconds a [`pulled_message`] records; `None` for any other text.
+#[must_use]
+pub fn pulled_seconds(message: &str) -> Option<f64> {
+    let rest = message.strip_prefix("pulled ")?.strip_suffix(" s")?;
+    let (_, seconds) = rest.rsplit_once(" in ")?;
+    seconds.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0)
+}
+
 /// The Node annotation the engine's cordon carries, so that only its own cordon is lifted.
 /// Its value names the operation that cordoned and when ([`cordon_annotation`]); an older
 /// engine wrote `true` or `since=<Unix ms>`, which name no operation.

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use ichor_upgrade_core::evacuation;
+use ichor_upgrade_core::{evacuation, lifecycle_step};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -248,14 +248,16 @@ pub struct LastUpgrade {
     pub converged: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
     /// From its start to its convergence, seconds.
     pub seconds: f64,
-    /// Each step's duration, seconds: `evacuation` (storage moved off it), `upgrade` (from
-    /// the Upgrade call to convergence: pull, drain, install, reboot, Ready, verification),
-    /// `install` and `reboot` (a lifecycle upgrade's: from its install, and from its
-    /// Reboot call, to convergence); and, where its Node's turning Ready again was seen,
-    /// `ready` (from the Upgrade or Reboot call to the Node Ready: Talos's pull, drain and
-    /// install inside the call, the reboot, the kubelet's return) and `verification` (from
-    /// Ready to convergence: the version, the etcd member, the uncordon). The pull is not
-    /// a step of its own: inside an Upgrade call it is Talos's, unseen.
+    /// Each step's duration, seconds: `evacuation` (storage moved off it: from its
+    /// opening to the call's intent or the pull), `pull` (the lifecycle executor's pull of
+    /// the installer, about 0 when a pre-pull put it there), `upgrade` (from the Upgrade
+    /// call to convergence: pull, drain, install, reboot, Ready, verification), `install`
+    /// and `reboot` (a lifecycle upgrade's: from its install, and from its Reboot call, to
+    /// convergence); and, where its Node's turning Ready again was seen, `ready` (from the
+    /// Upgrade or Reboot call to the Node Ready: Talos's pull, drain and install inside
+    /// the call, the reboot, the kubelet's return) and `verification` (from Ready to
+    /// convergence: the version, the etcd member, the uncordon). A legacy Upgrade call's
+    /// pull is no step of its own: it is Talos's, inside the call, unseen.
     pub steps: BTreeMap<String, f64>,
     /// The bytes its evacuation moved off it at most (what was on it when the evacuation
     /// began, as the storage backend recorded it); absent with no evacuation, or none
@@ -273,13 +275,31 @@ pub fn step_durations(history: &[MachineStep]) -> Vec<(&'static str, f64)> {
         (0..before).rev().find(|&i| history[i].type_ == type_ && history[i].reason == reason)
     };
     let Some(end) = history.len().checked_sub(1) else { return Vec::new() };
+    let mut durations = Vec::new();
+    // The evacuation: from its opening to the first step after it that is not its own
+    // (the call's intent, the pull) or to its end, whichever comes first. The engine keeps
+    // storage off the node until the machine converges, so its `Ended` alone would measure
+    // the whole turn, not the move.
+    if let Some(open) = last("StorageEvacuation", "Evacuating", end + 1) {
+        let moved = history[open + 1..]
+            .iter()
+            .find(|s| s.type_ != "StorageEvacuation" || s.reason == "Ended" || s.reason == "TimedOut")
+            .map(MachineStep::began_ms);
+        if let Some(moved) = moved {
+            #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
+            durations.push(("evacuation", (moved - at(open)).max(0) as f64 / 1000.0));
+        }
+    }
+    if let Some(pull) = last(lifecycle_step::INSTALLER_PULL, lifecycle_step::PULLED, end + 1)
+        && let Some(seconds) = history[pull].seconds
+    {
+        durations.push(("pull", seconds));
+    }
     let spans = [
-        ("evacuation", ("StorageEvacuation", "Evacuating"), ("StorageEvacuation", "Ended")),
         ("upgrade", ("TalosUpgrade", "UpgradeRequested"), ("TalosUpgrade", "Converged")),
         ("install", ("TalosLifecycle", "InstallRunning"), ("TalosLifecycle", "Installed")),
         ("reboot", ("TalosLifecycle", "RebootRequested"), ("TalosLifecycle", "Converged")),
     ];
-    let mut durations = Vec::new();
     for (step, (start_type, start_reason), (end_type, end_reason)) in spans {
         let Some(stop) = last(end_type, end_reason, end + 1) else { continue };
         let Some(start) = last(start_type, start_reason, stop) else { continue };
@@ -302,8 +322,14 @@ fn converges(step: &MachineStep) -> bool {
 #[must_use]
 pub fn last_upgrade(history: &[MachineStep], ready: Option<&Time>) -> Option<LastUpgrade> {
     let end = history.last().filter(|s| converges(s))?;
-    let first = history[..history.len() - 1].iter().rposition(converges).map_or(0, |i| i + 1);
+    // The convergence may be recorded by more than one condition in its write (a lifecycle
+    // upgrade's `TalosLifecycle` and `TalosUpgrade`): the upgrade began after the one
+    // before them.
+    let ending = history.iter().rposition(|s| !converges(s)).map_or(0, |i| i + 1);
+    let first = history[..ending].iter().rposition(converges).map_or(0, |i| i + 1);
     let start = history[first..].iter().find(|s| s.type_ != "NodeRemoval")?;
+    // A first step that records its own span (the pull) began that much before it.
+    let start = Time(k8s_openapi::jiff::Timestamp::from_millisecond(start.began_ms()).unwrap_or(start.time.0));
     #[allow(clippy::cast_precision_loss, reason = "milliseconds well within f64's exact range")]
     let seconds_between =
         |from: &Time, to: &Time| (to.0.as_millisecond() - from.0.as_millisecond()).max(0) as f64 / 1000.0;
@@ -322,9 +348,9 @@ pub fn last_upgrade(history: &[MachineStep], ready: Option<&Time>) -> Option<Las
         steps.insert("verification".to_owned(), seconds_between(ready, &end.time));
     }
     Some(LastUpgrade {
-        start: start.time.clone(),
+        seconds: seconds_between(&start, &end.time),
+        start,
         converged: end.time.clone(),
-        seconds: seconds_between(&start.time, &end.time),
         steps,
         evacuated_bytes: history[first..].iter().rev().find_map(|s| s.bytes),
     })
@@ -335,7 +361,7 @@ pub fn last_upgrade(history: &[MachineStep], ready: Option<&Time>) -> Option<Las
 pub const MACHINE_HISTORY: usize = 32;
 
 /// A condition of a machine entering a status and reason.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineStep {
     /// The condition's type, such as `TalosUpgrade`.
@@ -351,6 +377,21 @@ pub struct MachineStep {
     /// bytes on the node then, as the storage backend recorded them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    /// For a step recorded at its end that says how long it took (the lifecycle
+    /// executor's pull of the installer, `InstallerPull` `Pulled`): its seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+}
+
+impl MachineStep {
+    /// When the step began, Unix milliseconds: its time, less its own span if it records
+    /// one.
+    #[must_use]
+    pub fn began_ms(&self) -> i64 {
+        #[allow(clippy::cast_possible_truncation, reason = "a pull's seconds, far within i64 milliseconds")]
+        let span = self.seconds.map_or(0, |s| (s * 1000.0).round() as i64);
+        self.time.0.as_millisecond() - span
+    }
 }
 
 impl TalosMachineStatus {
@@ -369,7 +410,14 @@ impl TalosMachineStatus {
         let mut history = self.history.clone();
         for condition in &conditions {
             let before = self.conditions.iter().find(|c| c.type_ == condition.type_);
-            if before.is_some_and(|b| b.status == condition.status && b.reason == condition.reason) {
+            // A pull is recorded anew at each intent with the same status and reason: its
+            // transition time tells a new one.
+            let pull = condition.type_ == lifecycle_step::INSTALLER_PULL;
+            if before.is_some_and(|b| {
+                b.status == condition.status
+                    && b.reason == condition.reason
+                    && (!pull || b.last_transition_time == condition.last_transition_time)
+            }) {
                 continue;
             }
             let opens_evacuation =
@@ -380,6 +428,9 @@ impl TalosMachineStatus {
                 reason: condition.reason.clone(),
                 time: condition.last_transition_time.clone(),
                 bytes: opens_evacuation.then(|| evacuation::bytes_from_message(&condition.message)).flatten(),
+                seconds: (pull && condition.reason == lifecycle_step::PULLED)
+                    .then(|| lifecycle_step::pulled_seconds(&condition.message))
+                    .flatten(),
             });
         }
         // A convergence just recorded is the end of an upgrade: its durations are kept
@@ -845,7 +896,13 @@ mod tests {
             .with_conditions(vec![condition("TalosLifecycle", "Unknown", "InstallRunning", 100)])
             .with_conditions(vec![condition("TalosLifecycle", "True", "Installed", 150)])
             .with_conditions(vec![condition("TalosLifecycle", "Unknown", "RebootRequested", 160)])
-            .with_conditions_and_ready(vec![condition("TalosLifecycle", "False", "Converged", 300)], Some(&ready));
+            .with_conditions_and_ready(
+                vec![
+                    condition("TalosLifecycle", "False", "Converged", 300),
+                    condition("TalosUpgrade", "False", "Converged", 300),
+                ],
+                Some(&ready),
+            );
         let steps = status.last_upgrade.unwrap().steps;
         assert_eq!((steps["reboot"], steps["ready"], steps["verification"]), (140.0, 100.0, 40.0));
     }
@@ -893,5 +950,62 @@ mod tests {
             let json = serde_json::to_value(&last).unwrap();
             assert_eq!(json.get("evacuatedBytes").and_then(serde_json::Value::as_u64), bytes);
         }
+    }
+
+    #[test]
+    fn an_evacuation_is_timed_to_the_call_not_to_its_end_at_the_convergence() {
+        // The engine's own order: storage stays off the node until the machine converges,
+        // and the evacuation's `Ended` is written with the convergence.
+        let status = TalosMachineStatus::default()
+            .with_conditions(vec![condition(
+                evacuation::STORAGE_EVACUATION,
+                "True",
+                evacuation::reason::EVACUATING,
+                100,
+            )])
+            .with_conditions(vec![condition("TalosUpgrade", "Unknown", "UpgradeIntent", 190)])
+            .with_conditions(vec![condition("TalosUpgrade", "True", "UpgradeRequested", 191)])
+            .with_conditions(vec![
+                condition(evacuation::STORAGE_EVACUATION, "False", evacuation::reason::ENDED, 400),
+                condition("TalosUpgrade", "False", "Converged", 400),
+            ]);
+        let last = status.last_upgrade.unwrap();
+        assert_eq!((last.seconds, last.steps["evacuation"], last.steps["upgrade"]), (300.0, 90.0, 209.0));
+    }
+
+    #[test]
+    fn a_lifecycle_pull_is_a_step_of_its_own_and_starts_the_turn() {
+        let pulled = |secs: i64, took_ms: u64| Condition {
+            message: lifecycle_step::pulled_message("installer:v1.14.4", std::time::Duration::from_millis(took_ms)),
+            ..condition(lifecycle_step::INSTALLER_PULL, "True", lifecycle_step::PULLED, secs)
+        };
+        let upgrade = |status: TalosMachineStatus, at: i64, took_ms: u64| {
+            status
+                .with_conditions(vec![pulled(at, took_ms), condition("TalosLifecycle", "Unknown", "InstallIntent", at)])
+                .with_conditions(vec![pulled(at, took_ms), condition("TalosLifecycle", "True", "Installed", at + 60)])
+                .with_conditions(vec![
+                    pulled(at, took_ms),
+                    condition("TalosLifecycle", "Unknown", "RebootRequested", at + 70),
+                ])
+                // The engine records a lifecycle convergence in both conditions, in one write.
+                .with_conditions(vec![
+                    pulled(at, took_ms),
+                    condition("TalosLifecycle", "False", "Converged", at + 200),
+                    condition("TalosUpgrade", "False", "Converged", at + 200),
+                ])
+        };
+        let first = upgrade(TalosMachineStatus::default(), 1_000, 42_500);
+        let last = first.last_upgrade.clone().unwrap();
+        assert_eq!(last.steps["pull"], 42.5);
+        assert_eq!(last.start.0.as_millisecond(), 957_500, "the turn starts at the pull");
+        assert_eq!(last.seconds, 242.5);
+        assert_eq!(first.history.iter().filter(|s| s.type_ == lifecycle_step::INSTALLER_PULL).count(), 1);
+        // The next upgrade's pull has the same status and reason, and is recorded anew;
+        // pre-pulled, it took no time.
+        let second = upgrade(first, 5_000, 0);
+        let pulls: Vec<_> = second.history.iter().filter_map(|s| s.seconds).collect();
+        assert_eq!(pulls, [42.5, 0.0]);
+        let last = second.last_upgrade.unwrap();
+        assert_eq!((last.steps["pull"], last.seconds, last.start.0.as_second()), (0.0, 200.0, 5_000));
     }
 }

@@ -49,6 +49,7 @@ fn machine(name: &str, role: Role, turn: Option<(i64, i64)>) -> Arc<TalosMachine
             reason: reason.into(),
             time: at(secs),
             bytes: None,
+            seconds: None,
         };
         m.status = Some(TalosMachineStatus {
             history: vec![step("UpgradeRequested", call), step("Converged", converged)],

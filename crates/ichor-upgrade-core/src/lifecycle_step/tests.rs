@@ -642,3 +642,15 @@ fn a_failed_install_is_a_failure_until_resumed() {
     let LifecycleAction::Fail(failure) = action else { unreachable!() };
     assert!(failure.to_string().contains("code 4"), "{failure}");
 }
+
+#[test]
+fn a_pull_records_its_seconds_in_a_message_read_back_exactly() {
+    let image = "factory.talos.dev/installer/376567988ad3:v1.14.4";
+    let message = pulled_message(image, Duration::from_millis(12_345));
+    assert_eq!(message, format!("pulled {image} in 12.345 s"));
+    assert_eq!(pulled_seconds(&message), Some(12.345));
+    assert_eq!(pulled_seconds(&pulled_message(image, Duration::ZERO)), Some(0.0), "an image already there");
+    for other in ["", "pulled in s", "pulled x in -1 s", "pulled x in NaN s", "installing x", "pulled x in 3 ms"] {
+        assert_eq!(pulled_seconds(other), None, "{other:?}");
+    }
+}
