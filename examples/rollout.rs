@@ -598,13 +598,16 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
         }
         history
     });
-    let recorded = history.as_ref().map(|h| Recorded {
-        control_plane_turns: h.control_plane_turns.clone(),
-        worker_turns: h.worker_turns.clone(),
-        lead: h.lead,
-        reaction: h.reaction,
-        // A trace records no bytes: no rate to time evacuations by.
-        storage: None,
+    let recorded = history.as_ref().map(|h| {
+        let (control_plane_turns, worker_turns) = ichor_operator::dry_run::recorded_turns(h);
+        Recorded {
+            control_plane_turns,
+            worker_turns,
+            lead: h.lead,
+            reaction: h.reaction,
+            // A trace records no bytes: no rate to time evacuations by.
+            storage: None,
+        }
     });
     let pass = ichor_talos_executor::ExecutorConfig::default().pass_interval;
     let Models { control_plane, worker, lead_s, reaction_s, storage, mut assumed } =
@@ -656,6 +659,10 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
                 "runs": plan.runs,
                 "history": source,
                 "assumed": assumed,
+                "phases": plan.phases.iter().map(|f| serde_json::json!({
+                    "role": f.role.as_str(), "phase": f.phase, "samples": f.samples,
+                    "p10_s": f.p10_s, "p50_s": f.p50_s, "p90_s": f.p90_s, "recorded": f.recorded,
+                })).collect::<Vec<_>>(),
             }
         });
         println!("{value}");
@@ -687,6 +694,17 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
     }
     for held in &plan.held {
         println!("held now: {}: {}", held.node, held.reason);
+    }
+    for fit in &plan.phases {
+        let source = if fit.recorded { format!("{} recorded", fit.samples) } else { "default range".to_owned() };
+        println!(
+            "phase: {} {}: p10 {:.0} s, p50 {:.0} s, p90 {:.0} s ({source})",
+            fit.role.as_str(),
+            fit.phase,
+            fit.p10_s,
+            fit.p50_s,
+            fit.p90_s
+        );
     }
     for line in &assumed {
         println!("assumed: {line}");

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::plan::{DEFAULT_RUNS, PlanInput, PlanMachine, StorageRate, TurnModel, plan};
+use ichor_upgrade_core::plan::{
+    DEFAULT_RUNS, EVACUATION, PlanInput, PlanMachine, RecordedTurn, StorageRate, TurnModel, plan,
+};
 
 fn machines(workers: usize) -> Vec<PlanMachine> {
     let cp = (1..=3).map(|i| PlanMachine {
@@ -31,15 +33,23 @@ fn bench(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(10)).sample_size(20);
     for workers in [1_000, 5_000] {
         let machines = machines(workers);
-        // A history of the same size: every worker's turn recorded once.
-        let turns: Vec<f64> = (0..workers).map(|i| 150.0 + f64::from(u32::try_from(i % 97).unwrap())).collect();
+        // A history of the same size: every worker's turn recorded once, with its phases
+        // (an evacuation of 60 s, the install, the reboot, the rest).
+        let turns: Vec<RecordedTurn> = (0..workers)
+            .map(|i| {
+                let seconds = 150.0 + f64::from(u32::try_from(i % 97).unwrap());
+                let phases =
+                    [(EVACUATION, 60.0), ("installing", 40.0), ("rebooting", seconds - 110.0), ("verifying", 10.0)];
+                RecordedTurn { seconds, phases: phases.iter().map(|(n, s)| ((*n).to_owned(), *s)).collect() }
+            })
+            .collect();
         let input = PlanInput {
             machines: &machines,
-            control_plane: TurnModel::Recorded(vec![230.0, 250.0, 270.0]),
+            control_plane: TurnModel::Recorded([230.0, 250.0, 270.0].map(RecordedTurn::of).to_vec()),
             worker: TurnModel::Recorded(turns),
             lead_s: 12.0,
             reaction_s: 1.5,
-            storage: Some(StorageRate { bytes_per_s: 100.0 * 1024.0 * 1024.0, control_plane_s: 0.0, worker_s: 60.0 }),
+            storage: Some(StorageRate { bytes_per_s: 100.0 * 1024.0 * 1024.0 }),
             max_unavailable: 20,
             runs: DEFAULT_RUNS,
             seed: 1,

@@ -55,6 +55,19 @@ fn a_plan_from_one_runs_trace_predicts_the_next_runs_makespan() {
         let defaulted =
             |a: &Value| a.as_str().unwrap().contains("none recorded") || a.as_str().unwrap().contains("no turn");
         assert!(!assumed.iter().any(defaulted), "every duration from the history: {plan}");
+        // Each phase's distribution per role, from the record.
+        let phases = plan["phases"].as_array().unwrap();
+        let fit = |role: &str, phase: &str| phases.iter().find(|f| f["role"] == role && f["phase"] == phase);
+        for (role, machines) in [("control-plane", 3), ("worker", 20)] {
+            for phase in ["installing", "rebooting", "verifying", "turn"] {
+                let f = fit(role, phase).unwrap_or_else(|| panic!("{role} {phase}: {plan}"));
+                assert_eq!((f["recorded"].as_bool(), f["samples"].as_u64()), (Some(true), Some(machines)), "{f}");
+                assert!(
+                    seconds(f, "p10_s") <= seconds(f, "p50_s") && seconds(f, "p50_s") <= seconds(f, "p90_s"),
+                    "{f}"
+                );
+            }
+        }
         // A trace records no bytes: the storage on the workers now is said, not timed.
         assert!(
             assumed
@@ -88,6 +101,8 @@ fn a_plan_names_the_machines_a_budget_at_zero_holds_and_touches_nothing() {
     // Without --history: the default durations, said so.
     let assumed: Vec<&str> = plan["assumed"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
     assert!(assumed.iter().any(|a| a.contains("no turn recorded")), "{assumed:?}");
+    let phases = plan["phases"].as_array().unwrap();
+    assert!(!phases.is_empty() && phases.iter().all(|f| f["recorded"] == false && f["samples"] == 0), "{plan}");
     assert_eq!(plan["history"], Value::Null);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 

@@ -20,14 +20,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ichor_adapters::kubernetes::crd::{
-    Calibration, PlanHeld, PlanStatus, PlannedMachine, TalosMachine, TalosOperation,
+    Calibration, PlanHeld, PlanPhase, PlanStatus, PlannedMachine, TalosMachine, TalosOperation,
 };
 use ichor_storage::StorageObject;
 use ichor_timeline::{History, Timeline};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, OperationKind};
 use ichor_upgrade_core::plan::{
-    DEFAULT_RUNS, Defaults, Models, PlanInput, PlanMachine, Recorded, StorageRate, describe_storage, models, plan,
-    quantile,
+    DEFAULT_RUNS, Defaults, Models, PlanInput, PlanMachine, Recorded, RecordedTurn, StorageRate, describe_storage,
+    models, plan, quantile,
 };
 use ichor_upgrade_core::preflight::{ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::versions::TalosVersion;
@@ -158,45 +158,53 @@ pub fn recorded(previous: &TalosOperation, machines: &[Arc<TalosMachine>]) -> Re
     let of = machines_of(previous, machines);
     let records = history_records(previous, &of, completed_at(previous), Origin::Creation);
     let history = History::from_timeline(&Timeline::from_records(&records));
+    let (control_plane_turns, worker_turns) = recorded_turns(&history);
     Recorded {
-        control_plane_turns: history.control_plane_turns,
-        worker_turns: history.worker_turns,
+        control_plane_turns,
+        worker_turns,
         lead: history.lead,
         reaction: history.reaction,
         storage: storage_rate(previous, &of),
     }
 }
 
+/// Each converged machine's turn in `history` with its phases (by the timeline's names),
+/// control planes' and workers': what a plan resamples.
+#[must_use]
+pub fn recorded_turns(history: &History) -> (Vec<RecordedTurn>, Vec<RecordedTurn>) {
+    let (control_planes, workers): (Vec<_>, Vec<_>) = history.turns.iter().partition(|t| t.control_plane);
+    let recorded = |turns: Vec<&ichor_timeline::history::Turn>| {
+        turns
+            .into_iter()
+            .map(|t| RecordedTurn {
+                seconds: t.seconds,
+                phases: t.phases.iter().map(|(phase, s)| (phase.key().to_owned(), *s)).collect(),
+            })
+            .collect()
+    };
+    (recorded(control_planes), recorded(workers))
+}
+
 /// The rate `previous`'s evacuations moved storage at, from the `lastUpgrade` of its
 /// `machines` that converged within it: the median of bytes over seconds of those that
-/// recorded both, and each role's median evacuation (0 for a machine that had none).
-/// `None` when none recorded bytes.
+/// recorded both. `None` when none recorded bytes.
 #[must_use]
 pub fn storage_rate(previous: &TalosOperation, machines: &[&TalosMachine]) -> Option<StorageRate> {
     let made = previous.creation_timestamp()?.0.as_millisecond();
     let ended = completed_at(previous)?;
     let mut rates = Vec::new();
-    let (mut control_planes, mut workers) = (Vec::new(), Vec::new());
     for machine in machines {
         let Some(last) = machine.status.as_ref().and_then(|s| s.last_upgrade.as_ref()) else { continue };
         if !(made..=ended).contains(&last.converged.0.as_millisecond()) {
             continue;
         }
         let seconds = last.steps.get("evacuation").copied().unwrap_or(0.0);
-        match MachineRole::from(machine.spec.role) {
-            MachineRole::ControlPlane => control_planes.push(seconds),
-            MachineRole::Worker => workers.push(seconds),
-        }
         if let Some(bytes) = last.evacuated_bytes.filter(|b| *b > 0 && seconds > 0.0) {
             #[allow(clippy::cast_precision_loss, reason = "bytes to a rate, well within f64's range")]
             rates.push(bytes as f64 / seconds);
         }
     }
-    (!rates.is_empty()).then(|| StorageRate {
-        bytes_per_s: quantile(&rates, 0.5),
-        control_plane_s: quantile(&control_planes, 0.5),
-        worker_s: quantile(&workers, 0.5),
-    })
+    (!rates.is_empty()).then(|| StorageRate { bytes_per_s: quantile(&rates, 0.5) })
 }
 
 /// The plan of `dry`, or why there is none.
@@ -326,6 +334,19 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
                 role: t.role.as_str().to_owned(),
                 start_seconds: t.start_s,
                 end_seconds: t.end_s,
+            })
+            .collect(),
+        phases: planned
+            .phases
+            .into_iter()
+            .map(|f| PlanPhase {
+                role: f.role.as_str().to_owned(),
+                phase: f.phase,
+                samples: i64::try_from(f.samples).unwrap_or(i64::MAX),
+                p10_seconds: f.p10_s,
+                p50_seconds: f.p50_s,
+                p90_seconds: f.p90_s,
+                recorded: f.recorded,
             })
             .collect(),
     })

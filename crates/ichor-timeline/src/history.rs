@@ -17,6 +17,9 @@ pub struct History {
     /// Each phase's durations in converged machines' turns, by role (`control-plane` or
     /// `worker`) and phase.
     pub phases: BTreeMap<(String, Phase), Vec<f64>>,
+    /// Each converged machine's turn with its phases, in the order the turns began (what a
+    /// plan resamples, phases together).
+    pub turns: Vec<Turn>,
     /// From the trace's start to the first turn.
     pub lead: Option<f64>,
     /// The median time from a machine's convergence to the next machine's start, over
@@ -25,6 +28,17 @@ pub struct History {
     pub reaction: Option<f64>,
     /// From the trace's start to its last convergence.
     pub makespan: Option<f64>,
+}
+
+/// One converged machine's turn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// Whether it is a control plane's.
+    pub control_plane: bool,
+    /// From its first in-turn phase to converged, seconds.
+    pub seconds: f64,
+    /// Each in-turn phase it went through and its seconds, in order.
+    pub phases: Vec<(Phase, f64)>,
 }
 
 impl History {
@@ -47,10 +61,14 @@ impl History {
             let turns =
                 if machine.is_control_plane() { &mut history.control_plane_turns } else { &mut history.worker_turns };
             turns.push(end - start);
+            let mut phases = Vec::new();
             for bar in machine.bars.iter().filter(|b| b.phase.in_turn() && b.start >= start) {
                 let key = (machine.role.clone(), bar.phase);
-                history.phases.entry(key).or_default().push(bar.end.unwrap_or(end) - bar.start);
+                let seconds = bar.end.unwrap_or(end) - bar.start;
+                history.phases.entry(key).or_default().push(seconds);
+                phases.push((bar.phase, seconds));
             }
+            history.turns.push(Turn { control_plane: machine.is_control_plane(), seconds: end - start, phases });
             if let Some(previous) = finishes.iter().copied().filter(|f| *f <= start).reduce(f64::max) {
                 gaps.push(start - previous);
             }
@@ -87,6 +105,18 @@ mod tests {
         assert_eq!(history.worker_turns, [97.0], "the failed worker teaches nothing");
         assert_eq!(history.phases[&("control-plane".to_owned(), Phase::Rebooting)], [100.0]);
         assert_eq!(history.phases[&("control-plane".to_owned(), Phase::Installing)], [60.0]);
+        let cp = &history.turns[0];
+        assert!(cp.control_plane && cp.seconds == 190.0, "{cp:?}");
+        assert_eq!(
+            cp.phases,
+            [
+                (Phase::Installing, 60.0),
+                (Phase::Rebooting, 100.0),
+                (Phase::WaitingReady, 20.0),
+                (Phase::Verifying, 10.0)
+            ]
+        );
+        assert_eq!((history.turns.len(), history.turns[1].control_plane), (2, false));
         assert_eq!((history.lead, history.reaction, history.makespan), (Some(10.0), Some(3.0), Some(300.0)));
         assert_eq!(History::from_timeline(&Timeline::from_records(&[])), History::default());
     }

@@ -6,17 +6,20 @@
 //! control planes one at a time, then the workers `maxUnavailable` at a time in the
 //! engine's order, each slot taken again a reaction time after its machine converged
 //! (the engine learns of it through a watch and starts the next at its next pass). Each
-//! of [`PlanInput::runs`] runs draws every machine's turn (its evacuation, pull, install
-//! or Upgrade call, reboot, Ready and verification, end to end) from its role's
-//! [`TurnModel`]: the turns recorded in an earlier upgrade, resampled (each run from its
-//! own bootstrap replicate of the record, so that a short history widens the spread as it
-//! should), or the sum of default phase ranges when there is no history. The lead and the reaction time are
+//! of [`PlanInput::runs`] runs draws every machine's turn from its role's [`TurnModel`],
+//! phase by phase (its evacuation, install or Upgrade call, drain, reboot, Ready and
+//! verification). Each phase's distribution per role is the one the earlier upgrade
+//! recorded ([`PhaseFit`] says it, per role and phase); a drawn turn takes its phases
+//! together from one recorded machine, resampled (each run from its own bootstrap
+//! replicate of the record, so that a short history widens the spread as it should),
+//! which keeps what the phases of one machine share (a slow disk slows its install and its
+//! reboot). A phase the plan knows better now replaces the recorded one: where the history
+//! recorded the bytes its evacuations moved ([`StorageRate`]) and the bytes on a machine
+//! now are known, its evacuation is the one those bytes take at the recorded rate, so
+//! storage that grew, moved or went makes the plan longer or shorter. With no history for
+//! a role, each phase is drawn from its default range. The lead and the reaction time are
 //! measured in the same history (else defaults), so the plan is calibrated by the engine's
-//! own overhead, not an ideal scheduler's. Where the history recorded the bytes its
-//! evacuations moved ([`StorageRate`]) and the bytes on a machine now are known, its
-//! evacuation is the one those bytes take at the recorded rate, in place of the one its
-//! role's recorded turns had: storage that grew, moved or went makes the plan longer or
-//! shorter.
+//! own overhead, not an ideal scheduler's.
 //!
 //! What it does not model (its limits, also in `docs/plan.md`): machines the preflight
 //! holds are left out of the makespan (they go when what holds them clears, which no
@@ -48,90 +51,202 @@ pub struct PlanMachine {
     pub bytes: Option<u64>,
 }
 
-/// What recorded evacuations say: how fast storage moved off a machine, and how much of
-/// a recorded turn was evacuation. A plan with it turns each machine's evacuation from
-/// the one its role's turns had into the one the bytes on it now take.
+/// What recorded evacuations say: how fast storage moved off a machine. A plan with it
+/// times each machine's evacuation by the bytes on it now, in place of the one its drawn
+/// turn recorded.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StorageRate {
     /// Bytes a second an evacuation moved (the median of the machines that recorded both
     /// bytes and duration).
     pub bytes_per_s: f64,
-    /// The median evacuation of the control planes recorded (0 for one that had none),
-    /// seconds.
-    pub control_plane_s: f64,
-    /// The same for the workers.
-    pub worker_s: f64,
 }
 
 impl StorageRate {
-    /// How much longer (or shorter, negative) than a recorded turn of its role a
-    /// machine's turn is, with `bytes` on it now: its evacuation at the recorded rate in
-    /// place of the role's median evacuation.
+    /// The seconds an evacuation of `bytes` takes at this rate.
     #[must_use]
-    pub fn adjustment(&self, role: MachineRole, bytes: u64) -> f64 {
-        let recorded = match role {
-            MachineRole::ControlPlane => self.control_plane_s,
-            MachineRole::Worker => self.worker_s,
-        };
+    pub fn seconds(&self, bytes: u64) -> f64 {
         #[allow(clippy::cast_precision_loss, reason = "bytes to seconds, well within f64's range")]
-        let now = bytes as f64 / self.bytes_per_s;
-        now - recorded
+        let bytes = bytes as f64;
+        bytes / self.bytes_per_s
+    }
+}
+
+/// The name of a turn's evacuation among a [`RecordedTurn`]'s phases (the timeline's
+/// name for it): the phase the bytes on a machine now time anew.
+pub const EVACUATION: &str = "evacuating";
+
+/// One machine's turn in an earlier upgrade: end to end, and by phase.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordedTurn {
+    /// From its first phase to its convergence, seconds.
+    pub seconds: f64,
+    /// Each phase it went through and its seconds, by name (such as [`EVACUATION`]); what
+    /// no phase covers is in `seconds` only.
+    pub phases: Vec<(String, f64)>,
+}
+
+impl RecordedTurn {
+    /// A turn of `seconds` with no phase recorded.
+    #[must_use]
+    pub fn of(seconds: f64) -> Self {
+        Self { seconds, phases: Vec::new() }
+    }
+
+    /// The seconds of its phase `name` (summed, if it went through it twice); 0 if none.
+    #[must_use]
+    pub fn phase(&self, name: &str) -> f64 {
+        self.phases.iter().filter(|(n, _)| n == name).map(|(_, s)| s).sum()
+    }
+
+    /// This turn with its evacuation taking `evacuation` seconds.
+    fn with_evacuation(&self, evacuation: f64) -> f64 {
+        (self.seconds - self.phase(EVACUATION) + evacuation).max(0.0)
     }
 }
 
 /// How long one machine's turn takes, for one role.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnModel {
-    /// Turns recorded in an earlier upgrade, in seconds, resampled.
-    Recorded(Vec<f64>),
+    /// Turns recorded in an earlier upgrade, each with its phases, resampled whole.
+    Recorded(Vec<RecordedTurn>),
     /// No history: each turn is the sum of one uniform draw from each phase's range
-    /// (seconds).
-    Phases(Vec<(f64, f64)>),
+    /// (its name, and seconds).
+    Phases(Vec<(String, (f64, f64))>),
 }
 
 impl TurnModel {
     /// The model one run draws from: recorded turns resampled once per run (a bootstrap
-    /// replicate), so that the spread carries how little a short history knows besides
-    /// how much turns vary; default phases as they are.
-    fn for_run(&self, rng: &mut SplitMix64) -> Self {
-        match self {
-            Self::Recorded(turns) if !turns.is_empty() => {
-                Self::Recorded((0..turns.len()).map(|_| turns[rng.below(turns.len())]).collect())
-            }
-            other => other.clone(),
-        }
-    }
-
-    fn draw(&self, rng: &mut SplitMix64) -> f64 {
-        match self {
-            Self::Recorded(turns) if !turns.is_empty() => turns[rng.below(turns.len())],
-            Self::Recorded(_) => 0.0,
-            Self::Phases(ranges) => ranges.iter().map(|(low, high)| low + (high - low) * rng.unit()).sum(),
-        }
+    /// replicate, kept as indices), so that the spread carries how little a short history
+    /// knows besides how much turns vary; default phases as they are.
+    fn for_run(&self, rng: &mut SplitMix64) -> RunModel<'_> {
+        let replicate = match self {
+            Self::Recorded(turns) => (0..turns.len()).map(|_| rng.below(turns.len())).collect(),
+            Self::Phases(_) => Vec::new(),
+        };
+        RunModel { model: self, replicate }
     }
 
     /// Its median turn, seconds (the phases' midpoints summed, when there is no history).
     #[must_use]
     pub fn median(&self) -> f64 {
         match self {
-            Self::Recorded(turns) => quantile(turns, 0.5),
-            Self::Phases(ranges) => ranges.iter().map(|(low, high)| (low + high) / 2.0).sum(),
+            Self::Recorded(turns) => quantile(&turns.iter().map(|t| t.seconds).collect::<Vec<_>>(), 0.5),
+            Self::Phases(ranges) => ranges.iter().map(|(_, (low, high))| (low + high) / 2.0).sum(),
         }
     }
+
+    /// Each phase's distribution under this model, then (for a record) the whole turn's
+    /// (`turn`), for `role`.
+    #[must_use]
+    pub fn fits(&self, role: MachineRole) -> Vec<PhaseFit> {
+        let fit = |phase: &str, values: &[f64], recorded: bool| PhaseFit {
+            role,
+            phase: phase.to_owned(),
+            samples: values.len(),
+            p10_s: quantile(values, 0.1),
+            p50_s: quantile(values, 0.5),
+            p90_s: quantile(values, 0.9),
+            recorded,
+        };
+        match self {
+            Self::Recorded(turns) => {
+                let mut names: Vec<&str> = Vec::new();
+                for (name, _) in turns.iter().flat_map(|t| &t.phases) {
+                    if !names.contains(&name.as_str()) {
+                        names.push(name);
+                    }
+                }
+                let mut fits: Vec<PhaseFit> = names
+                    .iter()
+                    .map(|name| {
+                        let values: Vec<f64> = turns
+                            .iter()
+                            .filter(|t| t.phases.iter().any(|(n, _)| n == name))
+                            .map(|t| t.phase(name))
+                            .collect();
+                        fit(name, &values, true)
+                    })
+                    .collect();
+                fits.push(fit("turn", &turns.iter().map(|t| t.seconds).collect::<Vec<_>>(), true));
+                fits
+            }
+            Self::Phases(ranges) => {
+                let uniform = |name: &str, low: f64, high: f64| PhaseFit {
+                    role,
+                    phase: name.to_owned(),
+                    samples: 0,
+                    p10_s: low + (high - low) * 0.1,
+                    p50_s: (low + high) / 2.0,
+                    p90_s: low + (high - low) * 0.9,
+                    recorded: false,
+                };
+                // Each default phase is uniform over its range (their sum is not: no
+                // `turn` is said for it).
+                ranges.iter().map(|(name, (low, high))| uniform(name, *low, *high)).collect()
+            }
+        }
+    }
+}
+
+/// A [`TurnModel`] as one run draws from it.
+struct RunModel<'a> {
+    model: &'a TurnModel,
+    /// The recorded turns of this run's bootstrap replicate, by index.
+    replicate: Vec<usize>,
+}
+
+impl RunModel<'_> {
+    /// One turn; `evacuation`: the seconds its evacuation takes now, where known, in
+    /// place of the drawn turn's.
+    fn draw(&self, rng: &mut SplitMix64, evacuation: Option<f64>) -> f64 {
+        match self.model {
+            TurnModel::Recorded(turns) if !self.replicate.is_empty() => {
+                let turn = &turns[self.replicate[rng.below(self.replicate.len())]];
+                evacuation.map_or(turn.seconds, |e| turn.with_evacuation(e))
+            }
+            TurnModel::Recorded(_) => evacuation.unwrap_or(0.0),
+            TurnModel::Phases(ranges) => {
+                let drawn: f64 = ranges.iter().map(|(_, (low, high))| low + (high - low) * rng.unit()).sum();
+                drawn + evacuation.unwrap_or(0.0)
+            }
+        }
+    }
+}
+
+/// One phase's distribution for one role, as a plan draws it: from the turns recorded
+/// (`recorded`, over `samples` machines that went through it), or its default range.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseFit {
+    /// The role.
+    pub role: MachineRole,
+    /// The phase (the timeline's name, such as `evacuating` or `rebooting`; `turn`: the
+    /// whole turn; a default's own name where nothing was recorded).
+    pub phase: String,
+    /// How many recorded turns went through it (0 for a default).
+    pub samples: usize,
+    /// One in ten is shorter, seconds.
+    pub p10_s: f64,
+    /// The median, seconds.
+    pub p50_s: f64,
+    /// Nine in ten are shorter, seconds.
+    pub p90_s: f64,
+    /// Whether it comes from the record (else from a default).
+    pub recorded: bool,
 }
 
 /// What an earlier operation recorded, for a plan of the next (seconds).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Recorded {
     /// Each converged control plane's turn.
-    pub control_plane_turns: Vec<f64>,
+    pub control_plane_turns: Vec<RecordedTurn>,
     /// Each converged worker's turn.
-    pub worker_turns: Vec<f64>,
+    pub worker_turns: Vec<RecordedTurn>,
     /// From the operation's start to its first turn.
     pub lead: Option<f64>,
     /// The median time from a convergence to the next start.
     pub reaction: Option<f64>,
-    /// Its evacuations' rate and share of the turns, when it recorded bytes.
+    /// Its evacuations' rate, when it recorded bytes.
     pub storage: Option<StorageRate>,
 }
 
@@ -168,7 +283,6 @@ pub struct Models {
 #[must_use]
 pub fn models(recorded: Option<&Recorded>, defaults: &Defaults) -> Models {
     let mut assumed = Vec::new();
-    let phases: Vec<(f64, f64)> = defaults.phases.iter().map(|(_, range)| *range).collect();
     let described = defaults
         .phases
         .iter()
@@ -181,11 +295,11 @@ pub fn models(recorded: Option<&Recorded>, defaults: &Defaults) -> Models {
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let mut model = |turns: Option<&Vec<f64>>, role: &str| match turns.filter(|t| !t.is_empty()) {
+    let mut model = |turns: Option<&Vec<RecordedTurn>>, role: &str| match turns.filter(|t| !t.is_empty()) {
         Some(turns) => TurnModel::Recorded(turns.clone()),
         None => {
             assumed.push(format!("{role}: no turn recorded: default phases ({described})"));
-            TurnModel::Phases(phases.clone())
+            TurnModel::Phases(defaults.phases.clone())
         }
     };
     let control_plane = model(recorded.map(|r| &r.control_plane_turns), "control planes");
@@ -236,10 +350,8 @@ pub fn describe_storage(machines: &[PlanMachine], rate: Option<StorageRate>) -> 
     match rate {
         Some(rate) => Some(format!(
             "storage: {gib:.1} GiB on {holding} machines now, each evacuation timed at the recorded {:.0} MiB/s in place of \
-             its role's recorded one (control planes {:.0} s, workers {:.0} s){unknown}",
+             the one its drawn turn recorded{unknown}",
             rate.bytes_per_s / f64::from(1u32 << 20),
-            rate.control_plane_s,
-            rate.worker_s
         )),
         None if holding > 0 => Some(format!(
             "storage: {gib:.1} GiB on {holding} machines now, but the history recorded no bytes: evacuations as its \
@@ -263,8 +375,8 @@ pub struct PlanInput<'a> {
     /// From a machine's convergence to the next machine's start in its slot, seconds.
     pub reaction_s: f64,
     /// The recorded evacuations' rate: with it, a machine whose bytes are known has its
-    /// turns adjusted to them ([`StorageRate::adjustment`]); without it, turns are as
-    /// recorded.
+    /// evacuation timed by them ([`StorageRate::seconds`]) in each turn drawn; without
+    /// it, turns are as recorded.
     pub storage: Option<StorageRate>,
     /// Workers at once.
     pub max_unavailable: usize,
@@ -317,6 +429,8 @@ pub struct Plan {
     pub held: Vec<Held>,
     /// The median run, machine by machine (what a timeline draws).
     pub median_run: Vec<PlannedTurn>,
+    /// Each phase's distribution the turns were drawn from, per role with machines to go.
+    pub phases: Vec<PhaseFit>,
     /// How many runs were drawn.
     pub runs: usize,
 }
@@ -331,17 +445,14 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
     let mut rng = SplitMix64(input.seed);
     let runs = input.runs.max(1);
     // Each machine's evacuation as the bytes on it now take, where both are known.
-    let adjustment = |m: &PlanMachine| match (input.storage, m.bytes) {
-        (Some(rate), Some(bytes)) => rate.adjustment(m.role, bytes),
-        _ => 0.0,
-    };
-    let (cp_adjust, w_adjust): (Vec<f64>, Vec<f64>) =
-        (control_planes.iter().map(|m| adjustment(m)).collect(), workers.iter().map(|m| adjustment(m)).collect());
+    let evacuation = |m: &PlanMachine| input.storage.zip(m.bytes).map(|(rate, bytes)| rate.seconds(bytes));
+    let (cp_evacuation, w_evacuation): (Vec<Option<f64>>, Vec<Option<f64>>) =
+        (control_planes.iter().map(|m| evacuation(m)).collect(), workers.iter().map(|m| evacuation(m)).collect());
     let mut drawn: Vec<(f64, Vec<f64>, Vec<f64>)> = (0..runs)
         .map(|_| {
             let (control_plane, worker) = (input.control_plane.for_run(&mut rng), input.worker.for_run(&mut rng));
-            let cps: Vec<f64> = cp_adjust.iter().map(|a| (control_plane.draw(&mut rng) + a).max(0.0)).collect();
-            let ws: Vec<f64> = w_adjust.iter().map(|a| (worker.draw(&mut rng) + a).max(0.0)).collect();
+            let cps: Vec<f64> = cp_evacuation.iter().map(|e| control_plane.draw(&mut rng, *e)).collect();
+            let ws: Vec<f64> = w_evacuation.iter().map(|e| worker.draw(&mut rng, *e)).collect();
             let makespan = schedule(input, &cps, &ws).iter().map(|(_, end)| *end).fold(input.lead_s, f64::max);
             (makespan, cps, ws)
         })
@@ -371,6 +482,14 @@ pub fn plan(input: &PlanInput<'_>) -> Plan {
             .filter_map(|m| m.held.as_ref().map(|reason| Held { node: m.node.clone(), reason: reason.clone() }))
             .collect(),
         median_run,
+        phases: [
+            (MachineRole::ControlPlane, &input.control_plane, &control_planes),
+            (MachineRole::Worker, &input.worker, &workers),
+        ]
+        .into_iter()
+        .filter(|(_, _, going)| !going.is_empty())
+        .flat_map(|(role, model, _)| model.fits(role))
+        .collect(),
         runs,
     }
 }

@@ -687,6 +687,31 @@ pub struct PlanStatus {
     /// The median run, machine by machine, for `kubectl ichor timeline`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub median_run: Vec<PlannedMachine>,
+    /// Each phase's distribution per role the turns were drawn from: recorded, or a
+    /// default range.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<PlanPhase>,
+}
+
+/// One phase's distribution for one role in a plan.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanPhase {
+    /// `control-plane` or `worker`.
+    pub role: String,
+    /// The phase (`evacuating`, `installing`, `draining`, `rebooting`, `waiting-ready`,
+    /// `verifying`; `turn`: the whole turn; a default's own name).
+    pub phase: String,
+    /// How many recorded turns went through it (0 for a default).
+    pub samples: i64,
+    /// One in ten is shorter, seconds.
+    pub p10_seconds: f64,
+    /// The median, seconds.
+    pub p50_seconds: f64,
+    /// Nine in ten are shorter, seconds.
+    pub p90_seconds: f64,
+    /// Whether it comes from the record (else from a default range).
+    pub recorded: bool,
 }
 
 /// A machine a plan holds.

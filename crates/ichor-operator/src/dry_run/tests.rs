@@ -238,6 +238,18 @@ fn cluster_with_storage() -> Cluster {
     for machine in c.machines.iter_mut().filter(|m| m.spec.role == Role::Worker) {
         let status = Arc::make_mut(machine).status.as_mut().unwrap();
         let converged = status.history.last().unwrap().time.clone();
+        // The history as the engine writes it: the evacuation opens the turn, the call
+        // comes 20 s later.
+        let call = status.history[0].time.0.as_second();
+        status.history[0].time = at(call + 20);
+        let opened = MachineStep {
+            type_: "StorageEvacuation".into(),
+            reason: "Evacuating".into(),
+            time: at(call),
+            bytes: Some(2000 * MIB),
+            ..status.history[0].clone()
+        };
+        status.history.insert(0, opened);
         status.last_upgrade = Some(ichor_adapters::kubernetes::crd::LastUpgrade {
             start: at(converged.0.as_second() - 60),
             converged,
@@ -267,12 +279,29 @@ fn the_bytes_on_the_machines_now_time_their_evacuations_at_the_recorded_rate() {
     let previous = &c.operations[0];
     let of: Vec<&TalosMachine> = c.machines.iter().map(AsRef::as_ref).collect();
     let rate = storage_rate(previous, &of).expect("bytes were recorded");
-    assert_eq!((rate.bytes_per_s, rate.control_plane_s, rate.worker_s), (100.0 * MIB as f64, 0.0, 20.0));
+    assert_eq!(rate.bytes_per_s, 100.0 * MIB as f64);
+    // Each recorded worker's turn keeps its evacuation as a phase of its own.
+    let (_, workers) = recorded_turns(&History::from_timeline(&Timeline::from_records(&history_records(
+        previous,
+        &of,
+        completed_at(previous),
+        Origin::Creation,
+    ))));
+    assert!(workers.iter().all(|t| t.seconds == 60.0 && t.phase(ichor_upgrade_core::plan::EVACUATION) == 20.0));
+    assert_eq!(ichor_timeline::Phase::Evacuating.key(), ichor_upgrade_core::plan::EVACUATION);
 
     // As recorded: the record's schedule (296 s, as in the first test).
     let same = storage_now(&[("w-1", Some(2000 * MIB)), ("w-2", Some(2000 * MIB)), ("w-3", Some(2000 * MIB))]);
     let plan = plan_status(&DryRun { storage: Ok(same), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
     assert_eq!(plan.p50_seconds, 296.0);
+    // The status says each phase's recorded distribution per role.
+    let fit = |role: &str, phase: &str| {
+        plan.phases.iter().find(|f| f.role == role && f.phase == phase).map(|f| (f.samples, f.p50_seconds, f.recorded))
+    };
+    assert_eq!(fit("worker", "evacuating"), Some((3, 20.0, true)));
+    assert_eq!(fit("worker", "installing"), Some((3, 40.0, true)));
+    assert_eq!(fit("worker", "turn"), Some((3, 60.0, true)));
+    assert_eq!(fit("control-plane", "turn"), Some((1, 100.0, true)));
     // Twice the bytes on w-1 and w-3, none left on w-2: +20 +20 -20 s, one worker at a time.
     let now = storage_now(&[("w-1", Some(4000 * MIB)), ("w-3", Some(4000 * MIB))]);
     let plan = plan_status(&DryRun { storage: Ok(now), ..dry_run(&c, ClusterFacts::default()) }).unwrap();

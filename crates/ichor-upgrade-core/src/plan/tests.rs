@@ -16,6 +16,14 @@ fn machines(control_planes: usize, workers: usize) -> Vec<PlanMachine> {
     cp.chain(w).collect()
 }
 
+fn turns_of(turns: &[f64]) -> TurnModel {
+    TurnModel::Recorded(turns.iter().copied().map(RecordedTurn::of).collect())
+}
+
+fn phases(ranges: &[(f64, f64)]) -> TurnModel {
+    TurnModel::Phases(ranges.iter().enumerate().map(|(i, r)| (format!("phase-{i}"), *r)).collect())
+}
+
 fn input(machines: &[PlanMachine], cp: TurnModel, worker: TurnModel, k: usize, seed: u64) -> PlanInput<'_> {
     PlanInput {
         machines,
@@ -33,7 +41,7 @@ fn input(machines: &[PlanMachine], cp: TurnModel, worker: TurnModel, k: usize, s
 #[test]
 fn fixed_turns_give_the_engines_schedule_exactly() {
     let m = machines(3, 4);
-    let p = plan(&input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 2, 1));
+    let p = plan(&input(&m, turns_of(&[100.0]), turns_of(&[50.0]), 2, 1));
     // Lead 10; three control planes of 100, each slot taken again 2 s later: the workers
     // start at 316; two at once: 316-366, then 368-418.
     assert_eq!((p.p10_s, p.p50_s, p.p90_s), (418.0, 418.0, 418.0));
@@ -49,7 +57,7 @@ fn fixed_turns_give_the_engines_schedule_exactly() {
 fn held_machines_are_named_with_their_reason_and_left_out_of_the_schedule() {
     let mut m = machines(1, 3);
     m[2].held = Some("PodDisruptionBudget prod/db allows no disruption".into());
-    let p = plan(&input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 1, 1));
+    let p = plan(&input(&m, turns_of(&[100.0]), turns_of(&[50.0]), 1, 1));
     assert_eq!(
         p.held,
         [Held { node: "worker-2".into(), reason: "PodDisruptionBudget prod/db allows no disruption".into() }]
@@ -61,8 +69,8 @@ fn held_machines_are_named_with_their_reason_and_left_out_of_the_schedule() {
 #[test]
 fn the_spread_orders_its_quantiles_and_the_same_seed_gives_the_same_plan() {
     let m = machines(3, 20);
-    let cp = TurnModel::Recorded(vec![200.0, 220.0, 260.0, 240.0, 300.0]);
-    let worker = TurnModel::Phases(vec![(5.0, 30.0), (30.0, 60.0), (60.0, 150.0), (15.0, 45.0)]);
+    let cp = turns_of(&[200.0, 220.0, 260.0, 240.0, 300.0]);
+    let worker = phases(&[(5.0, 30.0), (30.0, 60.0), (60.0, 150.0), (15.0, 45.0)]);
     let a = plan(&input(&m, cp.clone(), worker.clone(), 3, 7));
     assert!(a.p10_s < a.p50_s && a.p50_s < a.p90_s, "{a:?}");
     assert!(a.bound_s < a.p50_s, "the median run's bound has no lead and no reaction: {a:?}");
@@ -77,8 +85,8 @@ fn the_spread_orders_its_quantiles_and_the_same_seed_gives_the_same_plan() {
 #[test]
 fn runs_drawn_from_the_same_turns_fall_between_p10_and_p90_about_four_times_in_five() {
     let m = machines(3, 20);
-    let cp = TurnModel::Recorded((0..30).map(|i| 180.0 + 4.0 * f64::from(i)).collect());
-    let worker = TurnModel::Phases(vec![(5.0, 30.0), (30.0, 60.0), (60.0, 150.0), (15.0, 45.0)]);
+    let cp = TurnModel::Recorded((0..30).map(|i| RecordedTurn::of(180.0 + 4.0 * f64::from(i))).collect());
+    let worker = phases(&[(5.0, 30.0), (30.0, 60.0), (60.0, 150.0), (15.0, 45.0)]);
     let p = plan(&input(&m, cp.clone(), worker.clone(), 2, 1));
     let trials = 500;
     let mut inside = 0;
@@ -99,7 +107,7 @@ fn quantiles_by_nearest_rank() {
     let values = [5.0, 1.0, 4.0, 2.0, 3.0];
     assert_eq!((quantile(&values, 0.0), quantile(&values, 0.5), quantile(&values, 1.0)), (1.0, 3.0, 5.0));
     assert_eq!(quantile(&[], 0.5), 0.0);
-    assert_eq!(TurnModel::Phases(vec![(0.0, 10.0), (20.0, 30.0)]).median(), 30.0);
+    assert_eq!(phases(&[(0.0, 10.0), (20.0, 30.0)]).median(), 30.0);
 }
 
 #[test]
@@ -107,15 +115,15 @@ fn models_take_what_was_recorded_and_say_what_they_assumed() {
     let defaults =
         Defaults { phases: vec![("install".into(), (30.0, 60.0)), ("pull".into(), (4.0, 4.0))], reaction_s: 2.0 };
     let recorded = Recorded {
-        control_plane_turns: vec![200.0, 210.0],
+        control_plane_turns: vec![RecordedTurn::of(200.0), RecordedTurn::of(210.0)],
         worker_turns: vec![],
         lead: Some(12.0),
         reaction: None,
         storage: None,
     };
     let m = models(Some(&recorded), &defaults);
-    assert_eq!(m.control_plane, TurnModel::Recorded(vec![200.0, 210.0]));
-    assert_eq!(m.worker, TurnModel::Phases(vec![(30.0, 60.0), (4.0, 4.0)]));
+    assert_eq!(m.control_plane, turns_of(&[200.0, 210.0]));
+    assert_eq!(m.worker, TurnModel::Phases(vec![("install".into(), (30.0, 60.0)), ("pull".into(), (4.0, 4.0))]));
     assert_eq!((m.lead_s, m.reaction_s), (12.0, 2.0));
     assert!(
         m.assumed[0].starts_with("workers: no turn recorded: default phases (install 30-60 s, pull 4 s)"),
@@ -130,38 +138,77 @@ fn models_take_what_was_recorded_and_say_what_they_assumed() {
     assert_eq!(none.lead_s, 0.0);
     assert_eq!(none.assumed.len(), 5, "both roles, the lead, the reaction and the faults: {:?}", none.assumed);
     assert_eq!(none.storage, None);
-    let rate = StorageRate { bytes_per_s: 1e8, control_plane_s: 0.0, worker_s: 30.0 };
+    let rate = StorageRate { bytes_per_s: 1e8 };
     assert_eq!(models(Some(&Recorded { storage: Some(rate), ..recorded }), &defaults).storage, Some(rate));
 }
 
 #[test]
-fn the_bytes_on_each_machine_now_replace_the_evacuation_its_roles_turns_recorded() {
+fn the_bytes_on_each_machine_now_replace_the_evacuation_its_drawn_turn_recorded() {
     // Recorded: workers' turns of 50 s, 20 s of which evacuating 2,000 MiB at 100 MiB/s.
     const MIB: u64 = 1 << 20;
-    let rate = StorageRate { bytes_per_s: 100.0 * 1024.0 * 1024.0, control_plane_s: 0.0, worker_s: 20.0 };
-    let with = |bytes: Option<u64>| {
+    let rate = StorageRate { bytes_per_s: 100.0 * 1024.0 * 1024.0 };
+    let worker = |evacuation: Option<f64>| {
+        let mut turn = RecordedTurn::of(50.0);
+        turn.phases =
+            evacuation.iter().map(|e| (EVACUATION.to_owned(), *e)).chain([("installing".into(), 30.0)]).collect();
+        turn
+    };
+    let with = |bytes: Option<u64>, turns: Vec<RecordedTurn>| {
         let mut m = machines(3, 4);
         for machine in m.iter_mut().filter(|m| m.role == MachineRole::Worker) {
             machine.bytes = bytes;
         }
-        let mut input = input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 2, 1);
+        let mut input = input(&m, turns_of(&[100.0]), TurnModel::Recorded(turns), 2, 1);
         input.storage = Some(rate);
         plan(&input).p50_s
     };
+    let evacuating = || vec![worker(Some(20.0))];
     // As recorded (2,000 MiB each): the schedule of fixed_turns_give_the_engines_schedule_exactly.
-    assert_eq!(with(Some(2000 * MIB)), 418.0);
+    assert_eq!(with(Some(2000 * MIB), evacuating()), 418.0);
     // Unknown bytes: the turns as recorded.
-    assert_eq!(with(None), 418.0);
+    assert_eq!(with(None, evacuating()), 418.0);
     // Twice the bytes: 20 s more a worker, two waves: 40 s more.
-    assert_eq!(with(Some(4000 * MIB)), 458.0);
+    assert_eq!(with(Some(4000 * MIB), evacuating()), 458.0);
     // Storage gone: no evacuation, 20 s less a worker.
-    assert_eq!(with(Some(0)), 378.0);
+    assert_eq!(with(Some(0), evacuating()), 378.0);
+    // A turn that recorded no evacuation (the machine had no storage then) gets the whole
+    // of the one its bytes take now.
+    assert_eq!(with(Some(2000 * MIB), vec![worker(None)]), 418.0 + 40.0);
     // No rate recorded: the bytes change nothing.
     let mut m = machines(3, 4);
     m.iter_mut().for_each(|m| m.bytes = Some(8 << 30));
-    let p = plan(&input(&m, TurnModel::Recorded(vec![100.0]), TurnModel::Recorded(vec![50.0]), 2, 1));
+    let p = plan(&input(&m, turns_of(&[100.0]), TurnModel::Recorded(evacuating()), 2, 1));
     assert_eq!(p.p50_s, 418.0);
-    assert_eq!(rate.adjustment(MachineRole::ControlPlane, 0), 0.0, "control planes recorded no evacuation");
+    assert_eq!(rate.seconds(0), 0.0);
+}
+
+#[test]
+fn each_phases_distribution_per_role_is_said_from_the_record_or_its_default() {
+    let turn = |seconds: f64, phases: &[(&str, f64)]| RecordedTurn {
+        seconds,
+        phases: phases.iter().map(|(n, s)| ((*n).to_owned(), *s)).collect(),
+    };
+    let workers = TurnModel::Recorded(vec![
+        turn(100.0, &[("installing", 40.0), ("rebooting", 50.0)]),
+        turn(120.0, &[(EVACUATION, 15.0), ("installing", 45.0), ("rebooting", 50.0)]),
+        turn(110.0, &[("installing", 50.0), ("rebooting", 55.0), ("installing", 5.0)]),
+    ]);
+    let fits = workers.fits(MachineRole::Worker);
+    let named: Vec<(&str, usize, f64)> = fits.iter().map(|f| (f.phase.as_str(), f.samples, f.p50_s)).collect();
+    assert_eq!(named, [("installing", 3, 45.0), ("rebooting", 3, 50.0), (EVACUATION, 1, 15.0), ("turn", 3, 110.0)]);
+    assert!(
+        fits.iter().all(|f| f.recorded && f.role == MachineRole::Worker && f.p10_s <= f.p50_s && f.p50_s <= f.p90_s)
+    );
+    let fits = phases(&[(10.0, 20.0)]).fits(MachineRole::ControlPlane);
+    assert_eq!(fits.len(), 1, "a default's turn is not one range");
+    assert_eq!(
+        (fits[0].p10_s, fits[0].p50_s, fits[0].p90_s, fits[0].samples, fits[0].recorded),
+        (11.0, 15.0, 19.0, 0, false)
+    );
+    // A plan says the fits of the roles it has machines of.
+    let m = machines(0, 2);
+    let p = plan(&input(&m, turns_of(&[100.0]), workers, 1, 1));
+    assert!(p.phases.iter().all(|f| f.role == MachineRole::Worker) && p.phases.len() == 4, "{:?}", p.phases);
 }
 
 #[test]
@@ -173,14 +220,15 @@ fn what_a_plan_made_of_storage_is_said() {
     m[2].bytes = Some(GIB);
     m[3].bytes = None;
     m[0].bytes = Some(0);
-    let rate = StorageRate { bytes_per_s: 100.0 * f64::from(1u32 << 20), control_plane_s: 0.0, worker_s: 41.0 };
+    let rate = StorageRate { bytes_per_s: 100.0 * f64::from(1u32 << 20) };
     let said = describe_storage(&m, Some(rate)).unwrap();
     assert!(
         said.starts_with("storage: 4.0 GiB on 2 machines now, each evacuation timed at the recorded 100 MiB/s"),
         "{said}"
     );
     assert!(
-        said.contains("workers 41 s") && said.ends_with("1 machines' bytes unknown: their evacuations as recorded"),
+        said.contains("in place of the one its drawn turn recorded")
+            && said.ends_with("1 machines' bytes unknown: their evacuations as recorded"),
         "{said}"
     );
     let said = describe_storage(&m, None).unwrap();
