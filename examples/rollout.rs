@@ -53,7 +53,7 @@ use ichor_timeline::History;
 use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::plan::{
-    DEFAULT_RUNS, Models, PlanInput, PlanMachine, Recorded, describe_storage, models, plan,
+    DEFAULT_RUNS, Models, PlanInput, PlanMachine, Recorded, StorageRate, describe_storage, models, plan,
 };
 use ichor_upgrade_core::preflight::{Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::rollout::removal_refusal;
@@ -605,8 +605,8 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
             worker_turns,
             lead: h.lead,
             reaction: h.reaction,
-            // A trace records no bytes: no rate to time evacuations by.
-            storage: None,
+            // The bytes each evacuation-start recorded, over its evacuation: the rate.
+            storage: h.storage_rate().map(|bytes_per_s| StorageRate { bytes_per_s }),
         }
     });
     let pass = ichor_talos_executor::ExecutorConfig::default().pass_interval;
@@ -753,6 +753,7 @@ fn trace_record(e: &TraceEvent) -> ichor_timeline::TraceRecord {
         version: e.version.clone(),
         reason: e.reason.clone(),
         message: e.message.clone(),
+        bytes: e.bytes,
     }
 }
 

@@ -178,6 +178,10 @@ pub struct TraceEvent {
     /// `kube-controller-manager`, `kube-scheduler`, `kube-proxy` or `kubelet`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub component: Option<&'static str>,
+    /// For an `evacuation-start`: the bytes on the node that the evacuation moves off it,
+    /// where known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// One record a change of an operation's status makes: about a machine (by name), or
@@ -310,6 +314,7 @@ mod tests {
             reason: None,
             message: None,
             component: None,
+            bytes: None,
         };
         assert_eq!(
             serde_json::to_string(&event).unwrap(),

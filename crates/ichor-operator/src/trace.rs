@@ -304,6 +304,7 @@ impl Recorder {
             reason,
             message,
             component,
+            bytes: None,
         });
     }
 

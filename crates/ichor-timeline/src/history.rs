@@ -39,9 +39,28 @@ pub struct Turn {
     pub seconds: f64,
     /// Each in-turn phase it went through and its seconds, in order.
     pub phases: Vec<(Phase, f64)>,
+    /// The bytes its evacuation moved, where the trace says (and it evacuated).
+    pub evacuated_bytes: Option<u64>,
 }
 
 impl History {
+    /// Bytes a second its evacuations moved: the median over converged machines that
+    /// recorded both bytes and an evacuation; `None` when none did.
+    #[must_use]
+    pub fn storage_rate(&self) -> Option<f64> {
+        let mut rates: Vec<f64> = self
+            .turns
+            .iter()
+            .filter_map(|t| {
+                let seconds: f64 = t.phases.iter().filter(|(p, _)| *p == Phase::Evacuating).map(|(_, s)| s).sum();
+                #[allow(clippy::cast_precision_loss, reason = "bytes to a rate, well within f64's range")]
+                t.evacuated_bytes.filter(|b| *b > 0 && seconds > 0.0).map(|b| b as f64 / seconds)
+            })
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        rates.get(rates.len() / 2).copied()
+    }
+
     /// What `timeline` recorded; a machine that did not converge (failed, held, never
     /// started) is left out.
     #[must_use]
@@ -68,7 +87,14 @@ impl History {
                 history.phases.entry(key).or_default().push(seconds);
                 phases.push((bar.phase, seconds));
             }
-            history.turns.push(Turn { control_plane: machine.is_control_plane(), seconds: end - start, phases });
+            let evacuated_bytes =
+                machine.evacuated_bytes.filter(|_| phases.iter().any(|(p, _)| *p == Phase::Evacuating));
+            history.turns.push(Turn {
+                control_plane: machine.is_control_plane(),
+                seconds: end - start,
+                phases,
+                evacuated_bytes,
+            });
             if let Some(previous) = finishes.iter().copied().filter(|f| *f <= start).reduce(f64::max) {
                 gaps.push(start - previous);
             }
@@ -119,5 +145,22 @@ mod tests {
         assert_eq!((history.turns.len(), history.turns[1].control_plane), (2, false));
         assert_eq!((history.lead, history.reaction, history.makespan), (Some(10.0), Some(3.0), Some(300.0)));
         assert_eq!(History::from_timeline(&Timeline::from_records(&[])), History::default());
+    }
+
+    #[test]
+    fn the_bytes_an_evacuation_start_records_over_its_evacuation_are_the_rate() {
+        let trace = r#"{"t":0,"node":"w-1","role":"worker","event":"evacuation-start","bytes":2000}
+{"t":20,"node":"w-1","role":"worker","event":"upgrade-call"}
+{"t":80,"node":"w-1","role":"worker","event":"converged"}
+{"t":82,"node":"w-2","role":"worker","event":"evacuation-start","bytes":0}
+{"t":83,"node":"w-2","role":"worker","event":"upgrade-call"}
+{"t":140,"node":"w-2","role":"worker","event":"converged"}
+{"t":141,"node":"w-3","role":"worker","event":"upgrade-call"}
+{"t":200,"node":"w-3","role":"worker","event":"converged"}"#;
+        let history = History::from_timeline(&Timeline::from_records(&read_trace(trace.as_bytes()).unwrap()));
+        let bytes: Vec<Option<u64>> = history.turns.iter().map(|t| t.evacuated_bytes).collect();
+        assert_eq!(bytes, [Some(2000), Some(0), None], "a turn with no evacuation has no bytes");
+        assert_eq!(history.storage_rate(), Some(100.0), "w-2 moved nothing: no rate from it");
+        assert_eq!(History::default().storage_rate(), None);
     }
 }

@@ -197,6 +197,8 @@ pub struct Machine {
     pub started: Option<f64>,
     /// When its turn ended (converged, removed or failed), if it has.
     pub finished: Option<f64>,
+    /// The bytes its latest evacuation moved off it, as its `evacuation-start` said.
+    pub evacuated_bytes: Option<u64>,
     /// Its turn has made a legacy Upgrade call.
     called: bool,
 }
@@ -209,6 +211,7 @@ impl Machine {
             bars: Vec::new(),
             started: None,
             finished: None,
+            evacuated_bytes: None,
             called: false,
         }
     }
@@ -376,6 +379,9 @@ impl Tracker {
                 }
             };
             self.machines[i].observe(t, &record.event);
+            if record.event == "evacuation-start" {
+                self.machines[i].evacuated_bytes = record.bytes;
+            }
             let kind = match (record.event.as_str(), record.reason.as_deref()) {
                 ("failed", Some("AbFallback")) => Some(MarkerKind::AbFallback),
                 ("failed", _) => Some(MarkerKind::Failure),

@@ -26,6 +26,10 @@ pub struct TraceRecord {
     /// The message for people.
     #[serde(default)]
     pub message: Option<String>,
+    /// For an `evacuation-start`: the bytes the evacuation moves off the node, where
+    /// known.
+    #[serde(default)]
+    pub bytes: Option<u64>,
 }
 
 impl TraceRecord {
@@ -40,6 +44,7 @@ impl TraceRecord {
             version: None,
             reason: None,
             message: None,
+            bytes: None,
         }
     }
 

@@ -1037,6 +1037,9 @@ impl StorageApi for SimCluster {
             w.nodes[i].evacuation = Some(Evacuation { next_move_at });
             w.changed(i);
             w.record(i, TraceKind::EvacuationStart);
+            if let Some(started) = w.trace.last_mut() {
+                started.bytes = bytes;
+            }
             if empty {
                 w.record(i, TraceKind::Evacuated);
             }

@@ -126,6 +126,7 @@ pub async fn run_operation(
                     reason: None,
                     message: None,
                     component: None,
+                    bytes: None,
                 });
             }
             restarted

@@ -1713,6 +1713,7 @@ impl World {
             reason,
             message,
             component: None,
+            bytes: None,
         });
     }
 
@@ -1729,6 +1730,7 @@ impl World {
             reason: None,
             message: Some(message),
             component: Some(component.as_str()),
+            bytes: None,
         });
     }
 
@@ -1744,6 +1746,7 @@ impl World {
             reason: None,
             message: None,
             component: None,
+            bytes: None,
         });
     }
 
@@ -1759,6 +1762,7 @@ impl World {
             reason: Some(reason.to_owned()),
             message: Some(message),
             component: None,
+            bytes: None,
         });
     }
 
