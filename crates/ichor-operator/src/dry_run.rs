@@ -101,17 +101,11 @@ pub struct Refusal {
     pub message: String,
 }
 
-/// The Node of `machine`: the one its hostname names, else the one named as the machine,
-/// else the one with its Talos API address.
+/// The Node of `machine` ([`TalosMachine::node_in`]): by its hostname, the node its
+/// latest call's marker recorded, or its name, else by its Talos API address.
 #[must_use]
 pub fn node_of<'a>(machine: &TalosMachine, nodes: &'a [Arc<Node>]) -> Option<&'a Node> {
-    let name = machine.spec.hostname.clone().unwrap_or_else(|| machine.name_any());
-    nodes.iter().map(AsRef::as_ref).find(|n| n.name_any() == name).or_else(|| {
-        nodes.iter().map(AsRef::as_ref).find(|n| {
-            let addresses = n.status.as_ref().and_then(|s| s.addresses.as_ref());
-            addresses.is_some_and(|a| a.iter().any(|a| a.address == machine.spec.address))
-        })
-    })
+    machine.node_in(nodes)
 }
 
 fn ready(node: &Node) -> bool {

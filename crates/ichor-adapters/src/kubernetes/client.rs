@@ -513,13 +513,14 @@ impl KubeCluster {
         fresher(&self.written.machines, name, stored)
     }
 
-    /// When the Node of `machine` (its hostname, else its name) last turned Ready, as the
-    /// store has it: what splits a converging upgrade's call into `ready` and
-    /// `verification` ([`crate::kubernetes::crd::TalosMachineStatus::with_conditions_and_ready`]).
+    /// When the Node of `machine` ([`super::crd::TalosMachine::node_in`]: by its hostname,
+    /// its marker's node, its name, else its address) last turned Ready, as the store has
+    /// it: what splits a converging upgrade's call into `ready` and `verification`
+    /// ([`crate::kubernetes::crd::TalosMachineStatus::with_conditions_and_ready`]).
     fn ready_since(&self, machine: &str) -> Option<Time> {
         let stored = self.stored_machine(machine)?;
-        let name = stored.spec.hostname.clone().filter(|h| !h.is_empty()).unwrap_or_else(|| machine.to_owned());
-        let node = self.stores.nodes.get(&ObjectRef::new(&name))?;
+        let nodes = self.stores.nodes.state();
+        let node = stored.node_in(&nodes)?;
         let conditions = node.status.as_ref()?.conditions.as_ref()?;
         conditions.iter().find(|c| c.type_ == "Ready" && c.status == "True")?.last_transition_time.clone()
     }

@@ -11,9 +11,11 @@
 
 use std::collections::BTreeMap;
 
-use ichor_upgrade_core::{evacuation, lifecycle_step};
+use ichor_upgrade_core::{evacuation, lifecycle_step, upgrade_marker};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::CustomResource;
+use kube::ResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -216,6 +218,46 @@ pub struct TalosMachineSpec {
     /// the Talos API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+}
+
+impl TalosMachine {
+    /// The names its Node may have, the surest first: its `hostname`, the node name the
+    /// marker of its latest call recorded (read from the node by the engine), its own
+    /// name.
+    #[must_use]
+    pub fn node_names(&self) -> Vec<String> {
+        let marked = self.status.iter().flat_map(|s| &s.conditions).find_map(|c| {
+            let marker = (c.type_ == upgrade_marker::TALOS_UPGRADE || c.type_ == lifecycle_step::TALOS_LIFECYCLE)
+                .then(|| upgrade_marker::MarkerRef::parse(&c.message).ok())
+                .flatten()?;
+            marker.node.map(str::to_owned)
+        });
+        let mut names: Vec<String> = Vec::new();
+        for name in
+            [self.spec.hostname.clone().filter(|h| !h.is_empty()), marked, Some(self.name_any())].into_iter().flatten()
+        {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
+    }
+
+    /// Its Node among `nodes`: by [`Self::node_names`] in order, else the one with its Talos
+    /// API address among its addresses.
+    #[must_use]
+    pub fn node_in<'a>(&self, nodes: &'a [std::sync::Arc<Node>]) -> Option<&'a Node> {
+        let names = self.node_names();
+        names
+            .iter()
+            .find_map(|name| nodes.iter().map(AsRef::as_ref).find(|n| n.metadata.name.as_ref() == Some(name)))
+            .or_else(|| {
+                nodes.iter().map(AsRef::as_ref).find(|n| {
+                    let addresses = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+                    addresses.is_some_and(|a| a.iter().any(|a| a.address == self.spec.address))
+                })
+            })
+    }
 }
 
 /// A machine's progress: its conditions (`TalosUpgrade`, `StorageEvacuation`,
@@ -1032,5 +1074,48 @@ mod tests {
         assert_eq!(pulls, [42.5, 0.0]);
         let last = second.last_upgrade.unwrap();
         assert_eq!((last.steps["pull"], last.seconds, last.start.0.as_second()), (0.0, 200.0, 5_000));
+    }
+
+    #[test]
+    fn a_machines_node_is_found_by_hostname_marker_name_or_address() {
+        let node = |name: &str, address: &str| {
+            std::sync::Arc::new(
+                serde_json::from_value::<Node>(serde_json::json!({
+                    "metadata": { "name": name },
+                    "status": { "addresses": [{ "type": "InternalIP", "address": address }] },
+                }))
+                .unwrap(),
+            )
+        };
+        let nodes = [node("w-1", "10.5.0.11"), node("talos-abc", "10.5.0.12"), node("w-3", "10.5.0.13")];
+        let machine = |name: &str, hostname: Option<&str>, address: &str| {
+            TalosMachine::new(
+                name,
+                TalosMachineSpec {
+                    cluster: "prod".into(),
+                    role: Role::Worker,
+                    address: address.into(),
+                    hostname: hostname.map(str::to_owned),
+                },
+            )
+        };
+        let found = |m: &TalosMachine| m.node_in(&nodes).map(|n| n.name_any());
+        assert_eq!(found(&machine("w-1", None, "10.9.9.9")), Some("w-1".into()), "by its name");
+        assert_eq!(found(&machine("w-1", Some("w-3"), "10.5.0.11")), Some("w-3".into()), "its hostname first");
+        assert_eq!(found(&machine("w-1", Some(""), "10.9.9.9")), Some("w-1".into()), "an empty hostname names none");
+        assert_eq!(found(&machine("w-2", None, "10.5.0.12")), Some("talos-abc".into()), "by its address");
+        assert_eq!(found(&machine("w-2", None, "10.9.9.9")), None);
+        // The node name its call's marker recorded (Talos's own nodename, read by the engine).
+        let mut marked = machine("w-2", None, "10.9.9.9");
+        let marker = "talos-upgrade/v1 target=v1.14.4 boot-id=b-1 call-deadline-ms=1000 node=talos-abc";
+        marked.status = Some(TalosMachineStatus {
+            conditions: vec![Condition {
+                message: marker.into(),
+                ..condition("TalosLifecycle", "Unknown", "RebootRequested", 5)
+            }],
+            ..TalosMachineStatus::default()
+        });
+        assert_eq!(marked.node_names(), ["talos-abc", "w-2"]);
+        assert_eq!(found(&marked), Some("talos-abc".into()));
     }
 }
