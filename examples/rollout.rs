@@ -590,7 +590,7 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
         let records = ichor_timeline::read_trace(std::io::BufReader::new(file))
             .unwrap_or_else(|e| bad_argument(&format!("--history {}: {e}", path.display())));
         let history = History::from_timeline(&ichor_timeline::Timeline::from_records(&records));
-        if history.control_plane_turns.is_empty() && history.worker_turns.is_empty() {
+        if history.turns.is_empty() {
             bad_argument(&format!(
                 "--history {}: no machine converged in it, so it has no durations to learn from",
                 path.display()

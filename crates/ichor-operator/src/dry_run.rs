@@ -27,7 +27,7 @@ use ichor_timeline::{History, Timeline};
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, OperationKind};
 use ichor_upgrade_core::plan::{
     DEFAULT_RUNS, Defaults, Models, PlanInput, PlanMachine, Recorded, RecordedTurn, StorageRate, describe_storage,
-    models, plan, quantile,
+    models, plan,
 };
 use ichor_upgrade_core::preflight::{ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::versions::TalosVersion;
@@ -145,8 +145,8 @@ pub fn completed_at(op: &TalosOperation) -> Option<i64> {
         .map(|c| c.last_transition_time.0.as_millisecond())
 }
 
-/// What `previous`'s machines recorded: each converged machine's turn by role, the lead
-/// from its creation, the reaction time, and its evacuations' rate.
+/// What `previous`'s machines recorded: each converged machine's turn by role with its
+/// phases, the lead from its creation, the reaction time, and its evacuations' rate.
 #[must_use]
 pub fn recorded(previous: &TalosOperation, machines: &[Arc<TalosMachine>]) -> Recorded {
     let of = machines_of(previous, machines);
@@ -158,7 +158,9 @@ pub fn recorded(previous: &TalosOperation, machines: &[Arc<TalosMachine>]) -> Re
         worker_turns,
         lead: history.lead,
         reaction: history.reaction,
-        storage: storage_rate(previous, &of),
+        // The bytes each evacuation's opening recorded, over its evacuation as the turns
+        // have it: the phase a plan replaces is the one the rate was measured on.
+        storage: history.storage_rate().map(|bytes_per_s| StorageRate { bytes_per_s }),
     }
 }
 
@@ -177,28 +179,6 @@ pub fn recorded_turns(history: &History) -> (Vec<RecordedTurn>, Vec<RecordedTurn
             .collect()
     };
     (recorded(control_planes), recorded(workers))
-}
-
-/// The rate `previous`'s evacuations moved storage at, from the `lastUpgrade` of its
-/// `machines` that converged within it: the median of bytes over seconds of those that
-/// recorded both. `None` when none recorded bytes.
-#[must_use]
-pub fn storage_rate(previous: &TalosOperation, machines: &[&TalosMachine]) -> Option<StorageRate> {
-    let made = previous.creation_timestamp()?.0.as_millisecond();
-    let ended = completed_at(previous)?;
-    let mut rates = Vec::new();
-    for machine in machines {
-        let Some(last) = machine.status.as_ref().and_then(|s| s.last_upgrade.as_ref()) else { continue };
-        if !(made..=ended).contains(&last.converged.0.as_millisecond()) {
-            continue;
-        }
-        let seconds = last.steps.get("evacuation").copied().unwrap_or(0.0);
-        if let Some(bytes) = last.evacuated_bytes.filter(|b| *b > 0 && seconds > 0.0) {
-            #[allow(clippy::cast_precision_loss, reason = "bytes to a rate, well within f64's range")]
-            rates.push(bytes as f64 / seconds);
-        }
-    }
-    (!rates.is_empty()).then(|| StorageRate { bytes_per_s: quantile(&rates, 0.5) })
 }
 
 /// The plan of `dry`, or why there is none.

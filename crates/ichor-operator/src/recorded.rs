@@ -62,7 +62,9 @@ pub fn history_records(
             };
             for &(at, event) in events {
                 first = first.min(at);
-                records.push((at, TraceRecord::new(0.0, &machine.name_any(), role, event).with_reason(&step.reason)));
+                let mut record = TraceRecord::new(0.0, &machine.name_any(), role, event).with_reason(&step.reason);
+                record.bytes = step.bytes;
+                records.push((at, record));
             }
         }
     }

@@ -3,20 +3,11 @@
 //! and by phase, the lead before the first turn, and the engine's reaction time between
 //! a machine's convergence and the next start.
 
-use std::collections::BTreeMap;
-
 use crate::model::{Machine, Phase, Timeline};
 
 /// The durations a trace recorded, in seconds.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct History {
-    /// Each converged control plane's turn (from its first in-turn phase to converged).
-    pub control_plane_turns: Vec<f64>,
-    /// Each converged worker's turn.
-    pub worker_turns: Vec<f64>,
-    /// Each phase's durations in converged machines' turns, by role (`control-plane` or
-    /// `worker`) and phase.
-    pub phases: BTreeMap<(String, Phase), Vec<f64>>,
     /// Each converged machine's turn with its phases, in the order the turns began (what a
     /// plan resamples, phases together).
     pub turns: Vec<Turn>,
@@ -44,6 +35,20 @@ pub struct Turn {
 }
 
 impl History {
+    /// The seconds of each converged control plane's turn (`control_plane`), or each
+    /// worker's, from its first in-turn phase to converged.
+    #[must_use]
+    pub fn turn_seconds(&self, control_plane: bool) -> Vec<f64> {
+        self.turns.iter().filter(|t| t.control_plane == control_plane).map(|t| t.seconds).collect()
+    }
+
+    /// The seconds of each time `phase` was gone through in the turns of control planes
+    /// (`control_plane`), or of workers.
+    #[must_use]
+    pub fn phase_seconds(&self, control_plane: bool, phase: Phase) -> Vec<f64> {
+        let turns = self.turns.iter().filter(|t| t.control_plane == control_plane);
+        turns.flat_map(|t| &t.phases).filter(|(p, _)| *p == phase).map(|(_, s)| *s).collect()
+    }
     /// Bytes a second its evacuations moved: the median over converged machines that
     /// recorded both bytes and an evacuation; `None` when none did.
     #[must_use]
@@ -77,16 +82,12 @@ impl History {
         by_start.sort_by(|a, b| a.started.unwrap_or(0.0).total_cmp(&b.started.unwrap_or(0.0)));
         for machine in &by_start {
             let (Some(start), Some(end)) = (machine.started, machine.finished) else { continue };
-            let turns =
-                if machine.is_control_plane() { &mut history.control_plane_turns } else { &mut history.worker_turns };
-            turns.push(end - start);
-            let mut phases = Vec::new();
-            for bar in machine.bars.iter().filter(|b| b.phase.in_turn() && b.start >= start) {
-                let key = (machine.role.clone(), bar.phase);
-                let seconds = bar.end.unwrap_or(end) - bar.start;
-                history.phases.entry(key).or_default().push(seconds);
-                phases.push((bar.phase, seconds));
-            }
+            let phases: Vec<(Phase, f64)> = machine
+                .bars
+                .iter()
+                .filter(|b| b.phase.in_turn() && b.start >= start)
+                .map(|bar| (bar.phase, bar.end.unwrap_or(end) - bar.start))
+                .collect();
             let evacuated_bytes =
                 machine.evacuated_bytes.filter(|_| phases.iter().any(|(p, _)| *p == Phase::Evacuating));
             history.turns.push(Turn {
@@ -127,10 +128,10 @@ mod tests {
 {"t":400,"node":"worker-2","role":"worker","event":"failed","reason":"AbFallback"}"#;
         let timeline = Timeline::from_records(&read_trace(trace.as_bytes()).unwrap());
         let history = History::from_timeline(&timeline);
-        assert_eq!(history.control_plane_turns, [190.0]);
-        assert_eq!(history.worker_turns, [97.0], "the failed worker teaches nothing");
-        assert_eq!(history.phases[&("control-plane".to_owned(), Phase::Rebooting)], [100.0]);
-        assert_eq!(history.phases[&("control-plane".to_owned(), Phase::Installing)], [60.0]);
+        assert_eq!(history.turn_seconds(true), [190.0]);
+        assert_eq!(history.turn_seconds(false), [97.0], "the failed worker teaches nothing");
+        assert_eq!(history.phase_seconds(true, Phase::Rebooting), [100.0]);
+        assert_eq!(history.phase_seconds(true, Phase::Installing), [60.0]);
         let cp = &history.turns[0];
         assert!(cp.control_plane && cp.seconds == 190.0, "{cp:?}");
         assert_eq!(

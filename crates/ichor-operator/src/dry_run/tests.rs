@@ -277,16 +277,11 @@ fn storage_now(bytes: &[(&str, Option<u64>)]) -> StorageNow {
 fn the_bytes_on_the_machines_now_time_their_evacuations_at_the_recorded_rate() {
     let c = cluster_with_storage();
     let previous = &c.operations[0];
-    let of: Vec<&TalosMachine> = c.machines.iter().map(AsRef::as_ref).collect();
-    let rate = storage_rate(previous, &of).expect("bytes were recorded");
+    let record = recorded(previous, &c.machines);
+    let rate = record.storage.expect("bytes were recorded");
     assert_eq!(rate.bytes_per_s, 100.0 * MIB as f64);
     // Each recorded worker's turn keeps its evacuation as a phase of its own.
-    let (_, workers) = recorded_turns(&History::from_timeline(&Timeline::from_records(&history_records(
-        previous,
-        &of,
-        completed_at(previous),
-        Origin::Creation,
-    ))));
+    let workers = record.worker_turns;
     assert!(workers.iter().all(|t| t.seconds == 60.0 && t.phase(ichor_upgrade_core::plan::EVACUATION) == 20.0));
     assert_eq!(ichor_timeline::Phase::Evacuating.key(), ichor_upgrade_core::plan::EVACUATION);
 
