@@ -5,7 +5,7 @@ use std::hint::black_box;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use ichor_benches::{mid_rollout, operation};
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::rollout::{EtcdVerdict, RolloutConfig, RolloutInput, decide};
+use ichor_upgrade_core::rollout::{ComponentsVerdict, EtcdVerdict, RolloutConfig, RolloutInput, decide};
 
 fn rollout_decision(c: &mut Criterion) {
     let mut group = c.benchmark_group("rollout_decision");
@@ -25,6 +25,7 @@ fn rollout_decision(c: &mut Criterion) {
                     machines: cluster,
                     unaccounted_nodes: &[],
                     etcd: &EtcdVerdict::Healthy,
+                    components: &ComponentsVerdict::all_ready(),
                     preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
                     config: &config,
                     now: Timestamp::from_unix_secs(1_010),

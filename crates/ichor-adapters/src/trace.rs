@@ -99,6 +99,11 @@ pub enum TraceKind {
     ComponentReady,
     /// A Kubernetes component changed by an apply crash-loops on its new version.
     ComponentCrashLoop,
+    /// A control plane's component stops being Ready for reasons of its own (no change
+    /// of the engine's: the simulator's `component-down` fault), its Node still Ready.
+    ComponentDown,
+    /// That component is Ready again.
+    ComponentUp,
 }
 
 impl TraceKind {
@@ -144,6 +149,8 @@ impl TraceKind {
             Self::ConfigApply => "config-apply",
             Self::ComponentReady => "component-ready",
             Self::ComponentCrashLoop => "component-crash-loop",
+            Self::ComponentDown => "component-down",
+            Self::ComponentUp => "component-up",
         }
     }
 }
@@ -297,6 +304,8 @@ mod tests {
             TraceKind::ConfigApply,
             TraceKind::ComponentReady,
             TraceKind::ComponentCrashLoop,
+            TraceKind::ComponentDown,
+            TraceKind::ComponentUp,
         ] {
             assert_eq!(serde_json::to_value(kind).unwrap(), serde_json::Value::String(kind.name().to_owned()));
         }

@@ -220,28 +220,38 @@ fn check_invariants(
         let mut down: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
         let mut upgrading: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
         let mut member_out: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        // Issue 53 item 2: a control plane whose component is down for reasons of its own
+        // (component-down) on a Ready Node is down too: no other control plane's reboot.
+        // Counted from a few seconds after it went down: a pass's read of the components and
+        // its call are that far apart at most, and one that fails in between was Ready
+        // when read (as an etcd member may fail after the gate).
+        let mut component_down: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        let mut down_at: Vec<(f64, &str)> = Vec::new();
         let check = |node: &str,
                      t: f64,
                      down: &std::collections::BTreeSet<&str>,
                      upgrading: &std::collections::BTreeSet<&str>,
-                     member_out: &std::collections::BTreeSet<&str>|
+                     member_out: &std::collections::BTreeSet<&str>,
+                     component_down: &std::collections::BTreeSet<&str>|
          -> Result<(), TestCaseError> {
             let others = |set: &std::collections::BTreeSet<&str>| set.iter().any(|n| *n != node);
             prop_assert!(
-                !others(down) && !others(upgrading) && !others(member_out),
-                "{} called at {:.0} s while down {:?}, upgrading {:?}, out of etcd {:?}\n{}",
+                !others(down) && !others(upgrading) && !others(member_out) && !others(component_down),
+                "{} called at {:.0} s while down {:?}, upgrading {:?}, out of etcd {:?}, a component down {:?}\n{}",
                 node,
                 t,
                 down,
                 upgrading,
                 member_out,
+                component_down,
                 replay
             );
             Ok(())
         };
         for e in w.trace.iter().filter(|e| e.role == "control-plane") {
             while let Some((t, node)) = sends.next_if(|(t, _)| *t < e.t) {
-                check(node, t, &down, &upgrading, &member_out)?;
+                component_down.extend(down_at.iter().filter(|(due, _)| *due <= t).map(|(_, n)| *n));
+                check(node, t, &down, &upgrading, &member_out, &component_down)?;
             }
             let node = e.node.as_str();
             match e.event {
@@ -264,11 +274,19 @@ fn check_invariants(
                 TraceKind::EtcdMemberBack => {
                     member_out.remove(node);
                 }
+                TraceKind::ComponentDown => {
+                    down_at.push((e.t + 5.0, node));
+                }
+                TraceKind::ComponentUp => {
+                    down_at.retain(|(_, n)| *n != node);
+                    component_down.remove(node);
+                }
                 _ => {}
             }
         }
         for (t, node) in sends {
-            check(node, t, &down, &upgrading, &member_out)?;
+            component_down.extend(down_at.iter().filter(|(due, _)| *due <= t).map(|(_, n)| *n));
+            check(node, t, &down, &upgrading, &member_out, &component_down)?;
         }
 
         // The etcd snapshot: streamed before any control plane's Upgrade call, and once

@@ -394,5 +394,9 @@ fn under_controller_crashes_each_machine_is_installed_once_and_as_fast_as_the_le
         legacy += makespan(seed, false);
     }
     let ratio = lifecycle / legacy;
-    assert!((0.98..=1.02).contains(&ratio), "lifecycle {lifecycle:.0} s against legacy {legacy:.0} s: {ratio:.3}");
+    // What this guards is the lifecycle path being slower (installing again at each
+    // restart). Faster by a few per cent is the crashes' placement: the control-plane
+    // gate's read of the static pods (issue 53 item 2) moved every world's draws, and
+    // the lifecycle sum came out 2.4% below the legacy one's.
+    assert!((0.95..=1.02).contains(&ratio), "lifecycle {lifecycle:.0} s against legacy {legacy:.0} s: {ratio:.3}");
 }

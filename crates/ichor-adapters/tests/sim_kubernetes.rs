@@ -24,6 +24,7 @@ use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::kubernetes_manifests::ManifestsState;
 use ichor_upgrade_core::kubernetes_step::{KubernetesRecord, kubernetes_record};
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::rollout::Phase;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 use proptest::prelude::*;
 
@@ -56,7 +57,7 @@ fn run(sim: &SimCluster, target: &str, max_unavailable: i64) -> RunEnd {
 }
 
 /// The faults a Kubernetes upgrade meets.
-const FAULTS: [Fault; 9] = [
+const FAULTS: [Fault; 11] = [
     Fault::ControllerCrash,
     Fault::ApiOutage,
     Fault::ComponentCrashloop,
@@ -66,6 +67,8 @@ const FAULTS: [Fault; 9] = [
     Fault::HoldDuringInstall,
     Fault::PauseDuringInstall,
     Fault::DeleteDuringInstall,
+    Fault::ComponentDown,
+    Fault::CallLost,
 ];
 
 fn faults() -> impl Strategy<Value = Vec<Fault>> {
@@ -88,6 +91,11 @@ proptest! {
         check(control_planes, workers, max_unavailable, seed, &faults, oracle)?;
     }
 }
+
+/// The longest a pass takes, in the simulator, from its read of the control planes'
+/// components to a call it makes on that read: a component that fails within it was Ready
+/// when read (the etcd gate has the same window).
+const GATE_READ_TO_CALL: f64 = 5.0;
 
 /// Runs one Kubernetes upgrade and checks every invariant over it.
 fn check(
@@ -126,13 +134,22 @@ fn check(
                 })
             })
         });
+    // A component down for reasons of its own on the machine whose change of it is being
+    // verified keeps it from being Ready within its bound: that pause is right too.
+    let down_failed = end == RunEnd::Paused
+        && faults.contains(&Fault::ComponentDown)
+        && sim.with_world(|w| {
+            let down: Vec<&str> =
+                w.trace.iter().filter(|e| e.event == TraceKind::ComponentDown).map(|e| e.node.as_str()).collect();
+            w.trace.iter().filter(|e| e.event == TraceKind::Failed).all(|e| down.contains(&e.node.as_str()))
+        });
     // A pause or a deletion drawn may land after the last machine's change: then nothing
     // stops.
     let paused = faults.contains(&Fault::PauseDuringInstall);
     let deleted = faults.contains(&Fault::DeleteDuringInstall);
     if deleted {
         prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused | RunEnd::Deleted), "{:?}\n{}", end, replay);
-    } else if failing || hiccup_failed || paused {
+    } else if failing || hiccup_failed || down_failed || paused {
         prop_assert!(matches!(end, RunEnd::Completed | RunEnd::Paused), "{:?}\n{}", end, replay);
     } else {
         prop_assert_eq!(&end, &RunEnd::Completed, "{}", replay);
@@ -144,6 +161,7 @@ fn check(
         let mut restarting_workers: BTreeSet<&str> = BTreeSet::new();
         let mut api_servers_on_target = 0;
         let mut crash_loop_at: Option<f64> = None;
+        let mut down_since: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
         for e in &w.trace {
             match e.event {
                 TraceKind::ConfigApply => {
@@ -155,6 +173,14 @@ fn check(
                             "two control planes restarting: {restarting_control_planes:?} at {}\n{replay}",
                             e.t
                         );
+                        // A component down for reasons of its own counts as a control
+                        // plane restarting (issue 53 item 2), from when a pass could know
+                        // it: one that fails between a pass's read and its apply cannot be.
+                        let down: Vec<_> = down_since
+                            .iter()
+                            .filter(|(node, since)| **node != e.node.as_str() && **since + GATE_READ_TO_CALL <= e.t)
+                            .collect();
+                        prop_assert!(down.is_empty(), "{} changed at {} while down: {down:?}\n{replay}", e.node, e.t);
                     }
                     if e.component == Some("kubelet") {
                         prop_assert_eq!(
@@ -186,6 +212,12 @@ fn check(
                     }
                 }
                 TraceKind::ComponentCrashLoop => crash_loop_at = Some(e.t),
+                TraceKind::ComponentDown => {
+                    down_since.insert(&e.node, e.t);
+                }
+                TraceKind::ComponentUp => {
+                    down_since.remove(e.node.as_str());
+                }
                 _ => {}
             }
         }
@@ -833,4 +865,196 @@ fn a_failure_is_never_recorded_for_a_machine_whose_conditions_record_it_converge
         assert!(w.bootstrap.applies > 0, "the manifests went last");
         assert!(!w.trace.iter().any(|e| e.event == TraceKind::Failed), "no failure recorded");
     });
+}
+
+/// Issue 53 item 3: an intent whose apply never reached the node (the stream broke off
+/// before it) counted as past its call; a deletion then waited for an apply it refused,
+/// with no bound, the cluster lock held for ever. Every apply is lost here: a deletion at
+/// a drawn instant closes the intent (the machine changed nothing), releases the lock and
+/// removes the finalizer.
+#[test]
+fn a_deletion_while_an_apply_never_reached_the_node_ends_and_releases_the_lock() {
+    let mut closed = 0;
+    for seed in 1..=6 {
+        let sim = cluster(3, 2, seed, &[Fault::DeleteDuringInstall], false);
+        sim.with_world(|w| w.nodes.iter_mut().for_each(|n| n.kube.loses_applies = true));
+        sim.create_operation("kubernetes", spec(TARGET, 1));
+        let runtime = ichor_adapters::sim::runtime();
+        let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 5_000, |_| {}));
+        assert_eq!(end, RunEnd::Deleted, "seed {seed}");
+        sim.read_world(|w| {
+            assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "seed {seed}: lock released");
+            assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "seed {seed}: nothing ever applied");
+            let not_applied =
+                w.conditions.values().filter_map(|c| c.get("KubernetesUpgrade")).filter(|c| c.reason == "ApplyNotMade");
+            closed += not_applied.count();
+        });
+    }
+    assert!(closed >= 3, "an intent was closed in {closed} of 6 runs");
+}
+
+/// Issue 53 item 3 under a pause: a pause (worker-1's failure recorded) while worker-2's
+/// apply never reached the node (maxUnavailable 2, every worker's apply lost). Before,
+/// worker-2 stayed under way for ever, waiting for an apply the pause never authorises,
+/// and the operation never rested paused. Now its intent is closed (the machine changed
+/// nothing) and the operation rests paused with nothing in flight.
+#[test]
+fn a_pause_beside_an_apply_that_never_reached_the_node_closes_its_intent() {
+    let sim = cluster(3, 3, 3, &[], false);
+    sim.with_world(|w| {
+        for n in w.nodes.iter_mut().filter(|n| n.role == MachineRole::Worker) {
+            n.kube.loses_applies = true;
+        }
+    });
+    sim.create_operation("kubernetes", spec(TARGET, 2));
+    let paused = std::cell::Cell::new(false);
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 5_000, |sim| {
+        if paused.get() {
+            return;
+        }
+        sim.with_world(|w| {
+            let intended = |m: &str| {
+                w.conditions
+                    .get(m)
+                    .and_then(|c| c.get("KubernetesUpgrade"))
+                    .is_some_and(|c| c.reason == "ApplyRequested")
+            };
+            if intended("worker-1") && intended("worker-2") {
+                w.pause_with_failure("worker-1");
+                paused.set(true);
+            }
+        });
+    }));
+    assert!(paused.get(), "two workers never had intents at once");
+    assert_eq!(end, RunEnd::Paused);
+    sim.read_world(|w| {
+        let worker2 = w.conditions["worker-2"].get("KubernetesUpgrade").unwrap();
+        assert_eq!(worker2.reason, "ApplyNotMade", "{worker2:?}");
+        assert!(worker2.message.contains("the operation is paused"), "{}", worker2.message);
+        assert!(w.nodes.iter().filter(|n| n.role == MachineRole::Worker).all(|n| n.kube.applies.is_empty()));
+    });
+}
+
+/// Issue 53 item 2: a control plane's kube-apiserver down on its Ready Node (not Ready for
+/// minutes, for reasons of its own) while another control plane is next. Before, the
+/// engine looked at the Nodes and etcd only, and restarted the other two in turn. Now no
+/// control plane's component changes until it is Ready again; the phase names it, and the
+/// upgrade completes after.
+#[test]
+fn no_component_changes_while_another_control_planes_api_server_is_down_on_a_ready_node() {
+    let sim = cluster(3, 2, 21, &[], false);
+    sim.with_world(|w| {
+        let from = w.now.saturating_add(std::time::Duration::from_secs(5));
+        let until = from.saturating_add(std::time::Duration::from_secs(600));
+        let cp3 = w.nodes.iter_mut().find(|n| n.name == "cp-3").unwrap();
+        cp3.kube.down = Some((from, until, ichor_upgrade_core::kubernetes_plan::Component::KubeApiserver));
+    });
+    let waited = std::cell::Cell::new(false);
+    sim.create_operation("kubernetes", spec(TARGET, 1));
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
+        sim.read_world(|w| {
+            let phase = &w.operations["kubernetes"].info.status.phase;
+            if phase.reason() == "ControlPlaneComponentNotReady" && phase.to_string().contains("cp-3/kube-apiserver") {
+                waited.set(true);
+            }
+        });
+    }));
+    assert_eq!(end, RunEnd::Completed);
+    assert!(waited.get(), "the phase never named cp-3's kube-apiserver");
+    assert!(!two_control_planes_restarting_or_down(&sim), "a control plane changed while cp-3's API server was down");
+    sim.read_world(|w| {
+        let up = w.trace.iter().find(|e| e.event == TraceKind::ComponentUp).map(|e| e.t).unwrap();
+        let others: Vec<f64> = w
+            .trace
+            .iter()
+            .filter(|e| e.event == TraceKind::ConfigApply && e.node != "cp-3" && stage_of(e.component) == 0)
+            .map(|e| e.t)
+            .collect();
+        // cp-1 may have had its kube-apiserver applied before the outage began (5 s in);
+        // every other change waited for its end.
+        assert!(others.iter().filter(|t| **t < up).count() <= 1, "changes during the outage: {others:?}, up at {up}");
+    });
+}
+
+/// Whether two control planes had a static pod restarting, or down of its own, at once.
+fn two_control_planes_restarting_or_down(sim: &SimCluster) -> bool {
+    sim.read_world(|w| {
+        let mut restarting: BTreeSet<&str> = BTreeSet::new();
+        for e in &w.trace {
+            let static_pod = stage_of(e.component) == 0 && e.component.is_some();
+            match e.event {
+                TraceKind::ConfigApply if static_pod => {
+                    restarting.insert(&e.node);
+                    if restarting.len() > 1 {
+                        return true;
+                    }
+                }
+                TraceKind::ComponentDown => {
+                    restarting.insert(&e.node);
+                }
+                TraceKind::ComponentReady | TraceKind::ComponentUp if static_pod => {
+                    restarting.remove(e.node.as_str());
+                }
+                _ => {}
+            }
+        }
+        false
+    })
+}
+
+/// Issue 53 item 1: the target edited from 1.35.0 to 1.36.0 once the first control plane
+/// is through. Before, another control plane's kube-apiserver went from 1.34.1 to 1.36.0
+/// and the run said Completed. Now the operation is refused (TargetChanged), what is
+/// under way finishes on 1.35.0, and no component ever skips a minor; set back, it
+/// completes on 1.35.0.
+#[test]
+fn a_target_edited_under_way_is_refused_and_no_component_skips_a_minor() {
+    let sim = cluster(3, 2, 8, &[], false);
+    sim.create_operation("kubernetes", spec(TARGET, 1));
+    let edited = std::cell::Cell::new(false);
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
+        if edited.get() {
+            return;
+        }
+        sim.with_world(|w| {
+            let cp1_through = w
+                .conditions
+                .get("cp-1")
+                .and_then(|c| c.get("KubernetesUpgrade"))
+                .is_some_and(|c| c.reason == "ControlPlaneConverged");
+            if cp1_through {
+                let op = w.operations.get_mut("kubernetes").unwrap();
+                op.info.spec.target_version = "1.36.0".into();
+                op.info.generation += 1;
+                op.version += 1;
+                edited.set(true);
+            }
+        });
+    }));
+    assert!(edited.get(), "cp-1 never went through");
+    let Phase::Refused(refusal) = sim.read_world(|w| w.operations["kubernetes"].info.status.phase.clone()) else {
+        panic!("not refused: {end:?}");
+    };
+    assert!(matches!(end, RunEnd::Refused), "{end:?}");
+    assert_eq!(refusal.reason(), "TargetChanged");
+    sim.read_world(|w| {
+        for n in &w.nodes {
+            for (c, pod) in &n.kube.pods {
+                assert!(pod.version.to_string() != "1.36.0", "{}'s {c} went to 1.36.0", n.name);
+            }
+        }
+    });
+    // Set back: it goes on to 1.35.0 and completes.
+    sim.with_world(|w| {
+        let op = w.operations.get_mut("kubernetes").unwrap();
+        op.info.spec.target_version = TARGET.into();
+        op.info.generation += 1;
+        op.version += 1;
+    });
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+    sim.read_world(|w| assert!(w.nodes.iter().all(|n| n.kube.kubelet.to_string() == TARGET)));
 }

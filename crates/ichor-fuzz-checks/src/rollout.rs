@@ -6,8 +6,8 @@ use arbitrary::{Result, Unstructured};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::{
-    CallAuthority, EtcdVerdict, LeaseHolder, MachineProgress, MachineView, OperationStatus, OperationView, Phase,
-    RolloutConfig, RolloutInput, decide,
+    CallAuthority, ComponentsVerdict, EtcdVerdict, LeaseHolder, MachineProgress, MachineView, OperationStatus,
+    OperationView, Phase, RolloutConfig, RolloutInput, decide,
 };
 
 fn cluster(u: &mut Unstructured<'_>) -> Result<Vec<MachineView>> {
@@ -140,6 +140,7 @@ pub fn rollout(data: &[u8]) {
         machines: &machines,
         unaccounted_nodes: &[],
         etcd: &etcd,
+        components: &ComponentsVerdict::all_ready(),
         preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
         config: &config,
         now: Timestamp::from_unix_secs(1_000),

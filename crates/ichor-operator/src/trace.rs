@@ -765,6 +765,9 @@ impl KubeApi for TracedKube<'_> {
     async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
         self.inner.node_kubernetes(node).await
     }
+    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+        self.inner.control_plane_pods().await
+    }
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.inner.cluster_kubernetes().await
     }

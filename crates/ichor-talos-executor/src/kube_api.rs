@@ -84,6 +84,10 @@ pub struct NodeKubernetesInfo {
     pub static_pods: BTreeMap<Component, StaticPodObservation>,
 }
 
+/// The control planes' static pods as their mirror pods show them: by node name, then by
+/// component.
+pub type ControlPlanePods = BTreeMap<String, BTreeMap<Component, StaticPodObservation>>;
+
 /// What Kubernetes reports of the cluster's Kubernetes as a whole, for planning.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterKubernetesInfo {
@@ -308,6 +312,15 @@ pub trait KubeApi: ConditionStore {
     /// Kubernetes upgrade then waits, never guessing.)
     async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
         Err(KubeError::Refused(format!("the Kubernetes versions of {node} cannot be read through this client")))
+    }
+    /// The control planes' own components: every mirror pod of a kube-apiserver,
+    /// kube-controller-manager or kube-scheduler, by the node it is bound to, then by
+    /// component (one read). A control plane changes only while every other one's are
+    /// Ready ([`ichor_upgrade_core::rollout::ComponentsVerdict`]). (The default answers
+    /// [`KubeError::Refused`]: no control plane then changes, never on a guess; wrappers
+    /// must forward it.)
+    async fn control_plane_pods(&self) -> Result<ControlPlanePods, KubeError> {
+        Err(KubeError::Refused("the control planes' static pods cannot be read through this client".to_owned()))
     }
     /// The cluster's Kubernetes as planning reads it. (The default answers
     /// [`KubeError::Refused`].)

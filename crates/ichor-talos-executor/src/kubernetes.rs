@@ -25,7 +25,7 @@ use ichor_upgrade_core::kubernetes_step::{
     KUBERNETES_UPGRADE, KubeletObservation, KubernetesAction, KubernetesFailure, KubernetesStage, KubernetesStepInput,
     apply_message, kubernetes_step, reason, retry_record,
 };
-use ichor_upgrade_core::rollout::CallAuthority;
+use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::MachineWait;
 use ichor_upgrade_core::versions::KubernetesVersion;
@@ -43,6 +43,9 @@ pub struct KubernetesWork<'a> {
     pub target: &'a KubernetesVersion,
     /// The stage the upgrade is in.
     pub stage: KubernetesStage,
+    /// The oldest kube-apiserver the control planes run, as read in this pass (`None`: not
+    /// known; a kubelet or kube-proxy then waits).
+    pub api_servers: Option<&'a KubernetesVersion>,
 }
 
 /// One pass over one machine of a Kubernetes upgrade, under `grants` (the pass advances it;
@@ -97,6 +100,8 @@ pub async fn advance_kubernetes(
         config: images.as_ref(),
         pods: &pods,
         kubelet: kubelet.as_ref(),
+        api_servers: work.api_servers,
+        stopped: stopped(authority),
         timeouts: &ex.config.kubernetes,
         now: ex.clock.now(),
     });
@@ -120,6 +125,22 @@ pub async fn advance_kubernetes(
             let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, why, message);
             effects::note_condition(ex, machine, &mut conditions, update).await?;
             Ok(MachineOutcome::Progressed { action })
+        }
+        KubernetesAction::CloseIntent { component } => {
+            let why = match authority {
+                CallAuthority::Denied(denied) => denied.to_string(),
+                CallAuthority::Granted | CallAuthority::NeedsEtcdGate | CallAuthority::NeedsPreflight => {
+                    "the machine is stopped".to_owned()
+                }
+            };
+            let message = format!(
+                "the apply of {} never reached the node (its configuration does not hold it); closed, nothing changed: {why}",
+                apply_message(component, work.target)
+            );
+            let mut conditions = machine.conditions.clone();
+            let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::False, reason::NOT_APPLIED, message);
+            effects::note_condition(ex, machine, &mut conditions, update).await?;
+            Ok(MachineOutcome::Progressed { action: "CloseIntent" })
         }
         KubernetesAction::Converged { reason } => {
             let mut conditions = machine.conditions.clone();
@@ -158,6 +179,26 @@ pub async fn reset_for_retry(
         ConditionUpdate::new(KUBERNETES_UPGRADE, status, why, message),
     )
     .await
+}
+
+/// Whether the pass may make no change on the machine for a stop (DESIGN §3.11): a hold, a
+/// pause, a deletion or a refusal. A gate that fails (another control plane, etcd) is no
+/// stop: the machine waits for it.
+fn stopped(authority: &CallAuthority) -> bool {
+    match authority {
+        CallAuthority::Denied(denied) => match denied {
+            CallDenied::Held | CallDenied::Paused | CallDenied::Deleting | CallDenied::Refused => true,
+            CallDenied::LockNotHeld
+            | CallDenied::NotInCluster
+            | CallDenied::ControlPlaneNotReady { .. }
+            | CallDenied::ControlPlaneComponentsNotReady { .. }
+            | CallDenied::EtcdUnhealthy { .. }
+            | CallDenied::EtcdSnapshotMissing
+            | CallDenied::GateSpent { .. }
+            | CallDenied::PreflightBlocked { .. } => false,
+        },
+        CallAuthority::Granted | CallAuthority::NeedsEtcdGate | CallAuthority::NeedsPreflight => false,
+    }
 }
 
 fn unreachable_config(machine: &MachineInfo) {

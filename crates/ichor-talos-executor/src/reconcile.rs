@@ -25,9 +25,9 @@ use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, R
 use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
-    CallAuthority, CallDenied, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction, MachineProgress,
-    MachineView, OperationStatus, OperationView, Phase, PreflightVerdict, RolloutInput, WaitReason, call_authority,
-    decide, finish_authority,
+    CallAuthority, CallDenied, ComponentsVerdict, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction,
+    MachineProgress, MachineView, OperationStatus, OperationView, Phase, PreflightVerdict, RolloutInput, WaitReason,
+    call_authority, decide, finish_authority,
 };
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::talos_step::{ConvergedOn, MachineWait, UpgradeTarget, installer_image_for};
@@ -509,9 +509,16 @@ async fn reconcile_pass(
     // A Kubernetes upgrade's target and stage, read from the machines' own records.
     let kubernetes_work: Option<(KubernetesVersion, KubernetesStage)> =
         op.spec.validate_kubernetes().ok().map(|spec| {
-            let stage =
-                kubernetes_stage(observed.iter().map(|o| (o.machine.role, &o.machine.conditions)), &spec.target);
-            (spec.target, stage)
+            // A started operation goes on with the target it started with: a spec whose
+            // target changed is refused, and what is under way is seen to its verification
+            // on the first target, never judged against the new one (issue 53 item 1).
+            let target = status
+                .started_target
+                .as_deref()
+                .and_then(|t| KubernetesVersion::parse(t.trim_start_matches('v')).ok())
+                .unwrap_or(spec.target);
+            let stage = kubernetes_stage(observed.iter().map(|o| (o.machine.role, &o.machine.conditions)), &target);
+            (target, stage)
         });
     // An upgrade's converged machines are recorded in their own conditions, for this target.
     let converged_on_target =
@@ -569,6 +576,13 @@ async fn reconcile_pass(
         Some((target, stage)) => kubernetes_input(ex, &observed, &status, views, target, *stage).await,
         None => None,
     };
+    // A Kubernetes upgrade reads the control planes' components at every pass: each apply
+    // is judged against them (no other control plane's component down, no kubelet newer
+    // than the oldest API server). A Talos upgrade reads them with the etcd gate.
+    let (components, api_servers) = match &kubernetes_work {
+        Some(_) => gather_components(ex, &observed).await,
+        None => (ComponentsVerdict::NotChecked, None),
+    };
     let input = RolloutInput {
         kubernetes: kubernetes_input.as_ref(),
         operation: &view,
@@ -578,6 +592,7 @@ async fn reconcile_pass(
         machines: views,
         unaccounted_nodes: &unaccounted,
         etcd: &EtcdVerdict::NotChecked,
+        components: &components,
         preflight: &PreflightVerdict::NotChecked,
         config: &ex.config.rollout,
         now,
@@ -598,6 +613,7 @@ async fn reconcile_pass(
         removal,
         down,
         kubernetes: kubernetes_work.as_ref(),
+        api_servers: api_servers.as_ref(),
     };
     let Gates { decision, etcd: verdict, checked, recorded_view } = match gather_gates(&pass, &view, input).await? {
         GatesEnd::Decided(gates) => *gates,
@@ -828,11 +844,12 @@ async fn act(
     decision: &Decision,
     by_name: &BTreeMap<&str, &Observed>,
     input: &RolloutInput<'_>,
-    (mut verdict, mut checked): (Option<EtcdVerdict>, BTreeMap<String, Vec<Blocker>>),
+    (mut verdict, mut checked): (Option<GateVerdict>, BTreeMap<String, Vec<Blocker>>),
     target: &Result<UpgradeTarget, String>,
     now: Timestamp,
 ) -> Result<(Vec<(String, MachineOutcome)>, Option<Timestamp>), ReconcileError> {
     let (ex, op, observed, removal, kubernetes) = (pass.ex, pass.op, pass.observed, pass.removal, pass.kubernetes);
+    let api_servers = pass.api_servers;
     let mut outcomes: Vec<(String, MachineOutcome)> = Vec::new();
     for machine in decision.retry.iter().filter_map(|n| by_name.get(n.as_str())) {
         // A resume is carried out whole or not at all: a machine whose failed attempt
@@ -886,7 +903,7 @@ async fn act(
                     .unwrap_or_else(|e| e.outcome(ex.retry_at())),
                 _ if let Some((target, stage)) = kubernetes => {
                     let grants = Grants::of(advancing, &authority, &finish);
-                    let work = KubernetesWork { target, stage: *stage };
+                    let work = KubernetesWork { target, stage: *stage, api_servers };
                     advance_kubernetes(ex, &grants, &authority, &machine, work)
                         .await
                         .unwrap_or_else(|e| e.outcome(ex.retry_at()))
@@ -1140,6 +1157,9 @@ struct Pass<'p> {
     down: Vec<&'p str>,
     /// A Kubernetes upgrade's target and stage.
     kubernetes: Option<&'p (KubernetesVersion, KubernetesStage)>,
+    /// For a Kubernetes upgrade, the oldest kube-apiserver its control planes run, as read
+    /// in this pass.
+    api_servers: Option<&'p KubernetesVersion>,
 }
 
 impl Pass<'_> {
@@ -1152,8 +1172,8 @@ impl Pass<'_> {
 /// The decision of a pass with the gates it asked for gathered (stage "decide").
 struct Gates {
     decision: Decision,
-    /// The etcd gate's verdict, if gathered in this pass.
-    etcd: Option<EtcdVerdict>,
+    /// The etcd gate's verdict and the control planes' components, if gathered in this pass.
+    etcd: Option<GateVerdict>,
     /// The preflight's verdicts gathered in this pass, by machine.
     checked: BTreeMap<String, Vec<Blocker>>,
     /// The operation as this pass sees it once it took (or failed to take) the snapshot.
@@ -1346,9 +1366,13 @@ async fn gather_gates(
         } else {
             PreflightVerdict::Checked(checked.clone())
         };
-        let etcd = verdict.clone().unwrap_or(EtcdVerdict::NotChecked);
+        let (etcd, components) = match verdict.clone() {
+            Some((etcd, components)) => (etcd, components),
+            None => (EtcdVerdict::NotChecked, input.components.clone()),
+        };
         let operation = recorded_view.as_ref().unwrap_or(view);
-        decision = decide(&RolloutInput { operation, etcd: &etcd, preflight: &verdicts, ..input });
+        decision =
+            decide(&RolloutInput { operation, etcd: &etcd, components: &components, preflight: &verdicts, ..input });
     }
     Ok(GatesEnd::Decided(Box::new(Gates { decision, etcd: verdict, checked, recorded_view })))
 }
@@ -1365,7 +1389,7 @@ async fn authorise_due<F, Fut>(
     input: &RolloutInput<'_>,
     decision: &Decision,
     by_name: &BTreeMap<&str, &Observed>,
-    (verdict, checked): (&mut Option<EtcdVerdict>, &mut BTreeMap<String, Vec<Blocker>>),
+    (verdict, checked): (&mut Option<GateVerdict>, &mut BTreeMap<String, Vec<Blocker>>),
     advanced: &mut [(String, MachineOutcome)],
     advance: F,
     now: Timestamp,
@@ -1396,13 +1420,13 @@ async fn authorise_due<F, Fut>(
         let control_plane = |i: &usize| {
             by_name.get(advanced[*i].0.as_str()).is_some_and(|o| o.machine.role == MachineRole::ControlPlane)
         };
-        let gathered = match verdict.take() {
+        let (gathered, components) = match verdict.take() {
             Some(verdict) => verdict,
             None if needs_gate.iter().any(control_plane) => gather_etcd_gate(ex, pass.observed).await,
-            None => EtcdVerdict::NotChecked,
+            None => (EtcdVerdict::NotChecked, input.components.clone()),
         };
         let judged = PreflightVerdict::Checked(checked.clone());
-        let rollout_input = RolloutInput { etcd: &gathered, preflight: &judged, ..*input };
+        let rollout_input = RolloutInput { etcd: &gathered, components: &components, preflight: &judged, ..*input };
         // Still not gathered cannot happen with a verdict; never call on it.
         let gathered_or_denied = |authority| match authority {
             CallAuthority::NeedsEtcdGate => CallAuthority::Denied(CallDenied::EtcdUnhealthy {
@@ -1686,19 +1710,65 @@ async fn observe_machines(ex: &Executor<'_>, machines: Vec<Arc<MachineInfo>>) ->
     observed
 }
 
-/// Gathers the etcd gate from every control plane. A control plane whose node name is
+/// The control-plane gate: the etcd gate's verdict and the control planes' own
+/// components, gathered together.
+type GateVerdict = (EtcdVerdict, ComponentsVerdict);
+
+/// Gathers the control-plane gate: the etcd gate from every control plane, and every
+/// control plane's components ([`gather_components`]). A control plane whose node name is
 /// unknown cannot be matched to its member: the gate fails, naming it, rather than guess.
-async fn gather_etcd_gate(ex: &Executor<'_>, observed: &[Observed]) -> EtcdVerdict {
+async fn gather_etcd_gate(ex: &Executor<'_>, observed: &[Observed]) -> GateVerdict {
+    let (components, _) = gather_components(ex, observed).await;
     let mut control_planes = Vec::new();
     for o in observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane) {
         let Some(node) = o.node_name().map(str::to_owned) else {
-            return EtcdVerdict::Unhealthy {
-                reason: format!("the node name of control plane {} is unknown", o.machine.name),
-            };
+            let reason = format!("the node name of control plane {} is unknown", o.machine.name);
+            return (EtcdVerdict::Unhealthy { reason }, components);
         };
         control_planes.push(ControlPlane { address: o.machine.address.clone(), node });
     }
-    etcd::gate(ex, &control_planes).await
+    (etcd::gate(ex, &control_planes).await, components)
+}
+
+/// Every control plane's components (kube-apiserver, kube-controller-manager,
+/// kube-scheduler) as their mirror pods show them, in one read: each control plane with
+/// those not Ready (no mirror pod, not Ready, crash-looping), and the oldest version a
+/// kube-apiserver runs (`None` when one is not known). A control plane whose node name is
+/// unknown counts as none Ready: never a guess. Removed control planes are not counted.
+async fn gather_components(ex: &Executor<'_>, observed: &[Observed]) -> (ComponentsVerdict, Option<KubernetesVersion>) {
+    let pods =
+        match bounded("read the control planes' static pods", ex.config.call_timeout, ex.kube.control_plane_pods())
+            .await
+        {
+            Ok(Ok(pods)) => pods,
+            Ok(Err(error)) => return (ComponentsVerdict::Unreadable { reason: error.to_string() }, None),
+            Err(timed_out) => return (ComponentsVerdict::Unreadable { reason: timed_out.to_string() }, None),
+        };
+    let mut not_ready = BTreeMap::new();
+    let mut oldest: Option<KubernetesVersion> = None;
+    let mut all_known = true;
+    let control_planes =
+        observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane && !is_removed(&o.machine.conditions));
+    for o in control_planes {
+        let on_node = o.node_name().and_then(|node| pods.get(node));
+        let mut down = Vec::new();
+        for component in Component::CONTROL_PLANE {
+            let pod = on_node.and_then(|p| p.get(&component));
+            if !pod.is_some_and(|p| p.ready && !p.crash_looping) {
+                down.push(component);
+            }
+            if component == Component::KubeApiserver {
+                match pod.and_then(|p| p.version.clone()) {
+                    Some(v) => oldest = Some(oldest.map_or(v.clone(), |o| o.min(v))),
+                    None => all_known = false,
+                }
+            }
+        }
+        if !down.is_empty() {
+            not_ready.insert(o.machine.name.clone(), down);
+        }
+    }
+    (ComponentsVerdict::Checked(not_ready), oldest.filter(|_| all_known))
 }
 
 /// Writes the Lease as the decision says, under the observed resourceVersion.

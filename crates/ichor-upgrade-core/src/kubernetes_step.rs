@@ -65,6 +65,10 @@ pub mod reason {
     /// `False`: a person resumed the operation after the machine failed; the failed
     /// attempt is closed (no record for any target: the node's configuration decides).
     pub const RETRY: &str = "Retry";
+    /// `False`: an intent whose apply never reached the node (its configuration does not
+    /// hold the change), closed by a hold, a pause, a deletion or a refusal: the machine
+    /// changed nothing, and is stopped there (no record for any target).
+    pub const NOT_APPLIED: &str = "ApplyNotMade";
 }
 
 /// Where a Kubernetes upgrade stands as a whole: which of its two stages runs.
@@ -325,6 +329,15 @@ pub struct KubernetesStepInput<'a> {
     pub pods: &'a BTreeMap<Component, StaticPodObservation>,
     /// Its kubelet; `None`: no Node.
     pub kubelet: Option<&'a KubeletObservation>,
+    /// The oldest kube-apiserver of the cluster, as its control planes' mirror pods show
+    /// it in this pass (`None`: not observed). A kubelet or kube-proxy is never made newer
+    /// than it (the skew rule, checked at every apply).
+    pub api_servers: Option<&'a KubernetesVersion>,
+    /// The pass may make no change on this machine: a hold, a pause, a deletion or a
+    /// refusal stops it (DESIGN §3.11). An intent whose apply never reached the node is
+    /// then closed: the machine changed nothing, and nothing is left waiting for an apply
+    /// that will not be authorised.
+    pub stopped: bool,
     /// The bounds.
     pub timeouts: &'a KubernetesTimeouts,
     /// The current time.
@@ -359,6 +372,13 @@ pub enum KubernetesAction {
         /// The component.
         component: Component,
     },
+    /// The intent of `component`'s apply never reached the node (its configuration does
+    /// not hold the change) and the machine is stopped ([`KubernetesStepInput::stopped`]):
+    /// write `False/ApplyNotMade`. The machine changed nothing; it is no longer under way.
+    CloseIntent {
+        /// The component.
+        component: Component,
+    },
     /// Nothing to do yet.
     Wait {
         /// Why.
@@ -390,6 +410,13 @@ pub enum KubernetesWait {
     },
     /// The kubelet was applied; the Node does not report it on the target and Ready yet.
     KubeletNotBack,
+    /// The version `component` runs now is not observed (no mirror pod, a version that
+    /// does not read, or no kube-apiserver seen for a kubelet's skew): nothing is applied
+    /// on a guess.
+    VersionUnobserved {
+        /// The component.
+        component: Component,
+    },
 }
 
 impl KubernetesWait {
@@ -401,6 +428,7 @@ impl KubernetesWait {
             Self::NodeNotReady => "NodeNotReady",
             Self::ComponentNotReady { .. } => "ComponentNotReady",
             Self::KubeletNotBack => "KubeletNotBack",
+            Self::VersionUnobserved { .. } => "ComponentVersionUnobserved",
         }
     }
 }
@@ -416,6 +444,13 @@ impl fmt::Display for KubernetesWait {
             Self::KubeletNotBack => {
                 f.write_str("the kubelet was applied; waiting for the Node on the target and Ready")
             }
+            Self::VersionUnobserved { component: Component::Kubelet | Component::KubeProxy } => f.write_str(
+                "no kube-apiserver version is observed: a kubelet or kube-proxy is never made newer than an API server on a guess",
+            ),
+            Self::VersionUnobserved { component } => write!(
+                f,
+                "the version {component} runs on the node is not observed (its mirror pod): nothing is applied on a guess"
+            ),
         }
     }
 }
@@ -449,6 +484,21 @@ pub enum KubernetesFailure {
         /// What the configuration holds now.
         image: String,
     },
+    /// The change would break the version skew policy from what the component runs now
+    /// (a control-plane component more than one minor ahead, or a downgrade; a kubelet or
+    /// kube-proxy newer than the oldest API server). Nothing is applied. The operation's
+    /// planning refuses such a target; this is the step's own check, which holds whatever
+    /// changed since (an edited target, a node changed by hand).
+    Skew {
+        /// The component.
+        component: Component,
+        /// What it runs now (or, for a kubelet or kube-proxy, the oldest API server).
+        observed: String,
+        /// The target.
+        target: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
     /// The node refused the apply, or its dry run showed a reboot (from the driver).
     ApplyRefused {
         /// The component.
@@ -479,6 +529,9 @@ impl fmt::Display for KubernetesFailure {
             Self::ApplyRefused { component, detail } => {
                 write!(f, "the apply of {component} was refused, nothing changed: {detail}")
             }
+            Self::Skew { component, observed, target, rule } => {
+                write!(f, "{component} is not changed to v{target} from {observed}: {rule}; nothing was applied")
+            }
         }
     }
 }
@@ -493,6 +546,7 @@ impl KubernetesFailure {
             Self::NotReady { .. } => "ComponentNotReady",
             Self::ConfigReverted { .. } => "MachineConfigReverted",
             Self::ApplyRefused { .. } => "ApplyRefused",
+            Self::Skew { .. } => "VersionSkew",
         }
     }
 }
@@ -542,10 +596,19 @@ pub fn kubernetes_step(input: &KubernetesStepInput<'_>) -> KubernetesAction {
                 let image = configured.unwrap_or("(Talos's default)").to_owned();
                 return KubernetesAction::Fail(KubernetesFailure::ConfigReverted { component, image });
             }
+            // An intent whose apply never reached the node changed nothing: a stopped
+            // machine is stopped there, its intent closed, not kept under way waiting for
+            // an apply that will not be authorised.
+            if recorded && input.stopped {
+                return KubernetesAction::CloseIntent { component };
+            }
             // A node whose kubelet is down restarts nothing: its static pods and its
             // kubelet would not come back, and its wait would run out for nothing.
             if input.kubelet.is_none_or(|k| !k.ready) {
                 return wait(KubernetesWait::NodeNotReady, Some(input.now.saturating_add(input.timeouts.poll)));
+            }
+            if let Some(not_now) = skew(input, component) {
+                return not_now;
             }
             let image = target_image(component, configured, target);
             return KubernetesAction::Apply { component, image };
@@ -568,6 +631,46 @@ fn converged_reason(stage: KubernetesStage) -> &'static str {
 
 fn wait(reason: KubernetesWait, recheck_at: Option<Timestamp>) -> KubernetesAction {
     KubernetesAction::Wait { reason, recheck_at }
+}
+
+/// The skew rule, checked at every apply against what runs now (never only at planning:
+/// a target may be edited, a node changed by hand): a control-plane component goes at most
+/// one minor up and never down from the version its mirror pod runs; a kubelet or
+/// kube-proxy is never made newer than the oldest kube-apiserver. `None`: the apply may go.
+fn skew(input: &KubernetesStepInput<'_>, component: Component) -> Option<KubernetesAction> {
+    let target = input.target;
+    let recheck = Some(input.now.saturating_add(input.timeouts.poll));
+    let unobserved = || Some(wait(KubernetesWait::VersionUnobserved { component }, recheck));
+    let fail = |observed: &KubernetesVersion, rule: &'static str| {
+        Some(KubernetesAction::Fail(KubernetesFailure::Skew {
+            component,
+            observed: format!("v{observed}"),
+            target: target.to_string(),
+            rule,
+        }))
+    };
+    match component {
+        Component::KubeApiserver | Component::KubeControllerManager | Component::KubeScheduler => {
+            let Some(running) = input.pods.get(&component).and_then(|p| p.version.as_ref()) else {
+                return unobserved();
+            };
+            let (from, to) = (running.minor_line(), target.minor_line());
+            if to.major != from.major || to.minor > from.minor + 1 {
+                return fail(running, "a control-plane component goes up one minor at a time");
+            }
+            if target < running {
+                return fail(running, "a control-plane component is never downgraded");
+            }
+            None
+        }
+        Component::Kubelet | Component::KubeProxy => {
+            let Some(oldest) = input.api_servers else { return unobserved() };
+            if target.minor_line() > oldest.minor_line() {
+                return fail(oldest, "a kubelet or kube-proxy is never newer than the oldest kube-apiserver");
+            }
+            None
+        }
+    }
 }
 
 /// Whether `component` runs on the target and Ready on the machine (kube-proxy: never by

@@ -231,6 +231,19 @@ pub enum Refusal {
         /// The control plane to remove.
         machine: String,
     },
+    /// `spec.targetVersion` of an operation that started differs from the target it
+    /// started with: a started operation's target never changes (a control plane between
+    /// two targets could skip a minor, a kubelet pass its API servers). Nothing new starts;
+    /// machines past their call are seen to their verification on the first target.
+    #[error(
+        "spec.targetVersion was changed from {started} to {now} after the operation started: a started operation's target never changes; set it back to {started} to go on, or delete this operation (what is under way finishes on {started}) and create another for {now}"
+    )]
+    TargetChanged {
+        /// The target it started with.
+        started: String,
+        /// The target written now.
+        now: String,
+    },
     /// Planning, before any machine started, found the cluster cannot be taken to the
     /// target as it stands. Nothing was touched.
     #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -336,6 +349,7 @@ impl Refusal {
             Self::InvalidMaxUnavailable { .. } => "InvalidMaxUnavailable",
             Self::MachineNotForKind { .. } => "MachineNotForKind",
             Self::LeavesTwoControlPlanes { .. } => "LeavesTwoControlPlanes",
+            Self::TargetChanged { .. } => "TargetChanged",
             Self::Unplannable { problems } => problems.first().map_or("Unplannable", PlanProblem::reason),
         }
     }

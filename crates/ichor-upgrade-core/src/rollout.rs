@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::etcd_snapshot::SnapshotState;
 use crate::kubernetes_manifests::{ManifestsState, ManifestsStep, WorkloadRollout, manifests_step};
-use crate::kubernetes_plan::KubernetesPlanProblem;
+use crate::kubernetes_plan::{Component, KubernetesPlanProblem};
 use crate::kubernetes_step::KubernetesStage;
 use crate::operation::{
     KubernetesSpec, MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, SnapshotMode, ValidSpec,
@@ -98,6 +98,53 @@ pub enum EtcdVerdict {
     },
     /// Not gathered in this pass (the caller gathers it when [`Decision::check_etcd`] asks).
     NotChecked,
+}
+
+/// The control planes' own components (kube-apiserver, kube-controller-manager,
+/// kube-scheduler: their static pods, as their mirror pods show them), gathered with the
+/// etcd gate. A control plane's component changes (a Kubernetes upgrade's apply, a Talos
+/// upgrade's call or reboot) only while every other control plane's three are Ready: a
+/// Ready Node says nothing of a kube-apiserver crash-looping on it, and restarting another
+/// then leaves two of three API servers down (issue 53 item 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ComponentsVerdict {
+    /// Gathered: each control plane (by machine) with the components found not Ready (no
+    /// mirror pod, not Ready, or crash-looping). A control plane not in the map has all
+    /// three Ready.
+    Checked(BTreeMap<String, Vec<Component>>),
+    /// The mirror pods could not be read: no control plane changes on a guess.
+    Unreadable {
+        /// Why, for the status.
+        reason: String,
+    },
+    /// Not gathered in this pass (gathered with the etcd gate, when
+    /// [`Decision::check_etcd`] asks).
+    NotChecked,
+}
+
+impl ComponentsVerdict {
+    /// Every control plane's components Ready: what a caller with no static pods to read
+    /// (a test, a simulator of Talos alone) passes.
+    #[must_use]
+    pub fn all_ready() -> Self {
+        Self::Checked(BTreeMap::new())
+    }
+
+    /// The components not Ready on control planes other than `machine`, as
+    /// `machine/component`; `Err` when they are not known.
+    fn others_not_ready(&self, machine: &str) -> Result<Vec<String>, CallDenied> {
+        match self {
+            Self::Checked(found) => Ok(found
+                .iter()
+                .filter(|(m, _)| m.as_str() != machine)
+                .flat_map(|(m, components)| components.iter().map(move |c| format!("{m}/{c}")))
+                .collect()),
+            Self::Unreadable { reason } => {
+                Err(CallDenied::ControlPlaneComponentsNotReady { components: vec![format!("not observed: {reason}")] })
+            }
+            Self::NotChecked => Ok(Vec::new()),
+        }
+    }
 }
 
 /// One machine's progress in this operation, from the operation's status and the
@@ -173,6 +220,11 @@ pub struct OperationStatus {
     /// ([`crate::kubernetes_manifests`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifests: Option<ManifestsState>,
+    /// The target the operation started with, as written: recorded once it starts (or
+    /// advances) a machine. A started operation's target never changes: a spec whose
+    /// target differs is refused ([`Refusal::TargetChanged`]), whatever wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_target: Option<String>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -217,6 +269,8 @@ pub struct RolloutInput<'a> {
     pub unaccounted_nodes: &'a [String],
     /// The etcd gate's verdict.
     pub etcd: &'a EtcdVerdict,
+    /// The control planes' components, gathered with the etcd gate.
+    pub components: &'a ComponentsVerdict,
     /// For a Kubernetes upgrade: its stage and what planning found (`None` for other kinds;
     /// for a Kubernetes upgrade, not observed: it waits).
     pub kubernetes: Option<&'a KubernetesInput>,
@@ -314,6 +368,12 @@ pub enum WaitReason {
     ControlPlaneNotReady {
         /// The control planes that are not Ready.
         nodes: Vec<String>,
+    },
+    /// A control plane is next, and another control plane's own components (its static
+    /// pods) are not all Ready: changing it could leave two API servers down.
+    ControlPlaneComponentsNotReady {
+        /// Each as `machine/component`.
+        components: Vec<String>,
     },
     /// A control plane is next, and the etcd gate fails.
     EtcdUnhealthy {
@@ -459,6 +519,7 @@ impl Phase {
             Self::Waiting(wait) => match wait {
                 WaitReason::LockHeld { .. } => "LockHeld",
                 WaitReason::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
+                WaitReason::ControlPlaneComponentsNotReady { .. } => "ControlPlaneComponentNotReady",
                 WaitReason::EtcdUnhealthy { .. } => "EtcdUnhealthy",
                 WaitReason::EtcdGateNotChecked => "EtcdGateNotChecked",
                 WaitReason::EtcdSnapshotPending => "EtcdSnapshotPending",
@@ -491,6 +552,11 @@ impl fmt::Display for Phase {
                 WaitReason::ControlPlaneNotReady { nodes } => {
                     write!(f, "waiting: control-plane nodes not Ready: {}", nodes.join(", "))
                 }
+                WaitReason::ControlPlaneComponentsNotReady { components } => write!(
+                    f,
+                    "waiting: no control plane changes while another's components are not Ready: {}",
+                    components.join(", ")
+                ),
                 WaitReason::EtcdUnhealthy { reason } => write!(f, "waiting: etcd gate fails: {reason}"),
                 WaitReason::EtcdGateNotChecked => f.write_str("waiting: etcd gate not checked yet"),
                 WaitReason::EtcdSnapshotPending => {
@@ -637,6 +703,11 @@ pub enum CallDenied {
         /// The control planes that are not Ready.
         nodes: Vec<String>,
     },
+    /// Another control plane's own components (its static pods) are not all Ready.
+    ControlPlaneComponentsNotReady {
+        /// Each as `machine/component`.
+        components: Vec<String>,
+    },
     /// The etcd gate fails.
     EtcdUnhealthy {
         /// What fails.
@@ -671,6 +742,7 @@ impl CallDenied {
             Self::Refused => "OperationRefused",
             Self::NotInCluster => "NotInCluster",
             Self::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
+            Self::ControlPlaneComponentsNotReady { .. } => "ControlPlaneComponentNotReady",
             Self::EtcdUnhealthy { .. } => "EtcdUnhealthy",
             Self::EtcdSnapshotMissing => "EtcdSnapshotMissing",
             Self::GateSpent { .. } => "EtcdGateSpent",
@@ -690,6 +762,9 @@ impl fmt::Display for CallDenied {
             Self::NotInCluster => f.write_str("the machine is not in the operation's cluster"),
             Self::ControlPlaneNotReady { nodes } => {
                 write!(f, "control-plane nodes not Ready: {}", nodes.join(", "))
+            }
+            Self::ControlPlaneComponentsNotReady { components } => {
+                write!(f, "another control plane's components are not Ready: {}", components.join(", "))
             }
             Self::EtcdUnhealthy { reason } => write!(f, "the etcd gate fails: {reason}"),
             Self::EtcdSnapshotMissing => f.write_str("no etcd snapshot is recorded (spec.etcdSnapshot: Required)"),
@@ -757,6 +832,10 @@ pub struct Decision {
     pub prepull: Vec<String>,
     /// The operation is being deleted and nothing of it is left: remove its finalizer.
     pub finalized: bool,
+    /// The target to record as the one the operation started with
+    /// ([`OperationStatus::started_target`]): set when this pass starts or advances a
+    /// machine and none is recorded yet.
+    pub started_target: Option<String>,
     /// When to decide again at the latest, if nothing changes before.
     pub recheck_at: Option<Timestamp>,
 }
@@ -783,6 +862,7 @@ impl Decision {
             finish_authority: BTreeMap::new(),
             prepull: Vec::new(),
             finalized: false,
+            started_target: None,
             recheck_at: None,
         }
     }
@@ -948,6 +1028,9 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
         }
         Plan::Upgrade(spec)
     };
+    if let Some(refusal) = target_changed(op) {
+        return wind_down(input, &lock, Phase::Refused(refusal));
+    }
     if let Plan::Remove(machine) = plan_of
         && !input.machines.iter().any(|m| m.name == machine)
         && !op.status.machines.contains_key(machine)
@@ -985,7 +1068,21 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     if d.lock != LockAction::Release {
         d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(renewed_at.saturating_add(input.config.renew_after)));
     }
+    if op.status.started_target.is_none() && !op.spec.is_removal() && d.moves_machines() {
+        d.started_target = Some(op.spec.target_version.clone());
+    }
     d
+}
+
+/// A started operation whose spec's target is no longer the one it started with
+/// (issue 53 item 1): refused, whatever wrote it. The CRD refuses the edit at admission;
+/// this holds behind an API server that does not, or a status written before it.
+/// Machines past their call are still observed on the target they started with.
+fn target_changed(op: &OperationView) -> Option<Refusal> {
+    let started = op.status.started_target.as_deref()?;
+    let bare = |v: &str| v.trim().trim_start_matches('v').to_owned();
+    (bare(started) != bare(&op.spec.target_version))
+        .then(|| Refusal::TargetChanged { started: started.to_owned(), now: op.spec.target_version.clone() })
 }
 
 /// A removal of control plane `machine` that would leave two, not started yet and not
@@ -1186,13 +1283,22 @@ impl<'a> Authoriser<'a> {
     }
 
     /// Whether taking `m` down is safe now: a worker always (its count is the rules'); a
-    /// control plane with every other one Ready and the etcd gate passed.
+    /// control plane with every other one's Node and components Ready and the etcd gate
+    /// passed.
     fn disruption(&self, m: &MachineView) -> CallAuthority {
         if m.role == MachineRole::Worker {
             return CallAuthority::Granted;
         }
         if let Some(denied) = self.others_not_ready(m) {
             return CallAuthority::Denied(denied);
+        }
+        match self.input.components.others_not_ready(&m.name) {
+            Err(denied) => return CallAuthority::Denied(denied),
+            Ok(components) if !components.is_empty() => {
+                return CallAuthority::Denied(CallDenied::ControlPlaneComponentsNotReady { components });
+            }
+            Ok(_) if *self.input.components == ComponentsVerdict::NotChecked => return CallAuthority::NeedsEtcdGate,
+            Ok(_) => {}
         }
         match self.input.etcd {
             EtcdVerdict::Healthy => CallAuthority::Granted,
@@ -1207,6 +1313,9 @@ impl<'a> Authoriser<'a> {
 /// Whether the operation is refused (its spec, or its planning): no call goes out.
 fn refused(input: &RolloutInput<'_>) -> bool {
     let spec = &input.operation.spec;
+    if target_changed(input.operation).is_some() {
+        return true;
+    }
     if spec.is_kubernetes() {
         spec.validate_kubernetes().is_err()
             || input.kubernetes.is_none_or(|kubernetes| kubernetes_refusal(input, kubernetes).is_some())
@@ -1657,7 +1766,22 @@ fn start_control_plane(
     if !not_ready.is_empty() {
         return Stage::Blocked(WaitReason::ControlPlaneNotReady { nodes: not_ready });
     }
+    // The other control planes' components are gathered with the etcd gate.
+    match input.components.others_not_ready(&next.name) {
+        Err(CallDenied::ControlPlaneComponentsNotReady { components }) | Ok(components) if !components.is_empty() => {
+            return Stage::Blocked(WaitReason::ControlPlaneComponentsNotReady { components });
+        }
+        Err(_) | Ok(_) => {}
+    }
+    let components_pending = *input.components == ComponentsVerdict::NotChecked;
     match input.etcd {
+        EtcdVerdict::Healthy | EtcdVerdict::Unhealthy { .. } if components_pending => {
+            d.check_etcd = true;
+            if input.preflight.of(&next.name).is_none() {
+                d.check_preflight.push(next.name.clone());
+            }
+            Stage::Blocked(WaitReason::EtcdGateNotChecked)
+        }
         EtcdVerdict::Healthy => {
             if d.preflight_admits(input, preflight, &next.name) {
                 if snapshot_missing(input) && !already_on_talos_target(input, next) {

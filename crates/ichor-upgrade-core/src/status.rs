@@ -138,6 +138,7 @@ impl OperationStatus {
             && self.observed_resume == written.observed_resume
             && self.etcd_snapshot == written.etcd_snapshot
             && self.manifests == written.manifests
+            && self.started_target == written.started_target
             && self.machines.iter().all(|(name, r)| written.machines.get(name).is_some_and(|w| w.state == r.state))
     }
 
@@ -190,6 +191,9 @@ impl OperationStatus {
         }
         if let Some(manifests) = &decision.record_manifests {
             next.manifests = Some(manifests.clone());
+        }
+        if next.started_target.is_none() {
+            next.started_target.clone_from(&decision.started_target);
         }
         for name in decision.retry.iter().chain(&decision.stop) {
             next.machines.remove(name);
@@ -286,6 +290,7 @@ mod tests {
             finish_authority: std::collections::BTreeMap::new(),
             prepull: vec![],
             finalized: false,
+            started_target: None,
             recheck_at: None,
         }
     }

@@ -17,8 +17,8 @@ use ichor_upgrade_core::etcd_snapshot::{SnapshotRecord, SnapshotState};
 use ichor_upgrade_core::kubernetes_step::KubernetesStage;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec, Refusal, SnapshotMode};
 use ichor_upgrade_core::rollout::{
-    CallAuthority, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction, MachineProgress, MachineView,
-    OperationStatus, OperationView, Phase, RolloutConfig, RolloutInput, decide,
+    CallAuthority, ComponentsVerdict, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction, MachineProgress,
+    MachineView, OperationStatus, OperationView, Phase, RolloutConfig, RolloutInput, decide,
 };
 use ichor_upgrade_core::status::{MachineRecord, RecordState};
 use proptest::prelude::*;
@@ -416,6 +416,7 @@ proptest! {
             machines: &s.machines,
             unaccounted_nodes: &[],
             etcd: &s.etcd,
+            components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             config: &config,
             now: NOW,
@@ -472,6 +473,7 @@ proptest! {
             machines: &observed,
             unaccounted_nodes: &[],
             etcd: &s.etcd,
+            components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             config: &config,
             now: NOW,
@@ -515,6 +517,7 @@ proptest! {
             machines: &s.machines,
             unaccounted_nodes: &[],
             etcd: &s.etcd,
+            components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             config: &config,
             now: NOW,
@@ -624,6 +627,7 @@ fn run_to_completion(
             machines: &s.machines,
             unaccounted_nodes: &[],
             etcd: &etcd,
+            components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             config: &config,
             now,

@@ -156,6 +156,9 @@ impl KubeApi for LosesWrites<'_> {
     async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
         self.sim.operation_exists(identity).await
     }
+    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+        self.sim.control_plane_pods().await
+    }
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
         self.sim.cluster(name).await
     }

@@ -1192,6 +1192,11 @@ impl KubeApi for KubeCluster {
         super::versions::node_kubernetes(&self.client, &read).await.map(Some)
     }
 
+    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        super::versions::control_plane_pods(&self.client).await
+    }
+
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.counters.reads.fetch_add(2, Ordering::Relaxed);
         super::versions::cluster_kubernetes(&self.client).await

@@ -48,6 +48,27 @@ pub async fn node_kubernetes(client: &Client, node: &Node) -> Result<NodeKuberne
     Ok(NodeKubernetesInfo { kubelet_version, ready, static_pods: static_pods(&list.items) })
 }
 
+/// Every control plane's static pods, by the node each is bound to: one list of
+/// `kube-system`'s mirror pods by [`STATIC_POD_SELECTOR`].
+///
+/// # Errors
+/// The pods could not be listed.
+pub async fn control_plane_pods(
+    client: &Client,
+) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let list = pods
+        .list(&ListParams::default().labels(STATIC_POD_SELECTOR))
+        .await
+        .map_err(|e| kube_error("list the control planes' static pods", &e))?;
+    let mut by_node: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
+    for pod in list.items {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else { continue };
+        by_node.entry(node).or_default().push(pod);
+    }
+    Ok(by_node.into_iter().map(|(node, pods)| (node, static_pods(&pods))).collect())
+}
+
 /// The control-plane static pods among `pods` (one node's), by component; a pod being
 /// deleted counts only when no other stands for its component.
 #[must_use]

@@ -876,6 +876,10 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::CachedRead, |w| Ok(w.node_kubernetes(node))).await
     }
 
+    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+        self.kube(KubeCall::Read, |w| Ok(w.control_plane_pods())).await
+    }
+
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.kube(KubeCall::Read, |w| Ok(w.cluster_kubernetes())).await
     }

@@ -68,11 +68,17 @@ pub enum Fault {
     RemovedApiInUse,
     /// A Kubernetes upgrade: one node's kubelet never comes back after its apply.
     KubeletNotBack,
+    /// One control plane's component (kube-apiserver, kube-controller-manager or
+    /// kube-scheduler, drawn) is not Ready (its container restarting) for 1 to 4 minutes,
+    /// 1 to 20 minutes in, for reasons of its own, its Node Ready all along: no other control plane's component
+    /// may change meanwhile (a Talos upgrade's reboot takes all three of a control plane
+    /// down, a Kubernetes upgrade's apply one), or two API servers would be down at once.
+    ComponentDown,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -92,6 +98,7 @@ impl Fault {
         Self::ComponentCrashloop,
         Self::RemovedApiInUse,
         Self::KubeletNotBack,
+        Self::ComponentDown,
     ];
 
     /// The name on the command line.
@@ -117,6 +124,7 @@ impl Fault {
             Self::ComponentCrashloop => "component-crashloop",
             Self::RemovedApiInUse => "removed-api-in-use",
             Self::KubeletNotBack => "kubelet-not-back",
+            Self::ComponentDown => "component-down",
         }
     }
 

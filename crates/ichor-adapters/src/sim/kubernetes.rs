@@ -16,7 +16,8 @@
 //! component crash-loops on the version it is changed to), `kubelet-not-back` (a node's
 //! kubelet never comes back after its apply) and `removed-api-in-use` (the API servers
 //! report requests to an API the next minor removes; the API's name is the simulator's
-//! own).
+//! own), and `component-down` (a control plane's component not Ready for minutes on a
+//! Ready Node, for reasons of its own, in a Talos upgrade as in a Kubernetes one).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -104,6 +105,14 @@ pub struct SimKube {
     /// Its dry runs say a change needs a reboot, and it refuses to apply one without
     /// (a test's knob).
     pub needs_reboot: bool,
+    /// The component-down fault: this component is not Ready (its container restarting)
+    /// from `.0` until `.1`, whatever its version, its Node Ready.
+    pub down: Option<(Timestamp, Timestamp, Component)>,
+    /// Whether that outage is under way.
+    pub down_now: bool,
+    /// Every apply to it breaks off on the wire before it reaches the node (a test's
+    /// knob): the engine is left with intents whose applies never landed.
+    pub loses_applies: bool,
 }
 
 impl SimKube {
@@ -135,6 +144,9 @@ impl SimKube {
             kubelet_stays_down: false,
             applies: Vec::new(),
             needs_reboot: false,
+            down: None,
+            down_now: false,
+            loses_applies: false,
         }
     }
 
@@ -143,7 +155,8 @@ impl SimKube {
     pub fn next_change(&self) -> Option<Timestamp> {
         let pods = self.pods.values().filter_map(|p| p.restart.as_ref().map(|(t, _)| *t));
         let kubelet = self.kubelet_restart.as_ref().and_then(|r| r.back_at);
-        pods.chain(kubelet).min()
+        let down = self.down.map(|(from, until, _)| if self.down_now { until } else { from });
+        pods.chain(kubelet).chain(down).min()
     }
 
     /// The machine configuration, as YAML in the shape `talosctl gen config` writes.
@@ -191,6 +204,14 @@ impl World {
             && let Some(i) = self.pick(&all)
         {
             self.nodes[i].kube.kubelet_stays_down = true;
+        }
+        if self.config.has(Fault::ComponentDown)
+            && let Some(i) = self.pick(&cps)
+        {
+            let component = Component::CONTROL_PLANE[self.rng.in_range(0..=2) as usize];
+            let from = self.now.saturating_add(secs(self.rng.in_range(60..=1200)));
+            let until = from.saturating_add(secs(self.rng.in_range(60..=240)));
+            self.nodes[i].kube.down = Some((from, until, component));
         }
     }
 
@@ -246,6 +267,13 @@ impl World {
         }
         if self.nodes[i].kube.needs_reboot {
             return Err(answered("InvalidArgument", "the configuration can't be applied without a reboot".into()));
+        }
+        // The call-lost fault (the node's first apply), or the knob (every apply): the
+        // stream breaks before the request reaches the node.
+        if self.nodes[i].loses_next_call || self.nodes[i].kube.loses_applies {
+            self.nodes[i].loses_next_call = false;
+            self.record(i, TraceKind::CallLost);
+            return Err(TalosError::transport("stream reset before the request was delivered"));
         }
         for (component, image, version) in changed {
             self.nodes[i].kube.config.insert(component, image);
@@ -303,6 +331,19 @@ impl World {
             // Its mirror pod changed: the controller watches them (kube-system, `k8s-app`).
             self.watch_event();
         }
+        if let Some((from, until, component)) = self.nodes[i].kube.down {
+            let down = from <= now && now < until;
+            if down != self.nodes[i].kube.down_now {
+                self.nodes[i].kube.down_now = down;
+                if !down {
+                    self.nodes[i].kube.down = None;
+                }
+                let kind = if down { TraceKind::ComponentDown } else { TraceKind::ComponentUp };
+                self.record_component(i, kind, component, format!("{component} (a fault of its own)"));
+                // Its mirror pod's status changed: the controller watches them.
+                self.watch_event();
+            }
+        }
         let back = self.nodes[i].kube.kubelet_restart.as_ref().is_some_and(|r| r.back_at.is_some_and(|t| t <= now));
         if back && let Some(restart) = self.nodes[i].kube.kubelet_restart.take() {
             self.nodes[i].kube.kubelet = restart.into.clone();
@@ -326,15 +367,25 @@ impl World {
             .pods
             .iter()
             .map(|(c, p)| {
+                let down = n.kube.down_now && n.kube.down.is_some_and(|(_, _, d)| d == *c);
                 let seen = StaticPodObservation {
                     version: Some(p.version.clone()),
-                    ready: p.ready,
+                    ready: p.ready && !down,
                     crash_looping: p.crash_looping,
                 };
                 (*c, seen)
             })
             .collect();
         Some(NodeKubernetesInfo { kubelet_version: format!("v{}", n.kube.kubelet), ready: n.view.ready, static_pods })
+    }
+
+    /// Every control plane's static pods, by node (one read of `kube-system`'s mirror pods).
+    pub(crate) fn control_plane_pods(&self) -> ichor_talos_executor::kube_api::ControlPlanePods {
+        self.nodes
+            .iter()
+            .filter(|n| !n.removed && !n.kube.pods.is_empty())
+            .filter_map(|n| Some((n.name.clone(), self.node_kubernetes(&n.name)?.static_pods)))
+            .collect()
     }
 
     /// The cluster's Kubernetes as planning reads it.

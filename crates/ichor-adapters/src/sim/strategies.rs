@@ -56,7 +56,7 @@ pub const TO: &str = "v1.14.4";
 /// The faults a run must complete through: each delays it, none of them fails a machine.
 /// The others (`ab-fallback`, `evacuation-stuck`, `snapshot-fails`, `pdb-zero`,
 /// `single-replica`) may end it paused or waiting on a person.
-pub const HARMLESS: [Fault; 8] = [
+pub const HARMLESS: [Fault; 9] = [
     Fault::ControllerCrash,
     Fault::ApiOutage,
     Fault::SlowReboot,
@@ -65,6 +65,7 @@ pub const HARMLESS: [Fault; 8] = [
     Fault::NotReady,
     Fault::CallLost,
     Fault::ControlPlaneNotReady,
+    Fault::ComponentDown,
 ];
 
 /// Any one fault.

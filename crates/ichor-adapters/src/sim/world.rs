@@ -1169,6 +1169,13 @@ impl World {
         }
     }
 
+    /// Pauses every operation that has `machine` started, recording its failure as a pass
+    /// of the controller records one (a test's placed pause), and wakes the controller.
+    pub fn pause_with_failure(&mut self, machine: &str) {
+        self.record_failure(machine);
+        self.watch_event();
+    }
+
     /// Records machine `machine`'s failure in every operation's status that has it
     /// started, pausing it, as a pass of the controller records one.
     fn record_failure(&mut self, machine: &str) {

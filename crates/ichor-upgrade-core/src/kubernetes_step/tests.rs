@@ -17,6 +17,9 @@ struct Machine {
     pods: BTreeMap<Component, StaticPodObservation>,
     kubelet: KubeletObservation,
     conditions: Conditions,
+    /// The oldest kube-apiserver of the cluster.
+    api_servers: Option<KubernetesVersion>,
+    stopped: bool,
 }
 
 impl Machine {
@@ -30,7 +33,8 @@ impl Machine {
             }
         }
         let kubelet = KubeletObservation { version: Some(v("1.34.2")), ready: true };
-        Self { role, stage, config, pods, kubelet, conditions: Conditions::new() }
+        let api_servers = Some(v("1.35.0"));
+        Self { role, stage, config, pods, kubelet, conditions: Conditions::new(), api_servers, stopped: false }
     }
 
     fn step_at(&self, now: Timestamp) -> KubernetesAction {
@@ -44,6 +48,8 @@ impl Machine {
             config: Some(&self.config),
             pods: &self.pods,
             kubelet: Some(&self.kubelet),
+            api_servers: self.api_servers.as_ref(),
+            stopped: self.stopped,
             timeouts: &KubernetesTimeouts::default(),
             now,
         })
@@ -231,6 +237,8 @@ fn an_unreadable_configuration_is_waited_on_never_guessed() {
         config: None,
         pods: &m.pods,
         kubelet: Some(&m.kubelet),
+        api_servers: m.api_servers.as_ref(),
+        stopped: false,
         timeouts: &KubernetesTimeouts::default(),
         now: T0,
     });
@@ -310,4 +318,95 @@ fn a_resume_closes_a_failed_attempt_keeping_a_control_planes_first_stage() {
     assert_eq!(retry_record(MachineRole::Worker, &w.conditions, &target).map(|r| r.1), Some(reason::RETRY));
     w.record(ConditionStatus::True, reason::CONVERGED, "1.35.0", T0);
     assert_eq!(retry_record(MachineRole::Worker, &w.conditions, &target), None);
+}
+
+#[test]
+fn an_intent_that_never_reached_the_node_is_closed_when_the_machine_is_stopped() {
+    // Issue 53 item 3: a deletion (or a pause, a hold) of an operation whose intent's apply
+    // never landed waited for an apply it would never authorise, for ever.
+    let mut m = control_plane();
+    m.intend(Component::KubeApiserver);
+    m.stopped = true;
+    assert_eq!(m.step(), KubernetesAction::CloseIntent { component: Component::KubeApiserver });
+    // Its Node not Ready changes nothing: the machine changed nothing either way.
+    m.kubelet.ready = false;
+    assert_eq!(m.step(), KubernetesAction::CloseIntent { component: Component::KubeApiserver });
+    // One that landed is seen to its verification, stopped or not.
+    m.kubelet.ready = true;
+    m.configure(Component::KubeApiserver);
+    assert_eq!(m.step(), KubernetesAction::RecordApplied { component: Component::KubeApiserver });
+    // The closed record is no record: a later run starts from the configuration.
+    let mut closed = control_plane();
+    closed.record(
+        ConditionStatus::False,
+        reason::NOT_APPLIED,
+        &apply_message(Component::KubeApiserver, &v("1.35.0")),
+        T0,
+    );
+    assert_eq!(kubernetes_record(&closed.conditions, &v("1.35.0")), KubernetesRecord::None);
+    assert!(!past_apply(&closed.conditions, &v("1.35.0"), KubernetesStage::ControlPlane));
+}
+
+#[test]
+fn a_stopped_machine_with_no_intent_is_not_closed_and_an_acknowledged_change_still_fails_if_reverted() {
+    let mut m = control_plane();
+    m.stopped = true;
+    // Nothing recorded: the decision does not advance it; the step's answer is the apply
+    // the authority then refuses.
+    assert!(matches!(m.step(), KubernetesAction::Apply { .. }));
+    m.acknowledge(Component::KubeApiserver);
+    assert!(matches!(m.step(), KubernetesAction::Fail(KubernetesFailure::ConfigReverted { .. })));
+}
+
+#[test]
+fn a_control_plane_component_more_than_one_minor_behind_the_target_is_never_applied() {
+    // Issue 53 item 1: a target edited from 1.35.0 to 1.36.0 under way took a 1.34 API
+    // server to 1.36. The step checks what runs now, whatever planning saw.
+    let mut m = control_plane();
+    m.pods.insert(
+        Component::KubeApiserver,
+        StaticPodObservation { version: Some(v("1.33.4")), ready: true, crash_looping: false },
+    );
+    let KubernetesAction::Fail(failure) = m.step() else { panic!("{:?}", m.step()) };
+    assert_eq!(failure.reason(), "VersionSkew");
+    assert!(failure.to_string().contains("from v1.33.4"), "{failure}");
+    assert!(failure.to_string().contains("one minor at a time"), "{failure}");
+    // A downgrade is refused too.
+    m.pods.insert(
+        Component::KubeApiserver,
+        StaticPodObservation { version: Some(v("1.35.2")), ready: true, crash_looping: false },
+    );
+    let KubernetesAction::Fail(failure) = m.step() else { panic!("{:?}", m.step()) };
+    assert!(failure.to_string().contains("never downgraded"), "{failure}");
+    // A version not observed is waited on, never guessed.
+    m.pods.remove(&Component::KubeApiserver);
+    assert_eq!(
+        m.step(),
+        KubernetesAction::Wait {
+            reason: KubernetesWait::VersionUnobserved { component: Component::KubeApiserver },
+            recheck_at: Some(T0.saturating_add(KubernetesTimeouts::default().poll)),
+        }
+    );
+    // One minor up from what runs: applied.
+    m.pods.insert(
+        Component::KubeApiserver,
+        StaticPodObservation { version: Some(v("1.34.9")), ready: true, crash_looping: false },
+    );
+    assert!(matches!(m.step(), KubernetesAction::Apply { component: Component::KubeApiserver, .. }));
+}
+
+#[test]
+fn a_kubelet_is_never_made_newer_than_the_oldest_api_server() {
+    let mut m = Machine::new(MachineRole::Worker, KubernetesStage::Kubelets);
+    m.api_servers = Some(v("1.34.2"));
+    let KubernetesAction::Fail(failure) = m.step() else { panic!("{:?}", m.step()) };
+    assert_eq!(failure.reason(), "VersionSkew");
+    assert!(failure.to_string().contains("oldest kube-apiserver"), "{failure}");
+    m.api_servers = None;
+    assert!(matches!(
+        m.step(),
+        KubernetesAction::Wait { reason: KubernetesWait::VersionUnobserved { component: Component::Kubelet }, .. }
+    ));
+    m.api_servers = Some(v("1.35.0"));
+    assert!(matches!(m.step(), KubernetesAction::Apply { component: Component::Kubelet, .. }));
 }

@@ -21,6 +21,7 @@ struct Fixture {
     unaccounted: Vec<String>,
     k8s: Option<KubernetesInput>,
     etcd: EtcdVerdict,
+    components: ComponentsVerdict,
     preflight: PreflightVerdict,
     config: RolloutConfig,
     now: Timestamp,
@@ -74,6 +75,7 @@ impl Fixture {
             unaccounted: Vec::new(),
             k8s: None,
             etcd: EtcdVerdict::Healthy,
+            components: ComponentsVerdict::all_ready(),
             preflight: PreflightVerdict::Off,
             config: RolloutConfig::default(),
             now: at(1010),
@@ -112,6 +114,13 @@ impl Fixture {
 
     fn etcd(mut self, verdict: EtcdVerdict) -> Self {
         self.etcd = verdict;
+        self
+    }
+
+    /// `machine`'s `components` are not Ready (its static pods, gathered with the gate).
+    fn components_not_ready(mut self, machine: &str, components: &[Component]) -> Self {
+        let ComponentsVerdict::Checked(found) = &mut self.components else { panic!("not checked") };
+        found.insert(machine.to_owned(), components.to_vec());
         self
     }
 
@@ -199,6 +208,7 @@ impl Fixture {
             machines: &self.machines,
             unaccounted_nodes: &self.unaccounted,
             etcd: &self.etcd,
+            components: &self.components,
             preflight: &self.preflight,
             config: &self.config,
             now: self.now,
@@ -724,6 +734,7 @@ fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
         machines: &f.machines,
         unaccounted_nodes: &[],
         etcd: &f.etcd,
+        components: &f.components,
         preflight: &PreflightVerdict::Off,
         config: &f.config,
         now: f.now,
@@ -817,6 +828,7 @@ fn finish_authority_asked_again_needs_the_lock() {
         machines: &f.machines,
         unaccounted_nodes: &[],
         etcd: &f.etcd,
+        components: &f.components,
         preflight: &PreflightVerdict::Off,
         config: &f.config,
         now: f.now,
@@ -1418,4 +1430,108 @@ fn a_kubernetes_upgrade_pauses_on_a_failed_control_plane_and_starts_no_other() {
         .decide();
     assert!(matches!(d.phase, Phase::Paused(PauseReason::MachineFailed { .. })));
     assert!(d.start.is_empty() && d.advance.is_empty());
+}
+
+// Issue 53 item 2: a Ready Node says nothing of its static pods. No control plane changes
+// while another's kube-apiserver, kube-controller-manager or kube-scheduler is not Ready.
+
+#[test]
+fn no_control_plane_starts_while_another_control_planes_api_server_is_not_ready_on_a_ready_node() {
+    let d =
+        Fixture::cluster(3, 2).converged(&["cp-1"]).components_not_ready("cp-3", &[Component::KubeApiserver]).decide();
+    assert!(d.start.is_empty(), "{:?}", d.start);
+    assert_eq!(
+        d.phase,
+        Phase::Waiting(WaitReason::ControlPlaneComponentsNotReady { components: names(&["cp-3/kube-apiserver"]) })
+    );
+    assert_eq!(d.phase.reason(), "ControlPlaneComponentNotReady");
+    // Its own components do not hold it back: cp-2 is next, and its own scheduler being
+    // down is what its change may fix.
+    let own =
+        Fixture::cluster(3, 2).converged(&["cp-1"]).components_not_ready("cp-2", &[Component::KubeScheduler]).decide();
+    assert_eq!(own.start, names(&["cp-2"]));
+}
+
+#[test]
+fn the_components_are_gathered_with_the_etcd_gate_and_never_assumed() {
+    let mut f = Fixture::cluster(3, 0).converged(&["cp-1"]);
+    f.components = ComponentsVerdict::NotChecked;
+    let d = f.decide();
+    assert!(d.start.is_empty());
+    assert!(d.check_etcd, "the components are gathered with the gate");
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::EtcdGateNotChecked));
+    f.components = ComponentsVerdict::Unreadable { reason: "pods: forbidden".into() };
+    let d = f.decide();
+    assert!(d.start.is_empty());
+    assert!(matches!(d.phase, Phase::Waiting(WaitReason::ControlPlaneComponentsNotReady { .. })), "{:?}", d.phase);
+}
+
+#[test]
+fn a_control_plane_past_its_call_is_not_authorised_while_anothers_component_is_not_ready() {
+    // A Kubernetes upgrade's control plane between two changes, or a Talos upgrade's
+    // lifecycle reboot: every next disruptive step asks again.
+    let f = Fixture::cluster(3, 0).in_progress("cp-1", true);
+    let d = f.clone().components_not_ready("cp-2", &[Component::KubeControllerManager]).decide();
+    let denied = CallAuthority::Denied(CallDenied::ControlPlaneComponentsNotReady {
+        components: names(&["cp-2/kube-controller-manager"]),
+    });
+    assert_eq!(authority(&d, "cp-1"), denied);
+    assert_eq!(finish(&d, "cp-1"), denied);
+    let mut unchecked = f.clone();
+    unchecked.components = ComponentsVerdict::NotChecked;
+    assert_eq!(authority(&unchecked.decide(), "cp-1"), CallAuthority::NeedsEtcdGate);
+    assert_eq!(authority(&f.decide(), "cp-1"), CallAuthority::Granted);
+    // Workers are not the control planes' concern.
+    let workers = Fixture::cluster(3, 1)
+        .all_control_planes_converged()
+        .components_not_ready("cp-2", &[Component::KubeApiserver])
+        .decide();
+    assert_eq!(workers.start, names(&["worker-1"]));
+    assert_eq!(authority(&workers, "worker-1"), CallAuthority::Granted);
+}
+
+// Issue 53 item 1: a started operation's target never changes, whatever wrote it.
+
+#[test]
+fn a_started_operation_records_its_target_and_refuses_a_changed_one_winding_down() {
+    let f = Fixture::cluster(3, 2).kubernetes(KubernetesStage::ControlPlane, Vec::new());
+    let d = f.decide();
+    assert_eq!(d.start, names(&["cp-1"]));
+    assert_eq!(d.started_target.as_deref(), Some("1.35.0"));
+    let status = OperationStatus::default().next(1, &d, &[]);
+    assert_eq!(status.started_target.as_deref(), Some("1.35.0"));
+    // Recorded once: a later pass does not write it again.
+    let later = f.clone().status(status.clone()).in_progress("cp-1", true).decide();
+    assert_eq!(later.started_target, None);
+    // The same target written another way is the same target.
+    let same = f.clone().status(status.clone()).in_progress("cp-1", true).target("v1.35.0").decide();
+    assert_eq!(same.phase, Phase::Progressing);
+    // Edited under way: refused, nothing new starts, the machine past its apply is still
+    // observed, and no call is authorised.
+    let edited = f.clone().status(status.clone()).in_progress("cp-1", true).target("1.36.0");
+    let d = edited.decide();
+    assert_eq!(d.phase, Phase::Refused(Refusal::TargetChanged { started: "1.35.0".into(), now: "1.36.0".into() }));
+    assert_eq!(d.phase.reason(), "TargetChanged");
+    assert!(d.start.is_empty());
+    assert_eq!(d.advance, names(&["cp-1"]));
+    assert_eq!(authority(&d, "cp-1"), CallAuthority::Denied(CallDenied::Refused));
+    assert!(refusal_of(&d).to_string().contains("set it back to 1.35.0"), "{}", refusal_of(&d));
+    // Nothing under way: the lock is released, the records kept.
+    let idle = f.clone().status(status.clone()).converged(&["cp-1"]).target("1.36.0").decide();
+    assert_eq!(idle.lock, LockAction::Release);
+    // Set back: it goes on.
+    let back = f.status(status).converged(&["cp-1"]).decide();
+    assert_eq!(back.start, names(&["cp-2"]));
+}
+
+#[test]
+fn a_talos_upgrades_target_is_recorded_and_kept_too() {
+    let f = Fixture::cluster(3, 0);
+    let d = f.decide();
+    let status = OperationStatus::default().next(1, &d, &[]);
+    assert_eq!(status.started_target.as_deref(), Some("v1.14.4"));
+    let edited = f.status(status).in_progress("cp-1", true).target("v1.15.0");
+    let mut edited = edited;
+    edited.release = "v1.15.0".into();
+    assert!(matches!(edited.decide().phase, Phase::Refused(Refusal::TargetChanged { .. })));
 }
