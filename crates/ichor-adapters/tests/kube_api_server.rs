@@ -122,6 +122,43 @@ async fn the_crds_validate_what_is_written() {
     ns.delete().await;
 }
 
+/// Issue 53 item 1: once the engine records the target an operation started with
+/// (`status.startedTarget`, written with its status by the operator), the API server itself
+/// refuses a change of `spec.targetVersion` (a CEL transition rule), while the rest of the
+/// spec stays editable and an operation not started yet may still be corrected.
+#[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_started_operations_target_cannot_be_changed_at_admission() {
+    let ns = TestNamespace::create("target").await;
+    let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
+    ops.create(&PostParams::default(), &TalosOperation::new("started", upgrade_spec())).await.unwrap();
+    ops.create(&PostParams::default(), &TalosOperation::new("not-started", upgrade_spec())).await.unwrap();
+    let kube = kube_cluster(&ns).await;
+    eventually(|| kube.stores().operations.state().len() == 2).await;
+    let status = OperationStatus {
+        phase: Phase::Progressing,
+        observed_generation: Some(1),
+        started_target: Some("v1.14.4".into()),
+        ..OperationStatus::default()
+    };
+    kube.write_operation_status("started", &status).await.unwrap();
+    let read = ops.get_status("started").await.unwrap().status.unwrap();
+    assert_eq!(read.started_target.as_deref(), Some("v1.14.4"));
+    let target = |v: &str| json!({ "spec": { "targetVersion": v } });
+    let err = ops.patch("started", &PatchParams::default(), &Patch::Merge(&target("v1.14.5"))).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("cannot change once the operation started")),
+        "{err}"
+    );
+    assert_eq!(ops.get("started").await.unwrap().spec.target_version, "v1.14.4", "nothing changed");
+    // The rest of the spec stays editable, the same target written again too.
+    let wider = json!({ "spec": { "maxUnavailable": 3, "targetVersion": "v1.14.4" } });
+    ops.patch("started", &PatchParams::default(), &Patch::Merge(&wider)).await.unwrap();
+    // Not started: a typo can still be corrected.
+    ops.patch("not-started", &PatchParams::default(), &Patch::Merge(&target("v1.14.5"))).await.unwrap();
+    ns.delete().await;
+}
+
 #[tokio::test]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn reads_come_from_the_stores_and_conditions_are_applied_only_when_changed() {

@@ -803,6 +803,7 @@ fn operation_status(
             node: s.node.clone(),
             time: timestamp_to_time(s.taken_at),
         }),
+        started_target: engine.started_target.clone(),
         engine: serde_json::to_value(engine).ok(),
         // Written by the operator's dry run and calibration, under their own field manager.
         plan: None,

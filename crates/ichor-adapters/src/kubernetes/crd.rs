@@ -511,7 +511,16 @@ impl TalosMachineStatus {
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
     printcolumn = r#"{"name":"Waiting-For","type":"string","jsonPath":".status.waitingFor"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#,
+    // A started operation's target never changes (issue 53 item 1): a control plane between
+    // two targets could skip a minor, a kubelet pass its API servers. The engine refuses
+    // it too (TargetChanged), behind an API server that does not check this. The rule
+    // compares the spec with the old spec, not with the status: a status write (the spec
+    // unchanged) always passes, so the engine can record its refusal of a target changed
+    // before the rule saw it.
+    validation = Rule::new(
+        "!has(oldSelf.status) || !has(oldSelf.status.startedTarget) || (has(self.spec.targetVersion) && has(oldSelf.spec.targetVersion) && self.spec.targetVersion == oldSelf.spec.targetVersion)"
+    ).message("spec.targetVersion cannot change once the operation started (status.startedTarget): delete it and create another for the new target")
 )]
 #[serde(rename_all = "camelCase")]
 // Refused by the API server itself (CEL rules, Kubernetes 1.25 and later), before any
@@ -675,6 +684,10 @@ pub struct TalosOperationStatus {
     /// Machine counts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machines: Option<MachineCounts>,
+    /// The target the operation started with, as written: once set, `spec.targetVersion`
+    /// cannot change (refused at admission, and by the engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_target: Option<String>,
     /// kstatus's `Ready` (True once Completed), `Reconciling` (True while it works or
     /// waits) and `Stalled` (True when Paused or Refused), which Argo CD and Flux read, and
     /// `Completed`, `Paused` and `Refused`; each True or False with its own reason, its
