@@ -1659,8 +1659,16 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
     let blocked = match start_control_plane(input, spec.preflight, &control_planes, &mut d) {
         // The first stage of a Kubernetes upgrade is the control planes' alone: the
         // kubelets go once every API server is on the target.
+        // A control plane held keeps the stage from ending: the operation waits on it,
+        // naming it, as a Talos upgrade does (issue 53 item 5), never Progressing for ever.
         Stage::Done if spec.stage == Some(KubernetesStage::ControlPlane) => {
-            d.phase = Phase::Progressing;
+            let held: Vec<String> =
+                control_planes.iter().filter(|(_, slot)| *slot == Slot::Held).map(|(m, _)| m.name.clone()).collect();
+            d.phase = if d.moves_machines() || !d.stop.is_empty() || held.is_empty() {
+                Phase::Progressing
+            } else {
+                Phase::Waiting(WaitReason::Held { machines: held })
+            };
             return d;
         }
         Stage::Done => start_workers(input, spec, &workers, &mut d),

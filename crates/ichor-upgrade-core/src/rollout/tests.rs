@@ -1535,3 +1535,27 @@ fn a_talos_upgrades_target_is_recorded_and_kept_too() {
     edited.release = "v1.15.0".into();
     assert!(matches!(edited.decide().phase, Phase::Refused(Refusal::TargetChanged { .. })));
 }
+
+// Issue 53 item 5: a Kubernetes upgrade whose first stage is left with a held control plane
+// said Progressing for ever; it waits, naming the hold, as a Talos upgrade does.
+
+#[test]
+fn a_kubernetes_upgrade_blocked_by_a_held_control_plane_waits_naming_it() {
+    let d = Fixture::cluster(3, 2)
+        .kubernetes(KubernetesStage::ControlPlane, Vec::new())
+        .converged(&["cp-1", "cp-2"])
+        .held("cp-3")
+        .decide();
+    assert!(d.start.is_empty());
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::Held { machines: names(&["cp-3"]) }));
+    assert_eq!(d.phase.reason(), "Held");
+    assert_ne!(d.lock, LockAction::Release, "the operation keeps its lock while it waits on the hold");
+    // One still under way: it progresses.
+    let going = Fixture::cluster(3, 2)
+        .kubernetes(KubernetesStage::ControlPlane, Vec::new())
+        .converged(&["cp-1"])
+        .in_progress("cp-2", true)
+        .held("cp-3")
+        .decide();
+    assert_eq!(going.phase, Phase::Progressing);
+}
