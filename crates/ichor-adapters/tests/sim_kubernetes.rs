@@ -807,7 +807,7 @@ fn a_resume_after_a_kubelet_not_back_gives_it_a_fresh_bound() {
 }
 
 /// Applied is not done: kube-proxy's DaemonSet must roll out (its pods updated and
-/// available on every node) within 5 minutes of the apply. One whose new image never
+/// available on every node), with no 5 minutes without progress. One whose new image never
 /// runs pauses the upgrade, naming it and what was seen, with every machine on the
 /// target; once a person repairs it, a resume applies the manifests again (changing
 /// nothing) and the upgrade completes on the rollout it sees done.
@@ -824,7 +824,7 @@ fn a_bootstrap_workload_that_does_not_roll_out_pauses_naming_it() {
             panic!("{:?}", status.phase)
         };
         assert!(
-            reason.contains("not rolled out within 300 s")
+            reason.contains("made no progress for 300 s")
                 && reason.contains("DaemonSet kube-system/kube-proxy (updated 1/5, available 0/5)"),
             "{reason}"
         );
@@ -850,6 +850,33 @@ fn a_bootstrap_workload_that_does_not_roll_out_pauses_naming_it() {
             "{:?}",
             status.manifests
         );
+    });
+}
+
+// Issue 53 item 4: the bootstrap manifests' rollout was bound at 300 s in all, and the
+// simulated kube-proxy replaces a pod every 2 s, so every cluster past about 150 nodes
+// ended paused (ManifestsFailed) with nothing failed. Bound on lack of progress, a
+// 3 + 1,000 cluster completes.
+#[test]
+fn a_kubernetes_upgrade_of_a_thousand_workers_completes_with_no_pause() {
+    let sim = cluster(3, 1_000, 1, &[], false);
+    let runtime = ichor_adapters::sim::runtime();
+    sim.create_operation("kubernetes", spec(TARGET, 100));
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 200_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+    sim.read_world(|w| {
+        let target = KubernetesVersion::parse(TARGET).unwrap();
+        assert_eq!(w.nodes.iter().filter(|n| n.kube.kubelet == target).count(), 1_003);
+        let status = &w.operations["kubernetes"].info.status;
+        let Some(ManifestsState::Applied { rolled_out: true, at, progress_at: Some(last), .. }) = &status.manifests
+        else {
+            panic!("{:?}", status.manifests)
+        };
+        assert!(
+            last.saturating_since(*at) > ichor_upgrade_core::kubernetes_manifests::ROLLOUT_STALL,
+            "the kube-proxy rollout outlasted the stall bound, and went on"
+        );
+        assert!(status.machines.values().all(|m| m.state == ichor_upgrade_core::status::RecordState::Converged));
     });
 }
 

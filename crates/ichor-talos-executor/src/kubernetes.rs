@@ -383,6 +383,8 @@ pub async fn apply_manifests(
         at: ex.clock.now(),
         workloads,
         rolled_out: false,
+        progress: 0,
+        progress_at: None,
     })
 }
 

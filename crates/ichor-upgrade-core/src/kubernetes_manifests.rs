@@ -18,10 +18,14 @@
 //! object, and a resume applies them again.
 //!
 //! Applied is not done: the workloads applied (DaemonSets, Deployments) must roll out,
-//! each with its new pods updated and available everywhere it runs, within
-//! [`ROLLOUT_TIMEOUT`] of the apply (Talos's own wait, `--manifests-reconcile-timeout`),
-//! or the step fails naming what did not, and the operation pauses: a kube-proxy whose new
-//! image does not run is never reported as an upgrade completed.
+//! each with its new pods updated and available everywhere it runs. The wait is bound on
+//! lack of progress, not on total time: a rollout that goes on (one more pod updated or
+//! available) may take as long as the cluster is large, and one that has not moved for
+//! [`ROLLOUT_STALL`] (Talos's own wait, `--manifests-reconcile-timeout`) fails the step,
+//! naming what did not roll out, and the operation pauses: a kube-proxy whose new image
+//! does not run is never reported as an upgrade completed. Talos bounds the total; at two
+//! seconds a node, that failed every cluster past about 150 nodes with nothing failed
+//! (issue 53 item 4).
 
 use std::time::Duration;
 
@@ -34,8 +38,9 @@ use crate::versions::KubernetesVersion;
 /// it applied earlier stay under one manager.
 pub const FIELD_MANAGER: &str = "talos";
 
-/// How long the applied workloads have to roll out: Talos's default (5 minutes).
-pub const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// How long the applied workloads' rollout may go without progress (no pod more updated
+/// or available) before the step fails: Talos's default wait (5 minutes).
+pub const ROLLOUT_STALL: Duration = Duration::from_secs(5 * 60);
 
 /// How often a rollout is looked at again (nothing watches the workloads).
 pub const ROLLOUT_POLL: Duration = Duration::from_secs(5);
@@ -49,6 +54,9 @@ pub struct WorkloadRollout {
     pub done: bool,
     /// What was seen, for people (`updated 2/5, available 1/5`).
     pub detail: String,
+    /// How far it has gone: its pods updated plus its pods available. It grows while the
+    /// rollout goes on; the wait is bound on how long it stays where it is.
+    pub progress: u64,
 }
 /// Where a Kubernetes upgrade's bootstrap manifests stand, in its status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +75,12 @@ pub enum ManifestsState {
         /// Whether every one of them rolled out.
         #[serde(default)]
         rolled_out: bool,
+        /// The most progress seen (the workloads' [`WorkloadRollout::progress`] summed).
+        #[serde(default)]
+        progress: u64,
+        /// When it was first seen; `None`: no progress seen since `at`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        progress_at: Option<Timestamp>,
     },
     /// An apply was refused, for `target`: the operation pauses until resumed.
     Failed {
@@ -149,11 +163,22 @@ pub fn manifests_step(
     if let Some(reason) = state.failed_for(target) {
         return if resuming { ManifestsStep::Apply } else { ManifestsStep::Failed { reason: reason.to_owned() } };
     }
-    let (Some(workloads), ManifestsState::Applied { objects, at, .. }) = (state.rolling_out(target), state) else {
+    let (Some(workloads), ManifestsState::Applied { objects, at, progress, progress_at, .. }) =
+        (state.rolling_out(target), state)
+    else {
         return ManifestsStep::Apply;
     };
     let poll = now.saturating_add(ROLLOUT_POLL);
     let Some(observed) = observed else { return ManifestsStep::Wait { recheck_at: poll } };
+    let applied = |rolled_out: bool, progress: u64, progress_at: Option<Timestamp>| ManifestsState::Applied {
+        target: target.to_string(),
+        objects: *objects,
+        at: *at,
+        workloads: workloads.to_vec(),
+        rolled_out,
+        progress,
+        progress_at,
+    };
     let pending: Vec<String> = workloads
         .iter()
         .filter(|w| !observed.iter().any(|o| &o.workload == *w && o.done))
@@ -163,21 +188,21 @@ pub fn manifests_step(
         })
         .collect();
     if pending.is_empty() {
-        return ManifestsStep::Record(ManifestsState::Applied {
-            target: target.to_string(),
-            objects: *objects,
-            at: *at,
-            workloads: workloads.to_vec(),
-            rolled_out: true,
-        });
+        return ManifestsStep::Record(applied(true, *progress, *progress_at));
     }
-    let deadline = at.saturating_add(ROLLOUT_TIMEOUT);
+    let seen: u64 =
+        workloads.iter().filter_map(|w| observed.iter().find(|o| &o.workload == w)).map(|o| o.progress).sum();
+    if seen > *progress {
+        // Progress: recorded, and the bound starts again from now.
+        return ManifestsStep::Record(applied(false, seen, Some(now)));
+    }
+    let deadline = progress_at.unwrap_or(*at).saturating_add(ROLLOUT_STALL);
     if now >= deadline {
         return ManifestsStep::Record(ManifestsState::Failed {
             target: target.to_string(),
             reason: format!(
-                "applied, but not rolled out within {} s: {}",
-                ROLLOUT_TIMEOUT.as_secs(),
+                "applied, but its rollout made no progress for {} s: {}",
+                ROLLOUT_STALL.as_secs(),
                 pending.join("; ")
             ),
             at: now,
@@ -205,6 +230,8 @@ mod tests {
             at: AT,
             workloads: vec![PROXY.into()],
             rolled_out,
+            progress: 0,
+            progress_at: None,
         }
     }
 
@@ -213,7 +240,7 @@ mod tests {
     }
 
     fn rollout(done: bool) -> WorkloadRollout {
-        WorkloadRollout { workload: PROXY.into(), done, detail: "updated 1/3, available 0/3".into() }
+        WorkloadRollout { workload: PROXY.into(), done, detail: "updated 1/3, available 0/3".into(), progress: 1 }
     }
 
     #[test]
@@ -232,19 +259,39 @@ mod tests {
         // Not read, or not rolled out: looked at again at the poll.
         let poll = AT.saturating_add(Duration::from_secs(10) + ROLLOUT_POLL);
         assert_eq!(step(Some(&waiting), "1.35.0", None), ManifestsStep::Wait { recheck_at: poll });
-        assert_eq!(step(Some(&waiting), "1.35.0", Some(&[rollout(false)])), ManifestsStep::Wait { recheck_at: poll });
         assert_eq!(step(Some(&waiting), "1.35.0", Some(&[])), ManifestsStep::Wait { recheck_at: poll }, "not read");
+        // A pod more than recorded: progress, recorded with its time.
+        let ManifestsStep::Record(ManifestsState::Applied {
+            progress: 1,
+            progress_at: Some(at),
+            rolled_out: false,
+            ..
+        }) = step(Some(&waiting), "1.35.0", Some(&[rollout(false)]))
+        else {
+            panic!()
+        };
+        assert_eq!(at, AT.saturating_add(Duration::from_secs(10)));
         // Rolled out: recorded, then done.
         assert_eq!(step(Some(&waiting), "1.35.0", Some(&[rollout(true)])), ManifestsStep::Record(applied(true)));
-        // Past the bound: a failure naming the workload and what was seen.
-        let late = AT.saturating_add(ROLLOUT_TIMEOUT);
+        // Past the bound with no progress: a failure naming the workload and what was seen.
+        let seen = ManifestsState::Applied {
+            target: "1.35.0".into(),
+            objects: 4,
+            at: AT,
+            workloads: vec![PROXY.into()],
+            rolled_out: false,
+            progress: 1,
+            progress_at: None,
+        };
+        assert_eq!(step(Some(&seen), "1.35.0", Some(&[rollout(false)])), ManifestsStep::Wait { recheck_at: poll });
+        let late = AT.saturating_add(ROLLOUT_STALL);
         let ManifestsStep::Record(ManifestsState::Failed { reason, .. }) =
-            manifests_step(Some(&waiting), &v("1.35.0"), false, Some(&[rollout(false)]), late)
+            manifests_step(Some(&seen), &v("1.35.0"), false, Some(&[rollout(false)]), late)
         else {
             panic!()
         };
         assert!(
-            reason.contains("within 300 s") && reason.contains("kube-proxy (updated 1/3, available 0/3)"),
+            reason.contains("no progress for 300 s") && reason.contains("kube-proxy (updated 1/3, available 0/3)"),
             "{reason}"
         );
         // Nothing to wait for: done at once.
@@ -254,11 +301,64 @@ mod tests {
             at: AT,
             workloads: vec![],
             rolled_out: false,
+            progress: 0,
+            progress_at: None,
         };
         assert!(matches!(
             step(Some(&none), "1.35.0", Some(&[])),
             ManifestsStep::Record(ManifestsState::Applied { rolled_out: true, .. })
         ));
+    }
+
+    // Issue 53 item 4: the bound was on total time, so a rollout going on at two seconds a
+    // node failed every cluster past about 150 nodes with nothing failed.
+    #[test]
+    fn a_rollout_that_goes_on_is_waited_for_however_long_and_one_that_stalls_fails() {
+        let target = v("1.35.0");
+        let mut record = applied(false);
+        let mut now = AT;
+        // A pod more every 2 s for 2,000 s, far past the stall bound in all.
+        for pods in 1..=1_000_u64 {
+            now = now.saturating_add(Duration::from_secs(2));
+            let going = WorkloadRollout {
+                workload: PROXY.into(),
+                done: false,
+                detail: format!("updated {pods}/1000"),
+                progress: pods,
+            };
+            match manifests_step(Some(&record), &target, false, Some(&[going]), now) {
+                ManifestsStep::Record(next @ ManifestsState::Applied { .. }) => record = next,
+                other => panic!("at {pods} pods: {other:?}"),
+            }
+        }
+        assert!(now.saturating_since(AT) > ROLLOUT_STALL * 6);
+        let ManifestsState::Applied { progress: 1_000, progress_at: Some(at), .. } = record else {
+            panic!("{record:?}")
+        };
+        assert_eq!(at, now, "the bound starts again from the last progress");
+        // Then it stalls: waited for until the bound from its last progress, then failed.
+        let stalled = WorkloadRollout {
+            workload: PROXY.into(),
+            done: false,
+            detail: "updated 1000/1001".into(),
+            progress: 1_000,
+        };
+        let almost = now.saturating_add(ROLLOUT_STALL - Duration::from_secs(1));
+        assert!(matches!(
+            manifests_step(Some(&record), &target, false, Some(std::slice::from_ref(&stalled)), almost),
+            ManifestsStep::Wait { .. }
+        ));
+        let past = now.saturating_add(ROLLOUT_STALL);
+        assert!(matches!(
+            manifests_step(Some(&record), &target, false, Some(&[stalled]), past),
+            ManifestsStep::Record(ManifestsState::Failed { .. })
+        ));
+        // A record from before progress was kept reads with none.
+        let old: ManifestsState = serde_json::from_value(serde_json::json!({"Applied": {
+            "target": "1.35.0", "objects": 4, "at": AT, "workloads": [PROXY], "rolled_out": false
+        }}))
+        .unwrap();
+        assert_eq!(old, applied(false));
     }
 
     #[test]

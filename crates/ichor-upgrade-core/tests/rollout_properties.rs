@@ -674,6 +674,8 @@ fn run_to_completion(
                 at: now,
                 workloads: Vec::new(),
                 rolled_out: true,
+                progress: 0,
+                progress_at: None,
             });
         }
         for name in &d.stop {

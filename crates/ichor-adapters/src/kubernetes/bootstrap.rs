@@ -59,14 +59,19 @@ pub async fn workload_rollout(client: &Client, workload: &str) -> Result<Workloa
     let Some((kind, namespace, name)) = parsed else {
         return Err(KubeError::Refused(format!("not a workload: {workload:?}")));
     };
-    let rollout = |done: bool, detail: String| WorkloadRollout { workload: workload.to_owned(), done, detail };
+    let rollout = |done: bool, detail: String, progress: i32| WorkloadRollout {
+        workload: workload.to_owned(),
+        done,
+        detail,
+        progress: u64::try_from(progress).unwrap_or(0),
+    };
     let read = |e: &kube::Error| kube_error(&format!("read {workload}"), e);
     match kind {
         "DaemonSet" => {
             let Some(ds) =
                 Api::<DaemonSet>::namespaced(client.clone(), namespace).get_opt(name).await.map_err(|e| read(&e))?
             else {
-                return Ok(rollout(false, "not found".to_owned()));
+                return Ok(rollout(false, "not found".to_owned(), 0));
             };
             let status = ds.status.unwrap_or_default();
             let observed = status.observed_generation.unwrap_or(0) >= ds.metadata.generation.unwrap_or(0);
@@ -75,13 +80,14 @@ pub async fn workload_rollout(client: &Client, workload: &str) -> Result<Workloa
             let available = status.number_available.unwrap_or(0);
             let done = observed && updated == desired && available == desired;
             let seen = if observed { "" } else { ", its latest spec not observed yet" };
-            Ok(rollout(done, format!("updated {updated}/{desired}, available {available}/{desired}{seen}")))
+            let detail = format!("updated {updated}/{desired}, available {available}/{desired}{seen}");
+            Ok(rollout(done, detail, updated.saturating_add(available)))
         }
         "Deployment" => {
             let Some(deployment) =
                 Api::<Deployment>::namespaced(client.clone(), namespace).get_opt(name).await.map_err(|e| read(&e))?
             else {
-                return Ok(rollout(false, "not found".to_owned()));
+                return Ok(rollout(false, "not found".to_owned(), 0));
             };
             let wanted = deployment.spec.replicas.unwrap_or(1);
             let status = deployment.status.unwrap_or_default();
@@ -91,7 +97,8 @@ pub async fn workload_rollout(client: &Client, workload: &str) -> Result<Workloa
             let all = status.replicas.unwrap_or(0);
             let done = observed && updated == wanted && available == wanted && all == wanted;
             let seen = if observed { "" } else { ", its latest spec not observed yet" };
-            Ok(rollout(done, format!("updated {updated}/{wanted}, available {available}/{wanted}, {all} in all{seen}")))
+            let detail = format!("updated {updated}/{wanted}, available {available}/{wanted}, {all} in all{seen}");
+            Ok(rollout(done, detail, updated.saturating_add(available)))
         }
         other => Err(KubeError::Refused(format!("{workload}: the rollout of a {other} is not read"))),
     }

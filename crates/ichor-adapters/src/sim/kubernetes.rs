@@ -516,6 +516,7 @@ impl World {
             workload: workload.to_owned(),
             done,
             detail: format!("updated {updated}/{nodes}, available {available}/{nodes}"),
+            progress: u64::try_from(updated + available).unwrap_or(u64::MAX),
         }
     }
 

@@ -1347,11 +1347,21 @@ fn a_kubernetes_upgrades_kubelets_go_control_planes_first_then_max_unavailable_w
         at,
         workloads: workloads.clone(),
         rolled_out: false,
+        progress: 0,
+        progress_at: None,
     };
     let d = through.clone().status(OperationStatus { manifests: Some(rolling), ..OperationStatus::default() }).decide();
     assert_eq!(d.phase, Phase::Progressing);
     assert!(!d.apply_manifests && d.record_manifests.is_none() && d.recheck_at.is_some(), "{d:?}");
-    let applied = ManifestsState::Applied { target: "1.35.0".into(), objects: 3, at, workloads, rolled_out: true };
+    let applied = ManifestsState::Applied {
+        target: "1.35.0".into(),
+        objects: 3,
+        at,
+        workloads,
+        rolled_out: true,
+        progress: 0,
+        progress_at: None,
+    };
     let d = through.status(OperationStatus { manifests: Some(applied), ..OperationStatus::default() }).decide();
     assert_eq!(d.phase, Phase::Completed);
     assert!(!d.apply_manifests);
