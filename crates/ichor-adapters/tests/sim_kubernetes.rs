@@ -337,6 +337,45 @@ fn a_second_run_to_the_same_target_applies_nothing() {
     assert_eq!(sim.with_world(|w| w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>()), applied);
 }
 
+/// Issue 53 item 6: a Kubernetes upgrade to the version the cluster already runs took an
+/// etcd snapshot, and paused when the snapshot failed. It changes nothing, so it takes
+/// none: with every snapshot failing, it completes, applying nothing.
+#[test]
+fn a_kubernetes_upgrade_to_the_version_running_takes_no_snapshot_and_touches_nothing() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let sim = SimCluster::new(
+        SimConfig::new(3, 3, v("v1.14.3"), v("v1.14.4"))
+            .with_seed(5)
+            .with_kubernetes(TARGET.to_owned())
+            .with_faults(vec![Fault::SnapshotFails]),
+    );
+    assert_eq!(run(&sim, TARGET, 2), RunEnd::Completed);
+    sim.read_world(|w| {
+        assert_eq!(w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>(), 0, "nothing applied");
+        assert_eq!(w.counters.snapshot_streams_broken, 0, "no snapshot was begun");
+        assert_eq!(w.operations["kubernetes"].info.status.etcd_snapshot, None);
+    });
+    // One control plane behind: that one changes, so a snapshot is wanted first, and
+    // this one fails: the upgrade pauses before any change.
+    let sim = SimCluster::new(
+        SimConfig::new(3, 3, v("v1.14.3"), v("v1.14.4"))
+            .with_seed(5)
+            .with_kubernetes(TARGET.to_owned())
+            .with_faults(vec![Fault::SnapshotFails]),
+    );
+    sim.with_world(|w| {
+        let behind = KubernetesVersion::parse(FROM).unwrap();
+        for pod in w.nodes[2].kube.pods.values_mut() {
+            pod.version = behind.clone();
+        }
+    });
+    assert_eq!(run(&sim, TARGET, 2), RunEnd::Paused);
+    sim.read_world(|w| {
+        assert_eq!(w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>(), 0, "nothing applied");
+        assert!(w.counters.snapshot_streams_broken > 0);
+    });
+}
+
 /// Kills the controller at the first apply (the first control plane's kube-apiserver),
 /// before or after it took effect, and runs on to the end.
 fn killed_at_the_first_apply(before_effect: bool) -> SimCluster {

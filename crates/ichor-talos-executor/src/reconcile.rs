@@ -21,7 +21,7 @@ use ichor_upgrade_core::kubernetes_plan::{
 };
 use ichor_upgrade_core::kubernetes_step::{KubernetesStage, kubernetes_stage, past_apply, stage_converged};
 use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordoned_for};
-use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION};
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, RESUME_ANNOTATION, SnapshotMode};
 use ichor_upgrade_core::preflight::{Blocker, ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::removal_step::{is_removed, past_reset};
 use ichor_upgrade_core::rollout::{
@@ -573,7 +573,11 @@ async fn reconcile_pass(
     let named: BTreeSet<&str> = observed.iter().filter_map(Observed::node_name).collect();
     let unaccounted: Vec<String> = cluster.nodes.iter().filter(|n| !named.contains(n.as_str())).cloned().collect();
     let kubernetes_input = match &kubernetes_work {
-        Some((target, stage)) => kubernetes_input(ex, &observed, &status, views, target, *stage).await,
+        Some((target, stage)) => {
+            let snapshot_missing = op.spec.etcd_snapshot.unwrap_or_default() == SnapshotMode::Required
+                && status.etcd_snapshot.as_ref().and_then(SnapshotState::taken).is_none();
+            kubernetes_input(ex, &observed, &status, views, (target, *stage), snapshot_missing).await
+        }
         None => None,
     };
     // A Kubernetes upgrade reads the control planes' components at every pass: each apply
@@ -1018,16 +1022,24 @@ fn forget_other_stage(next: &mut OperationStatus, decision: &Decision, views: &[
 
 /// A Kubernetes upgrade's input to the engine: its stage and, before any machine of it has
 /// started, what planning finds (each node's kubelet and static pods, the deprecated APIs
-/// in use, kube-proxy). `None` when what planning needs could not be read: the engine
-/// waits, never planning from a guess.
+/// in use, kube-proxy); while an etcd snapshot is required and missing, the control planes
+/// already on the target (their turn needs none). `None` when what planning needs could
+/// not be read: the engine waits, never planning from a guess.
 async fn kubernetes_input(
     ex: &Executor<'_>,
     observed: &[Observed],
     status: &OperationStatus,
     views: &[MachineView],
-    target: &KubernetesVersion,
-    stage: KubernetesStage,
+    (target, stage): (&KubernetesVersion, KubernetesStage),
+    snapshot_missing: bool,
 ) -> Option<KubernetesInput> {
+    let on_target = |nodes: &[NodeKubernetes]| -> BTreeSet<String> {
+        nodes
+            .iter()
+            .filter(|n| snapshot_missing && n.role == MachineRole::ControlPlane && n.on_target(target))
+            .map(|n| n.name.clone())
+            .collect()
+    };
     let started = !status.machines.is_empty() || views.iter().any(|v| v.progress != MachineProgress::Pending);
     if started {
         // The bootstrap manifests applied and rolling out: their workloads, read now.
@@ -1035,7 +1047,17 @@ async fn kubernetes_input(
             Some(workloads) => read_rollouts(ex, workloads).await,
             None => None,
         };
-        return Some(KubernetesInput { stage, problems: Vec::new(), rollouts });
+        // The control planes' components, while a snapshot is still wanted: one already on
+        // the target needs none (a control plane not read is taken to change).
+        let mut control_planes = Vec::new();
+        if snapshot_missing {
+            for o in observed.iter().filter(|o| o.machine.role == MachineRole::ControlPlane) {
+                if let Ok(Some(node)) = read_node_kubernetes(ex, o).await {
+                    control_planes.push(node);
+                }
+            }
+        }
+        return Some(KubernetesInput { stage, problems: Vec::new(), rollouts, on_target: on_target(&control_planes) });
     }
     let bound = ex.config.call_timeout;
     let cluster = match bounded("read cluster Kubernetes", bound, ex.kube.cluster_kubernetes()).await {
@@ -1052,38 +1074,14 @@ async fn kubernetes_input(
     let mut nodes = Vec::with_capacity(observed.len());
     let mut problems = Vec::new();
     for o in observed {
-        let name = o.machine.name.clone();
-        let talos = o.node.as_ref().and_then(|n| TalosVersion::from_os_image(&n.os_image).ok());
-        let seen = match o.node_name() {
-            Some(node) => match bounded("read Node's Kubernetes", bound, ex.kube.node_kubernetes(node)).await {
-                Ok(Ok(seen)) => seen,
-                Ok(Err(error)) => {
-                    tracing::warn!(machine = %name, %error, "its Kubernetes could not be read: the upgrade waits");
-                    return None;
-                }
-                Err(error) => {
-                    tracing::warn!(machine = %name, %error, "its Kubernetes could not be read: the upgrade waits");
-                    return None;
-                }
-            },
-            None => None,
-        };
-        let (Some(talos), Some(seen)) = (talos, seen) else {
-            problems.push(KubernetesPlanProblem::NotObserved { node: name, component: Component::Kubelet });
-            continue;
-        };
-        let control_plane = seen
-            .static_pods
-            .iter()
-            .filter_map(|(component, pod)| pod.version.clone().map(|v| (*component, v)))
-            .collect();
-        nodes.push(NodeKubernetes {
-            name,
-            role: o.machine.role,
-            talos,
-            kubelet: KubernetesVersion::parse(&seen.kubelet_version).ok(),
-            control_plane,
-        });
+        match read_node_kubernetes(ex, o).await {
+            Ok(Some(node)) => nodes.push(node),
+            Ok(None) => problems.push(KubernetesPlanProblem::NotObserved {
+                node: o.machine.name.clone(),
+                component: Component::Kubelet,
+            }),
+            Err(()) => return None,
+        }
     }
     let kube_proxy = cluster.kube_proxy.as_deref().and_then(|v| KubernetesVersion::parse(v).ok());
     let plan = plan_kubernetes(&KubernetesPlanInput {
@@ -1095,7 +1093,41 @@ async fn kubernetes_input(
     if let Err(found) = plan {
         problems.extend(found);
     }
-    Some(KubernetesInput { stage, problems, rollouts: None })
+    Some(KubernetesInput { stage, problems, rollouts: None, on_target: on_target(&nodes) })
+}
+
+/// A machine's Kubernetes as planning reads it: its Talos version (from its Node), its
+/// kubelet's and static pods' versions. `Ok(None)`: not observed (no Node, or its Talos
+/// unreadable); `Err`: the read failed (logged), so nothing can be planned from it now.
+async fn read_node_kubernetes(ex: &Executor<'_>, o: &Observed) -> Result<Option<NodeKubernetes>, ()> {
+    let name = o.machine.name.clone();
+    let talos = o.node.as_ref().and_then(|n| TalosVersion::from_os_image(&n.os_image).ok());
+    let seen = match o.node_name() {
+        Some(node) => {
+            match bounded("read Node's Kubernetes", ex.config.call_timeout, ex.kube.node_kubernetes(node)).await {
+                Ok(Ok(seen)) => seen,
+                Ok(Err(error)) => {
+                    tracing::warn!(machine = %name, %error, "its Kubernetes could not be read: the upgrade waits");
+                    return Err(());
+                }
+                Err(error) => {
+                    tracing::warn!(machine = %name, %error, "its Kubernetes could not be read: the upgrade waits");
+                    return Err(());
+                }
+            }
+        }
+        None => None,
+    };
+    let (Some(talos), Some(seen)) = (talos, seen) else { return Ok(None) };
+    let control_plane =
+        seen.static_pods.iter().filter_map(|(component, pod)| pod.version.clone().map(|v| (*component, v))).collect();
+    Ok(Some(NodeKubernetes {
+        name,
+        role: o.machine.role,
+        talos,
+        kubelet: KubernetesVersion::parse(&seen.kubelet_version).ok(),
+        control_plane,
+    }))
 }
 
 /// The rollouts of the bootstrap manifests' `workloads` (`Kind namespace/name`); `None`

@@ -88,6 +88,18 @@ pub struct NodeKubernetes {
     pub control_plane: BTreeMap<Component, KubernetesVersion>,
 }
 
+impl NodeKubernetes {
+    /// Whether every component an upgrade to `target` changes on this node is observed
+    /// on it already: its kubelet, and on a control plane its three static pods. Such a
+    /// node's turn changes nothing (issue 53 item 6: it needs no etcd snapshot).
+    #[must_use]
+    pub fn on_target(&self, target: &KubernetesVersion) -> bool {
+        self.kubelet.as_ref() == Some(target)
+            && (self.role != MachineRole::ControlPlane
+                || Component::CONTROL_PLANE.iter().all(|c| self.control_plane.get(c) == Some(target)))
+    }
+}
+
 /// An API the API server reports as requested, with the release that removes it
 /// (`apiserver_requested_deprecated_apis{group,version,resource,removed_release}`), or a
 /// resource with stored objects that only removed versions serve.

@@ -295,6 +295,11 @@ pub struct KubernetesInput {
     /// When the bootstrap manifests are recorded applied and not yet rolled out, their
     /// workloads' rollouts as observed in this pass (`None`: not read).
     pub rollouts: Option<Vec<WorkloadRollout>>,
+    /// The control planes observed in this pass with every component the upgrade changes
+    /// already on the target ([`crate::kubernetes_plan::NodeKubernetes::on_target`]): their
+    /// turn changes nothing, so it needs no etcd snapshot. Read only while a snapshot is
+    /// required and missing; a control plane not named here is taken to change.
+    pub on_target: BTreeSet<String>,
 }
 
 /// What the preflight gate (see [`crate::preflight`]) found for the machines the engine
@@ -1229,10 +1234,7 @@ impl<'a> Authoriser<'a> {
         if m.held {
             return CallAuthority::Denied(CallDenied::Held);
         }
-        if m.role == MachineRole::ControlPlane
-            && snapshot_missing(self.input)
-            && !already_on_talos_target(self.input, m)
-        {
+        if m.role == MachineRole::ControlPlane && snapshot_missing(self.input) && !already_on_target(self.input, m) {
             if let Some(denied) = self.others_not_ready(m) {
                 return CallAuthority::Denied(denied);
             }
@@ -1350,11 +1352,15 @@ fn snapshot_missing(input: &RolloutInput<'_>) -> bool {
         && op.status.etcd_snapshot.as_ref().and_then(SnapshotState::taken).is_none()
 }
 
-/// Whether `m`'s Node already runs the operation's Talos target: its turn makes no call
-/// and changes nothing, so it needs no etcd snapshot (decision 0009: nothing is done when
-/// nothing is to be done).
-fn already_on_talos_target(input: &RolloutInput<'_>, m: &MachineView) -> bool {
+/// Whether `m` already runs the operation's target: its Node the Talos target, or for a
+/// Kubernetes upgrade every component the upgrade changes (as observed in this pass). Its
+/// turn makes no call and changes nothing, so it needs no etcd snapshot (decision 0009:
+/// nothing is done when nothing is to be done; issue 53 item 6).
+fn already_on_target(input: &RolloutInput<'_>, m: &MachineView) -> bool {
     let spec = &input.operation.spec;
+    if spec.kind == "kubernetes" {
+        return input.kubernetes.is_some_and(|k| k.on_target.contains(&m.name));
+    }
     if spec.kind != "talos" {
         return false;
     }
@@ -1757,8 +1763,7 @@ fn start_control_plane(
         let before_call = cps.iter().find(|(m, slot)| {
             *slot == Slot::Advancing && m.progress == MachineProgress::InProgress { past_upgrade_call: false }
         });
-        if let Some((m, _)) = before_call.filter(|(m, _)| snapshot_missing(input) && !already_on_talos_target(input, m))
-        {
+        if let Some((m, _)) = before_call.filter(|(m, _)| snapshot_missing(input) && !already_on_target(input, m)) {
             match input.etcd {
                 EtcdVerdict::Healthy => d.take_etcd_snapshot = Some(m.name.clone()),
                 EtcdVerdict::NotChecked => d.check_etcd = true,
@@ -1792,7 +1797,7 @@ fn start_control_plane(
         }
         EtcdVerdict::Healthy => {
             if d.preflight_admits(input, preflight, &next.name) {
-                if snapshot_missing(input) && !already_on_talos_target(input, next) {
+                if snapshot_missing(input) && !already_on_target(input, next) {
                     d.take_etcd_snapshot = Some(next.name.clone());
                     return Stage::Blocked(WaitReason::EtcdSnapshotPending);
                 }

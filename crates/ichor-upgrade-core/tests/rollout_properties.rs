@@ -9,7 +9,7 @@
 //! A Kubernetes upgrade (kind `kubernetes`) keeps every one of them, and its stages: in the
 //! control planes' stage no worker starts and it never completes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ichor_upgrade_core::Timestamp;
@@ -58,7 +58,12 @@ fn runs(kind: &str) -> bool {
 
 /// A Kubernetes upgrade's input for `s` (`None` for another kind).
 fn kubernetes_input(s: &Scenario) -> Option<KubernetesInput> {
-    (s.kind == "kubernetes").then(|| KubernetesInput { stage: s.stage, problems: Vec::new(), rollouts: None })
+    (s.kind == "kubernetes").then(|| KubernetesInput {
+        stage: s.stage,
+        problems: Vec::new(),
+        rollouts: None,
+        on_target: BTreeSet::new(),
+    })
 }
 
 /// The spec's etcd snapshot mode and what the status records of it.

@@ -189,7 +189,7 @@ impl Fixture {
     fn kubernetes(mut self, stage: KubernetesStage, problems: Vec<KubernetesPlanProblem>) -> Self {
         self.op.spec.kind = "kubernetes".into();
         self.op.spec.target_version = "1.35.0".into();
-        self.k8s = Some(KubernetesInput { stage, problems, rollouts: None });
+        self.k8s = Some(KubernetesInput { stage, problems, rollouts: None, on_target: BTreeSet::new() });
         self
     }
 
@@ -1238,6 +1238,29 @@ fn a_control_plane_already_on_the_target_takes_no_snapshot() {
     // cp-1 converged, cp-2 on the old version: its snapshot is asked for.
     let d = target(snapshot_required(Fixture::cluster(3, 2))).converged(&["cp-1"]).decide();
     assert_eq!(d.take_etcd_snapshot.as_deref(), Some("cp-2"));
+}
+
+/// Issue 53 item 6: a Kubernetes upgrade whose control planes already run the target
+/// took a snapshot (and paused when that failed): it changes nothing, so it takes none;
+/// the first control plane that changes still waits for one.
+#[test]
+fn a_kubernetes_upgrade_already_on_its_target_takes_no_snapshot() {
+    let on = |f: Fixture, machines: &[&str]| {
+        let mut f = snapshot_required(f.kubernetes(KubernetesStage::ControlPlane, Vec::new()));
+        if let Some(k) = f.k8s.as_mut() {
+            k.on_target = machines.iter().map(|m| (*m).to_owned()).collect();
+        }
+        f
+    };
+    let d = on(Fixture::cluster(3, 2), &["cp-1", "cp-2", "cp-3"]).decide();
+    assert_eq!((d.start.clone(), d.take_etcd_snapshot.clone()), (names(&["cp-1"]), None));
+    assert_eq!(d.authority.get("cp-1"), Some(&CallAuthority::Granted));
+    // Only cp-1 on the target: once it is through, cp-2's snapshot is asked for.
+    let d = on(Fixture::cluster(3, 2), &["cp-1"]).converged(&["cp-1"]).decide();
+    assert_eq!(d.take_etcd_snapshot.as_deref(), Some("cp-2"));
+    // Not observed on the target: a snapshot first, as before.
+    let d = on(Fixture::cluster(3, 2), &[]).decide();
+    assert_eq!(d.take_etcd_snapshot.as_deref(), Some("cp-1"));
 }
 
 #[test]
