@@ -32,7 +32,8 @@
 //! default durations, said so), the physical bound, the order and the machines the
 //! preflight holds now, with why (`--json`: `{"plan": {"p10_s", "p50_s", "p90_s",
 //! "bound_s", "held": [{"node", "reason"}], ...}}`). Exit 0; 2 for a history that does
-//! not read. The model and its limits: `docs/plan.md`.
+//! not read, or that records a Kubernetes upgrade (its turns predict nothing of a Talos
+//! upgrade's). The model and its limits: `docs/plan.md`.
 //!
 //! An upgrade streams an etcd snapshot from a simulated control plane before the first
 //! control plane's Upgrade call, into `--etcd-snapshot-dir` (default: a new directory
@@ -594,6 +595,18 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
             bad_argument(&format!(
                 "--history {}: no machine converged in it, so it has no durations to learn from",
                 path.display()
+            ));
+        }
+        // A Kubernetes upgrade's turns are configuration applies, minutes shorter than a
+        // Talos turn's install and reboot: never learnt from, nor mixed with Talos turns.
+        let kubernetes = history.turns.iter().filter(|t| t.is_kubernetes()).count();
+        if kubernetes > 0 {
+            bad_argument(&format!(
+                "--history {}: it records a Kubernetes upgrade ({kubernetes} of its {} turns are configuration \
+                 applies, with no Talos install or reboot); --plan plans a Talos upgrade, so give it a Talos \
+                 upgrade's trace",
+                path.display(),
+                history.turns.len()
             ));
         }
         history

@@ -118,6 +118,22 @@ fn a_plan_names_the_machines_a_budget_at_zero_holds_and_touches_nothing() {
     );
 }
 
+/// Issue 53 item 7: a Kubernetes upgrade's trace was read as a Talos history, and the
+/// plan predicted a Talos makespan 4.7 times too short. It is refused, named, exit 2.
+#[test]
+fn a_kubernetes_upgrades_trace_is_refused_as_a_talos_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("kubernetes.jsonl");
+    let trace = trace.to_str().unwrap();
+    let output = rollout(&["--operation", "kubernetes", "--to-kubernetes", "1.35.0", "--trace", trace]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let output = rollout(&["--plan", "--history", trace, "--json"]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(trace) && stderr.contains("records a Kubernetes upgrade"), "{stderr}");
+    assert!(output.stdout.is_empty(), "no plan printed: {output:?}");
+}
+
 #[test]
 fn a_history_that_does_not_read_or_teaches_nothing_is_a_bad_argument() {
     let dir = tempfile::tempdir().unwrap();

@@ -34,6 +34,16 @@ pub struct Turn {
     pub evacuated_bytes: Option<u64>,
 }
 
+impl Turn {
+    /// Whether it is a Kubernetes upgrade's turn (configuration applies, no Talos
+    /// install or reboot): its durations say nothing of a Talos upgrade's, nor the
+    /// other way round.
+    #[must_use]
+    pub fn is_kubernetes(&self) -> bool {
+        self.phases.iter().any(|(p, _)| *p == Phase::Applying)
+    }
+}
+
 impl History {
     /// The seconds of each converged control plane's turn (`control_plane`), or each
     /// worker's, from its first in-turn phase to converged.
