@@ -781,7 +781,7 @@ fn removed_apis_refusal(
 ) -> Option<String> {
     use ichor_upgrade_core::kubernetes_plan::{KubernetesPlanInput, KubernetesPlanProblem, plan_kubernetes};
     let target = ichor_upgrade_core::versions::KubernetesVersion::parse(target).unwrap();
-    let input = KubernetesPlanInput { target: &target, nodes: &[], deprecated_apis: apis, kube_proxy: None };
+    let input = KubernetesPlanInput { target: &target, nodes: &[], deprecated_apis: apis, kube_proxy: None, args: &[] };
     let problems = plan_kubernetes(&input).err()?;
     problems.iter().find(|p| matches!(p, KubernetesPlanProblem::RemovedApisInUse { .. })).map(ToString::to_string)
 }

@@ -19,9 +19,12 @@
 use std::collections::BTreeSet;
 
 use ichor_adapters::sim::kubernetes::KUBE_PROXY_DAEMONSET;
-use ichor_adapters::sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_adapters::sim::{
+    Fault, Realism, RunEnd, SimCluster, SimConfig, StopCall, StopKind, TraceKind, run_operation,
+};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::kubernetes_manifests::ManifestsState;
+use ichor_upgrade_core::kubernetes_plan::Component;
 use ichor_upgrade_core::kubernetes_step::{KubernetesRecord, kubernetes_record};
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
 use ichor_upgrade_core::rollout::Phase;
@@ -647,7 +650,7 @@ fn a_hold_at_any_instant_of_a_kubernetes_upgrade_begins_nothing_on_the_held_mach
 #[test]
 fn a_pause_at_any_instant_of_a_kubernetes_upgrade_touches_the_failed_machine_no_more_and_begins_nothing() {
     let mut stopped = 0;
-    for seed in 1..=12 {
+    for seed in 1..=24 {
         for max_unavailable in [1, 2] {
             let Some((end, sim, machine, at)) =
                 stopped_during_a_change(Fault::PauseDuringInstall, seed, max_unavailable)
@@ -686,7 +689,7 @@ fn a_pause_at_any_instant_of_a_kubernetes_upgrade_touches_the_failed_machine_no_
         }
     }
     // A pause drawn after its machine's last change records nothing (it is not in progress).
-    assert!(stopped >= 10, "the pause was drawn and recorded in {stopped} of 24 runs");
+    assert!(stopped >= 10, "the pause was drawn and recorded in {stopped} of 48 runs");
 }
 
 /// The operation deleted at a drawn instant of a Kubernetes upgrade: it winds down (no
@@ -1101,4 +1104,93 @@ fn a_target_edited_under_way_is_refused_and_no_component_skips_a_minor() {
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim.read_world(|w| assert!(w.nodes.iter().all(|n| n.kube.kubelet.to_string() == TARGET)));
+}
+
+/// Issue 53 item 8: a stop (a pause, a hold, a deletion) made between the two calls of one
+/// step (a component's dry run, then its apply), after the pass read the operation. Before,
+/// the apply went out a moment after the stop; now a fresh read between the two calls sees
+/// it, and the machine takes no change after it: a paused machine none, a held one none
+/// until its hold is lifted (two minutes or more later), a deleted operation's none.
+#[test]
+fn a_stop_between_a_dry_run_and_its_apply_stops_the_apply() {
+    let cases = [
+        ("cp-1", 2, StopKind::Pause, RunEnd::Paused),
+        ("cp-1", 5, StopKind::Pause, RunEnd::Paused),
+        ("cp-2", 3, StopKind::Hold, RunEnd::Completed),
+        ("worker-1", 1, StopKind::Hold, RunEnd::Completed),
+        ("cp-1", 3, StopKind::Delete, RunEnd::Deleted),
+        ("worker-2", 1, StopKind::Delete, RunEnd::Deleted),
+    ];
+    for (machine, dry_runs, kind, end) in cases {
+        let case = format!("{kind:?} of {machine} at its dry run #{dry_runs}");
+        let sim = cluster(3, 2, 3, &[], false);
+        sim.with_world(|w| w.stop_at_call = Some((StopCall::DryRun, machine.to_owned(), dry_runs, kind)));
+        assert_eq!(run(&sim, TARGET, 1), end, "{case}");
+        sim.read_world(|w| {
+            let stopped_at = w.stop_made_at.expect("the stop was made").saturating_since(w.start).as_secs_f64();
+            let applied: Vec<_> = w
+                .trace
+                .iter()
+                .filter(|e| e.event == TraceKind::ConfigApply && e.node == machine)
+                .map(|e| e.t)
+                .collect();
+            let before = applied.iter().filter(|t| **t <= stopped_at).count();
+            assert_eq!(before, dry_runs - 1, "{case}: the applies before the stop at {stopped_at}: {applied:?}");
+            let after = applied.iter().find(|t| **t > stopped_at);
+            match kind {
+                StopKind::Pause | StopKind::Delete => assert_eq!(after, None, "{case}: an apply after the stop"),
+                StopKind::Hold => {
+                    let next = after.expect("the apply once the hold is lifted");
+                    assert!(
+                        next - stopped_at >= 120.0,
+                        "{case}: the held apply went out at {next} s, the hold placed at {stopped_at} s"
+                    );
+                }
+            }
+        });
+    }
+}
+
+/// Issue 53 item 11: a kubelet flag and an API server feature gate that Kubernetes 1.35
+/// removes, set in two nodes' configurations (`extraArgs`), as real clusters set them.
+/// Before, the upgrade went ahead and the components would have exited at start (a
+/// crash-looping kube-apiserver); now it is refused at planning, naming each, touching
+/// nothing. Arguments the target still accepts change nothing.
+#[test]
+fn arguments_the_target_removes_are_refused_at_planning_naming_each_touching_nothing() {
+    let set = |sim: &SimCluster, node: &str, component: Component, args: &[(&str, &str)]| {
+        sim.with_world(|w| {
+            let i = w.nodes.iter().position(|n| n.name == node).unwrap();
+            let args = args.iter().map(|(n, v)| ((*n).to_owned(), (*v).to_owned())).collect();
+            w.nodes[i].kube.extra_args.insert(component, args);
+        });
+    };
+    let sim = cluster(3, 2, 1, &[], false);
+    set(&sim, "worker-1", Component::Kubelet, &[("node-ip", "10.5.0.3"), ("pod-infra-container-image", "pause:3.10")]);
+    set(
+        &sim,
+        "cp-2",
+        Component::KubeApiserver,
+        &[("feature-gates", "UserNamespacesSupport=true,UserNamespacesPodSecurityStandards=true")],
+    );
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Refused);
+    sim.read_world(|w| {
+        let phase = &w.operations["kubernetes"].info.status.phase;
+        assert_eq!(phase.reason(), "RemovedArgsInUse", "{phase}");
+        let text = phase.to_string();
+        for words in [
+            "worker-1's kubelet flag --pod-infra-container-image (removed in 1.35",
+            "cp-2's kube-apiserver feature gate UserNamespacesPodSecurityStandards (removed in 1.35",
+        ] {
+            assert!(text.contains(words), "{words} not in: {text}");
+        }
+        assert!(!text.contains("node-ip") && !text.contains("UserNamespacesSupport "), "{text}");
+        assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "nothing applied");
+        assert!(w.lease.is_none(), "no lock taken");
+        assert!(!w.trace.iter().any(|e| e.event == TraceKind::EtcdSnapshot), "no snapshot");
+    });
+    let kept = cluster(3, 2, 1, &[], false);
+    set(&kept, "worker-1", Component::Kubelet, &[("node-ip", "10.5.0.3")]);
+    set(&kept, "cp-2", Component::KubeApiserver, &[("feature-gates", "UserNamespacesSupport=true")]);
+    assert_eq!(run(&kept, TARGET, 1), RunEnd::Completed);
 }

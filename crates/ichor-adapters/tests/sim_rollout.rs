@@ -862,3 +862,31 @@ async fn every_run_ends_under_the_oracle_wake_model() {
         assert!(passes < 1_000, "seed {seed}: {passes} passes");
     }
 }
+
+/// Issue 53 item 8: a machine's failure recorded (the operation pauses) just after the
+/// lifecycle executor cordoned it, after the pass read the operation. Before, the drain's
+/// evictions went out a moment later on the failed machine; now a fresh read between the
+/// cordon and the drain sees the failure, and the machine takes no drain and no reboot.
+#[tokio::test(start_paused = true)]
+async fn a_failure_recorded_between_a_cordon_and_its_drain_stops_the_drain() {
+    use ichor_adapters::sim::{StopCall, StopKind};
+    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    for (seed, machine) in [(1, "worker-1"), (2, "worker-2"), (3, "cp-2")] {
+        let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(seed));
+        sim.with_world(|w| w.stop_at_call = Some((StopCall::Cordon, machine.to_owned(), 1, StopKind::Pause)));
+        sim.create_operation("upgrade", spec(1));
+        let executor = ExecutorConfig::default().with_executor(ExecutorChoice::Lifecycle);
+        assert_eq!(run_operation(&sim, "upgrade", &executor, 20_000, |_| {}).await, RunEnd::Paused, "{machine}");
+        sim.read_world(|w| {
+            let stopped_at = w.stop_made_at.expect("the stop was made").saturating_since(w.start).as_secs_f64();
+            let after: Vec<_> = w
+                .trace
+                .iter()
+                .filter(|e| e.node == machine && e.t >= stopped_at)
+                .filter(|e| matches!(e.event, TraceKind::Drain | TraceKind::RebootCall))
+                .map(|e| (e.t, e.event))
+                .collect();
+            assert_eq!(after, [], "{machine}: a drain or a reboot after its failure at {stopped_at} s");
+        });
+    }
+}

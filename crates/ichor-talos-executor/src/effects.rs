@@ -545,6 +545,64 @@ async fn reread<T>(
     }
 }
 
+/// Whether a fresh read still lets a pass make a side effect on `machine` for the
+/// operation `identity` (`namespace/name/uid`), read again just before it: the operation
+/// is there (the same one), it holds the lock, and the machine's record is not failed
+/// (unless a resume arrived); before its call (`past_call` false) besides, the operation is
+/// not being deleted or paused, and neither the machine nor its Node `node` is held (past
+/// its call a machine is finished whatever holds, pauses or deletes the rest). A step that
+/// makes two calls in a row (a dry run then the apply; a cordon then the drain) reads
+/// again between them, so a stop recorded after the pass read the operation is seen before
+/// the next side effect (issue 53 item 8).
+///
+/// # Errors
+/// Why not, for people; or a read that failed (nothing is done on an old read).
+pub(crate) async fn still_authorised(
+    ex: &Executor<'_>,
+    identity: &str,
+    machine: &str,
+    node: Option<&str>,
+    past_call: bool,
+) -> Result<(), String> {
+    let name = identity.split('/').nth(1).unwrap_or(identity);
+    let Some(op) = reread(ex, "read operation", ex.kube.operation(name)).await? else {
+        return Err(format!("operation {name} is gone"));
+    };
+    if op.identity != identity {
+        return Err(format!("operation {name} was replaced"));
+    }
+    let lease = reread(ex, "read Lease", ex.kube.lease(&op.cluster)).await?;
+    if lease.as_ref().and_then(|l| l.holder.as_deref()) != Some(op.identity.as_str()) {
+        return Err(format!("operation {name} no longer holds the cluster lock"));
+    }
+    let resuming = op
+        .annotations
+        .get(ichor_upgrade_core::operation::RESUME_ANNOTATION)
+        .is_some_and(|token| op.status.observed_resume.as_ref() != Some(token));
+    if !resuming && op.status.machines.get(machine).is_some_and(|r| r.state == RecordState::Failed) {
+        return Err(format!("machine {machine} failed; only a resume touches it again"));
+    }
+    if past_call {
+        return Ok(());
+    }
+    if op.deleting {
+        return Err(format!("operation {name} is being deleted"));
+    }
+    if !resuming && matches!(op.status.phase, Phase::Paused(_)) {
+        return Err(format!("operation {name} is paused"));
+    }
+    let held = |annotations: &crate::kube_api::Metadata| annotations.contains_key(HOLD_ANNOTATION);
+    if reread(ex, "read machine", ex.kube.machine(machine)).await?.is_some_and(|m| held(&m.annotations)) {
+        return Err(format!("machine {machine} is held"));
+    }
+    if let Some(node) = node
+        && reread(ex, "read Node", ex.kube.node(node)).await?.is_some_and(|n| held(&n.annotations))
+    {
+        return Err(format!("Node {node} is held"));
+    }
+    Ok(())
+}
+
 /// A job's authority for `step`, from a fresh read: the authority and the machine as that
 /// read shows it, if it still authorises the step; else why not. The only authority not
 /// made from a pass's decision.

@@ -46,6 +46,9 @@ pub struct KubernetesWork<'a> {
     /// The oldest kube-apiserver the control planes run, as read in this pass (`None`: not
     /// known; a kubelet or kube-proxy then waits).
     pub api_servers: Option<&'a KubernetesVersion>,
+    /// The operation's identity (`namespace/name/uid`), read again between the dry run and
+    /// the apply.
+    pub operation: &'a str,
 }
 
 /// One pass over one machine of a Kubernetes upgrade, under `grants` (the pass advances it;
@@ -112,7 +115,7 @@ pub async fn advance_kubernetes(
                 unreachable_config(machine);
                 return Ok(waiting("MachineConfigUnreadable", "its machine configuration was not read".into(), ex));
             };
-            apply(ex, grants, authority, machine, &config, component, &image, work.target).await
+            apply(ex, grants, authority, machine, &config, (component, &image), work, &node).await
         }
         KubernetesAction::RecordApplied { component } | KubernetesAction::RecordVerified { component } => {
             let (why, action) = if matches!(action, KubernetesAction::RecordApplied { .. }) {
@@ -213,7 +216,8 @@ fn failed(failure: &KubernetesFailure) -> MachineOutcome {
     MachineOutcome::Failed { reason: failure.reason().to_owned(), message: failure.to_string() }
 }
 
-/// The apply of one component's image: authority, dry run, intent, apply, acknowledgement.
+/// The apply of one component's image: authority, dry run, a fresh read that still
+/// authorises it, intent, apply, acknowledgement.
 #[allow(clippy::too_many_arguments)]
 async fn apply(
     ex: &Executor<'_>,
@@ -221,10 +225,11 @@ async fn apply(
     authority: &CallAuthority,
     machine: &MachineInfo,
     config: &MachineConfig,
-    component: Component,
-    image: &str,
-    target: &KubernetesVersion,
+    (component, image): (Component, &str),
+    work: KubernetesWork<'_>,
+    node: &str,
 ) -> Result<MachineOutcome, AdvanceError> {
+    let target = work.target;
     match authority {
         CallAuthority::Granted => {}
         CallAuthority::NeedsEtcdGate | CallAuthority::NeedsPreflight => {
@@ -270,6 +275,16 @@ async fn apply(
             let source = TalosCallError::from(timed_out);
             return Err(AdvanceError::TalosCall { call: "ApplyConfiguration (dry run)", source });
         }
+    }
+    // The dry run took a call's time since the pass read the operation: a stop recorded
+    // meanwhile (a pause, a hold, a deletion) is seen before the apply, never after it.
+    if let Err(why) = effects::still_authorised(ex, work.operation, &machine.name, Some(node), false).await {
+        tracing::info!(machine = %machine.name, %why, "the apply is not made: a fresh read no longer authorises it");
+        return Ok(MachineOutcome::Waiting {
+            reason: reason::STOPPED_BEFORE_APPLY.to_owned(),
+            message: format!("the apply of {component} was not made: {why}"),
+            recheck_at: None,
+        });
     }
     let mut conditions = machine.conditions.clone();
     let intent = Intent {

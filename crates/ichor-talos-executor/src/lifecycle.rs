@@ -34,6 +34,11 @@ use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
 use crate::talos_api::{InstallRequest, PullRequest, TalosError};
 use crate::upgrade_step::carry_out;
 
+/// A wait, never a record: the drain after a cordon was not made because a fresh read no
+/// longer authorises it (the machine failed, or the operation lost the lock); the next pass
+/// decides again.
+pub const DRAIN_STOPPED: &str = "DrainStopped";
+
 /// What the caller already read of the machine (its node name and Node), and the identity
 /// of the operation it is advanced for (its cordon names it).
 #[derive(Debug, Clone, Copy)]
@@ -251,6 +256,18 @@ async fn carry_out_lifecycle(
             progressed("Uncordon")
         }
         LifecycleAction::Evict { pods } => {
+            // The cordon (or an eviction) just before took a call's time since the pass
+            // read the operation: a failure recorded meanwhile is seen before the drain.
+            // Past its call, a hold, a pause or a deletion stops nothing here.
+            let name = node_name.unwrap_or(&machine.name);
+            if let Err(why) = effects::still_authorised(ex, operation, &machine.name, Some(name), true).await {
+                tracing::info!(machine = %machine.name, %why, "the drain is not made: a fresh read no longer authorises it");
+                return Ok(MachineOutcome::Waiting {
+                    reason: DRAIN_STOPPED.to_owned(),
+                    message: format!("the drain was not made: {why}"),
+                    recheck_at: None,
+                });
+            }
             let mut blocked = Vec::new();
             for pod in &pods {
                 match effects::evict(ex, &grants.advancing, pod).await? {

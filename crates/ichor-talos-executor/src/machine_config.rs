@@ -1,5 +1,6 @@
 //! A Talos machine configuration, as far as a Kubernetes upgrade reads and changes it: the
-//! image of each Kubernetes component, and whether Talos manages kube-proxy.
+//! image and the extra arguments of each Kubernetes component, and whether Talos manages
+//! kube-proxy.
 //!
 //! The configuration is the multi-document YAML a node holds (`MachineConfigs` `v1alpha1`,
 //! `docs/kubernetes-upgrade-facts.md` §2). Where the images live:
@@ -161,6 +162,55 @@ impl MachineConfig {
     }
 }
 
+/// A scalar of an `extraArgs` value as the component gets it (`true`, `24`, `text`); a
+/// mapping or a null gives nothing.
+fn arg_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Null | Value::Array(_) | Value::Object(_) => None,
+    }
+}
+
+impl MachineConfig {
+    /// The extra arguments the configuration sets for `component`, as `(name, value)`: its
+    /// own document's `extraArgs` when it has one, else the `v1alpha1` document's
+    /// (`cluster.apiServer.extraArgs`, `machine.kubelet.extraArgs`, ...). A value may be a
+    /// scalar or a list of them (one pair per item). The kubelet's
+    /// `machine.kubelet.extraConfig.featureGates` (the kubelet's configuration file) is given
+    /// as one more `feature-gates` argument, for they are read the same way.
+    #[must_use]
+    pub fn extra_args(&self, component: Component) -> Vec<(String, String)> {
+        let [a, b, _] = v1alpha1_path(component);
+        let section = self.v1alpha1().and_then(|d| d.get(a)).and_then(|v| v.get(b));
+        let found = match self.own_document(component) {
+            Some(i) => self.documents[i].get("extraArgs"),
+            None => section.and_then(|s| s.get("extraArgs")),
+        };
+        let mut args = Vec::new();
+        if let Some(Value::Object(map)) = found {
+            for (name, value) in map {
+                match value {
+                    Value::Array(items) => args.extend(items.iter().filter_map(arg_text).map(|v| (name.clone(), v))),
+                    other => args.extend(arg_text(other).map(|v| (name.clone(), v))),
+                }
+            }
+        }
+        if component == Component::Kubelet
+            && let Some(Value::Object(gates)) =
+                section.and_then(|s| s.get("extraConfig")).and_then(|c| c.get("featureGates"))
+        {
+            let list: Vec<String> =
+                gates.iter().filter_map(|(gate, on)| arg_text(on).map(|on| format!("{gate}={on}"))).collect();
+            if !list.is_empty() {
+                args.push(("feature-gates".to_owned(), list.join(",")));
+            }
+        }
+        args
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +276,52 @@ auto: stable
         let bare = MachineConfig::parse(b"version: v1alpha1\nmachine:\n  type: worker\n").unwrap();
         let set = bare.with_image(Component::Kubelet, "ghcr.io/siderolabs/kubelet:v1.35.0").unwrap();
         assert_eq!(set.image(Component::Kubelet).as_deref(), Some("ghcr.io/siderolabs/kubelet:v1.35.0"));
+    }
+
+    #[test]
+    fn extra_args_are_read_from_v1alpha1_or_the_components_own_document_scalars_and_lists() {
+        let text = "\
+version: v1alpha1
+machine:
+  type: controlplane
+  kubelet:
+    extraArgs:
+      rotate-server-certificates: true
+      node-labels: [a=b, c=d]
+    extraConfig:
+      featureGates:
+        SomeGate: false
+cluster:
+  apiServer:
+    extraArgs:
+      feature-gates: UserNamespacesSupport=true
+      enable-admission-plugins: NodeRestriction
+  controllerManager:
+    extraArgs:
+      node-cidr-mask-size-ipv4: 24
+---
+apiVersion: v1alpha1
+kind: KubeSchedulerConfig
+extraArgs:
+  v: \"2\"
+";
+        let config = MachineConfig::parse(text.as_bytes()).unwrap();
+        let pairs = |c| {
+            let mut args = config.extra_args(c);
+            args.sort();
+            args.into_iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            pairs(Component::Kubelet),
+            ["feature-gates=SomeGate=false", "node-labels=a=b", "node-labels=c=d", "rotate-server-certificates=true"]
+        );
+        assert_eq!(
+            pairs(Component::KubeApiserver),
+            ["enable-admission-plugins=NodeRestriction", "feature-gates=UserNamespacesSupport=true"]
+        );
+        assert_eq!(pairs(Component::KubeControllerManager), ["node-cidr-mask-size-ipv4=24"]);
+        assert_eq!(pairs(Component::KubeScheduler), ["v=2"], "its own document");
+        assert_eq!(pairs(Component::KubeProxy), Vec::<String>::new());
     }
 
     #[test]

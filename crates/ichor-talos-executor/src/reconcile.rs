@@ -15,6 +15,7 @@ use ichor_upgrade_core::etcd_snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::{
     EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state, with_recorded_evacuation,
 };
+use ichor_upgrade_core::kubernetes_args::ComponentArgs;
 use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
 use ichor_upgrade_core::kubernetes_plan::{
     Component, KubernetesPlanInput, KubernetesPlanProblem, NodeKubernetes, plan_kubernetes,
@@ -42,6 +43,7 @@ use crate::etcd::{self, ControlPlane};
 use crate::etcd_snapshot;
 use crate::kube_api::{ClusterInfo, Event, EventType, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo};
 use crate::kubernetes::{KubernetesWork, advance_kubernetes};
+use crate::machine_config::MachineConfig;
 use crate::removal::remove_machine;
 
 /// What one pass came to.
@@ -907,7 +909,7 @@ async fn act(
                     .unwrap_or_else(|e| e.outcome(ex.retry_at())),
                 _ if let Some((target, stage)) = kubernetes => {
                     let grants = Grants::of(advancing, &authority, &finish);
-                    let work = KubernetesWork { target, stage: *stage, api_servers };
+                    let work = KubernetesWork { target, stage: *stage, api_servers, operation: &op.identity };
                     advance_kubernetes(ex, &grants, &authority, &machine, work)
                         .await
                         .unwrap_or_else(|e| e.outcome(ex.retry_at()))
@@ -1084,16 +1086,65 @@ async fn kubernetes_input(
         }
     }
     let kube_proxy = cluster.kube_proxy.as_deref().and_then(|v| KubernetesVersion::parse(v).ok());
+    let args = read_component_args(ex, observed, kube_proxy.is_some()).await?;
     let plan = plan_kubernetes(&KubernetesPlanInput {
         target,
         nodes: &nodes,
         deprecated_apis: &cluster.deprecated_apis,
         kube_proxy: kube_proxy.as_ref(),
+        args: &args,
     });
     if let Err(found) = plan {
         problems.extend(found);
     }
     Some(KubernetesInput { stage, problems, rollouts: None, on_target: on_target(&nodes) })
+}
+
+/// The extra arguments every machine's configuration sets for the components it runs
+/// (kube-proxy's only when Talos manages it), read at planning so that one the target
+/// removes is refused before anything is touched (issue 53 item 11). `None`: a
+/// configuration was not read (logged): nothing is planned without it.
+async fn read_component_args(ex: &Executor<'_>, observed: &[Observed], kube_proxy: bool) -> Option<Vec<ComponentArgs>> {
+    let mut all = Vec::new();
+    // Sixteen reads at a time: a large cluster's planning waits on its slowest node, not
+    // on the sum of them all, and no node is asked by hundreds of reads at once.
+    for chunk in observed.chunks(16) {
+        for sets in join_all(chunk.iter().map(|o| read_args_of(ex, o, kube_proxy))).await {
+            all.extend(sets?);
+        }
+    }
+    Some(all)
+}
+
+/// One machine's extra arguments, for the components it runs (see
+/// [`read_component_args`]).
+async fn read_args_of(ex: &Executor<'_>, o: &Observed, kube_proxy: bool) -> Option<Vec<ComponentArgs>> {
+    let name = &o.machine.name;
+    let bound = ex.config.call_timeout;
+    let read = bounded("read machine config", bound, ex.talos.machine_config(&o.machine.address)).await;
+    let config = match read {
+        Ok(Ok(bytes)) => MachineConfig::parse(&bytes).map_err(|e| e.to_string()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    let config = match config {
+        Ok(config) => config,
+        Err(error) => {
+            tracing::warn!(machine = %name, %error, "its configuration could not be read: the upgrade waits");
+            return None;
+        }
+    };
+    let components: &[Component] = match o.machine.role {
+        MachineRole::ControlPlane => &Component::ALL,
+        MachineRole::Worker => &[Component::Kubelet],
+    };
+    let sets = components
+        .iter()
+        .filter(|c| kube_proxy || **c != Component::KubeProxy)
+        .map(|c| ComponentArgs { node: name.clone(), component: *c, args: config.extra_args(*c) })
+        .filter(|set| !set.args.is_empty())
+        .collect();
+    Some(sets)
 }
 
 /// A machine's Kubernetes as planning reads it: its Talos version (from its Node), its

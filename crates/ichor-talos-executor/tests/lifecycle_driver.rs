@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 use ichor_talos_executor::config::ExecutorConfig;
 use ichor_talos_executor::kube_api::{MachineInfo, NodeInfo, PodInfo};
+use ichor_talos_executor::lifecycle::DRAIN_STOPPED;
 use ichor_talos_executor::talos_api::{InstallOutcome, TalosError};
 use ichor_talos_executor::{Executor, OperationRef, advance_machine_with};
 use ichor_upgrade_core::Timestamp;
@@ -16,9 +17,11 @@ use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Condition
 use ichor_upgrade_core::lifecycle_step::{
     CORDONED_ANNOTATION, ExecutorChoice, TALOS_LIFECYCLE, cordon_annotation, reason,
 };
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::status::{MachineRecord, RecordState};
 use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
 use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 use ichor_upgrade_core::versions::TalosVersion;
@@ -220,9 +223,65 @@ async fn an_installed_machine_is_cordoned_with_the_engines_annotation() {
     assert_eq!(outcome, MachineOutcome::Progressed { action: "Cordon" });
 }
 
+/// The operation as a fresh read shows it, holding the lock, with m-worker-1's record in
+/// `state` (issue 53 item 8: the drain reads it again after its cordon).
+fn operation_read_again(kube: &mut MockKube, state: RecordState) {
+    use ichor_talos_executor::kube_api::{LeaseInfo, OperationInfo};
+    let mut status = OperationStatus::default();
+    status.machines.insert(
+        "m-worker-1".into(),
+        MachineRecord { state, reason: "Installed".into(), message: String::new(), recheck_at: None },
+    );
+    let operation = OperationInfo {
+        name: "upgrade".into(),
+        identity: OPERATION.identity.into(),
+        cluster: "prod".into(),
+        generation: 1,
+        deleting: false,
+        annotations: BTreeMap::new(),
+        spec: OperationSpec::talos("v1.14.4", 1),
+        status,
+    };
+    kube.expect_operation().with(eq("upgrade")).returning(move |_| Ok(Some(operation.clone())));
+    kube.expect_lease().with(eq("prod")).returning(|_| {
+        Ok(Some(LeaseInfo {
+            holder: Some(OPERATION.identity.into()),
+            renewed_at: NOW,
+            duration: Duration::from_secs(120),
+            resource_version: "7".into(),
+        }))
+    });
+}
+
+/// Issue 53 item 8: a failure recorded after the pass read the operation (between the
+/// cordon and the drain) is seen by a fresh read before any eviction.
+#[tokio::test]
+async fn a_drain_after_the_machine_failed_evicts_nothing_and_waits() {
+    let mut world = World::new(node(true, true));
+    operation_read_again(&mut world.kube, RecordState::Failed);
+    world.kube.expect_pods_on().returning(|_| {
+        Ok(vec![PodInfo {
+            namespace: "billing".into(),
+            name: "api-1".into(),
+            owner_kinds: vec!["ReplicaSet".into()],
+            mirror: false,
+            terminating: false,
+        }])
+    });
+    world.kube.expect_evict().never();
+    let outcome =
+        world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
+    assert!(
+        matches!(&outcome, MachineOutcome::Waiting { reason, recheck_at: None, message }
+            if reason == DRAIN_STOPPED && message.contains("failed")),
+        "{outcome:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_drain_evicts_what_a_drain_evicts_and_a_budget_is_a_wait() {
     let mut world = World::new(node(true, true));
+    operation_read_again(&mut world.kube, RecordState::InProgress);
     world.kube.expect_pods_on().returning(|_| {
         let pod = |name: &str, owner: &str, mirror: bool| PodInfo {
             namespace: "billing".into(),

@@ -25,6 +25,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::kubernetes_args::{ComponentArgs, RemovedArgUse, removed_args_in_use};
 use crate::operation::MachineRole;
 use crate::versions::{KubernetesVersion, Minor, TalosVersion, check_kubernetes_pairing};
 
@@ -174,6 +175,9 @@ pub struct KubernetesPlanInput<'a> {
     /// The version kube-proxy runs, when Talos manages it (`None`: not managed, or
     /// disabled: not a step).
     pub kube_proxy: Option<&'a KubernetesVersion>,
+    /// The extra arguments each node's configuration sets for its components: one the
+    /// target removes is refused, named.
+    pub args: &'a [ComponentArgs],
 }
 
 /// Why a Kubernetes upgrade is refused at planning.
@@ -246,6 +250,18 @@ pub enum KubernetesPlanProblem {
         /// The target.
         target: String,
     },
+    /// Flags, feature gates or admission plugins the target removes, set in the machine
+    /// configuration: the component would exit at start (issue 53 item 11).
+    #[error(
+        "arguments Kubernetes {target} no longer accepts are set: {}; remove them from the machine configuration (extraArgs) first",
+        uses.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    RemovedArgsInUse {
+        /// The uses, by node, component and name.
+        uses: Vec<RemovedArgUse>,
+        /// The target.
+        target: String,
+    },
 }
 
 impl KubernetesPlanProblem {
@@ -259,6 +275,7 @@ impl KubernetesPlanProblem {
             Self::KubeletTooOld { .. } => "KubeletTooOld",
             Self::NotObserved { .. } => "KubernetesVersionNotObserved",
             Self::RemovedApisInUse { .. } => "RemovedApisInUse",
+            Self::RemovedArgsInUse { .. } => "RemovedArgsInUse",
         }
     }
 }
@@ -407,6 +424,10 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
     if !removed.is_empty() {
         removed.sort();
         problems.push(KubernetesPlanProblem::RemovedApisInUse { apis: removed, target: target.to_string() });
+    }
+    let args = removed_args_in_use(input.args, target);
+    if !args.is_empty() {
+        problems.push(KubernetesPlanProblem::RemovedArgsInUse { uses: args, target: target.to_string() });
     }
     if problems.is_empty() { Ok(plan) } else { Err(problems) }
 }

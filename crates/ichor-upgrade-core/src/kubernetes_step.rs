@@ -69,6 +69,10 @@ pub mod reason {
     /// hold the change), closed by a hold, a pause, a deletion or a refusal: the machine
     /// changed nothing, and is stopped there (no record for any target).
     pub const NOT_APPLIED: &str = "ApplyNotMade";
+    /// A wait, never a record: the apply was not made because a read between its dry run
+    /// and its call no longer authorised it (a pause, a hold or a deletion recorded
+    /// meanwhile); the next pass decides again.
+    pub const STOPPED_BEFORE_APPLY: &str = "StoppedBeforeApply";
 }
 
 /// Where a Kubernetes upgrade stands as a whole: which of its two stages runs.

@@ -46,6 +46,7 @@ pub mod conditions;
 pub mod etcd_gate;
 pub mod etcd_snapshot;
 pub mod evacuation;
+pub mod kubernetes_args;
 pub mod kubernetes_manifests;
 pub mod kubernetes_plan;
 pub mod kubernetes_removals;

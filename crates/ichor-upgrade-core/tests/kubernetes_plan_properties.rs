@@ -61,7 +61,7 @@ fn cluster() -> impl Strategy<Value = (Vec<NodeKubernetes>, Option<bool>)> {
 
 fn steps_of(nodes: &[NodeKubernetes], proxy: Option<&KubernetesVersion>) -> Vec<KubernetesStep> {
     let target = k(TO);
-    let input = KubernetesPlanInput { target: &target, nodes, deprecated_apis: &[], kube_proxy: proxy };
+    let input = KubernetesPlanInput { target: &target, nodes, deprecated_apis: &[], kube_proxy: proxy, args: &[] };
     plan_kubernetes(&input).expect("one minor up from a supported version plans").steps()
 }
 
@@ -139,7 +139,7 @@ proptest! {
     fn a_target_two_minors_up_is_refused_whatever_the_cluster((nodes, _) in cluster()) {
         let target = k("1.36.0");
         let behind = nodes.iter().any(|n| n.control_plane.values().any(|v| v.to_string() == FROM));
-        let input = KubernetesPlanInput { target: &target, nodes: &nodes, deprecated_apis: &[], kube_proxy: None };
+        let input = KubernetesPlanInput { target: &target, nodes: &nodes, deprecated_apis: &[], kube_proxy: None, args: &[] };
         let planned = plan_kubernetes(&input);
         prop_assert_eq!(planned.is_err(), behind, "{:?}", planned);
     }

@@ -28,7 +28,9 @@ use ichor_upgrade_core::versions::TalosVersion;
 use super::SimCluster;
 use super::config::{Fault, secs};
 use super::trace::TraceKind;
-use super::world::{EtcdMember as SimMember, Evacuation, Gate, LifecycleRecord, NodePhase, UpgradeRecord, World};
+use super::world::{
+    EtcdMember as SimMember, Evacuation, Gate, LifecycleRecord, NodePhase, StopCall, UpgradeRecord, World,
+};
 
 /// In a Kubernetes upgrade, the stop-during-install faults are armed at one read of a
 /// started machine's configuration in this many (drawn), so the stop lands anywhere in
@@ -631,7 +633,15 @@ impl TalosApi for SimCluster {
                 }
             });
         }
-        self.talos("apply_configuration", node, |w, i| w.apply_configuration(i, request)).await
+        let reply = self.talos("apply_configuration", node, |w, i| w.apply_configuration(i, request)).await;
+        if request.dry_run {
+            self.with_world_untouched(|w| {
+                if let Some(i) = w.node_index_by_address(node) {
+                    w.call_made(StopCall::DryRun, i);
+                }
+            });
+        }
+        reply
     }
 
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
@@ -802,6 +812,7 @@ impl KubeApi for SimCluster {
             w.nodes[i].set_engine_cordon(Some(annotation));
             w.node_edited(i);
             w.record(i, TraceKind::Cordon);
+            w.call_made(StopCall::Cordon, i);
             Ok(())
         })
         .await

@@ -113,6 +113,10 @@ pub struct SimKube {
     /// Every apply to it breaks off on the wire before it reaches the node (a test's
     /// knob): the engine is left with intents whose applies never landed.
     pub loses_applies: bool,
+    /// The extra arguments its configuration sets (`extraArgs`), by component (a test's
+    /// knob): written into the configuration the node returns, never read by the simulated
+    /// components.
+    pub extra_args: BTreeMap<Component, Vec<(String, String)>>,
 }
 
 impl SimKube {
@@ -147,6 +151,7 @@ impl SimKube {
             down: None,
             down_now: false,
             loses_applies: false,
+            extra_args: BTreeMap::new(),
         }
     }
 
@@ -167,19 +172,28 @@ impl SimKube {
             MachineRole::ControlPlane => "controlplane",
             MachineRole::Worker => "worker",
         };
+        let args = |c: Component| match self.extra_args.get(&c) {
+            Some(args) if !args.is_empty() => {
+                let lines: String = args.iter().map(|(n, v)| format!("      {n}: {v:?}\n")).collect();
+                format!("    extraArgs:\n{lines}")
+            }
+            Some(_) | None => String::new(),
+        };
         let mut yaml = format!(
-            "version: v1alpha1\ndebug: false\npersist: true\nmachine:\n  type: {machine_type}\n  kubelet:\n    image: {}\n",
-            image(Component::Kubelet)
+            "version: v1alpha1\ndebug: false\npersist: true\nmachine:\n  type: {machine_type}\n  kubelet:\n    image: {}\n{}",
+            image(Component::Kubelet),
+            args(Component::Kubelet)
         );
         yaml.push_str("cluster:\n  clusterName: sim\n");
         if role == MachineRole::ControlPlane {
-            yaml.push_str(&format!(
-                "  apiServer:\n    image: {}\n  controllerManager:\n    image: {}\n  proxy:\n    image: {}\n  scheduler:\n    image: {}\n",
-                image(Component::KubeApiserver),
-                image(Component::KubeControllerManager),
-                image(Component::KubeProxy),
-                image(Component::KubeScheduler),
-            ));
+            for (section, component) in [
+                ("apiServer", Component::KubeApiserver),
+                ("controllerManager", Component::KubeControllerManager),
+                ("proxy", Component::KubeProxy),
+                ("scheduler", Component::KubeScheduler),
+            ] {
+                yaml.push_str(&format!("  {section}:\n    image: {}\n{}", image(component), args(component)));
+            }
         }
         yaml
     }

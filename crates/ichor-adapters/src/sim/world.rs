@@ -489,6 +489,13 @@ pub struct World {
     pub reboots: Vec<LifecycleRecord>,
     /// The crash fault's state.
     pub crash: CrashState,
+    /// A test's placement of a stop between two calls of one step: at the `n`th call of
+    /// kind `call` on `machine` (counting from 1), the stop is made at once (a hold lifted
+    /// minutes later, a recorded failure that pauses, or a deletion), before the call that
+    /// would follow (the apply after its dry run, the drain after its cordon).
+    pub stop_at_call: Option<(StopCall, String, usize, StopKind)>,
+    /// When the stop placed by `stop_at_call` was made.
+    pub stop_made_at: Option<Timestamp>,
     /// When the APIs refuse calls: from, until.
     pub outage: Option<(Timestamp, Timestamp)>,
     /// The outage's start is in the trace.
@@ -551,6 +558,15 @@ pub enum StopKind {
     Pause,
     /// A person deletes the operation.
     Delete,
+}
+
+/// A call after which a test places a stop (see [`World::stop_at_call`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopCall {
+    /// A dry run of an ApplyConfiguration (a Kubernetes component's apply follows).
+    DryRun,
+    /// The engine's cordon of a Node (the lifecycle drain follows).
+    Cordon,
 }
 
 /// Where the stop-during-install faults stand.
@@ -865,6 +881,8 @@ impl World {
             installs: Vec::new(),
             reboots: Vec::new(),
             crash: CrashState::default(),
+            stop_at_call: None,
+            stop_made_at: None,
             outage: None,
             outage_traced: false,
             pdb_blocked_until: None,
@@ -1151,6 +1169,26 @@ impl World {
             }
             _ => {}
         }
+    }
+
+    /// A call of kind `call` on node `i` was made: makes the stop a test placed there
+    /// (`stop_at_call`), if this is its call.
+    pub(crate) fn call_made(&mut self, call: StopCall, i: usize) {
+        let name = self.nodes[i].name.clone();
+        let kind = match &mut self.stop_at_call {
+            Some((at, machine, n, kind)) if *at == call && *machine == name => {
+                *n = n.saturating_sub(1);
+                if *n > 0 {
+                    return;
+                }
+                *kind
+            }
+            Some(_) | None => return,
+        };
+        self.stop_at_call = None;
+        self.stop_made_at = Some(self.now);
+        self.stop_during_install = StopDuringInstall::Armed(kind, name, self.now);
+        self.apply_stop_during_install(self.now);
     }
 
     /// Holds machine `machine` (or lifts its hold), as a person's annotation does.

@@ -31,7 +31,13 @@ fn plan(
 ) -> Result<KubernetesPlan, Vec<KubernetesPlanProblem>> {
     let target = k(target);
     let proxy = proxy.map(k);
-    plan_kubernetes(&KubernetesPlanInput { target: &target, nodes, deprecated_apis: &[], kube_proxy: proxy.as_ref() })
+    plan_kubernetes(&KubernetesPlanInput {
+        target: &target,
+        nodes,
+        deprecated_apis: &[],
+        kube_proxy: proxy.as_ref(),
+        args: &[],
+    })
 }
 
 fn reasons(problems: &[KubernetesPlanProblem]) -> Vec<&'static str> {
@@ -135,7 +141,8 @@ fn removed_apis_in_use_are_refused_by_resource_and_count_and_others_left_be() {
         api("other", "1.35", 0),
         stored,
     ];
-    let input = KubernetesPlanInput { target: &target, nodes: &nodes, deprecated_apis: &uses, kube_proxy: None };
+    let input =
+        KubernetesPlanInput { target: &target, nodes: &nodes, deprecated_apis: &uses, kube_proxy: None, args: &[] };
     let problems = plan_kubernetes(&input).unwrap_err();
     assert_eq!(reasons(&problems), ["RemovedApisInUse"]);
     let text = problems[0].to_string();
