@@ -890,3 +890,48 @@ async fn a_failure_recorded_between_a_cordon_and_its_drain_stops_the_drain() {
         });
     }
 }
+
+/// Issue 53 item 9, as decision 0015 decides it: an operation left with only a held
+/// machine keeps the cluster lock, renewed for as long as the hold lasts, and its phase says
+/// so; once the hold is lifted the machine goes, the operation completes and the lock is
+/// released.
+#[tokio::test(start_paused = true)]
+async fn an_operation_left_with_only_held_machines_keeps_the_lock_renewed_and_says_so() {
+    use ichor_upgrade_core::operation::HOLD_ANNOTATION;
+    use ichor_upgrade_core::rollout::{Phase, WaitReason};
+    let sim = SimCluster::new(SimConfig::new(1, 2, v("v1.14.3"), v("v1.14.4")).with_seed(5));
+    let hold = |on: bool| {
+        sim.with_world(|w| {
+            let annotations = w.machine_annotations.entry("worker-2".to_owned()).or_default();
+            if on {
+                annotations.insert(HOLD_ANNOTATION.to_owned(), "by hand".to_owned());
+            } else {
+                annotations.remove(HOLD_ANNOTATION);
+            }
+        });
+    };
+    hold(true);
+    sim.create_operation("upgrade", spec(1));
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 3_000, |_| {}).await;
+    assert!(matches!(end, RunEnd::Stalled(_) | RunEnd::PassBound), "{end:?}");
+    sim.read_world(|w| {
+        let op = &w.operations["upgrade"].info;
+        assert_eq!(op.status.phase, Phase::Waiting(WaitReason::Held { machines: vec!["worker-2".to_owned()] }));
+        let text = op.status.phase.to_string();
+        assert!(text.contains("keeps the cluster lock until they are released or it is deleted"), "{text}");
+        let lease = w.lease.as_ref().expect("the Lease");
+        assert_eq!(lease.holder.as_deref(), Some(op.identity.as_str()), "the lock kept");
+        let age = w.now.saturating_since(lease.renewed_at);
+        assert!(age < lease.duration, "renewed {age:?} ago, its duration {:?}: it would lapse", lease.duration);
+        assert!(w.now.saturating_since(w.start) > lease.duration * 2, "held longer than two lease durations");
+        let n = w.nodes.iter().find(|n| n.name == "worker-2").unwrap();
+        assert_eq!(n.version.to_string(), "v1.14.3", "held: not started");
+    });
+    hold(false);
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 3_000, |_| {}).await;
+    assert_eq!(end, RunEnd::Completed);
+    sim.read_world(|w| {
+        assert!(w.nodes.iter().all(|n| n.version.to_string() == "v1.14.4"));
+        assert!(w.lease.as_ref().is_none_or(|l| l.holder.is_none()), "the lock released: {:?}", w.lease);
+    });
+}

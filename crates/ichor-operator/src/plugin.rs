@@ -302,6 +302,15 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
     if let Some(waiting) = &status.waiting_for {
         let _ = writeln!(text, "  waiting for: {waiting}");
     }
+    // DESIGN §3 rule 5 as decided in decision 0015: an operation left with only held
+    // machines keeps its cluster's lock, so nothing else runs on the cluster meanwhile.
+    if status.reason.as_deref() == Some("Held") && status.phase.as_deref() == Some("Waiting") {
+        let _ = writeln!(
+            text,
+            "  cluster lock: kept by this operation while held machines remain; `kubectl ichor release NODE` \
+             lets them go on, deleting the operation releases the lock"
+        );
+    }
     if let Some(plan) = &status.plan {
         let _ = writeln!(
             text,
@@ -380,5 +389,30 @@ mod tests {
         assert_eq!(progress_bar(5, 10), format!("[{}{}] 5/10", "#".repeat(15), ".".repeat(15)));
         assert_eq!(progress_bar(13, 13), format!("[{}] 13/13", "#".repeat(30)));
         assert_eq!(progress_bar(0, 0), format!("[{}] 0/0", ".".repeat(30)), "nothing to do is not a panic");
+    }
+
+    fn operation(phase: &str, reason: &str, message: &str) -> TalosOperation {
+        serde_json::from_value(json!({
+            "apiVersion": "ichor.dev/v1alpha1",
+            "kind": "TalosOperation",
+            "metadata": {"name": "upgrade", "namespace": "default"},
+            "spec": {"cluster": "prod", "kind": "talos", "targetVersion": "v1.14.4", "maxUnavailable": 1},
+            "status": {"phase": phase, "reason": reason, "message": message},
+        }))
+        .unwrap()
+    }
+
+    /// Issue 53 item 9: an operation left with only held machines keeps the cluster lock
+    /// (decision 0015); `kubectl ichor status` says so, and how to let it go.
+    #[test]
+    fn status_says_a_held_operation_keeps_the_cluster_lock_and_how_to_release_it() {
+        let held = operation("Waiting", "Held", "waiting: held machines remain: worker-1");
+        let text = status_text(&held, &[]);
+        assert!(text.contains("cluster lock: kept by this operation while held machines remain"), "{text}");
+        assert!(text.contains("kubectl ichor release NODE") && text.contains("deleting the operation"), "{text}");
+        for (phase, reason) in [("Waiting", "LockHeld"), ("Progressing", "Progressing"), ("Completed", "Completed")] {
+            let text = status_text(&operation(phase, reason, "-"), &[]);
+            assert!(!text.contains("cluster lock: kept"), "{phase}/{reason}: {text}");
+        }
     }
 }

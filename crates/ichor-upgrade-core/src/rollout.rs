@@ -571,7 +571,11 @@ impl fmt::Display for Phase {
                     write!(f, "waiting: maxUnavailable reached; unavailable: {}", unavailable.join(", "))
                 }
                 WaitReason::NodesNotReady { nodes } => write!(f, "waiting: nodes not Ready: {}", nodes.join(", ")),
-                WaitReason::Held { machines } => write!(f, "waiting: held machines remain: {}", machines.join(", ")),
+                WaitReason::Held { machines } => write!(
+                    f,
+                    "waiting: held machines remain: {}; the operation keeps the cluster lock until they are released or it is deleted",
+                    machines.join(", ")
+                ),
                 WaitReason::PreflightBlocked { machines } => {
                     f.write_str("waiting: preflight blocks ")?;
                     for (i, (machine, blockers)) in machines.iter().enumerate() {
