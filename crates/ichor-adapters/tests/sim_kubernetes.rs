@@ -1194,3 +1194,43 @@ fn arguments_the_target_removes_are_refused_at_planning_naming_each_touching_not
     set(&kept, "cp-2", Component::KubeApiserver, &[("feature-gates", "UserNamespacesSupport=true")]);
     assert_eq!(run(&kept, TARGET, 1), RunEnd::Completed);
 }
+
+/// Issue 53 item 10: a cluster whose CNI comes from an inline manifest (a DaemonSet, its
+/// ConfigMap and a Secret), listed by Talos among its `Manifests` after its own. Every
+/// object is applied as `talosctl upgrade-k8s` applies it and the CNI's rollout is waited
+/// for; the Secrets (the bootstrap token and the inline one) are not applied, and are named
+/// in the record and in a Warning Event instead of being dropped silently.
+#[test]
+fn inline_manifests_are_applied_and_waited_for_and_secrets_are_named_not_dropped() {
+    let sim = cluster(3, 2, 1, &[], false);
+    sim.with_world(|w| {
+        w.bootstrap.inline = vec![
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cilium-config", "namespace": "kube-system"}, "data": {"tunnel": "vxlan"}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "cilium-ca", "namespace": "kube-system"}, "stringData": {"ca.crt": "-"}}),
+            serde_json::json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": "cilium", "namespace": "kube-system"},
+                "spec": {"selector": {"matchLabels": {"k8s-app": "cilium"}},
+                    "template": {"metadata": {"labels": {"k8s-app": "cilium"}},
+                        "spec": {"containers": [{"name": "cilium-agent", "image": "quay.io/cilium/cilium:v1.18.2"}]}}}}),
+        ];
+    });
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Completed);
+    sim.read_world(|w| {
+        for key in ["ConfigMap kube-system/cilium-config", "DaemonSet kube-system/cilium"] {
+            let (_, manager) = w.bootstrap.objects.get(key).unwrap_or_else(|| panic!("{key} not applied"));
+            assert_eq!(manager, "talos", "{key}");
+        }
+        assert!(w.bootstrap.objects.keys().all(|k| !k.starts_with("Secret ")), "a Secret applied");
+        let Some(ManifestsState::Applied { workloads, not_applied, rolled_out, .. }) =
+            &w.operations["kubernetes"].info.status.manifests
+        else {
+            panic!("no manifests record");
+        };
+        assert!(*rolled_out && workloads.iter().any(|k| k == "DaemonSet kube-system/cilium"), "{workloads:?}");
+        assert_eq!(not_applied, &["Secret kube-system/bootstrap-token-sim000", "Secret kube-system/cilium-ca"]);
+        let warned = w.events.iter().find(|e| e.reason == "ManifestsNotApplied").expect("a Warning Event");
+        assert!(warned.message.contains("Secret kube-system/cilium-ca"), "{}", warned.message);
+    });
+}

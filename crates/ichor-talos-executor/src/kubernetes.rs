@@ -321,7 +321,7 @@ async fn apply(
 /// A Kubernetes upgrade's last step ([`ichor_upgrade_core::kubernetes_manifests`]): the
 /// bootstrap manifests read from the first of `control_planes` whose Talos API answers,
 /// then each object applied server-side under Talos's field manager, in order (but
-/// Secrets: the bootstrap token, which a Kubernetes upgrade never changes). Its
+/// Secrets, which are named in the record instead: the operator writes none). Its
 /// record, for the status: applied, or failed naming the object the API server refused
 /// (a refusal retrying will not fix; the operation pauses).
 ///
@@ -364,14 +364,17 @@ pub async fn apply_manifests(
             None => Ok(failed("no control plane to read the bootstrap manifests from".to_owned())),
         };
     };
-    // Secrets are not applied: the manifests' one Secret is the bootstrap token, made by
-    // the node's own manifest controller from the machine configuration, which a
-    // Kubernetes upgrade never changes; and the operator holds no write on Secrets
-    // beyond its clusters' namespaces.
+    // Every object Talos lists is applied, its own and the cluster's inline and extra
+    // manifests alike (as `talosctl upgrade-k8s` does; decision 0014 rule 18), but Secrets:
+    // the operator holds no write on Secrets beyond its clusters' namespaces. Talos's own
+    // Secret is the bootstrap token, which a Kubernetes upgrade never changes; an inline
+    // manifest's Secret may have changed, so each one is named in the record and in a
+    // Warning Event, never skipped silently.
     let (secrets, objects): (Vec<_>, Vec<_>) =
         objects.into_iter().partition(|o| o.get("kind").and_then(serde_json::Value::as_str) == Some("Secret"));
-    for secret in &secrets {
-        tracing::debug!(object = %object_name(secret), "bootstrap manifest not applied: a Secret");
+    let not_applied: Vec<String> = secrets.iter().map(object_name).collect();
+    for secret in &not_applied {
+        tracing::warn!(object = %secret, "bootstrap manifest not applied: a Secret (the operator writes no Secrets)");
     }
     for object in &objects {
         let name = object_name(object);
@@ -400,6 +403,7 @@ pub async fn apply_manifests(
         rolled_out: false,
         progress: 0,
         progress_at: None,
+        not_applied,
     })
 }
 

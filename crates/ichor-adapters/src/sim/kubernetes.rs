@@ -54,6 +54,10 @@ pub struct SimBootstrap {
     /// A test knob: a workload applied from now on never rolls out (its new image does
     /// not pull).
     pub stuck: bool,
+    /// A test knob: the objects of the cluster's inline and extra manifests
+    /// (`cluster.inlineManifests`, `cluster.extraManifests`), which Talos lists among its
+    /// `Manifests` after its own (`99-<name>`).
+    pub inline: Vec<serde_json::Value>,
 }
 
 /// How long a DaemonSet's pod takes to be replaced on one node.
@@ -486,6 +490,9 @@ impl World {
                 },
             }),
         ]
+        .into_iter()
+        .chain(self.bootstrap.inline.iter().cloned())
+        .collect()
     }
 
     /// A server-side apply of `object` under `manager`.
