@@ -216,3 +216,24 @@ async fn the_bootstrap_manifests_are_listed_as_talos_lists_them() {
     };
     tokio::time::timeout(Duration::from_secs(30), run).await.expect("the test's own bound");
 }
+
+/// Issue 53 item 12: the admin kubeconfig a control plane generates
+/// (`MachineService.Kubeconfig`), a `.tar.gz` of one file on the wire, read by the real
+/// client into the kubeconfig itself; a worker refuses it, as Talos's does.
+#[tokio::test]
+async fn the_admin_kubeconfig_is_read_from_a_control_plane_as_talos_serves_it() {
+    let v = |t: &str| TalosVersion::parse(t).unwrap();
+    let config = SimConfig::new(1, 1, v("v1.14.3"), v("v1.14.4")).with_storage(false).with_realism(Realism::oracle());
+    let (sim, _served, client) = served(config);
+    let run = async {
+        let kubeconfig = client.admin_kubeconfig("10.5.0.2").await.unwrap(); // cp-1
+        assert_eq!(kubeconfig, ichor_adapters::sim::SIM_ADMIN_KUBECONFIG.as_bytes());
+        let refused = client.admin_kubeconfig("10.5.0.3").await.unwrap_err(); // worker-1
+        assert!(
+            matches!(&refused, TalosError::Answered { code, message } if code == "FailedPrecondition" && message.contains("control plane")),
+            "{refused:?}"
+        );
+        assert_eq!(sim.read_world(|w| w.counters.admin_kubeconfigs), 1);
+    };
+    tokio::time::timeout(Duration::from_secs(30), run).await.expect("the test's own bound");
+}

@@ -244,3 +244,44 @@ async fn talosctl_apply_config_is_answered_by_the_stand_in_as_by_talos() {
     .unwrap();
     assert_eq!(scene.sim.machine_config(WORKER).await.unwrap(), changed.into_bytes(), "the node holds it");
 }
+
+/// Issue 53 item 12: `talosctl kubeconfig` (which unpacks the node's `.tar.gz` as Talos
+/// sends it) reads the stand-in's admin kubeconfig, so the archive Ichor's client unpacks
+/// and its server writes is the one Talos's tool expects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs talosctl: ICHOR_TEST_TALOSCTL (bash scripts/talosctl.sh build)"]
+async fn talosctl_kubeconfig_reads_the_admin_kubeconfig_the_stand_in_serves() {
+    use base64::Engine;
+    let scene = Arc::new(tokio::task::spawn_blocking(Scene::new).await.unwrap());
+    // An admin kubeconfig in the structure Talos generates (talosctl checks it: PEM
+    // certificates, a key that matches), from a CA of its own.
+    let ca = Ca::new(ichor_testkit::pki::KeyKind::Ed25519);
+    let admin = ca.admin(ichor_testkit::pki::Validity::Current);
+    let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: demo\n  cluster:\n    server: https://127.0.0.1:6443\n    \
+         certificate-authority-data: {}\nusers:\n- name: admin@demo\n  user:\n    client-certificate-data: {}\n    \
+         client-key-data: {}\ncontexts:\n- name: admin@demo\n  context:\n    cluster: demo\n    namespace: default\n    \
+         user: admin@demo\ncurrent-context: admin@demo\n",
+        b64(&ca.cert_pem),
+        b64(&admin.cert_pem),
+        b64(&admin.key_pem)
+    );
+    scene.sim.with_world(|w| w.admin_kubeconfig.clone_from(&kubeconfig));
+    let s = Arc::clone(&scene);
+    let client_key = b64(&admin.key_pem);
+    tokio::task::spawn_blocking(move || {
+        let out = s.dir.path().join("admin.kubeconfig");
+        s.talosctl_ok(CONTROL_PLANE, &["kubeconfig", "--force", out.to_str().unwrap()]);
+        let written = std::fs::read_to_string(&out).expect("talosctl wrote the kubeconfig");
+        // talosctl merges into an existing file; a new one holds the served document.
+        assert!(written.contains("server: https://127.0.0.1:6443"), "{written}");
+        assert!(written.contains(&client_key), "{written}");
+        // A worker serves none: talosctl reports the node's refusal.
+        let refused = s.talosctl(WORKER, &["kubeconfig", "--force", out.to_str().unwrap()]);
+        assert!(!refused.status.success(), "{}", String::from_utf8_lossy(&refused.stderr));
+    })
+    .await
+    .unwrap();
+    assert_eq!(scene.sim.read_world(|w| w.counters.admin_kubeconfigs), 1);
+}

@@ -112,6 +112,11 @@ impl TalosApi for FencedTalos<'_> {
     async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
         self.inner.bootstrap_manifests(node).await
     }
+    // Admin credentials are for the leader's manifests step alone: fenced like a write.
+    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.fence.talos(node)?;
+        self.inner.admin_kubeconfig(node).await
+    }
     async fn apply_configuration(
         &self,
         node: &str,

@@ -246,6 +246,10 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.bootstrap_manifests(node).await
     }
+    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.sim.admin_kubeconfig(node).await
+    }
     async fn apply_configuration(
         &self,
         node: &str,

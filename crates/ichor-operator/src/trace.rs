@@ -609,6 +609,9 @@ impl TalosApi for TracedTalos<'_> {
     async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
         self.inner.bootstrap_manifests(node).await
     }
+    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.inner.admin_kubeconfig(node).await
+    }
     async fn apply_configuration(
         &self,
         node: &str,

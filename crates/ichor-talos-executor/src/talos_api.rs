@@ -314,6 +314,13 @@ pub trait TalosApi: Send + Sync {
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         Err(unimplemented("COSI Get MachineConfigs", node))
     }
+    /// The cluster's admin kubeconfig, as a control plane generates it
+    /// (`MachineService.Kubeconfig`, the `os:admin` role): the kubeconfig YAML, to be held
+    /// in memory for one step and never written. (The default answers `Unimplemented`;
+    /// wrappers must forward it.)
+    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        Err(unimplemented("MachineService.Kubeconfig", node))
+    }
     /// The bootstrap manifests a control plane renders (`Manifests.kubernetes.talos.dev`,
     /// namespace `controlplane`, listed): every Kubernetes object in them, in the order of
     /// the resources' IDs and of the objects in each. (The default answers

@@ -271,6 +271,13 @@ impl MachineService for Talos {
         }))
     }
 
+    type KubeconfigStream = Streamed<Data>;
+
+    async fn kubeconfig(&self, request: Request<()>) -> Result<Response<Self::KubeconfigStream>, Status> {
+        self.route("Kubeconfig", &request)?;
+        Err(Status::unimplemented("this apid serves no kubeconfig"))
+    }
+
     type ReadStream = Streamed<Data>;
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<Self::ReadStream>, Status> {

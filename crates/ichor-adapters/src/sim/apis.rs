@@ -20,6 +20,7 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use ichor_upgrade_core::kubernetes_step::{KUBERNETES_UPGRADE, reason as kubernetes_reason};
+use ichor_upgrade_core::operation::MachineRole;
 use ichor_upgrade_core::rollout::OperationStatus;
 use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
@@ -615,6 +616,20 @@ impl TalosApi for SimCluster {
             }
         });
         self.talos("machine_config", node, |w, i| Ok(w.nodes[i].kube.config_yaml(w.nodes[i].role).into_bytes())).await
+    }
+
+    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.talos("kubeconfig", node, |w, i| {
+            if w.nodes[i].role != MachineRole::ControlPlane {
+                return Err(TalosError::Answered {
+                    code: "FailedPrecondition".to_owned(),
+                    message: "kubeconfig is only available on control plane nodes".to_owned(),
+                });
+            }
+            w.counters.admin_kubeconfigs += 1;
+            Ok(w.admin_kubeconfig.clone().into_bytes())
+        })
+        .await
     }
 
     async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {

@@ -33,7 +33,9 @@ use ichor_upgrade_core::rollout::OperationStatus;
 pub use config::{Durations, Fault, Naming, Realism, Registry, SimConfig, Wake};
 pub use runner::{RunEnd, run_operation, run_removal};
 pub use trace::{TraceEvent, TraceKind};
-pub use world::{CLUSTER, InstallRun, SimOperation, StopCall, StopDuringInstall, StopKind, World};
+pub use world::{
+    CLUSTER, InstallRun, SIM_ADMIN_KUBECONFIG, SimOperation, StopCall, StopDuringInstall, StopKind, World,
+};
 
 /// The simulated cluster. Cheap to share by reference; every call locks its world briefly.
 pub struct SimCluster {

@@ -375,6 +375,8 @@ pub struct CrashState {
 pub struct Counters {
     /// Writes to the Kubernetes API.
     pub kube_writes: u64,
+    /// Admin kubeconfigs handed out (`MachineService.Kubeconfig`).
+    pub admin_kubeconfigs: u64,
     /// Writes refused because the object changed since the read that authorised them.
     pub conflicts: u64,
     /// Calls to the Talos API.
@@ -496,6 +498,9 @@ pub struct World {
     pub stop_at_call: Option<(StopCall, String, usize, StopKind)>,
     /// When the stop placed by `stop_at_call` was made.
     pub stop_made_at: Option<Timestamp>,
+    /// The admin kubeconfig a control plane answers (`MachineService.Kubeconfig`): the
+    /// simulated cluster's own, or a real API server's for the fleet in front of one.
+    pub admin_kubeconfig: String,
     /// When the APIs refuse calls: from, until.
     pub outage: Option<(Timestamp, Timestamp)>,
     /// The outage's start is in the trace.
@@ -559,6 +564,30 @@ pub enum StopKind {
     /// A person deletes the operation.
     Delete,
 }
+
+/// The simulated cluster's admin kubeconfig, in the shape Talos generates one, its
+/// credentials stand-ins (a real tool refuses them: a test that hands the kubeconfig to
+/// one sets [`World::admin_kubeconfig`] to a real one).
+pub const SIM_ADMIN_KUBECONFIG: &str = "apiVersion: v1
+kind: Config
+clusters:
+- name: sim
+  cluster:
+    server: https://sim.invalid:6443
+    certificate-authority-data: c2ltLWNh
+users:
+- name: admin@sim
+  user:
+    client-certificate-data: c2ltLWNlcnQ=
+    client-key-data: c2ltLWtleQ==
+contexts:
+- name: admin@sim
+  context:
+    cluster: sim
+    namespace: default
+    user: admin@sim
+current-context: admin@sim
+";
 
 /// A call after which a test places a stop (see [`World::stop_at_call`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -883,6 +912,7 @@ impl World {
             crash: CrashState::default(),
             stop_at_call: None,
             stop_made_at: None,
+            admin_kubeconfig: SIM_ADMIN_KUBECONFIG.to_owned(),
             outage: None,
             outage_traced: false,
             pdb_blocked_until: None,

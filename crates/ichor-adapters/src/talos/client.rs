@@ -767,6 +767,25 @@ impl TalosApi for TalosClient {
     async fn talos_version(&self, node: &str) -> Result<String, TalosError> {
         self.version(node).await
     }
+
+    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        let mut archive = Vec::new();
+        self.stream(
+            node,
+            (),
+            self.inner.options.call_timeout,
+            |channel, r| async move { MachineServiceClient::new(channel).kubeconfig(r).await },
+            |chunk: super::proto::common::Data| {
+                if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
+                    return Err(answered("Unknown", error));
+                }
+                archive.extend_from_slice(&chunk.bytes);
+                Ok(())
+            },
+        )
+        .await?;
+        super::kubeconfig::unpack(&archive).map_err(|e| answered("DataLoss", format!("the admin kubeconfig: {e}")))
+    }
 }
 
 #[cfg(test)]

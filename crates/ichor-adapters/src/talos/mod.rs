@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod kubeconfig;
 pub mod manifests;
 pub mod server;
 

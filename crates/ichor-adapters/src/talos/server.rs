@@ -252,6 +252,16 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         Ok(Response::new(pb::EtcdAlarmListResponse { messages: vec![pb::EtcdAlarm { metadata: None, member_alarms }] }))
     }
 
+    type KubeconfigStream = futures::stream::BoxStream<'static, Result<Data, Status>>;
+
+    async fn kubeconfig(&self, request: Request<()>) -> Result<Response<Self::KubeconfigStream>, Status> {
+        let node = node(&request)?;
+        let kubeconfig = self.api.admin_kubeconfig(&node).await.map_err(|e| status(&e))?;
+        let archive = super::kubeconfig::pack(&kubeconfig).map_err(|e| Status::internal(e.to_string()))?;
+        let chunk = Data { metadata: None, bytes: archive };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(chunk)]))))
+    }
+
     type EtcdSnapshotStream = futures::stream::BoxStream<'static, Result<Data, Status>>;
 
     async fn etcd_snapshot(
