@@ -95,6 +95,24 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: crate::cases("KUBERNETES_LARGE_CASES", 3), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Issue 53's done-when: the same invariants over clusters of 200 nodes and more
+    /// (few cases: each is a few seconds), where the manifests' rollout and the kubelets'
+    /// stage are long enough for every drawn fault to land inside them.
+    #[test]
+    fn every_kubernetes_upgrade_invariant_holds_on_a_large_cluster(
+        control_planes in prop::sample::select(vec![3usize, 5]),
+        workers in 200usize..=260,
+        max_unavailable in 1i64..=20,
+        seed in any::<u64>(),
+        faults in faults(),
+    ) {
+        check(control_planes, workers, max_unavailable, seed, &faults, false)?;
+    }
+}
+
 /// The longest a pass takes, in the simulator, from its read of the control planes'
 /// components to a call it makes on that read: a component that fails within it was Ready
 /// when read (the etcd gate has the same window).
