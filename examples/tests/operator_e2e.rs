@@ -84,8 +84,11 @@ impl Scene {
     /// A fleet at `time_scale` virtual seconds per second.
     pub(crate) fn fleet_at(&self, shape: &str, time_scale: &str, extra: &[&str]) -> Process {
         let snapshots = self.snapshot_dir();
+        // Its control planes give the test server's admin kubeconfig, as a real cluster's
+        // give their own (a Kubernetes upgrade's manifests are applied under it).
+        let admin = self.admin().display().to_string();
         let mut args = vec!["--namespace", &self.ns.name, "--simulate-fleet", shape, "--time-scale", time_scale];
-        args.extend_from_slice(&["--etcd-snapshot-dir", &snapshots]);
+        args.extend_from_slice(&["--etcd-snapshot-dir", &snapshots, "--fleet-admin-kubeconfig", &admin]);
         args.extend_from_slice(extra);
         Process::start("fleet", self.dir.path(), self.admin(), &args)
     }

@@ -9,7 +9,7 @@ use ichor_adapters::kubernetes::crd::{
 };
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores};
 use ichor_storage::ConditionStore;
-use ichor_talos_executor::kube_api::{EventType, Eviction, KubeApi, KubeError, LeaseWrite, NodeInfo};
+use ichor_talos_executor::kube_api::{AdminKubeconfig, EventType, Eviction, KubeApi, KubeError, LeaseWrite, NodeInfo};
 use ichor_testkit::kube::TestNamespace;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
@@ -53,6 +53,13 @@ fn machine_object(name: &str, cluster: &str, role: Role) -> TalosMachine {
 async fn kube_cluster(ns: &TestNamespace) -> KubeCluster {
     let stores = bounded(Stores::spawn(&ns.client, Some(&ns.name), BOUND)).await.unwrap();
     KubeCluster::new(ns.client.clone(), &ns.name, stores, Reporter::from("ichor-test"), Arc::new(Counters::default()))
+}
+
+/// The test server's admin kubeconfig, as a control plane's Talos API gives a cluster's
+/// (`talosctl kubeconfig`): the identity a Kubernetes upgrade's manifests are applied under.
+fn admin_kubeconfig() -> AdminKubeconfig {
+    let path = std::env::var("ICHOR_TEST_KUBECONFIG").expect("ICHOR_TEST_KUBECONFIG");
+    AdminKubeconfig::new(std::fs::read(path).expect("the test server's kubeconfig")).unwrap()
 }
 
 /// Waits until `check` holds (the stores follow the server through watches).
@@ -733,9 +740,10 @@ async fn bootstrap_manifests_are_applied_server_side_under_talos_forced_and_idem
         ds.spec.template.spec.as_ref().unwrap().containers[0].image.clone().unwrap()
     };
     bounded(async {
+        let session = kube.manifest_session(admin_kubeconfig()).await.unwrap();
         // Made by the apply.
-        kube.apply_manifest(&account, "talos").await.unwrap();
-        kube.apply_manifest(&daemonset("registry.k8s.io/kube-proxy:v1.34.1"), "talos").await.unwrap();
+        session.apply(&account, "talos").await.unwrap();
+        session.apply(&daemonset("registry.k8s.io/kube-proxy:v1.34.1"), "talos").await.unwrap();
         let made = api.get("kube-proxy").await.unwrap();
         assert_eq!(image(&made), "registry.k8s.io/kube-proxy:v1.34.1");
         let managers: Vec<(String, String)> = made
@@ -750,25 +758,58 @@ async fn bootstrap_manifests_are_applied_server_side_under_talos_forced_and_idem
         // A person's edit of the image (another manager): the apply takes the field back.
         let edit = json!({"spec": {"template": {"spec": {"containers": [{"name": "kube-proxy", "image": "example.org/proxy:edited"}]}}}});
         api.patch("kube-proxy", &PatchParams::default(), &Patch::Strategic(&edit)).await.unwrap();
-        kube.apply_manifest(&daemonset("registry.k8s.io/kube-proxy:v1.35.0"), "talos").await.unwrap();
+        session.apply(&daemonset("registry.k8s.io/kube-proxy:v1.35.0"), "talos").await.unwrap();
         let rolled = api.get("kube-proxy").await.unwrap();
         assert_eq!(image(&rolled), "registry.k8s.io/kube-proxy:v1.35.0");
 
         // The same objects again: nothing changes.
-        kube.apply_manifest(&daemonset("registry.k8s.io/kube-proxy:v1.35.0"), "talos").await.unwrap();
+        session.apply(&daemonset("registry.k8s.io/kube-proxy:v1.35.0"), "talos").await.unwrap();
         let again = api.get("kube-proxy").await.unwrap();
         assert_eq!(again.resource_version(), rolled.resource_version(), "an apply of the same object is no write");
 
         // A kind nobody serves, and an invalid object: refusals, nothing made.
         let widget = json!({"apiVersion": "widgets.sim.ichor.dev/v1beta1", "kind": "Widget", "metadata": {"name": "w", "namespace": ns.name}});
-        let err = kube.apply_manifest(&widget, "talos").await.unwrap_err();
+        let err = session.apply(&widget, "talos").await.unwrap_err();
         assert!(!err.is_transient() && err.to_string().contains("Widget"), "{err:?}");
         let mut invalid = daemonset("registry.k8s.io/kube-proxy:v1.35.0");
         invalid["metadata"]["name"] = json!("no-selector");
         invalid["spec"].as_object_mut().unwrap().remove("selector");
-        let err = kube.apply_manifest(&invalid, "talos").await.unwrap_err();
+        let err = session.apply(&invalid, "talos").await.unwrap_err();
         assert!(matches!(err, KubeError::Refused(_)) && err.to_string().contains("DaemonSet"), "{err:?}");
         assert!(api.get_opt("no-selector").await.unwrap().is_none());
+    })
+    .await;
+}
+
+/// Issue 53 item 12: the manifests' session is made from the admin kubeconfig alone, held
+/// in memory: one that does not parse is refused before any request, and one whose
+/// credentials the API server does not accept applies nothing (401, a refusal no retry
+/// fixes). Neither error message repeats the kubeconfig's credentials.
+#[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_manifest_session_applies_only_under_a_kubeconfig_the_api_server_accepts() {
+    let ns = TestNamespace::create("ichor-admin-session").await;
+    let kube = kube_cluster(&ns).await;
+    let account =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "proxy", "namespace": ns.name}});
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(ns.client.clone(), &ns.name);
+    bounded(async {
+        let garbage = AdminKubeconfig::new(b"clusters: [this is not a kubeconfig".to_vec()).unwrap();
+        let Err(err) = kube.manifest_session(garbage).await else { panic!("a session from garbage") };
+        assert!(matches!(err, KubeError::Refused(_)) && err.to_string().contains("does not parse"), "{err:?}");
+
+        let real = std::fs::read_to_string(std::env::var("ICHOR_TEST_KUBECONFIG").unwrap()).unwrap();
+        let token = real.lines().find_map(|l| l.trim().strip_prefix("token: ")).expect("the test server's token");
+        let forged = real.replace(token, "not-the-admin-token");
+        let session = kube.manifest_session(AdminKubeconfig::new(forged.into_bytes()).unwrap()).await.unwrap();
+        let err = session.apply(&account, "talos").await.unwrap_err();
+        assert!(!err.is_transient(), "{err:?}");
+        assert!(!err.to_string().contains("not-the-admin-token"), "{err}");
+        assert!(accounts.get_opt("proxy").await.unwrap().is_none(), "nothing applied");
+
+        // The real one applies.
+        kube.manifest_session(admin_kubeconfig()).await.unwrap().apply(&account, "talos").await.unwrap();
+        assert!(accounts.get_opt("proxy").await.unwrap().is_some());
     })
     .await;
 }
@@ -858,7 +899,7 @@ async fn a_bootstrap_workloads_rollout_is_read_from_its_status() {
     bounded(async {
         let missing = kube.workload_rollout(&workload).await.unwrap();
         assert!(!missing.done && missing.detail == "not found", "{missing:?}");
-        kube.apply_manifest(&daemonset, "talos").await.unwrap();
+        kube.manifest_session(admin_kubeconfig()).await.unwrap().apply(&daemonset, "talos").await.unwrap();
         let fresh = kube.workload_rollout(&workload).await.unwrap();
         assert!(!fresh.done && fresh.detail.contains("not observed"), "{fresh:?}");
         let generation = api.get("kube-proxy").await.unwrap().metadata.generation.unwrap();

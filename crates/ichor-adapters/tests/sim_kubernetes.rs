@@ -766,6 +766,8 @@ fn the_bootstrap_manifests_go_last_and_roll_kube_proxy_to_the_target() {
             w.bootstrap.objects.keys()
         );
         assert!(w.bootstrap.objects.values().all(|(_, manager)| manager == "talos"));
+        // Applied in one session under the admin kubeconfig a control plane gave.
+        assert_eq!((w.bootstrap.sessions, w.counters.admin_kubeconfigs), (1, 1));
         let status = &w.operations["kubernetes"].info.status;
         assert!(
             matches!(&status.manifests, Some(ManifestsState::Applied { objects: 2, target, rolled_out: true, workloads, .. })
@@ -802,6 +804,35 @@ fn a_refused_bootstrap_manifest_pauses_naming_it_and_a_resume_applies_them_again
     sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "r2");
     assert_eq!(again(), RunEnd::Completed);
     sim.read_world(|w| assert_eq!(w.kube_proxy_version(), KubernetesVersion::parse(TARGET).unwrap()));
+}
+
+/// Issue 53 item 12: the manifests are applied under the admin kubeconfig a control
+/// plane's Talos API gives, never the operator's own identity. One the API server does
+/// not accept (its client certificate expired) pauses the upgrade naming the refusal,
+/// nothing applied; once it is accepted again, a resume completes with one new session.
+#[test]
+fn the_manifests_are_applied_under_the_admin_kubeconfig_and_a_refused_one_pauses() {
+    use ichor_upgrade_core::operation::RESUME_ANNOTATION;
+    use ichor_upgrade_core::rollout::{PauseReason, Phase};
+    let sim = cluster(1, 2, 3, &[], false);
+    sim.with_world(|w| w.bootstrap.admin_refused = true);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Paused);
+    sim.read_world(|w| {
+        let phase = &w.operations["kubernetes"].info.status.phase;
+        let Phase::Paused(PauseReason::ManifestsFailed { reason }) = phase else { panic!("{phase:?}") };
+        assert!(reason.contains("admin kubeconfig of cp-") && reason.contains("Unauthorized"), "{reason}");
+        assert_eq!((w.bootstrap.applies, w.bootstrap.sessions), (0, 0));
+        assert!(w.counters.admin_kubeconfigs >= 1);
+    });
+    sim.with_world(|w| w.bootstrap.admin_refused = false);
+    sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "r1");
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+    sim.read_world(|w| {
+        assert_eq!(w.bootstrap.sessions, 1);
+        assert_eq!(w.kube_proxy_version(), KubernetesVersion::parse(TARGET).unwrap());
+    });
 }
 
 /// Decision 0014, item 8: a Kubernetes target the cluster's Talos does not run yet is

@@ -223,6 +223,11 @@ struct FleetArgs {
     /// cluster whose machines the operator is not told about).
     #[arg(long, requires = "simulate_fleet")]
     no_machines: bool,
+    /// The admin kubeconfig the simulated fleet's Talos API gives (`talosctl kubeconfig`),
+    /// as a real cluster's control planes give theirs: a Kubernetes upgrade applies the
+    /// bootstrap manifests under it. Read once at start and held in memory.
+    #[arg(long, value_name = "FILE", requires = "simulate_fleet")]
+    fleet_admin_kubeconfig: Option<PathBuf>,
     /// Run only the simulated fleet, no controller.
     #[arg(long, requires = "simulate_fleet", conflicts_with_all = ["pass_interval_ms", "trace"])]
     fleet_only: bool,
@@ -246,8 +251,18 @@ impl FleetArgs {
     }
 
     /// The fleet of the arguments, in `namespace`.
-    fn config(&self, namespace: &str) -> Option<FleetConfig> {
-        self.simulate_fleet.map(|(control_planes, workers)| FleetConfig {
+    ///
+    /// # Errors
+    /// `--fleet-admin-kubeconfig` names a file that cannot be read as text.
+    fn config(&self, namespace: &str) -> Result<Option<FleetConfig>, String> {
+        let admin_kubeconfig = match &self.fleet_admin_kubeconfig {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("--fleet-admin-kubeconfig {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        Ok(self.simulate_fleet.map(|(control_planes, workers)| FleetConfig {
             namespace: namespace.to_owned(),
             control_planes,
             workers,
@@ -255,7 +270,8 @@ impl FleetArgs {
             seed: self.seed,
             kwok: self.kwok,
             machines: !self.no_machines,
-        })
+            admin_kubeconfig,
+        }))
     }
 }
 
@@ -404,7 +420,7 @@ async fn run(args: Args) -> i32 {
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| home.clone());
     #[cfg(feature = "fleet")]
-    let fleet = args.fleet.config(&home);
+    let fleet = args.fleet.config(&home).unwrap_or_else(|e| bad(&e));
     let snapshots = snapshot_store(&args).unwrap_or_else(|e| bad(&e));
     let operator = args.fleet.controller().then(|| {
         let config = OperatorConfig {

@@ -20,8 +20,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
-    NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
+    AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
+    MachineInfo, ManifestSession, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
 use ichor_talos_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
@@ -210,6 +210,20 @@ impl ConditionStore for FencedKube<'_> {
     }
 }
 
+/// The bootstrap manifests' session, its applies fenced as the operator's own writes.
+struct FencedSession<'a> {
+    inner: Box<dyn ManifestSession + 'a>,
+    fence: &'a Fence,
+}
+
+#[async_trait]
+impl ManifestSession for FencedSession<'_> {
+    async fn apply(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
+        self.fence.kube()?;
+        self.inner.apply(object, field_manager).await
+    }
+}
+
 #[async_trait]
 impl KubeApi for FencedKube<'_> {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
@@ -224,9 +238,9 @@ impl KubeApi for FencedKube<'_> {
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.inner.cluster_kubernetes().await
     }
-    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
-        self.fence.kube()?;
-        self.inner.apply_manifest(object, field_manager).await
+    async fn manifest_session(&self, kubeconfig: AdminKubeconfig) -> Result<Box<dyn ManifestSession + '_>, KubeError> {
+        let inner = self.inner.manifest_session(kubeconfig).await?;
+        Ok(Box::new(FencedSession { inner, fence: self.fence }))
     }
     async fn workload_rollout(
         &self,

@@ -107,6 +107,11 @@ pub struct FleetConfig {
     /// publishes the Nodes and the Talos API only, as a cluster whose machines the
     /// operator has not been told about.
     pub machines: bool,
+    /// The admin kubeconfig its control planes' Talos API gives (`talosctl kubeconfig`),
+    /// as a real cluster's gives its own: the identity a Kubernetes upgrade's bootstrap
+    /// manifests are applied under. Without it, a stand-in no API server accepts (the
+    /// manifests step then pauses, naming the refusal).
+    pub admin_kubeconfig: Option<String>,
 }
 
 /// `3+5`: control planes and workers.
@@ -311,6 +316,9 @@ impl Fleet {
                 address_base: std::net::Ipv4Addr::new(127, 1, 0, 0),
             });
         let sim = Arc::new(SimCluster::new(sim_config));
+        if let Some(kubeconfig) = &config.admin_kubeconfig {
+            sim.with_world(|w| w.admin_kubeconfig.clone_from(kubeconfig));
+        }
         let talos = Arc::new(Counting { sim: Arc::clone(&sim), upgrades: Mutex::default(), calls: AtomicU64::new(0) });
         let ca = Ca::new(KeyKind::Ed25519);
         let cert = ca.server(&["127.0.0.1", "localhost"]);

@@ -774,8 +774,11 @@ impl KubeApi for TracedKube<'_> {
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.inner.cluster_kubernetes().await
     }
-    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
-        self.inner.apply_manifest(object, field_manager).await
+    async fn manifest_session(
+        &self,
+        kubeconfig: ichor_talos_executor::kube_api::AdminKubeconfig,
+    ) -> Result<Box<dyn ichor_talos_executor::kube_api::ManifestSession + '_>, KubeError> {
+        self.inner.manifest_session(kubeconfig).await
     }
     async fn workload_rollout(
         &self,

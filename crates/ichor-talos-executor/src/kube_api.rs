@@ -239,6 +239,50 @@ pub enum Eviction {
     },
 }
 
+/// An admin kubeconfig, as a control plane's Talos API gives it (`talosctl kubeconfig`):
+/// held in memory only, zeroed when dropped, never printed (its `Debug` says nothing of
+/// it).
+pub struct AdminKubeconfig(secrecy::SecretString);
+
+impl AdminKubeconfig {
+    /// The kubeconfig in `bytes` (YAML, as the Talos API's archive held it).
+    ///
+    /// # Errors
+    /// Bytes that are not UTF-8 (then zeroed too).
+    pub fn new(bytes: Vec<u8>) -> Result<Self, KubeError> {
+        match String::from_utf8(bytes) {
+            Ok(text) => Ok(Self(secrecy::SecretString::from(text))),
+            Err(error) => {
+                let mut bytes = error.into_bytes();
+                secrecy::zeroize::Zeroize::zeroize(&mut bytes);
+                Err(KubeError::Refused("the admin kubeconfig the Talos API gave is not UTF-8 text".to_owned()))
+            }
+        }
+    }
+
+    /// Its text, for the client that is made from it.
+    #[must_use]
+    pub fn expose(&self) -> &str {
+        secrecy::ExposeSecret::expose_secret(&self.0)
+    }
+}
+
+impl std::fmt::Debug for AdminKubeconfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminKubeconfig([held in memory, not shown])")
+    }
+}
+
+/// A Kubernetes API session under an identity other than the operator's
+/// ([`KubeApi::manifest_session`]), for the bootstrap manifests only.
+#[async_trait]
+pub trait ManifestSession: Send + Sync {
+    /// Applies `object` (a whole Kubernetes object as JSON) server-side under
+    /// `field_manager`, taking over the fields another manager holds, as Talos's manifest
+    /// sync does.
+    async fn apply(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError>;
+}
+
 /// What the executor asks of the Kubernetes API.
 #[async_trait]
 pub trait KubeApi: ConditionStore {
@@ -327,12 +371,16 @@ pub trait KubeApi: ConditionStore {
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         Err(KubeError::Refused("the cluster's deprecated APIs cannot be read through this client".to_owned()))
     }
-    /// Applies `object` (a whole Kubernetes object as JSON) server-side under
-    /// `field_manager`, taking over the fields another manager holds, as Talos's manifest
-    /// sync does. (The default answers [`KubeError::Refused`]; wrappers must forward it.)
-    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
-        let _ = (object, field_manager);
-        Err(KubeError::Refused("server-side apply is not available through this client".to_owned()))
+    /// A session on this API server under `kubeconfig`'s identity instead of the
+    /// operator's own: the admin kubeconfig a control plane's Talos API gave, for a
+    /// Kubernetes upgrade's bootstrap manifests step only (the operator holds no standing
+    /// grant to write them; decision 0014 rule 19). The session is dropped when the step
+    /// ends; the kubeconfig is never written or logged. A kubeconfig that cannot make a
+    /// client is [`KubeError::Refused`]. (The default answers [`KubeError::Refused`];
+    /// wrappers must forward it, fencing its writes as their own.)
+    async fn manifest_session(&self, kubeconfig: AdminKubeconfig) -> Result<Box<dyn ManifestSession + '_>, KubeError> {
+        drop(kubeconfig);
+        Err(KubeError::Refused("no session under another identity can be made through this client".to_owned()))
     }
     /// The rollout of `workload` (`DaemonSet namespace/name` or `Deployment
     /// namespace/name`): done when its controller observed its latest spec and its pods

@@ -32,9 +32,9 @@ use ichor_upgrade_core::versions::KubernetesVersion;
 
 use crate::calls::{AdvanceError, Executor, KubeCallError, TalosCallError, bounded, node_name};
 use crate::effects::{self, Grants, Intent};
-use crate::kube_api::MachineInfo;
+use crate::kube_api::{AdminKubeconfig, MachineInfo};
 use crate::machine_config::MachineConfig;
-use crate::talos_api::{ApplyConfigRequest, ApplyMode};
+use crate::talos_api::{ApplyConfigRequest, ApplyMode, TalosError};
 
 /// What a Kubernetes upgrade's pass asks of one machine.
 #[derive(Debug, Clone, Copy)]
@@ -319,11 +319,13 @@ async fn apply(
 }
 
 /// A Kubernetes upgrade's last step ([`ichor_upgrade_core::kubernetes_manifests`]): the
-/// bootstrap manifests read from the first of `control_planes` whose Talos API answers,
-/// then each object applied server-side under Talos's field manager, in order (but
-/// Secrets, which are named in the record instead: the operator writes none). Its
-/// record, for the status: applied, or failed naming the object the API server refused
-/// (a refusal retrying will not fix; the operation pauses).
+/// bootstrap manifests and the admin kubeconfig read from the first of `control_planes`
+/// whose Talos API answers, then each object applied server-side under Talos's field
+/// manager, in order, in a session under that admin kubeconfig (as `talosctl upgrade-k8s`
+/// does: the operator's own identity holds no grant to write them), but Secrets, which
+/// are named in the record instead. The kubeconfig lives in memory for this call only.
+/// Its record, for the status: applied, or failed naming the object the API server
+/// refused (a refusal retrying will not fix; the operation pauses).
 ///
 /// Called only when the pass's decision asks for it (under the lock, every machine
 /// through). Applied again after a crash before its record, it changes nothing.
@@ -339,30 +341,40 @@ pub async fn apply_manifests(
     let bound = ex.config.call_timeout;
     let failed = |reason: String| ManifestsState::Failed { target: target.to_string(), reason, at: ex.clock.now() };
     let mut last = None;
-    let mut objects = None;
+    let mut read = None;
     for machine in control_planes {
-        let error = match bounded("read the bootstrap manifests", bound, ex.talos.bootstrap_manifests(&machine.address))
-            .await
-        {
-            Ok(Ok(read)) => {
-                objects = Some(read);
+        let error = match read_from(ex, &machine.address).await {
+            Ok(both) => {
+                read = Some((machine.name.as_str(), both));
                 break;
             }
-            Ok(Err(error)) => TalosCallError::from(error),
-            Err(timed_out) => TalosCallError::from(timed_out),
+            Err(error) => error,
         };
-        tracing::debug!(machine = %machine.name, %error, "bootstrap manifests unreadable");
+        tracing::debug!(machine = %machine.name, %error, "bootstrap manifests or admin kubeconfig unreadable");
         last = Some((machine.name.clone(), error));
     }
-    let Some(objects) = objects else {
+    let Some((source, (objects, kubeconfig))) = read else {
         return match last {
             // Every control plane answered, and refused: a person must look.
-            Some((machine, error)) if !error.is_unreachable() => {
-                Ok(failed(format!("reading the bootstrap manifests from {machine}: {error}")))
-            }
+            Some((machine, error)) if !error.is_unreachable() => Ok(failed(format!(
+                "reading the bootstrap manifests and the admin kubeconfig (a talosconfig of role os:admin) \
+                 from {machine}: {error}"
+            ))),
             Some((_, source)) => Err(AdvanceError::TalosCall { call: "COSI List Manifests", source }),
             None => Ok(failed("no control plane to read the bootstrap manifests from".to_owned())),
         };
+    };
+    let session = match bounded("make the manifests' session", bound, ex.kube.manifest_session(kubeconfig)).await {
+        Ok(Ok(session)) => session,
+        Ok(Err(error)) if !error.is_transient() => {
+            return Ok(failed(format!("a session under the admin kubeconfig of {source}: {error}")));
+        }
+        Ok(Err(error)) => {
+            return Err(AdvanceError::KubeCall { call: "make the manifests' session", source: error.into() });
+        }
+        Err(timed_out) => {
+            return Err(AdvanceError::KubeCall { call: "make the manifests' session", source: timed_out.into() });
+        }
     };
     // Every object Talos lists is applied, its own and the cluster's inline and extra
     // manifests alike (as `talosctl upgrade-k8s` does; decision 0014 rule 18), but Secrets:
@@ -378,7 +390,7 @@ pub async fn apply_manifests(
     }
     for object in &objects {
         let name = object_name(object);
-        match bounded("apply a bootstrap manifest", bound, ex.kube.apply_manifest(object, FIELD_MANAGER)).await {
+        match bounded("apply a bootstrap manifest", bound, session.apply(object, FIELD_MANAGER)).await {
             Ok(Ok(())) => tracing::debug!(object = %name, "bootstrap manifest applied"),
             Ok(Err(error)) if !error.is_transient() => return Ok(failed(format!("{name}: {error}"))),
             Ok(Err(error)) => {
@@ -405,6 +417,20 @@ pub async fn apply_manifests(
         progress_at: None,
         not_applied,
     })
+}
+
+/// The bootstrap manifests and the admin kubeconfig of the control plane at `address`,
+/// each read under the call bound.
+async fn read_from(
+    ex: &Executor<'_>,
+    address: &str,
+) -> Result<(Vec<serde_json::Value>, AdminKubeconfig), TalosCallError> {
+    let bound = ex.config.call_timeout;
+    let objects = bounded("read the bootstrap manifests", bound, ex.talos.bootstrap_manifests(address)).await??;
+    let bytes = bounded("read the admin kubeconfig", bound, ex.talos.admin_kubeconfig(address)).await??;
+    AdminKubeconfig::new(bytes)
+        .map(|kubeconfig| (objects, kubeconfig))
+        .map_err(|e| TalosCallError::from(TalosError::Answered { code: "DataLoss".to_owned(), message: e.to_string() }))
 }
 
 /// `Kind namespace/name` (or `Kind name`) of an object: how the manifests' objects and

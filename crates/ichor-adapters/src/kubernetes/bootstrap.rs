@@ -1,18 +1,63 @@
 //! A Kubernetes upgrade's bootstrap manifests applied as Talos applies them: each object
 //! server-side, under Talos's field manager, taking over fields another manager holds.
 //! The object's API is found by discovery (its group, version and kind), so any kind a
-//! manifest holds (a CRD's included) applies. Then the rollouts of the workloads applied.
+//! manifest holds (a CRD's included) applies. The applies go through a session under the
+//! cluster's admin kubeconfig, as `talosctl upgrade-k8s` makes them, never the operator's
+//! own identity. Then the rollouts of the workloads applied (the operator's own reads).
 
-use ichor_talos_executor::kube_api::KubeError;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use ichor_talos_executor::kube_api::{AdminKubeconfig, KubeError, ManifestSession};
 use ichor_talos_executor::kubernetes::object_name;
 use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
-use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{GroupVersionKind, TypeMeta};
 use kube::discovery::{Scope, pinned_kind};
+use kube::{Client, Config};
 use serde_json::Value;
 
+use super::client::Counters;
 use super::errors::kube_error;
+
+/// A client under the admin kubeconfig a control plane's Talos API gave: the bootstrap
+/// manifests' session ([`ichor_talos_executor::kube_api::KubeApi::manifest_session`]). The kubeconfig is read from memory
+/// and never written; the client (its credentials inside) is dropped with the session.
+pub struct AdminSession {
+    client: Client,
+    counters: Arc<Counters>,
+}
+
+impl AdminSession {
+    /// A client from `kubeconfig`'s current context; its calls counted in `counters`.
+    ///
+    /// # Errors
+    /// [`KubeError::Refused`]: a kubeconfig that does not parse, names no usable context,
+    /// or whose credentials make no TLS client (nothing of the kubeconfig's own text is
+    /// in the message).
+    pub async fn new(kubeconfig: &AdminKubeconfig, counters: Arc<Counters>) -> Result<Self, KubeError> {
+        let refused =
+            |what: &str, e: &dyn std::fmt::Display| KubeError::Refused(format!("the admin kubeconfig {what}: {e}"));
+        let parsed = Kubeconfig::from_yaml(kubeconfig.expose()).map_err(|e| refused("does not parse", &e))?;
+        let config = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| refused("names no usable cluster and user", &e))?;
+        let client = Client::try_from(config).map_err(|e| refused("makes no client", &e))?;
+        Ok(Self { client, counters })
+    }
+}
+
+#[async_trait]
+impl ManifestSession for AdminSession {
+    async fn apply(&self, object: &Value, field_manager: &str) -> Result<(), KubeError> {
+        // Discovery of its kind's API (one request), then the apply.
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        apply_manifest(&self.client, object, field_manager).await
+    }
+}
 
 /// Applies `object` server-side under `field_manager`, forced.
 ///

@@ -30,8 +30,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use ichor_storage::{ConditionStore, ConditionWriteError};
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, ClusterKubernetesInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
-    MachineInfo, Metadata, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
+    AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo,
+    LeaseWrite, MachineInfo, ManifestSession, Metadata, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
@@ -1203,11 +1203,9 @@ impl KubeApi for KubeCluster {
         super::versions::cluster_kubernetes(&self.client).await
     }
 
-    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
-        // Discovery of its kind's API (one request), then the apply.
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        super::bootstrap::apply_manifest(&self.client, object, field_manager).await
+    async fn manifest_session(&self, kubeconfig: AdminKubeconfig) -> Result<Box<dyn ManifestSession + '_>, KubeError> {
+        let session = super::bootstrap::AdminSession::new(&kubeconfig, Arc::clone(&self.counters)).await?;
+        Ok(Box::new(session))
     }
 
     async fn workload_rollout(

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::Clock;
 use ichor_talos_executor::kube_api::{
-    ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
-    NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
+    AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
+    MachineInfo, ManifestSession, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
 use ichor_talos_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
@@ -739,6 +739,18 @@ impl SimCluster {
     }
 }
 
+/// The simulated API server under the admin kubeconfig ([`KubeApi::manifest_session`]).
+struct SimManifestSession<'a> {
+    sim: &'a SimCluster,
+}
+
+#[async_trait]
+impl ManifestSession for SimManifestSession<'_> {
+    async fn apply(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
+        self.sim.kube(KubeCall::Write, |w| w.apply_manifest(object, field_manager)).await
+    }
+}
+
 #[async_trait]
 impl KubeApi for SimCluster {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
@@ -910,8 +922,21 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::Read, |w| Ok(w.cluster_kubernetes())).await
     }
 
-    async fn apply_manifest(&self, object: &serde_json::Value, field_manager: &str) -> Result<(), KubeError> {
-        self.kube(KubeCall::Write, |w| w.apply_manifest(object, field_manager)).await
+    async fn manifest_session(&self, kubeconfig: AdminKubeconfig) -> Result<Box<dyn ManifestSession + '_>, KubeError> {
+        // The API server authenticates the admin kubeconfig's client certificate: the one
+        // the control planes' Talos API gives, unless a test says it expired.
+        // Making the client sends nothing yet.
+        self.kube(KubeCall::CachedRead, |w| {
+            if w.bootstrap.admin_refused || kubeconfig.expose() != w.admin_kubeconfig {
+                return Err(KubeError::Refused(
+                    "Unauthorized: the admin kubeconfig's client certificate is not accepted".to_owned(),
+                ));
+            }
+            w.bootstrap.sessions += 1;
+            Ok(())
+        })
+        .await?;
+        Ok(Box::new(SimManifestSession { sim: self }))
     }
 
     async fn workload_rollout(

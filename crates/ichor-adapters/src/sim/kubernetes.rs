@@ -43,8 +43,13 @@ pub struct SimBootstrap {
     /// manager. Before any apply the cluster runs what Talos created at bootstrap: the
     /// kube-proxy DaemonSet on the cluster's first version.
     pub objects: BTreeMap<String, (serde_json::Value, String)>,
-    /// Server-side applies made.
+    /// Server-side applies made (each under the admin kubeconfig).
     pub applies: usize,
+    /// Sessions made under the admin kubeconfig.
+    pub sessions: usize,
+    /// A test knob: the API server refuses the admin kubeconfig (its client certificate
+    /// expired, or was revoked): a failure no retry fixes.
+    pub admin_refused: bool,
     /// A test knob: the API server refuses every apply (as an admission webhook that says
     /// no would): a failure no retry fixes.
     pub refuse: bool,

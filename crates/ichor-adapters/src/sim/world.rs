@@ -573,7 +573,7 @@ kind: Config
 clusters:
 - name: sim
   cluster:
-    server: https://sim.invalid:6443
+    server: https://127.0.0.1:1
     certificate-authority-data: c2ltLWNh
 users:
 - name: admin@sim
