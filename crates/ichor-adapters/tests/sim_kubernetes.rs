@@ -759,18 +759,13 @@ fn the_bootstrap_manifests_go_last_and_roll_kube_proxy_to_the_target() {
     assert!(!early.get(), "a manifest applied before every kubelet was on the target");
     sim.read_world(|w| {
         assert_eq!(w.kube_proxy_version(), target);
-        assert_eq!(w.bootstrap.applies, 2, "the ServiceAccount and the DaemonSet, once each");
-        assert!(
-            !w.bootstrap.objects.keys().any(|k| k.starts_with("Secret ")),
-            "the bootstrap token is not applied: {:?}",
-            w.bootstrap.objects.keys()
-        );
+        assert_eq!(w.bootstrap.applies, 3, "the bootstrap token, the ServiceAccount and the DaemonSet, once each");
         assert!(w.bootstrap.objects.values().all(|(_, manager)| manager == "talos"));
         // Applied in one session under the admin kubeconfig a control plane gave.
         assert_eq!((w.bootstrap.sessions, w.counters.admin_kubeconfigs), (1, 1));
         let status = &w.operations["kubernetes"].info.status;
         assert!(
-            matches!(&status.manifests, Some(ManifestsState::Applied { objects: 2, target, rolled_out: true, workloads, .. })
+            matches!(&status.manifests, Some(ManifestsState::Applied { objects: 3, target, rolled_out: true, workloads, .. })
                 if target == TARGET && workloads == &[KUBE_PROXY_DAEMONSET.to_owned()]),
             "{:?}",
             status.manifests
@@ -791,7 +786,8 @@ fn a_refused_bootstrap_manifest_pauses_naming_it_and_a_resume_applies_them_again
     sim.read_world(|w| {
         let phase = &w.operations["kubernetes"].info.status.phase;
         let Phase::Paused(PauseReason::ManifestsFailed { reason }) = phase else { panic!("{phase:?}") };
-        assert!(reason.contains("ServiceAccount kube-system/kube-proxy") && reason.contains("denied"), "{reason}");
+        // The first object Talos lists, the bootstrap token (Secrets are applied too).
+        assert!(reason.contains("Secret kube-system/bootstrap-token-sim000") && reason.contains("denied"), "{reason}");
         assert_eq!(w.bootstrap.applies, 0);
         assert!(w.nodes.iter().all(|n| n.kube.kubelet == KubernetesVersion::parse(TARGET).unwrap()));
     });
@@ -1246,11 +1242,11 @@ fn arguments_the_target_removes_are_refused_at_planning_naming_each_touching_not
 
 /// Issue 53 item 10: a cluster whose CNI comes from an inline manifest (a DaemonSet, its
 /// ConfigMap and a Secret), listed by Talos among its `Manifests` after its own. Every
-/// object is applied as `talosctl upgrade-k8s` applies it and the CNI's rollout is waited
-/// for; the Secrets (the bootstrap token and the inline one) are not applied, and are named
-/// in the record and in a Warning Event instead of being dropped silently.
+/// object is applied as `talosctl upgrade-k8s` applies it, the Secrets (the bootstrap
+/// token and the inline one) included (item 12: under the admin kubeconfig), and the
+/// CNI's rollout is waited for.
 #[test]
-fn inline_manifests_are_applied_and_waited_for_and_secrets_are_named_not_dropped() {
+fn inline_manifests_are_applied_and_waited_for_secrets_included() {
     let sim = cluster(3, 2, 1, &[], false);
     sim.with_world(|w| {
         w.bootstrap.inline = vec![
@@ -1267,19 +1263,20 @@ fn inline_manifests_are_applied_and_waited_for_and_secrets_are_named_not_dropped
     });
     assert_eq!(run(&sim, TARGET, 1), RunEnd::Completed);
     sim.read_world(|w| {
-        for key in ["ConfigMap kube-system/cilium-config", "DaemonSet kube-system/cilium"] {
+        for key in [
+            "ConfigMap kube-system/cilium-config",
+            "DaemonSet kube-system/cilium",
+            "Secret kube-system/cilium-ca",
+            "Secret kube-system/bootstrap-token-sim000",
+        ] {
             let (_, manager) = w.bootstrap.objects.get(key).unwrap_or_else(|| panic!("{key} not applied"));
             assert_eq!(manager, "talos", "{key}");
         }
-        assert!(w.bootstrap.objects.keys().all(|k| !k.starts_with("Secret ")), "a Secret applied");
-        let Some(ManifestsState::Applied { workloads, not_applied, rolled_out, .. }) =
+        let Some(ManifestsState::Applied { workloads, rolled_out, .. }) =
             &w.operations["kubernetes"].info.status.manifests
         else {
             panic!("no manifests record");
         };
         assert!(*rolled_out && workloads.iter().any(|k| k == "DaemonSet kube-system/cilium"), "{workloads:?}");
-        assert_eq!(not_applied, &["Secret kube-system/bootstrap-token-sim000", "Secret kube-system/cilium-ca"]);
-        let warned = w.events.iter().find(|e| e.reason == "ManifestsNotApplied").expect("a Warning Event");
-        assert!(warned.message.contains("Secret kube-system/cilium-ca"), "{}", warned.message);
     });
 }

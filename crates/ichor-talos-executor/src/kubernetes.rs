@@ -322,8 +322,8 @@ async fn apply(
 /// bootstrap manifests and the admin kubeconfig read from the first of `control_planes`
 /// whose Talos API answers, then each object applied server-side under Talos's field
 /// manager, in order, in a session under that admin kubeconfig (as `talosctl upgrade-k8s`
-/// does: the operator's own identity holds no grant to write them), but Secrets, which
-/// are named in the record instead. The kubeconfig lives in memory for this call only.
+/// does: the operator's own identity holds no grant to write them), Secrets included.
+/// The kubeconfig lives in memory for this call only.
 /// Its record, for the status: applied, or failed naming the object the API server
 /// refused (a refusal retrying will not fix; the operation pauses).
 ///
@@ -377,17 +377,8 @@ pub async fn apply_manifests(
         }
     };
     // Every object Talos lists is applied, its own and the cluster's inline and extra
-    // manifests alike (as `talosctl upgrade-k8s` does; decision 0014 rule 18), but Secrets:
-    // the operator holds no write on Secrets beyond its clusters' namespaces. Talos's own
-    // Secret is the bootstrap token, which a Kubernetes upgrade never changes; an inline
-    // manifest's Secret may have changed, so each one is named in the record and in a
-    // Warning Event, never skipped silently.
-    let (secrets, objects): (Vec<_>, Vec<_>) =
-        objects.into_iter().partition(|o| o.get("kind").and_then(serde_json::Value::as_str) == Some("Secret"));
-    let not_applied: Vec<String> = secrets.iter().map(object_name).collect();
-    for secret in &not_applied {
-        tracing::warn!(object = %secret, "bootstrap manifest not applied: a Secret (the operator writes no Secrets)");
-    }
+    // manifests alike, Secrets included, as `talosctl upgrade-k8s` applies them
+    // (decision 0014 rules 18 and 19: under the admin kubeconfig, which may write them).
     for object in &objects {
         let name = object_name(object);
         match bounded("apply a bootstrap manifest", bound, session.apply(object, FIELD_MANAGER)).await {
@@ -415,7 +406,6 @@ pub async fn apply_manifests(
         rolled_out: false,
         progress: 0,
         progress_at: None,
-        not_applied,
     })
 }
 

@@ -16,7 +16,7 @@ use ichor_upgrade_core::evacuation::{
     EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state, with_recorded_evacuation,
 };
 use ichor_upgrade_core::kubernetes_args::ComponentArgs;
-use ichor_upgrade_core::kubernetes_manifests::{ManifestsState, WorkloadRollout};
+use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
 use ichor_upgrade_core::kubernetes_plan::{
     Component, KubernetesPlanInput, KubernetesPlanProblem, NodeKubernetes, plan_kubernetes,
 };
@@ -1412,28 +1412,8 @@ async fn gather_gates(
         // With the resume this pass acted upon: a failure recorded again is not resumed
         // again by the same token.
         let observed_resume = decision.acknowledge_resume.clone().or_else(|| op.status.observed_resume.clone());
-        let not_applied = match &state {
-            ManifestsState::Applied { not_applied, .. } => not_applied.clone(),
-            ManifestsState::Failed { .. } => Vec::new(),
-        };
         let recorded = OperationStatus { manifests: Some(state), observed_resume, ..op.status.clone() };
         write_status(ex, name, &op.status, &recorded).await?;
-        if !not_applied.is_empty() {
-            let event = Event {
-                kind: "TalosOperation",
-                name: name.to_owned(),
-                type_: EventType::Warning,
-                reason: "ManifestsNotApplied".to_owned(),
-                message: format!(
-                    "bootstrap manifests applied but for {}: the operator writes no Secrets; apply a changed one \
-                     yourself (kubectl apply, or talosctl upgrade-k8s)",
-                    not_applied.join(", ")
-                ),
-            };
-            if let Err(e) = bounded("record Event", ex.config.call_timeout, ex.kube.event(&event)).await {
-                tracing::debug!(error = %e, "manifests Event not recorded");
-            }
-        }
         return Ok(GatesEnd::SnapshotRecorded(Box::new(decision)));
     }
     for round in 1..=GATE_ROUNDS {

@@ -81,11 +81,6 @@ pub enum ManifestsState {
         /// When it was first seen; `None`: no progress seen since `at`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         progress_at: Option<Timestamp>,
-        /// The objects listed but not applied, `Kind namespace/name`: the Secrets (the
-        /// operator holds no write on Secrets), named so that a person applies a changed
-        /// one (issue 53 item 10).
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        not_applied: Vec<String>,
     },
     /// An apply was refused, for `target`: the operation pauses until resumed.
     Failed {
@@ -168,7 +163,7 @@ pub fn manifests_step(
     if let Some(reason) = state.failed_for(target) {
         return if resuming { ManifestsStep::Apply } else { ManifestsStep::Failed { reason: reason.to_owned() } };
     }
-    let (Some(workloads), ManifestsState::Applied { objects, at, progress, progress_at, not_applied, .. }) =
+    let (Some(workloads), ManifestsState::Applied { objects, at, progress, progress_at, .. }) =
         (state.rolling_out(target), state)
     else {
         return ManifestsStep::Apply;
@@ -183,7 +178,6 @@ pub fn manifests_step(
         rolled_out,
         progress,
         progress_at,
-        not_applied: not_applied.clone(),
     };
     let pending: Vec<String> = workloads
         .iter()
@@ -238,7 +232,6 @@ mod tests {
             rolled_out,
             progress: 0,
             progress_at: None,
-            not_applied: Vec::new(),
         }
     }
 
@@ -289,7 +282,6 @@ mod tests {
             rolled_out: false,
             progress: 1,
             progress_at: None,
-            not_applied: Vec::new(),
         };
         assert_eq!(step(Some(&seen), "1.35.0", Some(&[rollout(false)])), ManifestsStep::Wait { recheck_at: poll });
         let late = AT.saturating_add(ROLLOUT_STALL);
@@ -311,7 +303,6 @@ mod tests {
             rolled_out: false,
             progress: 0,
             progress_at: None,
-            not_applied: Vec::new(),
         };
         assert!(matches!(
             step(Some(&none), "1.35.0", Some(&[])),

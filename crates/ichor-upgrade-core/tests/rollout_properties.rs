@@ -681,7 +681,6 @@ fn run_to_completion(
                 rolled_out: true,
                 progress: 0,
                 progress_at: None,
-                not_applied: Vec::new(),
             });
         }
         for name in &d.stop {

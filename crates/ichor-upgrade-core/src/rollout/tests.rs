@@ -1372,7 +1372,6 @@ fn a_kubernetes_upgrades_kubelets_go_control_planes_first_then_max_unavailable_w
         rolled_out: false,
         progress: 0,
         progress_at: None,
-        not_applied: Vec::new(),
     };
     let d = through.clone().status(OperationStatus { manifests: Some(rolling), ..OperationStatus::default() }).decide();
     assert_eq!(d.phase, Phase::Progressing);
@@ -1385,7 +1384,6 @@ fn a_kubernetes_upgrades_kubelets_go_control_planes_first_then_max_unavailable_w
         rolled_out: true,
         progress: 0,
         progress_at: None,
-        not_applied: Vec::new(),
     };
     let d = through.status(OperationStatus { manifests: Some(applied), ..OperationStatus::default() }).decide();
     assert_eq!(d.phase, Phase::Completed);
