@@ -27,18 +27,22 @@ use serde_json::json;
 pub(crate) struct Scene {
     pub(crate) ns: TestNamespace,
     pub(crate) dir: tempfile::TempDir,
+    /// Whether the operator's ServiceAccount holds the Kubernetes-upgrade reads
+    /// (`deploy/components/kubernetes-upgrades/`); without them the scene is a Talos-only
+    /// install.
+    kubernetes_upgrades: std::sync::atomic::AtomicBool,
 }
 
 impl Scene {
     pub(crate) async fn new(prefix: &str) -> Self {
         let ns = TestNamespace::create(prefix).await;
-        Self { ns, dir: tempfile::tempdir().unwrap() }
+        Self { ns, dir: tempfile::tempdir().unwrap(), kubernetes_upgrades: false.into() }
     }
 
     /// A scene on the server of `kubeconfig` (one the test started itself).
     pub(crate) async fn on(kubeconfig: &Path, prefix: &str) -> Self {
         let ns = TestNamespace::create_on(kubeconfig, prefix).await;
-        Self { ns, dir: tempfile::tempdir().unwrap() }
+        Self { ns, dir: tempfile::tempdir().unwrap(), kubernetes_upgrades: false.into() }
     }
 
     pub(crate) fn admin(&self) -> &Path {
@@ -70,11 +74,29 @@ impl Scene {
         self.ns.service_account_kubeconfig(rbac::NAME, &self.dir.path().join("operator.kubeconfig")).await
     }
 
+    /// Binds the operator's ServiceAccount to the Kubernetes-upgrade reads, as
+    /// `deploy/components/kubernetes-upgrades/` does (the scene's namespace is the
+    /// ServiceAccount's): [`Scene::only_allowed_requests`] then allows them.
+    pub(crate) async fn grant_kubernetes_upgrades(&self) {
+        let client = &self.ns.client;
+        let apply = PatchParams::apply("ichor-e2e").force();
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        let role = rbac::kubernetes_upgrades_role();
+        roles.patch(rbac::KUBERNETES_ROLE, &apply, &Patch::Apply(&typed(&role))).await.unwrap();
+        let binding_name = format!("{}-{}", rbac::KUBERNETES_ROLE, self.ns.name);
+        let binding = rbac::cluster_role_binding(&binding_name, rbac::KUBERNETES_ROLE, &self.ns.name, rbac::NAME);
+        let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(client.clone());
+        bindings.patch(&binding_name, &apply, &Patch::Apply(&typed(&binding))).await.unwrap();
+        self.kubernetes_upgrades.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Every request `operator` (run with [`Scene::operator_kubeconfig`]) made is one the
     /// RBAC table grants in the namespace it was made in.
     pub(crate) async fn only_allowed_requests(&self, operator: &Process) {
         let ns = self.ns.name.as_str();
-        only_allowed_requests(operator, &rbac::Placement { operator_namespace: ns, cluster_namespaces: &[ns] }).await;
+        let kubernetes_upgrades = self.kubernetes_upgrades.load(std::sync::atomic::Ordering::Relaxed);
+        let placement = rbac::Placement { operator_namespace: ns, cluster_namespaces: &[ns], kubernetes_upgrades };
+        only_allowed_requests(operator, &placement).await;
     }
 
     pub(crate) fn fleet(&self, shape: &str, extra: &[&str]) -> Process {
@@ -224,6 +246,7 @@ impl Scene {
         }
         let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(self.ns.client.clone());
         bindings.delete(&format!("{}-{}", rbac::NAME, self.ns.name), &Default::default()).await.ok();
+        bindings.delete(&format!("{}-{}", rbac::KUBERNETES_ROLE, self.ns.name), &Default::default()).await.ok();
         self.ns.delete().await;
     }
 }
@@ -799,6 +822,7 @@ async fn a_kubernetes_upgrade_completes_on_the_simulated_fleet_with_every_kubele
     let fleet = scene.fleet("3+3", &["--fleet-only"]);
     scene.fleet_up(6).await;
     let kubeconfig = scene.operator_kubeconfig().await;
+    scene.grant_kubernetes_upgrades().await;
     let mut first = scene.operator("operator-1", &kubeconfig, &["--identity", "replica-a"]);
     let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
     let spec = TalosOperationSpec {

@@ -61,7 +61,12 @@ async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgr
     let scene = Scene::new("e2e-install").await;
     let admin = scene.admin().to_path_buf();
     let applied = run(&admin, &["apply", "-k", &overlay(scene.dir.path()).display().to_string()]);
-    for object in ["namespace/ichor-system", "serviceaccount/ichor-operator", "statefulset.apps/ichor-operator"] {
+    for object in [
+        "namespace/ichor-system",
+        "serviceaccount/ichor-operator",
+        "statefulset.apps/ichor-operator",
+        "clusterrole.rbac.authorization.k8s.io/ichor-operator-kubernetes-upgrades",
+    ] {
         assert!(applied.contains(object), "kubectl apply -k applied {object}: {applied}");
     }
     let sets: Api<StatefulSet> = Api::namespaced(scene.ns.client.clone(), rbac::NAMESPACE);
@@ -179,7 +184,11 @@ async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgr
     // The fields' own documentation, as a user reads it.
     let explained = run(&admin, &["explain", "talosoperation.spec.preflight"]);
     assert!(explained.contains("preflight gate"), "kubectl explain shows the field's doc: {explained}");
-    let placement = rbac::Placement { operator_namespace: rbac::NAMESPACE, cluster_namespaces: &[&scene.ns.name] };
+    let placement = rbac::Placement {
+        operator_namespace: rbac::NAMESPACE,
+        cluster_namespaces: &[&scene.ns.name],
+        kubernetes_upgrades: true,
+    };
     only_allowed_requests(&operator, &placement).await;
     assert_eq!(fleet_process.terminate(), Some(0));
     scene.end().await;

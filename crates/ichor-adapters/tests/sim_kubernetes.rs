@@ -831,6 +831,29 @@ fn the_manifests_are_applied_under_the_admin_kubeconfig_and_a_refused_one_pauses
     });
 }
 
+/// Decision 0014 rule 19: an operator installed for Talos upgrades only (no
+/// `deploy/components/kubernetes-upgrades/`) is refused a Kubernetes upgrade's planning
+/// reads (403): the upgrade is refused naming the ClusterRole and the component, touching
+/// nothing, and goes once they are bound (decided again each pass).
+#[test]
+fn a_kubernetes_upgrade_without_its_grants_is_refused_naming_the_component() {
+    let sim = cluster(3, 2, 1, &[], false);
+    sim.with_world(|w| w.bootstrap.reads_forbidden = true);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Refused);
+    sim.read_world(|w| {
+        let phase = &w.operations["kubernetes"].info.status.phase;
+        assert_eq!(phase.reason(), "KubernetesGrantsMissing", "{phase}");
+        let text = phase.to_string();
+        assert!(text.contains("ichor-operator-kubernetes-upgrades") && text.contains("/metrics"), "{text}");
+        assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "nothing applied");
+        assert!(w.lease.is_none(), "no lock taken");
+    });
+    sim.with_world(|w| w.bootstrap.reads_forbidden = false);
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+}
+
 /// Decision 0014, item 8: a Kubernetes target the cluster's Talos does not run yet is
 /// refused at planning, touching nothing, and the refusal lifts once the Talos upgrade
 /// that brings it is done: Kubernetes 1.38 needs Talos 1.15, so an upgrade to it waits

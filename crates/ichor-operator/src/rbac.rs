@@ -9,6 +9,12 @@
 //! the leader Lease only in the operator's own namespace and by name; never a cluster-wide
 //! grant of either (which would reach kube-system's leader Leases and every Secret).
 //!
+//! The reads only a Kubernetes upgrade needs are a ClusterRole of their own
+//! ([`Scope::KubernetesUpgrades`], `deploy/components/kubernetes-upgrades/`): a team that
+//! runs only Talos upgrades installs without them. No rule writes workloads, CRDs or RBAC:
+//! a Kubernetes upgrade's manifests are applied under the cluster's admin kubeconfig
+//! (decision 0014 rule 19).
+//!
 //! Two checks keep it honest: the end-to-end tests run the operator under a ServiceAccount
 //! bound exactly as `deploy/` binds it (a missing grant is a 403 and a stuck rollout), and
 //! they read the requests it made, by namespace, from `/metrics` ([`crate::requests`]) and
@@ -43,6 +49,11 @@ pub enum Scope {
     ClusterNamespaces,
     /// In the operator's own namespace: the Role [`LEADER_ROLE`].
     OperatorNamespace,
+    /// Cluster-wide, for Kubernetes upgrades only: the ClusterRole [`KUBERNETES_ROLE`],
+    /// bound by a ClusterRoleBinding in the kustomize component
+    /// `deploy/components/kubernetes-upgrades/` ([`kubernetes_upgrades_yaml`]), which a
+    /// team that runs only Talos upgrades leaves out.
+    KubernetesUpgrades,
 }
 
 /// One rule of the operator's roles, with the calls that need it.
@@ -73,9 +84,20 @@ const fn everywhere(
     Rule { scope: Scope::Cluster, group, resources, verbs, names: &[], why }
 }
 
-/// A list, everywhere, of resources whose versions a Kubernetes release removes.
+/// A rule granted for Kubernetes upgrades only ([`Scope::KubernetesUpgrades`]).
+const fn kubernetes_upgrades(
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+    why: &'static str,
+) -> Rule {
+    Rule { scope: Scope::KubernetesUpgrades, group, resources, verbs, names: &[], why }
+}
+
+/// A list, for Kubernetes upgrades, of resources whose versions a Kubernetes release
+/// removes.
 const fn stranded_count(group: &'static str, resources: &'static [&'static str]) -> Rule {
-    everywhere(
+    kubernetes_upgrades(
         group,
         resources,
         &["list"],
@@ -130,43 +152,22 @@ pub const RULES: &[Rule] = &[
         "the preflight gate: budgets at zero over a node's pods",
     ),
     everywhere("", &["pods/eviction"], &["create"], "evictions, which PodDisruptionBudgets can refuse"),
-    everywhere(
+    kubernetes_upgrades(
         "apps",
         &["daemonsets"],
         &["list"],
         "a Kubernetes upgrade's planning: kube-proxy's version (kube-system/kube-proxy)",
     ),
-    // A Kubernetes upgrade's last step applies Talos's bootstrap manifests server-side
-    // (an apply that makes an object is authorised as a create too): CoreDNS, kube-proxy,
-    // flannel and the CSR bindings, as `talosctl upgrade-k8s` does with an admin
-    // kubeconfig. Their ClusterRoles grant what the operator does not hold, hence escalate
-    // and bind; the operator's Talos credentials (os:admin, which read the machine
-    // configuration and its cluster CA) already reach further. Not Secrets: the one
-    // Secret of the manifests (the bootstrap token) does not change with Kubernetes and
-    // is not applied (`ichor_talos_executor::kubernetes::apply_manifests`).
-    everywhere(
-        "",
-        &["serviceaccounts", "configmaps", "services"],
-        &["create", "patch"],
-        "a Kubernetes upgrade's bootstrap manifests, applied server-side",
-    ),
-    everywhere(
+    // A Kubernetes upgrade's last step applies Talos's bootstrap manifests under the
+    // cluster's admin kubeconfig, read over the Talos API for that step (decision 0014
+    // rule 19), as `talosctl upgrade-k8s` does: the operator's own identity writes none of
+    // them (no create or patch of workloads, CRDs or RBAC, no escalate or bind). It reads
+    // the rollouts of their DaemonSets and Deployments itself.
+    kubernetes_upgrades(
         "apps",
         &["daemonsets", "deployments"],
-        &["get", "create", "patch"],
-        "a Kubernetes upgrade's bootstrap manifests (kube-proxy, flannel, CoreDNS), applied server-side; their rollouts",
-    ),
-    everywhere(
-        "rbac.authorization.k8s.io",
-        &["clusterroles", "clusterrolebindings"],
-        &["create", "patch", "escalate", "bind"],
-        "a Kubernetes upgrade's bootstrap manifests: their ClusterRoles and bindings, applied server-side",
-    ),
-    everywhere(
-        "apiextensions.k8s.io",
-        &["customresourcedefinitions"],
-        &["create", "patch"],
-        "a Kubernetes upgrade's bootstrap manifests: Talos's own CRDs, applied server-side",
+        &["get"],
+        "a Kubernetes upgrade's last step: the rollouts of the bootstrap manifests' workloads",
     ),
     // A Kubernetes upgrade's planning counts the stored objects of resources that only
     // versions the target removes serve (`ichor_upgrade_core::kubernetes_removals`): list,
@@ -257,6 +258,8 @@ pub struct Placement<'a> {
     pub operator_namespace: &'a str,
     /// The namespaces bound with [`cluster_namespace_binding`].
     pub cluster_namespaces: &'a [&'a str],
+    /// Whether the Kubernetes-upgrade grants are bound ([`Scope::KubernetesUpgrades`]).
+    pub kubernetes_upgrades: bool,
 }
 
 /// Whether [`RULES`] allow `request` for an operator placed as `placement` (names aside:
@@ -273,6 +276,7 @@ pub fn allows(request: &Request, placement: &Placement<'_>) -> bool {
             Scope::Cluster => true,
             Scope::ClusterNamespaces => placement.cluster_namespaces.contains(&request.namespace.as_str()),
             Scope::OperatorNamespace => request.namespace == placement.operator_namespace,
+            Scope::KubernetesUpgrades => placement.kubernetes_upgrades,
         };
         reaches
             && rule.group == request.group
@@ -289,6 +293,8 @@ pub const NAME: &str = "ichor-operator";
 pub const CLUSTER_NAMESPACE_ROLE: &str = "ichor-operator-cluster-namespace";
 /// The Role of [`Scope::OperatorNamespace`] and its RoleBinding.
 pub const LEADER_ROLE: &str = "ichor-operator-leader";
+/// The ClusterRole of [`Scope::KubernetesUpgrades`] and its ClusterRoleBinding.
+pub const KUBERNETES_ROLE: &str = "ichor-operator-kubernetes-upgrades";
 /// The leader election Lease, in the operator's namespace.
 pub const LEADER_LEASE: &str = "ichor-operator";
 /// The namespace the operator runs in.
@@ -313,25 +319,39 @@ fn policy(scope: Scope) -> Vec<PolicyRule> {
         .collect()
 }
 
-/// The URLs that name no resource the operator reads (granted cluster-wide, `get`), with
-/// what needs each.
+/// The URLs that name no resource the operator reads (granted `get` with
+/// [`Scope::KubernetesUpgrades`]), with what needs each.
 pub const NON_RESOURCE_URLS: &[(&str, &str)] = &[(
     "/metrics",
     "a Kubernetes upgrade's planning: the API server's apiserver_requested_deprecated_apis and request counts",
 )];
 
-/// The ClusterRole named `name` with the rules of [`Scope::Cluster`] and the
-/// [`NON_RESOURCE_URLS`].
+/// The ClusterRole named `name` with the rules of [`Scope::Cluster`].
 #[must_use]
 pub fn cluster_role(name: &str) -> ClusterRole {
-    let mut rules = policy(Scope::Cluster);
+    ClusterRole {
+        metadata: ObjectMeta { name: Some(name.to_owned()), labels: Some(labels()), ..ObjectMeta::default() },
+        rules: Some(policy(Scope::Cluster)),
+        ..ClusterRole::default()
+    }
+}
+
+/// The ClusterRole [`KUBERNETES_ROLE`]: the rules of [`Scope::KubernetesUpgrades`] and the
+/// [`NON_RESOURCE_URLS`].
+#[must_use]
+pub fn kubernetes_upgrades_role() -> ClusterRole {
+    let mut rules = policy(Scope::KubernetesUpgrades);
     rules.push(PolicyRule {
         non_resource_urls: Some(NON_RESOURCE_URLS.iter().map(|(url, _)| (*url).to_owned()).collect()),
         verbs: vec!["get".to_owned()],
         ..PolicyRule::default()
     });
     ClusterRole {
-        metadata: ObjectMeta { name: Some(name.to_owned()), labels: Some(labels()), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some(KUBERNETES_ROLE.to_owned()),
+            labels: Some(labels()),
+            ..ObjectMeta::default()
+        },
         rules: Some(rules),
         ..ClusterRole::default()
     }
@@ -612,14 +632,6 @@ fn disruption_budget() -> PodDisruptionBudget {
 /// Never in practice: the objects are plain data that always serialize.
 #[must_use]
 pub fn operator_yaml() -> String {
-    fn yaml<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> String {
-        let mut value = serde_json::to_value(object).expect("an object serializes");
-        if let Some(map) = value.as_object_mut() {
-            map.insert("apiVersion".to_owned(), T::API_VERSION.into());
-            map.insert("kind".to_owned(), T::KIND.into());
-        }
-        serde_saphyr::to_string(&value).expect("an object serializes to YAML")
-    }
     let docs = [
         yaml(&Namespace { metadata: meta(NAMESPACE, None), ..Namespace::default() }),
         yaml(&ServiceAccount { metadata: meta(NAME, Some(NAMESPACE)), ..ServiceAccount::default() }),
@@ -631,6 +643,35 @@ pub fn operator_yaml() -> String {
         yaml(&stateful_set()),
         yaml(&disruption_budget()),
     ];
+    generated(&docs)
+}
+
+/// `deploy/components/kubernetes-upgrades/kubernetes-upgrades.yaml`: the ClusterRole
+/// [`KUBERNETES_ROLE`] and its ClusterRoleBinding to the operator's ServiceAccount.
+///
+/// # Panics
+/// Never in practice: the objects are plain data that always serialize.
+#[must_use]
+pub fn kubernetes_upgrades_yaml() -> String {
+    let docs = [
+        yaml(&kubernetes_upgrades_role()),
+        yaml(&cluster_role_binding(KUBERNETES_ROLE, KUBERNETES_ROLE, NAMESPACE, NAME)),
+    ];
+    generated(&docs)
+}
+
+/// `object` as a YAML document, with its apiVersion and kind.
+fn yaml<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> String {
+    let mut value = serde_json::to_value(object).expect("an object serializes");
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".to_owned(), T::API_VERSION.into());
+        map.insert("kind".to_owned(), T::KIND.into());
+    }
+    serde_saphyr::to_string(&value).expect("an object serializes to YAML")
+}
+
+/// `docs` as one generated file.
+fn generated(docs: &[String]) -> String {
     format!(
         "# Generated from crates/ichor-operator/src/rbac.rs; do not edit.\n# Regenerate: ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests\n---\n{}",
         docs.join("---\n")
@@ -655,7 +696,8 @@ mod tests {
         }
     }
 
-    const PLACED: Placement<'static> = Placement { operator_namespace: NAMESPACE, cluster_namespaces: &["prod"] };
+    const PLACED: Placement<'static> =
+        Placement { operator_namespace: NAMESPACE, cluster_namespaces: &["prod"], kubernetes_upgrades: true };
 
     #[test]
     fn the_rules_allow_what_they_name_and_nothing_near_it() {
@@ -726,6 +768,64 @@ mod tests {
             let list = request("list", api.group, api.resource, "");
             assert_eq!(allows(&list), !not_stored.contains(&api.resource), "{api:?}");
             assert!(!allows(&request("get", api.group, api.resource, "")), "{api:?}");
+        }
+    }
+
+    /// Issue 53 item 12: the ServiceAccount cannot bind itself to cluster-admin, nor write
+    /// workloads or CRDs cluster-wide: no escalate or bind, no create, patch or update of
+    /// RBAC, workloads, CRDs, ServiceAccounts, ConfigMaps or Services, in any scope.
+    #[test]
+    fn no_grant_escalates_binds_or_writes_workloads_crds_or_rbac() {
+        let writes = ["create", "patch", "update", "delete", "escalate", "bind", "impersonate"];
+        let guarded = [
+            ("rbac.authorization.k8s.io", "clusterroles"),
+            ("rbac.authorization.k8s.io", "clusterrolebindings"),
+            ("rbac.authorization.k8s.io", "roles"),
+            ("rbac.authorization.k8s.io", "rolebindings"),
+            ("apiextensions.k8s.io", "customresourcedefinitions"),
+            ("apps", "daemonsets"),
+            ("apps", "deployments"),
+            ("apps", "statefulsets"),
+            ("", "serviceaccounts"),
+            ("", "configmaps"),
+            ("", "services"),
+        ];
+        for rule in RULES {
+            assert!(!rule.verbs.iter().any(|v| *v == "escalate" || *v == "bind" || *v == "impersonate"), "{rule:?}");
+            for (group, resource) in guarded {
+                let hit = rule.group == group && rule.resources.contains(&resource);
+                assert!(!(hit && rule.verbs.iter().any(|v| writes.contains(v))), "{rule:?} writes {resource}");
+            }
+        }
+        for (group, resource) in guarded {
+            for verb in writes {
+                assert!(!allows(&request(verb, group, resource, ""), &PLACED), "{verb} {resource}");
+            }
+        }
+    }
+
+    /// A Talos-only install (no `deploy/components/kubernetes-upgrades/`) grants nothing a
+    /// Kubernetes upgrade alone needs; the component grants exactly those reads.
+    #[test]
+    fn the_kubernetes_upgrade_reads_are_granted_only_by_their_component() {
+        let talos_only = Placement { kubernetes_upgrades: false, ..PLACED };
+        for (verb, group, resource) in [
+            ("list", "apps", "daemonsets"),
+            ("get", "apps", "deployments"),
+            ("list", "resource.k8s.io", "resourceslices"),
+        ] {
+            assert!(allows(&request(verb, group, resource, ""), &PLACED), "{verb} {resource}");
+            assert!(!allows(&request(verb, group, resource, ""), &talos_only), "{verb} {resource}");
+        }
+        // What a Talos upgrade needs stays in the base role.
+        assert!(allows(&request("create", "", "pods", "eviction"), &talos_only));
+        assert!(allows(&request("list", "", "pods", ""), &talos_only));
+        let base = operator_yaml();
+        assert!(!base.contains(KUBERNETES_ROLE) && !base.contains("- /metrics"), "{base}");
+        let component = kubernetes_upgrades_yaml();
+        assert!(component.contains("kind: ClusterRoleBinding") && component.contains("- /metrics"), "{component}");
+        for rule in RULES.iter().filter(|r| r.scope == Scope::KubernetesUpgrades) {
+            assert!(rule.verbs.iter().all(|v| ["get", "list"].contains(v)), "reads only: {rule:?}");
         }
     }
 

@@ -1,22 +1,47 @@
-//! The committed `deploy/operator.yaml` is exactly what the code generates. Run with
+//! The committed `deploy/operator.yaml` and the Kubernetes-upgrade component are exactly
+//! what the code generates. Run with
 //! `ICHOR_WRITE_MANIFESTS=1` to rewrite it.
 
 use std::path::PathBuf;
 
 #[test]
 fn the_committed_operator_manifests_are_the_generated_ones() {
-    let generated = ichor_operator::rbac::operator_yaml();
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/operator.yaml");
-    if std::env::var_os("ICHOR_WRITE_MANIFESTS").is_some() {
-        std::fs::write(&path, &generated).unwrap();
-        return;
+    let files = [
+        ("deploy/operator.yaml", ichor_operator::rbac::operator_yaml()),
+        (
+            "deploy/components/kubernetes-upgrades/kubernetes-upgrades.yaml",
+            ichor_operator::rbac::kubernetes_upgrades_yaml(),
+        ),
+    ];
+    for (file, generated) in files {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(file);
+        if std::env::var_os("ICHOR_WRITE_MANIFESTS").is_some() {
+            std::fs::write(&path, &generated).unwrap();
+            continue;
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{file} differs from what the code generates; regenerate with \
+             ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests"
+        );
     }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        committed == generated,
-        "deploy/operator.yaml differs from what the code generates; regenerate with \
-         ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests"
-    );
+}
+
+/// The component is one kustomize takes (`kind: Component`, its one resource the generated
+/// file), and the base lists it, on one line a Talos-only team removes.
+#[test]
+fn the_kubernetes_upgrade_grants_are_a_kustomize_component_the_base_lists() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let component: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(root.join("components/kubernetes-upgrades/kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(component["kind"], "Component");
+    assert_eq!(component["resources"], serde_json::json!(["kubernetes-upgrades.yaml"]));
+    let base: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(root.join("kustomization.yaml")).unwrap()).unwrap();
+    assert_eq!(base["components"], serde_json::json!(["components/kubernetes-upgrades"]));
 }
 
 #[test]

@@ -1064,6 +1064,12 @@ async fn kubernetes_input(
     let bound = ex.config.call_timeout;
     let cluster = match bounded("read cluster Kubernetes", bound, ex.kube.cluster_kubernetes()).await {
         Ok(Ok(cluster)) => cluster,
+        // The Kubernetes-upgrade grants are not bound: refused, naming them (decided again
+        // each pass: binding them lifts it).
+        Ok(Err(KubeError::Forbidden(what))) => {
+            let problems = vec![KubernetesPlanProblem::GrantsMissing { what }];
+            return Some(KubernetesInput { stage, problems, rollouts: None, on_target: BTreeSet::new() });
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, "the cluster's Kubernetes could not be read: the upgrade waits");
             return None;

@@ -262,6 +262,16 @@ pub enum KubernetesPlanProblem {
         /// The target.
         target: String,
     },
+    /// The operator's own role may not make the reads a Kubernetes upgrade plans from
+    /// (the ClusterRole of `deploy/components/kubernetes-upgrades/` is not bound).
+    #[error(
+        "the operator may not read what a Kubernetes upgrade is planned from ({what}): bind the ClusterRole \
+         ichor-operator-kubernetes-upgrades (kubectl apply -k deploy/ with its component deploy/components/kubernetes-upgrades)"
+    )]
+    GrantsMissing {
+        /// The call refused, and the API server's answer.
+        what: String,
+    },
 }
 
 impl KubernetesPlanProblem {
@@ -276,6 +286,7 @@ impl KubernetesPlanProblem {
             Self::NotObserved { .. } => "KubernetesVersionNotObserved",
             Self::RemovedApisInUse { .. } => "RemovedApisInUse",
             Self::RemovedArgsInUse { .. } => "RemovedArgsInUse",
+            Self::GrantsMissing { .. } => "KubernetesGrantsMissing",
         }
     }
 }

@@ -919,7 +919,16 @@ impl KubeApi for SimCluster {
     }
 
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
-        self.kube(KubeCall::Read, |w| Ok(w.cluster_kubernetes())).await
+        self.kube(KubeCall::Read, |w| {
+            if w.bootstrap.reads_forbidden {
+                return Err(KubeError::Forbidden(
+                    "get /metrics: nonresourceURLs \"/metrics\" is forbidden for the operator's ServiceAccount"
+                        .to_owned(),
+                ));
+            }
+            Ok(w.cluster_kubernetes())
+        })
+        .await
     }
 
     async fn manifest_session(&self, kubeconfig: AdminKubeconfig) -> Result<Box<dyn ManifestSession + '_>, KubeError> {

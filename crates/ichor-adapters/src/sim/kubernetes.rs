@@ -47,6 +47,9 @@ pub struct SimBootstrap {
     pub applies: usize,
     /// Sessions made under the admin kubeconfig.
     pub sessions: usize,
+    /// A test knob: the operator's role lacks the Kubernetes-upgrade reads (a Talos-only
+    /// install): the planning reads answer 403.
+    pub reads_forbidden: bool,
     /// A test knob: the API server refuses the admin kubeconfig (its client certificate
     /// expired, or was revoked): a failure no retry fixes.
     pub admin_refused: bool,
