@@ -854,6 +854,30 @@ fn a_kubernetes_upgrade_without_its_grants_is_refused_naming_the_component() {
     assert_eq!(end, RunEnd::Completed);
 }
 
+/// Decision 0014 rule 19: a talosconfig whose certificate names roles but not `os:admin`
+/// (here `os:operator`, which the Talos API refuses the admin kubeconfig) is refused at
+/// planning, naming its roles, touching nothing: the upgrade could not apply its
+/// manifests at its end. With an os:admin talosconfig it goes (decided again each pass).
+#[test]
+fn a_talosconfig_that_is_not_os_admin_is_refused_at_planning_touching_nothing() {
+    let sim = cluster(3, 2, 1, &[], false);
+    sim.with_world(|w| w.talosconfig_roles = vec!["os:operator".to_owned()]);
+    assert_eq!(run(&sim, TARGET, 1), RunEnd::Refused);
+    sim.read_world(|w| {
+        let phase = &w.operations["kubernetes"].info.status.phase;
+        assert_eq!(phase.reason(), "TalosconfigNotAdmin", "{phase}");
+        let text = phase.to_string();
+        assert!(text.contains("os:operator, not os:admin"), "{text}");
+        assert!(w.nodes.iter().all(|n| n.kube.applies.is_empty()), "nothing applied");
+        assert!(w.lease.is_none(), "no lock taken");
+        assert!(!w.trace.iter().any(|e| e.event == TraceKind::EtcdSnapshot), "no snapshot");
+    });
+    sim.with_world(|w| w.talosconfig_roles = vec!["os:admin".to_owned()]);
+    let runtime = ichor_adapters::sim::runtime();
+    let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
+    assert_eq!(end, RunEnd::Completed);
+}
+
 /// Decision 0014, item 8: a Kubernetes target the cluster's Talos does not run yet is
 /// refused at planning, touching nothing, and the refusal lifts once the Talos upgrade
 /// that brings it is done: Kubernetes 1.38 needs Talos 1.15, so an upgrade to it waits

@@ -756,3 +756,19 @@ async fn the_machine_configuration_is_the_cosi_get_of_config_v1alpha1() {
     };
     assert_eq!(seen.gets, vec![("10.5.0.7".to_owned(), get)]);
 }
+
+/// Decision 0014 rule 19: the client knows its certificate's Talos roles (its subject's
+/// Organizations), with no call made: planning refuses a Kubernetes upgrade to a
+/// talosconfig that is not os:admin before anything changes.
+#[test]
+fn the_client_reads_its_talos_roles_from_its_certificate() {
+    use ichor_talos_executor::talos_api::TalosApi;
+    let ca = Ca::new(KeyKind::Ed25519);
+    let endpoints = ["127.0.0.1:1".to_owned()];
+    let admin = TalosClient::new(&context(&endpoints, &ca, &ca.admin(Validity::Current)), options()).unwrap();
+    assert_eq!(admin.client_roles(), Some(vec!["os:admin".to_owned()]));
+    let operator = TalosClient::new(&context(&endpoints, &ca, &ca.client("os:operator")), options()).unwrap();
+    assert_eq!(operator.client_roles(), Some(vec!["os:operator".to_owned()]));
+    let none = TalosClient::new(&context(&endpoints, &ca, &ca.client("")), options()).unwrap();
+    assert_eq!(none.client_roles(), Some(Vec::new()), "no role named: left to the Talos API");
+}

@@ -113,6 +113,9 @@ impl TalosApi for FencedTalos<'_> {
         self.inner.bootstrap_manifests(node).await
     }
     // Admin credentials are for the leader's manifests step alone: fenced like a write.
+    fn client_roles(&self) -> Option<Vec<String>> {
+        self.inner.client_roles()
+    }
     async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.fence.talos(node)?;
         self.inner.admin_kubeconfig(node).await

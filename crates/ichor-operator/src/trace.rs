@@ -609,6 +609,9 @@ impl TalosApi for TracedTalos<'_> {
     async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
         self.inner.bootstrap_manifests(node).await
     }
+    fn client_roles(&self) -> Option<Vec<String>> {
+        self.inner.client_roles()
+    }
     async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.inner.admin_kubeconfig(node).await
     }

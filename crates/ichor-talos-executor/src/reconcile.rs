@@ -1091,6 +1091,16 @@ async fn kubernetes_input(
             Err(()) => return None,
         }
     }
+    // The manifests step needs the admin kubeconfig, which the Talos API gives os:admin
+    // only (decision 0014 rule 19): a talosconfig whose certificate names other roles is
+    // refused before anything changes. Credentials with no role named are left to the
+    // Talos API to judge.
+    if let Some(roles) = ex.talos.client_roles()
+        && !roles.is_empty()
+        && !roles.iter().any(|r| r == "os:admin")
+    {
+        problems.push(KubernetesPlanProblem::TalosconfigNotAdmin { roles });
+    }
     let kube_proxy = cluster.kube_proxy.as_deref().and_then(|v| KubernetesVersion::parse(v).ok());
     let args = read_component_args(ex, observed, kube_proxy.is_some()).await?;
     let plan = plan_kubernetes(&KubernetesPlanInput {

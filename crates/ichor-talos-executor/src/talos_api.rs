@@ -321,6 +321,12 @@ pub trait TalosApi: Send + Sync {
     async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         Err(unimplemented("MachineService.Kubeconfig", node))
     }
+    /// The Talos roles the client's credentials carry (`os:admin`, `os:operator`, ...,
+    /// read from its certificate, no call made), or `None` when not known. (The default
+    /// answers `None`; wrappers must forward it.)
+    fn client_roles(&self) -> Option<Vec<String>> {
+        None
+    }
     /// The bootstrap manifests a control plane renders (`Manifests.kubernetes.talos.dev`,
     /// namespace `controlplane`, listed): every Kubernetes object in them, in the order of
     /// the resources' IDs and of the objects in each. (The default answers

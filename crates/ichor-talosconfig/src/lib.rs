@@ -74,6 +74,25 @@ pub struct TalosContext {
     pub key_pem: String,
 }
 
+impl TalosContext {
+    /// The Talos roles its client certificate names (the subject's Organizations that
+    /// start with `os:`, such as `os:admin` or `os:operator`): what apid grants it. `None`
+    /// when the certificate cannot be read as X.509.
+    #[must_use]
+    pub fn roles(&self) -> Option<Vec<String>> {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(self.crt_pem.as_bytes()).ok()?;
+        let cert = pem.parse_x509().ok()?;
+        let roles = cert
+            .subject()
+            .iter_organization()
+            .filter_map(|o| o.as_str().ok())
+            .filter(|o| o.starts_with("os:"))
+            .map(str::to_owned)
+            .collect();
+        Some(roles)
+    }
+}
+
 impl fmt::Debug for TalosContext {
     /// Never prints the key.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -108,6 +108,12 @@ impl Ca {
         self.leaf(&[], "os:admin", ExtendedKeyUsagePurpose::ClientAuth, validity)
     }
 
+    /// A client certificate of the Talos role `role` (`os:operator`, `os:reader`, ...).
+    #[must_use]
+    pub fn client(&self, role: &str) -> Leaf {
+        self.leaf(&[], role, ExtendedKeyUsagePurpose::ClientAuth, Validity::Current)
+    }
+
     fn leaf(&self, names: &[&str], organisation: &str, usage: ExtendedKeyUsagePurpose, validity: Validity) -> Leaf {
         let key = KeyPair::generate_for(self.kind.algorithm()).expect("a key");
         let mut params =

@@ -272,6 +272,18 @@ pub enum KubernetesPlanProblem {
         /// The call refused, and the API server's answer.
         what: String,
     },
+    /// The talosconfig's roles do not include `os:admin`, which the Talos API requires to
+    /// give the admin kubeconfig the bootstrap manifests are applied under.
+    #[error(
+        "the talosconfig's roles are {}, not os:admin: a Kubernetes upgrade applies the bootstrap manifests under \
+         the admin kubeconfig the Talos API gives only to os:admin (as talosctl upgrade-k8s does); use a talosconfig \
+         of role os:admin",
+        roles.join(", ")
+    )]
+    TalosconfigNotAdmin {
+        /// The roles its certificate names.
+        roles: Vec<String>,
+    },
 }
 
 impl KubernetesPlanProblem {
@@ -287,6 +299,7 @@ impl KubernetesPlanProblem {
             Self::RemovedApisInUse { .. } => "RemovedApisInUse",
             Self::RemovedArgsInUse { .. } => "RemovedArgsInUse",
             Self::GrantsMissing { .. } => "KubernetesGrantsMissing",
+            Self::TalosconfigNotAdmin { .. } => "TalosconfigNotAdmin",
         }
     }
 }

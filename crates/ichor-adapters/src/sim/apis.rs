@@ -618,8 +618,18 @@ impl TalosApi for SimCluster {
         self.talos("machine_config", node, |w, i| Ok(w.nodes[i].kube.config_yaml(w.nodes[i].role).into_bytes())).await
     }
 
+    fn client_roles(&self) -> Option<Vec<String>> {
+        Some(self.lock().talosconfig_roles.clone())
+    }
+
     async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.talos("kubeconfig", node, |w, i| {
+            if !w.talosconfig_roles.iter().any(|r| r == "os:admin") {
+                return Err(TalosError::Answered {
+                    code: "PermissionDenied".to_owned(),
+                    message: "not authorized".to_owned(),
+                });
+            }
             if w.nodes[i].role != MachineRole::ControlPlane {
                 return Err(TalosError::Answered {
                     code: "FailedPrecondition".to_owned(),

@@ -501,6 +501,9 @@ pub struct World {
     /// The admin kubeconfig a control plane answers (`MachineService.Kubeconfig`): the
     /// simulated cluster's own, or a real API server's for the fleet in front of one.
     pub admin_kubeconfig: String,
+    /// The Talos roles of the talosconfig the engine is given (`os:admin` by default; a
+    /// test sets `os:operator`, which the Talos API refuses the admin kubeconfig).
+    pub talosconfig_roles: Vec<String>,
     /// When the APIs refuse calls: from, until.
     pub outage: Option<(Timestamp, Timestamp)>,
     /// The outage's start is in the trace.
@@ -913,6 +916,7 @@ impl World {
             stop_at_call: None,
             stop_made_at: None,
             admin_kubeconfig: SIM_ADMIN_KUBECONFIG.to_owned(),
+            talosconfig_roles: vec!["os:admin".to_owned()],
             outage: None,
             outage_traced: false,
             pdb_blocked_until: None,

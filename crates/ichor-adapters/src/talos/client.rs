@@ -141,6 +141,8 @@ pub struct TalosClient {
 
 struct Inner {
     endpoints: Vec<Endpoint>,
+    /// The Talos roles the client certificate names (`None`: not readable as X.509).
+    roles: Option<Vec<String>>,
     tls: Arc<rustls::ClientConfig>,
     options: ClientOptions,
     /// One channel per endpoint, made on first use (a channel needs a running Tokio
@@ -168,7 +170,8 @@ impl TalosClient {
     pub fn new(context: &TalosContext, options: ClientOptions) -> Result<Self, ClientError> {
         let tls = client_tls(context).map_err(|source| ClientError { context: context.name.clone(), source })?;
         let channels = Mutex::new(vec![None; context.endpoints.len()]);
-        Ok(Self { inner: Arc::new(Inner { endpoints: context.endpoints.clone(), tls, options, channels }) })
+        let roles = context.roles();
+        Ok(Self { inner: Arc::new(Inner { endpoints: context.endpoints.clone(), tls, options, channels, roles }) })
     }
 
     /// The endpoints in the order a call about `node` tries them: those that are not the
@@ -489,6 +492,10 @@ fn first_reply<T>(messages: Vec<T>, metadata: impl Fn(&T) -> Option<&Metadata>) 
 
 #[async_trait]
 impl TalosApi for TalosClient {
+    fn client_roles(&self) -> Option<Vec<String>> {
+        self.inner.roles.clone()
+    }
+
     async fn nodename(&self, node: &str) -> Result<String, TalosError> {
         let spec = self.get(node, "k8s", "Nodenames.kubernetes.talos.dev", "nodename").await?;
         let spec = NodenameSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
