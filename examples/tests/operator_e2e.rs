@@ -813,7 +813,7 @@ async fn an_operator_killed_during_a_longhorn_evacuation_resumes_from_longhorns_
 }
 
 /// The target of the fleet's Kubernetes upgrades: the next minor of [`fleet::KUBERNETES`].
-const KUBERNETES_TARGET: &str = "1.35.0";
+pub(crate) const KUBERNETES_TARGET: &str = "1.35.0";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]

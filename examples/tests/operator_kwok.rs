@@ -245,3 +245,75 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
     assert!(scene.fleet_nodes().await.is_empty(), "a stopped fleet deletes its Nodes");
     scene.end().await;
 }
+
+/// Issue 53's done-when: a Kubernetes upgrade of 3 control planes and 200 workers on kwok
+/// Nodes completes on the real API server, the operator under its ServiceAccount with the
+/// Kubernetes-upgrade reads bound and no write of any manifest object (the manifests go
+/// under the admin kubeconfig the fleet's Talos API gives): every kubelet on the target,
+/// one control plane down at a time, each change applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server with kwok: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_3_plus_200_kubernetes_upgrade_on_kwok_nodes_completes() {
+    use crate::operator_e2e::KUBERNETES_TARGET;
+    const KUBE_WORKERS: usize = 200;
+    let machines = CONTROL_PLANES + KUBE_WORKERS;
+    let scene = Scene::new("e2e-kwok-k8s").await;
+    let shape = format!("{CONTROL_PLANES}+{KUBE_WORKERS}");
+    let mut fleet = scene.fleet(&shape, &["--fleet-only", "--kwok"]);
+    eventually_within(BOUND, "kwok makes the fleet's Nodes Ready", || async {
+        let nodes = scene.fleet_nodes().await;
+        nodes.len() == machines
+            && nodes.iter().all(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+    })
+    .await;
+    let kubeconfig = scene.operator_kubeconfig().await;
+    scene.grant_kubernetes_upgrades().await;
+    let operator = scene.operator("operator", &kubeconfig, &[]);
+    let rollout = Instant::now();
+    let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let spec = TalosOperationSpec {
+        target_version: KUBERNETES_TARGET.into(),
+        max_unavailable: MAX_UNAVAILABLE,
+        ..scene.operation_spec("kubernetes", None)
+    };
+    ops.create(&PostParams::default(), &TalosOperation::new("kubernetes", spec)).await.unwrap();
+    eventually_within(BOUND, "the Kubernetes upgrade completes", || async {
+        scene.phase("kubernetes").await == "Completed"
+    })
+    .await;
+    let makespan = rollout.elapsed();
+    let metrics = operator.metrics().await.expect("the operator's metrics");
+
+    let nodes = scene.fleet_nodes().await;
+    assert_eq!(nodes.len(), machines);
+    for node in &nodes {
+        let info = node.status.as_ref().and_then(|s| s.node_info.as_ref()).expect("nodeInfo");
+        assert_eq!(info.kubelet_version, format!("v{KUBERNETES_TARGET}"), "{}", kube::ResourceExt::name_any(node));
+    }
+    #[allow(clippy::cast_precision_loss, reason = "a count of machines")]
+    let changes = (CONTROL_PLANES * 4 + machines) as f64;
+    // Three static pods and kube-proxy per control plane, a kubelet per node.
+    assert_eq!(fleet.value("ichor_fleet_config_applies_total").await, Some(changes), "each change once");
+    assert_eq!(fleet.value("ichor_fleet_repeated_applies").await, Some(0.0), "no change applied twice");
+    assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
+    scene.only_allowed_requests(&operator).await;
+    let requests = total(&metrics, "ichor_kube_requests_total{");
+    let writes = total(&metrics, "ichor_kube_writes_total");
+    #[allow(clippy::cast_precision_loss, reason = "a count of machines")]
+    let per = |n: f64| n / machines as f64;
+    eprintln!(
+        "kwok fleet {shape}, Kubernetes upgrade to {KUBERNETES_TARGET}, maxUnavailable {MAX_UNAVAILABLE}, time scale \
+         {TIME_SCALE}: rollout {:.1} s; operator: {requests} API requests ({:.1} per machine), {writes} writes ({:.1} \
+         per machine)",
+        makespan.as_secs_f64(),
+        per(requests),
+        per(writes),
+    );
+    assert_eq!(fleet.terminate(), Some(0));
+    scene.end().await;
+}
