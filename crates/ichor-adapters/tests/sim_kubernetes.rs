@@ -113,6 +113,67 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: crate::cases("KUBERNETES_EDIT_CASES", 32), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Issue 53's done-when (item 1, drawn): the target edited at any instant of a
+    /// Kubernetes upgrade, to a version that skips a minor, to a patch of the same minor,
+    /// or back down. Once any change was applied, the engine refuses the changed target
+    /// (`TargetChanged`) and nothing moves to the edited one; before, planning judges the
+    /// new target as any other. At no instant does a component run a version that skips a
+    /// minor, and never do two control planes restart together.
+    #[test]
+    fn a_target_edited_at_any_instant_never_skips_a_minor(
+        control_planes in prop::sample::select(vec![1usize, 3]),
+        workers in 0usize..=8,
+        seed in any::<u64>(),
+        edit_at in 0.0f64..240.0,
+        edited_to in prop::sample::select(vec!["1.36.0", "1.35.1", "1.34.1"]),
+    ) {
+        let sim = cluster(control_planes, workers, seed, &[], false);
+        sim.create_operation("kubernetes", spec(TARGET, 2));
+        let started_before_edit = std::cell::Cell::new(None);
+        let runtime = ichor_adapters::sim::runtime();
+        let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
+            if started_before_edit.get().is_some() {
+                return;
+            }
+            sim.with_world(|w| {
+                if w.now.saturating_since(w.start).as_secs_f64() < edit_at {
+                    return;
+                }
+                let op = w.operations.get_mut("kubernetes").unwrap();
+                op.info.spec.target_version = edited_to.into();
+                op.info.generation += 1;
+                op.version += 1;
+                started_before_edit.set(Some(w.trace.iter().any(|e| e.event == TraceKind::ConfigApply)));
+            });
+        }));
+        let versions: BTreeSet<String> = sim.read_world(|w| {
+            w.nodes
+                .iter()
+                .flat_map(|n| n.kube.pods.values().map(|p| p.version.to_string()).chain([n.kube.kubelet.to_string()]))
+                .collect()
+        });
+        prop_assert!(!versions.contains("1.36.0"), "a component skipped a minor: {versions:?}");
+        prop_assert!(!two_control_planes_restarting(&sim), "two control planes restarting at once");
+        let phase = sim.read_world(|w| w.operations["kubernetes"].info.status.phase.clone());
+        if started_before_edit.get().is_none() {
+            // Ended before the drawn instant: on the first target.
+            prop_assert!(end == RunEnd::Completed, "{end:?}");
+        }
+        // Refused (the changed target of a started operation, or, while no machine's
+        // change is recorded yet, planning's own judgement of the new target), or done.
+        match &phase {
+            Phase::Refused(r) => prop_assert!(
+                ["TargetChanged", "KubernetesSkipsMinor", "KubernetesDowngrade"].contains(&r.reason()),
+                "{phase:?}"
+            ),
+            _ => prop_assert!(end == RunEnd::Completed, "{end:?} {phase:?}"),
+        }
+    }
+}
+
 /// The longest a pass takes, in the simulator, from its read of the control planes'
 /// components to a call it makes on that read: a component that fails within it was Ready
 /// when read (the etcd gate has the same window).
