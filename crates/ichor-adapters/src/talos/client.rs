@@ -758,13 +758,7 @@ impl TalosApi for TalosClient {
             message,
             self.inner.options.call_timeout,
             |channel, r| async move { MachineServiceClient::new(channel).read(r).await },
-            |chunk: super::proto::common::Data| {
-                if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
-                    return Err(answered("Unknown", error));
-                }
-                bytes.extend_from_slice(&chunk.bytes);
-                Ok(())
-            },
+            collect_into(&mut bytes),
         )
         .await?;
         let text = String::from_utf8(bytes).map_err(|_| answered("DataLoss", "the boot ID is not UTF-8".to_owned()))?;
@@ -782,16 +776,22 @@ impl TalosApi for TalosClient {
             (),
             self.inner.options.call_timeout,
             |channel, r| async move { MachineServiceClient::new(channel).kubeconfig(r).await },
-            |chunk: super::proto::common::Data| {
-                if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
-                    return Err(answered("Unknown", error));
-                }
-                archive.extend_from_slice(&chunk.bytes);
-                Ok(())
-            },
+            collect_into(&mut archive),
         )
         .await?;
         super::kubeconfig::unpack(&archive).map_err(|e| answered("DataLoss", format!("the admin kubeconfig: {e}")))
+    }
+}
+
+/// A stream of `common.Data` chunks gathered into `bytes`; a chunk whose metadata carries
+/// an error ends it with that error.
+fn collect_into(bytes: &mut Vec<u8>) -> impl FnMut(super::proto::common::Data) -> Result<(), TalosError> + '_ {
+    |chunk| {
+        if let Some(error) = chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
+            return Err(answered("Unknown", error));
+        }
+        bytes.extend_from_slice(&chunk.bytes);
+        Ok(())
     }
 }
 
