@@ -29,12 +29,14 @@ const STATEFUL_SETS: usize = 20;
 /// The most the whole scenario may take, on a loaded 2-core machine.
 const BOUND: Duration = Duration::from_secs(1_200);
 
-/// A pod template that lands on the fleet's Nodes (it tolerates their taint), spread by
-/// the scheduler's default topology spreading.
-fn template(app: &str) -> serde_json::Value {
+/// A pod template that lands on the Nodes of the fleet in `namespace` and no other (it
+/// tolerates their taint; another test's fleet on the same API server is not this one's),
+/// spread by the scheduler's default topology spreading.
+fn template(app: &str, namespace: &str) -> serde_json::Value {
     json!({
         "metadata": { "labels": { "app": app } },
         "spec": {
+            "nodeSelector": { fleet::FLEET_LABEL: namespace },
             "tolerations": [{ "key": fleet::TAINT, "operator": "Exists" }],
             "terminationGracePeriodSeconds": 0,
             "containers": [{ "name": app, "image": format!("registry.invalid/{app}:1") }],
@@ -56,7 +58,7 @@ async fn create_workloads(scene: &Scene) {
             "spec": {
                 "replicas": DEPLOYMENT_REPLICAS,
                 "selector": { "matchLabels": { "app": app } },
-                "template": template(&app),
+                "template": template(&app, ns),
             },
         });
         deployments.create(&post, &serde_json::from_value(deployment).unwrap()).await.unwrap();
@@ -75,7 +77,7 @@ async fn create_workloads(scene: &Scene) {
                 "serviceName": app,
                 "podManagementPolicy": "Parallel",
                 "selector": { "matchLabels": { "app": app } },
-                "template": template(&app),
+                "template": template(&app, ns),
             },
         });
         stateful_sets.create(&post, &serde_json::from_value(set).unwrap()).await.unwrap();
