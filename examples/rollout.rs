@@ -45,11 +45,11 @@ use std::io::{BufWriter, IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-use ichor_adapters::sim::{
-    Fault, Realism, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
-};
 use ichor_adapters::snapshot_store::DirectoryStore;
 use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, EXIT_REFUSED, ExecutorArg, Switch, executor_config, parse_args};
+use ichor_sim::{
+    Fault, Realism, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
+};
 use ichor_timeline::History;
 use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
 use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
@@ -290,7 +290,7 @@ fn main() {
         .unwrap_or_else(|| std::env::temp_dir().join(format!("ichor-rollout-{}-{}", args.seed, std::process::id())));
     sim.set_snapshot_store(std::sync::Arc::new(DirectoryStore::new(snapshot_dir)));
     let started = std::time::Instant::now();
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let mut progress = Progress::new(args.json, control_planes + workers, args.to.to_string());
     progress.kubernetes.clone_from(&args.to_kubernetes);
     if let Some(target) = &args.to_kubernetes {
@@ -353,7 +353,7 @@ fn main() {
     }
     let wall_s = started.elapsed().as_secs_f64();
     let compare = args.compare.then(|| {
-        let peers = sim.with_world(|w| ichor_adapters::sim::peers::peers(w, args.max_unavailable as usize));
+        let peers = sim.with_world(|w| ichor_sim::peers::peers(w, args.max_unavailable as usize));
         let ratio = |makespan: f64| if report.lower_bound_s > 0.0 { makespan / report.lower_bound_s } else { 0.0 };
         let mut rows = vec![("engine", report.makespan_s, ratio(report.makespan_s))];
         if let Some((prepull, end, other)) = &other_prepull
@@ -870,11 +870,8 @@ impl Removal {
         sim.with_world(|w| {
             let n = w.nodes.iter().find(|n| n.name == node);
             let (replicas_moved, evacuated_bytes) = n.map_or((0, 0), |n| {
-                let before = if n.labels.contains_key(ichor_adapters::sim::world::STORAGE_LABEL) {
-                    w.config.replicas_per_node
-                } else {
-                    0
-                };
+                let before =
+                    if n.labels.contains_key(ichor_sim::world::STORAGE_LABEL) { w.config.replicas_per_node } else { 0 };
                 let bytes = n.drawn.bytes_left(before).saturating_sub(n.drawn.bytes_left(n.replicas));
                 (before.saturating_sub(n.replicas), bytes)
             });

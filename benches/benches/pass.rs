@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ichor_adapters::sim::{Realism, RunEnd, SimCluster, SimConfig, run_operation};
+use ichor_sim::{Realism, RunEnd, SimCluster, SimConfig, run_operation};
 use ichor_talos_executor::{Executor, ExecutorConfig, PassMemory, reconcile_with};
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
@@ -31,7 +31,7 @@ fn mid_rollout(runtime: &tokio::runtime::Runtime) -> SimCluster {
 }
 
 fn pass(c: &mut Criterion) {
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let sim = mid_rollout(&runtime);
     let config = ExecutorConfig::default();
     let ex = Executor {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ichor_adapters::sim::{RunEnd, SimCluster, SimConfig, run_operation};
+use ichor_sim::{RunEnd, SimCluster, SimConfig, run_operation};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
@@ -14,7 +14,7 @@ fn rollout(seed: u64) -> SimCluster {
     let v = |t: &str| TalosVersion::parse(t).unwrap();
     let sim = SimCluster::new(SimConfig::new(3, 200, v("v1.14.3"), v("v1.14.4")).with_seed(seed));
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 10));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim

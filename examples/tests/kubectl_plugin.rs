@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use crate::operator_e2e::Scene;
 use crate::support::{Process, eventually};
-use ichor_operator::fleet;
+use ichor_sim::fleet;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};

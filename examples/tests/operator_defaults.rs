@@ -4,7 +4,7 @@
 
 use crate::operator_e2e::{Scene, all_on_target};
 use crate::support::{Process, TIME_SCALE, eventually};
-use ichor_operator::fleet;
+use ichor_sim::fleet;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]

@@ -14,7 +14,8 @@ use crate::support::{Process, TIME_SCALE, eventually};
 use ichor_adapters::kubernetes::crd::{
     TalosCluster, TalosMachine, TalosOperation, TalosOperationSpec, TalosStorage, TalosStorageSpec,
 };
-use ichor_operator::{fleet, rbac};
+use ichor_operator::rbac;
+use ichor_sim::fleet;
 use ichor_testkit::kube::TestNamespace;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};

@@ -13,7 +13,8 @@ use std::process::Command;
 use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests};
 use crate::support::{Process, eventually};
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperationStatus};
-use ichor_operator::{discovery, fleet, rbac};
+use ichor_operator::{discovery, rbac};
+use ichor_sim::fleet;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{Api, ListParams};
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::operator_e2e::{Scene, all_on_target, upgrade_calls};
 use crate::support::{TIME_SCALE, eventually_within};
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosOperation, TalosOperationSpec};
-use ichor_operator::fleet;
+use ichor_sim::fleet;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;

@@ -9,7 +9,7 @@ use crate::kubectl_plugin::ok;
 use crate::operator_e2e::Scene;
 use crate::support::{Process, eventually_within};
 use ichor_adapters::kubernetes::crd::{Calibration, TalosCluster, TalosMachine, TalosOperation, TalosOperationSpec};
-use ichor_operator::fleet;
+use ichor_sim::fleet;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;

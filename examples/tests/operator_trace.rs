@@ -9,7 +9,7 @@ use std::process::Command;
 
 use crate::support::{Process, TIME_SCALE, eventually};
 use ichor_adapters::kubernetes::crd::{TalosOperation, TalosOperationSpec};
-use ichor_operator::fleet;
+use ichor_sim::fleet;
 use ichor_testkit::example_binary;
 use ichor_testkit::kube::TestNamespace;
 use k8s_openapi::api::core::v1::Node;

@@ -1,25 +1,8 @@
 //! The integration tests of ichor-adapters, one module per file, in one test binary.
 
-mod evacuation_properties;
-mod invariants;
 mod kube_api_server;
 mod longhorn_api_server;
 mod longhorn_requests;
 mod manifests;
-mod restart_property;
-mod sim_etcd_snapshot;
-mod sim_image_pull;
-mod sim_kubernetes;
-mod sim_preflight;
-mod sim_removal;
-mod sim_rollout;
 mod snapshot_store;
 mod talos_client;
-mod talos_server;
-mod talosctl;
-
-/// How many cases a property runs: the environment variable `var` if set (a soak run, for
-/// instance `RESTART_CASES=40000`), else `default`.
-pub(crate) fn cases(var: &str, default: u32) -> u32 {
-    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}

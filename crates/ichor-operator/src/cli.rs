@@ -1,9 +1,9 @@
 //! The operator's command line: the engine as a Kubernetes controller over `TalosOperation`s, on a real
-//! cluster, optionally with a simulated Talos fleet on the same API server.
+//! cluster. A program that embeds it adds its own arguments and work beside the
+//! controller with [`main_with`] (the `operator` example adds a simulated Talos fleet).
 //!
 //! ```text
 //! ichor-operator [--kubeconfig FILE] [--namespace NS]
-//!     [--simulate-fleet CP+W [--time-scale N] [--seed N] [--kwok] [--no-machines] [--fleet-only]]  (feature `fleet`)
 //!     [--listen ADDR] [--log-format text|json] [--identity ID] [--lease-namespace NS]
 //!     [--longhorn-namespace NS]
 //!     [--etcd-snapshot-dir DIR | --etcd-snapshot-s3-bucket B [--etcd-snapshot-s3-prefix P]
@@ -15,44 +15,32 @@
 //! `ichor-operator` (in `--lease-namespace`, else `POD_NAMESPACE`, else the namespace);
 //! only the leader reconciles. `/metrics`, `/healthz` and `/readyz` listen on `--listen`
 //! (default 127.0.0.1:8080). SIGTERM or Ctrl-C: the passes in flight end, the leadership
-//! is handed over, a fleet deletes its Nodes; exit 0.
-//!
-//! `--simulate-fleet 3+5` also runs a simulated fleet in the namespace: a `TalosCluster`
-//! `demo` (Talos v1.14.3), its machines on v1.14.2, their Nodes and a Talos API, with
-//! virtual durations divided by `--time-scale` (default 10). `--fleet-only` runs the fleet
-//! without the controller (to run operators in other processes against it). With `--kwok`,
-//! kwok running on the API server is the kubelet of the fleet's Nodes and of the pods a
-//! scheduler binds to them (the fleet drives their Ready condition at reboots; see
-//! `scripts/kube-server/kwok-stages.yaml`); without, the fleet acts as their kubelet itself.
+//! is handed over, the companions stop; exit 0.
 //!
 //! An upgrade takes an etcd snapshot before its first control plane unless its spec says
 //! `etcdSnapshot: Skip`; it goes to `--etcd-snapshot-dir` (a mounted volume) or to the
 //! S3-compatible bucket `--etcd-snapshot-s3-bucket`, signed with `AWS_ACCESS_KEY_ID` and
-//! `AWS_SECRET_ACCESS_KEY` from the environment (in a pod, from a Secret). With neither,
-//! a simulated fleet's snapshots go to a new temporary directory; on a real cluster such
-//! an operation pauses before its first control plane, naming these flags.
+//! `AWS_SECRET_ACCESS_KEY` from the environment (in a pod, from a Secret). With neither
+//! (and no default from an [`Extension`]), such an operation pauses before its first
+//! control plane, naming these flags.
 //!
 //! `--trace FILE` writes what the controller does and sees as JSON lines, in the records the
 //! `rollout` example's `--trace` writes (`upgrade-call`, `install-start`, `shown-not-ready`,
 //! `reboot-end`, `ready`, `converged`, ...; see `ichor_operator::trace`), `t` in seconds
 //! since the controller started, so that a rollout on a real cluster is drawn as a simulated
 //! one is. The file is created (or truncated) at the start; one that cannot be is a bad
-//! argument. Not with `--fleet-only`.
+//! argument.
 //!
 //! Exit 0: stopped by a signal. Exit 2: bad arguments or an unusable kubeconfig, named.
-//! Exit 1: the endpoints could not listen, or the fleet could not start.
+//! Exit 1: the endpoints could not listen, or a companion failed.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(feature = "fleet")]
-use crate::FleetConfig;
-#[cfg(feature = "fleet")]
-use crate::fleet::parse_shape;
 use crate::requests::counted_client;
-use crate::{ElectionConfig, Metrics, OperatorConfig, Plan, TraceFile, TraceSink};
+use crate::{Companion, ElectionConfig, Metrics, OperatorConfig, Plan, TraceFile, TraceSink};
 use clap::{Parser, ValueEnum};
 use ichor_adapters::snapshot_store::{DirectoryStore, S3Config, S3Store};
 use ichor_talos_executor::SnapshotStore;
@@ -120,7 +108,7 @@ pub fn executor_config(executor: ExecutorArg, prepull: Switch) -> ichor_talos_ex
     ichor_talos_executor::ExecutorConfig::default().with_executor(choice).with_prepull(prepull == Switch::On)
 }
 
-/// Exit code: the endpoints could not listen, or the fleet could not start.
+/// Exit code: the endpoints could not listen, or a companion failed.
 const EXIT_FAILED: i32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -132,24 +120,65 @@ enum LogFormat {
 }
 
 /// The executor's configuration with the pass interval of the command line, divided by the
-/// simulated fleet's time scale if there is one.
-fn pass_interval(config: ichor_talos_executor::ExecutorConfig, args: &Args) -> ichor_talos_executor::ExecutorConfig {
+/// extension's time scale.
+fn pass_interval<X: Extension>(
+    config: ichor_talos_executor::ExecutorConfig,
+    args: &Args<X>,
+) -> ichor_talos_executor::ExecutorConfig {
     let interval = args.pass_interval_ms.map_or(config.pass_interval, Duration::from_millis);
-    config.with_pass_interval(interval.div_f64(args.fleet.time_scale()))
+    config.with_pass_interval(interval.div_f64(args.extension.time_scale()))
 }
 
-/// Run the Ichor operator (and optionally a simulated Talos fleet) against a Kubernetes API server.
+/// What a program that embeds the operator's command line adds to it: its own arguments
+/// (flattened into the operator's) and the work it runs beside the controller. The
+/// `operator` example's simulated fleet is one.
+pub trait Extension: clap::Args + std::fmt::Debug {
+    /// Whether the controller runs in this process (it may run only the companions).
+    fn controller(&self) -> bool {
+        true
+    }
+
+    /// How many of the cluster's seconds pass in one of the process's: the engine's
+    /// pass interval is divided by it, so that the controller meets a sped-up cluster's
+    /// changes as it would a real one's.
+    fn time_scale(&self) -> f64 {
+        1.0
+    }
+
+    /// Where etcd snapshots go when the command line names no store.
+    fn default_snapshots(&self) -> Option<Arc<dyn SnapshotStore>> {
+        None
+    }
+
+    /// What runs beside the controller, in the namespace `home` (the watched one, else
+    /// the kubeconfig's).
+    ///
+    /// # Errors
+    /// A message naming the argument that cannot be used; the process exits 2.
+    fn companions(&self, home: &str) -> Result<Vec<Companion>, String> {
+        let _ = home;
+        Ok(Vec::new())
+    }
+}
+
+/// No extension: the production binary's command line.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct NoExtension {}
+
+impl Extension for NoExtension {}
+
+/// Run the Ichor operator against a Kubernetes API server.
 #[derive(Debug, Parser)]
 #[command(name = "ichor-operator", version)]
-struct Args {
+struct Args<X: Extension> {
     /// The kubeconfig to use (default: as kubectl infers it).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Watch this namespace only (default: every namespace); the fleet's namespace.
+    /// Watch this namespace only (default: every namespace).
     #[arg(long)]
     namespace: Option<String>,
     #[command(flatten)]
-    fleet: FleetArgs,
+    extension: X,
     /// Where /metrics, /healthz and /readyz listen.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -192,9 +221,10 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Switch::On)]
     prepull: Switch,
     /// The least time between the starts of two passes of an operation woken from outside,
-    /// in milliseconds (default: the engine's, 2,000). With `--simulate-fleet` it is
-    /// divided by the time scale, as the fleet's durations are: the controller meets the
-    /// fleet's changes as it would a real cluster's.
+    /// in milliseconds (default: the engine's, 2,000). With a simulated fleet (the
+    /// `operator` example's `--simulate-fleet`) it is divided by the time scale, as the
+    /// fleet's durations are: the controller meets the fleet's changes as it would a real
+    /// cluster's.
     #[arg(long, value_name = "MS")]
     pass_interval_ms: Option<u64>,
     /// Write the controller's trace to this file, as JSON lines (the rollout example's
@@ -203,115 +233,13 @@ struct Args {
     trace: Option<PathBuf>,
 }
 
-/// The simulated fleet's arguments (feature `fleet`).
-#[cfg(feature = "fleet")]
-#[derive(Debug, clap::Args)]
-struct FleetArgs {
-    /// Also run a simulated fleet of CONTROL_PLANES+WORKERS machines, such as 3+5.
-    #[arg(long, value_name = "CP+W", value_parser = parse_shape)]
-    simulate_fleet: Option<(usize, usize)>,
-    /// Virtual seconds of the simulated fleet per second.
-    #[arg(long, default_value_t = 10.0, value_parser = parse_scale, requires = "simulate_fleet")]
-    time_scale: f64,
-    /// The simulated fleet's seed.
-    #[arg(long, default_value_t = 1, requires = "simulate_fleet")]
-    seed: u64,
-    /// kwok is the kubelet of the simulated fleet's Nodes (labelled ichor.dev/kwok=true).
-    #[arg(long, requires = "simulate_fleet")]
-    kwok: bool,
-    /// The simulated fleet publishes its Nodes and Talos API but no TalosMachines (a
-    /// cluster whose machines the operator is not told about).
-    #[arg(long, requires = "simulate_fleet")]
-    no_machines: bool,
-    /// The admin kubeconfig the simulated fleet's Talos API gives (`talosctl kubeconfig`),
-    /// as a real cluster's control planes give theirs: a Kubernetes upgrade applies the
-    /// bootstrap manifests under it. Read once at start and held in memory.
-    #[arg(long, value_name = "FILE", requires = "simulate_fleet")]
-    fleet_admin_kubeconfig: Option<PathBuf>,
-    /// Run only the simulated fleet, no controller.
-    #[arg(long, requires = "simulate_fleet", conflicts_with_all = ["pass_interval_ms", "trace"])]
-    fleet_only: bool,
-}
-
-#[cfg(feature = "fleet")]
-impl FleetArgs {
-    /// Whether a fleet runs in this process.
-    fn simulated(&self) -> bool {
-        self.simulate_fleet.is_some()
-    }
-
-    /// Whether the controller runs in this process.
-    fn controller(&self) -> bool {
-        !self.fleet_only
-    }
-
-    /// How much faster than real time the cluster's durations pass.
-    fn time_scale(&self) -> f64 {
-        if self.simulated() { self.time_scale } else { 1.0 }
-    }
-
-    /// The fleet of the arguments, in `namespace`.
-    ///
-    /// # Errors
-    /// `--fleet-admin-kubeconfig` names a file that cannot be read as text.
-    fn config(&self, namespace: &str) -> Result<Option<FleetConfig>, String> {
-        let admin_kubeconfig = match &self.fleet_admin_kubeconfig {
-            Some(path) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("--fleet-admin-kubeconfig {}: {e}", path.display()))?,
-            ),
-            None => None,
-        };
-        Ok(self.simulate_fleet.map(|(control_planes, workers)| FleetConfig {
-            namespace: namespace.to_owned(),
-            control_planes,
-            workers,
-            time_scale: self.time_scale,
-            seed: self.seed,
-            kwok: self.kwok,
-            machines: !self.no_machines,
-            admin_kubeconfig,
-        }))
-    }
-}
-
-/// Without the feature `fleet`: no simulated fleet, the controller always.
-#[cfg(not(feature = "fleet"))]
-#[derive(Debug, clap::Args)]
-struct FleetArgs {}
-
-#[cfg(not(feature = "fleet"))]
-impl FleetArgs {
-    #[allow(clippy::unused_self)]
-    fn simulated(&self) -> bool {
-        false
-    }
-
-    #[allow(clippy::unused_self)]
-    fn controller(&self) -> bool {
-        true
-    }
-
-    #[allow(clippy::unused_self)]
-    fn time_scale(&self) -> f64 {
-        1.0
-    }
-}
-
-/// The snapshot store the arguments name; with `--simulate-fleet` and none named, a new
-/// directory.
-fn snapshot_store(args: &Args) -> Result<Option<Arc<dyn SnapshotStore>>, String> {
+/// The snapshot store the arguments name; with none named, the extension's default.
+fn snapshot_store<X: Extension>(args: &Args<X>) -> Result<Option<Arc<dyn SnapshotStore>>, String> {
     if let Some(dir) = &args.etcd_snapshot_dir {
         return Ok(Some(Arc::new(DirectoryStore::new(dir.clone()))));
     }
     let Some(bucket) = &args.etcd_snapshot_s3_bucket else {
-        // A simulated fleet's snapshots go to a new directory, as the rollout example's:
-        // trying the operator needs no store, and its upgrades do not pause for one.
-        return Ok((args.fleet.simulated() && args.fleet.controller()).then(|| {
-            let dir = std::env::temp_dir().join(format!("ichor-operator-snapshots-{}", std::process::id()));
-            tracing::info!(dir = %dir.display(), "etcd snapshots of the simulated fleet go to a new directory");
-            Arc::new(DirectoryStore::new(dir)) as Arc<dyn SnapshotStore>
-        }));
+        return Ok(if args.extension.controller() { args.extension.default_snapshots() } else { None });
     };
     let env = |name: &str| {
         std::env::var(name)
@@ -327,14 +255,6 @@ fn snapshot_store(args: &Args) -> Result<Option<Arc<dyn SnapshotStore>>, String>
     }
     let store = S3Store::new(&config).map_err(|e| format!("--etcd-snapshot-s3-bucket {bucket}: {e}"))?;
     Ok(Some(Arc::new(store)))
-}
-
-#[cfg(feature = "fleet")]
-fn parse_scale(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(scale) if scale.is_finite() && scale > 0.0 && scale <= 10_000.0 => Ok(scale),
-        _ => Err(format!("the time scale must be a number above 0 and at most 10000, got {text:?}")),
-    }
 }
 
 fn bad(message: &str) -> ! {
@@ -389,7 +309,12 @@ async fn signalled() {
 
 /// The process: parses the command line, runs until a signal, exits with the codes above.
 pub fn main() {
-    let args: Args = parse_args();
+    main_with::<NoExtension>();
+}
+
+/// As [`main`], with the arguments and companions of `X`.
+pub fn main_with<X: Extension>() {
+    let args: Args<X> = parse_args();
     crate::init_logging(args.log_format == LogFormat::Json);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -402,7 +327,7 @@ pub fn main() {
     std::process::exit(code);
 }
 
-async fn run(args: Args) -> i32 {
+async fn run<X: Extension>(args: Args<X>) -> i32 {
     let trace = args.trace.as_ref().map(|path| match TraceFile::create(path) {
         Ok(file) => Arc::new(file) as Arc<dyn TraceSink>,
         Err(e) => bad(&format!("--trace {}: {e}", path.display())),
@@ -419,10 +344,9 @@ async fn run(args: Args) -> i32 {
         .clone()
         .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| home.clone());
-    #[cfg(feature = "fleet")]
-    let fleet = args.fleet.config(&home).unwrap_or_else(|e| bad(&e));
+    let companions = args.extension.companions(&home).unwrap_or_else(|e| bad(&e));
     let snapshots = snapshot_store(&args).unwrap_or_else(|e| bad(&e));
-    let operator = args.fleet.controller().then(|| {
+    let operator = args.extension.controller().then(|| {
         let config = OperatorConfig {
             snapshots,
             trace,
@@ -440,16 +364,11 @@ async fn run(args: Args) -> i32 {
         %identity,
         namespace = args.namespace.as_deref().unwrap_or("(all)"),
         lease_namespace = %lease_namespace,
-        fleet = args.fleet.simulated(),
+        companions = ?companions.iter().map(|c| c.name).collect::<Vec<_>>(),
         controller = operator.is_some(),
         "starting"
     );
-    let plan = Plan {
-        operator,
-        #[cfg(feature = "fleet")]
-        fleet,
-        listen: args.listen,
-    };
+    let plan = Plan { operator, companions, listen: args.listen };
     match crate::run(client, plan, metrics, signalled()).await {
         Ok(()) => 0,
         Err(e) => {

@@ -579,11 +579,7 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
         facts,
         preflight: ichor_upgrade_core::preflight::PreflightConfig::default(),
         preflight_warns: op.spec.preflight == Some(ichor_adapters::kubernetes::crd::Preflight::Warn),
-        defaults: ichor_adapters::sim::SimConfig::plan_defaults_of(
-            &ichor_adapters::sim::config::Durations::default(),
-            &ichor_adapters::sim::config::Registry::default(),
-            ctx.config.executor.pass_interval,
-        ),
+        defaults: ichor_upgrade_core::plan::Defaults::talos(ctx.config.executor.pass_interval.as_secs_f64()),
         own_node: ctx.config.own_node.as_deref(),
         storage,
     };

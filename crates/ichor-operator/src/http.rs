@@ -1,6 +1,6 @@
 //! `/metrics`, `/healthz` and `/readyz`.
 //!
-//! `/healthz` is 200 while the controller loop runs (or, in a fleet-only process, always);
+//! `/healthz` is 200 while the controller loop runs (or, in a process with no controller, such as a fleet-only one, always);
 //! `/readyz` is 200 once every watch has listed. Both answer 503 otherwise, with the
 //! reason as text.
 

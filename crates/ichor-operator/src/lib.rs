@@ -6,13 +6,12 @@
 //! - [`metrics`] and [`http`]: Prometheus `/metrics`, `/healthz`, `/readyz`.
 //! - [`requests`] and [`rbac`]: every API request counted by RBAC verb and resource, the
 //!   ClusterRole that allows exactly those, and the manifests in `deploy/`.
-//! - `fleet` (feature `fleet`): a simulated Talos fleet on a real API server, to try it with
-//!   no machines.
 //! - [`dry_run`] and [`recorded`]: a dry run's plan from the machines' recorded history,
 //!   and its calibration once the real upgrade completes.
-//! - [`cli`]: the command line of the `ichor-operator` binary (and the `operator` example).
+//! - [`cli`]: the command line of the `ichor-operator` binary, which the `operator` example
+//!   extends with a simulated fleet ([`cli::Extension`], [`Companion`]).
 //! - [`trace`]: the trace of what the engine does and sees, in the simulator's records
-//!   ([`ichor_adapters::trace`]), as JSON lines.
+//!   ([`ichor_timeline::trace`]), as JSON lines.
 //! - [`run`]: all of it together, as the binary runs it.
 //!
 //! What it must not do: decide anything about a rollout (the engine does), or reconcile
@@ -27,8 +26,6 @@ pub mod dry_run;
 pub mod fence;
 #[cfg(test)]
 mod fixtures;
-#[cfg(feature = "fleet")]
-pub mod fleet;
 pub mod http;
 pub mod leader;
 pub mod metrics;
@@ -44,20 +41,18 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub use controller::{Health, OperatorConfig};
-#[cfg(feature = "fleet")]
-pub use fleet::{Fleet, FleetConfig};
 pub use leader::{ElectionConfig, Leadership};
 pub use metrics::Metrics;
 pub use trace::{Recorder, TraceFile, TraceSink};
 
 /// What a process runs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Plan {
-    /// The controller, with its election; `None` for a fleet-only process.
+    /// The controller, with its election; `None` for a process that runs only its
+    /// companions.
     pub operator: Option<(OperatorConfig, ElectionConfig)>,
-    /// A simulated fleet.
-    #[cfg(feature = "fleet")]
-    pub fleet: Option<FleetConfig>,
+    /// What runs beside the controller (the operator example's simulated fleet).
+    pub companions: Vec<Companion>,
     /// Where `/metrics`, `/healthz` and `/readyz` listen.
     pub listen: std::net::SocketAddr,
 }
@@ -74,22 +69,56 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
-    /// The fleet could not start.
-    #[cfg(feature = "fleet")]
-    #[error("the simulated fleet: {0}")]
-    Fleet(#[from] fleet::FleetError),
+    /// A companion failed.
+    #[error("{name}: {message}")]
+    Companion {
+        /// The companion's name.
+        name: &'static str,
+        /// What it said.
+        message: String,
+    },
 }
 
-/// How long a stopping process waits for the simulated fleet to delete its Nodes.
-#[cfg(feature = "fleet")]
-const FLEET_STOP: Duration = Duration::from_secs(60);
+/// A future that resolves when the process stops.
+pub type Stopped = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What a companion runs until stopped: `Err` with a message when it fails.
+pub type CompanionTask = std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// Starts a companion: the process's client and metrics, and a future that resolves when
+/// the process stops.
+pub type CompanionStart = Box<dyn FnOnce(kube::Client, &Metrics, Stopped) -> CompanionTask + Send>;
+
+/// Work a process runs beside the controller and stops with it: the operator example's
+/// simulated fleet. It gets the process's client and metrics (to register collectors on)
+/// and a future that resolves at shutdown; when it fails the process ends, with exit 1.
+pub struct Companion {
+    /// Its name, in the logs and in the error when it fails.
+    pub name: &'static str,
+    /// Started once the endpoints listen.
+    pub start: CompanionStart,
+    /// How long a stopping process waits for it to end (the fleet deletes its Nodes).
+    pub stop_bound: Duration,
+}
+
+impl std::fmt::Debug for Companion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Companion")
+            .field("name", &self.name)
+            .field("stop_bound", &self.stop_bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A companion's task, running.
+type Running = tokio::task::JoinHandle<Result<(), String>>;
 
 /// Runs `plan` with `client` (whose requests are counted into `metrics.requests`, see
 /// [`requests::counted_client`]) until `shutdown` resolves; then lets the passes in flight
-/// end, leaves the election (releasing the Lease when leading) and stops the fleet.
+/// end, leaves the election (releasing the Lease when leading) and stops the companions.
 ///
 /// # Errors
-/// A [`RunError`] when the endpoints cannot listen or the fleet cannot start.
+/// A [`RunError`] when the endpoints cannot listen or a companion fails.
 pub async fn run(
     client: kube::Client,
     plan: Plan,
@@ -111,15 +140,11 @@ pub async fn run(
     let server = tokio::spawn(http::serve(listener, Arc::clone(&metrics), Arc::clone(&health), stopped()));
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
 
-    #[cfg(feature = "fleet")]
-    let fleet = match plan.fleet {
-        Some(config) => {
-            let fleet = Fleet::new(config);
-            metrics.register_collector(fleet.collector());
-            Some(tokio::spawn(fleet.run(client.clone(), stopped())))
-        }
-        None => None,
-    };
+    let mut companions: Vec<(&'static str, Duration, Running)> = plan
+        .companions
+        .into_iter()
+        .map(|c| (c.name, c.stop_bound, tokio::spawn((c.start)(client.clone(), &metrics, Box::pin(stopped())))))
+        .collect();
     let operator = match plan.operator {
         Some((config, election)) => {
             let leadership = Leadership::start(client.clone(), election);
@@ -140,24 +165,21 @@ pub async fn run(
         }
     };
 
-    // A fleet that fails to start ends the process; otherwise run until told to stop.
-    #[cfg(feature = "fleet")]
-    let mut fleet = fleet;
-    #[cfg(feature = "fleet")]
-    let fleet_failed = async {
-        match fleet.as_mut() {
-            Some(handle) => match handle.await {
-                Ok(Err(e)) => Err(RunError::from(e)),
-                _ => Ok(()),
-            },
-            None => std::future::pending().await,
+    // A companion that fails ends the process; otherwise run until told to stop.
+    let companion_failed = async {
+        if companions.is_empty() {
+            return std::future::pending().await;
+        }
+        let handles = companions.iter_mut().map(|(name, _, handle)| async move { (*name, handle.await) });
+        let ((name, ended), _, _) = futures::future::select_all(handles.map(Box::pin)).await;
+        match ended {
+            Ok(Err(message)) => Err(RunError::Companion { name, message }),
+            _ => Ok(()),
         }
     };
-    #[cfg(not(feature = "fleet"))]
-    let fleet_failed = std::future::pending::<Result<(), RunError>>();
     let result = tokio::select! {
         () = shutdown => Ok(()),
-        r = fleet_failed => r,
+        r = companion_failed => r,
     };
     tracing::info!("shutting down");
     stop_tx.send_replace(true);
@@ -165,13 +187,12 @@ pub async fn run(
         controller.await.ok();
         leadership.step_down().await;
     }
-    // The fleet deletes its Nodes on the same signal: waited for, within a bound (a
-    // thousand deletions take seconds), so that a stopped fleet leaves none behind.
-    #[cfg(feature = "fleet")]
-    if let Some(handle) = fleet.filter(|h| !h.is_finished())
-        && tokio::time::timeout(FLEET_STOP, handle).await.is_err()
-    {
-        tracing::warn!(bound = ?FLEET_STOP, "the simulated fleet did not delete its Nodes in time");
+    // Companions stop on the same signal (a fleet deletes its Nodes): waited for, each
+    // within its bound, so that a stopped fleet leaves none behind.
+    for (name, bound, handle) in companions.into_iter().filter(|(_, _, h)| !h.is_finished()) {
+        if tokio::time::timeout(bound, handle).await.is_err() {
+            tracing::warn!(companion = name, ?bound, "a companion did not stop in time");
+        }
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.abort();

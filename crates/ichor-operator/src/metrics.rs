@@ -15,7 +15,7 @@
 //!
 //! Every replica has `/metrics`; the per-operation gauges are the leader's alone, so that
 //! a dashboard summing over replicas counts each operation once. A simulated fleet adds
-//! `ichor_fleet_*` ([`crate::fleet`]).
+//! `ichor_fleet_*` (`ichor_sim::fleet`, in the `operator` example).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,4 +1,4 @@
-//! The operator's trace: the records of [`ichor_adapters::trace`] (the simulator's), written
+//! The operator's trace: the records of [`ichor_timeline::trace`] (the simulator's), written
 //! from what the engine does and sees on a real cluster, so that one tool draws a rollout
 //! run by either.
 //!
@@ -40,7 +40,6 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Instant;
 
 use async_trait::async_trait;
-pub use ichor_adapters::trace::{TraceEvent, TraceKind};
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_talos_executor::kube_api::{
     ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
@@ -51,7 +50,9 @@ use ichor_talos_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
     PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+pub use ichor_timeline::trace::{TraceEvent, TraceKind};
 use ichor_upgrade_core::Timestamp;
+use ichor_upgrade_core::changes::ChangeKind;
 use ichor_upgrade_core::conditions::{Condition, ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use ichor_upgrade_core::kubernetes_plan::Component;
@@ -456,17 +457,17 @@ impl Recorder {
         let mut state = self.lock();
         let before = state.statuses.insert(operation.to_owned(), after.clone()).unwrap_or_default();
         let operation = || Subject { node: "operation".to_owned(), role: "operation" };
-        for change in ichor_adapters::trace::status_changes(&before, after) {
+        for change in ichor_upgrade_core::changes::status_changes(&before, after) {
             let subject = match &change.machine {
                 Some(name) => match state.by_machine(name) {
                     Some(subject) => subject,
                     // A failure is a machine's: one this recorder does not know is not traced.
-                    None if change.event == TraceKind::Failed => continue,
+                    None if change.event == ChangeKind::Failed => continue,
                     None => operation(),
                 },
                 None => operation(),
             };
-            self.emit(&state, &subject, change.event, Some((change.reason, change.message)));
+            self.emit(&state, &subject, trace_kind(change.event), Some((change.reason, change.message)));
         }
     }
 
@@ -928,6 +929,17 @@ impl StorageApi for TracedStorage<'_> {
     }
     async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError> {
         self.inner.backing_images_on(node).await
+    }
+}
+
+/// The record of a change of an operation's status.
+fn trace_kind(kind: ChangeKind) -> TraceKind {
+    match kind {
+        ChangeKind::Failed => TraceKind::Failed,
+        ChangeKind::Paused => TraceKind::Paused,
+        ChangeKind::Resumed => TraceKind::Resumed,
+        ChangeKind::Refused => TraceKind::Refused,
+        ChangeKind::Waiting => TraceKind::Waiting,
     }
 }
 

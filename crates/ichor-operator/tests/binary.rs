@@ -1,5 +1,5 @@
 //! The production binary as a process: what it refuses and how it says so. It carries no
-//! simulated fleet (that is the `operator` example's, `--features fleet`).
+//! simulated fleet (that is the `operator` example's, `ichor_sim::fleet`).
 
 use std::process::Command;
 
@@ -8,37 +8,39 @@ fn ichor_operator(args: &[&str]) -> (Option<i32>, String) {
     (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
-/// The binary carries the simulated fleet exactly when built with the feature `fleet`. A
-/// workspace build turns it on (the examples need it: cargo unifies features), so this
-/// test checks whichever was built; the next one checks the production build's graph.
+/// Whatever else the workspace builds, the binary has no simulated fleet to start.
 #[test]
-fn the_binary_has_a_simulated_fleet_only_with_the_fleet_feature() {
-    let (code, stderr) = ichor_operator(&["--simulate-fleet", "0+5"]);
+fn the_binary_has_no_simulated_fleet() {
+    let (code, stderr) = ichor_operator(&["--simulate-fleet", "3+5"]);
     assert_eq!(code, Some(2), "{stderr}");
-    if cfg!(feature = "fleet") {
-        assert!(stderr.contains("control plane"), "the fleet's own check answers: {stderr}");
-    } else {
-        assert!(stderr.contains("unexpected argument '--simulate-fleet'"), "{stderr}");
-    }
+    assert!(stderr.contains("unexpected argument '--simulate-fleet'"), "{stderr}");
 }
 
-/// `cargo build -p ichor-operator`, as the Dockerfile builds it, links no test kit.
+/// `cargo build -p ichor-operator`, as the Dockerfile builds it, links no simulator and no
+/// test kit, with any of its features.
 #[test]
-fn the_production_build_links_no_test_kit() {
-    let tree = |features: &[&str]| {
-        let output = Command::new(env!("CARGO"))
-            .args(["tree", "--offline", "-p", "ichor-operator", "-e", "normal", "--prefix", "none"])
-            .args(features)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "cargo tree: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    };
-    let production = tree(&[]);
-    assert!(production.contains("ichor-adapters"), "{production}");
-    assert!(!production.contains("ichor-testkit"), "the production build links the test kit:\n{production}");
-    assert!(tree(&["--features", "fleet"]).contains("ichor-testkit"), "the fleet feature brings it");
+fn the_production_build_links_no_simulator_and_no_test_kit() {
+    let output = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-p", "ichor-operator", "-e", "normal", "--prefix", "none", "--all-features"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "cargo tree: {}", String::from_utf8_lossy(&output.stderr));
+    let tree = String::from_utf8_lossy(&output.stdout);
+    assert!(tree.contains("ichor-adapters"), "{tree}");
+    for linked in ["ichor-sim", "ichor-testkit"] {
+        assert!(!tree.contains(linked), "the production build links {linked}:\n{tree}");
+    }
+    // tokio's test-util (the simulator's paused clock) is not among its features either.
+    let features = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-p", "ichor-operator", "-e", "normal,features", "-i", "tokio", "--prefix", "none"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(features.status.success(), "cargo tree: {}", String::from_utf8_lossy(&features.stderr));
+    let features = String::from_utf8_lossy(&features.stdout);
+    assert!(features.contains("tokio feature \"rt\""), "{features}");
+    assert!(!features.contains("test-util"), "tokio's test-util in the production build:\n{features}");
 }
 
 #[test]

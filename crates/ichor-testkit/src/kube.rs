@@ -222,8 +222,8 @@ impl TestNamespace {
     }
 }
 
-/// The label a simulated fleet puts on its Nodes, with its namespace (as
-/// `ichor_operator::fleet::FLEET_LABEL`; this crate cannot depend on the operator's).
+/// The label a simulated fleet puts on its Nodes, with its namespace (re-exported as
+/// `ichor_sim::fleet::FLEET_LABEL`, whose fleet uses this kit).
 pub const FLEET_LABEL: &str = "ichor.dev/simulated-fleet";
 
 /// Applies the four CRDs (creating those missing, replacing those of another schema) and

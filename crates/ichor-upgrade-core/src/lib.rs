@@ -5,6 +5,7 @@
 //!
 //! - [`versions`]: strict parsing of Talos and Kubernetes versions, the upgrade-path rule
 //!   and the Talos-to-Kubernetes support table;
+//! - [`changes`]: what a change of an operation's status says to a trace;
 //! - [`conditions`]: `metav1.Condition`-shaped progress markers with upsert semantics;
 //! - [`operation`]: operation kinds, spec validation and the labels people steer with;
 //! - [`preflight`]: whether the cluster can lose a node now (the runbook's preflight, per
@@ -42,6 +43,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod changes;
 pub mod conditions;
 pub mod etcd_gate;
 pub mod etcd_snapshot;

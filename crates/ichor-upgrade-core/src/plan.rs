@@ -259,6 +259,28 @@ pub struct Defaults {
     pub reaction_s: f64,
 }
 
+impl Defaults {
+    /// A Talos machine's turn where a cluster has recorded none: drain 5-30 s, the
+    /// installer image pulled alone (100 MB at 50 MB/s: 2 s), install 30-60 s, reboot
+    /// 60-150 s, Ready 15-45 s; the reaction is `reaction_s`, the engine's pass interval.
+    /// The orders of a metal machine on a 1 Gbit/s link; the simulator's defaults are the
+    /// same, so that a dry run on the simulated fleet plans as on a new real cluster.
+    #[must_use]
+    pub fn talos(reaction_s: f64) -> Self {
+        let phase = |name: &str, range: (f64, f64)| (name.to_owned(), range);
+        Self {
+            phases: vec![
+                phase("drain", (5.0, 30.0)),
+                phase("pull", (2.0, 2.0)),
+                phase("install", (30.0, 60.0)),
+                phase("reboot", (60.0, 150.0)),
+                phase("Ready", (15.0, 45.0)),
+            ],
+            reaction_s,
+        }
+    }
+}
+
 /// The models a plan draws from, and what it assumed for want of a record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Models {

@@ -1,14 +1,14 @@
 //! Another operator's own `TalosApi` and `KubeApi` doubles, run through the engine's
-//! `reconcile` on the simulated cluster with `ichor_adapters::sim::strategies::run_with`.
+//! `reconcile` on the simulated cluster with `ichor_sim::strategies::run_with`.
 //! Each double wraps the simulator's API, passes most calls on, and answers some itself.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use ichor_adapters::sim::strategies::FaultSchedule;
-use ichor_adapters::sim::strategies::{FROM, OPERATION, SimCase, TO, run_with};
-use ichor_adapters::sim::{RunEnd, SimCluster, runtime};
+use ichor_sim::strategies::FaultSchedule;
+use ichor_sim::strategies::{FROM, OPERATION, SimCase, TO, run_with};
+use ichor_sim::{RunEnd, SimCluster, runtime};
 use ichor_storage::{ConditionStore, ConditionWriteError};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::kube_api::{

@@ -2,7 +2,7 @@
 //! subset, each call routed by its `node` metadata to the implementation, its errors
 //! answered as apid answers them (a node it cannot reach: `Unavailable`).
 //!
-//! This is how the simulated fleet ([`crate::sim`] on a real API server) is reached by a
+//! This is how the simulated fleet (`ichor_sim::fleet`: the simulator on a real API server) is reached by a
 //! real Talos client: the operator runs exactly as in production, with a talosconfig, over
 //! mutual TLS.
 

@@ -7,7 +7,7 @@
 //! `bootID`, `Ready`) and Lease as a kubelet would; it acts as the kubelet of the pods bound
 //! to those Nodes (they run at once; a pod being deleted is gone at once); and it answers
 //! the Talos API (apid over mutual TLS on a loopback port) from the simulator
-//! ([`ichor_adapters::sim`]). The simulator's virtual durations (install, reboot, Ready)
+//! ([`crate`]). The simulator's virtual durations (install, reboot, Ready)
 //! are divided by the time scale.
 //!
 //! With [`FleetConfig::kwok`], kwok is the kubelet instead: the fleet labels its Nodes
@@ -29,11 +29,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::world::NodePhase;
+use crate::{Naming, Realism, SimCluster, SimConfig};
 use async_trait::async_trait;
 use futures::StreamExt;
 use ichor_adapters::kubernetes::crd::{Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec};
-use ichor_adapters::sim::world::NodePhase;
-use ichor_adapters::sim::{Naming, Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::server;
 use ichor_talos_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
@@ -553,7 +553,7 @@ impl Fleet {
         let nodes = self.sim.with_world(|w| w.nodes.clone());
         let views: HashMap<String, Published> =
             views.iter().map(|(name, _, view)| (name.clone(), view.clone())).collect();
-        let machines: Vec<(ichor_adapters::sim::world::SimNode, Option<Published>)> =
+        let machines: Vec<(crate::world::SimNode, Option<Published>)> =
             nodes.into_iter().map(|n| (views.get(&n.name).cloned(), n)).map(|(v, n)| (n, v)).collect();
         let results: Vec<Result<(), FleetError>> = futures::stream::iter(machines)
             .map(|(n, view)| async move { self.create_machine(client, &n, view.as_ref()).await })
@@ -568,7 +568,7 @@ impl Fleet {
     async fn create_machine(
         &self,
         client: &Client,
-        n: &ichor_adapters::sim::world::SimNode,
+        n: &crate::world::SimNode,
         view: Option<&Published>,
     ) -> Result<(), FleetError> {
         let ns = &self.config.namespace;

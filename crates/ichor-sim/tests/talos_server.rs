@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_adapters::sim::{Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::{ClientOptions, TalosClient, server};
+use ichor_sim::{Realism, SimCluster, SimConfig};
 use ichor_talos_executor::talos_api::{
     ApplyConfigRequest, ApplyMode, InstallRequest, PullRequest, TalosApi, TalosError, UpgradeRequest,
 };
@@ -227,7 +227,7 @@ async fn the_admin_kubeconfig_is_read_from_a_control_plane_as_talos_serves_it() 
     let (sim, _served, client) = served(config);
     let run = async {
         let kubeconfig = client.admin_kubeconfig("10.5.0.2").await.unwrap(); // cp-1
-        assert_eq!(kubeconfig, ichor_adapters::sim::SIM_ADMIN_KUBECONFIG.as_bytes());
+        assert_eq!(kubeconfig, ichor_sim::SIM_ADMIN_KUBECONFIG.as_bytes());
         let refused = client.admin_kubeconfig("10.5.0.3").await.unwrap_err(); // worker-1
         assert!(
             matches!(&refused, TalosError::Answered { code, message } if code == "FailedPrecondition" && message.contains("control plane")),

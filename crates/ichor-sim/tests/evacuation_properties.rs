@@ -8,7 +8,7 @@
 //! - after a removal-side timeout, scheduling is back on, a Warning event exists, and the
 //!   evacuation starts again.
 
-use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal};
+use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::kube_api::EventType;
 use ichor_upgrade_core::operation::OperationSpec;
@@ -23,7 +23,7 @@ fn world(control_planes: usize, workers: usize, seed: u64, faults: Vec<Fault>) -
 }
 
 fn block_on<T>(future: impl Future<Output = T>) -> T {
-    ichor_adapters::sim::runtime().block_on(future)
+    ichor_sim::runtime().block_on(future)
 }
 
 fn of<'a>(trace: &'a [TraceEvent], node: &str) -> Vec<&'a TraceEvent> {

@@ -1,7 +1,7 @@
 //! Node removal on the simulated cluster: evacuation (the upgrade's own), cordon, drain
 //! through the Eviction API, leaving etcd, reset, Node deletion.
 
-use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_removal};
+use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_removal};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::kube_api::EventType;
 use ichor_upgrade_core::conditions::ConditionStatus;
@@ -106,7 +106,7 @@ async fn a_machine_without_hostname_is_removed_though_the_reset_node_cannot_say_
 /// removed machine.
 #[tokio::test(start_paused = true)]
 async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
-    use ichor_adapters::sim::run_operation;
+    use ichor_sim::run_operation;
     use ichor_upgrade_core::operation::OperationSpec;
     use ichor_upgrade_core::rollout::{Phase, WaitReason};
 
@@ -151,7 +151,7 @@ async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
 /// list unreadable`). `run_removal` filtered them; the operation's pass did not.
 #[tokio::test(start_paused = true)]
 async fn a_second_control_plane_removal_through_an_operation_completes() {
-    use ichor_adapters::sim::run_operation;
+    use ichor_sim::run_operation;
     use ichor_upgrade_core::operation::OperationSpec;
 
     let sim = cluster(5, 1, &[]);

@@ -1041,16 +1041,18 @@ impl KubeApi for SimCluster {
 }
 
 /// Failures, pauses, resumes, refusals and new reasons to wait, as the operation's status
-/// records them, each with its reason and message ([`crate::trace::status_changes`]).
+/// records them, each with its reason and message
+/// ([`ichor_upgrade_core::changes::status_changes`]).
 fn trace_status_change(w: &mut World, before: &OperationStatus, after: &OperationStatus) {
-    for change in crate::trace::status_changes(before, after) {
+    for change in ichor_upgrade_core::changes::status_changes(before, after) {
+        let kind = super::trace::trace_kind(change.event);
         match change.machine {
             Some(name) => {
                 if let Some(i) = w.node_index(&name) {
-                    w.record_why(i, change.event, Some((change.reason, change.message)));
+                    w.record_why(i, kind, Some((change.reason, change.message)));
                 }
             }
-            None => w.record_operation(change.event, &change.reason, change.message),
+            None => w.record_operation(kind, &change.reason, change.message),
         }
     }
 }

@@ -14,8 +14,8 @@
 //!   the requeue or a watch event.
 //!
 //! ```
-//! use ichor_adapters::sim::RunEnd;
-//! use ichor_adapters::sim::strategies::sim_case;
+//! use ichor_sim::RunEnd;
+//! use ichor_sim::strategies::sim_case;
 //! use ichor_talos_executor::ExecutorConfig;
 //! use proptest::prelude::*;
 //!

@@ -18,7 +18,7 @@
 //! - a cluster of two control planes is refused at planning, untouched;
 //! - a run without a failing fault always completes.
 
-use ichor_adapters::sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
@@ -102,7 +102,7 @@ fn check_invariants(
             .with_realism(if executor.oracle { Realism::oracle() } else { Realism::cluster() }),
     );
     sim.create_operation("upgrade", OperationSpec::talos(TARGET, max_unavailable));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     // No bound on the kills on either path: an install runs on the node to its end
     // whether or not its stream does, as Talos's does (issue 29 item 3).
     let end = runtime.block_on(run_operation(&sim, "upgrade", &executor.config(), 50_000, |_| {}));
@@ -261,7 +261,7 @@ fn check_invariants(
                 TraceKind::ShownNotReady => {
                     down.insert(node);
                 }
-                TraceKind::NotReady if w.config.realism.wake == ichor_adapters::sim::Wake::Oracle => {
+                TraceKind::NotReady if w.config.realism.wake == ichor_sim::Wake::Oracle => {
                     down.insert(node);
                 }
                 TraceKind::Ready => {

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
@@ -76,7 +76,7 @@ fn executor(lifecycle: bool, prepull: bool) -> ExecutorConfig {
 fn run_with(config: SimConfig, max_unavailable: i64, executor: &ExecutorConfig) -> (Ending, SimCluster) {
     let sim = SimCluster::new(config);
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", max_unavailable));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", executor, 20_000, |_| {}));
     let ending = sim.with_world(|w| Ending {
         end,
@@ -199,7 +199,7 @@ fn killed_at_the_upgrade_call(before_effect: bool) -> SimCluster {
     let sim = SimCluster::new(config(1, 0, 5, false, false, false));
     sim.with_world(|w| w.crash.on_next_upgrade = Some(before_effect));
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim
@@ -240,7 +240,7 @@ fn killed_after_the_evacuation_request_the_backends_record_carries_it_to_the_end
         i
     });
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim.with_world(|w| {
@@ -263,7 +263,7 @@ fn a_lost_acknowledgement_then_a_fallback_is_resumed_like_any_fallback() {
     let sim = SimCluster::new(config(1, 0, 5, true, false, false));
     sim.with_world(|w| w.crash.on_next_upgrade = Some(false));
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let paused = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 1_000, |_| {}));
     assert_eq!(paused, RunEnd::Paused, "the fallback is caught though the acknowledgement was lost");
     sim.annotate_operation("upgrade", ichor_upgrade_core::operation::RESUME_ANNOTATION, "retry-1");
@@ -331,7 +331,7 @@ fn an_evacuation_whose_pass_was_killed_is_ended_when_its_machine_is_held_before_
     let sim = SimCluster::new(config(1, 2, 5, false, true, false));
     sim.with_world(|w| w.crash.on_next_evacuation = true);
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "upgrade", &ExecutorConfig::default(), 2_000, |sim| {
         let hold = ichor_upgrade_core::operation::HOLD_ANNOTATION;
         let due = sim.read_world(|w| {

@@ -1,6 +1,6 @@
 //! Whole rollouts on the simulated cluster through the real rollout engine and drivers.
 
-use ichor_adapters::sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::conditions::ConditionStatus;
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
@@ -16,7 +16,7 @@ fn spec(max_unavailable: i64) -> OperationSpec {
 }
 
 /// When `node` first saw `kind`, in seconds from the start.
-fn first_at(w: &ichor_adapters::sim::World, node: &str, kind: TraceKind) -> Option<f64> {
+fn first_at(w: &ichor_sim::World, node: &str, kind: TraceKind) -> Option<f64> {
     w.trace.iter().find(|e| e.node == node && e.event == kind).map(|e| e.t)
 }
 
@@ -700,7 +700,7 @@ async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control
         let held_installs = std::cell::Cell::new(0_usize);
         let end = run_operation(&sim, "upgrade", &executor, 20_000, |sim| {
             sim.read_world(|w| {
-                if let ichor_adapters::sim::StopDuringInstall::Held(machine, _) = &w.stop_during_install {
+                if let ichor_sim::StopDuringInstall::Held(machine, _) = &w.stop_during_install {
                     let installs = w.trace.iter().filter(|e| &e.node == machine && e.event == TraceKind::InstallStart);
                     held_installs.set(held_installs.get().max(installs.count()));
                 }
@@ -709,11 +709,7 @@ async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control
         .await;
         assert_eq!(end, RunEnd::Completed, "seed {seed}");
         sim.with_world(|w| {
-            assert_eq!(
-                w.stop_during_install,
-                ichor_adapters::sim::StopDuringInstall::Done,
-                "seed {seed}: held, lifted"
-            );
+            assert_eq!(w.stop_during_install, ichor_sim::StopDuringInstall::Done, "seed {seed}: held, lifted");
             assert_eq!(w.counters.max_control_planes_down, 1, "seed {seed}: one control plane at a time");
             assert!(w.counters.max_workers_down <= 1, "seed {seed}: maxUnavailable 1");
             assert_eq!(w.counters.min_etcd_voters, Some(2), "seed {seed}: quorum kept");
@@ -725,7 +721,7 @@ async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control
 /// A 3 + 4 rollout on the lifecycle executor, a 3 GB installer, no pre-pulls, with `fault`:
 /// its end, the world, and the stop's machine and instant (as first seen armed).
 async fn stopped_during_an_install(fault: Fault, seed: u64) -> (RunEnd, SimCluster, String, f64) {
-    use ichor_adapters::sim::StopDuringInstall;
+    use ichor_sim::StopDuringInstall;
     use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
     let mut config = SimConfig::new(3, 4, v("v1.14.3"), v("v1.14.4")).with_seed(seed).with_faults(vec![fault]);
     config.registry.image_bytes = 3_000_000_000;
@@ -839,7 +835,7 @@ async fn a_live_holders_lease_written_by_a_skewed_clock_is_taken_over_only_after
 /// Each ran into the pass bound; each now ends.
 #[tokio::test(start_paused = true)]
 async fn every_run_ends_under_the_oracle_wake_model() {
-    use ichor_adapters::sim::Realism;
+    use ichor_sim::Realism;
     use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
     let cases = [
         (3, 5, 1, 1, ExecutorChoice::Lifecycle, vec![]),
@@ -869,7 +865,7 @@ async fn every_run_ends_under_the_oracle_wake_model() {
 /// cordon and the drain sees the failure, and the machine takes no drain and no reboot.
 #[tokio::test(start_paused = true)]
 async fn a_failure_recorded_between_a_cordon_and_its_drain_stops_the_drain() {
-    use ichor_adapters::sim::{StopCall, StopKind};
+    use ichor_sim::{StopCall, StopKind};
     use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
     for (seed, machine) in [(1, "worker-1"), (2, "worker-2"), (3, "cp-2")] {
         let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(seed));

@@ -489,4 +489,13 @@ mod tests {
         assert_eq!(fleet.address(1002), "127.1.3.236");
         assert!(fleet.address(5000).parse::<std::net::Ipv4Addr>().is_ok());
     }
+
+    #[test]
+    fn a_default_simulators_plan_defaults_are_the_engines_for_a_new_real_cluster() {
+        // The operator's dry run on a real cluster assumes `Defaults::talos`; the simulated
+        // fleet's must plan the same, or the fleet's dry runs would say nothing of a real one.
+        let interval = Duration::from_millis(2_000);
+        let sim = SimConfig::plan_defaults_of(&Durations::default(), &Registry::default(), interval);
+        assert_eq!(sim, ichor_upgrade_core::plan::Defaults::talos(2.0));
+    }
 }

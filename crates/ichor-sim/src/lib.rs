@@ -9,9 +9,18 @@
 //! its old version), and turns Ready after a drawn time; its etcd member then rejoins.
 //! Storage replicas move off a node one by one once asked. Time only moves when the runner
 //! advances it, to the next change of the world or the controller's requested recheck.
+//!
+//! # What this crate must not do
+//! Be linked by a production binary: it pauses and advances tokio's clock (`test-util`),
+//! and its worlds are made up. It serves the examples, the property suites, the benches
+//! and, with [`fleet`], the operator example's simulated fleet on a real API server;
+//! `publish = false`.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod apis;
 pub mod config;
+pub mod fleet;
 pub mod kubernetes;
 pub mod peers;
 mod rng;

@@ -18,10 +18,8 @@
 
 use std::collections::BTreeSet;
 
-use ichor_adapters::sim::kubernetes::KUBE_PROXY_DAEMONSET;
-use ichor_adapters::sim::{
-    Fault, Realism, RunEnd, SimCluster, SimConfig, StopCall, StopKind, TraceKind, run_operation,
-};
+use ichor_sim::kubernetes::KUBE_PROXY_DAEMONSET;
+use ichor_sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, StopCall, StopKind, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::kubernetes_manifests::ManifestsState;
 use ichor_upgrade_core::kubernetes_plan::Component;
@@ -55,7 +53,7 @@ fn cluster(control_planes: usize, workers: usize, seed: u64, faults: &[Fault], o
 
 fn run(sim: &SimCluster, target: &str, max_unavailable: i64) -> RunEnd {
     sim.create_operation("kubernetes", spec(target, max_unavailable));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     runtime.block_on(run_operation(sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}))
 }
 
@@ -133,7 +131,7 @@ proptest! {
         let sim = cluster(control_planes, workers, seed, &[], false);
         sim.create_operation("kubernetes", spec(TARGET, 2));
         let started_before_edit = std::cell::Cell::new(None);
-        let runtime = ichor_adapters::sim::runtime();
+        let runtime = ichor_sim::runtime();
         let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
             if started_before_edit.get().is_some() {
                 return;
@@ -413,7 +411,7 @@ fn a_second_run_to_the_same_target_applies_nothing() {
     assert_eq!(run(&sim, TARGET, 2), RunEnd::Completed);
     let applied = sim.with_world(|w| w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>());
     sim.create_operation("again", spec(TARGET, 2));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "again", &ExecutorConfig::default(), 10_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     assert_eq!(sim.with_world(|w| w.nodes.iter().map(|n| n.kube.applies.len()).sum::<usize>()), applied);
@@ -547,7 +545,7 @@ fn a_talos_and_a_kubernetes_upgrade_of_one_cluster_never_run_at_once_and_chain_t
     let sim = cluster(3, 2, 3, &[], false);
     sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
     sim.create_operation("kubernetes", spec(TARGET, 1));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let config = ExecutorConfig::default();
     // The Talos upgrade takes the cluster lock in its first pass.
     runtime.block_on(run_operation(&sim, "upgrade", &config, 1, |_| {}));
@@ -612,11 +610,11 @@ fn stage_of(component: Option<&str>) -> u8 {
 /// `max_unavailable`: its end, the world, and the stop's machine and instant in seconds
 /// (as first seen armed), or `None` when this seed never drew the stop.
 fn stopped_during_a_change(fault: Fault, seed: u64, max_unavailable: i64) -> Option<(RunEnd, SimCluster, String, f64)> {
-    use ichor_adapters::sim::StopDuringInstall;
+    use ichor_sim::StopDuringInstall;
     let sim = cluster(3, 4, seed, &[fault], false);
     sim.create_operation("kubernetes", spec(TARGET, max_unavailable));
     let armed = std::cell::RefCell::new(None);
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
         sim.read_world(|w| {
             if let StopDuringInstall::Armed(_, machine, at) = &w.stop_during_install
@@ -806,7 +804,7 @@ fn the_bootstrap_manifests_go_last_and_roll_kube_proxy_to_the_target() {
     let sim = cluster(3, 4, 5, &[], false);
     let target = KubernetesVersion::parse(TARGET).unwrap();
     sim.create_operation("kubernetes", spec(TARGET, 2));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     // At every pass: no apply before every kubelet is on the target.
     let early = std::cell::Cell::new(false);
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
@@ -854,7 +852,7 @@ fn a_refused_bootstrap_manifest_pauses_naming_it_and_a_resume_applies_them_again
     });
     // Still refused: a resume pauses again. Then taken: it completes.
     sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "r1");
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let again = || runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
     assert_eq!(again(), RunEnd::Paused);
     sim.with_world(|w| w.bootstrap.refuse = false);
@@ -883,7 +881,7 @@ fn the_manifests_are_applied_under_the_admin_kubeconfig_and_a_refused_one_pauses
     });
     sim.with_world(|w| w.bootstrap.admin_refused = false);
     sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "r1");
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim.read_world(|w| {
@@ -910,7 +908,7 @@ fn a_kubernetes_upgrade_without_its_grants_is_refused_naming_the_component() {
         assert!(w.lease.is_none(), "no lock taken");
     });
     sim.with_world(|w| w.bootstrap.reads_forbidden = false);
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
 }
@@ -934,7 +932,7 @@ fn a_talosconfig_that_is_not_os_admin_is_refused_at_planning_touching_nothing() 
         assert!(!w.trace.iter().any(|e| e.event == TraceKind::EtcdSnapshot), "no snapshot");
     });
     sim.with_world(|w| w.talosconfig_roles = vec!["os:admin".to_owned()]);
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
 }
@@ -950,7 +948,7 @@ fn a_kubernetes_target_refused_for_the_clusters_talos_lifts_once_the_talos_upgra
         SimConfig::new(3, 2, v("v1.14.3"), v("v1.15.0")).with_seed(4).with_kubernetes("1.37.2".to_owned()),
     );
     sim.create_operation("kubernetes", spec("1.38.0", 1));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let config = ExecutorConfig::default();
     assert_eq!(runtime.block_on(run_operation(&sim, "kubernetes", &config, 50_000, |_| {})), RunEnd::Refused);
     sim.read_world(|w| {
@@ -990,7 +988,7 @@ fn a_resume_after_a_kubelet_not_back_gives_it_a_fresh_bound() {
         failed
     });
     sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "repaired");
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
     assert_eq!(end, RunEnd::Completed, "{failed} verified within its new bound");
     sim.read_world(|w| {
@@ -1035,7 +1033,7 @@ fn a_bootstrap_workload_that_does_not_roll_out_pauses_naming_it() {
         w.bootstrap.rollouts.clear();
     });
     sim.annotate_operation("kubernetes", RESUME_ANNOTATION, "repaired");
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
     sim.read_world(|w| {
@@ -1055,7 +1053,7 @@ fn a_bootstrap_workload_that_does_not_roll_out_pauses_naming_it() {
 #[test]
 fn a_kubernetes_upgrade_of_a_thousand_workers_completes_with_no_pause() {
     let sim = cluster(3, 1_000, 1, &[], false);
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     sim.create_operation("kubernetes", spec(TARGET, 100));
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 200_000, |_| {}));
     assert_eq!(end, RunEnd::Completed);
@@ -1105,7 +1103,7 @@ fn a_deletion_while_an_apply_never_reached_the_node_ends_and_releases_the_lock()
         let sim = cluster(3, 2, seed, &[Fault::DeleteDuringInstall], false);
         sim.with_world(|w| w.nodes.iter_mut().for_each(|n| n.kube.loses_applies = true));
         sim.create_operation("kubernetes", spec(TARGET, 1));
-        let runtime = ichor_adapters::sim::runtime();
+        let runtime = ichor_sim::runtime();
         let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 5_000, |_| {}));
         assert_eq!(end, RunEnd::Deleted, "seed {seed}");
         sim.read_world(|w| {
@@ -1134,7 +1132,7 @@ fn a_pause_beside_an_apply_that_never_reached_the_node_closes_its_intent() {
     });
     sim.create_operation("kubernetes", spec(TARGET, 2));
     let paused = std::cell::Cell::new(false);
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 5_000, |sim| {
         if paused.get() {
             return;
@@ -1178,7 +1176,7 @@ fn no_component_changes_while_another_control_planes_api_server_is_down_on_a_rea
     });
     let waited = std::cell::Cell::new(false);
     sim.create_operation("kubernetes", spec(TARGET, 1));
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
         sim.read_world(|w| {
             let phase = &w.operations["kubernetes"].info.status.phase;
@@ -1214,7 +1212,7 @@ fn a_target_edited_under_way_is_refused_and_no_component_skips_a_minor() {
     let sim = cluster(3, 2, 8, &[], false);
     sim.create_operation("kubernetes", spec(TARGET, 1));
     let edited = std::cell::Cell::new(false);
-    let runtime = ichor_adapters::sim::runtime();
+    let runtime = ichor_sim::runtime();
     let end = runtime.block_on(run_operation(&sim, "kubernetes", &ExecutorConfig::default(), 50_000, |sim| {
         if edited.get() {
             return;

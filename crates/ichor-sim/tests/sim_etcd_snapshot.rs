@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use ichor_adapters::sim::snapshot::{MemoryStore, snapshot_size};
-use ichor_adapters::sim::{CLUSTER, Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
+use ichor_sim::snapshot::{MemoryStore, snapshot_size};
+use ichor_sim::{CLUSTER, Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
 use ichor_talos_executor::talos_api::TalosApi;

@@ -8,8 +8,8 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_adapters::sim::{Realism, SimCluster, SimConfig};
 use ichor_adapters::talos::{ClientOptions, TalosClient, server};
+use ichor_sim::{Realism, SimCluster, SimConfig};
 use ichor_talos_executor::talos_api::TalosApi;
 use ichor_talosconfig::{Overrides, parse};
 use ichor_testkit::apid::{Served, serve};
