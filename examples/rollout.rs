@@ -51,8 +51,9 @@ use ichor_sim::{
     Fault, Realism, Report, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal,
 };
 use ichor_timeline::History;
-use ichor_upgrade_core::etcd_snapshot::SnapshotRecord;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::etcd::snapshot::SnapshotRecord;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::plan::{
     DEFAULT_RUNS, Models, PlanInput, PlanMachine, Recorded, StorageRate, describe_storage, models, plan,
 };
@@ -457,7 +458,7 @@ struct KubernetesSummary {
 
 impl KubernetesSummary {
     fn of(sim: &SimCluster, target: &KubernetesVersion, report: &Report) -> Self {
-        use ichor_upgrade_core::operation::MachineRole;
+        use ichor_upgrade_core::machine::vocabulary::MachineRole;
         sim.read_world(|w| {
             let mut applies = std::collections::BTreeMap::new();
             let mut repeated_applies = 0;

@@ -27,8 +27,8 @@ use ichor_examples::{EXIT_BAD_ARGUMENT, EXIT_OK, parse_args};
 use ichor_talos_executor::cause::report;
 use ichor_talos_executor::talos_api::{InstallRequest, PullRequest, TalosApi, TalosError, UpgradeRequest};
 use ichor_talosconfig::{Overrides, parse};
-use ichor_upgrade_core::etcd_gate::{ControlPlaneReport, Member, verdict};
-use ichor_upgrade_core::lifecycle_step::InstallExit;
+use ichor_upgrade_core::etcd::gate::{ControlPlaneReport, Member, verdict};
+use ichor_upgrade_core::machine::vocabulary::InstallExit;
 use ichor_upgrade_core::rollout::EtcdVerdict;
 use serde_json::{Value, json};
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Writes crates/ichor-upgrade-core/src/kubernetes_removals/table.rs: the Kubernetes API
+# Writes crates/ichor-upgrade-core/src/kubernetes/removals/table.rs: the Kubernetes API
 # versions a release removes, by group, version and kind, from the release markers
 # Kubernetes generates into k8s.io/api (`APILifecycleRemoved` in each
 # zz_generated.prerelease-lifecycle.go, from the `k8s:prerelease-lifecycle-gen` tags).
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 # supported Kubernetes is 1.32 (versions.rs).
 RELEASES=(v0.31.0 v0.32.0 v0.33.0 v0.34.0 v0.35.0 v0.36.2 v0.37.2)
 FIRST_REMOVAL=32
-OUT=crates/ichor-upgrade-core/src/kubernetes_removals/table.rs
+OUT=crates/ichor-upgrade-core/src/kubernetes/removals/table.rs
 
 GOPATH_DIR="$(mktemp -d "${TMPDIR:-/tmp}/ichor-k8s-api.XXXXXX")"
 trap 'chmod -R u+w "$GOPATH_DIR" 2>/dev/null; rm -rf "$GOPATH_DIR"' EXIT

@@ -6,7 +6,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::plan::{
     DEFAULT_RUNS, EVACUATION, PlanInput, PlanMachine, RecordedTurn, StorageRate, TurnModel, plan,
 };

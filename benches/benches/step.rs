@@ -8,9 +8,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::StorageObservation;
-use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::talos_step::{
-    MachineSpec, MachineStage, NodeObservation, StepInput, StepTimeouts, TalosObservation, UpgradeTarget, step,
+use ichor_upgrade_core::machine::talos::{StepInput, UpgradeTarget, step};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::{
+    MachineSpec, MachineStage, NodeObservation, StepTimeouts, TalosObservation,
 };
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker};
 use ichor_upgrade_core::versions::TalosVersion;
@@ -64,7 +65,7 @@ fn case(rebooting: bool) -> Case {
     }
 }
 
-fn decide(c: &Case) -> ichor_upgrade_core::talos_step::Action {
+fn decide(c: &Case) -> ichor_upgrade_core::machine::talos::Action {
     step(&StepInput {
         machine: &c.machine,
         target: &c.target,

@@ -7,8 +7,10 @@
 use std::time::Duration;
 
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
-use ichor_upgrade_core::rollout::{LeaseHolder, MachineProgress, MachineView, OperationStatus, OperationView};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::operation::OperationSpec;
+use ichor_upgrade_core::rollout::{LeaseHolder, MachineView, OperationView};
+use ichor_upgrade_core::status::{MachineProgress, OperationStatus};
 
 /// The operation identity used by the fixtures.
 pub const IDENTITY: &str = "ops/upgrade/uid";

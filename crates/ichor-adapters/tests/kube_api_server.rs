@@ -13,8 +13,8 @@ use ichor_talos_executor::kube_api::{AdminKubeconfig, EventType, Eviction, KubeA
 use ichor_testkit::kube::TestNamespace;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
-use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, cordon_annotation, cordoned_for, cordoned_since};
-use ichor_upgrade_core::rollout::{OperationStatus, Phase};
+use ichor_upgrade_core::machine::lifecycle::{CORDONED_ANNOTATION, cordon_annotation, cordoned_for, cordoned_since};
+use ichor_upgrade_core::status::{OperationStatus, Phase};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
@@ -817,10 +817,10 @@ async fn a_manifest_session_applies_only_under_a_kubeconfig_the_api_server_accep
 /// What planning a Kubernetes upgrade to `target` says of `apis` in use: its
 /// `RemovedApisInUse` refusal, if any.
 fn removed_apis_refusal(
-    apis: &[ichor_upgrade_core::kubernetes_plan::DeprecatedApiUse],
+    apis: &[ichor_upgrade_core::kubernetes::plan::DeprecatedApiUse],
     target: &str,
 ) -> Option<String> {
-    use ichor_upgrade_core::kubernetes_plan::{KubernetesPlanInput, KubernetesPlanProblem, plan_kubernetes};
+    use ichor_upgrade_core::kubernetes::plan::{KubernetesPlanInput, KubernetesPlanProblem, plan_kubernetes};
     let target = ichor_upgrade_core::versions::KubernetesVersion::parse(target).unwrap();
     let input = KubernetesPlanInput { target: &target, nodes: &[], deprecated_apis: apis, kube_proxy: None, args: &[] };
     let problems = plan_kubernetes(&input).err()?;
@@ -836,7 +836,7 @@ fn removed_apis_refusal(
 #[tokio::test]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn an_api_the_target_removes_still_in_use_is_read_from_the_api_server_and_refused_at_planning() {
-    use ichor_upgrade_core::kubernetes_plan::ApiUseSeenAs;
+    use ichor_upgrade_core::kubernetes::plan::ApiUseSeenAs;
     let ns = TestNamespace::create("ichor-deprecated").await;
     let kube = kube_cluster(&ns).await;
     let claims = ApiResource::from_gvk_with_plural(
@@ -928,7 +928,7 @@ async fn a_bootstrap_workloads_rollout_is_read_from_its_status() {
 async fn objects_stored_that_only_removed_versions_serve_are_counted_and_refused_at_planning() {
     use ichor_adapters::kubernetes::versions::stored_only_in_removed_versions;
     use ichor_testkit::kube::{OwnApiServer, client_for};
-    use ichor_upgrade_core::kubernetes_plan::ApiUseSeenAs;
+    use ichor_upgrade_core::kubernetes::plan::ApiUseSeenAs;
     let server =
         OwnApiServer::start("resource.k8s.io/v1=false,resource.k8s.io/v1beta2=false,resource.k8s.io/v1beta1=true");
     let client = client_for(&server.kubeconfig).await;

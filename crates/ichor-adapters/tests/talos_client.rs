@@ -16,7 +16,7 @@ use ichor_talosconfig::{Overrides, TalosContext, parse};
 use ichor_testkit::apid::{Apid, Behaviour, Served, serve};
 use ichor_testkit::net::{BlackHole, refused_endpoint};
 use ichor_testkit::pki::{Ca, KeyKind, Leaf, Validity, talosconfig};
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 
 /// Every test's own bound, so that a hang fails instead of stalling the suite.
 const TEST_BOUND: Duration = Duration::from_secs(30);

@@ -4,11 +4,13 @@ use std::time::Duration;
 
 use arbitrary::{Result, Unstructured};
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::rollout::{
-    CallAuthority, ComponentsVerdict, EtcdVerdict, LeaseHolder, MachineProgress, MachineView, OperationStatus,
-    OperationView, Phase, RolloutConfig, RolloutInput, decide,
+    CallAuthority, ComponentsVerdict, EtcdVerdict, LeaseHolder, MachineView, OperationView, RolloutConfig,
+    RolloutInput, decide,
 };
+use ichor_upgrade_core::status::{MachineProgress, OperationStatus, Phase};
 
 fn cluster(u: &mut Unstructured<'_>) -> Result<Vec<MachineView>> {
     let cps = u.int_in_range(1usize..=7)?;

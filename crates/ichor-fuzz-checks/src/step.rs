@@ -6,12 +6,12 @@ use arbitrary::{Result, Unstructured};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationState, STORAGE_EVACUATION, StorageObservation, evacuation_state};
-use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
-use ichor_upgrade_core::talos_step::{
-    Action, EtcdMembership, MachineSpec, MachineStage, NodeObservation, StepInput, StepTimeouts, TalosObservation,
-    UpgradeTarget, step as decide,
+use ichor_upgrade_core::machine::talos::{Action, StepInput, UpgradeTarget, step as decide};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::{
+    EtcdMembership, MachineSpec, MachineStage, NodeObservation, StepTimeouts, TalosObservation,
 };
+use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker};
 use ichor_upgrade_core::versions::TalosVersion;
 

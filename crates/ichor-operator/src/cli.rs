@@ -99,7 +99,7 @@ pub enum ExecutorArg {
 /// The executor configuration of `--executor` and `--prepull`, the rest default.
 #[must_use]
 pub fn executor_config(executor: ExecutorArg, prepull: Switch) -> ichor_talos_executor::ExecutorConfig {
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     let choice = match executor {
         ExecutorArg::Legacy => ExecutorChoice::Legacy,
         ExecutorArg::Lifecycle => ExecutorChoice::Lifecycle,

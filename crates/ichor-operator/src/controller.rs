@@ -34,7 +34,7 @@ use ichor_talos_executor::talos_api::{
     TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::core::PartialObjectMeta;

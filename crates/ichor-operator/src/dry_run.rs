@@ -24,7 +24,8 @@ use ichor_adapters::kubernetes::crd::{
 };
 use ichor_storage::StorageObject;
 use ichor_timeline::{History, Timeline};
-use ichor_upgrade_core::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL, OperationKind};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, ORDER_LABEL, OperationKind};
 use ichor_upgrade_core::plan::{
     DEFAULT_RUNS, Defaults, Models, PlanInput, PlanMachine, Recorded, RecordedTurn, StorageRate, describe_storage,
     models, plan,

@@ -30,9 +30,9 @@ use ichor_talos_executor::talos_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::preflight::ClusterFacts;
-use ichor_upgrade_core::rollout::OperationStatus;
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::status::OperationStatus;
 use tokio::sync::watch;
 
 use crate::leader::leads;
@@ -248,7 +248,7 @@ impl KubeApi for FencedKube<'_> {
     async fn workload_rollout(
         &self,
         workload: &str,
-    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+    ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         self.inner.workload_rollout(workload).await
     }
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError> {

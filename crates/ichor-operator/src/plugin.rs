@@ -259,7 +259,7 @@ async fn get(operations: &Api<TalosOperation>, name: &str, namespace: &str) -> R
 
 /// `control-plane` or `worker`, as traces and timelines write a role.
 fn role_name(role: Role) -> &'static str {
-    ichor_upgrade_core::operation::MachineRole::from(role).as_str()
+    ichor_upgrade_core::machine::vocabulary::MachineRole::from(role).as_str()
 }
 
 /// `12:05` (minutes and seconds).

@@ -170,7 +170,7 @@ pub const RULES: &[Rule] = &[
         "a Kubernetes upgrade's last step: the rollouts of the bootstrap manifests' workloads",
     ),
     // A Kubernetes upgrade's planning counts the stored objects of resources that only
-    // versions the target removes serve (`ichor_upgrade_core::kubernetes_removals`): list,
+    // versions the target removes serve (`ichor_upgrade_core::kubernetes::removals`): list,
     // on every resource its table names (a test checks), except the two it names that
     // are not stored (selfsubjectreviews, apigroupdiscoveries).
     stranded_count(
@@ -764,7 +764,7 @@ mod tests {
     fn every_resource_the_removal_table_names_may_be_counted() {
         let allows = |r: &Request| allows(r, &PLACED);
         let not_stored = ["selfsubjectreviews", "apigroupdiscoveries"];
-        for api in ichor_upgrade_core::kubernetes_removals::removed_apis() {
+        for api in ichor_upgrade_core::kubernetes::removals::removed_apis() {
             let list = request("list", api.group, api.resource, "");
             assert_eq!(allows(&list), !not_stored.contains(&api.resource), "{api:?}");
             assert!(!allows(&request("get", api.group, api.resource, "")), "{api:?}");

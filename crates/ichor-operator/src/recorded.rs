@@ -6,7 +6,7 @@ use std::borrow::Borrow;
 
 use ichor_adapters::kubernetes::crd::{Role, TalosMachine, TalosOperation};
 use ichor_timeline::TraceRecord;
-use ichor_upgrade_core::lifecycle_step::INSTALLER_PULL;
+use ichor_upgrade_core::machine::lifecycle::INSTALLER_PULL;
 use ichor_upgrade_core::operation::OperationKind;
 use kube::ResourceExt;
 
@@ -46,7 +46,7 @@ pub fn history_records(
     let mut records = Vec::new();
     let mut first = i64::MAX;
     for machine in machines {
-        let role = ichor_upgrade_core::operation::MachineRole::from(machine.spec.role).as_str();
+        let role = ichor_upgrade_core::machine::vocabulary::MachineRole::from(machine.spec.role).as_str();
         for step in machine.status.iter().flat_map(|s| &s.history) {
             let at = step.time.0.as_millisecond();
             if at < since || at > until {

@@ -55,11 +55,11 @@ use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::changes::ChangeKind;
 use ichor_upgrade_core::conditions::{Condition, ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
-use ichor_upgrade_core::kubernetes_plan::Component;
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::preflight::ClusterFacts;
-use ichor_upgrade_core::rollout::OperationStatus;
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::status::OperationStatus;
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
 
 /// Where trace records go. Called with the recorder's lock held: it must not block (hand the
@@ -787,7 +787,7 @@ impl KubeApi for TracedKube<'_> {
     async fn workload_rollout(
         &self,
         workload: &str,
-    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+    ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         self.inner.workload_rollout(workload).await
     }
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {
@@ -947,8 +947,8 @@ fn trace_kind(kind: ChangeKind) -> TraceKind {
 mod tests {
     use ichor_talos_executor::kube_api::Metadata;
     use ichor_upgrade_core::conditions::ConditionUpdate;
-    use ichor_upgrade_core::rollout::{PauseReason, Phase};
     use ichor_upgrade_core::status::{MachineRecord, RecordState};
+    use ichor_upgrade_core::status::{PauseReason, Phase};
 
     use super::*;
 

@@ -19,10 +19,11 @@ use ichor_talos_executor::talos_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
-use ichor_upgrade_core::kubernetes_step::{KUBERNETES_UPGRADE, reason as kubernetes_reason};
-use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::rollout::OperationStatus;
-use ichor_upgrade_core::talos_step::{FACTORY, MachineStage};
+use ichor_upgrade_core::machine::kubernetes::{KUBERNETES_UPGRADE, reason as kubernetes_reason};
+use ichor_upgrade_core::machine::talos::FACTORY;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
+use ichor_upgrade_core::status::OperationStatus;
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
 use ichor_upgrade_core::versions::TalosVersion;
 
@@ -961,7 +962,7 @@ impl KubeApi for SimCluster {
     async fn workload_rollout(
         &self,
         workload: &str,
-    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+    ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         self.kube(KubeCall::Read, |w| Ok(w.workload_rollout(workload))).await
     }
 

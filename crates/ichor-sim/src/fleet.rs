@@ -41,8 +41,8 @@ use ichor_talos_executor::talos_api::{
 };
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
-use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::versions::TalosVersion;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Pod, Secret, Taint};

@@ -37,7 +37,7 @@ use ichor_talos_executor::kube_api::{Metadata, OperationInfo};
 use ichor_talos_executor::snapshot::SnapshotStore;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::OperationSpec;
-use ichor_upgrade_core::rollout::OperationStatus;
+use ichor_upgrade_core::status::OperationStatus;
 
 pub use config::{Durations, Fault, Naming, Realism, Registry, SimConfig, Wake};
 pub use runner::{RunEnd, run_operation, run_removal};
@@ -225,15 +225,18 @@ impl SimCluster {
         self.with_world(|w| {
             let time =
                 |role| w.nodes.iter().filter(move |n| n.role == role).map(|n| n.drawn.machine_time().as_secs_f64());
-            let control_planes: f64 = time(ichor_upgrade_core::operation::MachineRole::ControlPlane).sum();
-            let workers: Vec<f64> = time(ichor_upgrade_core::operation::MachineRole::Worker).collect();
+            let control_planes: f64 = time(ichor_upgrade_core::machine::vocabulary::MachineRole::ControlPlane).sum();
+            let workers: Vec<f64> = time(ichor_upgrade_core::machine::vocabulary::MachineRole::Worker).collect();
             let longest = workers.iter().copied().fold(0.0, f64::max);
             let total: f64 = workers.iter().sum();
             #[allow(clippy::cast_precision_loss)]
             let spread = total / max_unavailable.max(1) as f64;
             // The engine's order: by name within a role (no order labels in the simulation).
-            let mut ordered: Vec<&world::SimNode> =
-                w.nodes.iter().filter(|n| n.role == ichor_upgrade_core::operation::MachineRole::Worker).collect();
+            let mut ordered: Vec<&world::SimNode> = w
+                .nodes
+                .iter()
+                .filter(|n| n.role == ichor_upgrade_core::machine::vocabulary::MachineRole::Worker)
+                .collect();
             ordered.sort_by(|a, b| a.name.cmp(&b.name));
             let mut slots = vec![0.0_f64; max_unavailable.max(1)];
             for node in ordered {

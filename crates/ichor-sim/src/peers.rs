@@ -16,7 +16,7 @@
 //! - `runbook`: one machine at a time, a 30 s health gate after each (the operator's
 //!   runbook script: `talosctl upgrade --wait`, then the cluster's health, then the next).
 
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
 
 use super::world::World;
 

@@ -30,12 +30,12 @@
 use std::time::Duration;
 
 use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::kube_api::KubeApi;
+use ichor_talos_executor::machine::talos::Executor;
 use ichor_talos_executor::reconcile::{PassMemory, reconcile_with};
 use ichor_talos_executor::talos_api::TalosApi;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, OperationSpec};
-use ichor_upgrade_core::rollout::{Phase, WaitReason};
+use ichor_upgrade_core::status::{Phase, WaitReason};
 use ichor_upgrade_core::strategies::{ClusterShape, cluster_shape};
 use ichor_upgrade_core::versions::TalosVersion;
 use proptest::collection::SizeRange;

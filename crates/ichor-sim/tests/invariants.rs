@@ -20,7 +20,7 @@
 
 use ichor_sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
-use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
 use proptest::prelude::*;
@@ -202,7 +202,7 @@ fn check_invariants(
         let cp_names: std::collections::BTreeSet<&str> = w
             .nodes
             .iter()
-            .filter(|n| n.role == ichor_upgrade_core::operation::MachineRole::ControlPlane)
+            .filter(|n| n.role == ichor_upgrade_core::machine::vocabulary::MachineRole::ControlPlane)
             .map(|n| n.name.as_str())
             .collect();
         // On the lifecycle path the disruption is the Reboot call (the install only writes the
@@ -319,7 +319,7 @@ fn check_invariants(
         // call (a stop): never more of them at once than maxUnavailable, whatever the status
         // records. And a machine the preflight holds is never evacuated.
         let mut edges: Vec<(f64, bool, &str)> = Vec::new();
-        for node in w.nodes.iter().filter(|n| n.role == ichor_upgrade_core::operation::MachineRole::Worker) {
+        for node in w.nodes.iter().filter(|n| n.role == ichor_upgrade_core::machine::vocabulary::MachineRole::Worker) {
             let (mut since, mut called, mut held) = (None::<f64>, false, false);
             for (k, e) in w
                 .trace

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
-use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
 use proptest::prelude::*;

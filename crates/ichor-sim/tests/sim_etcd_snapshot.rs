@@ -7,9 +7,9 @@ use ichor_sim::{CLUSTER, Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_op
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
 use ichor_talos_executor::talos_api::TalosApi;
-use ichor_upgrade_core::etcd_snapshot::SnapshotState;
+use ichor_upgrade_core::etcd::snapshot::SnapshotState;
 use ichor_upgrade_core::operation::{OperationSpec, RESUME_ANNOTATION, SnapshotMode};
-use ichor_upgrade_core::rollout::{PauseReason, Phase};
+use ichor_upgrade_core::status::{PauseReason, Phase};
 use ichor_upgrade_core::versions::TalosVersion;
 use sha2::{Digest, Sha256};
 

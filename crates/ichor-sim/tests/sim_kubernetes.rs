@@ -21,11 +21,12 @@ use std::collections::BTreeSet;
 use ichor_sim::kubernetes::KUBE_PROXY_DAEMONSET;
 use ichor_sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, StopCall, StopKind, TraceKind, run_operation};
 use ichor_talos_executor::ExecutorConfig;
-use ichor_upgrade_core::kubernetes_manifests::ManifestsState;
-use ichor_upgrade_core::kubernetes_plan::Component;
-use ichor_upgrade_core::kubernetes_step::{KubernetesRecord, kubernetes_record};
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
-use ichor_upgrade_core::rollout::Phase;
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::kubernetes::manifests::ManifestsState;
+use ichor_upgrade_core::machine::kubernetes::{KubernetesRecord, kubernetes_record};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::operation::OperationSpec;
+use ichor_upgrade_core::status::Phase;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 use proptest::prelude::*;
 
@@ -757,7 +758,7 @@ fn a_pause_at_any_instant_of_a_kubernetes_upgrade_touches_the_failed_machine_no_
                 assert!(
                     matches!(
                         w.operations["kubernetes"].info.status.phase,
-                        ichor_upgrade_core::rollout::Phase::Paused(_)
+                        ichor_upgrade_core::status::Phase::Paused(_)
                     ),
                     "seed {seed}"
                 );
@@ -838,7 +839,7 @@ fn the_bootstrap_manifests_go_last_and_roll_kube_proxy_to_the_target() {
 #[test]
 fn a_refused_bootstrap_manifest_pauses_naming_it_and_a_resume_applies_them_again() {
     use ichor_upgrade_core::operation::RESUME_ANNOTATION;
-    use ichor_upgrade_core::rollout::{PauseReason, Phase};
+    use ichor_upgrade_core::status::{PauseReason, Phase};
     let sim = cluster(1, 2, 3, &[], false);
     sim.with_world(|w| w.bootstrap.refuse = true);
     assert_eq!(run(&sim, TARGET, 1), RunEnd::Paused);
@@ -868,7 +869,7 @@ fn a_refused_bootstrap_manifest_pauses_naming_it_and_a_resume_applies_them_again
 #[test]
 fn the_manifests_are_applied_under_the_admin_kubeconfig_and_a_refused_one_pauses() {
     use ichor_upgrade_core::operation::RESUME_ANNOTATION;
-    use ichor_upgrade_core::rollout::{PauseReason, Phase};
+    use ichor_upgrade_core::status::{PauseReason, Phase};
     let sim = cluster(1, 2, 3, &[], false);
     sim.with_world(|w| w.bootstrap.admin_refused = true);
     assert_eq!(run(&sim, TARGET, 1), RunEnd::Paused);
@@ -1007,7 +1008,7 @@ fn a_resume_after_a_kubelet_not_back_gives_it_a_fresh_bound() {
 #[test]
 fn a_bootstrap_workload_that_does_not_roll_out_pauses_naming_it() {
     use ichor_upgrade_core::operation::RESUME_ANNOTATION;
-    use ichor_upgrade_core::rollout::{PauseReason, Phase};
+    use ichor_upgrade_core::status::{PauseReason, Phase};
     let sim = cluster(1, 4, 9, &[], false);
     sim.with_world(|w| w.bootstrap.stuck = true);
     assert_eq!(run(&sim, TARGET, 2), RunEnd::Paused);
@@ -1066,7 +1067,7 @@ fn a_kubernetes_upgrade_of_a_thousand_workers_completes_with_no_pause() {
             panic!("{:?}", status.manifests)
         };
         assert!(
-            last.saturating_since(*at) > ichor_upgrade_core::kubernetes_manifests::ROLLOUT_STALL,
+            last.saturating_since(*at) > ichor_upgrade_core::kubernetes::manifests::ROLLOUT_STALL,
             "the kube-proxy rollout outlasted the stall bound, and went on"
         );
         assert!(status.machines.values().all(|m| m.state == ichor_upgrade_core::status::RecordState::Converged));
@@ -1172,7 +1173,7 @@ fn no_component_changes_while_another_control_planes_api_server_is_down_on_a_rea
         let from = w.now.saturating_add(std::time::Duration::from_secs(5));
         let until = from.saturating_add(std::time::Duration::from_secs(600));
         let cp3 = w.nodes.iter_mut().find(|n| n.name == "cp-3").unwrap();
-        cp3.kube.down = Some((from, until, ichor_upgrade_core::kubernetes_plan::Component::KubeApiserver));
+        cp3.kube.down = Some((from, until, ichor_upgrade_core::kubernetes::component::Component::KubeApiserver));
     });
     let waited = std::cell::Cell::new(false);
     sim.create_operation("kubernetes", spec(TARGET, 1));

@@ -5,7 +5,7 @@ use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_removal};
 use ichor_talos_executor::ExecutorConfig;
 use ichor_talos_executor::kube_api::EventType;
 use ichor_upgrade_core::conditions::ConditionStatus;
-use ichor_upgrade_core::removal_step::{NODE_REMOVAL, reason};
+use ichor_upgrade_core::machine::removal::{NODE_REMOVAL, reason};
 use ichor_upgrade_core::versions::TalosVersion;
 
 fn cluster(control_planes: usize, workers: usize, faults: &[Fault]) -> SimCluster {
@@ -108,7 +108,7 @@ async fn a_machine_without_hostname_is_removed_though_the_reset_node_cannot_say_
 async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
     use ichor_sim::run_operation;
     use ichor_upgrade_core::operation::OperationSpec;
-    use ichor_upgrade_core::rollout::{Phase, WaitReason};
+    use ichor_upgrade_core::status::{Phase, WaitReason};
 
     let v = |t: &str| TalosVersion::parse(t).unwrap();
     let sim = cluster(3, 3, &[]);

@@ -153,7 +153,7 @@ async fn a_void_intent_is_not_called_again_while_another_control_plane_is_down()
 /// was recorded in progress and advanced with its old marker, no retry, no gate.
 #[tokio::test(start_paused = true)]
 async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
-    use ichor_talos_executor::advance::Executor;
+    use ichor_talos_executor::machine::talos::Executor;
     use ichor_talos_executor::reconcile::{ReconcileError, reconcile};
     use ichor_upgrade_core::status::RecordState;
 
@@ -289,7 +289,7 @@ async fn an_evacuations_end_is_noticed_by_the_watch_of_its_replicas_not_at_the_n
 
 #[tokio::test(start_paused = true)]
 async fn a_budget_that_falls_to_zero_during_the_evacuation_holds_the_upgrade_call() {
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     // Issue 29 item 10: the preflight ran only when a machine started. worker-1 starts
     // clear; during its evacuation the `invoice-api` budget (a pod on every worker) falls
     // to zero for 15 minutes. Before, the Upgrade call went out after the evacuation and
@@ -326,7 +326,7 @@ async fn a_budget_that_falls_to_zero_during_the_evacuation_holds_the_upgrade_cal
 
 #[tokio::test(start_paused = true)]
 async fn two_nodes_that_hold_every_ready_pod_of_a_workload_are_not_down_together() {
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     // Issue 29 item 10: with maxUnavailable 2, two workers that hold the only two Ready
     // pods of `invoice-api` were each judged alone (the other keeps one) and went down
     // together. Now the second's call is judged beside the first, past its call: it waits
@@ -366,7 +366,7 @@ fn cordon_by_hand(sim: &SimCluster, node: &str) {
 
 #[tokio::test(start_paused = true)]
 async fn a_cordon_another_operation_left_holds_the_upgrade_names_its_owner_and_is_never_lifted() {
-    use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, ExecutorChoice, cordon_annotation};
+    use ichor_upgrade_core::machine::lifecycle::{CORDONED_ANNOTATION, ExecutorChoice, cordon_annotation};
     // worker-3 was cordoned by a removal that was deleted before it ended (issue 29 item
     // 8): its engine annotation names that removal. Before, any engine annotation counted
     // as this operation's: the cordon blocked nothing, and the lifecycle executor lifted it
@@ -403,7 +403,7 @@ async fn a_cordon_another_operation_left_holds_the_upgrade_names_its_owner_and_i
 
 #[tokio::test(start_paused = true)]
 async fn a_kubectl_cordon_landing_before_the_engines_is_never_taken_over_nor_lifted() {
-    use ichor_upgrade_core::lifecycle_step::{CORDONED_ANNOTATION, ExecutorChoice};
+    use ichor_upgrade_core::machine::lifecycle::{CORDONED_ANNOTATION, ExecutorChoice};
     // A person cordons worker-1 after the engine read its Node and before its cordon
     // arrives. Before, the cordon was a merge patch with no precondition: it wrote the
     // engine's annotation over the person's cordon, and lifted it at the convergence. Now the
@@ -510,7 +510,7 @@ async fn preflight_a_budget_at_zero_keeps_every_covered_machine_waiting_so_no_dr
 }
 
 /// One whole rollout of 3+40 workers, four at a time, pre-pulls on: its trace and makespan.
-async fn traced_rollout(choice: ichor_upgrade_core::lifecycle_step::ExecutorChoice) -> (Vec<String>, u128) {
+async fn traced_rollout(choice: ichor_upgrade_core::machine::lifecycle::ExecutorChoice) -> (Vec<String>, u128) {
     let sim = SimCluster::new(SimConfig::new(3, 40, v("v1.14.3"), v("v1.14.4")).with_seed(7));
     sim.create_operation("upgrade", spec(4));
     let config = ExecutorConfig::default().with_executor(choice);
@@ -527,7 +527,7 @@ async fn traced_rollout(choice: ichor_upgrade_core::lifecycle_step::ExecutorChoi
 // could not be replayed from its seed.
 #[tokio::test(start_paused = true)]
 async fn a_seed_replays_the_same_rollout_with_calls_running_beside_the_passes() {
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     for choice in [ExecutorChoice::Legacy, ExecutorChoice::Lifecycle] {
         let (first, took) = traced_rollout(choice).await;
         assert!(first.iter().any(|e| e.contains("ImagePulled")), "{choice:?}: installer pulls are traced");
@@ -687,7 +687,7 @@ async fn with_a_large_installer_pre_pulls_finish_under_the_bound_that_counts_eac
 /// Now the job reads its authority again before the intent and stops.
 #[tokio::test(start_paused = true)]
 async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control_plane_goes_at_a_time() {
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     for seed in 1..=4 {
         let mut config = SimConfig::new(3, 4, v("v1.14.3"), v("v1.14.4"))
             .with_seed(seed)
@@ -722,7 +722,7 @@ async fn a_hold_during_an_install_job_stops_it_before_the_intent_and_one_control
 /// its end, the world, and the stop's machine and instant (as first seen armed).
 async fn stopped_during_an_install(fault: Fault, seed: u64) -> (RunEnd, SimCluster, String, f64) {
     use ichor_sim::StopDuringInstall;
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     let mut config = SimConfig::new(3, 4, v("v1.14.3"), v("v1.14.4")).with_seed(seed).with_faults(vec![fault]);
     config.registry.image_bytes = 3_000_000_000;
     let sim = SimCluster::new(config);
@@ -761,7 +761,7 @@ async fn a_pause_during_an_install_job_stays_and_the_failed_machine_is_not_touch
                 .map(|e| (e.t, e.event))
                 .collect();
             assert!(after.is_empty(), "seed {seed}: {machine} touched after its failure at {at} s: {after:?}");
-            assert!(matches!(w.operations["upgrade"].info.status.phase, ichor_upgrade_core::rollout::Phase::Paused(_)));
+            assert!(matches!(w.operations["upgrade"].info.status.phase, ichor_upgrade_core::status::Phase::Paused(_)));
             assert!(w.counters.max_control_planes_down <= 1, "seed {seed}");
         });
     }
@@ -836,7 +836,7 @@ async fn a_live_holders_lease_written_by_a_skewed_clock_is_taken_over_only_after
 #[tokio::test(start_paused = true)]
 async fn every_run_ends_under_the_oracle_wake_model() {
     use ichor_sim::Realism;
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     let cases = [
         (3, 5, 1, 1, ExecutorChoice::Lifecycle, vec![]),
         (1, 6, 1, 192_322, ExecutorChoice::Legacy, vec![Fault::PdbBlocked]),
@@ -866,7 +866,7 @@ async fn every_run_ends_under_the_oracle_wake_model() {
 #[tokio::test(start_paused = true)]
 async fn a_failure_recorded_between_a_cordon_and_its_drain_stops_the_drain() {
     use ichor_sim::{StopCall, StopKind};
-    use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     for (seed, machine) in [(1, "worker-1"), (2, "worker-2"), (3, "cp-2")] {
         let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(seed));
         sim.with_world(|w| w.stop_at_call = Some((StopCall::Cordon, machine.to_owned(), 1, StopKind::Pause)));
@@ -894,7 +894,7 @@ async fn a_failure_recorded_between_a_cordon_and_its_drain_stops_the_drain() {
 #[tokio::test(start_paused = true)]
 async fn an_operation_left_with_only_held_machines_keeps_the_lock_renewed_and_says_so() {
     use ichor_upgrade_core::operation::HOLD_ANNOTATION;
-    use ichor_upgrade_core::rollout::{Phase, WaitReason};
+    use ichor_upgrade_core::status::{Phase, WaitReason};
     let sim = SimCluster::new(SimConfig::new(1, 2, v("v1.14.3"), v("v1.14.4")).with_seed(5));
     let hold = |on: bool| {
         sim.with_world(|w| {

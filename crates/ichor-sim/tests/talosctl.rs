@@ -14,8 +14,8 @@ use ichor_talos_executor::talos_api::TalosApi;
 use ichor_talosconfig::{Overrides, parse};
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::Ca;
-use ichor_upgrade_core::kubernetes_plan::Component;
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::versions::TalosVersion;
 
 /// The variable naming the talosctl binary the tests run.

@@ -328,7 +328,7 @@ mod tests {
     fn machine(name: &str) -> Arc<MachineInfo> {
         Arc::new(MachineInfo {
             name: name.into(),
-            role: ichor_upgrade_core::operation::MachineRole::Worker,
+            role: ichor_upgrade_core::machine::vocabulary::MachineRole::Worker,
             hostname: None,
             address: "10.5.0.9".into(),
             labels: Default::default(),

@@ -12,8 +12,9 @@ use ichor_storage::{ConditionWriteError, EvacuationError, StorageApi, observe_st
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::{StorageObservation, with_recorded_evacuation};
+use ichor_upgrade_core::machine::talos::MachineFailure;
+use ichor_upgrade_core::machine::vocabulary::{MachineStage, NodeObservation, TalosObservation};
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{MachineFailure, MachineStage, NodeObservation, TalosObservation};
 
 use crate::cause::report;
 use crate::clock::Clock;
@@ -53,7 +54,7 @@ pub struct Executor<'a> {
 
 impl Executor<'_> {
     /// When a machine whose pass failed on a transient error is looked at again: one
-    /// [`poll`](ichor_upgrade_core::talos_step::StepTimeouts::poll) from now.
+    /// [`poll`](ichor_upgrade_core::machine::vocabulary::StepTimeouts::poll) from now.
     #[must_use]
     pub fn retry_at(&self) -> Timestamp {
         self.clock.now().saturating_add(self.config.step.poll)

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use ichor_upgrade_core::kubernetes_step::KubernetesTimeouts;
-use ichor_upgrade_core::lifecycle_step::ExecutorChoice;
+use ichor_upgrade_core::machine::kubernetes::KubernetesTimeouts;
+use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
+use ichor_upgrade_core::machine::vocabulary::StepTimeouts;
 use ichor_upgrade_core::rollout::RolloutConfig;
-use ichor_upgrade_core::talos_step::StepTimeouts;
 
 /// How long calls may take, and the step's and engine's bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,9 +2,9 @@
 //! from every control plane. Both drivers (upgrade and removal) read it the same way.
 
 use futures::future::join_all;
-use ichor_upgrade_core::etcd_gate::{self, ControlPlaneReport, Member, member_of};
+use ichor_upgrade_core::etcd::gate::{self as etcd_gate, ControlPlaneReport, Member, member_of};
+use ichor_upgrade_core::machine::vocabulary::EtcdMembership;
 use ichor_upgrade_core::rollout::EtcdVerdict;
-use ichor_upgrade_core::talos_step::EtcdMembership;
 
 use crate::calls::Executor;
 use crate::talos_api::EtcdMember;

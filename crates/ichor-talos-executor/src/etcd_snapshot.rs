@@ -6,7 +6,7 @@
 //! [`Decision::take_etcd_snapshot`]: ichor_upgrade_core::rollout::Decision::take_etcd_snapshot
 
 use futures::StreamExt;
-use ichor_upgrade_core::etcd_snapshot::{SnapshotRecord, SnapshotState, snapshot_name};
+use ichor_upgrade_core::etcd::snapshot::{SnapshotRecord, SnapshotState, snapshot_name};
 use sha2::{Digest, Sha256};
 
 use crate::calls::Executor;

@@ -13,8 +13,8 @@ pub async fn run_job(ex: &Executor<'_>, job: &Job) -> MachineOutcome {
     match job {
         Job::Install { machine, node, image, marker, operation, stop } => {
             let check = crate::effects::JobCheck { operation, node: node.as_deref(), stop };
-            let launch = crate::lifecycle::Launch::Job(&check);
-            crate::lifecycle::install(ex, machine, image.clone(), marker.clone(), launch)
+            let launch = crate::machine::lifecycle::Launch::Job(&check);
+            crate::machine::lifecycle::install(ex, machine, image.clone(), marker.clone(), launch)
                 .await
                 .unwrap_or_else(|e| e.outcome(ex.retry_at()))
         }

@@ -9,10 +9,12 @@ use async_trait::async_trait;
 use ichor_storage::ConditionStore;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
-use ichor_upgrade_core::kubernetes_plan::{Component, DeprecatedApiUse};
-use ichor_upgrade_core::kubernetes_step::StaticPodObservation;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
-use ichor_upgrade_core::rollout::OperationStatus;
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::kubernetes::plan::DeprecatedApiUse;
+use ichor_upgrade_core::machine::kubernetes::StaticPodObservation;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::operation::OperationSpec;
+use ichor_upgrade_core::status::OperationStatus;
 
 /// A failed Kubernetes API call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -331,8 +333,8 @@ pub trait KubeApi: ConditionStore {
     /// One machine, if it exists.
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError>;
     /// Cordons the Node `read`: `spec.unschedulable=true` and the annotation
-    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION) set to
-    /// `annotation` ([`cordon_annotation`](ichor_upgrade_core::lifecycle_step::cordon_annotation):
+    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::machine::lifecycle::CORDONED_ANNOTATION) set to
+    /// `annotation` ([`cordon_annotation`](ichor_upgrade_core::machine::lifecycle::cordon_annotation):
     /// when, and which operation), in one write, so that only that operation's cordon is
     /// ever lifted. Written under `read.resource_version`: a Node changed since it was read
     /// (a `kubectl cordon` landing in between) makes it [`KubeError::Conflict`], never a
@@ -389,7 +391,7 @@ pub trait KubeApi: ConditionStore {
     async fn workload_rollout(
         &self,
         workload: &str,
-    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+    ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         Err(KubeError::Refused(format!("the rollout of {workload} cannot be read through this client")))
     }
 }

@@ -9,8 +9,9 @@
 //! Every side effect on a machine, its Node, its pods, its storage or etcd goes through
 //! [`effects`], which takes the authority the pass's decision gave (or a background job's
 //! fresh read) and the precondition each needs, by type. The modules depend downwards
-//! only: [`reconcile`](mod@reconcile) on the drivers ([`advance`], [`removal`], [`lifecycle`],
-//! [`upgrade_step`], [`kubernetes`]), the drivers on [`effects`] and [`etcd`], and those on [`calls`].
+//! only: [`reconcile`](mod@reconcile), the pass by stage, on the per-machine drivers in
+//! [`machine`] (one per kind of work, as in the core's `machine`), the drivers on
+//! [`effects`] and [`etcd`], and those on [`calls`].
 //!
 //! # What this crate must not do
 //! It makes no decision of its own: every choice lives in `ichor-upgrade-core`. It keeps no
@@ -20,7 +21,6 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod advance;
 pub mod background;
 pub mod calls;
 pub mod cause;
@@ -31,22 +31,19 @@ pub mod etcd;
 pub mod etcd_snapshot;
 pub mod jobs;
 pub mod kube_api;
-pub mod kubernetes;
-pub mod lifecycle;
+pub mod machine;
 pub mod machine_config;
 pub mod reconcile;
-pub mod removal;
 pub mod snapshot;
 #[cfg(feature = "proptest")]
 pub mod strategies;
 pub mod talos_api;
-pub mod upgrade_step;
 
-pub use advance::{AdvanceError, Executor, OperationRef, advance_machine, advance_machine_with};
 pub use cause::{Cause, report};
 pub use clock::Clock;
 pub use config::ExecutorConfig;
 pub use kube_api::{KubeApi, KubeError};
+pub use machine::talos::{AdvanceError, Executor, OperationRef, advance_machine, advance_machine_with};
 pub use reconcile::{PassMemory, reconcile, reconcile_with};
 pub use snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
 pub use talos_api::{TalosApi, TalosError};

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use ichor_upgrade_core::kubernetes_plan::Component;
+use ichor_upgrade_core::kubernetes::component::Component;
 use serde_json::Value;
 
 /// A configuration that could not be read or changed.

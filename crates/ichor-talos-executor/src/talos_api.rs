@@ -5,8 +5,8 @@
 //! in `ichor-adapters`; the simulated cluster implements it too.
 
 use async_trait::async_trait;
-pub use ichor_upgrade_core::etcd_gate::{Alarm as EtcdAlarm, MemberStatus as EtcdStatus};
-use ichor_upgrade_core::talos_step::MachineStage;
+pub use ichor_upgrade_core::etcd::gate::{Alarm as EtcdAlarm, MemberStatus as EtcdStatus};
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 
 use crate::cause::Cause;
 

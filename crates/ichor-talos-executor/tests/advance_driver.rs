@@ -9,18 +9,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ichor_storage::StorageObject;
 use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::advance::{AdvanceError, Executor, OperationRef, advance_machine};
 use ichor_talos_executor::kube_api::{KubeError, MachineInfo, NodeInfo};
+use ichor_talos_executor::machine::talos::{AdvanceError, Executor, OperationRef, advance_machine};
 use ichor_talos_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::machine::talos::UpgradeTarget;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade};
 use ichor_upgrade_core::versions::TalosVersion;
 use mockall::predicate::eq;
@@ -519,7 +520,7 @@ async fn a_node_the_storage_system_lacks_is_said_once_and_does_not_pause() {
         .returning(|_, _| Ok(ichor_storage::EvacuationRequest::NoSuchNode));
     world.talos.expect_upgrade().never();
     let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
-    assert_eq!(outcome, MachineOutcome::Progressed { action: ichor_talos_executor::advance::NO_STORAGE_NODE });
+    assert_eq!(outcome, MachineOutcome::Progressed { action: ichor_talos_executor::machine::talos::NO_STORAGE_NODE });
     assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::True, evac::EVACUATING.to_owned())]);
 }
 

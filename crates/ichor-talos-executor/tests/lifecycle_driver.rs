@@ -9,20 +9,21 @@ use std::time::Duration;
 use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 use ichor_talos_executor::config::ExecutorConfig;
 use ichor_talos_executor::kube_api::{MachineInfo, NodeInfo, PodInfo};
-use ichor_talos_executor::lifecycle::DRAIN_STOPPED;
+use ichor_talos_executor::machine::lifecycle::DRAIN_STOPPED;
 use ichor_talos_executor::talos_api::{InstallOutcome, TalosError};
 use ichor_talos_executor::{Executor, OperationRef, advance_machine_with};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
-use ichor_upgrade_core::lifecycle_step::{
-    CORDONED_ANNOTATION, ExecutorChoice, TALOS_LIFECYCLE, cordon_annotation, reason,
-};
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
-use ichor_upgrade_core::rollout::OperationStatus;
+use ichor_upgrade_core::machine::lifecycle::{CORDONED_ANNOTATION, ExecutorChoice, cordon_annotation, reason};
+use ichor_upgrade_core::machine::talos::UpgradeTarget;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
+use ichor_upgrade_core::machine::vocabulary::TALOS_LIFECYCLE;
+use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::status::MachineOutcome;
+use ichor_upgrade_core::status::OperationStatus;
 use ichor_upgrade_core::status::{MachineRecord, RecordState};
-use ichor_upgrade_core::talos_step::{MachineStage, UpgradeTarget};
 use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 use ichor_upgrade_core::versions::TalosVersion;
 use mockall::predicate::eq;

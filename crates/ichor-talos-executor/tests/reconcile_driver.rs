@@ -6,17 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::kube_api::{ClusterInfo, LeaseInfo, MachineInfo, NodeInfo, OperationInfo};
+use ichor_talos_executor::machine::talos::Executor;
 use ichor_talos_executor::reconcile::{PassMemory, ReconcileOutcome, reconcile};
 use ichor_talos_executor::talos_api::TalosError;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, STORAGE_EVACUATION, Scheduling, reason as evac};
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec};
-use ichor_upgrade_core::rollout::{OperationStatus, PauseReason, Phase};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
+use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::status::{MachineRecord, RecordState};
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::status::{OperationStatus, PauseReason, Phase};
 use mockall::predicate::eq;
 
 use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};

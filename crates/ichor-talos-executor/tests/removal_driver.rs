@@ -7,19 +7,19 @@ use std::sync::{Arc, Mutex};
 use ichor_storage::ConditionWriteError;
 use ichor_storage::{LabelSelector, StorageObject};
 use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::advance::Executor;
 use ichor_talos_executor::etcd::ControlPlane;
 use ichor_talos_executor::kube_api::{EventType, Eviction, MachineInfo, NodeInfo, PodInfo};
-use ichor_talos_executor::removal::remove_machine;
+use ichor_talos_executor::machine::removal::remove_machine;
+use ichor_talos_executor::machine::talos::Executor;
 use ichor_talos_executor::talos_api::{EtcdMember, EtcdStatus, TalosError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
-use ichor_upgrade_core::lifecycle_step::cordon_annotation;
-use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::removal_step::{ETCD_DEPARTURE, NODE_REMOVAL, reason};
+use ichor_upgrade_core::machine::lifecycle::cordon_annotation;
+use ichor_upgrade_core::machine::removal::{ETCD_DEPARTURE, NODE_REMOVAL, reason};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::MachineStage;
 use mockall::predicate::eq;
 
 use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
@@ -147,7 +147,10 @@ async fn the_drain_evicts_only_what_it_should_and_a_429_is_a_wait() {
     assert!(message.contains("apps/db-0") && message.contains("disruption budget"), "{message}");
     // Nothing watched says when the budget allows it: the wait has its own recheck, or a
     // controller woken only by watch events would wait for ever.
-    assert_eq!(recheck_at, Some(FixedClock.now().saturating_add(ichor_talos_executor::removal::EVICTION_RETRY)));
+    assert_eq!(
+        recheck_at,
+        Some(FixedClock.now().saturating_add(ichor_talos_executor::machine::removal::EVICTION_RETRY))
+    );
 }
 
 #[tokio::test]

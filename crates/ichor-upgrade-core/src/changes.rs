@@ -2,8 +2,8 @@
 //! pause or a resume; a refusal, or a new reason to wait. The simulator and the operator
 //! both record these, so that their traces agree.
 
-use crate::rollout::{OperationStatus, Phase};
 use crate::status::RecordState;
+use crate::status::{OperationStatus, Phase};
 
 /// What kind of change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub fn status_changes(before: &OperationStatus, after: &OperationStatus) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::{PauseReason, WaitReason};
+    use crate::status::{PauseReason, WaitReason};
 
     #[test]
     fn a_pause_with_no_failed_machine_is_the_operations_and_a_new_wait_is_recorded_once() {

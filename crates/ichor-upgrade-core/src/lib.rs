@@ -10,17 +10,22 @@
 //! - [`operation`]: operation kinds, spec validation and the labels people steer with;
 //! - [`preflight`]: whether the cluster can lose a node now (the runbook's preflight, per
 //!   machine), from what was observed of its workloads;
-//! - [`talos_step`] and [`lifecycle_step`]: one machine's upgrade, on Talos's legacy
-//!   Upgrade call and on its lifecycle API (pull, install, the engine's drain, reboot);
-//! - [`kubernetes_plan`]: a Kubernetes upgrade's plan: its steps in Talos's order, or
-//!   every reason it would break the cluster; [`kubernetes_step`]: one machine's part
-//!   of it (a component's image applied with no reboot, then verified);
-//!   [`kubernetes_removals`]: the API versions Kubernetes releases remove, and the
-//!   resources only such versions serve;
+//! - [`machine`]: one machine's part of an operation, one module per kind of work (a
+//!   Talos upgrade on the legacy Upgrade call or on the lifecycle API, a removal, a
+//!   Kubernetes upgrade's component changes) and the vocabulary they share;
+//! - [`kubernetes`]: what a Kubernetes upgrade knows of Kubernetes itself: its plan (its
+//!   steps in Talos's order, or every reason it would break the cluster), the components'
+//!   flags, the bootstrap manifests and the API versions releases remove;
+//! - [`etcd`]: the etcd gate and the operation's etcd snapshot;
+//! - [`status`]: the operation's persisted status: its phase, its machines' records;
+//! - [`record`]: the status a pass records from its decision and its machines' outcomes;
 //! - [`plan`]: a calibrated plan of an upgrade before it runs (its makespan's spread
 //!   from the cluster's own history, the order, the machines held);
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
+//!
+//! The modules depend on each other in one direction, never in a circle (`docs/architecture.md`
+//! says how that is checked).
 //!
 //! # What this crate must not do
 //! It is deterministic: no IO, no clock, no async, no randomness, no global state. Time
@@ -45,25 +50,19 @@
 
 pub mod changes;
 pub mod conditions;
-pub mod etcd_gate;
-pub mod etcd_snapshot;
+pub mod etcd;
 pub mod evacuation;
-pub mod kubernetes_args;
-pub mod kubernetes_manifests;
-pub mod kubernetes_plan;
-pub mod kubernetes_removals;
-pub mod kubernetes_step;
+pub mod kubernetes;
 pub mod labels;
-pub mod lifecycle_step;
+pub mod machine;
 pub mod operation;
 pub mod plan;
 pub mod preflight;
-pub mod removal_step;
+pub mod record;
 pub mod rollout;
 pub mod status;
 #[cfg(feature = "proptest")]
 pub mod strategies;
-pub mod talos_step;
 pub mod time;
 pub mod upgrade_marker;
 pub mod versions;

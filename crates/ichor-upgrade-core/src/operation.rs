@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::kubernetes_plan::KubernetesPlanProblem;
+use crate::kubernetes::plan::KubernetesPlanProblem;
 use crate::versions::{KubernetesVersion, TalosVersion, VersionError};
 
 /// Machine label (integer) that orders a rollout within a role: ascending, machines
@@ -27,27 +27,6 @@ pub fn resume_hint(name: &str) -> String {
     format!(
         "to resume once the cause is fixed: kubectl annotate talosoperation {name} {RESUME_ANNOTATION}=$(date +%s) --overwrite"
     )
-}
-
-/// The role a machine plays in the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MachineRole {
-    /// Runs etcd and the Kubernetes control plane; upgraded first, strictly one at a time.
-    ControlPlane,
-    /// Runs workloads; upgraded after the control planes, up to `maxUnavailable` at once.
-    Worker,
-}
-
-impl MachineRole {
-    /// `control-plane` or `worker`.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ControlPlane => "control-plane",
-            Self::Worker => "worker",
-        }
-    }
 }
 
 /// The kinds of operation this engine runs: an upgrade of Talos ([`OperationKind::Talos`]),
@@ -295,7 +274,7 @@ pub enum PlanProblem {
         machines: Vec<String>,
     },
     /// A Kubernetes upgrade would break the cluster (see
-    /// [`crate::kubernetes_plan::KubernetesPlanProblem`]).
+    /// [`crate::kubernetes::plan::KubernetesPlanProblem`]).
     #[error("{0}")]
     Kubernetes(KubernetesPlanProblem),
     /// Machine names that appear more than once.

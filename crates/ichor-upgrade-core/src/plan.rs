@@ -32,7 +32,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::operation::MachineRole;
+use crate::machine::vocabulary::MachineRole;
 
 /// How many runs a plan draws by default.
 pub const DEFAULT_RUNS: usize = 200;

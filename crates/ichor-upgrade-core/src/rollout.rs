@@ -32,15 +32,17 @@ use std::time::Duration;
 use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
-use crate::etcd_snapshot::SnapshotState;
-use crate::kubernetes_manifests::{ManifestsState, ManifestsStep, WorkloadRollout, manifests_step};
-use crate::kubernetes_plan::{Component, KubernetesPlanProblem};
-use crate::kubernetes_step::KubernetesStage;
-use crate::operation::{
-    KubernetesSpec, MachineRole, OperationSpec, PlanProblem, PreflightMode, Refusal, SnapshotMode, ValidSpec,
-};
+use crate::etcd::snapshot::SnapshotState;
+use crate::kubernetes::component::Component;
+use crate::kubernetes::manifests::{ManifestsState, ManifestsStep, WorkloadRollout, manifests_step};
+use crate::kubernetes::plan::KubernetesPlanProblem;
+use crate::machine::kubernetes::KubernetesStage;
+use crate::machine::vocabulary::MachineRole;
+use crate::operation::{KubernetesSpec, OperationSpec, PlanProblem, PreflightMode, Refusal, SnapshotMode, ValidSpec};
 use crate::preflight::{Blocker, describe};
-use crate::status::{MachineRecord, RecordState};
+use crate::status::{
+    FailedMachine, MachineProgress, MachineRecord, OperationStatus, PauseReason, Phase, RecordState, WaitReason,
+};
 use crate::time::Timestamp;
 use crate::versions::{KubernetesVersion, TalosVersion, check_kubernetes_pairing, check_upgrade_path};
 
@@ -147,27 +149,6 @@ impl ComponentsVerdict {
     }
 }
 
-/// One machine's progress in this operation, from the operation's status and the
-/// machine's own conditions.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MachineProgress {
-    /// Not started by this operation.
-    Pending,
-    /// Started and not yet converged.
-    InProgress {
-        /// Whether its Upgrade call has been made (or may have been: an intent recorded).
-        /// Such a machine is never interrupted: not by a hold, a pause or a deletion.
-        past_upgrade_call: bool,
-    },
-    /// Verified on the target.
-    Converged,
-    /// The executor failed it; the operation is paused until a resume.
-    Failed {
-        /// Why, as the executor said.
-        reason: String,
-    },
-}
-
 /// One machine as the engine sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineView {
@@ -191,45 +172,6 @@ pub struct MachineView {
     /// [`crate::operation::CONTROLLER_NODE_MARK`]), so that the controller is not drained
     /// and rebooted while it has the others of its role to do.
     pub last: bool,
-}
-
-/// What the engine keeps in the operation's status between passes.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OperationStatus {
-    /// The last decided phase.
-    pub phase: Phase,
-    /// The generation the phase was decided from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// The last resume token acted upon.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_resume: Option<String>,
-    /// What this operation knows of each machine it started and that has not converged
-    /// (see [`crate::status`]).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub machines: BTreeMap<String, MachineRecord>,
-    /// How many machines are verified on the target; each one's record of it is in its
-    /// own conditions.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub converged: usize,
-    /// The etcd snapshot taken before the first control plane, or why it could not be.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub etcd_snapshot: Option<SnapshotState>,
-    /// A Kubernetes upgrade's bootstrap manifests, applied last
-    /// ([`crate::kubernetes_manifests`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub manifests: Option<ManifestsState>,
-    /// The target the operation started with, as written: recorded once it starts (or
-    /// advances) a machine. A started operation's target never changes: a spec whose
-    /// target differs is refused ([`Refusal::TargetChanged`]), whatever wrote it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_target: Option<String>,
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 /// One operation as observed.
@@ -284,19 +226,19 @@ pub struct RolloutInput<'a> {
 
 /// What a Kubernetes upgrade is decided from, besides the machines: each machine's
 /// [`MachineView::progress`] is its progress in this stage
-/// ([`crate::kubernetes_step::stage_converged`], [`crate::kubernetes_step::past_apply`]).
+/// ([`crate::machine::kubernetes::stage_converged`], [`crate::machine::kubernetes::past_apply`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubernetesInput {
-    /// The stage the upgrade is in ([`crate::kubernetes_step::kubernetes_stage`]).
+    /// The stage the upgrade is in ([`crate::machine::kubernetes::kubernetes_stage`]).
     pub stage: KubernetesStage,
-    /// What [`crate::kubernetes_plan::plan_kubernetes`] refused, if anything; judged
+    /// What [`crate::kubernetes::plan::plan_kubernetes`] refused, if anything; judged
     /// before any machine starts, as a Talos upgrade's planning is.
     pub problems: Vec<KubernetesPlanProblem>,
     /// When the bootstrap manifests are recorded applied and not yet rolled out, their
     /// workloads' rollouts as observed in this pass (`None`: not read).
     pub rollouts: Option<Vec<WorkloadRollout>>,
     /// The control planes observed in this pass with every component the upgrade changes
-    /// already on the target ([`crate::kubernetes_plan::NodeKubernetes::on_target`]): their
+    /// already on the target ([`crate::kubernetes::plan::NodeKubernetes::on_target`]): their
     /// turn changes nothing, so it needs no etcd snapshot. Read only while a snapshot is
     /// required and missing; a control plane not named here is taken to change.
     pub on_target: BTreeSet<String>,
@@ -350,282 +292,6 @@ pub enum LockAction {
     Release,
     /// Do not touch the Lease: another live operation holds it, or this one has no use for it.
     Leave,
-}
-
-/// A failed machine, as the pause names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailedMachine {
-    /// The machine.
-    pub name: String,
-    /// The executor's reason.
-    pub reason: String,
-}
-
-/// Why an operation is waiting. Transient: it goes on by itself when this clears.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WaitReason {
-    /// Another live operation holds the cluster's lock.
-    LockHeld {
-        /// The holder's identity.
-        holder: String,
-    },
-    /// A control plane is next, but some control-plane nodes are not Ready.
-    ControlPlaneNotReady {
-        /// The control planes that are not Ready.
-        nodes: Vec<String>,
-    },
-    /// A control plane is next, and another control plane's own components (its static
-    /// pods) are not all Ready: changing it could leave two API servers down.
-    ControlPlaneComponentsNotReady {
-        /// Each as `machine/component`.
-        components: Vec<String>,
-    },
-    /// A control plane is next, and the etcd gate fails.
-    EtcdUnhealthy {
-        /// What fails.
-        reason: String,
-    },
-    /// A control plane is next; the etcd gate has not been gathered yet.
-    EtcdGateNotChecked,
-    /// A control plane is next; the etcd snapshot it requires is to be taken first.
-    EtcdSnapshotPending,
-    /// Workers are next, but `maxUnavailable` workers are already unavailable.
-    MaxUnavailable {
-        /// The workers counted as unavailable.
-        unavailable: Vec<String>,
-    },
-    /// The machines left to start have Nodes that are not Ready.
-    NodesNotReady {
-        /// Those machines.
-        nodes: Vec<String>,
-    },
-    /// Everything else has converged; held machines remain.
-    Held {
-        /// The held machines.
-        machines: Vec<String>,
-    },
-    /// The machines next in line cannot be taken out now (the preflight gate): each with
-    /// its blockers, as one line.
-    PreflightBlocked {
-        /// `(machine, its blockers)`.
-        machines: Vec<(String, String)>,
-    },
-    /// Machines this operation recorded as started (or failed) are not among the machines
-    /// observed: a cache not filled yet, or a machine object deleted under way. Nothing is
-    /// started and the operation does not complete until they are seen again (or a person
-    /// deletes the operation): an unseen machine may be down.
-    MachinesUnobserved {
-        /// Those machines.
-        machines: Vec<String>,
-    },
-    /// Every machine converged, but these Nodes of the cluster have no machine: the
-    /// operation is not Completed while a Node may be on the old version.
-    NodesWithoutMachines {
-        /// The Nodes.
-        nodes: Vec<String>,
-    },
-    /// The operation is being deleted; machines past their Upgrade call are still observed
-    /// until they verify, then the lock is released.
-    WindingDown {
-        /// Machines still being observed.
-        machines: Vec<String>,
-    },
-    /// A Kubernetes upgrade whose cluster's Kubernetes versions were not observed (the
-    /// caller could not read them): nothing is planned from a guess.
-    KubernetesNotObserved,
-    /// The operator may not read or write what the pass needs first (the cluster lock
-    /// Lease in the operation's namespace): its RBAC lacks that namespace. Nothing is read
-    /// further and nothing is done until a person grants it; the operation is looked at
-    /// again on its own.
-    Forbidden {
-        /// The refused call, the API server's answer and what grants it.
-        what: String,
-    },
-}
-
-/// Why an operation is paused. Sticky until a person resumes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PauseReason {
-    /// The executor failed these machines.
-    MachineFailed {
-        /// The failed machines and why.
-        machines: Vec<FailedMachine>,
-    },
-    /// The etcd snapshot required before the first control plane could not be taken;
-    /// no control plane was touched.
-    EtcdSnapshotFailed {
-        /// Why, with its causes.
-        reason: String,
-    },
-    /// A Kubernetes upgrade's bootstrap manifests could not be applied; every machine is
-    /// on the target.
-    ManifestsFailed {
-        /// Which object, and why.
-        reason: String,
-    },
-}
-
-/// The phase of an operation.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub enum Phase {
-    /// Accepted; taking the cluster lock. No machine has been started in this pass.
-    #[default]
-    Pending,
-    /// Machines are being upgraded.
-    Progressing,
-    /// Nothing can move right now, for a transient reason.
-    Waiting(WaitReason),
-    /// Stopped after a failure; a person must resume.
-    Paused(PauseReason),
-    /// Every machine is on the target.
-    Completed,
-    /// The spec is invalid; nothing was or will be touched until it changes.
-    Refused(Refusal),
-}
-
-impl Phase {
-    /// The phase's name: `Pending`, `Progressing`, `Waiting`, `Paused`, `Completed`, `Refused`.
-    #[must_use]
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Pending => "Pending",
-            Self::Progressing => "Progressing",
-            Self::Waiting(_) => "Waiting",
-            Self::Paused(_) => "Paused",
-            Self::Completed => "Completed",
-            Self::Refused(_) => "Refused",
-        }
-    }
-
-    /// Whether the operation is stuck until a person acts (kstatus `Stalled`): paused,
-    /// refused, or waiting for a permission the operator lacks.
-    #[must_use]
-    pub fn needs_person(&self) -> bool {
-        matches!(self, Self::Paused(_) | Self::Refused(_) | Self::Waiting(WaitReason::Forbidden { .. }))
-    }
-
-    /// What the phase says to people about the operation `operation`, in its status and
-    /// its Event alike: [`Display`](fmt::Display), and for a pause how to resume it
-    /// ([`crate::operation::resume_hint`]).
-    #[must_use]
-    pub fn message_for(&self, operation: &str) -> String {
-        match self {
-            Self::Paused(_) => format!("{self}; {}", crate::operation::resume_hint(operation)),
-            _ => self.to_string(),
-        }
-    }
-
-    /// The CamelCase reason users see on conditions and events; one source for all of them.
-    #[must_use]
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Pending => "AcquiringLock",
-            Self::Progressing => "Progressing",
-            Self::Waiting(wait) => match wait {
-                WaitReason::LockHeld { .. } => "LockHeld",
-                WaitReason::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
-                WaitReason::ControlPlaneComponentsNotReady { .. } => "ControlPlaneComponentNotReady",
-                WaitReason::EtcdUnhealthy { .. } => "EtcdUnhealthy",
-                WaitReason::EtcdGateNotChecked => "EtcdGateNotChecked",
-                WaitReason::EtcdSnapshotPending => "EtcdSnapshotPending",
-                WaitReason::MaxUnavailable { .. } => "MaxUnavailable",
-                WaitReason::NodesNotReady { .. } => "NodesNotReady",
-                WaitReason::Held { .. } => "Held",
-                WaitReason::PreflightBlocked { .. } => "PreflightBlocked",
-                WaitReason::MachinesUnobserved { .. } => "MachinesUnobserved",
-                WaitReason::NodesWithoutMachines { .. } => "NodesWithoutMachines",
-                WaitReason::WindingDown { .. } => "WindingDown",
-                WaitReason::Forbidden { .. } => "Forbidden",
-                WaitReason::KubernetesNotObserved => "KubernetesNotObserved",
-            },
-            Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
-            Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
-            Self::Paused(PauseReason::ManifestsFailed { .. }) => "ManifestsFailed",
-            Self::Completed => "Completed",
-            Self::Refused(refusal) => refusal.reason(),
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Pending => f.write_str("taking the cluster lock"),
-            Self::Progressing => f.write_str("upgrading machines"),
-            Self::Waiting(wait) => match wait {
-                WaitReason::LockHeld { holder } => write!(f, "waiting: the cluster lock is held by {holder}"),
-                WaitReason::ControlPlaneNotReady { nodes } => {
-                    write!(f, "waiting: control-plane nodes not Ready: {}", nodes.join(", "))
-                }
-                WaitReason::ControlPlaneComponentsNotReady { components } => write!(
-                    f,
-                    "waiting: no control plane changes while another's components are not Ready: {}",
-                    components.join(", ")
-                ),
-                WaitReason::EtcdUnhealthy { reason } => write!(f, "waiting: etcd gate fails: {reason}"),
-                WaitReason::EtcdGateNotChecked => f.write_str("waiting: etcd gate not checked yet"),
-                WaitReason::EtcdSnapshotPending => {
-                    f.write_str("waiting: an etcd snapshot is taken before the first control plane")
-                }
-                WaitReason::MaxUnavailable { unavailable } => {
-                    write!(f, "waiting: maxUnavailable reached; unavailable: {}", unavailable.join(", "))
-                }
-                WaitReason::NodesNotReady { nodes } => write!(f, "waiting: nodes not Ready: {}", nodes.join(", ")),
-                WaitReason::Held { machines } => write!(
-                    f,
-                    "waiting: held machines remain: {}; the operation keeps the cluster lock until they are released or it is deleted",
-                    machines.join(", ")
-                ),
-                WaitReason::PreflightBlocked { machines } => {
-                    f.write_str("waiting: preflight blocks ")?;
-                    for (i, (machine, blockers)) in machines.iter().enumerate() {
-                        if i > 0 {
-                            f.write_str("; ")?;
-                        }
-                        write!(f, "{machine}: {blockers}")?;
-                    }
-                    Ok(())
-                }
-                WaitReason::MachinesUnobserved { machines } => {
-                    write!(f, "waiting: machines recorded as started are not observed: {}", machines.join(", "))
-                }
-                WaitReason::NodesWithoutMachines { nodes } => write!(
-                    f,
-                    "waiting: every machine converged, but these Nodes have no TalosMachine: {} (create one for \
-                     each, or set spec.discovery: Nodes on the TalosCluster)",
-                    nodes.join(", ")
-                ),
-                WaitReason::WindingDown { machines } => {
-                    write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
-                }
-                WaitReason::Forbidden { what } => write!(f, "waiting: forbidden: {what}"),
-                WaitReason::KubernetesNotObserved => {
-                    f.write_str("waiting: the cluster's Kubernetes versions are not observed yet")
-                }
-            },
-            Self::Paused(PauseReason::MachineFailed { machines }) => {
-                f.write_str("paused: ")?;
-                for (i, m) in machines.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str("; ")?;
-                    }
-                    write!(f, "{} failed: {}", m.name, m.reason)?;
-                }
-                Ok(())
-            }
-            Self::Paused(PauseReason::EtcdSnapshotFailed { reason }) => {
-                write!(f, "paused: the etcd snapshot before the first control plane failed: {reason}")
-            }
-            Self::Paused(PauseReason::ManifestsFailed { reason }) => {
-                write!(
-                    f,
-                    "paused: every machine is on the target, but the bootstrap manifests were not applied: {reason}"
-                )
-            }
-            Self::Completed => f.write_str("every machine is on the target"),
-            Self::Refused(refusal) => write!(f, "refused: {refusal}"),
-        }
-    }
 }
 
 /// Something the caller reports as a Warning event; it does not stop the operation.
@@ -989,7 +655,7 @@ pub fn decide(input: &RolloutInput<'_>) -> Decision {
 }
 
 /// What an operation is to do, once its spec has been read.
-enum Plan<'a> {
+enum Asked<'a> {
     /// Upgrade every machine to the target.
     Upgrade(ValidSpec),
     /// Upgrade every machine's Kubernetes to the target, in this stage.
@@ -1010,9 +676,9 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
         return Decision::new(action, Phase::Completed);
     }
 
-    let plan_of = if op.spec.is_removal() {
+    let asked = if op.spec.is_removal() {
         match op.spec.validate_removal() {
-            Ok(machine) => Plan::Remove(machine),
+            Ok(machine) => Asked::Remove(machine),
             Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
         }
     } else if op.spec.is_kubernetes() {
@@ -1026,7 +692,7 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
         if let Some(refusal) = kubernetes_refusal(input, kubernetes) {
             return wind_down(input, &lock, Phase::Refused(refusal));
         }
-        Plan::Kubernetes(spec, kubernetes.stage)
+        Asked::Kubernetes(spec, kubernetes.stage)
     } else {
         let spec = match op.spec.validate(input.release_talos_version) {
             Ok(spec) => spec,
@@ -1035,19 +701,19 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
         if let Some(refusal) = plan_refusal(input, &spec) {
             return wind_down(input, &lock, Phase::Refused(refusal));
         }
-        Plan::Upgrade(spec)
+        Asked::Upgrade(spec)
     };
     if let Some(refusal) = target_changed(op) {
         return wind_down(input, &lock, Phase::Refused(refusal));
     }
-    if let Plan::Remove(machine) = plan_of
+    if let Asked::Remove(machine) = asked
         && !input.machines.iter().any(|m| m.name == machine)
         && !op.status.machines.contains_key(machine)
     {
         let refusal = Refusal::UnknownMachine { machine: machine.to_owned() };
         return wind_down(input, &lock, Phase::Refused(refusal));
     }
-    if let Plan::Remove(machine) = plan_of
+    if let Asked::Remove(machine) = asked
         && let Some(refusal) = two_control_planes_left(input, machine)
     {
         return wind_down(input, &lock, Phase::Refused(refusal));
@@ -1069,10 +735,10 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     let renew = input.now.saturating_since(renewed_at) >= input.config.renew_after;
     let (action, renewed_at) = if renew { (LockAction::Renew, input.now) } else { (LockAction::Keep, renewed_at) };
 
-    let mut d = match plan_of {
-        Plan::Upgrade(spec) => plan(input, &Rules::talos(&spec), action),
-        Plan::Kubernetes(spec, stage) => plan(input, &Rules::kubernetes(&spec, stage), action),
-        Plan::Remove(machine) => plan_removal(input, machine, action),
+    let mut d = match asked {
+        Asked::Upgrade(spec) => schedule(input, &Rules::talos(&spec), action),
+        Asked::Kubernetes(spec, stage) => schedule(input, &Rules::kubernetes(&spec, stage), action),
+        Asked::Remove(machine) => schedule_removal(input, machine, action),
     };
     if d.lock != LockAction::Release {
         d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(renewed_at.saturating_add(input.config.renew_after)));
@@ -1128,7 +794,7 @@ pub fn removal_refusal(
 /// A removal under the cluster's lock: the one machine is started, advanced until it is
 /// removed (then the lock is released), paused on its failure and retried on a resume. Its
 /// own step guards etcd (a member leaves only while etcd is healthy).
-fn plan_removal(input: &RolloutInput<'_>, machine: &str, lock: LockAction) -> Decision {
+fn schedule_removal(input: &RolloutInput<'_>, machine: &str, lock: LockAction) -> Decision {
     let op = input.operation;
     let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
     let mut d = Decision::new(lock, Phase::Progressing);
@@ -1337,7 +1003,7 @@ fn not_started(input: &RolloutInput<'_>) -> bool {
 }
 
 /// A Kubernetes upgrade's planning, before any machine of it has started: what
-/// [`crate::kubernetes_plan::plan_kubernetes`] refused, and the cluster's own shape (two
+/// [`crate::kubernetes::plan::plan_kubernetes`] refused, and the cluster's own shape (two
 /// control planes, duplicate names, Nodes without machines), as for a Talos upgrade.
 fn kubernetes_refusal(input: &RolloutInput<'_>, kubernetes: &KubernetesInput) -> Option<Refusal> {
     if !not_started(input) {
@@ -1525,7 +1191,7 @@ pub fn start_order<'a>(order_label: Option<&str>, last: bool, name: &'a str) -> 
     (last, order.is_none(), order.unwrap_or(0), name)
 }
 
-/// The rules of an upgrade's plan, whatever it upgrades.
+/// The rules of an upgrade's schedule, whatever it upgrades.
 struct Rules {
     /// How many workers may be unavailable at once.
     max_unavailable: u32,
@@ -1559,17 +1225,13 @@ impl Rules {
         }
     }
 }
-
-/// The plan of a pass while this operation holds the lock.
-fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
-    let op = input.operation;
-    let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
-
-    let mut machines: Vec<&MachineView> = input.machines.iter().collect();
-    // Machines usually come in the same order pass after pass: sorted once, checked after.
+/// The machines in the engine's order: by role, then by [`order_key`]. They usually come
+/// in the same order pass after pass: sorted once, checked after.
+fn in_order(machines: &[MachineView]) -> Vec<&MachineView> {
     fn key<'m>(m: &&'m MachineView) -> (MachineRole, (bool, bool, i64, &'m str)) {
         (m.role, order_key(m))
     }
+    let mut machines: Vec<&MachineView> = machines.iter().collect();
     // Each key is made once (an order label is parsed), not once per neighbour.
     let mut keys = machines.iter().map(key);
     let sorted =
@@ -1577,43 +1239,49 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
     if !sorted {
         machines.sort_by_cached_key(key);
     }
+    machines
+}
 
-    // Machines recorded as under way or failed that are not observed: what they are doing
-    // is not known, so nothing completes or starts on a guess (a cache not filled yet looks
-    // exactly like this).
-    let mut unobserved: Vec<(&String, &MachineRecord)> = Vec::new();
-    if op.status.machines.values().any(|r| r.state != RecordState::Converged) {
-        let seen: HashSet<&str, FixedState> = input.machines.iter().map(|m| m.name.as_str()).collect();
-        unobserved.extend(
-            op.status
-                .machines
-                .iter()
-                .filter(|(name, r)| r.state != RecordState::Converged && !seen.contains(name.as_str())),
-        );
+/// Machines recorded as under way or failed that are not observed: what they are doing is
+/// not known, so nothing completes or starts on a guess (a cache not filled yet looks
+/// exactly like this).
+fn unobserved<'a>(input: &RolloutInput<'a>) -> Vec<(&'a String, &'a MachineRecord)> {
+    let op = input.operation;
+    if !op.status.machines.values().any(|r| r.state != RecordState::Converged) {
+        return Vec::new();
     }
-    let failed: Vec<FailedMachine> = if resuming {
-        Vec::new()
-    } else {
-        let recorded = unobserved.iter().filter(|(_, r)| r.state == RecordState::Failed);
-        let recorded = recorded.map(|(name, r)| FailedMachine { name: (*name).clone(), reason: r.message.clone() });
-        machines
-            .iter()
-            .filter_map(|m| match &m.progress {
-                MachineProgress::Failed { reason } => {
-                    Some(FailedMachine { name: m.name.clone(), reason: reason.clone() })
-                }
-                MachineProgress::Pending | MachineProgress::InProgress { .. } | MachineProgress::Converged => None,
-            })
-            .chain(recorded)
-            .collect()
-    };
-    let snapshot_failed = match &op.status.etcd_snapshot {
-        Some(SnapshotState::Failed { reason, .. }) if !resuming => Some(reason.clone()),
-        _ => None,
-    };
-    let paused = !failed.is_empty() || snapshot_failed.is_some();
+    let seen: HashSet<&str, FixedState> = input.machines.iter().map(|m| m.name.as_str()).collect();
+    op.status
+        .machines
+        .iter()
+        .filter(|(name, r)| r.state != RecordState::Converged && !seen.contains(name.as_str()))
+        .collect()
+}
 
-    let slots: Vec<(&MachineView, Slot)> = machines
+/// The machines that failed (observed, or recorded and not observed), none when resuming.
+fn failed_machines(
+    machines: &[&MachineView],
+    unobserved: &[(&String, &MachineRecord)],
+    resuming: bool,
+) -> Vec<FailedMachine> {
+    if resuming {
+        return Vec::new();
+    }
+    let recorded = unobserved.iter().filter(|(_, r)| r.state == RecordState::Failed);
+    let recorded = recorded.map(|(name, r)| FailedMachine { name: (*name).clone(), reason: r.message.clone() });
+    machines
+        .iter()
+        .filter_map(|m| match &m.progress {
+            MachineProgress::Failed { reason } => Some(FailedMachine { name: m.name.clone(), reason: reason.clone() }),
+            MachineProgress::Pending | MachineProgress::InProgress { .. } | MachineProgress::Converged => None,
+        })
+        .chain(recorded)
+        .collect()
+}
+
+/// What the engine makes of each machine in this pass.
+fn slots<'m>(machines: &[&'m MachineView], paused: bool, resuming: bool) -> Vec<(&'m MachineView, Slot)> {
+    machines
         .iter()
         .map(|m| {
             let slot = match &m.progress {
@@ -1627,13 +1295,13 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
             };
             (*m, slot)
         })
-        .collect();
+        .collect()
+}
 
-    let mut d = Decision::new(lock, Phase::Progressing);
-    if resuming {
-        d.acknowledge_resume.clone_from(&op.resume_token);
-    }
-    for (m, slot) in &slots {
+/// The decision's lists from the slots: the machines retried, advanced, stopped and held,
+/// and a warning for each order label that is not an integer.
+fn sort_into(d: &mut Decision, slots: &[(&MachineView, Slot)], resuming: bool) {
+    for (m, slot) in slots {
         if resuming && matches!(m.progress, MachineProgress::Failed { .. }) {
             d.retry.push(m.name.clone());
         }
@@ -1647,6 +1315,28 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
             Slot::Candidate | Slot::Converged | Slot::Failed => {}
         }
     }
+}
+
+/// The schedule of an upgrade's pass while this operation holds the lock: which machines
+/// advance, stop and start, and the operation's phase.
+fn schedule(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
+    let op = input.operation;
+    let resuming = op.resume_token.is_some() && op.resume_token != op.status.observed_resume;
+    let machines = in_order(input.machines);
+    let unobserved = unobserved(input);
+    let failed = failed_machines(&machines, &unobserved, resuming);
+    let snapshot_failed = match &op.status.etcd_snapshot {
+        Some(SnapshotState::Failed { reason, .. }) if !resuming => Some(reason.clone()),
+        _ => None,
+    };
+    let paused = !failed.is_empty() || snapshot_failed.is_some();
+    let slots = slots(&machines, paused, resuming);
+
+    let mut d = Decision::new(lock, Phase::Progressing);
+    if resuming {
+        d.acknowledge_resume.clone_from(&op.resume_token);
+    }
+    sort_into(&mut d, &slots, resuming);
     if paused {
         d.phase = match snapshot_failed {
             Some(reason) if failed.is_empty() => Phase::Paused(PauseReason::EtcdSnapshotFailed { reason }),
@@ -1685,8 +1375,22 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
         Stage::Busy => None,
         Stage::Blocked(wait) => Some(wait),
     };
+    d.phase = phase_after_starts(input, spec, &mut d, blocked, resuming);
+    look_ahead(input, spec, &slots, &mut d);
+    d
+}
 
-    d.phase = if d.moves_machines() {
+/// The phase once the machines to start are chosen: Progressing while machines move,
+/// Waiting on what blocks or holds them, else (every machine through) Completed, a
+/// Kubernetes upgrade's once its bootstrap manifests are applied and rolled out.
+fn phase_after_starts(
+    input: &RolloutInput<'_>,
+    spec: &Rules,
+    d: &mut Decision,
+    blocked: Option<WaitReason>,
+    resuming: bool,
+) -> Phase {
+    if d.moves_machines() {
         Phase::Progressing
     } else if let Some(wait) = blocked {
         Phase::Waiting(wait)
@@ -1698,35 +1402,43 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
     } else if !input.unaccounted_nodes.is_empty() {
         Phase::Waiting(WaitReason::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() })
     } else if let Some(target) = spec.kubernetes_target.as_ref() {
-        // A Kubernetes upgrade ends with its bootstrap manifests, applied and rolled out.
-        let rollouts = input.kubernetes.and_then(|k| k.rollouts.as_deref());
-        match manifests_step(op.status.manifests.as_ref(), target, resuming, rollouts, input.now) {
-            ManifestsStep::Done => {
-                d.lock = LockAction::Release;
-                Phase::Completed
-            }
-            ManifestsStep::Apply => {
-                d.apply_manifests = true;
-                d.recheck_at = Some(input.now);
-                Phase::Progressing
-            }
-            ManifestsStep::Record(state) => {
-                d.record_manifests = Some(state);
-                d.recheck_at = Some(input.now);
-                Phase::Progressing
-            }
-            ManifestsStep::Wait { recheck_at } => {
-                d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(recheck_at));
-                Phase::Progressing
-            }
-            ManifestsStep::Failed { reason } => Phase::Paused(PauseReason::ManifestsFailed { reason }),
-        }
+        manifests_phase(input, target, d, resuming)
     } else {
         d.lock = LockAction::Release;
         Phase::Completed
-    };
-    // The next machines to start, in the order they will: their installer pulled ahead
-    // (a Talos upgrade's alone).
+    }
+}
+
+/// A Kubernetes upgrade ends with its bootstrap manifests, applied and rolled out.
+fn manifests_phase(input: &RolloutInput<'_>, target: &KubernetesVersion, d: &mut Decision, resuming: bool) -> Phase {
+    let rollouts = input.kubernetes.and_then(|k| k.rollouts.as_deref());
+    match manifests_step(input.operation.status.manifests.as_ref(), target, resuming, rollouts, input.now) {
+        ManifestsStep::Done => {
+            d.lock = LockAction::Release;
+            Phase::Completed
+        }
+        ManifestsStep::Apply => {
+            d.apply_manifests = true;
+            d.recheck_at = Some(input.now);
+            Phase::Progressing
+        }
+        ManifestsStep::Record(state) => {
+            d.record_manifests = Some(state);
+            d.recheck_at = Some(input.now);
+            Phase::Progressing
+        }
+        ManifestsStep::Wait { recheck_at } => {
+            d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(recheck_at));
+            Phase::Progressing
+        }
+        ManifestsStep::Failed { reason } => Phase::Paused(PauseReason::ManifestsFailed { reason }),
+    }
+}
+
+/// The next machines to start, in the order they will, offered their installer's pull
+/// ahead (a Talos upgrade's alone), and when to look again for the gates asked or the
+/// preflight's holds.
+fn look_ahead(input: &RolloutInput<'_>, spec: &Rules, slots: &[(&MachineView, Slot)], d: &mut Decision) {
     let ahead = if spec.stage.is_some() { 0 } else { usize::try_from(spec.max_unavailable).unwrap_or(1).max(1) };
     d.prepull = slots
         .iter()
@@ -1740,7 +1452,6 @@ fn plan(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decision {
         let again = input.now.saturating_add(input.config.preflight_recheck);
         d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(again));
     }
-    d
 }
 
 /// How a role's stage of the rollout stands.

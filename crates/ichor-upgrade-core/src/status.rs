@@ -1,11 +1,17 @@
-//! The operation's status between passes: what it knows of each machine it started, how
-//! that becomes the rollout engine's [`MachineProgress`], and the next status from a
-//! decision and the machines' outcomes. Pure, so the reconcile driver only moves data.
+//! The operation's persisted status, as the engine keeps it between passes: its
+//! [`Phase`] (why it waits, why it paused), what it knows of each machine it started
+//! ([`MachineRecord`]), and how a record and a machine's own conditions become the
+//! rollout engine's view of the machine ([`MachineProgress`]). The status a pass records
+//! from its decision is [`crate::record`]'s.
+
+use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::etcd_snapshot::SnapshotState;
-use crate::rollout::{Decision, FailedMachine, MachineProgress, OperationStatus, PauseReason, Phase};
+use crate::etcd::snapshot::SnapshotState;
+use crate::kubernetes::manifests::ManifestsState;
+use crate::operation::Refusal;
 use crate::time::Timestamp;
 
 /// Where a started machine stands, as the operation records it.
@@ -62,6 +68,355 @@ pub enum MachineOutcome {
     },
 }
 
+impl MachineOutcome {
+    /// When the machine asks to be looked at again: at once after an action, a convergence
+    /// or a failure (what follows is decided from a new observation), else when its wait
+    /// says.
+    #[must_use]
+    pub fn recheck_at(&self, now: Timestamp) -> Option<Timestamp> {
+        match self {
+            Self::Progressed { .. } | Self::Converged | Self::Failed { .. } => Some(now),
+            Self::Waiting { recheck_at, .. } => *recheck_at,
+        }
+    }
+}
+
+/// One machine's progress in this operation, from the operation's status and the
+/// machine's own conditions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MachineProgress {
+    /// Not started by this operation.
+    Pending,
+    /// Started and not yet converged.
+    InProgress {
+        /// Whether its Upgrade call has been made (or may have been: an intent recorded).
+        /// Such a machine is never interrupted: not by a hold, a pause or a deletion.
+        past_upgrade_call: bool,
+    },
+    /// Verified on the target.
+    Converged,
+    /// The executor failed it; the operation is paused until a resume.
+    Failed {
+        /// Why, as the executor said.
+        reason: String,
+    },
+}
+
+/// What the engine keeps in the operation's status between passes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationStatus {
+    /// The last decided phase.
+    pub phase: Phase,
+    /// The generation the phase was decided from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The last resume token acted upon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_resume: Option<String>,
+    /// What this operation knows of each machine it started and that has not converged
+    /// (see [`crate::status`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub machines: BTreeMap<String, MachineRecord>,
+    /// How many machines are verified on the target; each one's record of it is in its
+    /// own conditions.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub converged: usize,
+    /// The etcd snapshot taken before the first control plane, or why it could not be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot: Option<SnapshotState>,
+    /// A Kubernetes upgrade's bootstrap manifests, applied last
+    /// ([`crate::kubernetes::manifests`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifests: Option<ManifestsState>,
+    /// The target the operation started with, as written: recorded once it starts (or
+    /// advances) a machine. A started operation's target never changes: a spec whose
+    /// target differs is refused ([`Refusal::TargetChanged`]), whatever wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_target: Option<String>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// A failed machine, as the pause names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedMachine {
+    /// The machine.
+    pub name: String,
+    /// The executor's reason.
+    pub reason: String,
+}
+
+/// Why an operation is waiting. Transient: it goes on by itself when this clears.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitReason {
+    /// Another live operation holds the cluster's lock.
+    LockHeld {
+        /// The holder's identity.
+        holder: String,
+    },
+    /// A control plane is next, but some control-plane nodes are not Ready.
+    ControlPlaneNotReady {
+        /// The control planes that are not Ready.
+        nodes: Vec<String>,
+    },
+    /// A control plane is next, and another control plane's own components (its static
+    /// pods) are not all Ready: changing it could leave two API servers down.
+    ControlPlaneComponentsNotReady {
+        /// Each as `machine/component`.
+        components: Vec<String>,
+    },
+    /// A control plane is next, and the etcd gate fails.
+    EtcdUnhealthy {
+        /// What fails.
+        reason: String,
+    },
+    /// A control plane is next; the etcd gate has not been gathered yet.
+    EtcdGateNotChecked,
+    /// A control plane is next; the etcd snapshot it requires is to be taken first.
+    EtcdSnapshotPending,
+    /// Workers are next, but `maxUnavailable` workers are already unavailable.
+    MaxUnavailable {
+        /// The workers counted as unavailable.
+        unavailable: Vec<String>,
+    },
+    /// The machines left to start have Nodes that are not Ready.
+    NodesNotReady {
+        /// Those machines.
+        nodes: Vec<String>,
+    },
+    /// Everything else has converged; held machines remain.
+    Held {
+        /// The held machines.
+        machines: Vec<String>,
+    },
+    /// The machines next in line cannot be taken out now (the preflight gate): each with
+    /// its blockers, as one line.
+    PreflightBlocked {
+        /// `(machine, its blockers)`.
+        machines: Vec<(String, String)>,
+    },
+    /// Machines this operation recorded as started (or failed) are not among the machines
+    /// observed: a cache not filled yet, or a machine object deleted under way. Nothing is
+    /// started and the operation does not complete until they are seen again (or a person
+    /// deletes the operation): an unseen machine may be down.
+    MachinesUnobserved {
+        /// Those machines.
+        machines: Vec<String>,
+    },
+    /// Every machine converged, but these Nodes of the cluster have no machine: the
+    /// operation is not Completed while a Node may be on the old version.
+    NodesWithoutMachines {
+        /// The Nodes.
+        nodes: Vec<String>,
+    },
+    /// The operation is being deleted; machines past their Upgrade call are still observed
+    /// until they verify, then the lock is released.
+    WindingDown {
+        /// Machines still being observed.
+        machines: Vec<String>,
+    },
+    /// A Kubernetes upgrade whose cluster's Kubernetes versions were not observed (the
+    /// caller could not read them): nothing is planned from a guess.
+    KubernetesNotObserved,
+    /// The operator may not read or write what the pass needs first (the cluster lock
+    /// Lease in the operation's namespace): its RBAC lacks that namespace. Nothing is read
+    /// further and nothing is done until a person grants it; the operation is looked at
+    /// again on its own.
+    Forbidden {
+        /// The refused call, the API server's answer and what grants it.
+        what: String,
+    },
+}
+
+/// Why an operation is paused. Sticky until a person resumes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PauseReason {
+    /// The executor failed these machines.
+    MachineFailed {
+        /// The failed machines and why.
+        machines: Vec<FailedMachine>,
+    },
+    /// The etcd snapshot required before the first control plane could not be taken;
+    /// no control plane was touched.
+    EtcdSnapshotFailed {
+        /// Why, with its causes.
+        reason: String,
+    },
+    /// A Kubernetes upgrade's bootstrap manifests could not be applied; every machine is
+    /// on the target.
+    ManifestsFailed {
+        /// Which object, and why.
+        reason: String,
+    },
+}
+
+/// The phase of an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Phase {
+    /// Accepted; taking the cluster lock. No machine has been started in this pass.
+    #[default]
+    Pending,
+    /// Machines are being upgraded.
+    Progressing,
+    /// Nothing can move right now, for a transient reason.
+    Waiting(WaitReason),
+    /// Stopped after a failure; a person must resume.
+    Paused(PauseReason),
+    /// Every machine is on the target.
+    Completed,
+    /// The spec is invalid; nothing was or will be touched until it changes.
+    Refused(Refusal),
+}
+
+impl Phase {
+    /// The phase's name: `Pending`, `Progressing`, `Waiting`, `Paused`, `Completed`, `Refused`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Progressing => "Progressing",
+            Self::Waiting(_) => "Waiting",
+            Self::Paused(_) => "Paused",
+            Self::Completed => "Completed",
+            Self::Refused(_) => "Refused",
+        }
+    }
+
+    /// Whether the operation is stuck until a person acts (kstatus `Stalled`): paused,
+    /// refused, or waiting for a permission the operator lacks.
+    #[must_use]
+    pub fn needs_person(&self) -> bool {
+        matches!(self, Self::Paused(_) | Self::Refused(_) | Self::Waiting(WaitReason::Forbidden { .. }))
+    }
+
+    /// What the phase says to people about the operation `operation`, in its status and
+    /// its Event alike: [`Display`](fmt::Display), and for a pause how to resume it
+    /// ([`crate::operation::resume_hint`]).
+    #[must_use]
+    pub fn message_for(&self, operation: &str) -> String {
+        match self {
+            Self::Paused(_) => format!("{self}; {}", crate::operation::resume_hint(operation)),
+            _ => self.to_string(),
+        }
+    }
+
+    /// The CamelCase reason users see on conditions and events; one source for all of them.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Pending => "AcquiringLock",
+            Self::Progressing => "Progressing",
+            Self::Waiting(wait) => match wait {
+                WaitReason::LockHeld { .. } => "LockHeld",
+                WaitReason::ControlPlaneNotReady { .. } => "ControlPlaneNotReady",
+                WaitReason::ControlPlaneComponentsNotReady { .. } => "ControlPlaneComponentNotReady",
+                WaitReason::EtcdUnhealthy { .. } => "EtcdUnhealthy",
+                WaitReason::EtcdGateNotChecked => "EtcdGateNotChecked",
+                WaitReason::EtcdSnapshotPending => "EtcdSnapshotPending",
+                WaitReason::MaxUnavailable { .. } => "MaxUnavailable",
+                WaitReason::NodesNotReady { .. } => "NodesNotReady",
+                WaitReason::Held { .. } => "Held",
+                WaitReason::PreflightBlocked { .. } => "PreflightBlocked",
+                WaitReason::MachinesUnobserved { .. } => "MachinesUnobserved",
+                WaitReason::NodesWithoutMachines { .. } => "NodesWithoutMachines",
+                WaitReason::WindingDown { .. } => "WindingDown",
+                WaitReason::Forbidden { .. } => "Forbidden",
+                WaitReason::KubernetesNotObserved => "KubernetesNotObserved",
+            },
+            Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
+            Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
+            Self::Paused(PauseReason::ManifestsFailed { .. }) => "ManifestsFailed",
+            Self::Completed => "Completed",
+            Self::Refused(refusal) => refusal.reason(),
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pending => f.write_str("taking the cluster lock"),
+            Self::Progressing => f.write_str("upgrading machines"),
+            Self::Waiting(wait) => match wait {
+                WaitReason::LockHeld { holder } => write!(f, "waiting: the cluster lock is held by {holder}"),
+                WaitReason::ControlPlaneNotReady { nodes } => {
+                    write!(f, "waiting: control-plane nodes not Ready: {}", nodes.join(", "))
+                }
+                WaitReason::ControlPlaneComponentsNotReady { components } => write!(
+                    f,
+                    "waiting: no control plane changes while another's components are not Ready: {}",
+                    components.join(", ")
+                ),
+                WaitReason::EtcdUnhealthy { reason } => write!(f, "waiting: etcd gate fails: {reason}"),
+                WaitReason::EtcdGateNotChecked => f.write_str("waiting: etcd gate not checked yet"),
+                WaitReason::EtcdSnapshotPending => {
+                    f.write_str("waiting: an etcd snapshot is taken before the first control plane")
+                }
+                WaitReason::MaxUnavailable { unavailable } => {
+                    write!(f, "waiting: maxUnavailable reached; unavailable: {}", unavailable.join(", "))
+                }
+                WaitReason::NodesNotReady { nodes } => write!(f, "waiting: nodes not Ready: {}", nodes.join(", ")),
+                WaitReason::Held { machines } => write!(
+                    f,
+                    "waiting: held machines remain: {}; the operation keeps the cluster lock until they are released or it is deleted",
+                    machines.join(", ")
+                ),
+                WaitReason::PreflightBlocked { machines } => {
+                    f.write_str("waiting: preflight blocks ")?;
+                    for (i, (machine, blockers)) in machines.iter().enumerate() {
+                        if i > 0 {
+                            f.write_str("; ")?;
+                        }
+                        write!(f, "{machine}: {blockers}")?;
+                    }
+                    Ok(())
+                }
+                WaitReason::MachinesUnobserved { machines } => {
+                    write!(f, "waiting: machines recorded as started are not observed: {}", machines.join(", "))
+                }
+                WaitReason::NodesWithoutMachines { nodes } => write!(
+                    f,
+                    "waiting: every machine converged, but these Nodes have no TalosMachine: {} (create one for \
+                     each, or set spec.discovery: Nodes on the TalosCluster)",
+                    nodes.join(", ")
+                ),
+                WaitReason::WindingDown { machines } => {
+                    write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
+                }
+                WaitReason::Forbidden { what } => write!(f, "waiting: forbidden: {what}"),
+                WaitReason::KubernetesNotObserved => {
+                    f.write_str("waiting: the cluster's Kubernetes versions are not observed yet")
+                }
+            },
+            Self::Paused(PauseReason::MachineFailed { machines }) => {
+                f.write_str("paused: ")?;
+                for (i, m) in machines.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{} failed: {}", m.name, m.reason)?;
+                }
+                Ok(())
+            }
+            Self::Paused(PauseReason::EtcdSnapshotFailed { reason }) => {
+                write!(f, "paused: the etcd snapshot before the first control plane failed: {reason}")
+            }
+            Self::Paused(PauseReason::ManifestsFailed { reason }) => {
+                write!(
+                    f,
+                    "paused: every machine is on the target, but the bootstrap manifests were not applied: {reason}"
+                )
+            }
+            Self::Completed => f.write_str("every machine is on the target"),
+            Self::Refused(refusal) => write!(f, "refused: {refusal}"),
+        }
+    }
+}
+
 impl OperationStatus {
     /// The engine's view of a machine: its record, or, with none, whether its conditions
     /// show an Upgrade call in flight (left by an earlier operation or controller); such a
@@ -92,8 +447,8 @@ impl OperationStatus {
 
     /// A Kubernetes upgrade's view of a machine in its current stage, from the machine's own
     /// conditions: `converged` (the stage's record,
-    /// [`crate::kubernetes_step::stage_converged`]) is its only record of convergence, and
-    /// `past_apply` ([`crate::kubernetes_step::past_apply`]: an apply of this stage
+    /// [`crate::machine::kubernetes::stage_converged`]) is its only record of convergence, and
+    /// `past_apply` ([`crate::machine::kubernetes::past_apply`]: an apply of this stage
     /// intended or made, not yet verified) its only record of being under way. A record of
     /// the status says neither: it may be the other stage's (a control plane's record left
     /// in progress by its first stage once carried it into its kubelet's with no start, past
@@ -152,147 +507,14 @@ impl OperationStatus {
         }
         self
     }
-
-    /// The status after carrying out `decision`, with the outcome of each machine advanced.
-    /// A failure among the outcomes pauses at once, naming every failed machine.
-    #[must_use]
-    pub fn next(&self, generation: i64, decision: &Decision, outcomes: &[(String, MachineOutcome)]) -> Self {
-        self.next_recording(generation, decision, outcomes, false)
-    }
-
-    /// As [`Self::next`], but a machine under way has its record follow its every wait and
-    /// step: for an operation on one machine (a removal), where a person needs to see why
-    /// it waits (an eviction a PodDisruptionBudget blocks) and the writes cost nothing.
-    #[must_use]
-    pub fn next_tracking_waits(
-        &self,
-        generation: i64,
-        decision: &Decision,
-        outcomes: &[(String, MachineOutcome)],
-    ) -> Self {
-        self.next_recording(generation, decision, outcomes, true)
-    }
-
-    fn next_recording(
-        &self,
-        generation: i64,
-        decision: &Decision,
-        outcomes: &[(String, MachineOutcome)],
-        track_waits: bool,
-    ) -> Self {
-        let mut next = self.clone().for_generation(generation);
-        next.observed_generation = Some(generation);
-        if let Some(token) = &decision.acknowledge_resume {
-            next.observed_resume = Some(token.clone());
-            // A resume takes a failed snapshot again (the executor records the new one).
-            if matches!(next.etcd_snapshot, Some(SnapshotState::Failed { .. })) {
-                next.etcd_snapshot = None;
-            }
-        }
-        if let Some(manifests) = &decision.record_manifests {
-            next.manifests = Some(manifests.clone());
-        }
-        if next.started_target.is_none() {
-            next.started_target.clone_from(&decision.started_target);
-        }
-        for name in decision.retry.iter().chain(&decision.stop) {
-            next.machines.remove(name);
-        }
-        for (name, outcome) in outcomes {
-            // A machine under way keeps the record it started with: its waits and steps are
-            // in its own conditions and in the log, not rewritten into the operation's
-            // status at every pass (a write per change of reason would cost the API server
-            // more than the whole upgrade).
-            // A failure stands until a person resumes (the retry above drops its record):
-            // nothing the machine does meanwhile (an install that ended outside the pass,
-            // a later step) rewrites it, so a pause never lifts itself.
-            if next.machines.get(name).is_some_and(|r| r.state == RecordState::Failed) {
-                continue;
-            }
-            let under_way = next.machines.get(name).is_some_and(|r| r.state == RecordState::InProgress);
-            if under_way
-                && !track_waits
-                && matches!(outcome, MachineOutcome::Progressed { .. } | MachineOutcome::Waiting { .. })
-            {
-                continue;
-            }
-            let record = match outcome {
-                MachineOutcome::Progressed { action } => MachineRecord {
-                    state: RecordState::InProgress,
-                    reason: (*action).to_owned(),
-                    message: String::new(),
-                    recheck_at: None,
-                },
-                MachineOutcome::Waiting { reason, message, recheck_at } => MachineRecord {
-                    state: RecordState::InProgress,
-                    reason: reason.clone(),
-                    message: message.clone(),
-                    recheck_at: if track_waits { *recheck_at } else { None },
-                },
-                MachineOutcome::Converged => MachineRecord {
-                    state: RecordState::Converged,
-                    reason: "Converged".to_owned(),
-                    message: String::new(),
-                    recheck_at: None,
-                },
-                MachineOutcome::Failed { reason, message } => MachineRecord {
-                    state: RecordState::Failed,
-                    reason: reason.clone(),
-                    message: message.clone(),
-                    recheck_at: None,
-                },
-            };
-            next.machines.insert(name.clone(), record);
-        }
-        let failed: Vec<FailedMachine> = next
-            .machines
-            .iter()
-            .filter(|(_, r)| r.state == RecordState::Failed)
-            .map(|(name, r)| FailedMachine { name: name.clone(), reason: r.message.clone() })
-            .collect();
-        let newly_failed = outcomes.iter().any(|(_, o)| matches!(o, MachineOutcome::Failed { .. }));
-        next.phase = if newly_failed {
-            Phase::Paused(PauseReason::MachineFailed { machines: failed })
-        } else {
-            decision.phase.clone()
-        };
-        next
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::LockAction;
 
     fn record(state: RecordState) -> MachineRecord {
         MachineRecord { state, reason: "R".into(), message: "m".into(), recheck_at: None }
-    }
-
-    fn decision(phase: Phase) -> Decision {
-        Decision {
-            lock: LockAction::Keep,
-            retry: vec![],
-            start: vec![],
-            advance: vec![],
-            stop: vec![],
-            phase,
-            held: vec![],
-            warnings: vec![],
-            acknowledge_resume: None,
-            check_etcd: false,
-            check_preflight: vec![],
-            preflight_blocked: vec![],
-            take_etcd_snapshot: None,
-            apply_manifests: false,
-            record_manifests: None,
-            authority: std::collections::BTreeMap::new(),
-            finish_authority: std::collections::BTreeMap::new(),
-            prepull: vec![],
-            finalized: false,
-            started_target: None,
-            recheck_at: None,
-        }
     }
 
     #[test]
@@ -314,48 +536,6 @@ mod tests {
         // of the second.
         status.machines.insert("cp-1".into(), record(RecordState::InProgress));
         assert_eq!(status.kubernetes_progress_of("cp-1", false, false), MachineProgress::Pending);
-    }
-
-    #[test]
-    fn a_resume_clears_a_failed_snapshot_and_keeps_a_taken_one() {
-        let at = Timestamp::from_unix_secs(5);
-        let failed = SnapshotState::Failed { reason: "disk full".into(), at };
-        let status = OperationStatus { etcd_snapshot: Some(failed.clone()), ..OperationStatus::default() };
-        let mut resume = decision(Phase::Progressing);
-        resume.acknowledge_resume = Some("t".into());
-        assert_eq!(status.next(1, &resume, &[]).etcd_snapshot, None);
-        assert_eq!(status.next(1, &decision(Phase::Progressing), &[]).etcd_snapshot, Some(failed));
-        let taken = SnapshotState::Taken(crate::etcd_snapshot::SnapshotRecord {
-            location: "l".into(),
-            size: 1,
-            sha256: "s".into(),
-            node: "cp-1".into(),
-            taken_at: at,
-        });
-        let status = OperationStatus { etcd_snapshot: Some(taken.clone()), ..OperationStatus::default() };
-        assert_eq!(status.next(1, &resume, &[]).etcd_snapshot, Some(taken));
-        // A snapshot's record is never held back like bookkeeping.
-        let before = OperationStatus::default();
-        assert!(!status.only_bookkeeping_since(&before));
-    }
-
-    #[test]
-    fn a_failure_stands_whatever_the_machine_reports_until_a_resume() {
-        // Seen in the simulator: a failed machine's install ended outside the pass, its
-        // outcome overwrote the failure, and the pause lifted itself.
-        let mut status = OperationStatus::default();
-        status.machines.insert("w".into(), record(RecordState::Failed));
-        let late = [
-            ("w".to_owned(), MachineOutcome::Progressed { action: "Installed" }),
-            ("w".to_owned(), MachineOutcome::Converged),
-        ];
-        let next = status.next(1, &decision(Phase::Progressing), &late);
-        assert_eq!(next.machines["w"].state, RecordState::Failed);
-        assert_eq!(next.machines["w"].message, "m", "the failure's own words");
-        let mut resume = decision(Phase::Progressing);
-        resume.retry = vec!["w".into()];
-        let retried = status.next(1, &resume, &[("w".to_owned(), MachineOutcome::Progressed { action: "Retry" })]);
-        assert_eq!(retried.machines["w"].state, RecordState::InProgress, "a resume retries it");
     }
 
     #[test]
@@ -424,56 +604,6 @@ mod tests {
     }
 
     #[test]
-    fn outcomes_are_recorded_and_a_failure_pauses_at_once() {
-        let status = OperationStatus::default();
-        let outcomes = vec![
-            ("a".to_owned(), MachineOutcome::Converged),
-            (
-                "b".to_owned(),
-                MachineOutcome::Waiting { reason: "Rebooting".into(), message: "m".into(), recheck_at: None },
-            ),
-            ("c".to_owned(), MachineOutcome::Failed { reason: "AbFallback".into(), message: "booted v1.14.3".into() }),
-        ];
-        let next = status.next(3, &decision(Phase::Progressing), &outcomes);
-        assert_eq!(next.observed_generation, Some(3));
-        assert_eq!(next.machines["a"].state, RecordState::Converged);
-        assert_eq!(next.machines["b"].state, RecordState::InProgress);
-        assert_eq!(
-            next.phase,
-            Phase::Paused(PauseReason::MachineFailed {
-                machines: vec![FailedMachine { name: "c".into(), reason: "booted v1.14.3".into() }]
-            })
-        );
-    }
-
-    #[test]
-    fn a_machine_under_way_keeps_its_record_until_it_converges_or_fails() {
-        let status = OperationStatus::default();
-        let started = status.next(
-            1,
-            &decision(Phase::Progressing),
-            &[("a".to_owned(), MachineOutcome::Progressed { action: "BeginEvacuation" })],
-        );
-        assert_eq!(started.machines["a"].reason, "BeginEvacuation");
-        for outcome in [
-            MachineOutcome::Waiting { reason: "Evacuating".into(), message: "2 left".into(), recheck_at: None },
-            MachineOutcome::Progressed { action: "UpgradeRequested" },
-        ] {
-            let next = started.next(1, &decision(Phase::Progressing), &[("a".to_owned(), outcome)]);
-            assert_eq!(next, started, "no status change, so no status write");
-        }
-        let blocked = MachineOutcome::Waiting {
-            reason: "EvictionBlocked".into(),
-            message: "ledger-0: a PodDisruptionBudget allows 0".into(),
-            recheck_at: None,
-        };
-        let tracked = started.next_tracking_waits(1, &decision(Phase::Progressing), &[("a".to_owned(), blocked)]);
-        assert_eq!(tracked.machines["a"].reason, "EvictionBlocked", "a removal's status says why it waits");
-        let converged = started.next(1, &decision(Phase::Progressing), &[("a".to_owned(), MachineOutcome::Converged)]);
-        assert_eq!(converged.machines["a"].state, RecordState::Converged);
-    }
-
-    #[test]
     fn converged_machines_are_counted_not_listed() {
         let mut status = OperationStatus::default();
         status.machines.insert("a".into(), record(RecordState::Converged));
@@ -482,20 +612,5 @@ mod tests {
         status.forget_converged(3, |name| ["a", "c", "d"].contains(&name));
         assert_eq!(status.machines.keys().collect::<Vec<_>>(), vec!["b"], "c's record was left behind");
         assert_eq!(status.converged, 3);
-    }
-
-    #[test]
-    fn retry_and_stop_clear_records_and_a_resume_is_remembered() {
-        let mut status = OperationStatus::default();
-        status.machines.insert("failed".into(), record(RecordState::Failed));
-        status.machines.insert("stopped".into(), record(RecordState::InProgress));
-        let mut d = decision(Phase::Progressing);
-        d.retry = vec!["failed".into()];
-        d.stop = vec!["stopped".into()];
-        d.acknowledge_resume = Some("t1".into());
-        let next = status.next(1, &d, &[]);
-        assert!(next.machines.is_empty());
-        assert_eq!(next.observed_resume.as_deref(), Some("t1"));
-        assert_eq!(next.phase, Phase::Progressing);
     }
 }

@@ -24,8 +24,10 @@ use std::collections::BTreeMap;
 use proptest::collection::SizeRange;
 use proptest::prelude::*;
 
-use crate::operation::{HOLD_ANNOTATION, MachineRole, ORDER_LABEL};
-use crate::rollout::{MachineProgress, MachineView};
+use crate::machine::vocabulary::MachineRole;
+use crate::operation::{HOLD_ANNOTATION, ORDER_LABEL};
+use crate::rollout::MachineView;
+use crate::status::MachineProgress;
 
 /// One machine of a [`ClusterShape`].
 #[derive(Debug, Clone, PartialEq, Eq)]

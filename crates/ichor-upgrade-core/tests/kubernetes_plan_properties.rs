@@ -11,10 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use ichor_upgrade_core::kubernetes_plan::{
-    Component, KubernetesPlanInput, KubernetesStep, NodeKubernetes, plan_kubernetes,
-};
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::kubernetes::plan::{KubernetesPlanInput, KubernetesStep, NodeKubernetes, plan_kubernetes};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 use proptest::prelude::*;
 

@@ -13,13 +13,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::etcd_snapshot::{SnapshotRecord, SnapshotState};
-use ichor_upgrade_core::kubernetes_step::KubernetesStage;
-use ichor_upgrade_core::operation::{MachineRole, OperationSpec, Refusal, SnapshotMode};
+use ichor_upgrade_core::etcd::snapshot::{SnapshotRecord, SnapshotState};
+use ichor_upgrade_core::machine::kubernetes::KubernetesStage;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::operation::{OperationSpec, Refusal, SnapshotMode};
 use ichor_upgrade_core::rollout::{
-    CallAuthority, ComponentsVerdict, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction, MachineProgress,
-    MachineView, OperationStatus, OperationView, Phase, RolloutConfig, RolloutInput, decide,
+    CallAuthority, ComponentsVerdict, Decision, EtcdVerdict, KubernetesInput, LeaseHolder, LockAction, MachineView,
+    OperationView, RolloutConfig, RolloutInput, decide,
 };
+use ichor_upgrade_core::status::{MachineProgress, OperationStatus, Phase};
 use ichor_upgrade_core::status::{MachineRecord, RecordState};
 use proptest::prelude::*;
 
@@ -673,7 +675,7 @@ fn run_to_completion(
         }
         // The executor applies the bootstrap manifests asked for and records them.
         if d.apply_manifests {
-            op.status.manifests = Some(ichor_upgrade_core::kubernetes_manifests::ManifestsState::Applied {
+            op.status.manifests = Some(ichor_upgrade_core::kubernetes::manifests::ManifestsState::Applied {
                 target: op.spec.target_version.clone(),
                 objects: 1,
                 at: now,

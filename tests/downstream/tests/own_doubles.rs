@@ -20,10 +20,10 @@ use ichor_talos_executor::talos_api::{
     SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_upgrade_core::conditions::Conditions;
-use ichor_upgrade_core::rollout::{OperationStatus, Phase};
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::status::{OperationStatus, Phase};
 use ichor_upgrade_core::strategies::ClusterShape;
-use ichor_upgrade_core::talos_step::MachineStage;
 use ichor_upgrade_core::upgrade_marker::TALOS_UPGRADE;
 
 /// A Talos API that refuses every Upgrade call to one address (as a node whose installer

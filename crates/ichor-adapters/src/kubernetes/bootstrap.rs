@@ -10,8 +10,8 @@ use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use ichor_talos_executor::kube_api::{AdminKubeconfig, KubeError, ManifestSession};
-use ichor_talos_executor::kubernetes::object_name;
-use ichor_upgrade_core::kubernetes_manifests::WorkloadRollout;
+use ichor_talos_executor::machine::kubernetes::object_name;
+use ichor_upgrade_core::kubernetes::manifests::WorkloadRollout;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{GroupVersionKind, TypeMeta};
@@ -19,7 +19,7 @@ use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, Config};
 use serde_json::Value;
 
-use super::client::Counters;
+use super::counters::Counters;
 use super::errors::kube_error;
 
 /// A client under the admin kubeconfig a control plane's Talos API gave: the bootstrap

@@ -35,11 +35,11 @@ use ichor_talos_executor::kube_api::{
 };
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
-use ichor_upgrade_core::etcd_snapshot::SnapshotState;
-use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
+use ichor_upgrade_core::etcd::snapshot::SnapshotState;
+use ichor_upgrade_core::machine::lifecycle::CORDONED_ANNOTATION;
 use ichor_upgrade_core::operation::{CONTROLLER_NODE_MARK, OperationSpec};
-use ichor_upgrade_core::rollout::{OperationStatus, Phase};
 use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::status::{OperationStatus, Phase};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
@@ -52,6 +52,7 @@ use kube::runtime::{Predicate, PredicateConfig, WatchStreamExt, predicates, watc
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
+use super::counters::Counters;
 use super::crd::{
     EtcdSnapshotStatus, MachineCounts, TalosCluster, TalosClusterSpec, TalosMachine, TalosOperation,
     TalosOperationStatus, TalosStorage,
@@ -306,17 +307,6 @@ impl Stores {
     }
 }
 
-/// Calls made, for the operator's metrics (and to show that only the leader writes).
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Writes (status, conditions, Lease, cordon, evictions, deletions, finalizers).
-    pub writes: AtomicU64,
-    /// Events recorded.
-    pub events: AtomicU64,
-    /// Reads that went to the API server rather than a store.
-    pub reads: AtomicU64,
-}
-
 /// `KubeApi` over one namespace of a Kubernetes cluster.
 #[derive(Clone)]
 pub struct KubeCluster {
@@ -432,7 +422,7 @@ impl KubeCluster {
 
     /// What grants this client the namespace's cluster lock, added to the message of a
     /// call on it the API server refuses (403): the engine shows it in the operation's
-    /// status ([`ichor_upgrade_core::rollout::WaitReason::Forbidden`]).
+    /// status ([`ichor_upgrade_core::status::WaitReason::Forbidden`]).
     #[must_use]
     pub fn with_forbidden_hint(mut self, hint: String) -> Self {
         self.forbidden_hint = Some(hint);
@@ -1089,7 +1079,7 @@ impl KubeApi for KubeCluster {
                     .machines
                     .state_filter(|m| m.namespace().as_deref() == Some(namespace.as_str()) && m.spec.cluster == cluster)
                     .iter()
-                    .filter(|m| !ichor_upgrade_core::removal_step::is_removed(&machine_info(m).conditions))
+                    .filter(|m| !ichor_upgrade_core::machine::removal::is_removed(&machine_info(m).conditions))
                     .count()
             }
             None => 0,
@@ -1211,7 +1201,7 @@ impl KubeApi for KubeCluster {
     async fn workload_rollout(
         &self,
         workload: &str,
-    ) -> Result<ichor_upgrade_core::kubernetes_manifests::WorkloadRollout, KubeError> {
+    ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         super::bootstrap::workload_rollout(&self.client, workload).await
     }
@@ -1320,7 +1310,7 @@ mod tests {
 
     #[test]
     fn kstatus_conditions_follow_the_phase_and_keep_their_transition_time_while_their_status_holds() {
-        use ichor_upgrade_core::rollout::{PauseReason, WaitReason};
+        use ichor_upgrade_core::status::{PauseReason, WaitReason};
         let at = |phase: Phase| OperationStatus { phase, observed_generation: Some(3), ..OperationStatus::default() };
         let flags = |s: &TalosOperationStatus| {
             ["Ready", "Reconciling", "Stalled"]

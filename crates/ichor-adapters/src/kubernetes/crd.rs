@@ -11,7 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use ichor_upgrade_core::{evacuation, lifecycle_step, upgrade_marker};
+use ichor_upgrade_core::machine::{lifecycle, vocabulary};
+use ichor_upgrade_core::{evacuation, upgrade_marker};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use kube::CustomResource;
@@ -177,7 +178,7 @@ pub enum Role {
     Worker,
 }
 
-impl From<Role> for ichor_upgrade_core::operation::MachineRole {
+impl From<Role> for ichor_upgrade_core::machine::vocabulary::MachineRole {
     fn from(role: Role) -> Self {
         match role {
             Role::Controlplane => Self::ControlPlane,
@@ -227,7 +228,7 @@ impl TalosMachine {
     #[must_use]
     pub fn node_names(&self) -> Vec<String> {
         let marked = self.status.iter().flat_map(|s| &s.conditions).find_map(|c| {
-            let marker = (c.type_ == upgrade_marker::TALOS_UPGRADE || c.type_ == lifecycle_step::TALOS_LIFECYCLE)
+            let marker = (c.type_ == upgrade_marker::TALOS_UPGRADE || c.type_ == vocabulary::TALOS_LIFECYCLE)
                 .then(|| upgrade_marker::MarkerRef::parse(&c.message).ok())
                 .flatten()?;
             marker.node.map(str::to_owned)
@@ -332,7 +333,7 @@ pub fn step_durations(history: &[MachineStep]) -> Vec<(&'static str, f64)> {
             durations.push(("evacuation", (moved - at(open)).max(0) as f64 / 1000.0));
         }
     }
-    if let Some(pull) = last(lifecycle_step::INSTALLER_PULL, lifecycle_step::PULLED, end + 1)
+    if let Some(pull) = last(lifecycle::INSTALLER_PULL, lifecycle::PULLED, end + 1)
         && let Some(seconds) = history[pull].seconds
     {
         durations.push(("pull", seconds));
@@ -454,7 +455,7 @@ impl TalosMachineStatus {
             let before = self.conditions.iter().find(|c| c.type_ == condition.type_);
             // A pull is recorded anew at each intent with the same status and reason: its
             // transition time tells a new one.
-            let pull = condition.type_ == lifecycle_step::INSTALLER_PULL;
+            let pull = condition.type_ == lifecycle::INSTALLER_PULL;
             if before.is_some_and(|b| {
                 b.status == condition.status
                     && b.reason == condition.reason
@@ -470,8 +471,8 @@ impl TalosMachineStatus {
                 reason: condition.reason.clone(),
                 time: condition.last_transition_time.clone(),
                 bytes: opens_evacuation.then(|| evacuation::bytes_from_message(&condition.message)).flatten(),
-                seconds: (pull && condition.reason == lifecycle_step::PULLED)
-                    .then(|| lifecycle_step::pulled_seconds(&condition.message))
+                seconds: (pull && condition.reason == lifecycle::PULLED)
+                    .then(|| lifecycle::pulled_seconds(&condition.message))
                     .flatten(),
             });
         }
@@ -1056,8 +1057,8 @@ mod tests {
     #[test]
     fn a_lifecycle_pull_is_a_step_of_its_own_and_starts_the_turn() {
         let pulled = |secs: i64, took_ms: u64| Condition {
-            message: lifecycle_step::pulled_message("installer:v1.14.4", std::time::Duration::from_millis(took_ms)),
-            ..condition(lifecycle_step::INSTALLER_PULL, "True", lifecycle_step::PULLED, secs)
+            message: lifecycle::pulled_message("installer:v1.14.4", std::time::Duration::from_millis(took_ms)),
+            ..condition(lifecycle::INSTALLER_PULL, "True", lifecycle::PULLED, secs)
         };
         let upgrade = |status: TalosMachineStatus, at: i64, took_ms: u64| {
             status
@@ -1079,7 +1080,7 @@ mod tests {
         assert_eq!(last.steps["pull"], 42.5);
         assert_eq!(last.start.0.as_millisecond(), 957_500, "the turn starts at the pull");
         assert_eq!(last.seconds, 242.5);
-        assert_eq!(first.history.iter().filter(|s| s.type_ == lifecycle_step::INSTALLER_PULL).count(), 1);
+        assert_eq!(first.history.iter().filter(|s| s.type_ == lifecycle::INSTALLER_PULL).count(), 1);
         // The next upgrade's pull has the same status and reason, and is recorded anew;
         // pre-pulled, it took no time.
         let second = upgrade(first, 5_000, 0);

@@ -5,6 +5,7 @@
 
 pub mod bootstrap;
 pub mod client;
+pub mod counters;
 pub mod crd;
 pub mod errors;
 pub mod manifests;
@@ -12,8 +13,9 @@ mod preflight;
 pub mod versions;
 
 pub use client::{
-    Counters, KubeCluster, Stores, WatchStreams, engine_watcher, watch, watch_backoff, watch_observing, without_errors,
+    KubeCluster, Stores, WatchStreams, engine_watcher, watch, watch_backoff, watch_observing, without_errors,
 };
+pub use counters::Counters;
 
 /// A client for the engine: kube-rs's own retry of 429, 503 and 504 is off. The engine
 /// decides what a refusal means (a 429 from the Eviction API is a PodDisruptionBudget

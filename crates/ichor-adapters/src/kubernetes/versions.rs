@@ -9,9 +9,10 @@
 use std::collections::BTreeMap;
 
 use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKubernetesInfo};
-use ichor_upgrade_core::kubernetes_plan::{ApiUseSeenAs, Component, DeprecatedApiUse};
-use ichor_upgrade_core::kubernetes_removals::{self, ServedResource};
-use ichor_upgrade_core::kubernetes_step::{StaticPodObservation, image_tag};
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::kubernetes::plan::{ApiUseSeenAs, DeprecatedApiUse};
+use ichor_upgrade_core::kubernetes::removals::{self as kubernetes_removals, ServedResource};
+use ichor_upgrade_core::machine::kubernetes::{StaticPodObservation, image_tag};
 use ichor_upgrade_core::versions::KubernetesVersion;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};

@@ -33,7 +33,7 @@ use ichor_talos_executor::talos_api::{
     TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
 use ichor_talosconfig::{Endpoint, TalosContext};
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use prost::Message;
 use tonic::transport::Channel;
 

@@ -13,7 +13,7 @@ use ichor_talos_executor::cause::report;
 use ichor_talos_executor::talos_api::{
     ApplyConfigRequest, BOOT_ID_PATH, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
 };
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use prost::Message;
 use tonic::{Code, Request, Response, Status};
 

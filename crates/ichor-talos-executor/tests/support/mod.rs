@@ -15,8 +15,8 @@ use ichor_talos_executor::talos_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
-use ichor_upgrade_core::rollout::OperationStatus;
-use ichor_upgrade_core::talos_step::MachineStage;
+use ichor_upgrade_core::machine::vocabulary::MachineStage;
+use ichor_upgrade_core::status::OperationStatus;
 use mockall::mock;
 
 /// The fixed "now" of the driver tests.

@@ -1180,8 +1180,8 @@ fn snapshot_required(mut f: Fixture) -> Fixture {
     f
 }
 
-fn snapshot_taken() -> crate::etcd_snapshot::SnapshotState {
-    crate::etcd_snapshot::SnapshotState::Taken(crate::etcd_snapshot::SnapshotRecord {
+fn snapshot_taken() -> crate::etcd::snapshot::SnapshotState {
+    crate::etcd::snapshot::SnapshotState::Taken(crate::etcd::snapshot::SnapshotRecord {
         location: "/snapshots/prod.db".into(),
         size: 4096,
         sha256: "00".repeat(32),
@@ -1278,7 +1278,7 @@ fn a_control_plane_call_without_the_required_snapshot_is_denied() {
 #[test]
 fn a_failed_snapshot_pauses_until_resumed_and_a_resume_takes_it_again() {
     let mut f = snapshot_required(Fixture::cluster(3, 2));
-    let failed = crate::etcd_snapshot::SnapshotState::Failed { reason: "store: disk full".into(), at: at(1000) };
+    let failed = crate::etcd::snapshot::SnapshotState::Failed { reason: "store: disk full".into(), at: at(1000) };
     f.op.status.etcd_snapshot = Some(failed);
     let d = f.decide();
     assert_eq!(d.phase, Phase::Paused(PauseReason::EtcdSnapshotFailed { reason: "store: disk full".into() }));
@@ -1422,13 +1422,13 @@ fn a_kubernetes_upgrade_is_refused_at_planning_naming_each_cause_and_takes_no_lo
             next: "1.34".into(),
         },
         KubernetesPlanProblem::RemovedApisInUse {
-            apis: vec![crate::kubernetes_plan::DeprecatedApiUse {
+            apis: vec![crate::kubernetes::plan::DeprecatedApiUse {
                 group: "flowcontrol.apiserver.k8s.io".into(),
                 version: "v1beta3".into(),
                 resource: "flowschemas".into(),
                 removed_release: "1.35".into(),
                 count: 2,
-                seen_as: crate::kubernetes_plan::ApiUseSeenAs::Requests,
+                seen_as: crate::kubernetes::plan::ApiUseSeenAs::Requests,
             }],
             target: "1.35.0".into(),
         },
@@ -1531,7 +1531,7 @@ fn a_started_operation_records_its_target_and_refuses_a_changed_one_winding_down
     let d = f.decide();
     assert_eq!(d.start, names(&["cp-1"]));
     assert_eq!(d.started_target.as_deref(), Some("1.35.0"));
-    let status = OperationStatus::default().next(1, &d, &[]);
+    let status = crate::record::next_status(&OperationStatus::default(), 1, &d, &[]);
     assert_eq!(status.started_target.as_deref(), Some("1.35.0"));
     // Recorded once: a later pass does not write it again.
     let later = f.clone().status(status.clone()).in_progress("cp-1", true).decide();
@@ -1561,7 +1561,7 @@ fn a_started_operation_records_its_target_and_refuses_a_changed_one_winding_down
 fn a_talos_upgrades_target_is_recorded_and_kept_too() {
     let f = Fixture::cluster(3, 0);
     let d = f.decide();
-    let status = OperationStatus::default().next(1, &d, &[]);
+    let status = crate::record::next_status(&OperationStatus::default(), 1, &d, &[]);
     assert_eq!(status.started_target.as_deref(), Some("v1.14.4"));
     let edited = f.status(status).in_progress("cp-1", true).target("v1.15.0");
     let mut edited = edited;

@@ -6,9 +6,10 @@ use ichor_storage::evacuation_ended;
 use ichor_storage::{EvacuationEnd, EvacuationRequest};
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
-use ichor_upgrade_core::lifecycle_step::{TALOS_LIFECYCLE, lifecycle_in_flight, reason as lifecycle_reason};
+use ichor_upgrade_core::machine::lifecycle::reason as lifecycle_reason;
+use ichor_upgrade_core::machine::talos::{Action, MachineFailure, UpgradeTarget, converged_message};
+use ichor_upgrade_core::machine::vocabulary::{TALOS_LIFECYCLE, lifecycle_in_flight};
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{Action, MachineFailure, UpgradeTarget, converged_message};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
 
 use crate::calls::{AdvanceError, Executor, NO_STORAGE_NODE, failed};

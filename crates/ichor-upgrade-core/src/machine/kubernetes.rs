@@ -41,8 +41,8 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::conditions::{Condition, ConditionStatus, Conditions};
-use crate::kubernetes_plan::Component;
-use crate::operation::MachineRole;
+use crate::kubernetes::component::Component;
+use crate::machine::vocabulary::MachineRole;
 use crate::time::Timestamp;
 use crate::versions::KubernetesVersion;
 

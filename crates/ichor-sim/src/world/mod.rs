@@ -13,15 +13,17 @@ use ichor_talos_executor::kube_api::{
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::EvacuationRecord;
-use ichor_upgrade_core::kubernetes_plan::Component;
-use ichor_upgrade_core::lifecycle_step::CORDONED_ANNOTATION;
-use ichor_upgrade_core::operation::MachineRole;
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::machine::lifecycle::CORDONED_ANNOTATION;
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
 use super::config::{Fault, SimConfig, secs};
 use super::kubernetes::SimKube;
 use super::rng::Rng;
 use super::trace::{TraceEvent, TraceKind};
+
+mod kubernetes_upgrade;
 
 /// The label that puts a node under the workers' `TalosStorage`.
 pub const STORAGE_LABEL: &str = "storage.ichor.dev/replicas";
@@ -264,7 +266,7 @@ impl SimNode {
 
     /// Cordons it as the engine does (`spec.unschedulable` and the annotation), or lifts
     /// that cordon.
-    /// `annotation`: the annotation's value ([`cordon_annotation`](ichor_upgrade_core::lifecycle_step::cordon_annotation));
+    /// `annotation`: the annotation's value ([`cordon_annotation`](ichor_upgrade_core::machine::lifecycle::cordon_annotation));
     /// `None` lifts the cordon.
     pub(crate) fn set_engine_cordon(&mut self, annotation: Option<&str>) {
         self.unschedulable = annotation.is_some();
@@ -1251,7 +1253,7 @@ impl World {
     /// Records machine `machine`'s failure in every operation's status that has it
     /// started, pausing it, as a pass of the controller records one.
     fn record_failure(&mut self, machine: &str) {
-        use ichor_upgrade_core::rollout::{FailedMachine, PauseReason, Phase};
+        use ichor_upgrade_core::status::{FailedMachine, PauseReason, Phase};
         use ichor_upgrade_core::status::{MachineRecord, RecordState};
         let reason = "a failure recorded by the pause-during-install fault".to_owned();
         let mut recorded = false;
@@ -1264,11 +1266,11 @@ impl World {
             let Some(conditions) = conditions else { return false };
             match spec.validate_kubernetes() {
                 Ok(k) => {
-                    ichor_upgrade_core::kubernetes_step::kubernetes_record(conditions, &k.target)
-                        == ichor_upgrade_core::kubernetes_step::KubernetesRecord::Converged
+                    ichor_upgrade_core::machine::kubernetes::kubernetes_record(conditions, &k.target)
+                        == ichor_upgrade_core::machine::kubernetes::KubernetesRecord::Converged
                 }
                 Err(_) => TalosVersion::parse(&spec.target_version)
-                    .is_ok_and(|t| ichor_upgrade_core::talos_step::converged_on(conditions) == Some(t)),
+                    .is_ok_and(|t| ichor_upgrade_core::machine::talos::converged_on(conditions) == Some(t)),
             }
         };
         for op in self.operations.values_mut() {

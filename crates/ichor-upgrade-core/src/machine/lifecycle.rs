@@ -56,18 +56,15 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::conditions::{ConditionStatus, Conditions};
-use crate::removal_step::PodRef;
-use crate::rollout::CallAuthority;
-use crate::talos_step::{
-    Action, MachineFailure, MachineStage, MachineWait, StepInput, TalosObservation, before_call, etcd_wait, polled,
-    polled_every,
+use crate::machine::talos::{
+    Action, MachineFailure, MachineWait, StepInput, before_call, etcd_wait, polled, polled_every,
 };
+use crate::machine::vocabulary::PodRef;
+use crate::machine::vocabulary::{MachineStage, TALOS_LIFECYCLE, TalosObservation};
+use crate::rollout::CallAuthority;
 use crate::time::Timestamp;
 use crate::upgrade_marker::{MarkerRef, UpgradeMarker, is_valid_boot_id};
 use crate::versions::TalosVersion;
-
-/// The condition type of the lifecycle executor's progress.
-pub const TALOS_LIFECYCLE: &str = "TalosLifecycle";
 
 /// The condition type that records the installer's pull on this path, written in the
 /// same write as the install's intent (no write of its own, so no authority of its own):
@@ -223,97 +220,7 @@ pub fn executor_for(choice: ExecutorChoice, conditions: &Conditions, running: Op
     }
 }
 
-/// How the installer ended, by its exit code (`pkg/machinery/constants`, facts sheet §1.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InstallExit {
-    /// 0: installed.
-    Success,
-    /// 1: an error of no known kind.
-    Unknown,
-    /// 2: invalid input (the request or the image).
-    InvalidInput,
-    /// 3: not supported on this machine.
-    Unsupported,
-    /// 4: the environment refused it (the host-version preflight: an upgrade path the
-    /// target's installer does not take).
-    Environment,
-    /// 5: a dependency failed (an image or artifact could not be had).
-    Dependency,
-    /// 6: an I/O error (the disk).
-    Io,
-    /// 7: the install itself failed.
-    InstallFailed,
-    /// Any other code.
-    Other(i32),
-}
-
-impl InstallExit {
-    /// The exit of this code.
-    #[must_use]
-    pub fn from_code(code: i32) -> Self {
-        match code {
-            0 => Self::Success,
-            1 => Self::Unknown,
-            2 => Self::InvalidInput,
-            3 => Self::Unsupported,
-            4 => Self::Environment,
-            5 => Self::Dependency,
-            6 => Self::Io,
-            7 => Self::InstallFailed,
-            other => Self::Other(other),
-        }
-    }
-
-    /// The exit code.
-    #[must_use]
-    pub fn code(self) -> i32 {
-        match self {
-            Self::Success => 0,
-            Self::Unknown => 1,
-            Self::InvalidInput => 2,
-            Self::Unsupported => 3,
-            Self::Environment => 4,
-            Self::Dependency => 5,
-            Self::Io => 6,
-            Self::InstallFailed => 7,
-            Self::Other(code) => code,
-        }
-    }
-
-    /// The CamelCase reason of a failure with this exit.
-    #[must_use]
-    pub fn reason(self) -> &'static str {
-        match self {
-            Self::Success => "Installed",
-            Self::Unknown => "InstallUnknownError",
-            Self::InvalidInput => "InstallInvalidInput",
-            Self::Unsupported => "InstallUnsupported",
-            Self::Environment => "InstallEnvironment",
-            Self::Dependency => "InstallDependency",
-            Self::Io => "InstallIoError",
-            Self::InstallFailed => "InstallFailed",
-            Self::Other(_) => "InstallExitCode",
-        }
-    }
-
-    /// What the code means, for people.
-    #[must_use]
-    pub fn meaning(self) -> &'static str {
-        match self {
-            Self::Success => "success",
-            Self::Unknown => "an unknown error",
-            Self::InvalidInput => "invalid input",
-            Self::Unsupported => "not supported on this machine",
-            Self::Environment => "refused by the environment (the installer's host-version preflight)",
-            Self::Dependency => "a dependency failed (an image or artifact)",
-            Self::Io => "an I/O error",
-            Self::InstallFailed => "the install failed",
-            Self::Other(_) => "an exit code the installer does not document",
-        }
-    }
-}
-
-/// The Node as the lifecycle step needs it beyond [`crate::talos_step::NodeObservation`].
+/// The Node as the lifecycle step needs it beyond [`crate::machine::vocabulary::NodeObservation`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CordonState {
     /// `spec.unschedulable`.
@@ -809,20 +716,11 @@ fn rebooted(input: &LifecycleInput<'_>, marker: &MarkerRef<'_>, verify_deadline:
     LifecycleAction::RecordConverged
 }
 
-/// Whether the machine's conditions show a lifecycle upgrade in flight.
-#[must_use]
-pub fn lifecycle_in_flight(conditions: &Conditions) -> bool {
-    conditions.get(TALOS_LIFECYCLE).is_some_and(|c| c.status != ConditionStatus::False)
-}
-
 impl fmt::Display for ExecutorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
-
-/// The bound of the drain (Talos's `DrainTimeout`, five minutes) as a default.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 #[cfg(test)]
 mod tests;

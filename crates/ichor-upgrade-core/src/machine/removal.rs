@@ -20,9 +20,9 @@ use std::fmt;
 
 use crate::conditions::{ConditionStatus, Conditions};
 use crate::evacuation::{EvacuationState, StorageObservation, evacuation_state};
-use crate::operation::MachineRole;
+use crate::machine::vocabulary::MachineRole;
+use crate::machine::vocabulary::{EtcdMembership, MachineSpec, MachineStage, PodRef, StepTimeouts, TalosObservation};
 use crate::rollout::EtcdVerdict;
-use crate::talos_step::{EtcdMembership, MachineSpec, MachineStage, StepTimeouts, TalosObservation};
 use crate::time::Timestamp;
 
 /// The condition type that marks a removal's progress.
@@ -46,21 +46,6 @@ pub mod reason {
     pub const ETCD_MEMBER_REMOVE_REQUESTED: &str = "EtcdMemberRemoveRequested";
     /// `True`: the Node is deleted; the machine is gone from the cluster.
     pub const REMOVED: &str = "Removed";
-}
-
-/// A pod on the node, as the drain sees it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PodRef {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-}
-
-impl fmt::Display for PodRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
 }
 
 /// The node being removed, as Kubernetes reports it.

@@ -19,15 +19,15 @@
 use std::collections::BTreeMap;
 
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
-use ichor_upgrade_core::kubernetes_manifests::{FIELD_MANAGER, ManifestsState};
-use ichor_upgrade_core::kubernetes_plan::Component;
-use ichor_upgrade_core::kubernetes_step::{
+use ichor_upgrade_core::kubernetes::component::Component;
+use ichor_upgrade_core::kubernetes::manifests::{FIELD_MANAGER, ManifestsState};
+use ichor_upgrade_core::machine::kubernetes::{
     KUBERNETES_UPGRADE, KubeletObservation, KubernetesAction, KubernetesFailure, KubernetesStage, KubernetesStepInput,
     apply_message, kubernetes_step, reason, retry_record,
 };
+use ichor_upgrade_core::machine::talos::MachineWait;
 use ichor_upgrade_core::rollout::{CallAuthority, CallDenied};
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::MachineWait;
 use ichor_upgrade_core::versions::KubernetesVersion;
 
 use crate::calls::{AdvanceError, Executor, KubeCallError, TalosCallError, bounded, node_name};
@@ -160,7 +160,7 @@ pub async fn advance_kubernetes(
 }
 
 /// A resume of a machine that failed in a Kubernetes upgrade to `target`: its failed
-/// attempt is closed ([`ichor_upgrade_core::kubernetes_step::retry_record`]), so that the
+/// attempt is closed ([`ichor_upgrade_core::machine::kubernetes::retry_record`]), so that the
 /// retry starts from the node's configuration with fresh bounds, never from the old
 /// record's clock or its verdict on a configuration someone changed.
 ///
@@ -318,7 +318,7 @@ async fn apply(
     }
 }
 
-/// A Kubernetes upgrade's last step ([`ichor_upgrade_core::kubernetes_manifests`]): the
+/// A Kubernetes upgrade's last step ([`ichor_upgrade_core::kubernetes::manifests`]): the
 /// bootstrap manifests and the admin kubeconfig read from the first of `control_planes`
 /// whose Talos API answers, then each object applied server-side under Talos's field
 /// manager, in order, in a session under that admin kubeconfig (as `talosctl upgrade-k8s`

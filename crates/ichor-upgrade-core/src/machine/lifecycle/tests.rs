@@ -3,9 +3,10 @@
 use super::*;
 use crate::conditions::ConditionUpdate;
 use crate::evacuation::{STORAGE_EVACUATION, StorageObservation, reason as evac};
-use crate::operation::MachineRole;
+use crate::machine::talos::UpgradeTarget;
+use crate::machine::vocabulary::MachineRole;
+use crate::machine::vocabulary::{EtcdMembership, InstallExit, MachineSpec, NodeObservation, StepTimeouts};
 use crate::rollout::CallDenied;
-use crate::talos_step::{EtcdMembership, MachineSpec, NodeObservation, StepTimeouts, UpgradeTarget};
 use crate::upgrade_marker::{TALOS_UPGRADE, reason as upgrade};
 
 const SCHEMATIC: &str = "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
@@ -580,9 +581,9 @@ fn install_exit_codes_map_to_typed_failures() {
 
 #[test]
 fn a_machine_with_an_install_under_way_is_past_its_call() {
-    assert!(crate::talos_step::past_upgrade_call(&Observed::fixture().install_intent().conditions));
-    assert!(crate::talos_step::past_upgrade_call(&Observed::fixture().reboot_requested().conditions));
-    assert!(!crate::talos_step::past_upgrade_call(&Observed::fixture().conditions));
+    assert!(crate::machine::talos::past_upgrade_call(&Observed::fixture().install_intent().conditions));
+    assert!(crate::machine::talos::past_upgrade_call(&Observed::fixture().reboot_requested().conditions));
+    assert!(!crate::machine::talos::past_upgrade_call(&Observed::fixture().conditions));
 }
 
 // The install's stream outside the pass.
@@ -622,7 +623,7 @@ fn an_install_seen_running_on_the_node_is_recorded_waited_for_and_never_made_aga
     assert!(lifecycle_reads(&intent.conditions, before, at(1000)).install);
     assert!(lifecycle_reads(&Observed::fixture().install_running().conditions, before, at(1000)).install);
     assert!(!lifecycle_reads(&Observed::fixture().installed().conditions, before, at(1000)).install);
-    assert!(crate::talos_step::past_upgrade_call(&Observed::fixture().install_running().conditions));
+    assert!(crate::machine::talos::past_upgrade_call(&Observed::fixture().install_running().conditions));
 }
 
 #[test]

@@ -3,7 +3,7 @@
 // Do not edit by hand.
 
 use super::{RemovedArg, RemovedKind};
-use crate::kubernetes_plan::Component;
+use crate::kubernetes::component::Component;
 
 /// The flags, feature gates and admission plugins Kubernetes 1.32 and later remove, by
 /// release, then kind, component and name.

@@ -9,15 +9,15 @@
 use ichor_storage::EvacuationEnd;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::StorageObservation;
-use ichor_upgrade_core::lifecycle_step::cordon_annotation;
-use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::removal_step::{
-    ETCD_DEPARTURE, NODE_REMOVAL, PodRef, RemovalAction, RemovalInput, RemovalNode, reason as removal_reason,
-    removal_step,
+use ichor_upgrade_core::machine::lifecycle::cordon_annotation;
+use ichor_upgrade_core::machine::removal::{
+    ETCD_DEPARTURE, NODE_REMOVAL, RemovalAction, RemovalInput, RemovalNode, reason as removal_reason, removal_step,
 };
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::PodRef;
+use ichor_upgrade_core::machine::vocabulary::{EtcdMembership, MachineSpec};
 use ichor_upgrade_core::rollout::EtcdVerdict;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{EtcdMembership, MachineSpec};
 
 use crate::calls::{
     AdvanceError, Executor, KubeCallError, bounded, drains, kube, node_name, observe, seen_with_storage,
@@ -196,26 +196,7 @@ async fn carry_out(
             effects::begin_evacuation(ex, read.advancing, machine, node_name).await?;
             progressed("BeginEvacuation")
         }
-        RemovalAction::RestartEvacuation => {
-            effects::end_evacuation(ex, machine, node_name, EvacuationEnd::TimedOut).await?;
-            let event = Event {
-                kind: "TalosMachine",
-                name: machine.name.clone(),
-                type_: EventType::Warning,
-                reason: "EvacuationTimedOut".to_owned(),
-                message: format!(
-                    "storage evacuation of {node_name} timed out; scheduling re-enabled; the removal stops and the evacuation starts again"
-                ),
-            };
-            if let Err(e) = kube(ex, "record Event", ex.kube.event(&event)).await {
-                tracing::warn!(error = %e, "could not record an Event");
-            }
-            Ok(MachineOutcome::Waiting {
-                reason: "EvacuationRestarted".to_owned(),
-                message: event.message,
-                recheck_at: Some(ex.clock.now()),
-            })
-        }
+        RemovalAction::RestartEvacuation => restart_evacuation(ex, machine, node_name).await,
         // Under the Node as this pass read it, naming this operation: a cordon a person
         // placed since is a conflict, and one left by this removal, if it is abandoned, is
         // never lifted by another operation.
@@ -228,26 +209,7 @@ async fn carry_out(
             effects::cordon(ex, read.advancing, node, &annotation).await?;
             progressed("Cordon")
         }
-        RemovalAction::Evict { pods } => {
-            let mut blocked = Vec::new();
-            for pod in &pods {
-                match effects::evict(ex, read.advancing, pod).await? {
-                    Eviction::Evicted => {}
-                    Eviction::Blocked { message } => blocked.push(format!("{pod}: {message}")),
-                }
-            }
-            if blocked.is_empty() {
-                progressed("Drain")
-            } else {
-                // Nothing the engine watches says when the budget allows it again (the
-                // budget's pods may be elsewhere): try again at kubectl drain's pace.
-                Ok(MachineOutcome::Waiting {
-                    reason: "EvictionBlocked".to_owned(),
-                    message: format!("a PodDisruptionBudget blocks evictions: {}", blocked.join("; ")),
-                    recheck_at: Some(ex.clock.now().saturating_add(EVICTION_RETRY)),
-                })
-            }
-        }
+        RemovalAction::Evict { pods } => evict(ex, &read, &pods).await,
         RemovalAction::LeaveEtcd => {
             let reason = removal_reason::ETCD_LEAVE_REQUESTED;
             let message = format!("EtcdLeaveCluster asked of {node_name}");
@@ -270,30 +232,7 @@ async fn carry_out(
             effects::etcd_remove_member(ex, read.advancing, &recorded, machine, peer, member_id).await?;
             progressed("RemoveEtcdMember")
         }
-        RemovalAction::Reset => {
-            let mut conditions = machine.conditions.clone();
-            conditions.remove(NODE_REMOVAL);
-            let reason = removal_reason::RESET_REQUESTED;
-            let message = format!("graceful reset asked for; {NODE_KEY}{node_name}");
-            let intent = Intent { condition: NODE_REMOVAL, status: ConditionStatus::Unknown, reason, message };
-            let recorded = effects::record(ex, read.advancing, machine, &mut conditions, intent).await?;
-            let request = ResetRequest { graceful: true, reboot: false };
-            match effects::reset(ex, read.advancing, &recorded, machine, &request).await {
-                Ok(()) => {
-                    let message = format!("graceful reset acknowledged; {NODE_KEY}{node_name}");
-                    note_removal(ex, machine, &mut conditions, ConditionStatus::True, reason, message).await?;
-                    progressed("Reset")
-                }
-                // Unreachable: the intent stays, and the step settles it from the node.
-                Err(e) if e.is_transient() => Ok(e.outcome(ex.retry_at())),
-                Err(e) => {
-                    let message = format!("the reset was refused: {e}");
-                    note_removal(ex, machine, &mut conditions, ConditionStatus::False, "ResetRefused", message.clone())
-                        .await?;
-                    Ok(MachineOutcome::Failed { reason: "ResetRefused".to_owned(), message })
-                }
-            }
-        }
+        RemovalAction::Reset => reset(ex, &read, machine, node_name).await,
         // Under the Node as read: a Node changed since (another machine that joined under
         // the same name) is a conflict, never deleted.
         RemovalAction::DeleteNode => {
@@ -303,6 +242,88 @@ async fn carry_out(
             };
             effects::delete_node(ex, read.advancing, node).await?;
             progressed("DeleteNode")
+        }
+    }
+}
+
+/// A storage evacuation past its timeout: scheduling turned back on, a Warning Event, and
+/// the evacuation started again with a fresh clock.
+async fn restart_evacuation(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    node_name: &str,
+) -> Result<MachineOutcome, AdvanceError> {
+    effects::end_evacuation(ex, machine, node_name, EvacuationEnd::TimedOut).await?;
+    let event = Event {
+        kind: "TalosMachine",
+        name: machine.name.clone(),
+        type_: EventType::Warning,
+        reason: "EvacuationTimedOut".to_owned(),
+        message: format!(
+            "storage evacuation of {node_name} timed out; scheduling re-enabled; the removal stops and the evacuation starts again"
+        ),
+    };
+    if let Err(e) = kube(ex, "record Event", ex.kube.event(&event)).await {
+        tracing::warn!(error = %e, "could not record an Event");
+    }
+    Ok(MachineOutcome::Waiting {
+        reason: "EvacuationRestarted".to_owned(),
+        message: event.message,
+        recheck_at: Some(ex.clock.now()),
+    })
+}
+
+/// The pods evicted, under the authority of the pass: a PodDisruptionBudget that blocks
+/// one is a wait, tried again at `kubectl drain`'s pace.
+async fn evict(ex: &Executor<'_>, read: &Read<'_>, pods: &[PodRef]) -> Result<MachineOutcome, AdvanceError> {
+    let mut blocked = Vec::new();
+    for pod in pods {
+        match effects::evict(ex, read.advancing, pod).await? {
+            Eviction::Evicted => {}
+            Eviction::Blocked { message } => blocked.push(format!("{pod}: {message}")),
+        }
+    }
+    if blocked.is_empty() {
+        Ok(MachineOutcome::Progressed { action: "Drain" })
+    } else {
+        // Nothing the engine watches says when the budget allows it again (the
+        // budget's pods may be elsewhere): try again at kubectl drain's pace.
+        Ok(MachineOutcome::Waiting {
+            reason: "EvictionBlocked".to_owned(),
+            message: format!("a PodDisruptionBudget blocks evictions: {}", blocked.join("; ")),
+            recheck_at: Some(ex.clock.now().saturating_add(EVICTION_RETRY)),
+        })
+    }
+}
+
+/// The graceful reset: its intent recorded first, then the call; an acknowledgement
+/// recorded, a refusal a failure, an unreachable machine a wait the step settles from
+/// the node.
+async fn reset(
+    ex: &Executor<'_>,
+    read: &Read<'_>,
+    machine: &MachineInfo,
+    node_name: &str,
+) -> Result<MachineOutcome, AdvanceError> {
+    let mut conditions = machine.conditions.clone();
+    conditions.remove(NODE_REMOVAL);
+    let reason = removal_reason::RESET_REQUESTED;
+    let message = format!("graceful reset asked for; {NODE_KEY}{node_name}");
+    let intent = Intent { condition: NODE_REMOVAL, status: ConditionStatus::Unknown, reason, message };
+    let recorded = effects::record(ex, read.advancing, machine, &mut conditions, intent).await?;
+    let request = ResetRequest { graceful: true, reboot: false };
+    match effects::reset(ex, read.advancing, &recorded, machine, &request).await {
+        Ok(()) => {
+            let message = format!("graceful reset acknowledged; {NODE_KEY}{node_name}");
+            note_removal(ex, machine, &mut conditions, ConditionStatus::True, reason, message).await?;
+            Ok(MachineOutcome::Progressed { action: "Reset" })
+        }
+        // Unreachable: the intent stays, and the step settles it from the node.
+        Err(e) if e.is_transient() => Ok(e.outcome(ex.retry_at())),
+        Err(e) => {
+            let message = format!("the reset was refused: {e}");
+            note_removal(ex, machine, &mut conditions, ConditionStatus::False, "ResetRefused", message.clone()).await?;
+            Ok(MachineOutcome::Failed { reason: "ResetRefused".to_owned(), message })
         }
     }
 }

@@ -34,7 +34,11 @@ use std::time::Duration;
 
 use crate::conditions::{ConditionStatus, Conditions};
 use crate::evacuation::{EvacuationState, StorageObservation, evacuation_state};
-use crate::operation::MachineRole;
+use crate::machine::vocabulary::MachineRole;
+use crate::machine::vocabulary::{
+    EtcdMembership, InstallExit, MachineSpec, MachineStage, NodeObservation, StepTimeouts, TALOS_LIFECYCLE,
+    TalosObservation, lifecycle_in_flight,
+};
 use crate::rollout::{CallAuthority, CallDenied};
 use crate::time::Timestamp;
 use crate::upgrade_marker::{
@@ -54,15 +58,6 @@ pub fn installer_image(platform: &str, schematic: &str, version: &TalosVersion) 
     format!("{FACTORY}/{platform}-installer/{schematic}:{version}")
 }
 
-/// The machine being upgraded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MachineSpec {
-    /// The machine's name.
-    pub name: String,
-    /// Its role.
-    pub role: MachineRole,
-}
-
 /// What the machine is upgraded to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpgradeTarget {
@@ -74,136 +69,6 @@ pub struct UpgradeTarget {
     pub platform: String,
     /// The cluster's Kubernetes version, as written.
     pub kubernetes_version: String,
-}
-
-/// The machine's Node, as Kubernetes reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeObservation {
-    /// The Node's name (recorded in the Upgrade marker).
-    pub name: String,
-    /// Whether the Node is Ready.
-    pub ready: bool,
-    /// `status.nodeInfo.osImage`, such as `Talos (v1.14.3)`.
-    pub os_image: String,
-    /// `status.nodeInfo.bootID`.
-    pub boot_id: String,
-    /// The `extensions.talos.dev/schematic` annotation, if set.
-    pub schematic: Option<String>,
-}
-
-/// A Talos machine stage (`MachineStatuses.runtime.talos.dev`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MachineStage {
-    /// Booting.
-    Booting,
-    /// Installing.
-    Installing,
-    /// In maintenance mode.
-    Maintenance,
-    /// Running.
-    Running,
-    /// Rebooting.
-    Rebooting,
-    /// Shutting down.
-    ShuttingDown,
-    /// Resetting.
-    Resetting,
-    /// Running an upgrade sequence.
-    Upgrading,
-    /// A stage this build does not know.
-    Unknown,
-}
-
-impl MachineStage {
-    /// Whether the stage shows an upgrade under way or its reboot.
-    #[must_use]
-    pub fn shows_upgrade(self) -> bool {
-        match self {
-            Self::Upgrading | Self::Installing | Self::Rebooting | Self::ShuttingDown => true,
-            Self::Booting | Self::Maintenance | Self::Running | Self::Resetting | Self::Unknown => false,
-        }
-    }
-}
-
-/// What the Talos API said when the driver asked the machine's stage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TalosObservation {
-    /// It answered.
-    Answered {
-        /// The machine's stage.
-        stage: MachineStage,
-    },
-    /// It could not be reached (dial or transport error, or the call's bound passed).
-    Unreachable {
-        /// The error, for the status.
-        error: String,
-    },
-    /// It answered with an error.
-    Error {
-        /// The error, for the status.
-        error: String,
-    },
-}
-
-/// A control plane's etcd membership, from the member list.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EtcdMembership {
-    /// A voting member.
-    Voter,
-    /// A learner, not yet voting.
-    Learner,
-    /// Not in the member list.
-    Absent,
-    /// The member list could not be read.
-    Unknown {
-        /// Why.
-        error: String,
-    },
-}
-
-/// The step's bounds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StepTimeouts {
-    /// How long an evacuation may take before the operation pauses.
-    pub evacuation: Duration,
-    /// The Upgrade call's own bound (the node pulls and checks the installer before it
-    /// answers); also how long an unconfirmed intent is waited on.
-    pub upgrade_call: Duration,
-    /// How long after the Upgrade call the machine may take to come back verified.
-    pub verify: Duration,
-    /// How often a wait on something no Kubernetes watch reports is looked at again: the
-    /// Talos API (a busy or unreachable machine before its call), etcd membership, and
-    /// storage replicas moving off. Waits on the Node (Ready, boot ID, osImage) have no
-    /// poll: a watch on Nodes reports them. Default 5 s: one Talos stage read (and, on a
-    /// control plane, one member list) per waiting machine every 5 s.
-    pub poll: Duration,
-    /// The lifecycle executor's drain bound, from the install's end: Talos's own
-    /// `DrainTimeout`, 5 minutes. Past it with pods left, the operation pauses.
-    pub drain: Duration,
-    /// How often the lifecycle executor's drain looks at the pods it evicted (no watch
-    /// reports them to the engine): 1 s, the interval `kubectl drain` waits for deletions
-    /// at.
-    pub drain_poll: Duration,
-    /// How long a reboot the lifecycle executor asked for may show no sign (the node on
-    /// the same boot, as Talos itself reports it, and running) before it is asked for
-    /// again. Default 2 minutes: Talos's reboot stops its pods and services, then reboots,
-    /// and its API goes silent within seconds of the call.
-    pub reboot_confirm: Duration,
-}
-
-impl Default for StepTimeouts {
-    fn default() -> Self {
-        Self {
-            evacuation: Duration::from_secs(30 * 60),
-            upgrade_call: Duration::from_secs(10 * 60),
-            verify: Duration::from_secs(30 * 60),
-            poll: Duration::from_secs(5),
-            drain: crate::lifecycle_step::DRAIN_TIMEOUT,
-            drain_poll: Duration::from_secs(1),
-            reboot_confirm: Duration::from_secs(2 * 60),
-        }
-    }
 }
 
 /// Everything [`step`] looks at.
@@ -466,7 +331,7 @@ pub enum MachineFailure {
     #[error("the installer exited with code {} ({}): {output}", exit.code(), exit.meaning())]
     Install {
         /// How it ended.
-        exit: crate::lifecycle_step::InstallExit,
+        exit: InstallExit,
         /// Its last lines of output.
         output: String,
     },
@@ -913,7 +778,7 @@ impl ConvergedOn {
 /// while the rebooting machine cannot be asked for its name.
 #[must_use]
 pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
-    [TALOS_UPGRADE, crate::lifecycle_step::TALOS_LIFECYCLE].into_iter().find_map(|type_| {
+    [TALOS_UPGRADE, TALOS_LIFECYCLE].into_iter().find_map(|type_| {
         let condition = conditions.get(type_).filter(|c| c.status != ConditionStatus::False)?;
         MarkerRef::parse(&condition.message).ok()?.node.map(str::to_owned)
     })
@@ -924,8 +789,7 @@ pub fn recorded_node_name(conditions: &Conditions) -> Option<String> {
 /// never interrupted by a hold, a pause or a deletion.
 #[must_use]
 pub fn past_upgrade_call(conditions: &Conditions) -> bool {
-    conditions.get(TALOS_UPGRADE).is_some_and(|c| c.status != ConditionStatus::False)
-        || crate::lifecycle_step::lifecycle_in_flight(conditions)
+    conditions.get(TALOS_UPGRADE).is_some_and(|c| c.status != ConditionStatus::False) || lifecycle_in_flight(conditions)
 }
 
 #[cfg(test)]

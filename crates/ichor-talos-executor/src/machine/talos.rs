@@ -2,23 +2,23 @@
 //!
 //! It reads the world (the node name, the Node, the Talos stage, storage, on a control
 //! plane past its call the etcd member list), calls the pure
-//! [`ichor_upgrade_core::talos_step::step`], carries out its one action
-//! ([`crate::upgrade_step`], or the lifecycle executor's [`crate::lifecycle`]), writes the
+//! [`ichor_upgrade_core::machine::talos::step`], carries out its one action
+//! ([`crate::machine::actions`], or the lifecycle executor's [`crate::machine::lifecycle`]), writes the
 //! machine's conditions, and says what came of it. It keeps nothing between passes.
 
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
 use ichor_upgrade_core::evacuation::StorageObservation;
-use ichor_upgrade_core::lifecycle_step::{
-    ExecutorKind, TALOS_LIFECYCLE, executor_for, lifecycle_in_flight, reason as lifecycle_reason,
+use ichor_upgrade_core::machine::lifecycle::{ExecutorKind, executor_for, reason as lifecycle_reason};
+use ichor_upgrade_core::machine::talos::{
+    StepInput, UpgradeTarget, needs_talos, past_upgrade_call, recorded_node_name, step,
 };
-use ichor_upgrade_core::operation::{MachineRole, OperationKind};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::{EtcdMembership, MachineSpec, TalosObservation};
+use ichor_upgrade_core::machine::vocabulary::{TALOS_LIFECYCLE, lifecycle_in_flight};
+use ichor_upgrade_core::operation::OperationKind;
 use ichor_upgrade_core::rollout::CallAuthority;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{
-    EtcdMembership, MachineSpec, StepInput, TalosObservation, UpgradeTarget, needs_talos, past_upgrade_call,
-    recorded_node_name, step,
-};
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, reason as upgrade_reason};
 use ichor_upgrade_core::versions::TalosVersion;
 
@@ -101,12 +101,12 @@ pub async fn advance_machine_with(
     };
     let running = node.as_ref().and_then(|n| TalosVersion::from_os_image(&n.os_image).ok());
     if executor_for(ex.config.executor, &machine.conditions, running.as_ref()) == ExecutorKind::Lifecycle {
-        let observed = crate::lifecycle::Seen {
+        let observed = crate::machine::lifecycle::Seen {
             node_name: node_name.as_deref(),
             node: node.as_ref(),
             operation: operation.identity,
         };
-        return crate::lifecycle::advance(ex, &grants, machine, observed, target, authority, finish).await;
+        return crate::machine::lifecycle::advance(ex, &grants, machine, observed, target, authority, finish).await;
     }
     // An acknowledged call whose node has not shown its new boot: the step waits on the
     // Node whatever Talos, etcd or storage say, so they are not asked (a node in its reboot
@@ -148,7 +148,7 @@ pub async fn advance_machine_with(
         now: ex.clock.now(),
     });
     tracing::debug!(machine = %machine.name, ?action, "step");
-    crate::upgrade_step::carry_out(ex, &grants, machine, node_name.as_deref(), node.as_ref(), target, action).await
+    crate::machine::actions::carry_out(ex, &grants, machine, node_name.as_deref(), node.as_ref(), target, action).await
 }
 
 /// Closes what a failed attempt left on a machine so that a resume retries it afresh:

@@ -20,7 +20,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::kubernetes_plan::Component;
+use crate::kubernetes::component::Component;
 use crate::versions::{KubernetesVersion, Minor};
 
 /// What kind of argument a release removes.

@@ -9,30 +9,29 @@
 use std::sync::Arc;
 
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate};
-use ichor_upgrade_core::lifecycle_step::{
-    CORDONED_ANNOTATION, CordonState, DrainObservation, INSTALLER_PULL, InstallExit, LifecycleAction, LifecycleInput,
-    PULLED, TALOS_LIFECYCLE, cordon_annotation, cordoned_for, cordoned_since, lifecycle_reads, lifecycle_step,
-    pulled_message, reason,
+use ichor_upgrade_core::machine::lifecycle::{
+    CORDONED_ANNOTATION, CordonState, DrainObservation, INSTALLER_PULL, LifecycleAction, LifecycleInput, PULLED,
+    cordon_annotation, cordoned_for, cordoned_since, lifecycle_reads, lifecycle_step, pulled_message, reason,
 };
-use ichor_upgrade_core::operation::MachineRole;
-use ichor_upgrade_core::removal_step::PodRef;
+use ichor_upgrade_core::machine::talos::{Action, MachineFailure, MachineWait, StepInput, UpgradeTarget};
+use ichor_upgrade_core::machine::vocabulary::MachineRole;
+use ichor_upgrade_core::machine::vocabulary::PodRef;
+use ichor_upgrade_core::machine::vocabulary::{EtcdMembership, MachineSpec, TalosObservation};
+use ichor_upgrade_core::machine::vocabulary::{InstallExit, TALOS_LIFECYCLE};
 use ichor_upgrade_core::rollout::CallAuthority;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::talos_step::{
-    Action, EtcdMembership, MachineFailure, MachineSpec, MachineWait, StepInput, TalosObservation, UpgradeTarget,
-};
 use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 
 use crate::background::{INSTALL_STOPPED, Job, StopFlag};
 use crate::calls::{
-    AdvanceError, Executor, bounded, drains, failed, kube, node_observation, observe, seen_with_storage,
+    AdvanceError, CallTimedOut, Executor, bounded, drains, failed, kube, node_observation, observe, seen_with_storage,
     talos_observation,
 };
 use crate::cause::report;
 use crate::effects::{self, Calling, Grants, Intent, JobCheck, JobStep};
 use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
-use crate::talos_api::{InstallRequest, PullRequest, TalosError};
-use crate::upgrade_step::carry_out;
+use crate::machine::actions::carry_out;
+use crate::talos_api::{InstallOutcome, InstallRequest, PullRequest, TalosError};
 
 /// A wait, never a record: the drain after a cordon was not made because a fresh read no
 /// longer authorises it (the machine failed, or the operation lost the lock); the next pass
@@ -255,36 +254,7 @@ async fn carry_out_lifecycle(
             effects::uncordon(ex, read).await?;
             progressed("Uncordon")
         }
-        LifecycleAction::Evict { pods } => {
-            // The cordon (or an eviction) just before took a call's time since the pass
-            // read the operation: a failure recorded meanwhile is seen before the drain.
-            // Past its call, a hold, a pause or a deletion stops nothing here.
-            let name = node_name.unwrap_or(&machine.name);
-            if let Err(why) = effects::still_authorised(ex, operation, &machine.name, Some(name), true).await {
-                tracing::info!(machine = %machine.name, %why, "the drain is not made: a fresh read no longer authorises it");
-                return Ok(MachineOutcome::Waiting {
-                    reason: DRAIN_STOPPED.to_owned(),
-                    message: format!("the drain was not made: {why}"),
-                    recheck_at: None,
-                });
-            }
-            let mut blocked = Vec::new();
-            for pod in &pods {
-                match effects::evict(ex, &grants.advancing, pod).await? {
-                    Eviction::Evicted => {}
-                    Eviction::Blocked { message } => blocked.push((pod.to_string(), message)),
-                }
-            }
-            match blocked.first() {
-                None => progressed("Drain"),
-                // No watch says when a budget allows an eviction again: polled.
-                Some((pod, _)) => {
-                    let message = blocked.iter().map(|(p, m)| format!("{p}: {m}")).collect::<Vec<_>>().join("; ");
-                    let wait = MachineWait::EvictionBlocked { pod: pod.clone() };
-                    waiting(&wait, format!("a PodDisruptionBudget blocks evictions: {message}"), ex)
-                }
-            }
-        }
+        LifecycleAction::Evict { pods } => drain(ex, grants, machine, node_name, operation, &pods).await,
         LifecycleAction::Reboot { marker } => reboot(ex, grants, machine, &marker).await,
         LifecycleAction::Converged
         | LifecycleAction::RecordConverged
@@ -293,6 +263,46 @@ async fn carry_out_lifecycle(
         | LifecycleAction::EndEvacuation
         | LifecycleAction::Fail(_)
         | LifecycleAction::FailEndingEvacuation(_) => unreachable!("carried out above"),
+    }
+}
+
+/// The drain: the pods evicted under the pass's authority, once a fresh read still
+/// authorises it; a PodDisruptionBudget that blocks one is a wait.
+async fn drain(
+    ex: &Executor<'_>,
+    grants: &Grants,
+    machine: &MachineInfo,
+    node_name: Option<&str>,
+    operation: &str,
+    pods: &[PodRef],
+) -> Result<MachineOutcome, AdvanceError> {
+    // The cordon (or an eviction) just before took a call's time since the pass
+    // read the operation: a failure recorded meanwhile is seen before the drain.
+    // Past its call, a hold, a pause or a deletion stops nothing here.
+    let name = node_name.unwrap_or(&machine.name);
+    if let Err(why) = effects::still_authorised(ex, operation, &machine.name, Some(name), true).await {
+        tracing::info!(machine = %machine.name, %why, "the drain is not made: a fresh read no longer authorises it");
+        return Ok(MachineOutcome::Waiting {
+            reason: DRAIN_STOPPED.to_owned(),
+            message: format!("the drain was not made: {why}"),
+            recheck_at: None,
+        });
+    }
+    let mut blocked = Vec::new();
+    for pod in pods {
+        match effects::evict(ex, &grants.advancing, pod).await? {
+            Eviction::Evicted => {}
+            Eviction::Blocked { message } => blocked.push((pod.to_string(), message)),
+        }
+    }
+    match blocked.first() {
+        None => progressed("Drain"),
+        // No watch says when a budget allows an eviction again: polled.
+        Some((pod, _)) => {
+            let message = blocked.iter().map(|(p, m)| format!("{p}: {m}")).collect::<Vec<_>>().join("; ");
+            let wait = MachineWait::EvictionBlocked { pod: pod.clone() };
+            waiting(&wait, format!("a PodDisruptionBudget blocks evictions: {message}"), ex)
+        }
     }
 }
 
@@ -420,16 +430,28 @@ pub(crate) async fn install(
     let call = effects::install(ex, &calling, &recorded, machine, &request, &started)?;
     let call = bounded("LifecycleService.Upgrade", left, call);
     let answer = follow_install(ex, machine, &mut conditions, &marker, &started, call).await?;
+    install_answered(ex, machine, &mut conditions, text, answer).await
+}
+
+/// What the install's answer comes to: an exit of 0 recorded as installed, another exit
+/// or a refusal a failure, a stream broken off or another install running a wait.
+async fn install_answered(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    conditions: &mut ichor_upgrade_core::conditions::Conditions,
+    text: String,
+    answer: Result<Result<InstallOutcome, TalosError>, CallTimedOut>,
+) -> Result<MachineOutcome, AdvanceError> {
     match answer {
         Ok(Ok(outcome)) => match InstallExit::from_code(outcome.exit_code) {
             InstallExit::Success => {
-                note_lifecycle(ex, machine, &mut conditions, ConditionStatus::True, reason::INSTALLED, text).await?;
+                note_lifecycle(ex, machine, conditions, ConditionStatus::True, reason::INSTALLED, text).await?;
                 progressed("Installed")
             }
             exit => {
                 let failure = MachineFailure::Install { exit, output: outcome.output.join(" | ") };
                 let message = failure.to_string();
-                note_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
+                note_lifecycle(ex, machine, conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
                     .await?;
                 Ok(failed(&failure))
             }
@@ -448,8 +470,7 @@ pub(crate) async fn install(
             let failure =
                 MachineFailure::LifecycleCallRefused { call: "LifecycleService.Upgrade", message: report(&e) };
             let message = failure.to_string();
-            note_lifecycle(ex, machine, &mut conditions, ConditionStatus::False, reason::INSTALL_FAILED, message)
-                .await?;
+            note_lifecycle(ex, machine, conditions, ConditionStatus::False, reason::INSTALL_FAILED, message).await?;
             Ok(failed(&failure))
         }
         Err(timed_out) => Ok(failed(&MachineFailure::UpgradeCallTimedOut(timed_out.bound))),
