@@ -24,10 +24,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_adapters::snapshot_store::DirectoryStore;
+use ichor_executor::SnapshotStore;
 use ichor_operator::Companion;
 use ichor_operator::cli::Extension;
 use ichor_sim::fleet::{Fleet, FleetConfig, parse_shape};
-use ichor_talos_executor::SnapshotStore;
 
 /// How long a stopping process waits for the simulated fleet to delete its Nodes (a
 /// thousand deletions take seconds).
@@ -105,7 +105,7 @@ impl Extension for FleetArgs {
             start: Box::new(move |client, metrics, stopped| {
                 let fleet = Fleet::new(config);
                 metrics.register_collector(fleet.collector());
-                Box::pin(async move { fleet.run(client, stopped).await.map_err(|e| ichor_talos_executor::report(&e)) })
+                Box::pin(async move { fleet.run(client, stopped).await.map_err(|e| ichor_executor::report(&e)) })
             }),
             stop_bound: FLEET_STOP,
         }])

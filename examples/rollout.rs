@@ -623,7 +623,7 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
             storage: h.storage_rate().map(|bytes_per_s| StorageRate { bytes_per_s }),
         }
     });
-    let pass = ichor_talos_executor::ExecutorConfig::default().pass_interval;
+    let pass = ichor_executor::ExecutorConfig::default().pass_interval;
     let Models { control_plane, worker, lead_s, reaction_s, storage, mut assumed } =
         models(recorded.as_ref(), &config.plan_defaults(pass));
     // The preflight's verdict on every machine now, from what the cluster shows.

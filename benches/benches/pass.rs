@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use ichor_executor::{Executor, ExecutorConfig, PassMemory, reconcile_with};
 use ichor_sim::{Realism, RunEnd, SimCluster, SimConfig, run_operation};
-use ichor_talos_executor::{Executor, ExecutorConfig, PassMemory, reconcile_with};
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
 

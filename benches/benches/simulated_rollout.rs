@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use ichor_executor::ExecutorConfig;
 use ichor_sim::{RunEnd, SimCluster, SimConfig, run_operation};
-use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
 

@@ -2,7 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ichor_talos_executor::Clock;
+use ichor_executor::Clock;
 use ichor_upgrade_core::Timestamp;
 
 /// The machine's wall clock. A time before the Unix epoch (a badly set clock) reads as

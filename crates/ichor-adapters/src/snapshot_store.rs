@@ -10,8 +10,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use ichor_talos_executor::report;
-use ichor_talos_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
+use ichor_executor::report;
+use ichor_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::{ObjectStoreExt, WriteMultipart};
 use tokio::fs::{File, OpenOptions};

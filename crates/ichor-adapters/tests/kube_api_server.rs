@@ -8,8 +8,8 @@ use ichor_adapters::kubernetes::crd::{
     Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec, TalosOperation, TalosOperationSpec,
 };
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores};
+use ichor_executor::kube_api::{AdminKubeconfig, EventType, Eviction, KubeApi, KubeError, LeaseWrite, NodeInfo};
 use ichor_storage::ConditionStore;
-use ichor_talos_executor::kube_api::{AdminKubeconfig, EventType, Eviction, KubeApi, KubeError, LeaseWrite, NodeInfo};
 use ichor_testkit::kube::TestNamespace;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
@@ -428,7 +428,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
     assert_eq!((read.phase.as_deref(), read.reason.as_deref()), (Some("Refused"), Some("UnsupportedKind")));
     eventually(|| kube.stores().operations.state().iter().any(|o| o.status.is_some())).await;
     assert_eq!(kube.operation("upgrade").await.unwrap().unwrap().status, status, "the engine's state reads back");
-    let event = ichor_talos_executor::kube_api::Event {
+    let event = ichor_executor::kube_api::Event {
         kind: "TalosOperation",
         name: "upgrade".into(),
         type_: EventType::Warning,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use ichor_adapters::snapshot_store::{DirectoryStore, S3Config, S3Store};
-use ichor_talos_executor::snapshot::SnapshotStore;
+use ichor_executor::snapshot::SnapshotStore;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};

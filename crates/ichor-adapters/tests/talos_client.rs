@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ichor_adapters::talos::{ClientOptions, SnapshotError, TalosClient};
-use ichor_talos_executor::cause::report;
-use ichor_talos_executor::talos_api::{
+use ichor_executor::cause::report;
+use ichor_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, ApplyMode, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError,
     UpgradeRequest,
 };
@@ -162,7 +162,7 @@ async fn etcd_status_and_alarms_are_read_for_the_gate() {
     let status = bounded(c.client.etcd_status("10.5.0.3")).await.unwrap();
     assert_eq!((status.member_id, status.leader, status.errors.clone()), (2, 1, vec!["slow fdatasync".to_owned()]));
     let alarms = bounded(c.client.etcd_alarms("10.5.0.3")).await.unwrap();
-    assert_eq!(alarms, vec![ichor_talos_executor::talos_api::EtcdAlarm { member_id: 3, kind: 1 }]);
+    assert_eq!(alarms, vec![ichor_executor::talos_api::EtcdAlarm { member_id: 3, kind: 1 }]);
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -383,7 +383,7 @@ async fn an_install_keeps_only_the_installers_last_lines() {
     let install = InstallRequest { image: INSTALLER.into(), timeout: Duration::from_secs(60) };
     let outcome = bounded(c.client.lifecycle_upgrade("10.5.0.7", &install)).await.unwrap();
     assert_eq!(outcome.exit_code, 0);
-    assert_eq!(outcome.output.len(), ichor_talos_executor::talos_api::INSTALL_OUTPUT_LINES);
+    assert_eq!(outcome.output.len(), ichor_executor::talos_api::INSTALL_OUTPUT_LINES);
     assert_eq!(outcome.output.last().map(String::as_str), Some("line 49"));
 }
 
@@ -401,7 +401,7 @@ async fn the_boot_id_is_read_from_the_kernel_as_talosctl_reads_it() {
     let c =
         Cluster::start(KeyKind::Ed25519, Behaviour { boot_id: "7e2d9c40-13b1-4c8f".into(), ..Behaviour::default() });
     assert_eq!(bounded(c.client.boot_id("10.5.0.7")).await.unwrap(), "7e2d9c40-13b1-4c8f");
-    assert_eq!(c.apid.seen().reads, vec![ichor_talos_executor::talos_api::BOOT_ID_PATH.to_owned()]);
+    assert_eq!(c.apid.seen().reads, vec![ichor_executor::talos_api::BOOT_ID_PATH.to_owned()]);
 }
 
 #[tokio::test]
@@ -762,7 +762,7 @@ async fn the_machine_configuration_is_the_cosi_get_of_config_v1alpha1() {
 /// talosconfig that is not os:admin before anything changes.
 #[test]
 fn the_client_reads_its_talos_roles_from_its_certificate() {
-    use ichor_talos_executor::talos_api::TalosApi;
+    use ichor_executor::talos_api::TalosApi;
     let ca = Ca::new(KeyKind::Ed25519);
     let endpoints = ["127.0.0.1:1".to_owned()];
     let admin = TalosClient::new(&context(&endpoints, &ca, &ca.admin(Validity::Current)), options()).unwrap();

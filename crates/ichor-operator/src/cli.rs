@@ -43,7 +43,7 @@ use crate::requests::counted_client;
 use crate::{Companion, ElectionConfig, Metrics, OperatorConfig, Plan, TraceFile, TraceSink};
 use clap::{Parser, ValueEnum};
 use ichor_adapters::snapshot_store::{DirectoryStore, S3Config, S3Store};
-use ichor_talos_executor::SnapshotStore;
+use ichor_executor::SnapshotStore;
 
 /// Exit code: an argument could not be parsed.
 pub const EXIT_BAD_ARGUMENT: i32 = 2;
@@ -98,14 +98,14 @@ pub enum ExecutorArg {
 
 /// The executor configuration of `--executor` and `--prepull`, the rest default.
 #[must_use]
-pub fn executor_config(executor: ExecutorArg, prepull: Switch) -> ichor_talos_executor::ExecutorConfig {
+pub fn executor_config(executor: ExecutorArg, prepull: Switch) -> ichor_executor::ExecutorConfig {
     use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
     let choice = match executor {
         ExecutorArg::Legacy => ExecutorChoice::Legacy,
         ExecutorArg::Lifecycle => ExecutorChoice::Lifecycle,
         ExecutorArg::Auto => ExecutorChoice::Auto,
     };
-    ichor_talos_executor::ExecutorConfig::default().with_executor(choice).with_prepull(prepull == Switch::On)
+    ichor_executor::ExecutorConfig::default().with_executor(choice).with_prepull(prepull == Switch::On)
 }
 
 /// Exit code: the endpoints could not listen, or a companion failed.
@@ -122,9 +122,9 @@ enum LogFormat {
 /// The executor's configuration with the pass interval of the command line, divided by the
 /// extension's time scale.
 fn pass_interval<X: Extension>(
-    config: ichor_talos_executor::ExecutorConfig,
+    config: ichor_executor::ExecutorConfig,
     args: &Args<X>,
-) -> ichor_talos_executor::ExecutorConfig {
+) -> ichor_executor::ExecutorConfig {
     let interval = args.pass_interval_ms.map_or(config.pass_interval, Duration::from_millis);
     config.with_pass_interval(interval.div_f64(args.extension.time_scale()))
 }
@@ -266,14 +266,14 @@ async fn kube_config(path: Option<&PathBuf>) -> Result<kube::Config, String> {
     match path {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("kubeconfig {}: {}", path.display(), ichor_talos_executor::report(&e)))?;
+                .map_err(|e| format!("kubeconfig {}: {}", path.display(), ichor_executor::report(&e)))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| format!("kubeconfig {}: {}", path.display(), ichor_talos_executor::report(&e)))
+                .map_err(|e| format!("kubeconfig {}: {}", path.display(), ichor_executor::report(&e)))
         }
         None => kube::Config::infer()
             .await
-            .map_err(|e| format!("no kubeconfig given and none found: {}", ichor_talos_executor::report(&e))),
+            .map_err(|e| format!("no kubeconfig given and none found: {}", ichor_executor::report(&e))),
     }
 }
 
@@ -372,8 +372,8 @@ async fn run<X: Extension>(args: Args<X>) -> i32 {
     match crate::run(client, plan, metrics, signalled()).await {
         Ok(()) => 0,
         Err(e) => {
-            tracing::error!(error = %ichor_talos_executor::report(&e), "stopped");
-            eprintln!("error: {}", ichor_talos_executor::report(&e));
+            tracing::error!(error = %ichor_executor::report(&e), "stopped");
+            eprintln!("error: {}", ichor_executor::report(&e));
             EXIT_FAILED
         }
     }

@@ -1,5 +1,5 @@
 //! The controller: a kube-runtime `Controller` over `TalosOperation`s that runs one engine
-//! pass ([`ichor_talos_executor::reconcile()`]) per trigger, on the leader only.
+//! pass ([`ichor_executor::reconcile()`]) per trigger, on the leader only.
 //!
 //! What triggers a pass of an operation: a change of the operation; of a `TalosMachine` or
 //! the `TalosCluster` of its cluster; of a Node one of its machines names (by hostname or
@@ -26,14 +26,14 @@ use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, engine_watcher, watch_observing, without_errors};
 use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
-use ichor_talos_executor::background::{Job, JobQueue};
-use ichor_talos_executor::jobs::run_job;
-use ichor_talos_executor::kube_api::KubeApi;
-use ichor_talos_executor::talos_api::{
+use ichor_executor::background::{Job, JobQueue};
+use ichor_executor::jobs::run_job;
+use ichor_executor::kube_api::KubeApi;
+use ichor_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi,
     TalosError, UpgradeAck, UpgradeRequest,
 };
-use ichor_talos_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
+use ichor_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
@@ -107,16 +107,16 @@ pub struct Health {
 pub enum ControllerError {
     /// The finalizer could not be added.
     #[error("adding the finalizer: {0}")]
-    Finalizer(#[source] ichor_talos_executor::KubeError),
+    Finalizer(#[source] ichor_executor::KubeError),
     /// The engine's pass failed.
     #[error(transparent)]
-    Reconcile(#[from] ichor_talos_executor::reconcile::ReconcileError),
+    Reconcile(#[from] ichor_executor::reconcile::ReconcileError),
     /// A TalosMachine discovered from its Node could not be written.
     #[error("writing a discovered TalosMachine: {0}")]
     Discovery(#[source] kube::Error),
     /// A dry run could not read what it plans from.
     #[error("a dry run's read: {0}")]
-    DryRunRead(#[source] ichor_talos_executor::KubeError),
+    DryRunRead(#[source] ichor_executor::KubeError),
     /// A dry run's plan, or a calibration, could not be written.
     #[error("writing a plan or a calibration: {0}")]
     PlanWrite(#[source] kube::Error),
@@ -135,7 +135,7 @@ impl ControllerError {
     }
 
     fn kind(&self) -> &'static str {
-        use ichor_talos_executor::reconcile::ReconcileError as E;
+        use ichor_executor::reconcile::ReconcileError as E;
         match self {
             Self::Finalizer(_) => "finalizer",
             Self::Discovery(_) => "discovery",
@@ -469,7 +469,7 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
             background: Some(queue.as_ref()),
         };
         let memory = ctx.memory(&namespace, &name);
-        let outcome = ichor_talos_executor::reconcile_with(&executor, &name, &memory).await;
+        let outcome = ichor_executor::reconcile_with(&executor, &name, &memory).await;
         if let Ok(outcome) = &outcome {
             memory.pass_ended(SystemClock.now(), outcome.requeue_at);
         }

@@ -18,15 +18,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
-use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
-use ichor_talos_executor::kube_api::{
+use ichor_executor::kube_api::{
     AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
     MachineInfo, ManifestSession, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
-use ichor_talos_executor::talos_api::{
+use ichor_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
     PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
@@ -235,7 +235,7 @@ impl KubeApi for FencedKube<'_> {
     async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
         self.inner.node_kubernetes(node).await
     }
-    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+    async fn control_plane_pods(&self) -> Result<ichor_executor::kube_api::ControlPlanePods, KubeError> {
         self.inner.control_plane_pods().await
     }
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {

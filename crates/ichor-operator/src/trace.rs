@@ -40,16 +40,16 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
-use ichor_talos_executor::kube_api::{
+use ichor_executor::kube_api::{
     ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
     NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
-use ichor_talos_executor::machine_config::MachineConfig;
-use ichor_talos_executor::talos_api::{
+use ichor_executor::machine_config::MachineConfig;
+use ichor_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
     PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 pub use ichor_timeline::trace::{TraceEvent, TraceKind};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::changes::ChangeKind;
@@ -772,7 +772,7 @@ impl KubeApi for TracedKube<'_> {
     async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
         self.inner.node_kubernetes(node).await
     }
-    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+    async fn control_plane_pods(&self) -> Result<ichor_executor::kube_api::ControlPlanePods, KubeError> {
         self.inner.control_plane_pods().await
     }
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
@@ -780,8 +780,8 @@ impl KubeApi for TracedKube<'_> {
     }
     async fn manifest_session(
         &self,
-        kubeconfig: ichor_talos_executor::kube_api::AdminKubeconfig,
-    ) -> Result<Box<dyn ichor_talos_executor::kube_api::ManifestSession + '_>, KubeError> {
+        kubeconfig: ichor_executor::kube_api::AdminKubeconfig,
+    ) -> Result<Box<dyn ichor_executor::kube_api::ManifestSession + '_>, KubeError> {
         self.inner.manifest_session(kubeconfig).await
     }
     async fn workload_rollout(
@@ -945,7 +945,7 @@ fn trace_kind(kind: ChangeKind) -> TraceKind {
 
 #[cfg(test)]
 mod tests {
-    use ichor_talos_executor::kube_api::Metadata;
+    use ichor_executor::kube_api::Metadata;
     use ichor_upgrade_core::conditions::ConditionUpdate;
     use ichor_upgrade_core::status::{MachineRecord, RecordState};
     use ichor_upgrade_core::status::{PauseReason, Phase};

@@ -35,7 +35,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use ichor_adapters::kubernetes::crd::{Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec};
 use ichor_adapters::talos::server;
-use ichor_talos_executor::talos_api::{
+use ichor_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
     PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };

@@ -33,8 +33,8 @@ pub mod world;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use ichor_talos_executor::kube_api::{Metadata, OperationInfo};
-use ichor_talos_executor::snapshot::SnapshotStore;
+use ichor_executor::kube_api::{Metadata, OperationInfo};
+use ichor_executor::snapshot::SnapshotStore;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::status::OperationStatus;

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ichor_talos_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
-use ichor_talos_executor::talos_api::{SnapshotStream, TalosError};
+use ichor_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
+use ichor_executor::talos_api::{SnapshotStream, TalosError};
 use sha2::Digest;
 
 /// The size of one chunk of a simulated snapshot stream.

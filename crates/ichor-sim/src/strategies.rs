@@ -16,7 +16,7 @@
 //! ```
 //! use ichor_sim::RunEnd;
 //! use ichor_sim::strategies::sim_case;
-//! use ichor_talos_executor::ExecutorConfig;
+//! use ichor_executor::ExecutorConfig;
 //! use proptest::prelude::*;
 //!
 //! proptest!(ProptestConfig::with_cases(2), |(case in sim_case(3..=3, 0..=2))| {
@@ -29,11 +29,11 @@
 
 use std::time::Duration;
 
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::kube_api::KubeApi;
-use ichor_talos_executor::machine::talos::Executor;
-use ichor_talos_executor::reconcile::{PassMemory, reconcile_with};
-use ichor_talos_executor::talos_api::TalosApi;
+use ichor_executor::ExecutorConfig;
+use ichor_executor::kube_api::KubeApi;
+use ichor_executor::machine::talos::Executor;
+use ichor_executor::reconcile::{PassMemory, reconcile_with};
+use ichor_executor::talos_api::TalosApi;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, OperationSpec};
 use ichor_upgrade_core::status::{Phase, WaitReason};
 use ichor_upgrade_core::strategies::{ClusterShape, cluster_shape};

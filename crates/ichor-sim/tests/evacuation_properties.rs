@@ -8,9 +8,9 @@
 //! - after a removal-side timeout, scheduling is back on, a Warning event exists, and the
 //!   evacuation starts again.
 
+use ichor_executor::ExecutorConfig;
+use ichor_executor::kube_api::EventType;
 use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation, run_removal};
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::kube_api::EventType;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
 use proptest::prelude::*;

@@ -18,8 +18,8 @@
 //! - a cluster of two control planes is refused at planning, untouched;
 //! - a run without a failing fault always completes.
 
+use ichor_executor::ExecutorConfig;
 use ichor_sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
-use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;

@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use ichor_executor::ExecutorConfig;
 use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
-use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;

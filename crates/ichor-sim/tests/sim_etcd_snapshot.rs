@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
+use ichor_executor::ExecutorConfig;
+use ichor_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
+use ichor_executor::talos_api::TalosApi;
 use ichor_sim::snapshot::{MemoryStore, snapshot_size};
 use ichor_sim::{CLUSTER, Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
-use ichor_talos_executor::talos_api::TalosApi;
 use ichor_upgrade_core::etcd::snapshot::SnapshotState;
 use ichor_upgrade_core::operation::{OperationSpec, RESUME_ANNOTATION, SnapshotMode};
 use ichor_upgrade_core::status::{PauseReason, Phase};

@@ -18,9 +18,9 @@
 
 use std::collections::BTreeSet;
 
+use ichor_executor::ExecutorConfig;
 use ichor_sim::kubernetes::KUBE_PROXY_DAEMONSET;
 use ichor_sim::{Fault, Realism, RunEnd, SimCluster, SimConfig, StopCall, StopKind, TraceKind, run_operation};
-use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::kubernetes::component::Component;
 use ichor_upgrade_core::kubernetes::manifests::ManifestsState;
 use ichor_upgrade_core::machine::kubernetes::{KubernetesRecord, kubernetes_record};

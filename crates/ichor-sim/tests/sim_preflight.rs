@@ -4,8 +4,8 @@
 //! fault protects is started (storage evacuation or Upgrade call) while the protection
 //! stands, and machines elsewhere are not held back by it.
 
+use ichor_executor::ExecutorConfig;
 use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceEvent, TraceKind, run_operation};
-use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::versions::TalosVersion;
 use proptest::prelude::*;

@@ -1,9 +1,9 @@
 //! Node removal on the simulated cluster: evacuation (the upgrade's own), cordon, drain
 //! through the Eviction API, leaving etcd, reset, Node deletion.
 
+use ichor_executor::ExecutorConfig;
+use ichor_executor::kube_api::EventType;
 use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_removal};
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::kube_api::EventType;
 use ichor_upgrade_core::conditions::ConditionStatus;
 use ichor_upgrade_core::machine::removal::{NODE_REMOVAL, reason};
 use ichor_upgrade_core::versions::TalosVersion;

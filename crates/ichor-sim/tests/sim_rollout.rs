@@ -1,7 +1,7 @@
 //! Whole rollouts on the simulated cluster through the real rollout engine and drivers.
 
+use ichor_executor::ExecutorConfig;
 use ichor_sim::{Fault, RunEnd, SimCluster, SimConfig, TraceKind, run_operation};
-use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::conditions::ConditionStatus;
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::operation::{OperationSpec, RESUME_ANNOTATION};
@@ -153,8 +153,8 @@ async fn a_void_intent_is_not_called_again_while_another_control_plane_is_down()
 /// was recorded in progress and advanced with its old marker, no retry, no gate.
 #[tokio::test(start_paused = true)]
 async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
-    use ichor_talos_executor::machine::talos::Executor;
-    use ichor_talos_executor::reconcile::{ReconcileError, reconcile};
+    use ichor_executor::machine::talos::Executor;
+    use ichor_executor::reconcile::{ReconcileError, reconcile};
     use ichor_upgrade_core::status::RecordState;
 
     let sim =
@@ -796,7 +796,7 @@ async fn a_deletion_during_an_install_job_winds_down_with_nothing_half_done() {
 /// record unchanged for a whole lease duration on this controller's own clock.
 #[tokio::test(start_paused = true)]
 async fn a_live_holders_lease_written_by_a_skewed_clock_is_taken_over_only_after_a_whole_duration_unchanged() {
-    use ichor_talos_executor::kube_api::LeaseInfo;
+    use ichor_executor::kube_api::LeaseInfo;
     use ichor_upgrade_core::Timestamp;
     let sim = SimCluster::new(SimConfig::new(1, 1, v("v1.14.3"), v("v1.14.4")).with_seed(3));
     sim.create_operation("other", spec(1));

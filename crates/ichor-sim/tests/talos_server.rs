@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_adapters::talos::{ClientOptions, TalosClient, server};
-use ichor_sim::{Realism, SimCluster, SimConfig};
-use ichor_talos_executor::talos_api::{
+use ichor_executor::talos_api::{
     ApplyConfigRequest, ApplyMode, InstallRequest, PullRequest, TalosApi, TalosError, UpgradeRequest,
 };
+use ichor_sim::{Realism, SimCluster, SimConfig};
 use ichor_talosconfig::{Overrides, parse};
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ichor_adapters::talos::{ClientOptions, TalosClient, server};
+use ichor_executor::talos_api::TalosApi;
 use ichor_sim::{Realism, SimCluster, SimConfig};
-use ichor_talos_executor::talos_api::TalosApi;
 use ichor_talosconfig::{Overrides, parse};
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::Ca;
@@ -200,7 +200,7 @@ async fn talosctl_is_answered_by_the_stand_in_as_by_talos() {
     // The stand-in took both as Talos would: the first rebooting into its new slot, the
     // other upgrading.
     let rebooting = scene.sim.machine_stage(WORKER).await;
-    assert!(rebooting.as_ref().is_err_and(ichor_talos_executor::TalosError::is_unreachable), "{rebooting:?}");
+    assert!(rebooting.as_ref().is_err_and(ichor_executor::TalosError::is_unreachable), "{rebooting:?}");
     let (installs, reboots) = scene.sim.read_world(|w| (w.counters.install_calls, w.counters.reboot_calls));
     assert_eq!((installs, reboots), (1, 1));
     assert_eq!(scene.sim.machine_stage(OTHER_WORKER).await.unwrap(), MachineStage::Upgrading);

@@ -382,7 +382,7 @@ fn members() -> Vec<PathBuf> {
 
 /// The crates whose functions are held to [`LONGEST_FUNCTION`] lines: the core and the
 /// executor, where a function is read as the engine's logic.
-const HELD_TO_LENGTH: [&str; 2] = ["crates/ichor-upgrade-core", "crates/ichor-talos-executor"];
+const HELD_TO_LENGTH: [&str; 2] = ["crates/ichor-upgrade-core", "crates/ichor-executor"];
 
 /// The longest a non-test function of those crates may be, from its signature to its
 /// closing brace.
@@ -421,16 +421,16 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ("ichor-talosconfig", &[]),
     ("ichor-timeline", &[]),
     ("ichor-storage", &["ichor-upgrade-core"]),
-    ("ichor-talos-executor", &["ichor-upgrade-core", "ichor-storage"]),
+    ("ichor-executor", &["ichor-upgrade-core", "ichor-storage"]),
     ("ichor-fuzz-checks", &["ichor-upgrade-core", "ichor-talosconfig"]),
-    ("ichor-adapters", &["ichor-upgrade-core", "ichor-storage", "ichor-talos-executor", "ichor-talosconfig"]),
+    ("ichor-adapters", &["ichor-upgrade-core", "ichor-storage", "ichor-executor", "ichor-talosconfig"]),
     ("ichor-testkit", &["ichor-adapters"]),
     (
         "ichor-operator",
         &[
             "ichor-upgrade-core",
             "ichor-storage",
-            "ichor-talos-executor",
+            "ichor-executor",
             "ichor-adapters",
             "ichor-talosconfig",
             "ichor-timeline",
@@ -438,14 +438,7 @@ const MAY_DEPEND_ON: &[(&str, &[&str])] = &[
     ),
     (
         "ichor-sim",
-        &[
-            "ichor-upgrade-core",
-            "ichor-storage",
-            "ichor-talos-executor",
-            "ichor-adapters",
-            "ichor-timeline",
-            "ichor-testkit",
-        ],
+        &["ichor-upgrade-core", "ichor-storage", "ichor-executor", "ichor-adapters", "ichor-timeline", "ichor-testkit"],
     ),
 ];
 

@@ -31,7 +31,7 @@
 //! It is deterministic: no IO, no clock, no async, no randomness, no global state. Time
 //! enters as an argument ([`Timestamp`]); the same inputs always give the same output. Its
 //! normal dependencies are serde, semver, thiserror and foldhash (a fast hash of machine
-//! names, no IO), never tokio, tonic, hyper, kube or async-trait. Drivers (`ichor-talos-executor`, `ichor-storage`) observe the world, call
+//! names, no IO), never tokio, tonic, hyper, kube or async-trait. Drivers (`ichor-executor`, `ichor-storage`) observe the world, call
 //! these functions and carry out what they return.
 //!
 //! # Example

@@ -1,6 +1,6 @@
 //! Another operator's test suite, as it would be written: it uses the engine's public API
 //! and its `proptest` feature only (the `strategies` modules of `ichor-upgrade-core`,
-//! `ichor-talos-executor` and `ichor-adapters`), never anything private to the workspace.
+//! `ichor-executor` and `ichor-adapters`), never anything private to the workspace.
 //!
 //! - `tests/properties.rs`: properties of the engine on arbitrary simulated clusters (roles,
 //!   order labels, holds, NotReady Nodes) and fault schedules.

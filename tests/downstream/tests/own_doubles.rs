@@ -6,19 +6,19 @@ use std::sync::Arc;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use ichor_executor::ExecutorConfig;
+use ichor_executor::kube_api::{
+    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
+    PodInfo,
+};
+use ichor_executor::talos_api::{
+    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
+    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+};
 use ichor_sim::strategies::FaultSchedule;
 use ichor_sim::strategies::{FROM, OPERATION, SimCase, TO, run_with};
 use ichor_sim::{RunEnd, SimCluster, runtime};
 use ichor_storage::{ConditionStore, ConditionWriteError};
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::kube_api::{
-    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
-    PodInfo,
-};
-use ichor_talos_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
-    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
-};
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::status::RecordState;
@@ -156,7 +156,7 @@ impl KubeApi for LosesWrites<'_> {
     async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError> {
         self.sim.operation_exists(identity).await
     }
-    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+    async fn control_plane_pods(&self) -> Result<ichor_executor::kube_api::ControlPlanePods, KubeError> {
         self.sim.control_plane_pods().await
     }
     async fn cluster(&self, name: &str) -> Result<ClusterInfo, KubeError> {

@@ -3,9 +3,9 @@
 //! simulator's report and trace. Few cases each: this suite runs beside the workspace's
 //! own, much larger, properties.
 
+use ichor_executor::ExecutorConfig;
 use ichor_sim::strategies::{HARMLESS, SimCase, TO, fault_schedule_among, sim_case, sim_case_with};
 use ichor_sim::{Fault, RunEnd, SimCluster, TraceKind};
-use ichor_talos_executor::ExecutorConfig;
 use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
 use ichor_upgrade_core::strategies::{MachineShape, cluster_shape, cluster_shape_with};
 use proptest::prelude::*;

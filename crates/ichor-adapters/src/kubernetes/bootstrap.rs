@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
-use ichor_talos_executor::kube_api::{AdminKubeconfig, KubeError, ManifestSession};
-use ichor_talos_executor::machine::kubernetes::object_name;
+use ichor_executor::kube_api::{AdminKubeconfig, KubeError, ManifestSession};
+use ichor_executor::machine::kubernetes::object_name;
 use ichor_upgrade_core::kubernetes::manifests::WorkloadRollout;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -23,7 +23,7 @@ use super::counters::Counters;
 use super::errors::kube_error;
 
 /// A client under the admin kubeconfig a control plane's Talos API gave: the bootstrap
-/// manifests' session ([`ichor_talos_executor::kube_api::KubeApi::manifest_session`]). The kubeconfig is read from memory
+/// manifests' session ([`ichor_executor::kube_api::KubeApi::manifest_session`]). The kubeconfig is read from memory
 /// and never written; the client (its credentials inside) is dropped with the session.
 pub struct AdminSession {
     client: Client,

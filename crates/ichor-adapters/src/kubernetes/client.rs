@@ -28,11 +28,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use ichor_storage::{ConditionStore, ConditionWriteError};
-use ichor_talos_executor::kube_api::{
+use ichor_executor::kube_api::{
     AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo,
     LeaseWrite, MachineInfo, ManifestSession, Metadata, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
+use ichor_storage::{ConditionStore, ConditionWriteError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
 use ichor_upgrade_core::etcd::snapshot::SnapshotState;
@@ -1183,7 +1183,7 @@ impl KubeApi for KubeCluster {
         super::versions::node_kubernetes(&self.client, &read).await.map(Some)
     }
 
-    async fn control_plane_pods(&self) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+    async fn control_plane_pods(&self) -> Result<ichor_executor::kube_api::ControlPlanePods, KubeError> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         super::versions::control_plane_pods(&self.client).await
     }

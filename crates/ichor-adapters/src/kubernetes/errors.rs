@@ -11,8 +11,8 @@
 //! | no connection, a broken one, a timeout, a broken watch stream | `Unreachable` |
 //! | TLS, a kubeconfig that does not load, a response that does not parse, a request that cannot be built | `Refused`: waiting does not fix it |
 
-use ichor_talos_executor::cause::report;
-use ichor_talos_executor::kube_api::KubeError;
+use ichor_executor::cause::report;
+use ichor_executor::kube_api::KubeError;
 
 /// Maps a kube-rs error from `what` (the call, such as `patch TalosMachine m-1 status`).
 #[must_use]

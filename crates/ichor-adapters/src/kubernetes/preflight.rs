@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ichor_talos_executor::kube_api::KubeError;
+use ichor_executor::kube_api::KubeError;
 use ichor_upgrade_core::labels::LabelSelector;
 use ichor_upgrade_core::preflight::{
     BudgetFacts, ClusterFacts, Owner, PodFacts, ReplicaSetFacts, WorkloadFacts, WorkloadKind,

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKubernetesInfo};
+use ichor_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKubernetesInfo};
 use ichor_upgrade_core::kubernetes::component::Component;
 use ichor_upgrade_core::kubernetes::plan::{ApiUseSeenAs, DeprecatedApiUse};
 use ichor_upgrade_core::kubernetes::removals::{self as kubernetes_removals, ServedResource};
@@ -54,9 +54,7 @@ pub async fn node_kubernetes(client: &Client, node: &Node) -> Result<NodeKuberne
 ///
 /// # Errors
 /// The pods could not be listed.
-pub async fn control_plane_pods(
-    client: &Client,
-) -> Result<ichor_talos_executor::kube_api::ControlPlanePods, KubeError> {
+pub async fn control_plane_pods(client: &Client) -> Result<ichor_executor::kube_api::ControlPlanePods, KubeError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
     let list = pods
         .list(&ListParams::default().labels(STATIC_POD_SELECTOR))

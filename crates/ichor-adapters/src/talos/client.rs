@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ichor_talos_executor::cause::{Cause, report};
-use ichor_talos_executor::talos_api::{
+use ichor_executor::cause::{Cause, report};
+use ichor_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, ApplyMode, BOOT_ID_PATH, EtcdAlarm, EtcdMember, EtcdStatus,
     INSTALL_OUTPUT_LINES, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, SnapshotStream,
     TalosApi, TalosError, UpgradeAck, UpgradeRequest,

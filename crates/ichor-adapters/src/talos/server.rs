@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ichor_talos_executor::cause::report;
-use ichor_talos_executor::talos_api::{
+use ichor_executor::cause::report;
+use ichor_executor::talos_api::{
     ApplyConfigRequest, BOOT_ID_PATH, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
 };
 use ichor_upgrade_core::machine::vocabulary::MachineStage;

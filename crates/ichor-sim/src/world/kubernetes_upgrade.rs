@@ -3,9 +3,9 @@
 //! kubelet's, the bootstrap manifests applied server-side and their workloads rolled out,
 //! and what the API servers report.
 
-use ichor_talos_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKubernetesInfo};
-use ichor_talos_executor::machine_config::MachineConfig;
-use ichor_talos_executor::talos_api::{ApplyConfigReply, ApplyConfigRequest, ApplyMode, TalosError};
+use ichor_executor::kube_api::{ClusterKubernetesInfo, KubeError, NodeKubernetesInfo};
+use ichor_executor::machine_config::MachineConfig;
+use ichor_executor::talos_api::{ApplyConfigReply, ApplyConfigRequest, ApplyMode, TalosError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::kubernetes::component::Component;
 use ichor_upgrade_core::kubernetes::manifests::WorkloadRollout;
@@ -214,7 +214,7 @@ impl World {
     }
 
     /// Every control plane's static pods, by node (one read of `kube-system`'s mirror pods).
-    pub(crate) fn control_plane_pods(&self) -> ichor_talos_executor::kube_api::ControlPlanePods {
+    pub(crate) fn control_plane_pods(&self) -> ichor_executor::kube_api::ControlPlanePods {
         self.nodes
             .iter()
             .filter(|n| !n.removed && !n.kube.pods.is_empty())
@@ -314,7 +314,7 @@ impl World {
     /// A server-side apply of `object` under `manager`.
     pub(crate) fn apply_manifest(&mut self, object: &serde_json::Value, manager: &str) -> Result<(), KubeError> {
         let text = |pointer: &str| object.pointer(pointer).and_then(serde_json::Value::as_str).unwrap_or_default();
-        let key = ichor_talos_executor::machine::kubernetes::object_name(object);
+        let key = ichor_executor::machine::kubernetes::object_name(object);
         if self.bootstrap.refuse {
             return Err(KubeError::Refused(format!(
                 "apply {key}: admission webhook \"policy.sim.ichor.dev\" denied the request"

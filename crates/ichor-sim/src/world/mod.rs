@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use foldhash::fast::FixedState;
-use ichor_storage::{LabelSelector, StorageObject};
-use ichor_talos_executor::kube_api::{
+use ichor_executor::kube_api::{
     ClusterInfo, Event, KubeError, LeaseInfo, MachineInfo, Metadata, NodeInfo, OperationInfo,
 };
+use ichor_storage::{LabelSelector, StorageObject};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::EvacuationRecord;

@@ -2,16 +2,16 @@
 #![allow(dead_code, unreachable_pub)]
 
 use async_trait::async_trait;
-use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
-use ichor_talos_executor::Clock;
-use ichor_talos_executor::kube_api::{
+use ichor_executor::Clock;
+use ichor_executor::kube_api::{
     ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
     PodInfo,
 };
-use ichor_talos_executor::talos_api::{
+use ichor_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError,
     UpgradeAck, UpgradeRequest,
 };
+use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};

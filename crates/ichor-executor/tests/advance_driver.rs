@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ichor_storage::StorageObject;
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::kube_api::{KubeError, MachineInfo, NodeInfo};
-use ichor_talos_executor::machine::talos::{AdvanceError, Executor, OperationRef, advance_machine};
-use ichor_talos_executor::talos_api::{
+use ichor_executor::ExecutorConfig;
+use ichor_executor::kube_api::{KubeError, MachineInfo, NodeInfo};
+use ichor_executor::machine::talos::{AdvanceError, Executor, OperationRef, advance_machine};
+use ichor_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+use ichor_storage::StorageObject;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
@@ -520,7 +520,7 @@ async fn a_node_the_storage_system_lacks_is_said_once_and_does_not_pause() {
         .returning(|_, _| Ok(ichor_storage::EvacuationRequest::NoSuchNode));
     world.talos.expect_upgrade().never();
     let outcome = run(&world.talos, &world, &machine(MachineRole::Worker), &ExecutorConfig::default()).await.unwrap();
-    assert_eq!(outcome, MachineOutcome::Progressed { action: ichor_talos_executor::machine::talos::NO_STORAGE_NODE });
+    assert_eq!(outcome, MachineOutcome::Progressed { action: ichor_executor::machine::talos::NO_STORAGE_NODE });
     assert_eq!(world.written_of(STORAGE_EVACUATION), vec![(ConditionStatus::True, evac::EVACUATING.to_owned())]);
 }
 
@@ -639,7 +639,7 @@ async fn bad_input_a_garbled_marker_fails_and_never_calls() {
 fn tls_refused() -> TalosError {
     TalosError::Tls {
         endpoint: "10.0.0.11:50000".into(),
-        cause: ichor_talos_executor::Cause::message("TLS handshake: received fatal alert: CertificateExpired"),
+        cause: ichor_executor::Cause::message("TLS handshake: received fatal alert: CertificateExpired"),
     }
 }
 
@@ -832,7 +832,7 @@ async fn an_acknowledged_call_not_rebooted_yet_asks_neither_talos_nor_etcd_nor_s
 }
 
 /// The authority of a pass that advances `machine` (and nothing else).
-fn advancing(machine: &str) -> ichor_talos_executor::effects::Advancing {
+fn advancing(machine: &str) -> ichor_executor::effects::Advancing {
     let decision = ichor_upgrade_core::rollout::Decision::advancing([machine.to_owned()]);
-    ichor_talos_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
+    ichor_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
 }

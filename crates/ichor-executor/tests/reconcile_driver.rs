@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::kube_api::{ClusterInfo, LeaseInfo, MachineInfo, NodeInfo, OperationInfo};
-use ichor_talos_executor::machine::talos::Executor;
-use ichor_talos_executor::reconcile::{PassMemory, ReconcileOutcome, reconcile};
-use ichor_talos_executor::talos_api::TalosError;
+use ichor_executor::ExecutorConfig;
+use ichor_executor::kube_api::{ClusterInfo, LeaseInfo, MachineInfo, NodeInfo, OperationInfo};
+use ichor_executor::machine::talos::Executor;
+use ichor_executor::reconcile::{PassMemory, ReconcileOutcome, reconcile};
+use ichor_executor::talos_api::TalosError;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, STORAGE_EVACUATION, Scheduling, reason as evac};
@@ -216,7 +216,7 @@ async fn pass(
     talos: &MockTalos,
     kube: &MockKube,
     storage: &MockStorage,
-) -> Result<ReconcileOutcome, ichor_talos_executor::reconcile::ReconcileError> {
+) -> Result<ReconcileOutcome, ichor_executor::reconcile::ReconcileError> {
     let config = ExecutorConfig::default();
     let ex = Executor { talos, kube, storage, clock: &FixedClock, config: &config, snapshots: None, background: None };
     reconcile(&ex, "upgrade").await
@@ -264,7 +264,7 @@ async fn a_phase_change_whose_status_write_conflicts_is_told_once() {
         let mut n = counted.lock().unwrap();
         *n += 1;
         if *n == 1 {
-            Err(ichor_talos_executor::kube_api::KubeError::Conflict("the object has been modified".into()))
+            Err(ichor_executor::kube_api::KubeError::Conflict("the object has been modified".into()))
         } else {
             Ok(())
         }
@@ -294,7 +294,7 @@ async fn an_operation_whose_lock_lease_is_forbidden_waits_saying_so_and_touches_
     kube.expect_machines()
         .returning(|_| Ok(vec![Arc::new(worker("w-1", Some("w-1"), "10.0.0.21", Conditions::new()))]));
     let refused = "read Lease ichor-cluster-prod: leases.coordination.k8s.io \"ichor-cluster-prod\" is forbidden";
-    kube.expect_lease().returning(move |_| Err(ichor_talos_executor::kube_api::KubeError::Forbidden(refused.into())));
+    kube.expect_lease().returning(move |_| Err(ichor_executor::kube_api::KubeError::Forbidden(refused.into())));
     kube.expect_write_lease().never();
     kube.expect_node().never();
     let events = Arc::new(Mutex::new(Vec::new()));
@@ -310,7 +310,7 @@ async fn an_operation_whose_lock_lease_is_forbidden_waits_saying_so_and_touches_
     assert_eq!(outcome.phase.reason(), "Forbidden", "{:?}", outcome.phase);
     assert!(outcome.phase.needs_person(), "a person grants it: kstatus Stalled");
     assert!(outcome.phase.to_string().contains(refused), "{}", outcome.phase);
-    let recheck = NOW.saturating_add(ichor_talos_executor::reconcile::FORBIDDEN_RECHECK);
+    let recheck = NOW.saturating_add(ichor_executor::reconcile::FORBIDDEN_RECHECK);
     assert_eq!(outcome.requeue_at, Some(recheck), "looked at again on its own");
     let status = written.lock().unwrap().last().cloned().expect("the wait is written");
     assert_eq!(status.phase, outcome.phase);

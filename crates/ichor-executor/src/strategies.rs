@@ -4,7 +4,7 @@
 //! suite that feeds its own `KubeApi` double to the engine.
 //!
 //! ```
-//! use ichor_talos_executor::strategies::cluster_objects;
+//! use ichor_executor::strategies::cluster_objects;
 //! use proptest::strategy::{Strategy, ValueTree};
 //! use proptest::test_runner::TestRunner;
 //!

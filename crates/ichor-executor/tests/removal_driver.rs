@@ -4,14 +4,14 @@ use ichor_upgrade_core::evacuation::Scheduling;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use ichor_executor::ExecutorConfig;
+use ichor_executor::etcd::ControlPlane;
+use ichor_executor::kube_api::{EventType, Eviction, MachineInfo, NodeInfo, PodInfo};
+use ichor_executor::machine::removal::remove_machine;
+use ichor_executor::machine::talos::Executor;
+use ichor_executor::talos_api::{EtcdMember, EtcdStatus, TalosError};
 use ichor_storage::ConditionWriteError;
 use ichor_storage::{LabelSelector, StorageObject};
-use ichor_talos_executor::ExecutorConfig;
-use ichor_talos_executor::etcd::ControlPlane;
-use ichor_talos_executor::kube_api::{EventType, Eviction, MachineInfo, NodeInfo, PodInfo};
-use ichor_talos_executor::machine::removal::remove_machine;
-use ichor_talos_executor::machine::talos::Executor;
-use ichor_talos_executor::talos_api::{EtcdMember, EtcdStatus, TalosError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, reason as evac};
@@ -26,7 +26,7 @@ use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
 
 /// The removal's operation identity.
 const OPERATION: &str = "default/remove-worker-2/uid-9";
-use ichor_talos_executor::Clock;
+use ichor_executor::Clock;
 
 fn machine(name: &str, role: MachineRole, address: &str) -> MachineInfo {
     MachineInfo {
@@ -93,7 +93,7 @@ impl World {
         &self,
         m: &MachineInfo,
         control_planes: &[ControlPlane],
-    ) -> Result<MachineOutcome, ichor_talos_executor::AdvanceError> {
+    ) -> Result<MachineOutcome, ichor_executor::AdvanceError> {
         let config = ExecutorConfig::default();
         let ex = Executor {
             snapshots: None,
@@ -147,10 +147,7 @@ async fn the_drain_evicts_only_what_it_should_and_a_429_is_a_wait() {
     assert!(message.contains("apps/db-0") && message.contains("disruption budget"), "{message}");
     // Nothing watched says when the budget allows it: the wait has its own recheck, or a
     // controller woken only by watch events would wait for ever.
-    assert_eq!(
-        recheck_at,
-        Some(FixedClock.now().saturating_add(ichor_talos_executor::machine::removal::EVICTION_RETRY))
-    );
+    assert_eq!(recheck_at, Some(FixedClock.now().saturating_add(ichor_executor::machine::removal::EVICTION_RETRY)));
 }
 
 #[tokio::test]
@@ -395,9 +392,9 @@ async fn a_control_plane_whose_node_is_gone_is_not_removed_while_its_member_vote
 }
 
 /// The authority of a pass that advances `machine` (and nothing else).
-fn advancing(machine: &str) -> ichor_talos_executor::effects::Advancing {
+fn advancing(machine: &str) -> ichor_executor::effects::Advancing {
     let decision = ichor_upgrade_core::rollout::Decision::advancing([machine.to_owned()]);
-    ichor_talos_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
+    ichor_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
 }
 
 #[tokio::test]

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::{FixedClock, MockKube, MockStorage, MockTalos, NOW};
-use ichor_talos_executor::config::ExecutorConfig;
-use ichor_talos_executor::kube_api::{MachineInfo, NodeInfo, PodInfo};
-use ichor_talos_executor::machine::lifecycle::DRAIN_STOPPED;
-use ichor_talos_executor::talos_api::{InstallOutcome, TalosError};
-use ichor_talos_executor::{Executor, OperationRef, advance_machine_with};
+use ichor_executor::config::ExecutorConfig;
+use ichor_executor::kube_api::{MachineInfo, NodeInfo, PodInfo};
+use ichor_executor::machine::lifecycle::DRAIN_STOPPED;
+use ichor_executor::talos_api::{InstallOutcome, TalosError};
+use ichor_executor::{Executor, OperationRef, advance_machine_with};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::machine::lifecycle::{CORDONED_ANNOTATION, ExecutorChoice, cordon_annotation, reason};
@@ -227,7 +227,7 @@ async fn an_installed_machine_is_cordoned_with_the_engines_annotation() {
 /// The operation as a fresh read shows it, holding the lock, with m-worker-1's record in
 /// `state` (issue 53 item 8: the drain reads it again after its cordon).
 fn operation_read_again(kube: &mut MockKube, state: RecordState) {
-    use ichor_talos_executor::kube_api::{LeaseInfo, OperationInfo};
+    use ichor_executor::kube_api::{LeaseInfo, OperationInfo};
     let mut status = OperationStatus::default();
     status.machines.insert(
         "m-worker-1".into(),
@@ -293,9 +293,12 @@ async fn the_drain_evicts_what_a_drain_evicts_and_a_budget_is_a_wait() {
         };
         Ok(vec![pod("api-1", "ReplicaSet", false), pod("cilium-1", "DaemonSet", false), pod("static", "Node", true)])
     });
-    world.kube.expect_evict().with(eq("billing"), eq("api-1")).times(1).returning(|_, _| {
-        Ok(ichor_talos_executor::kube_api::Eviction::Blocked { message: "disruption budget".into() })
-    });
+    world
+        .kube
+        .expect_evict()
+        .with(eq("billing"), eq("api-1"))
+        .times(1)
+        .returning(|_, _| Ok(ichor_executor::kube_api::Eviction::Blocked { message: "disruption budget".into() }));
     let outcome =
         world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
     assert!(
@@ -341,7 +344,7 @@ async fn a_refused_reboot_fails_and_leaves_the_record() {
 }
 
 /// The authority of a pass that advances `machine` (and nothing else).
-fn advancing(machine: &str) -> ichor_talos_executor::effects::Advancing {
+fn advancing(machine: &str) -> ichor_executor::effects::Advancing {
     let decision = ichor_upgrade_core::rollout::Decision::advancing([machine.to_owned()]);
-    ichor_talos_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
+    ichor_executor::effects::Advancing::of(machine, &decision).expect("the decision advances it")
 }

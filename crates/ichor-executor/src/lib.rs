@@ -1,4 +1,5 @@
-//! The Talos upgrade executor's drivers.
+//! The executor: the drivers that carry out the core's decisions, for every kind of operation
+//! (a Talos upgrade on either executor, a Kubernetes upgrade, a machine's removal).
 //!
 //! This crate holds the IO seams the drivers call ([`TalosApi`], [`KubeApi`], [`Clock`];
 //! storage's seam is `ichor_storage::StorageApi`) and the drivers: [`advance_machine`]

@@ -1,4 +1,4 @@
-//! The integration tests of ichor-talos-executor, one module per file, in one test binary.
+//! The integration tests of ichor-executor, one module per file, in one test binary.
 
 mod advance_driver;
 mod lifecycle_driver;
