@@ -1,4 +1,4 @@
-//! The operator as shipped and as the README runs it: no option a newcomer would not know
+//! The operator as shipped and as its quick start (`docs/operator.md`, named from the README) runs it: no option a newcomer would not know
 //! to give. A simulated fleet's upgrade completes with no snapshot store named; a real
 //! cluster's, with none, pauses before its first control plane and says what fixes it.
 
@@ -10,7 +10,7 @@ use ichor_sim::fleet;
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn the_readme_quick_start_completes_with_no_snapshot_store_named() {
     let scene = Scene::new("e2e-quick-start").await;
-    // The README's command (with this test's namespace and time scale): no snapshot flag.
+    // The quick start's command (with this test's namespace and time scale): no snapshot flag.
     let args = ["--namespace", &scene.ns.name, "--simulate-fleet", "3+2", "--time-scale", TIME_SCALE];
     let mut both = Process::start("quick-start", scene.dir.path(), scene.admin(), &args);
     scene.fleet_up(5).await;

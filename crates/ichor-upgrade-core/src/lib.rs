@@ -68,8 +68,3 @@ pub mod upgrade_marker;
 pub mod versions;
 
 pub use time::Timestamp;
-
-/// The README's embedding example, compiled and run as a doctest so it stays true.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;
