@@ -259,6 +259,32 @@ pub fn record(pass: &PassRecord<'_>) -> Recorded {
     Recorded { status: next, write, look_again, now }
 }
 
+/// The status a pass that took the cluster lock, and did nothing else, records: the status
+/// as the decision leaves it, with the etcd snapshot it took, and, but for a removal (whose
+/// record follows its every wait), the machines converged by then counted, not listed
+/// (`converged` says whether a machine's own conditions record it converged). Written at
+/// once: the lock's taking is never held back.
+#[must_use]
+pub fn lock_taken(
+    read: &OperationStatus,
+    generation: i64,
+    decision: &Decision,
+    views: &[MachineView],
+    work: Work,
+    snapshot: Option<&SnapshotState>,
+    converged: &dyn Fn(&str) -> bool,
+) -> OperationStatus {
+    let mut next = next_status(read, generation, decision, &[]);
+    if let Some(snapshot) = snapshot {
+        next.etcd_snapshot = Some(snapshot.clone());
+    }
+    if work != Work::Removal {
+        let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count();
+        next.forget_converged(count, converged);
+    }
+    next
+}
+
 /// A Kubernetes upgrade keeps a record only of a machine it started or advances in this
 /// pass, one that failed, or one it does not observe (waited on): its machines' progress
 /// is read from their own conditions, and a record left by the other stage (a control
@@ -462,6 +488,33 @@ mod tests {
 
     fn progressing() -> OperationStatus {
         OperationStatus { phase: Phase::Progressing, observed_generation: Some(1), ..OperationStatus::default() }
+    }
+
+    #[test]
+    fn the_lock_taking_pass_counts_the_converged_keeps_a_failure_and_records_its_snapshot() {
+        let mut read = progressing();
+        read.machines.insert("a".into(), record(RecordState::Converged));
+        read.machines.insert("b".into(), record(RecordState::InProgress));
+        read.machines.insert("c".into(), record(RecordState::Failed));
+        read.machines.insert("d".into(), record(RecordState::InProgress));
+        let views = [
+            view("a", MachineProgress::Converged),
+            view("b", MachineProgress::Converged),
+            view("c", MachineProgress::Pending),
+            view("d", MachineProgress::InProgress { past_upgrade_call: true }),
+        ];
+        let taken = SnapshotState::Failed { reason: "disk full".into(), at: Timestamp::from_unix_secs(90) };
+        // "b"'s record was left in progress by a pass whose write was lost: its own
+        // conditions say converged, so it is counted and its record dropped.
+        let converged = |name: &str| name == "b";
+        let next = lock_taken(&read, 1, &decision(Phase::Progressing), &views, Work::Upgrade, Some(&taken), &converged);
+        assert_eq!(next.converged, 2);
+        assert_eq!(next.machines.keys().collect::<Vec<_>>(), ["c", "d"]);
+        assert_eq!(next.etcd_snapshot, Some(taken));
+        // A removal's records follow their every wait: none is dropped.
+        let removal = lock_taken(&read, 1, &decision(Phase::Progressing), &views, Work::Removal, None, &converged);
+        assert_eq!(removal.machines.len(), 4);
+        assert_eq!(removal.etcd_snapshot, None);
     }
 
     #[test]

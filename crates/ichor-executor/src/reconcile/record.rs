@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::machine::talos::{UpgradeTarget, installer_image_for};
-use ichor_upgrade_core::record::{self, PassRecord, StatusWrite, Work, next_status};
+use ichor_upgrade_core::record::{self, PassRecord, StatusWrite, Work};
 use ichor_upgrade_core::rollout::Decision;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::status::{MachineProgress, Phase, WaitReason};
+use ichor_upgrade_core::status::{Phase, WaitReason};
 
 use super::act::Acted;
 use super::decide::Decided;
@@ -36,11 +36,7 @@ pub(super) async fn record_pass(
     let Pass { ex, name, op, status, removal, views, target, now, .. } = *pass;
     let Acted { outcomes, by_name, kept_recheck } = acted;
     let decision = &decided.decision;
-    let work = match pass.kubernetes {
-        _ if removal => Work::Removal,
-        Some(_) => Work::Kubernetes,
-        None => Work::Upgrade,
-    };
+    let work = work(pass);
     let converged = |name: &str| by_name.get(name).is_some_and(|o| pass.judge.converged(&o.machine));
     let held_since = *memory.held();
     let recorded = record::record(&PassRecord {
@@ -93,21 +89,24 @@ pub(super) async fn record_pass(
     })
 }
 
+/// What the operation does, as the record tells it apart.
+fn work(pass: &Pass<'_>) -> Work {
+    match pass.kubernetes {
+        _ if pass.removal => Work::Removal,
+        Some(_) => Work::Kubernetes,
+        None => Work::Upgrade,
+    }
+}
+
 /// Stage "record" of a pass that took the cluster lock, and did nothing else: the status
 /// as the decision leaves it (the snapshot taken, the machines converged counted), written.
 pub(super) async fn record_lock_taken(pass: &Pass<'_>, decided: &Decided) -> Result<ReconcileOutcome, ReconcileError> {
-    let Pass { ex, name, op, status, observed, removal, views, now, .. } = *pass;
+    let Pass { ex, name, op, status, observed, views, now, .. } = *pass;
     let decision = &decided.decision;
-    let mut next = next_status(status, op.generation, decision, &[]);
-    if decided.snapshot.is_some() {
-        next.etcd_snapshot.clone_from(&decided.snapshot);
-    }
-    if !removal {
-        let count = views.iter().filter(|v| v.progress == MachineProgress::Converged).count();
-        next.forget_converged(count, |name| {
-            observed.iter().any(|o| o.machine.name == name && pass.judge.converged(&o.machine))
-        });
-    }
+    let work = work(pass);
+    let converged = |name: &str| observed.iter().any(|o| o.machine.name == name && pass.judge.converged(&o.machine));
+    let snapshot = decided.snapshot.as_ref();
+    let next = record::lock_taken(status, op.generation, decision, views, work, snapshot, &converged);
     let wrote = write_status(ex, name, &op.status, &next).await?;
     Ok(ReconcileOutcome {
         phase: next.phase,
