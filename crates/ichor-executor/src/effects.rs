@@ -22,9 +22,13 @@
 //! The authorities are built from what the rollout engine decided in this pass
 //! ([`Advancing::of`] from the [`Decision`], [`Calling::of`] and [`Finishing::of`] from a
 //! granted [`CallAuthority`]) or, for work outside a pass, from a fresh read that still
-//! authorises it (`job_calling`); nothing else makes one. That nothing in this crate
-//! reaches the adapters' side effects around this module is checked by
-//! `effects::tests::no_side_effect_outside_the_seam`.
+//! authorises it (`job_calling`); nothing else makes one.
+//!
+//! That nothing in this crate reaches a write around this module is a rule of the
+//! compiler: a Talos or Kubernetes write is a value ([`crate::writes`]) carried out by the
+//! one method that asks for a [`Seal`], and only this module makes one. The condition
+//! writes and the storage calls (their traits live in `ichor-storage`, shared with the
+//! evacuation's definition) are checked by `effects::tests::no_side_effect_outside_the_seam`.
 
 use std::future::Future;
 
@@ -38,12 +42,27 @@ use ichor_upgrade_core::status::Phase;
 use ichor_upgrade_core::status::RecordState;
 
 use crate::background::StopFlag;
-use crate::calls::{AdvanceError, CallTimedOut, Executor, bounded, kube, talos};
+use crate::calls::{AdvanceError, CallTimedOut, Executor, TalosCallError, bounded, kube, talos};
 use crate::kube_api::{Eviction, KubeError, MachineInfo, NodeInfo};
 use crate::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosError,
     UpgradeAck, UpgradeRequest,
 };
+use crate::writes::{KubeWrite, TalosWrite};
+
+pub(crate) mod seal;
+use seal::Seal;
+
+/// `write` on `node` through the Talos API, under `bound`: one error for the call.
+async fn talos_write(
+    ex: &Executor<'_>,
+    call: &'static str,
+    node: &str,
+    write: TalosWrite<'_>,
+    bound: std::time::Duration,
+) -> Result<crate::writes::TalosWritten, TalosCallError> {
+    Ok(bounded(call, bound, ex.talos.write(node, write, Seal::new())).await??)
+}
 
 /// The authority to advance one machine in this pass: the pass's decision starts or
 /// advances it, under a cluster lock the operation holds. It authorises the steps on the
@@ -263,10 +282,11 @@ pub(crate) async fn upgrade(
     machine: &MachineInfo,
     request: &UpgradeRequest,
     bound: std::time::Duration,
-) -> Result<Result<Result<UpgradeAck, TalosError>, CallTimedOut>, AdvanceError> {
+) -> Result<Result<UpgradeAck, TalosCallError>, AdvanceError> {
     use ichor_upgrade_core::upgrade_marker::reason;
     check("Upgrade", &machine.name, &calling.machine, recorded, reason::UPGRADE_INTENT)?;
-    Ok(bounded("Upgrade", bound, ex.talos.upgrade(&machine.address, request)).await)
+    let written = talos_write(ex, "Upgrade", &machine.address, TalosWrite::Upgrade(request), bound).await;
+    Ok(written.and_then(|w| Ok(w.upgrade()?)))
 }
 
 /// A Kubernetes upgrade's `MachineService.ApplyConfiguration` on the machine (never a dry
@@ -282,14 +302,24 @@ pub(crate) async fn apply_configuration(
     recorded: &Recorded<'_>,
     machine: &MachineInfo,
     request: &ApplyConfigRequest,
-) -> Result<Result<Result<ApplyConfigReply, TalosError>, CallTimedOut>, AdvanceError> {
+) -> Result<Result<ApplyConfigReply, TalosCallError>, AdvanceError> {
     use ichor_upgrade_core::machine::kubernetes::reason;
     check("ApplyConfiguration", &machine.name, &calling.machine, recorded, reason::APPLY_REQUESTED)?;
     if request.dry_run {
         return Err(mismatch("ApplyConfiguration", &machine.name, "a dry run is no apply".to_owned()));
     }
-    let bound = ex.config.call_timeout;
-    Ok(bounded("ApplyConfiguration", bound, ex.talos.apply_configuration(&machine.address, request)).await)
+    Ok(apply(ex, machine, request).await)
+}
+
+/// An ApplyConfiguration (or its dry run) on the machine, under the ordinary bound.
+async fn apply(
+    ex: &Executor<'_>,
+    machine: &MachineInfo,
+    request: &ApplyConfigRequest,
+) -> Result<ApplyConfigReply, TalosCallError> {
+    let write = TalosWrite::ApplyConfiguration(request);
+    let written = talos_write(ex, "ApplyConfiguration", &machine.address, write, ex.config.call_timeout).await?;
+    Ok(written.apply_configuration()?)
 }
 
 /// The dry run of an ApplyConfiguration: the node validates the configuration and says how
@@ -302,7 +332,7 @@ pub(crate) async fn dry_run_configuration(
     advancing: &Advancing,
     machine: &MachineInfo,
     request: &ApplyConfigRequest,
-) -> Result<Result<Result<ApplyConfigReply, TalosError>, CallTimedOut>, AdvanceError> {
+) -> Result<Result<ApplyConfigReply, TalosCallError>, AdvanceError> {
     if advancing.machine != machine.name {
         return Err(mismatch(
             "ApplyConfiguration",
@@ -313,8 +343,7 @@ pub(crate) async fn dry_run_configuration(
     if !request.dry_run {
         return Err(mismatch("ApplyConfiguration", &machine.name, "only a dry run goes out here".to_owned()));
     }
-    let bound = ex.config.call_timeout;
-    Ok(bounded("ApplyConfiguration", bound, ex.talos.apply_configuration(&machine.address, request)).await)
+    Ok(apply(ex, machine, request).await)
 }
 
 /// The lifecycle install (`LifecycleService.Upgrade`) on the machine, reporting through
@@ -333,7 +362,8 @@ pub(crate) fn install<'f>(
 ) -> Result<impl Future<Output = Result<InstallOutcome, TalosError>> + 'f, AdvanceError> {
     use ichor_upgrade_core::machine::lifecycle::reason;
     check("LifecycleService.Upgrade", &machine.name, &calling.machine, recorded, reason::INSTALL_INTENT)?;
-    Ok(ex.talos.lifecycle_upgrade_reporting(&machine.address, request, started))
+    let write = TalosWrite::Install { request, started };
+    Ok(async move { ex.talos.write(&machine.address, write, Seal::new()).await?.install() })
 }
 
 /// `MachineService.Reboot` of the machine, under the ordinary bound.
@@ -346,10 +376,11 @@ pub(crate) async fn reboot(
     finishing: &Finishing,
     recorded: &Recorded<'_>,
     machine: &MachineInfo,
-) -> Result<Result<Result<String, TalosError>, CallTimedOut>, AdvanceError> {
+) -> Result<Result<String, TalosCallError>, AdvanceError> {
     use ichor_upgrade_core::machine::lifecycle::reason;
     check("Reboot", &machine.name, &finishing.machine, recorded, reason::REBOOT_REQUESTED)?;
-    Ok(bounded("Reboot", ex.config.call_timeout, ex.talos.reboot(&machine.address)).await)
+    let written = talos_write(ex, "Reboot", &machine.address, TalosWrite::Reboot, ex.config.call_timeout).await;
+    Ok(written.and_then(|w| Ok(w.reboot()?)))
 }
 
 /// `EtcdLeaveCluster` on the machine.
@@ -364,7 +395,7 @@ pub(crate) async fn etcd_leave(
 ) -> Result<(), AdvanceError> {
     use ichor_upgrade_core::machine::removal::reason;
     check("leave etcd", &machine.name, &advancing.machine, recorded, reason::ETCD_LEAVE_REQUESTED)?;
-    talos(ex, "leave etcd", ex.talos.etcd_leave_cluster(&machine.address)).await
+    sealed_talos(ex, "leave etcd", &machine.address, TalosWrite::EtcdLeaveCluster).await
 }
 
 /// `EtcdRemoveMemberByID` of the machine's member, asked of `peer`.
@@ -381,7 +412,7 @@ pub(crate) async fn etcd_remove_member(
 ) -> Result<(), AdvanceError> {
     use ichor_upgrade_core::machine::removal::reason;
     check("remove etcd member", &machine.name, &advancing.machine, recorded, reason::ETCD_MEMBER_REMOVE_REQUESTED)?;
-    talos(ex, "remove etcd member", ex.talos.etcd_remove_member(peer, member_id)).await
+    sealed_talos(ex, "remove etcd member", peer, TalosWrite::EtcdRemoveMember { member_id }).await
 }
 
 /// The graceful reset of the machine.
@@ -397,7 +428,22 @@ pub(crate) async fn reset(
 ) -> Result<(), AdvanceError> {
     use ichor_upgrade_core::machine::removal::reason;
     check("reset", &machine.name, &advancing.machine, recorded, reason::RESET_REQUESTED)?;
-    talos(ex, "reset", ex.talos.reset(&machine.address, request)).await
+    sealed_talos(ex, "reset", &machine.address, TalosWrite::Reset(request)).await
+}
+
+/// A Talos write with no reply of its own, under the ordinary bound.
+async fn sealed_talos(
+    ex: &Executor<'_>,
+    call: &'static str,
+    node: &str,
+    write: TalosWrite<'_>,
+) -> Result<(), AdvanceError> {
+    talos(ex, call, async { ex.talos.write(node, write, Seal::new()).await?.done(&write) }).await
+}
+
+/// A Kubernetes write, under the ordinary bound.
+async fn sealed_kube(ex: &Executor<'_>, write: KubeWrite<'_>) -> Result<crate::writes::KubeWritten, AdvanceError> {
+    kube(ex, write.name(), ex.kube.write(write, Seal::new())).await
 }
 
 /// Cordons the Node as read (its resourceVersion the precondition), naming the operation.
@@ -411,7 +457,13 @@ pub(crate) async fn cordon(
     annotation: &str,
 ) -> Result<(), AdvanceError> {
     tracing::debug!(machine = %advancing.machine, node = %node.name, "cordon");
-    kube(ex, "cordon", ex.kube.cordon(node, annotation)).await
+    let write = KubeWrite::Cordon { node, annotation };
+    sealed_kube(ex, write).await?.done(&write).map_err(|source| kube_answer(write, source))
+}
+
+/// A write answered as another (a defect of the implementation), as the pass reports it.
+fn kube_answer(write: KubeWrite<'_>, source: KubeError) -> AdvanceError {
+    AdvanceError::KubeCall { call: write.name(), source: source.into() }
 }
 
 /// Lifts the cordon of the Node as read: gives back, so no authority.
@@ -419,7 +471,8 @@ pub(crate) async fn cordon(
 /// # Errors
 /// The call's failure (a Node changed since the read is a conflict).
 pub(crate) async fn uncordon(ex: &Executor<'_>, node: &NodeInfo) -> Result<(), AdvanceError> {
-    kube(ex, "uncordon", ex.kube.uncordon(node)).await
+    let write = KubeWrite::Uncordon { node };
+    sealed_kube(ex, write).await?.done(&write).map_err(|source| kube_answer(write, source))
 }
 
 /// Evicts `pod` through the Eviction API (a PodDisruptionBudget may refuse).
@@ -428,7 +481,8 @@ pub(crate) async fn uncordon(ex: &Executor<'_>, node: &NodeInfo) -> Result<(), A
 /// The call's failure.
 pub(crate) async fn evict(ex: &Executor<'_>, advancing: &Advancing, pod: &PodRef) -> Result<Eviction, AdvanceError> {
     tracing::debug!(machine = %advancing.machine, %pod, "evict");
-    kube(ex, "evict", ex.kube.evict(&pod.namespace, &pod.name)).await
+    let write = KubeWrite::Evict { namespace: &pod.namespace, name: &pod.name };
+    sealed_kube(ex, write).await?.eviction().map_err(|source| kube_answer(write, source))
 }
 
 /// Deletes the Node as read (its resourceVersion the precondition).
@@ -437,7 +491,8 @@ pub(crate) async fn evict(ex: &Executor<'_>, advancing: &Advancing, pod: &PodRef
 /// The call's failure (a Node changed since the read is a conflict).
 pub(crate) async fn delete_node(ex: &Executor<'_>, advancing: &Advancing, node: &NodeInfo) -> Result<(), AdvanceError> {
     tracing::debug!(machine = %advancing.machine, node = %node.name, "delete Node");
-    kube(ex, "delete Node", ex.kube.delete_node(node)).await
+    let write = KubeWrite::DeleteNode { node };
+    sealed_kube(ex, write).await?.done(&write).map_err(|source| kube_answer(write, source))
 }
 
 /// Begins the machine's evacuation through the shared definition
@@ -502,12 +557,10 @@ pub(crate) async fn restore_scheduling(
 }
 
 /// Pulls `request.image` onto the node at `address`: changes nothing a workload sees.
-pub(crate) async fn pull(
-    ex: &Executor<'_>,
-    address: &str,
-    request: &PullRequest,
-) -> Result<Result<String, TalosError>, CallTimedOut> {
-    bounded("ImageService.Pull", request.timeout, ex.talos.image_pull(address, request)).await
+pub(crate) async fn pull(ex: &Executor<'_>, address: &str, request: &PullRequest) -> Result<String, TalosCallError> {
+    let written =
+        talos_write(ex, "ImageService.Pull", address, TalosWrite::ImagePull(request), request.timeout).await?;
+    Ok(written.image_pull()?)
 }
 
 /// What an install run outside its pass checks again before each side effect.
@@ -754,23 +807,14 @@ mod tests {
         ("snapshot.rs", include_str!("snapshot.rs")),
         ("strategies.rs", include_str!("strategies.rs")),
         ("talos_api.rs", include_str!("talos_api.rs")),
+        ("writes.rs", include_str!("writes.rs")),
     ];
 
-    /// The adapters' calls that change a machine, its Node, its pods, its storage or etcd.
+    /// The calls that change a machine's record or its storage through the traits of
+    /// `ichor-storage` (shared with the evacuation's definition, so no seal of this crate
+    /// can guard them). The Talos and Kubernetes writes need a [`Seal`]: the compiler
+    /// keeps them here.
     const SIDE_EFFECTS: &[&str] = &[
-        ".upgrade(",
-        ".apply_configuration(",
-        ".lifecycle_upgrade(",
-        ".lifecycle_upgrade_reporting(",
-        ".reboot(",
-        ".etcd_leave_cluster(",
-        ".etcd_remove_member(",
-        ".reset(",
-        ".image_pull(",
-        ".cordon(",
-        ".uncordon(",
-        ".evict(",
-        ".delete_node(",
         ".write_conditions(",
         ".write_conditions_at(",
         ".restore_scheduling(",
@@ -821,7 +865,8 @@ mod tests {
 
     #[test]
     fn every_module_is_listed() {
-        let listed: Vec<&str> = MODULES.iter().map(|(name, _)| *name).chain(["effects.rs"]).collect();
+        let listed: Vec<&str> =
+            MODULES.iter().map(|(name, _)| *name).chain(["effects.rs", "effects/seal.rs"]).collect();
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut dirs = vec![src.clone()];
         while let Some(dir) = dirs.pop() {
@@ -840,8 +885,8 @@ mod tests {
         }
     }
 
-    /// Nothing in this crate reaches an adapter's side effect but through this module
-    /// (the trait declarations in `talos_api.rs` and `kube_api.rs` aside).
+    /// Nothing in this crate reaches a condition write or a storage call but through this
+    /// module (the trait declarations aside).
     #[test]
     fn no_side_effect_outside_the_seam() {
         let mut found = Vec::new();

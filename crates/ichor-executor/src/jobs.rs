@@ -21,10 +21,9 @@ pub async fn run_job(ex: &Executor<'_>, job: &Job) -> MachineOutcome {
         Job::Prepull { machine, address, image } => {
             let pull = PullRequest { image: image.clone(), timeout: ex.config.step.upgrade_call };
             match crate::effects::pull(ex, address, &pull).await {
-                Ok(Ok(_)) => tracing::debug!(%machine, %image, "pre-pulled"),
+                Ok(_) => tracing::debug!(%machine, %image, "pre-pulled"),
                 // Not a failure: the upgrade pulls again.
-                Ok(Err(e)) => tracing::info!(%machine, %image, error = %crate::cause::report(&e), "pre-pull failed"),
-                Err(e) => tracing::info!(%machine, %image, error = %e, "pre-pull failed"),
+                Err(e) => tracing::info!(%machine, %image, error = %crate::cause::report(&e), "pre-pull failed"),
             }
             MachineOutcome::Progressed { action: "Prepull" }
         }

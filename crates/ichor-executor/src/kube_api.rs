@@ -16,6 +16,8 @@ use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::status::OperationStatus;
 
+use crate::effects::seal::Seal;
+
 /// A failed Kubernetes API call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KubeError {
@@ -332,27 +334,13 @@ pub trait KubeApi: ConditionStore {
     async fn event(&self, event: &Event) -> Result<(), KubeError>;
     /// One machine, if it exists.
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError>;
-    /// Cordons the Node `read`: `spec.unschedulable=true` and the annotation
-    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::machine::lifecycle::CORDONED_ANNOTATION) set to
-    /// `annotation` ([`cordon_annotation`](ichor_upgrade_core::machine::lifecycle::cordon_annotation):
-    /// when, and which operation), in one write, so that only that operation's cordon is
-    /// ever lifted. Written under `read.resource_version`: a Node changed since it was read
-    /// (a `kubectl cordon` landing in between) makes it [`KubeError::Conflict`], never a
-    /// takeover.
-    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError>;
-    /// Lifts the engine's cordon of the Node `read`: `spec.unschedulable=false` and the
-    /// annotation removed, in one write, under `read.resource_version` (else
-    /// [`KubeError::Conflict`]). The caller checks the annotation first: a person's cordon,
-    /// or another operation's, stays.
-    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError>;
+    /// Carries out `write` on a machine's Node or its pods: the one way to change them
+    /// through this API. Its answer is of the write's own kind ([`KubeWritten`]). `seal` is
+    /// proof that the caller is [`crate::effects`], which alone makes one; a wrapper passes
+    /// on the one it was given.
+    async fn write(&self, write: KubeWrite<'_>, seal: Seal) -> Result<KubeWritten, KubeError>;
     /// The pods scheduled on a Node.
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
-    /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
-    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
-    /// Deletes the Node object `read`, only if it is still at `read.resource_version`
-    /// ([`KubeError::Conflict`] otherwise: a Node changed since, or another that joined
-    /// under the same name, is never deleted on an old read). One already gone is `Ok`.
-    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError>;
     /// A node's Kubernetes: its kubelet and, on a control plane, its static pods; `None`
     /// when the Node does not exist. (The default answers [`KubeError::Refused`]: a
     /// Kubernetes upgrade then waits, never guessing.)
@@ -393,5 +381,120 @@ pub trait KubeApi: ConditionStore {
         workload: &str,
     ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         Err(KubeError::Refused(format!("the rollout of {workload} cannot be read through this client")))
+    }
+}
+
+/// A Kubernetes write on a machine's Node or its pods.
+#[derive(Debug, Clone, Copy)]
+pub enum KubeWrite<'a> {
+    /// Cordons the Node `node` (as read): `spec.unschedulable=true` and the annotation
+    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::machine::lifecycle::CORDONED_ANNOTATION)
+    /// set to `annotation` ([`cordon_annotation`](ichor_upgrade_core::machine::lifecycle::cordon_annotation):
+    /// when, and which operation), in one write, so that only that operation's cordon is
+    /// ever lifted. Written under `node.resource_version`: a Node changed since it was read
+    /// (a `kubectl cordon` landing in between) makes it [`KubeError::Conflict`], never a
+    /// takeover.
+    Cordon {
+        /// The Node as read.
+        node: &'a NodeInfo,
+        /// The annotation's value.
+        annotation: &'a str,
+    },
+    /// Lifts the engine's cordon of the Node `node` (as read): `spec.unschedulable=false`
+    /// and the annotation removed, in one write, under its resourceVersion (else
+    /// [`KubeError::Conflict`]). The caller checks the annotation first: a person's cordon,
+    /// or another operation's, stays.
+    Uncordon {
+        /// The Node as read.
+        node: &'a NodeInfo,
+    },
+    /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
+    Evict {
+        /// The pod's namespace.
+        namespace: &'a str,
+        /// The pod's name.
+        name: &'a str,
+    },
+    /// Deletes the Node object `node`, only if it is still at its resourceVersion as read
+    /// ([`KubeError::Conflict`] otherwise: a Node changed since, or another that joined
+    /// under the same name, is never deleted on an old read). One already gone is done.
+    DeleteNode {
+        /// The Node as read.
+        node: &'a NodeInfo,
+    },
+}
+
+impl KubeWrite<'_> {
+    /// The API verb and resource it needs (its RBAC rule), such as `patch nodes`.
+    #[must_use]
+    pub fn verb(&self) -> (&'static str, &'static str) {
+        match self {
+            Self::Cordon { .. } | Self::Uncordon { .. } => ("patch", "nodes"),
+            Self::Evict { .. } => ("create", "pods/eviction"),
+            Self::DeleteNode { .. } => ("delete", "nodes"),
+        }
+    }
+
+    /// Its name, for logs and errors.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Cordon { .. } => "cordon",
+            Self::Uncordon { .. } => "uncordon",
+            Self::Evict { .. } => "evict",
+            Self::DeleteNode { .. } => "delete Node",
+        }
+    }
+}
+
+/// The answer to a [`KubeWrite`], of the same kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeWritten {
+    /// The Node is cordoned.
+    Cordoned,
+    /// The cordon is lifted.
+    Uncordoned,
+    /// What the eviction came to.
+    Evicted(Eviction),
+    /// The Node is deleted (or was gone).
+    NodeDeleted,
+}
+
+impl KubeWritten {
+    /// Its kind, as [`KubeWrite::name`] names it.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Cordoned => "cordon",
+            Self::Uncordoned => "uncordon",
+            Self::Evicted(_) => "evict",
+            Self::NodeDeleted => "delete Node",
+        }
+    }
+
+    fn other(&self, asked: &'static str) -> KubeError {
+        KubeError::Refused(format!(
+            "{asked} was answered as {}: an implementation of KubeApi::write is wrong",
+            self.name()
+        ))
+    }
+
+    /// What an eviction came to.
+    ///
+    /// # Errors
+    /// An answer of another kind (a defect of the implementation, named).
+    pub fn eviction(self) -> Result<Eviction, KubeError> {
+        match self {
+            Self::Evicted(eviction) => Ok(eviction),
+            other => Err(other.other("evict")),
+        }
+    }
+
+    /// That a write with no reply of its own was answered as itself.
+    ///
+    /// # Errors
+    /// An answer of another kind than `asked`'s.
+    pub fn done(self, asked: &KubeWrite<'_>) -> Result<(), KubeError> {
+        if self.name() == asked.name() { Ok(()) } else { Err(self.other(asked.name())) }
     }
 }

@@ -39,6 +39,7 @@ pub mod snapshot;
 #[cfg(feature = "proptest")]
 pub mod strategies;
 pub mod talos_api;
+pub mod writes;
 
 pub use cause::{Cause, report};
 pub use clock::Clock;

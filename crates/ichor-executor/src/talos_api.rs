@@ -4,11 +4,14 @@
 //! (apid's `node` metadata key). The real implementation is a tonic client over mutual TLS
 //! in `ichor-adapters`; the simulated cluster implements it too.
 
+use std::sync::atomic::AtomicBool;
+
 use async_trait::async_trait;
 pub use ichor_upgrade_core::etcd::gate::{Alarm as EtcdAlarm, MemberStatus as EtcdStatus};
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 
 use crate::cause::Cause;
+use crate::effects::seal::Seal;
 
 /// gRPC codes that, answered by the Talos API, mean the node cannot be reached now rather
 /// than that it refused: apid answers `Unavailable` when it cannot dial the node a call is
@@ -97,6 +100,13 @@ impl TalosError {
             Self::Dial { .. } | Self::Transport { .. } | Self::Unreachable { .. } => true,
             Self::Tls { .. } | Self::Answered { .. } => false,
         }
+    }
+
+    /// The answer of a double (or an older API) that does not serve `method` on `node`:
+    /// `Unimplemented`.
+    #[must_use]
+    pub fn unserved(method: &str, node: &str) -> Self {
+        unimplemented(method, node)
     }
 
     /// Whether the request certainly never reached the API, so that it may be sent through
@@ -245,21 +255,19 @@ pub trait TalosApi: Send + Sync {
     async fn nodename(&self, node: &str) -> Result<String, TalosError>;
     /// The machine's stage, from its `MachineStatuses.runtime.talos.dev` resource.
     async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError>;
-    /// `MachineService.Upgrade`. Blocks while the node pulls and checks the installer.
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError>;
+    /// Carries out `write` on `node` (for [`TalosWrite::EtcdRemoveMember`], the control
+    /// plane asked to remove another's member): the one way to change a node through this
+    /// API. Its answer is of the write's own kind ([`TalosWritten`]). `seal` is proof that
+    /// the caller is [`crate::effects`], which alone makes one; a wrapper passes on the one
+    /// it was given. A legacy Upgrade blocks while the node pulls and checks the
+    /// installer; an install follows its stream to the installer's exit code.
+    async fn write(&self, node: &str, write: TalosWrite<'_>, seal: Seal) -> Result<TalosWritten, TalosError>;
     /// The etcd member list, as the node sees it.
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError>;
     /// `EtcdStatus`: the node's own etcd member's status.
     async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError>;
     /// `EtcdAlarmList`: the etcd cluster's alarms, as the node reports them.
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError>;
-    /// `EtcdLeaveCluster`: the node's etcd member leaves the cluster.
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError>;
-    /// `EtcdRemoveMemberByID`, asked of `node` (another control plane): removes the member
-    /// of a control plane that can no longer leave by itself.
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError>;
-    /// `Reset`: the node wipes itself.
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError>;
     /// `MachineService.EtcdSnapshot`: a consistent snapshot of etcd from the node, as the
     /// chunks of its stream. An error in the stream ends it; the snapshot is then partial.
     /// (The default answers `Unimplemented`, for doubles that never take one.)
@@ -269,23 +277,9 @@ pub trait TalosApi: Send + Sync {
             message: format!("no etcd snapshot from {node}: this Talos API does not serve one"),
         })
     }
-    /// `ImageService.Pull` into the node's `system` containerd namespace: the pulled
-    /// image's name once every layer is there (at once if it already was). Talos 1.13 and
-    /// later. (The default answers `Unimplemented`; wrappers must forward it.)
-    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
-        let _ = request;
-        Err(unimplemented("ImageService.Pull", node))
-    }
     /// `ImageService.List` of the node's `system` containerd namespace.
     async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
         Err(unimplemented("ImageService.List", node))
-    }
-    /// `LifecycleService.Upgrade`: the install into the other boot slot, to its exit code.
-    /// It neither drains nor reboots, and Talos runs no etcd check for it. A stream that
-    /// ends without an exit code is [`TalosError::Transport`].
-    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        let _ = request;
-        Err(unimplemented("LifecycleService.Upgrade", node))
     }
     /// Whether an install runs on the node now: Talos keeps the `installer` ServicePID
     /// (`ServicePIDs.runtime.talos.dev`, namespace `runtime`) while the installer's task
@@ -294,19 +288,6 @@ pub trait TalosApi: Send + Sync {
     async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
         let _ = node;
         Ok(None)
-    }
-    /// [`Self::lifecycle_upgrade`], setting `started` once the node answered that the
-    /// install began (the stream's first message: Talos took its one-install lock and
-    /// started the installer, which then runs to its end whatever becomes of the stream).
-    /// The default sets nothing; wrappers must forward it.
-    async fn lifecycle_upgrade_reporting(
-        &self,
-        node: &str,
-        request: &InstallRequest,
-        started: &std::sync::atomic::AtomicBool,
-    ) -> Result<InstallOutcome, TalosError> {
-        let _ = started;
-        self.lifecycle_upgrade(node, request).await
     }
     /// The node's active machine configuration (`MachineConfigs.config.talos.dev`,
     /// namespace `config`, ID `v1alpha1`): the YAML it was given. (The default answers
@@ -334,20 +315,6 @@ pub trait TalosApi: Send + Sync {
     async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
         Err(unimplemented("COSI List Manifests", node))
     }
-    /// `MachineService.ApplyConfiguration` on the node. (The default answers
-    /// `Unimplemented`; wrappers must forward it.)
-    async fn apply_configuration(
-        &self,
-        node: &str,
-        request: &ApplyConfigRequest,
-    ) -> Result<ApplyConfigReply, TalosError> {
-        let _ = request;
-        Err(unimplemented("MachineService.ApplyConfiguration", node))
-    }
-    /// `MachineService.Reboot` in the default mode; the actor ID. It does not drain.
-    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
-        Err(unimplemented("MachineService.Reboot", node))
-    }
     /// The boot ID the node's kernel reports ([`BOOT_ID_PATH`], `MachineService.Read`).
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         Err(unimplemented("MachineService.Read", node))
@@ -370,3 +337,175 @@ fn unimplemented(method: &str, node: &str) -> TalosError {
 
 /// The chunks of an etcd snapshot as they arrive.
 pub type SnapshotStream = futures::stream::BoxStream<'static, Result<Vec<u8>, TalosError>>;
+
+/// A call to the Talos API that changes a node (or, for a dry run of a configuration and
+/// an image pull, asks it to do work an operation wanted).
+#[derive(Debug, Clone, Copy)]
+pub enum TalosWrite<'a> {
+    /// `MachineService.Upgrade` (legacy: the node checks etcd, installs and reboots).
+    Upgrade(&'a UpgradeRequest),
+    /// `MachineService.ApplyConfiguration`, or its dry run (`dry_run` set: stores nothing).
+    ApplyConfiguration(&'a ApplyConfigRequest),
+    /// `LifecycleService.Upgrade`: the install into the other boot slot, to its exit code.
+    /// It neither drains nor reboots, and Talos runs no etcd check for it. `started` is
+    /// set once the node answered that the install began (the stream's first message: the
+    /// installer then runs to its end whatever becomes of the stream). A stream that ends
+    /// without an exit code is [`TalosError::Transport`].
+    Install {
+        /// What to install.
+        request: &'a InstallRequest,
+        /// Set when the node took the install.
+        started: &'a AtomicBool,
+    },
+    /// `MachineService.Reboot` in the default mode. It does not drain.
+    Reboot,
+    /// `EtcdLeaveCluster`: the node's etcd member leaves the cluster.
+    EtcdLeaveCluster,
+    /// `EtcdRemoveMemberByID`, asked of a node (another control plane): removes the member
+    /// of a control plane that can no longer leave by itself.
+    EtcdRemoveMember {
+        /// The member to remove.
+        member_id: u64,
+    },
+    /// `MachineService.Reset`: the node wipes itself.
+    Reset(&'a ResetRequest),
+    /// `ImageService.Pull` into the node's `system` containerd namespace (Talos 1.13 and
+    /// later): changes nothing a workload sees.
+    ImagePull(&'a PullRequest),
+}
+
+impl TalosWrite<'_> {
+    /// The API method, as the Talos API names it.
+    #[must_use]
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::Upgrade(_) => "MachineService.Upgrade",
+            Self::ApplyConfiguration(_) => "MachineService.ApplyConfiguration",
+            Self::Install { .. } => "LifecycleService.Upgrade",
+            Self::Reboot => "MachineService.Reboot",
+            Self::EtcdLeaveCluster => "MachineService.EtcdLeaveCluster",
+            Self::EtcdRemoveMember { .. } => "MachineService.EtcdRemoveMemberByID",
+            Self::Reset(_) => "MachineService.Reset",
+            Self::ImagePull(_) => "ImageService.Pull",
+        }
+    }
+
+    /// Whether it changes what the node stores or runs: everything but a configuration's
+    /// dry run.
+    #[must_use]
+    pub fn changes_the_node(&self) -> bool {
+        !matches!(self, Self::ApplyConfiguration(request) if request.dry_run)
+    }
+}
+
+/// The answer to a [`TalosWrite`], of the same kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TalosWritten {
+    /// The node's acknowledgement of an Upgrade call.
+    Upgrade(UpgradeAck),
+    /// How the node applied (or would apply) the configuration.
+    ApplyConfiguration(ApplyConfigReply),
+    /// How the install ended.
+    Install(InstallOutcome),
+    /// The reboot's actor ID.
+    Reboot(String),
+    /// The member left.
+    EtcdLeaveCluster,
+    /// The member was removed.
+    EtcdRemoveMember,
+    /// The reset began.
+    Reset,
+    /// The pulled image's name.
+    ImagePull(String),
+}
+
+impl TalosWritten {
+    /// Its kind, as [`TalosWrite::method`] names it.
+    #[must_use]
+    pub fn method(&self) -> &'static str {
+        match self {
+            Self::Upgrade(_) => "MachineService.Upgrade",
+            Self::ApplyConfiguration(_) => "MachineService.ApplyConfiguration",
+            Self::Install(_) => "LifecycleService.Upgrade",
+            Self::Reboot(_) => "MachineService.Reboot",
+            Self::EtcdLeaveCluster => "MachineService.EtcdLeaveCluster",
+            Self::EtcdRemoveMember => "MachineService.EtcdRemoveMemberByID",
+            Self::Reset => "MachineService.Reset",
+            Self::ImagePull(_) => "ImageService.Pull",
+        }
+    }
+
+    fn other(self, asked: &'static str) -> TalosError {
+        TalosError::Answered {
+            code: "Internal".to_owned(),
+            message: format!(
+                "{asked} was answered as {}: an implementation of TalosApi::write is wrong",
+                self.method()
+            ),
+        }
+    }
+
+    /// The acknowledgement of an Upgrade call.
+    ///
+    /// # Errors
+    /// An answer of another kind (a defect of the implementation, named).
+    pub fn upgrade(self) -> Result<UpgradeAck, TalosError> {
+        match self {
+            Self::Upgrade(ack) => Ok(ack),
+            other => Err(other.other("MachineService.Upgrade")),
+        }
+    }
+
+    /// The reply to an ApplyConfiguration.
+    ///
+    /// # Errors
+    /// An answer of another kind.
+    pub fn apply_configuration(self) -> Result<ApplyConfigReply, TalosError> {
+        match self {
+            Self::ApplyConfiguration(reply) => Ok(reply),
+            other => Err(other.other("MachineService.ApplyConfiguration")),
+        }
+    }
+
+    /// How an install ended.
+    ///
+    /// # Errors
+    /// An answer of another kind.
+    pub fn install(self) -> Result<InstallOutcome, TalosError> {
+        match self {
+            Self::Install(outcome) => Ok(outcome),
+            other => Err(other.other("LifecycleService.Upgrade")),
+        }
+    }
+
+    /// A reboot's actor ID.
+    ///
+    /// # Errors
+    /// An answer of another kind.
+    pub fn reboot(self) -> Result<String, TalosError> {
+        match self {
+            Self::Reboot(actor_id) => Ok(actor_id),
+            other => Err(other.other("MachineService.Reboot")),
+        }
+    }
+
+    /// The pulled image's name.
+    ///
+    /// # Errors
+    /// An answer of another kind.
+    pub fn image_pull(self) -> Result<String, TalosError> {
+        match self {
+            Self::ImagePull(name) => Ok(name),
+            other => Err(other.other("ImageService.Pull")),
+        }
+    }
+
+    /// That a write with no reply of its own (the etcd leave, a member's removal, the
+    /// reset) was answered as itself.
+    ///
+    /// # Errors
+    /// An answer of another kind than `asked`'s.
+    pub fn done(self, asked: &TalosWrite<'_>) -> Result<(), TalosError> {
+        if self.method() == asked.method() { Ok(()) } else { Err(self.other(asked.method())) }
+    }
+}

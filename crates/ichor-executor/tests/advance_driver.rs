@@ -10,9 +10,8 @@ use async_trait::async_trait;
 use ichor_executor::ExecutorConfig;
 use ichor_executor::kube_api::{KubeError, MachineInfo, NodeInfo};
 use ichor_executor::machine::talos::{AdvanceError, Executor, OperationRef, advance_machine};
-use ichor_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ResetRequest, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
-};
+use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, TalosApi, TalosError, UpgradeAck};
+use ichor_executor::writes::{Seal, TalosWrite, TalosWritten};
 use ichor_storage::StorageObject;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
@@ -50,9 +49,14 @@ impl TalosApi for Slow {
         tokio::time::sleep(self.stage_takes).await;
         self.inner.machine_stage(node).await
     }
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-        tokio::time::sleep(self.upgrade_takes).await;
-        self.inner.upgrade(node, request).await
+    async fn write(&self, node: &str, write: TalosWrite<'_>, seal: Seal) -> Result<TalosWritten, TalosError> {
+        match write {
+            TalosWrite::Upgrade(_) => tokio::time::sleep(self.upgrade_takes).await,
+            TalosWrite::EtcdLeaveCluster | TalosWrite::EtcdRemoveMember { .. } | TalosWrite::Reset(_) => {}
+            // What this double never served.
+            other => return Err(TalosError::unserved(other.method(), node)),
+        }
+        self.inner.write(node, write, seal).await
     }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.inner.etcd_members(node).await
@@ -62,15 +66,6 @@ impl TalosApi for Slow {
     }
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
         self.inner.etcd_alarms(node).await
-    }
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        self.inner.etcd_leave_cluster(node).await
-    }
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
-        self.inner.etcd_remove_member(node, member_id).await
-    }
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.inner.reset(node, request).await
     }
 }
 

@@ -29,10 +29,8 @@ use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_executor::background::{Job, JobQueue};
 use ichor_executor::jobs::run_job;
 use ichor_executor::kube_api::KubeApi;
-use ichor_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi,
-    TalosError, UpgradeAck, UpgradeRequest,
-};
+use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, TalosApi, TalosError};
+use ichor_executor::writes::{Seal, TalosWrite, TalosWritten};
 use ichor_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use k8s_openapi::api::core::v1::{Node, Secret};
@@ -381,7 +379,8 @@ impl TalosApi for NoTalos {
     async fn machine_stage(&self, _node: &str) -> Result<MachineStage, TalosError> {
         Err(self.error())
     }
-    async fn upgrade(&self, _node: &str, _request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+    // Every write, as every read: the one refusal, saying why.
+    async fn write(&self, _node: &str, _write: TalosWrite<'_>, _seal: Seal) -> Result<TalosWritten, TalosError> {
         Err(self.error())
     }
     async fn etcd_members(&self, _node: &str) -> Result<Vec<EtcdMember>, TalosError> {
@@ -393,25 +392,7 @@ impl TalosApi for NoTalos {
     async fn etcd_alarms(&self, _node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
         Err(self.error())
     }
-    async fn etcd_leave_cluster(&self, _node: &str) -> Result<(), TalosError> {
-        Err(self.error())
-    }
-    async fn etcd_remove_member(&self, _node: &str, _member_id: u64) -> Result<(), TalosError> {
-        Err(self.error())
-    }
-    async fn reset(&self, _node: &str, _request: &ResetRequest) -> Result<(), TalosError> {
-        Err(self.error())
-    }
-    async fn image_pull(&self, _node: &str, _request: &PullRequest) -> Result<String, TalosError> {
-        Err(self.error())
-    }
     async fn image_list(&self, _node: &str) -> Result<Vec<ImageInfo>, TalosError> {
-        Err(self.error())
-    }
-    async fn lifecycle_upgrade(&self, _node: &str, _request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        Err(self.error())
-    }
-    async fn reboot(&self, _node: &str) -> Result<String, TalosError> {
         Err(self.error())
     }
     async fn boot_id(&self, _node: &str) -> Result<String, TalosError> {

@@ -19,13 +19,11 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use ichor_executor::kube_api::{
-    AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
-    MachineInfo, ManifestSession, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
+    AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
+    ManifestSession, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
-use ichor_executor::talos_api::{
-    ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
-    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
-};
+use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, SnapshotStream, TalosApi, TalosError};
+use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
@@ -73,6 +71,24 @@ impl Fence {
         if self.leads() { Ok(()) } else { Err(KubeError::Unreachable(NOT_LEADING.to_owned())) }
     }
 
+    /// Whether the Talos write `write` on `node` may be sent now: a write only while this
+    /// replica leads, except a dry run of a configuration, which stores nothing. An image
+    /// pull changes no machine's state, but it is load an operation asked for: fenced.
+    fn admits_talos(&self, node: &str, write: &TalosWrite<'_>) -> Result<(), TalosError> {
+        if write.changes_the_node() { self.talos(node) } else { Ok(()) }
+    }
+
+    /// Whether the Kubernetes write `write` may be made now: every one only while this
+    /// replica leads.
+    fn admits_kube(&self, write: &KubeWrite<'_>) -> Result<(), KubeError> {
+        match write {
+            KubeWrite::Cordon { .. }
+            | KubeWrite::Uncordon { .. }
+            | KubeWrite::Evict { .. }
+            | KubeWrite::DeleteNode { .. } => self.kube(),
+        }
+    }
+
     fn storage(&self) -> Result<(), StorageError> {
         if self.leads() { Ok(()) } else { Err(StorageError::transient(NOT_LEADING)) }
     }
@@ -102,9 +118,9 @@ impl TalosApi for FencedTalos<'_> {
     async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
         self.inner.machine_stage(node).await
     }
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-        self.fence.talos(node)?;
-        self.inner.upgrade(node, request).await
+    async fn write(&self, node: &str, write: TalosWrite<'_>, seal: Seal) -> Result<TalosWritten, TalosError> {
+        self.fence.admits_talos(node, &write)?;
+        self.inner.write(node, write, seal).await
     }
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.inner.machine_config(node).await
@@ -120,17 +136,6 @@ impl TalosApi for FencedTalos<'_> {
         self.fence.talos(node)?;
         self.inner.admin_kubeconfig(node).await
     }
-    async fn apply_configuration(
-        &self,
-        node: &str,
-        request: &ApplyConfigRequest,
-    ) -> Result<ApplyConfigReply, TalosError> {
-        // A dry run stores nothing; an apply changes the node.
-        if !request.dry_run {
-            self.fence.talos(node)?;
-        }
-        self.inner.apply_configuration(node, request).await
-    }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.inner.etcd_members(node).await
     }
@@ -140,48 +145,14 @@ impl TalosApi for FencedTalos<'_> {
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
         self.inner.etcd_alarms(node).await
     }
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        self.fence.talos(node)?;
-        self.inner.etcd_leave_cluster(node).await
-    }
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
-        self.fence.talos(node)?;
-        self.inner.etcd_remove_member(node, member_id).await
-    }
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.fence.talos(node)?;
-        self.inner.reset(node, request).await
-    }
     async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
         self.inner.etcd_snapshot(node).await
-    }
-    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
-        // A pull changes no machine's state, but it is load an operation asked for.
-        self.fence.talos(node)?;
-        self.inner.image_pull(node, request).await
     }
     async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
         self.inner.image_list(node).await
     }
-    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        self.fence.talos(node)?;
-        self.inner.lifecycle_upgrade(node, request).await
-    }
-    async fn lifecycle_upgrade_reporting(
-        &self,
-        node: &str,
-        request: &InstallRequest,
-        started: &std::sync::atomic::AtomicBool,
-    ) -> Result<InstallOutcome, TalosError> {
-        self.fence.talos(node)?;
-        self.inner.lifecycle_upgrade_reporting(node, request, started).await
-    }
     async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
         self.inner.install_running(node).await
-    }
-    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
-        self.fence.talos(node)?;
-        self.inner.reboot(node).await
     }
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         self.inner.boot_id(node).await
@@ -291,24 +262,12 @@ impl KubeApi for FencedKube<'_> {
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
         self.inner.machine(name).await
     }
-    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
-        self.fence.kube()?;
-        self.inner.cordon(read, annotation).await
-    }
-    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.fence.kube()?;
-        self.inner.uncordon(read).await
+    async fn write(&self, write: KubeWrite<'_>, seal: Seal) -> Result<KubeWritten, KubeError> {
+        self.fence.admits_kube(&write)?;
+        self.inner.write(write, seal).await
     }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.inner.pods_on(node).await
-    }
-    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
-        self.fence.kube()?;
-        self.inner.evict(namespace, name).await
-    }
-    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.fence.kube()?;
-        self.inner.delete_node(read).await
     }
 }
 
@@ -350,26 +309,37 @@ impl StorageApi for FencedStorage<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
+
+    use ichor_executor::kube_api::Metadata;
+    use ichor_executor::talos_api::{ApplyConfigRequest, ApplyMode, PullRequest, UpgradeAck, UpgradeRequest};
 
     use super::*;
 
     /// A Talos API that counts what reaches it.
     #[derive(Default)]
-    struct Counted(std::sync::atomic::AtomicUsize);
+    struct Counted(AtomicUsize);
 
     #[async_trait]
     impl TalosApi for Counted {
         async fn nodename(&self, _: &str) -> Result<String, TalosError> {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.fetch_add(1, Ordering::Relaxed);
             Ok("n".into())
         }
         async fn machine_stage(&self, _: &str) -> Result<MachineStage, TalosError> {
             Ok(MachineStage::Running)
         }
-        async fn upgrade(&self, _: &str, _: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok(UpgradeAck { ack: "ok".into(), actor_id: "a".into() })
+        async fn write(&self, _: &str, write: TalosWrite<'_>, _: Seal) -> Result<TalosWritten, TalosError> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(match write {
+                TalosWrite::Upgrade(_) => TalosWritten::Upgrade(UpgradeAck { ack: "ok".into(), actor_id: "a".into() }),
+                TalosWrite::Reboot => TalosWritten::Reboot("a".into()),
+                TalosWrite::EtcdLeaveCluster => TalosWritten::EtcdLeaveCluster,
+                TalosWrite::EtcdRemoveMember { .. } => TalosWritten::EtcdRemoveMember,
+                TalosWrite::Reset(_) => TalosWritten::Reset,
+                other => return Err(TalosError::unserved(other.method(), "n")),
+            })
         }
         async fn etcd_members(&self, _: &str) -> Result<Vec<EtcdMember>, TalosError> {
             Ok(Vec::new())
@@ -380,23 +350,12 @@ mod tests {
         async fn etcd_alarms(&self, _: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
             Ok(Vec::new())
         }
-        async fn etcd_leave_cluster(&self, _: &str) -> Result<(), TalosError> {
-            Ok(())
-        }
-        async fn etcd_remove_member(&self, _: &str, _: u64) -> Result<(), TalosError> {
-            Ok(())
-        }
-        async fn reset(&self, _: &str, _: &ResetRequest) -> Result<(), TalosError> {
-            Ok(())
-        }
-        async fn reboot(&self, _: &str) -> Result<String, TalosError> {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Ok("a".into())
-        }
     }
 
     /// A leadership that lapses between a pass's start and its call is not acted on: the
     /// call is refused before it leaves, as unreachable (transient), and reads still go.
+    /// (A write needs a seal only the executor makes: the fence's decision on it is what
+    /// `write` applies before it forwards.)
     #[tokio::test]
     async fn a_call_that_changes_a_node_goes_out_only_while_this_replica_leads() {
         let (tx, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(15)));
@@ -404,17 +363,66 @@ mod tests {
         let counted = Counted::default();
         let talos = FencedTalos { inner: &counted, fence: &fence };
         let request = UpgradeRequest { image: "i".into(), timeout: Duration::from_secs(1) };
-        talos.upgrade("10.5.0.2", &request).await.unwrap();
-        talos.reboot("10.5.0.2").await.unwrap();
+        let pull = PullRequest { image: "i".into(), timeout: Duration::from_secs(1) };
+        let apply = |dry_run| ApplyConfigRequest { data: Vec::new(), mode: ApplyMode::NoReboot, dry_run };
+        let (applied, dry_run) = (apply(false), apply(true));
+        let node = "10.5.0.2";
+        let writes = [
+            TalosWrite::Upgrade(&request),
+            TalosWrite::Reboot,
+            TalosWrite::ImagePull(&pull),
+            TalosWrite::ApplyConfiguration(&applied),
+            TalosWrite::EtcdLeaveCluster,
+            TalosWrite::EtcdRemoveMember { member_id: 7 },
+        ];
+        for write in &writes {
+            fence.admits_talos(node, write).unwrap();
+        }
         // The renewal deadline passes (the Lease could not be renewed): no longer leading.
         tx.send(Some(Instant::now().checked_sub(Duration::from_millis(1)).unwrap())).unwrap();
-        let refused = talos.upgrade("10.5.0.2", &request).await.unwrap_err();
+        let refused = fence.admits_talos(node, &TalosWrite::Upgrade(&request)).unwrap_err();
         assert!(refused.is_unreachable(), "{refused:?}");
         assert!(refused.to_string().contains("no longer leads"), "{refused}");
-        assert!(talos.reboot("10.5.0.2").await.is_err());
-        assert_eq!(talos.nodename("10.5.0.2").await.unwrap(), "n", "a read still goes");
-        assert_eq!(counted.0.load(std::sync::atomic::Ordering::Relaxed), 3, "two changes and one read reached it");
+        for write in &writes {
+            assert!(fence.admits_talos(node, write).is_err(), "{} went out", write.method());
+        }
+        // A dry run stores nothing: it goes.
+        fence.admits_talos(node, &TalosWrite::ApplyConfiguration(&dry_run)).unwrap();
+        assert_eq!(talos.nodename(node).await.unwrap(), "n", "a read still goes");
+        assert_eq!(counted.0.load(Ordering::Relaxed), 1, "the read reached it");
         tx.send(None).unwrap();
         assert!(!fence.leads());
+    }
+
+    /// The machine-level Kubernetes writes (cordon, uncordon, eviction, Node deletion) are
+    /// made only while this replica leads, refused as unreachable otherwise.
+    #[test]
+    fn a_kubernetes_write_is_made_only_while_this_replica_leads() {
+        let (tx, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(15)));
+        let fence = Fence::new(rx);
+        let node = NodeInfo {
+            name: "n".into(),
+            ready: true,
+            unschedulable: false,
+            os_image: String::new(),
+            boot_id: String::new(),
+            labels: Metadata::new(),
+            annotations: Metadata::new(),
+            resource_version: "1".into(),
+        };
+        let writes = [
+            KubeWrite::Cordon { node: &node, annotation: "since=1;operation=default/demo/1" },
+            KubeWrite::Uncordon { node: &node },
+            KubeWrite::Evict { namespace: "apps", name: "web-1" },
+            KubeWrite::DeleteNode { node: &node },
+        ];
+        for write in &writes {
+            fence.admits_kube(write).unwrap();
+        }
+        tx.send(Some(Instant::now().checked_sub(Duration::from_millis(1)).unwrap())).unwrap();
+        for write in &writes {
+            let refused = fence.admits_kube(write).unwrap_err();
+            assert!(matches!(&refused, KubeError::Unreachable(why) if why.contains("no longer leads")), "{refused:?}");
+        }
     }
 }

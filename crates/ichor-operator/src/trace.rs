@@ -46,9 +46,9 @@ use ichor_executor::kube_api::{
 };
 use ichor_executor::machine_config::MachineConfig;
 use ichor_executor::talos_api::{
-    ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
-    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
+    ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, SnapshotStream, TalosApi, TalosError,
 };
+use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 pub use ichor_timeline::trace::{TraceEvent, TraceKind};
 use ichor_upgrade_core::Timestamp;
@@ -585,6 +585,86 @@ impl fmt::Debug for TracedTalos<'_> {
     }
 }
 
+/// What a Talos write's success records, decided before it is sent.
+enum OnSuccess<'w> {
+    /// Nothing.
+    Nothing,
+    /// The call, of this kind.
+    Call(TraceKind),
+    /// The image pulled.
+    Pulled(&'w str),
+    /// The install, if it exited 0.
+    Installed,
+}
+
+impl TracedTalos<'_> {
+    /// `write` on `node`, sent by `send` (the inner API's `write`, with the seal it was
+    /// given), recorded: what it records before it is sent, and on its success what
+    /// [`Self::before`] said. With no recorder, `send` alone.
+    async fn traced<F>(
+        &self,
+        node: &str,
+        write: TalosWrite<'_>,
+        send: impl FnOnce() -> F + Send,
+    ) -> Result<TalosWritten, TalosError>
+    where
+        F: Future<Output = Result<TalosWritten, TalosError>> + Send,
+    {
+        let Some(r) = self.recorder else { return send().await };
+        let on_success = self.before(r, node, &write).await;
+        let written = send().await?;
+        match on_success {
+            OnSuccess::Nothing => {}
+            OnSuccess::Call(kind) => r.talos_call(node, kind),
+            OnSuccess::Pulled(image) => r.pulled(node, image),
+            OnSuccess::Installed => {
+                if matches!(&written, TalosWritten::Install(outcome) if outcome.exit_code == 0) {
+                    r.talos_call(node, TraceKind::Installed);
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Records what `write` on `node` records before it is sent, and says what its success
+    /// records: the one place that tells what each Talos write is in the trace.
+    async fn before<'w>(&self, r: &Recorder, node: &str, write: &TalosWrite<'w>) -> OnSuccess<'w> {
+        match *write {
+            TalosWrite::Upgrade(_) => OnSuccess::Call(TraceKind::UpgradeCall),
+            TalosWrite::ApplyConfiguration(request) => {
+                if !request.dry_run {
+                    self.config_applies(r, node, request).await;
+                }
+                OnSuccess::Nothing
+            }
+            TalosWrite::Install { .. } => {
+                r.talos_call(node, TraceKind::InstallStart);
+                OnSuccess::Installed
+            }
+            TalosWrite::Reboot => OnSuccess::Call(TraceKind::RebootCall),
+            TalosWrite::EtcdLeaveCluster | TalosWrite::EtcdRemoveMember { .. } => OnSuccess::Nothing,
+            TalosWrite::Reset(_) => OnSuccess::Call(TraceKind::ResetCall),
+            TalosWrite::ImagePull(request) => {
+                r.pull_started(node, &request.image);
+                OnSuccess::Pulled(&request.image)
+            }
+        }
+    }
+
+    /// Before an apply: which component's image it changes, from the node's configuration
+    /// now (read again, only when a trace is kept).
+    async fn config_applies(&self, r: &Recorder, node: &str, request: &ApplyConfigRequest) {
+        let before = self.inner.machine_config(node).await.ok().and_then(|b| MachineConfig::parse(&b).ok());
+        if let (Some(before), Ok(after)) = (before, MachineConfig::parse(&request.data)) {
+            for component in Component::ALL {
+                if after.image(component).is_some_and(|image| before.image(component).as_ref() != Some(&image)) {
+                    r.config_apply(node, component.as_str());
+                }
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl TalosApi for TracedTalos<'_> {
     async fn nodename(&self, node: &str) -> Result<String, TalosError> {
@@ -597,12 +677,8 @@ impl TalosApi for TracedTalos<'_> {
     async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
         self.inner.machine_stage(node).await
     }
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-        let ack = self.inner.upgrade(node, request).await?;
-        if let Some(r) = self.recorder {
-            r.talos_call(node, TraceKind::UpgradeCall);
-        }
-        Ok(ack)
+    async fn write(&self, node: &str, write: TalosWrite<'_>, seal: Seal) -> Result<TalosWritten, TalosError> {
+        self.traced(node, write, || self.inner.write(node, write, seal)).await
     }
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.inner.machine_config(node).await
@@ -616,27 +692,6 @@ impl TalosApi for TracedTalos<'_> {
     async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         self.inner.admin_kubeconfig(node).await
     }
-    async fn apply_configuration(
-        &self,
-        node: &str,
-        request: &ApplyConfigRequest,
-    ) -> Result<ApplyConfigReply, TalosError> {
-        // Before the call: which component's image it changes, from the node's configuration
-        // now (read again, only when a trace is kept).
-        if let Some(r) = self.recorder
-            && !request.dry_run
-        {
-            let before = self.inner.machine_config(node).await.ok().and_then(|b| MachineConfig::parse(&b).ok());
-            if let (Some(before), Ok(after)) = (before, MachineConfig::parse(&request.data)) {
-                for component in Component::ALL {
-                    if after.image(component).is_some_and(|image| before.image(component).as_ref() != Some(&image)) {
-                        r.config_apply(node, component.as_str());
-                    }
-                }
-            }
-        }
-        self.inner.apply_configuration(node, request).await
-    }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.inner.etcd_members(node).await
     }
@@ -646,19 +701,6 @@ impl TalosApi for TracedTalos<'_> {
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
         self.inner.etcd_alarms(node).await
     }
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        self.inner.etcd_leave_cluster(node).await
-    }
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
-        self.inner.etcd_remove_member(node, member_id).await
-    }
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.inner.reset(node, request).await?;
-        if let Some(r) = self.recorder {
-            r.talos_call(node, TraceKind::ResetCall);
-        }
-        Ok(())
-    }
     async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
         let stream = self.inner.etcd_snapshot(node).await?;
         if let Some(r) = self.recorder {
@@ -666,44 +708,11 @@ impl TalosApi for TracedTalos<'_> {
         }
         Ok(stream)
     }
-    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
-        let Some(r) = self.recorder else { return self.inner.image_pull(node, request).await };
-        r.pull_started(node, &request.image);
-        let name = self.inner.image_pull(node, request).await?;
-        r.pulled(node, &request.image);
-        Ok(name)
-    }
     async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
         self.inner.image_list(node).await
     }
-    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        self.lifecycle_upgrade_reporting(node, request, &std::sync::atomic::AtomicBool::new(false)).await
-    }
-    async fn lifecycle_upgrade_reporting(
-        &self,
-        node: &str,
-        request: &InstallRequest,
-        started: &std::sync::atomic::AtomicBool,
-    ) -> Result<InstallOutcome, TalosError> {
-        let Some(r) = self.recorder else {
-            return self.inner.lifecycle_upgrade_reporting(node, request, started).await;
-        };
-        r.talos_call(node, TraceKind::InstallStart);
-        let outcome = self.inner.lifecycle_upgrade_reporting(node, request, started).await?;
-        if outcome.exit_code == 0 {
-            r.talos_call(node, TraceKind::Installed);
-        }
-        Ok(outcome)
-    }
     async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
         self.inner.install_running(node).await
-    }
-    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
-        let actor = self.inner.reboot(node).await?;
-        if let Some(r) = self.recorder {
-            r.talos_call(node, TraceKind::RebootCall);
-        }
-        Ok(actor)
     }
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         self.inner.boot_id(node).await
@@ -723,6 +732,30 @@ pub struct TracedKube<'a> {
 impl fmt::Debug for TracedKube<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TracedKube").field("recorder", &self.recorder).finish_non_exhaustive()
+    }
+}
+
+impl TracedKube<'_> {
+    /// `write`, sent by `send` (the inner API's `write`, with the seal it was given), and
+    /// on its success recorded: the one place that tells what each Kubernetes write is in
+    /// the trace.
+    async fn traced<F>(&self, write: KubeWrite<'_>, send: impl FnOnce() -> F + Send) -> Result<KubeWritten, KubeError>
+    where
+        F: Future<Output = Result<KubeWritten, KubeError>> + Send,
+    {
+        let written = send().await?;
+        let Some(r) = self.recorder else { return Ok(written) };
+        match write {
+            KubeWrite::Cordon { node, .. } => r.node_event(&node.name, TraceKind::Cordon),
+            KubeWrite::Uncordon { node } => r.node_event(&node.name, TraceKind::Uncordon),
+            KubeWrite::Evict { namespace, name } => {
+                if written == KubeWritten::Evicted(Eviction::Evicted) {
+                    r.evicted(namespace, name);
+                }
+            }
+            KubeWrite::DeleteNode { node } => r.node_event(&node.name, TraceKind::Removed),
+        }
+        Ok(written)
     }
 }
 
@@ -838,19 +871,8 @@ impl KubeApi for TracedKube<'_> {
         }
         Ok(machine)
     }
-    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
-        self.inner.cordon(read, annotation).await?;
-        if let Some(r) = self.recorder {
-            r.node_event(&read.name, TraceKind::Cordon);
-        }
-        Ok(())
-    }
-    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.inner.uncordon(read).await?;
-        if let Some(r) = self.recorder {
-            r.node_event(&read.name, TraceKind::Uncordon);
-        }
-        Ok(())
+    async fn write(&self, write: KubeWrite<'_>, seal: Seal) -> Result<KubeWritten, KubeError> {
+        self.traced(write, || self.inner.write(write, seal)).await
     }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         let pods = self.inner.pods_on(node).await?;
@@ -858,20 +880,6 @@ impl KubeApi for TracedKube<'_> {
             r.pods(node, &pods);
         }
         Ok(pods)
-    }
-    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
-        let eviction = self.inner.evict(namespace, name).await?;
-        if let (Some(r), Eviction::Evicted) = (self.recorder, &eviction) {
-            r.evicted(namespace, name);
-        }
-        Ok(eviction)
-    }
-    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.inner.delete_node(read).await?;
-        if let Some(r) = self.recorder {
-            r.node_event(&read.name, TraceKind::Removed);
-        }
-        Ok(())
     }
 }
 
@@ -946,6 +954,9 @@ fn trace_kind(kind: ChangeKind) -> TraceKind {
 #[cfg(test)]
 mod tests {
     use ichor_executor::kube_api::Metadata;
+    use ichor_executor::talos_api::{
+        InstallOutcome, InstallRequest, PullRequest, ResetRequest, UpgradeAck, UpgradeRequest,
+    };
     use ichor_upgrade_core::conditions::ConditionUpdate;
     use ichor_upgrade_core::status::{MachineRecord, RecordState};
     use ichor_upgrade_core::status::{PauseReason, Phase};
@@ -1003,6 +1014,60 @@ mod tests {
         fn set_node(&self, ready: bool, boot_id: &str, version: &str) {
             *self.node.lock().unwrap() = node(ready, boot_id, version);
         }
+
+        /// What its Talos API answers `write` (its `write`, which needs a seal).
+        fn talos_answer(&self, write: TalosWrite<'_>) -> Result<TalosWritten, TalosError> {
+            match write {
+                TalosWrite::Upgrade(_) if self.refuse_upgrade => {
+                    Err(TalosError::answer("FailedPrecondition", "etcd is unhealthy"))
+                }
+                TalosWrite::Upgrade(_) => Ok(TalosWritten::Upgrade(UpgradeAck {
+                    ack: "Upgrade request received".to_owned(),
+                    actor_id: "actor".to_owned(),
+                })),
+                TalosWrite::ImagePull(request) => Ok(TalosWritten::ImagePull(request.image.clone())),
+                // An installer whose image says it is broken exits 1.
+                TalosWrite::Install { request, .. } => Ok(TalosWritten::Install(InstallOutcome {
+                    exit_code: i32::from(request.image.contains("broken")),
+                    output: Vec::new(),
+                })),
+                TalosWrite::Reboot => Ok(TalosWritten::Reboot("actor".to_owned())),
+                TalosWrite::EtcdLeaveCluster | TalosWrite::EtcdRemoveMember { .. } | TalosWrite::Reset(_) => {
+                    unreachable()
+                }
+                other => Err(TalosError::unserved(other.method(), ADDRESS)),
+            }
+        }
+
+        /// What its Kubernetes API answers `write` (its `write`, which needs a seal).
+        fn kube_answer(&self, write: KubeWrite<'_>) -> Result<KubeWritten, KubeError> {
+            match write {
+                KubeWrite::Cordon { .. } => Ok(KubeWritten::Cordoned),
+                KubeWrite::Uncordon { .. } => Ok(KubeWritten::Uncordoned),
+                KubeWrite::Evict { .. } => Ok(KubeWritten::Evicted(Eviction::Evicted)),
+                KubeWrite::DeleteNode { .. } => refused(),
+            }
+        }
+    }
+
+    /// `write` on `node` through `talos` as its `write` makes it, sent to `doubles` (a
+    /// write needs a seal only the executor makes).
+    async fn talos_write(
+        talos: &TracedTalos<'_>,
+        doubles: &Doubles,
+        node: &str,
+        write: TalosWrite<'_>,
+    ) -> Result<TalosWritten, TalosError> {
+        talos.traced(node, write, || std::future::ready(doubles.talos_answer(write))).await
+    }
+
+    /// `write` through `kube` as its `write` makes it, sent to `doubles`.
+    async fn kube_write(
+        kube: &TracedKube<'_>,
+        doubles: &Doubles,
+        write: KubeWrite<'_>,
+    ) -> Result<KubeWritten, KubeError> {
+        kube.traced(write, || std::future::ready(doubles.kube_answer(write))).await
     }
 
     fn node(ready: bool, boot_id: &str, version: &str) -> NodeInfo {
@@ -1026,11 +1091,8 @@ mod tests {
         async fn machine_stage(&self, _node: &str) -> Result<MachineStage, TalosError> {
             unreachable()
         }
-        async fn upgrade(&self, _node: &str, _request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-            if self.refuse_upgrade {
-                return Err(TalosError::answer("FailedPrecondition", "etcd is unhealthy"));
-            }
-            Ok(UpgradeAck { ack: "Upgrade request received".to_owned(), actor_id: "actor".to_owned() })
+        async fn write(&self, _node: &str, write: TalosWrite<'_>, _seal: Seal) -> Result<TalosWritten, TalosError> {
+            self.talos_answer(write)
         }
         async fn etcd_members(&self, _node: &str) -> Result<Vec<EtcdMember>, TalosError> {
             unreachable()
@@ -1040,18 +1102,6 @@ mod tests {
         }
         async fn etcd_alarms(&self, _node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
             unreachable()
-        }
-        async fn etcd_leave_cluster(&self, _node: &str) -> Result<(), TalosError> {
-            unreachable()
-        }
-        async fn etcd_remove_member(&self, _node: &str, _member_id: u64) -> Result<(), TalosError> {
-            unreachable()
-        }
-        async fn reset(&self, _node: &str, _request: &ResetRequest) -> Result<(), TalosError> {
-            unreachable()
-        }
-        async fn image_pull(&self, _node: &str, request: &PullRequest) -> Result<String, TalosError> {
-            Ok(request.image.clone())
         }
     }
 
@@ -1105,20 +1155,11 @@ mod tests {
         async fn machine(&self, _name: &str) -> Result<Option<MachineInfo>, KubeError> {
             refused()
         }
-        async fn cordon(&self, _read: &NodeInfo, _annotation: &str) -> Result<(), KubeError> {
-            Ok(())
-        }
-        async fn uncordon(&self, _read: &NodeInfo) -> Result<(), KubeError> {
-            Ok(())
+        async fn write(&self, write: KubeWrite<'_>, _seal: Seal) -> Result<KubeWritten, KubeError> {
+            self.kube_answer(write)
         }
         async fn pods_on(&self, _node: &str) -> Result<Vec<PodInfo>, KubeError> {
             Ok(self.pods.clone())
-        }
-        async fn evict(&self, _namespace: &str, _name: &str) -> Result<Eviction, KubeError> {
-            Ok(Eviction::Evicted)
-        }
-        async fn delete_node(&self, _read: &NodeInfo) -> Result<(), KubeError> {
-            refused()
         }
     }
 
@@ -1180,7 +1221,7 @@ mod tests {
         // A pass: the machines, their Nodes (a first look records nothing), the call.
         kube.machines("demo").await.unwrap();
         kube.nodes(&["node-cp-1"]).await.unwrap();
-        talos.upgrade(ADDRESS, &upgrade_request()).await.unwrap();
+        talos_write(&talos, &doubles, ADDRESS, TalosWrite::Upgrade(&upgrade_request())).await.unwrap();
         // Passes while it reboots and comes back; a repeated look records nothing.
         for (ready, boot, version) in [
             (true, "boot-a", "v1.14.2"),
@@ -1219,8 +1260,9 @@ mod tests {
         let talos = TracedTalos { inner: &doubles, recorder: Some(&recorder) };
         let kube = TracedKube { inner: &doubles, recorder: Some(&recorder) };
         kube.machines("demo").await.unwrap();
-        let direct = doubles.upgrade(ADDRESS, &upgrade_request()).await;
-        assert_eq!(talos.upgrade(ADDRESS, &upgrade_request()).await, direct);
+        let request = upgrade_request();
+        let direct = doubles.talos_answer(TalosWrite::Upgrade(&request));
+        assert_eq!(talos_write(&talos, &doubles, ADDRESS, TalosWrite::Upgrade(&request)).await, direct);
         assert!(direct.is_err());
         assert_eq!(kube.operation("upgrade").await, doubles.operation("upgrade").await);
         assert_eq!(talos.nodename(ADDRESS).await.unwrap(), "node-cp-1");
@@ -1229,6 +1271,10 @@ mod tests {
         // With no recorder, nothing is recorded and everything still answers.
         let plain = TracedTalos { inner: &doubles, recorder: None };
         assert_eq!(plain.nodename(ADDRESS).await.unwrap(), "node-cp-1");
+        let pull = PullRequest { image: "installer:v1.14.3".to_owned(), timeout: std::time::Duration::from_secs(60) };
+        let pulled = talos_write(&plain, &doubles, ADDRESS, TalosWrite::ImagePull(&pull)).await;
+        assert_eq!(pulled, Ok(TalosWritten::ImagePull("installer:v1.14.3".to_owned())));
+        assert!(kinds(&buffer).is_empty(), "{:?}", buffer.events());
     }
 
     #[tokio::test]
@@ -1248,14 +1294,16 @@ mod tests {
         storage.replicas_on(node).await.unwrap();
         storage.replicas_on(node).await.unwrap();
         let pull = PullRequest { image: "installer:v1.14.3".to_owned(), timeout: std::time::Duration::from_secs(60) };
-        talos.image_pull(ADDRESS, &pull).await.unwrap();
-        talos.image_pull(ADDRESS, &pull).await.unwrap();
+        talos_write(&talos, &doubles, ADDRESS, TalosWrite::ImagePull(&pull)).await.unwrap();
+        talos_write(&talos, &doubles, ADDRESS, TalosWrite::ImagePull(&pull)).await.unwrap();
         let read = NodeInfo { name: node.to_owned(), ..self::node(true, "boot-1", "v1.14.3") };
-        kube.cordon(&read, "since=1000;operation=default/demo/1").await.unwrap();
+        let annotation = "since=1000;operation=default/demo/1";
+        kube_write(&kube, &doubles, KubeWrite::Cordon { node: &read, annotation }).await.unwrap();
         for pod in kube.pods_on(node).await.unwrap() {
-            kube.evict(&pod.namespace, &pod.name).await.unwrap();
+            let evict = KubeWrite::Evict { namespace: &pod.namespace, name: &pod.name };
+            kube_write(&kube, &doubles, evict).await.unwrap();
         }
-        kube.uncordon(&read).await.unwrap();
+        kube_write(&kube, &doubles, KubeWrite::Uncordon { node: &read }).await.unwrap();
         let before = Scheduling { allowed: true, eviction_requested: false };
         storage.restore_scheduling(node, before).await.unwrap();
         storage.set_scheduling(node, true).await.unwrap();
@@ -1273,6 +1321,74 @@ mod tests {
                 "evacuation-end"
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn an_install_and_a_reboot_are_traced_and_a_write_that_failed_is_not() {
+        let doubles = Doubles::new();
+        let (buffer, recorder) = traced();
+        let talos = TracedTalos { inner: &doubles, recorder: Some(&recorder) };
+        TracedKube { inner: &doubles, recorder: Some(&recorder) }.machines("demo").await.unwrap();
+        let started = std::sync::atomic::AtomicBool::new(false);
+        let timeout = std::time::Duration::from_secs(60);
+        let good = InstallRequest { image: "installer:v1.14.3".to_owned(), timeout };
+        let broken = InstallRequest { image: "installer:broken".to_owned(), timeout };
+        talos_write(&talos, &doubles, ADDRESS, TalosWrite::Install { request: &good, started: &started })
+            .await
+            .unwrap();
+        // An install that exits non-zero began, but did not install.
+        let install = TalosWrite::Install { request: &broken, started: &started };
+        let outcome = talos_write(&talos, &doubles, ADDRESS, install).await.unwrap().install().unwrap();
+        assert_eq!(outcome.exit_code, 1);
+        talos_write(&talos, &doubles, ADDRESS, TalosWrite::Reboot).await.unwrap();
+        // Refused: nothing after.
+        let reset = ResetRequest { graceful: true, reboot: false };
+        talos_write(&talos, &doubles, ADDRESS, TalosWrite::Reset(&reset)).await.unwrap_err();
+        talos_write(&talos, &doubles, ADDRESS, TalosWrite::EtcdLeaveCluster).await.unwrap_err();
+
+        assert_eq!(kinds(&buffer), ["install-start", "installed", "install-start", "reboot-call"]);
+    }
+
+    /// A write as the executor makes it (a pre-pull through `run_job`, with the seal only
+    /// the executor has) passes the fence and then the trace, stacked as the controller
+    /// stacks them: traced and answered while this replica leads; once it no longer leads,
+    /// refused by the fence before it reaches the trace or the node.
+    #[tokio::test]
+    async fn a_sealed_write_passes_the_fence_then_the_trace_as_the_controller_stacks_them() {
+        use std::time::{Duration, Instant};
+
+        use ichor_executor::background::Job;
+        use ichor_executor::{Executor, ExecutorConfig};
+
+        let doubles = Doubles::new();
+        let (buffer, recorder) = traced();
+        TracedKube { inner: &doubles, recorder: Some(&recorder) }.machines("demo").await.unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(Some(Instant::now() + Duration::from_secs(15)));
+        let fence = crate::fence::Fence::new(rx);
+        let talos = crate::fence::FencedTalos {
+            inner: &TracedTalos { inner: &doubles, recorder: Some(&recorder) },
+            fence: &fence,
+        };
+        let config = ExecutorConfig::default();
+        let ex = Executor {
+            talos: &talos,
+            kube: &doubles,
+            storage: &doubles,
+            clock: &ichor_adapters::clock::SystemClock,
+            config: &config,
+            snapshots: None,
+            background: None,
+        };
+        let job = Job::Prepull {
+            machine: "cp-1".to_owned(),
+            address: ADDRESS.to_owned(),
+            image: "installer:v1.14.3".to_owned(),
+        };
+        ichor_executor::jobs::run_job(&ex, &job).await;
+        assert_eq!(kinds(&buffer), ["image-pull-start", "image-pulled"], "sent and answered while leading");
+        tx.send(Some(Instant::now().checked_sub(Duration::from_millis(1)).unwrap())).unwrap();
+        ichor_executor::jobs::run_job(&ex, &job).await;
+        assert_eq!(kinds(&buffer), ["image-pull-start", "image-pulled"], "refused before the trace, never sent");
     }
 
     #[tokio::test]
@@ -1319,8 +1435,9 @@ mod tests {
         let second = TracedTalos { inner: &other, recorder: Some(&scoped) };
         TracedKube { inner: &one, recorder: Some(&recorder) }.machines("demo").await.unwrap();
         TracedKube { inner: &other, recorder: Some(&scoped) }.machines("demo").await.unwrap();
-        first.upgrade(ADDRESS, &upgrade_request()).await.unwrap();
-        second.upgrade(ADDRESS, &upgrade_request()).await.unwrap();
+        let request = upgrade_request();
+        talos_write(&first, &one, ADDRESS, TalosWrite::Upgrade(&request)).await.unwrap();
+        talos_write(&second, &other, ADDRESS, TalosWrite::Upgrade(&request)).await.unwrap();
         let events = buffer.events();
         let nodes: Vec<&str> = events.iter().map(|e| e.node.as_str()).collect();
         assert_eq!(nodes, ["node-cp-1", "node-cp-1.other"]);

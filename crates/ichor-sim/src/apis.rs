@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ichor_adapters::talos::server::Served;
 use ichor_executor::Clock;
 use ichor_executor::kube_api::{
     AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
@@ -15,6 +16,7 @@ use ichor_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
     PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
 use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
@@ -263,7 +265,208 @@ impl TalosApi for SimCluster {
         .await
     }
 
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+    async fn write(&self, node: &str, write: TalosWrite<'_>, _seal: Seal) -> Result<TalosWritten, TalosError> {
+        self.serve(node, write).await
+    }
+
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        self.talos("etcd_members", node, |w, i| {
+            match w.nodes[i].etcd {
+                None => {
+                    return Err(TalosError::Answered {
+                        code: "FailedPrecondition".to_owned(),
+                        message: "etcd is only available on control plane nodes".to_owned(),
+                    });
+                }
+                Some(SimMember::Missing) => {
+                    return Err(TalosError::Answered {
+                        code: "Unavailable".to_owned(),
+                        message: "etcd is not running".to_owned(),
+                    });
+                }
+                Some(SimMember::Voter | SimMember::Learner { .. }) => {}
+            }
+            Ok(w.nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| !n.removed)
+                .filter_map(|(k, n)| match n.etcd {
+                    Some(SimMember::Voter) => Some((k, n, false)),
+                    Some(SimMember::Learner { .. }) => Some((k, n, true)),
+                    Some(SimMember::Missing) | None => None,
+                })
+                .map(|(k, n, is_learner)| EtcdMember { id: 0x1000 + k as u64, hostname: n.name.clone(), is_learner })
+                .collect())
+        })
+        .await
+    }
+
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        self.talos("etcd_status", node, |w, i| {
+            let is_learner = match w.nodes[i].etcd {
+                Some(SimMember::Voter) => false,
+                Some(SimMember::Learner { .. }) => true,
+                Some(SimMember::Missing) | None => {
+                    return Err(TalosError::Answered {
+                        code: "Unavailable".to_owned(),
+                        message: "etcd is not running".to_owned(),
+                    });
+                }
+            };
+            // The leader is the first voting member: every member agrees on it.
+            let leader = w.nodes.iter().position(|n| n.etcd == Some(SimMember::Voter)).map_or(0, |k| 0x1000 + k as u64);
+            Ok(EtcdStatus { member_id: 0x1000 + i as u64, leader, errors: Vec::new(), is_learner })
+        })
+        .await
+    }
+
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        self.talos("etcd_alarms", node, |w, i| match w.nodes[i].etcd {
+            Some(SimMember::Voter | SimMember::Learner { .. }) => Ok(Vec::new()),
+            Some(SimMember::Missing) | None => {
+                Err(TalosError::Answered { code: "Unavailable".to_owned(), message: "etcd is not running".to_owned() })
+            }
+        })
+        .await
+    }
+
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        let (seed, size, fails, takes_time) = self
+            .talos("etcd_snapshot", node, |w, i| {
+                if w.nodes[i].etcd != Some(SimMember::Voter) {
+                    return Err(TalosError::answer("FailedPrecondition", "etcd is not a voting member on this node"));
+                }
+                w.record(i, TraceKind::EtcdSnapshot);
+                let size = super::snapshot::snapshot_size(w.nodes.len());
+                let fails = w.config.has(Fault::SnapshotFails);
+                w.counters.snapshot_streams_broken += u64::from(fails);
+                Ok((w.config.seed, size, fails, w.config.realism.takes_time()))
+            })
+            .await?;
+        Ok(super::snapshot::stream(seed, size, fails, takes_time))
+    }
+
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        self.talos("image_list", node, |w, i| {
+            let size = i64::try_from(w.config.registry.image_bytes).unwrap_or(i64::MAX);
+            Ok(w.nodes[i]
+                .pulled
+                .iter()
+                .map(|name| ImageInfo { name: name.clone(), digest: format!("sha256:{:064x}", 0x1ceb00da_u64), size })
+                .collect())
+        })
+        .await
+    }
+
+    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
+        self.talos("install_running", node, |w, i| Ok(Some(w.nodes[i].installing))).await
+    }
+
+    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.with_world_untouched(|w| {
+            if let Some(i) = w.node_index_by_address(node) {
+                let machine = w.nodes[i].name.clone();
+                w.arm_stop_during_change(&machine, STOP_ONE_IN_READS);
+            }
+        });
+        self.talos("machine_config", node, |w, i| Ok(w.nodes[i].kube.config_yaml(w.nodes[i].role).into_bytes())).await
+    }
+
+    fn client_roles(&self) -> Option<Vec<String>> {
+        Some(self.lock().talosconfig_roles.clone())
+    }
+
+    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
+        self.talos("kubeconfig", node, |w, i| {
+            if !w.talosconfig_roles.iter().any(|r| r == "os:admin") {
+                return Err(TalosError::Answered {
+                    code: "PermissionDenied".to_owned(),
+                    message: "not authorized".to_owned(),
+                });
+            }
+            if w.nodes[i].role != MachineRole::ControlPlane {
+                return Err(TalosError::Answered {
+                    code: "FailedPrecondition".to_owned(),
+                    message: "kubeconfig is only available on control plane nodes".to_owned(),
+                });
+            }
+            w.counters.admin_kubeconfigs += 1;
+            Ok(w.admin_kubeconfig.clone().into_bytes())
+        })
+        .await
+    }
+
+    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
+        self.talos("bootstrap_manifests", node, |w, i| Ok(w.bootstrap_manifests(i))).await
+    }
+
+    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
+        self.talos("boot_id", node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
+    }
+}
+
+/// The writes, as the simulated node and API server carry them out: what
+/// [`TalosApi::write`] and [`KubeApi::write`] do (through [`SimCluster::serve`] and
+/// [`SimCluster::serve_kube`]), and what the simulator's tests and the apid stand-in call
+/// directly, with no [`Seal`]: only the executor's effects make one.
+impl SimCluster {
+    /// Carries out a Talos write on the node at `node`, by its variant: what
+    /// [`TalosApi::write`] does, without the seal (the apid stand-in's peer, or a test,
+    /// asks for it).
+    ///
+    /// # Errors
+    /// The write's own error, as its method answers it.
+    pub async fn serve(&self, node: &str, write: TalosWrite<'_>) -> Result<TalosWritten, TalosError> {
+        Ok(match write {
+            TalosWrite::Upgrade(request) => TalosWritten::Upgrade(self.upgrade(node, request).await?),
+            TalosWrite::ApplyConfiguration(request) => {
+                TalosWritten::ApplyConfiguration(self.apply_configuration(node, request).await?)
+            }
+            TalosWrite::Install { request, started } => {
+                TalosWritten::Install(self.lifecycle_upgrade_reporting(node, request, started).await?)
+            }
+            TalosWrite::Reboot => TalosWritten::Reboot(self.reboot(node).await?),
+            TalosWrite::EtcdLeaveCluster => {
+                self.etcd_leave_cluster(node).await?;
+                TalosWritten::EtcdLeaveCluster
+            }
+            TalosWrite::EtcdRemoveMember { member_id } => {
+                self.etcd_remove_member(node, member_id).await?;
+                TalosWritten::EtcdRemoveMember
+            }
+            TalosWrite::Reset(request) => {
+                self.reset(node, request).await?;
+                TalosWritten::Reset
+            }
+            TalosWrite::ImagePull(request) => TalosWritten::ImagePull(self.image_pull(node, request).await?),
+        })
+    }
+
+    /// Carries out a Kubernetes write, by its variant: what [`KubeApi::write`] does,
+    /// without the seal.
+    ///
+    /// # Errors
+    /// The write's own error, as its method answers it.
+    pub async fn serve_kube(&self, write: KubeWrite<'_>) -> Result<KubeWritten, KubeError> {
+        Ok(match write {
+            KubeWrite::Cordon { node, annotation } => {
+                self.cordon(node, annotation).await?;
+                KubeWritten::Cordoned
+            }
+            KubeWrite::Uncordon { node } => {
+                self.uncordon(node).await?;
+                KubeWritten::Uncordoned
+            }
+            KubeWrite::Evict { namespace, name } => KubeWritten::Evicted(self.evict(namespace, name).await?),
+            KubeWrite::DeleteNode { node } => {
+                self.delete_node(node).await?;
+                KubeWritten::NodeDeleted
+            }
+        })
+    }
+
+    /// `MachineService.Upgrade`. Blocks while the node pulls and checks the installer.
+    pub async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
         let sent_at = self.with_world_untouched(|w| {
             w.sync_clock();
             w.now
@@ -330,175 +533,42 @@ impl TalosApi for SimCluster {
         .await
     }
 
-    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
-        self.talos("etcd_members", node, |w, i| {
-            match w.nodes[i].etcd {
-                None => {
-                    return Err(TalosError::Answered {
-                        code: "FailedPrecondition".to_owned(),
-                        message: "etcd is only available on control plane nodes".to_owned(),
-                    });
+    /// `MachineService.ApplyConfiguration` on the node, or its dry run (`dry_run` set:
+    /// stores nothing).
+    pub async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        if !request.dry_run {
+            self.with_world_untouched(|w| {
+                if let Some(before_effect) = w.crash.on_next_apply.take() {
+                    w.arm_crash(1, before_effect);
                 }
-                Some(SimMember::Missing) => {
-                    return Err(TalosError::Answered {
-                        code: "Unavailable".to_owned(),
-                        message: "etcd is not running".to_owned(),
-                    });
-                }
-                Some(SimMember::Voter | SimMember::Learner { .. }) => {}
-            }
-            Ok(w.nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| !n.removed)
-                .filter_map(|(k, n)| match n.etcd {
-                    Some(SimMember::Voter) => Some((k, n, false)),
-                    Some(SimMember::Learner { .. }) => Some((k, n, true)),
-                    Some(SimMember::Missing) | None => None,
-                })
-                .map(|(k, n, is_learner)| EtcdMember { id: 0x1000 + k as u64, hostname: n.name.clone(), is_learner })
-                .collect())
-        })
-        .await
-    }
-
-    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
-        self.talos("etcd_status", node, |w, i| {
-            let is_learner = match w.nodes[i].etcd {
-                Some(SimMember::Voter) => false,
-                Some(SimMember::Learner { .. }) => true,
-                Some(SimMember::Missing) | None => {
-                    return Err(TalosError::Answered {
-                        code: "Unavailable".to_owned(),
-                        message: "etcd is not running".to_owned(),
-                    });
-                }
-            };
-            // The leader is the first voting member: every member agrees on it.
-            let leader = w.nodes.iter().position(|n| n.etcd == Some(SimMember::Voter)).map_or(0, |k| 0x1000 + k as u64);
-            Ok(EtcdStatus { member_id: 0x1000 + i as u64, leader, errors: Vec::new(), is_learner })
-        })
-        .await
-    }
-
-    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
-        self.talos("etcd_alarms", node, |w, i| match w.nodes[i].etcd {
-            Some(SimMember::Voter | SimMember::Learner { .. }) => Ok(Vec::new()),
-            Some(SimMember::Missing) | None => {
-                Err(TalosError::Answered { code: "Unavailable".to_owned(), message: "etcd is not running".to_owned() })
-            }
-        })
-        .await
-    }
-
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        self.talos("etcd_leave_cluster", node, |w, i| match w.nodes[i].etcd {
-            Some(SimMember::Voter | SimMember::Learner { .. }) => {
-                w.nodes[i].etcd = None;
-                w.record(i, TraceKind::EtcdMemberMissing);
-                Ok(())
-            }
-            Some(SimMember::Missing) | None => Err(TalosError::Answered {
-                code: "FailedPrecondition".to_owned(),
-                message: "etcd is not running on this node".to_owned(),
-            }),
-        })
-        .await
-    }
-
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
-        self.talos("etcd_remove_member", node, |w, i| {
-            if !matches!(w.nodes[i].etcd, Some(SimMember::Voter | SimMember::Learner { .. })) {
-                return Err(TalosError::answer("FailedPrecondition", "etcd is not running on this node"));
-            }
-            let index = member_id.checked_sub(0x1000).and_then(|k| usize::try_from(k).ok());
-            let Some(k) = index.filter(|&k| k < w.nodes.len() && w.nodes[k].etcd.is_some()) else {
-                return Err(TalosError::answer("NotFound", format!("etcd member {member_id:016x} not found")));
-            };
-            w.nodes[k].etcd = None;
-            w.record(k, TraceKind::EtcdMemberMissing);
-            w.changed(k);
-            w.measure();
-            Ok(())
-        })
-        .await
-    }
-
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.talos("reset", node, |w, i| {
-            if !request.graceful || request.reboot {
-                return Err(TalosError::Answered {
-                    code: "InvalidArgument".to_owned(),
-                    message: "the simulation only models a graceful reset that powers off".to_owned(),
-                });
-            }
-            if let NodePhase::Resetting { .. } = w.nodes[i].phase {
-                return Err(TalosError::Answered {
-                    code: "FailedPrecondition".to_owned(),
-                    message: "locked".to_owned(),
-                });
-            }
-            let until = w.now.saturating_add(secs(30));
-            w.nodes[i].phase = NodePhase::Resetting { until };
-            w.record(i, TraceKind::ResetCall);
-            Ok(())
-        })
-        .await
-    }
-
-    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
-        let (seed, size, fails, takes_time) = self
-            .talos("etcd_snapshot", node, |w, i| {
-                if w.nodes[i].etcd != Some(SimMember::Voter) {
-                    return Err(TalosError::answer("FailedPrecondition", "etcd is not a voting member on this node"));
-                }
-                w.record(i, TraceKind::EtcdSnapshot);
-                let size = super::snapshot::snapshot_size(w.nodes.len());
-                let fails = w.config.has(Fault::SnapshotFails);
-                w.counters.snapshot_streams_broken += u64::from(fails);
-                Ok((w.config.seed, size, fails, w.config.realism.takes_time()))
-            })
-            .await?;
-        Ok(super::snapshot::stream(seed, size, fails, takes_time))
-    }
-
-    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
-        if self.with_world_untouched(|w| installer_version(w, &request.image)).is_none() {
-            let missing = format!("failed to pull image {}: not found", request.image);
-            return self.talos("image_pull", node, |_, _| Err(TalosError::answer("NotFound", missing))).await;
+            });
         }
-        self.with_world_untouched(|w| {
-            if let Some(i) = w.node_index_by_address(node) {
-                let machine = w.nodes[i].name.clone();
-                w.arm_stop_during_install(&machine);
-            }
-        });
-        self.pull_installer(node, &request.image).await;
-        self.talos("image_pull", node, |w, i| {
-            // Under the oracle a pull takes no time; its least time is counted in the reboot.
-            w.nodes[i].pulled = Some(request.image.clone());
-            Ok(request.image.clone())
-        })
-        .await
+        let reply = self.talos("apply_configuration", node, |w, i| w.apply_configuration(i, request)).await;
+        if request.dry_run {
+            self.with_world_untouched(|w| {
+                if let Some(i) = w.node_index_by_address(node) {
+                    w.call_made(StopCall::DryRun, i);
+                }
+            });
+        }
+        reply
     }
 
-    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
-        self.talos("image_list", node, |w, i| {
-            let size = i64::try_from(w.config.registry.image_bytes).unwrap_or(i64::MAX);
-            Ok(w.nodes[i]
-                .pulled
-                .iter()
-                .map(|name| ImageInfo { name: name.clone(), digest: format!("sha256:{:064x}", 0x1ceb00da_u64), size })
-                .collect())
-        })
-        .await
-    }
-
-    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+    /// `LifecycleService.Upgrade`: the install into the other boot slot, to its exit code.
+    /// It neither drains nor reboots, and Talos runs no etcd check for it. A stream that
+    /// ends without an exit code is [`TalosError::Transport`].
+    pub async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
         self.lifecycle_upgrade_reporting(node, request, &std::sync::atomic::AtomicBool::new(false)).await
     }
 
-    async fn lifecycle_upgrade_reporting(
+    /// [`Self::lifecycle_upgrade`], setting `started` once the node answered that the
+    /// install began (the stream's first message: Talos took its one-install lock and
+    /// started the installer, which then runs to its end whatever becomes of the stream).
+    pub async fn lifecycle_upgrade_reporting(
         &self,
         node: &str,
         request: &InstallRequest,
@@ -562,11 +632,8 @@ impl TalosApi for SimCluster {
         .await
     }
 
-    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
-        self.talos("install_running", node, |w, i| Ok(Some(w.nodes[i].installing))).await
-    }
-
-    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+    /// `MachineService.Reboot` in the default mode; the actor ID. It does not drain.
+    pub async fn reboot(&self, node: &str) -> Result<String, TalosError> {
         let sent_at = self.with_world_untouched(|w| {
             w.sync_clock();
             w.now
@@ -609,69 +676,178 @@ impl TalosApi for SimCluster {
         .await
     }
 
-    async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
-        self.with_world_untouched(|w| {
-            if let Some(i) = w.node_index_by_address(node) {
-                let machine = w.nodes[i].name.clone();
-                w.arm_stop_during_change(&machine, STOP_ONE_IN_READS);
+    /// `EtcdLeaveCluster`: the node's etcd member leaves the cluster.
+    pub async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
+        self.talos("etcd_leave_cluster", node, |w, i| match w.nodes[i].etcd {
+            Some(SimMember::Voter | SimMember::Learner { .. }) => {
+                w.nodes[i].etcd = None;
+                w.record(i, TraceKind::EtcdMemberMissing);
+                Ok(())
             }
-        });
-        self.talos("machine_config", node, |w, i| Ok(w.nodes[i].kube.config_yaml(w.nodes[i].role).into_bytes())).await
-    }
-
-    fn client_roles(&self) -> Option<Vec<String>> {
-        Some(self.lock().talosconfig_roles.clone())
-    }
-
-    async fn admin_kubeconfig(&self, node: &str) -> Result<Vec<u8>, TalosError> {
-        self.talos("kubeconfig", node, |w, i| {
-            if !w.talosconfig_roles.iter().any(|r| r == "os:admin") {
-                return Err(TalosError::Answered {
-                    code: "PermissionDenied".to_owned(),
-                    message: "not authorized".to_owned(),
-                });
-            }
-            if w.nodes[i].role != MachineRole::ControlPlane {
-                return Err(TalosError::Answered {
-                    code: "FailedPrecondition".to_owned(),
-                    message: "kubeconfig is only available on control plane nodes".to_owned(),
-                });
-            }
-            w.counters.admin_kubeconfigs += 1;
-            Ok(w.admin_kubeconfig.clone().into_bytes())
+            Some(SimMember::Missing) | None => Err(TalosError::Answered {
+                code: "FailedPrecondition".to_owned(),
+                message: "etcd is not running on this node".to_owned(),
+            }),
         })
         .await
     }
 
-    async fn bootstrap_manifests(&self, node: &str) -> Result<Vec<serde_json::Value>, TalosError> {
-        self.talos("bootstrap_manifests", node, |w, i| Ok(w.bootstrap_manifests(i))).await
+    /// `EtcdRemoveMemberByID`, asked of `node` (another control plane): removes the member
+    /// of a control plane that can no longer leave by itself.
+    pub async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+        self.talos("etcd_remove_member", node, |w, i| {
+            if !matches!(w.nodes[i].etcd, Some(SimMember::Voter | SimMember::Learner { .. })) {
+                return Err(TalosError::answer("FailedPrecondition", "etcd is not running on this node"));
+            }
+            let index = member_id.checked_sub(0x1000).and_then(|k| usize::try_from(k).ok());
+            let Some(k) = index.filter(|&k| k < w.nodes.len() && w.nodes[k].etcd.is_some()) else {
+                return Err(TalosError::answer("NotFound", format!("etcd member {member_id:016x} not found")));
+            };
+            w.nodes[k].etcd = None;
+            w.record(k, TraceKind::EtcdMemberMissing);
+            w.changed(k);
+            w.measure();
+            Ok(())
+        })
+        .await
     }
 
-    async fn apply_configuration(
-        &self,
-        node: &str,
-        request: &ApplyConfigRequest,
-    ) -> Result<ApplyConfigReply, TalosError> {
-        if !request.dry_run {
-            self.with_world_untouched(|w| {
-                if let Some(before_effect) = w.crash.on_next_apply.take() {
-                    w.arm_crash(1, before_effect);
-                }
-            });
-        }
-        let reply = self.talos("apply_configuration", node, |w, i| w.apply_configuration(i, request)).await;
-        if request.dry_run {
-            self.with_world_untouched(|w| {
-                if let Some(i) = w.node_index_by_address(node) {
-                    w.call_made(StopCall::DryRun, i);
-                }
-            });
-        }
-        reply
+    /// `Reset`: the node wipes itself.
+    pub async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
+        self.talos("reset", node, |w, i| {
+            if !request.graceful || request.reboot {
+                return Err(TalosError::Answered {
+                    code: "InvalidArgument".to_owned(),
+                    message: "the simulation only models a graceful reset that powers off".to_owned(),
+                });
+            }
+            if let NodePhase::Resetting { .. } = w.nodes[i].phase {
+                return Err(TalosError::Answered {
+                    code: "FailedPrecondition".to_owned(),
+                    message: "locked".to_owned(),
+                });
+            }
+            let until = w.now.saturating_add(secs(30));
+            w.nodes[i].phase = NodePhase::Resetting { until };
+            w.record(i, TraceKind::ResetCall);
+            Ok(())
+        })
+        .await
     }
 
-    async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
-        self.talos("boot_id", node, |w, i| Ok(w.nodes[i].boot_id.clone())).await
+    /// `ImageService.Pull` into the node's `system` containerd namespace: the pulled
+    /// image's name once every layer is there (at once if it already was).
+    pub async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
+        if self.with_world_untouched(|w| installer_version(w, &request.image)).is_none() {
+            let missing = format!("failed to pull image {}: not found", request.image);
+            return self.talos("image_pull", node, |_, _| Err(TalosError::answer("NotFound", missing))).await;
+        }
+        self.with_world_untouched(|w| {
+            if let Some(i) = w.node_index_by_address(node) {
+                let machine = w.nodes[i].name.clone();
+                w.arm_stop_during_install(&machine);
+            }
+        });
+        self.pull_installer(node, &request.image).await;
+        self.talos("image_pull", node, |w, i| {
+            // Under the oracle a pull takes no time; its least time is counted in the reboot.
+            w.nodes[i].pulled = Some(request.image.clone());
+            Ok(request.image.clone())
+        })
+        .await
+    }
+
+    /// Cordons the Node `read`: `spec.unschedulable=true` and the annotation
+    /// [`CORDONED_ANNOTATION`](ichor_upgrade_core::machine::lifecycle::CORDONED_ANNOTATION) set to
+    /// `annotation`, in one write, under `read.resource_version` (a Node changed since it was
+    /// read makes it [`KubeError::Conflict`]).
+    pub async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
+        self.kube(KubeCall::NodeWrite, |w| {
+            if w.cordon_race.as_deref() == Some(read.name.as_str())
+                && let Some(i) = w.node_index(&read.name)
+            {
+                w.cordon_race = None;
+                w.nodes[i].unschedulable = true;
+                w.node_edited(i);
+            }
+            let i = w.node_written_under(read)?;
+            w.nodes[i].set_engine_cordon(Some(annotation));
+            w.node_edited(i);
+            w.record(i, TraceKind::Cordon);
+            w.call_made(StopCall::Cordon, i);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Lifts the engine's cordon of the Node `read`: `spec.unschedulable=false` and the
+    /// annotation removed, in one write, under `read.resource_version` (else
+    /// [`KubeError::Conflict`]).
+    pub async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        self.kube(KubeCall::NodeWrite, |w| {
+            let i = w.node_written_under(read)?;
+            let n = &mut w.nodes[i];
+            n.set_engine_cordon(None);
+            // The replacements of the pods the drain evicted are scheduled here again.
+            let back = std::mem::take(&mut n.evicted);
+            n.pods.extend(back);
+            w.node_edited(i);
+            w.record(i, TraceKind::Uncordon);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
+    pub async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
+        self.kube(KubeCall::Write, |w| {
+            let now = w.now;
+            let Some((i, k)) = w.pod(namespace, name) else { return Ok(Eviction::Evicted) };
+            let blocked = w.eviction_blocked_until(&w.nodes[i].pods[k]).is_some();
+            let drain = w.nodes[i].drawn.drain;
+            let pod = &mut w.nodes[i].pods[k];
+            if blocked {
+                return Ok(Eviction::Blocked {
+                    message: "Cannot evict pod as it would violate the pod's disruption budget.".to_owned(),
+                });
+            }
+            let first = pod.terminating_until.is_none();
+            // Its termination grace: the node's drawn drain time (Talos's own drain takes as
+            // long on the legacy path).
+            pod.terminating_until.get_or_insert(now.saturating_add(secs(drain)));
+            if first {
+                w.counters.evictions += 1;
+            }
+            w.changed(i);
+            if first && w.nodes[i].pods.iter().filter(|p| p.terminating_until.is_some()).count() == 1 {
+                w.record(i, TraceKind::Drain);
+            }
+            Ok(Eviction::Evicted)
+        })
+        .await
+    }
+
+    /// Deletes the Node object `read`, only if it is still at `read.resource_version`
+    /// ([`KubeError::Conflict`] otherwise). One already gone is `Ok`.
+    pub async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        self.kube(KubeCall::Write, |w| {
+            let i = w.node_written_under(read)?;
+            w.nodes[i].removed = true;
+            w.changed(i);
+            w.record(i, TraceKind::Removed);
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// The simulated cluster behind the apid stand-in ([`ichor_adapters::talos::server`]):
+/// its peer's writes are [`SimCluster::serve`]'s.
+#[async_trait]
+impl Served for SimCluster {
+    async fn serve(&self, node: &str, write: TalosWrite<'_>) -> Result<TalosWritten, TalosError> {
+        // The inherent method (a path finds it before the trait's).
+        Self::serve(self, node, write).await
     }
 }
 
@@ -837,38 +1013,8 @@ impl KubeApi for SimCluster {
             .await
     }
 
-    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
-        self.kube(KubeCall::NodeWrite, |w| {
-            if w.cordon_race.as_deref() == Some(read.name.as_str())
-                && let Some(i) = w.node_index(&read.name)
-            {
-                w.cordon_race = None;
-                w.nodes[i].unschedulable = true;
-                w.node_edited(i);
-            }
-            let i = w.node_written_under(read)?;
-            w.nodes[i].set_engine_cordon(Some(annotation));
-            w.node_edited(i);
-            w.record(i, TraceKind::Cordon);
-            w.call_made(StopCall::Cordon, i);
-            Ok(())
-        })
-        .await
-    }
-
-    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.kube(KubeCall::NodeWrite, |w| {
-            let i = w.node_written_under(read)?;
-            let n = &mut w.nodes[i];
-            n.set_engine_cordon(None);
-            // The replacements of the pods the drain evicted are scheduled here again.
-            let back = std::mem::take(&mut n.evicted);
-            n.pods.extend(back);
-            w.node_edited(i);
-            w.record(i, TraceKind::Uncordon);
-            Ok(())
-        })
-        .await
+    async fn write(&self, write: KubeWrite<'_>, _seal: Seal) -> Result<KubeWritten, KubeError> {
+        self.serve_kube(write).await
     }
 
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
@@ -891,34 +1037,6 @@ impl KubeApi for SimCluster {
 
     async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
         self.kube(KubeCall::Read, |w| Ok(w.preflight_facts(asked))).await
-    }
-
-    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
-        self.kube(KubeCall::Write, |w| {
-            let now = w.now;
-            let Some((i, k)) = w.pod(namespace, name) else { return Ok(Eviction::Evicted) };
-            let blocked = w.eviction_blocked_until(&w.nodes[i].pods[k]).is_some();
-            let drain = w.nodes[i].drawn.drain;
-            let pod = &mut w.nodes[i].pods[k];
-            if blocked {
-                return Ok(Eviction::Blocked {
-                    message: "Cannot evict pod as it would violate the pod's disruption budget.".to_owned(),
-                });
-            }
-            let first = pod.terminating_until.is_none();
-            // Its termination grace: the node's drawn drain time (Talos's own drain takes as
-            // long on the legacy path).
-            pod.terminating_until.get_or_insert(now.saturating_add(secs(drain)));
-            if first {
-                w.counters.evictions += 1;
-            }
-            w.changed(i);
-            if first && w.nodes[i].pods.iter().filter(|p| p.terminating_until.is_some()).count() == 1 {
-                w.record(i, TraceKind::Drain);
-            }
-            Ok(Eviction::Evicted)
-        })
-        .await
     }
 
     async fn node_kubernetes(&self, node: &str) -> Result<Option<NodeKubernetesInfo>, KubeError> {
@@ -964,17 +1082,6 @@ impl KubeApi for SimCluster {
         workload: &str,
     ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         self.kube(KubeCall::Read, |w| Ok(w.workload_rollout(workload))).await
-    }
-
-    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.kube(KubeCall::Write, |w| {
-            let i = w.node_written_under(read)?;
-            w.nodes[i].removed = true;
-            w.changed(i);
-            w.record(i, TraceKind::Removed);
-            Ok(())
-        })
-        .await
     }
 
     async fn lease(&self, _cluster: &str) -> Result<Option<LeaseInfo>, KubeError> {

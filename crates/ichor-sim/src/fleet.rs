@@ -35,10 +35,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use ichor_adapters::kubernetes::crd::{Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec};
 use ichor_adapters::talos::server;
-use ichor_executor::talos_api::{
-    ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
-    PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
-};
+use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, SnapshotStream, TalosApi, TalosError};
+use ichor_executor::writes::{Seal, TalosWrite, TalosWritten};
 use ichor_testkit::apid::{Served, serve};
 use ichor_testkit::pki::{Ca, KeyKind, Validity, talosconfig};
 use ichor_upgrade_core::machine::vocabulary::MachineRole;
@@ -175,12 +173,8 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.machine_stage(node).await
     }
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        *self.upgrades.lock().unwrap_or_else(PoisonError::into_inner).entry(node.to_owned()).or_default() += 1;
-        let result = self.sim.upgrade(node, request).await;
-        tracing::info!(node, image = %request.image, acknowledged = result.is_ok(), "fleet: Upgrade call");
-        result
+    async fn write(&self, node: &str, write: TalosWrite<'_>, _seal: Seal) -> Result<TalosWritten, TalosError> {
+        self.counted(node, write).await
     }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -194,50 +188,17 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.etcd_alarms(node).await
     }
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.sim.etcd_leave_cluster(node).await
-    }
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.sim.etcd_remove_member(node, member_id).await
-    }
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.sim.reset(node, request).await
-    }
     async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.etcd_snapshot(node).await
-    }
-    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.sim.image_pull(node, request).await
     }
     async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.image_list(node).await
     }
-    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.sim.lifecycle_upgrade(node, request).await
-    }
-    async fn lifecycle_upgrade_reporting(
-        &self,
-        node: &str,
-        request: &InstallRequest,
-        started: &std::sync::atomic::AtomicBool,
-    ) -> Result<InstallOutcome, TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.sim.lifecycle_upgrade_reporting(node, request, started).await
-    }
     async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.install_running(node).await
-    }
-    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.sim.reboot(node).await
     }
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
@@ -255,15 +216,40 @@ impl TalosApi for Counting {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.sim.admin_kubeconfig(node).await
     }
-    async fn apply_configuration(
-        &self,
-        node: &str,
-        request: &ApplyConfigRequest,
-    ) -> Result<ApplyConfigReply, TalosError> {
+}
+
+/// The fleet's apid stand-in serves the writes of its peer (the operator) through here.
+#[async_trait]
+impl server::Served for Counting {
+    async fn serve(&self, node: &str, write: TalosWrite<'_>) -> Result<TalosWritten, TalosError> {
+        self.counted(node, write).await
+    }
+}
+
+impl Counting {
+    /// A write, counted as a call; an Upgrade also by node, and logged, as an
+    /// ApplyConfiguration is.
+    async fn counted(&self, node: &str, write: TalosWrite<'_>) -> Result<TalosWritten, TalosError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        let result = self.sim.apply_configuration(node, request).await;
-        tracing::info!(node, dry_run = request.dry_run, applied = result.is_ok(), "fleet: ApplyConfiguration");
-        result
+        match write {
+            TalosWrite::Upgrade(request) => {
+                *self.upgrades.lock().unwrap_or_else(PoisonError::into_inner).entry(node.to_owned()).or_default() += 1;
+                let result = self.sim.serve(node, write).await;
+                tracing::info!(node, image = %request.image, acknowledged = result.is_ok(), "fleet: Upgrade call");
+                result
+            }
+            TalosWrite::ApplyConfiguration(request) => {
+                let result = self.sim.serve(node, write).await;
+                tracing::info!(node, dry_run = request.dry_run, applied = result.is_ok(), "fleet: ApplyConfiguration");
+                result
+            }
+            TalosWrite::Install { .. }
+            | TalosWrite::Reboot
+            | TalosWrite::EtcdLeaveCluster
+            | TalosWrite::EtcdRemoveMember { .. }
+            | TalosWrite::Reset(_)
+            | TalosWrite::ImagePull(_) => self.sim.serve(node, write).await,
+        }
     }
 }
 

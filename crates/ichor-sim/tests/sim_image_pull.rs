@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use ichor_executor::talos_api::{TalosApi, UpgradeRequest};
+use ichor_executor::talos_api::UpgradeRequest;
 use ichor_sim::{SimCluster, SimConfig, TraceKind};
 use ichor_upgrade_core::versions::TalosVersion;
 

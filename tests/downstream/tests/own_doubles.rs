@@ -8,13 +8,10 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use ichor_executor::ExecutorConfig;
 use ichor_executor::kube_api::{
-    ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
-    PodInfo,
+    ClusterInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo, PodInfo,
 };
-use ichor_executor::talos_api::{
-    EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest,
-    SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
-};
+use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, SnapshotStream, TalosApi, TalosError};
+use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
 use ichor_sim::strategies::FaultSchedule;
 use ichor_sim::strategies::{FROM, OPERATION, SimCase, TO, run_with};
 use ichor_sim::{RunEnd, SimCluster, runtime};
@@ -43,12 +40,14 @@ impl TalosApi for RefusesOneUpgrade<'_> {
     async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
         self.sim.machine_stage(node).await
     }
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
-        self.upgrades.lock().unwrap().push(node.to_owned());
-        if node == self.refused {
-            return Err(TalosError::answer("FailedPrecondition", "installer image signature not trusted"));
+    async fn write(&self, node: &str, write: TalosWrite<'_>, seal: Seal) -> Result<TalosWritten, TalosError> {
+        if let TalosWrite::Upgrade(_) = write {
+            self.upgrades.lock().unwrap().push(node.to_owned());
+            if node == self.refused {
+                return Err(TalosError::answer("FailedPrecondition", "installer image signature not trusted"));
+            }
         }
-        self.sim.upgrade(node, request).await
+        TalosApi::write(self.sim, node, write, seal).await
     }
     async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
         self.sim.etcd_members(node).await
@@ -59,29 +58,11 @@ impl TalosApi for RefusesOneUpgrade<'_> {
     async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
         self.sim.etcd_alarms(node).await
     }
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
-        self.sim.etcd_leave_cluster(node).await
-    }
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
-        self.sim.etcd_remove_member(node, member_id).await
-    }
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
-        self.sim.reset(node, request).await
-    }
     async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
         self.sim.etcd_snapshot(node).await
     }
-    async fn image_pull(&self, node: &str, request: &PullRequest) -> Result<String, TalosError> {
-        self.sim.image_pull(node, request).await
-    }
     async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
         self.sim.image_list(node).await
-    }
-    async fn lifecycle_upgrade(&self, node: &str, request: &InstallRequest) -> Result<InstallOutcome, TalosError> {
-        self.sim.lifecycle_upgrade(node, request).await
-    }
-    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
-        self.sim.reboot(node).await
     }
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {
         self.sim.boot_id(node).await
@@ -194,20 +175,11 @@ impl KubeApi for LosesWrites<'_> {
     async fn machine(&self, name: &str) -> Result<Option<MachineInfo>, KubeError> {
         self.sim.machine(name).await
     }
-    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
-        self.sim.cordon(read, annotation).await
-    }
-    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.sim.uncordon(read).await
+    async fn write(&self, write: KubeWrite<'_>, seal: Seal) -> Result<KubeWritten, KubeError> {
+        KubeApi::write(self.sim, write, seal).await
     }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.sim.pods_on(node).await
-    }
-    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
-        self.sim.evict(namespace, name).await
-    }
-    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        self.sim.delete_node(read).await
     }
 }
 

@@ -32,6 +32,7 @@ use ichor_executor::kube_api::{
     AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo,
     LeaseWrite, MachineInfo, ManifestSession, Metadata, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
+use ichor_executor::writes::{KubeWrite, KubeWritten, Seal};
 use ichor_storage::{ConditionStore, ConditionWriteError};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
@@ -899,8 +900,84 @@ fn cluster_nodes(nodes: &[Arc<Node>], cluster: &TalosClusterSpec) -> Vec<String>
     names
 }
 
+impl KubeCluster {
+    /// Cordons the Node `read` (`spec.unschedulable` and the engine's annotation, in one write under its resourceVersion).
+    pub async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
+        // A merge patch carrying `metadata.resourceVersion` is applied only to that version
+        // (409 Conflict otherwise): the cordon is decided from this read and from no other.
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": node_precondition(read, "cordon")?,
+                "annotations": { CORDONED_ANNOTATION: annotation },
+            },
+            "spec": { "unschedulable": true },
+        });
+        self.patch_node(&read.name, "cordon", &patch).await
+    }
+
+    /// Lifts the engine's cordon of the Node `read`, under its resourceVersion.
+    pub async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        // A JSON merge patch: null removes the annotation.
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": node_precondition(read, "uncordon")?,
+                "annotations": { CORDONED_ANNOTATION: null },
+            },
+            "spec": { "unschedulable": false },
+        });
+        self.patch_node(&read.name, "uncordon", &patch).await
+    }
+
+    /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
+    pub async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        self.wrote();
+        match api.evict(name, &EvictParams::default()).await {
+            Ok(_) => Ok(Eviction::Evicted),
+            Err(kube::Error::Api(status)) if status.code == 429 => Ok(Eviction::Blocked { message: status.message }),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Eviction::Evicted),
+            Err(e) => Err(kube_error(&format!("evict pod {namespace}/{name}"), &e)),
+        }
+    }
+
+    /// Deletes the Node `read`, only if it is still at its resourceVersion.
+    pub async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let node = &read.name;
+        let preconditions = kube::api::Preconditions {
+            resource_version: Some(node_precondition(read, "delete")?.to_owned()),
+            uid: None,
+        };
+        let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
+        self.wrote();
+        match api.delete(node, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => Err(kube_error(&format!("delete Node {node}"), &e)),
+        }
+    }
+}
+
 #[async_trait]
 impl KubeApi for KubeCluster {
+    async fn write(&self, write: KubeWrite<'_>, _seal: Seal) -> Result<KubeWritten, KubeError> {
+        Ok(match write {
+            KubeWrite::Cordon { node, annotation } => {
+                self.cordon(node, annotation).await?;
+                KubeWritten::Cordoned
+            }
+            KubeWrite::Uncordon { node } => {
+                self.uncordon(node).await?;
+                KubeWritten::Uncordoned
+            }
+            KubeWrite::Evict { namespace, name } => KubeWritten::Evicted(self.evict(namespace, name).await?),
+            KubeWrite::DeleteNode { node } => {
+                self.delete_node(node).await?;
+                KubeWritten::NodeDeleted
+            }
+        })
+    }
+
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
         self.listed()?;
         Ok(self.stores.nodes.get(&ObjectRef::new(name)).map(|n| node_info(&n)))
@@ -1145,31 +1222,6 @@ impl KubeApi for KubeCluster {
         }))
     }
 
-    async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError> {
-        // A merge patch carrying `metadata.resourceVersion` is applied only to that version
-        // (409 Conflict otherwise): the cordon is decided from this read and from no other.
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": node_precondition(read, "cordon")?,
-                "annotations": { CORDONED_ANNOTATION: annotation },
-            },
-            "spec": { "unschedulable": true },
-        });
-        self.patch_node(&read.name, "cordon", &patch).await
-    }
-
-    async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        // A JSON merge patch: null removes the annotation.
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": node_precondition(read, "uncordon")?,
-                "annotations": { CORDONED_ANNOTATION: null },
-            },
-            "spec": { "unschedulable": false },
-        });
-        self.patch_node(&read.name, "uncordon", &patch).await
-    }
-
     async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
         let (facts, lists) = super::preflight::read_facts(&self.client, asked).await?;
         self.counters.reads.fetch_add(lists, Ordering::Relaxed);
@@ -1224,33 +1276,6 @@ impl KubeApi for KubeCluster {
                 terminating: pod.meta().deletion_timestamp.is_some(),
             })
             .collect())
-    }
-
-    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        self.wrote();
-        match api.evict(name, &EvictParams::default()).await {
-            Ok(_) => Ok(Eviction::Evicted),
-            Err(kube::Error::Api(status)) if status.code == 429 => Ok(Eviction::Blocked { message: status.message }),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Eviction::Evicted),
-            Err(e) => Err(kube_error(&format!("evict pod {namespace}/{name}"), &e)),
-        }
-    }
-
-    async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let node = &read.name;
-        let preconditions = kube::api::Preconditions {
-            resource_version: Some(node_precondition(read, "delete")?.to_owned()),
-            uid: None,
-        };
-        let params = DeleteParams { preconditions: Some(preconditions), ..DeleteParams::default() };
-        self.wrote();
-        match api.delete(node, &params).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(kube_error(&format!("delete Node {node}"), &e)),
-        }
     }
 }
 

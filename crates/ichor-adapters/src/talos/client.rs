@@ -32,6 +32,7 @@ use ichor_executor::talos_api::{
     INSTALL_OUTPUT_LINES, ImageInfo, InstallOutcome, InstallRequest, PullRequest, ResetRequest, SnapshotStream,
     TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
+use ichor_executor::writes::{Seal, TalosWrite, TalosWritten};
 use ichor_talosconfig::{Endpoint, TalosContext};
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use prost::Message;
@@ -490,35 +491,9 @@ fn first_reply<T>(messages: Vec<T>, metadata: impl Fn(&T) -> Option<&Metadata>) 
     Ok(first)
 }
 
-#[async_trait]
-impl TalosApi for TalosClient {
-    fn client_roles(&self) -> Option<Vec<String>> {
-        self.inner.roles.clone()
-    }
-
-    async fn nodename(&self, node: &str) -> Result<String, TalosError> {
-        let spec = self.get(node, "k8s", "Nodenames.kubernetes.talos.dev", "nodename").await?;
-        let spec = NodenameSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
-        Ok(spec.nodename)
-    }
-
-    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
-        let spec = self.get(node, "runtime", "MachineStatuses.runtime.talos.dev", "machine").await?;
-        let spec = MachineStatusSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
-        Ok(match spec.stage() {
-            Stage::Booting => MachineStage::Booting,
-            Stage::Installing => MachineStage::Installing,
-            Stage::Maintenance => MachineStage::Maintenance,
-            Stage::Running => MachineStage::Running,
-            Stage::Rebooting => MachineStage::Rebooting,
-            Stage::ShuttingDown => MachineStage::ShuttingDown,
-            Stage::Resetting => MachineStage::Resetting,
-            Stage::Upgrading => MachineStage::Upgrading,
-            Stage::Unknown => MachineStage::Unknown,
-        })
-    }
-
-    async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
+impl TalosClient {
+    /// `MachineService.Upgrade`: blocks while the node pulls and checks the installer.
+    pub async fn upgrade(&self, node: &str, request: &UpgradeRequest) -> Result<UpgradeAck, TalosError> {
         // Neither force nor preserve; the call's remaining bound travels as its deadline.
         let message = pb::UpgradeRequest { image: request.image.clone(), ..pb::UpgradeRequest::default() };
         let reply =
@@ -527,79 +502,30 @@ impl TalosApi for TalosClient {
         Ok(UpgradeAck { ack: first.ack, actor_id: first.actor_id })
     }
 
-    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
-        let message = pb::EtcdMemberListRequest { query_local: false };
-        let reply = self.machine(node, message, None, |mut c, r| async move { c.etcd_member_list(r).await }).await?;
-        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
-        Ok(first
-            .members
-            .into_iter()
-            .map(|m| EtcdMember { id: m.id, hostname: m.hostname, is_learner: m.is_learner })
-            .collect())
-    }
-
-    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
-        let reply = self.machine(node, (), None, |mut c, r| async move { c.etcd_status(r).await }).await?;
-        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
-        let status = first.member_status.ok_or_else(|| answered("Unknown", "no member status".to_owned()))?;
-        Ok(EtcdStatus {
-            member_id: status.member_id,
-            leader: status.leader,
-            errors: status.errors,
-            is_learner: status.is_learner,
-        })
-    }
-
-    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
-        let reply = self.machine(node, (), None, |mut c, r| async move { c.etcd_alarm_list(r).await }).await?;
-        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
-        Ok(first.member_alarms.into_iter().map(|a| EtcdAlarm { member_id: a.member_id, kind: a.alarm }).collect())
-    }
-
-    async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
+    /// `EtcdLeaveCluster`: the node's etcd member leaves the cluster.
+    pub async fn etcd_leave_cluster(&self, node: &str) -> Result<(), TalosError> {
         let message = pb::EtcdLeaveClusterRequest {};
         let reply = self.machine(node, message, None, |mut c, r| async move { c.etcd_leave_cluster(r).await }).await?;
         first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
     }
 
-    async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
+    /// `EtcdRemoveMemberByID`, asked of `node` (another control plane).
+    pub async fn etcd_remove_member(&self, node: &str, member_id: u64) -> Result<(), TalosError> {
         let message = pb::EtcdRemoveMemberByIdRequest { member_id };
         let reply =
             self.machine(node, message, None, |mut c, r| async move { c.etcd_remove_member_by_id(r).await }).await?;
         first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
     }
 
-    async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
+    /// `MachineService.Reset`: the node wipes itself.
+    pub async fn reset(&self, node: &str, request: &ResetRequest) -> Result<(), TalosError> {
         let message = pb::ResetRequest { graceful: request.graceful, reboot: request.reboot };
         let reply = self.machine(node, message, None, |mut c, r| async move { c.reset(r).await }).await?;
         first_reply(reply.messages, |m| m.metadata.as_ref()).map(drop)
     }
 
-    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
-        let bound = self.inner.options.snapshot_timeout;
-        let target = target(node)?;
-        let response = self
-            .call(node, bound, |channel| {
-                let request = request(target.as_ref(), pb::EtcdSnapshotRequest {}, bound);
-                async move { MachineServiceClient::new(channel).etcd_snapshot(request).await }
-            })
-            .await?;
-        // Each chunk as it comes; an error ends the stream (the caller aborts the copy).
-        let chunks = futures::stream::unfold(Some(response.into_inner()), |stream| async move {
-            let mut stream = stream?;
-            match stream.message().await {
-                Ok(Some(chunk)) => match chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
-                    Some(error) => Some((Err(answered("Unknown", error)), None)),
-                    None => Some((Ok(chunk.bytes), Some(stream))),
-                },
-                Ok(None) => None,
-                Err(status) => Some((Err(classify(&status, "the snapshot stream")), None)),
-            }
-        });
-        Ok(Box::pin(chunks))
-    }
-
-    async fn image_pull(&self, node: &str, pull: &PullRequest) -> Result<String, TalosError> {
+    /// `ImageService.Pull` into the node's `system` containerd namespace: the pulled image's name.
+    pub async fn image_pull(&self, node: &str, pull: &PullRequest) -> Result<String, TalosError> {
         use pb::image_service_pull_response::Response;
         let message =
             pb::ImageServicePullRequest { containerd: Some(system_namespace()), image_ref: pull.image.clone() };
@@ -620,37 +546,13 @@ impl TalosApi for TalosClient {
         name.ok_or_else(|| TalosError::transport(format!("the pull of {} ended without the image's name", pull.image)))
     }
 
-    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
-        let message = pb::ImageServiceListRequest { containerd: Some(system_namespace()) };
-        let mut images = Vec::new();
-        self.stream(
-            node,
-            message,
-            self.inner.options.call_timeout,
-            |channel, r| async move { ImageServiceClient::new(channel).list(r).await },
-            |image: pb::ImageServiceListResponse| {
-                images.push(ImageInfo { name: image.name, digest: image.digest, size: image.size });
-                Ok(())
-            },
-        )
-        .await?;
-        Ok(images)
-    }
-
-    async fn lifecycle_upgrade(&self, node: &str, install: &InstallRequest) -> Result<InstallOutcome, TalosError> {
+    /// `LifecycleService.Upgrade`, to the installer's exit code.
+    pub async fn lifecycle_upgrade(&self, node: &str, install: &InstallRequest) -> Result<InstallOutcome, TalosError> {
         self.lifecycle_upgrade_reporting(node, install, &std::sync::atomic::AtomicBool::new(false)).await
     }
 
-    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
-        // The installer's PID record exists while its task runs (pid.NewStateRecorder).
-        match self.get(node, "runtime", "ServicePIDs.runtime.talos.dev", "installer").await {
-            Ok(_) => Ok(Some(true)),
-            Err(TalosError::Answered { code, .. }) if code == "NotFound" => Ok(Some(false)),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn lifecycle_upgrade_reporting(
+    /// [`Self::lifecycle_upgrade`], setting `started` once the node answered that the install began.
+    pub async fn lifecycle_upgrade_reporting(
         &self,
         node: &str,
         install: &InstallRequest,
@@ -690,6 +592,168 @@ impl TalosApi for TalosClient {
         Ok(InstallOutcome { exit_code, output: output.into() })
     }
 
+    /// `MachineService.ApplyConfiguration` (or its dry run).
+    pub async fn apply_configuration(
+        &self,
+        node: &str,
+        request: &ApplyConfigRequest,
+    ) -> Result<ApplyConfigReply, TalosError> {
+        // No try_mode_timeout: the request has none (Talos's default applies to TRY).
+        let message = pb::ApplyConfigurationRequest {
+            data: request.data.clone(),
+            mode: wire_mode(request.mode) as i32,
+            dry_run: request.dry_run,
+            try_mode_timeout: None,
+        };
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.apply_configuration(r).await }).await?;
+        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
+        let mode = apply_mode(first.mode).ok_or_else(|| {
+            answered("Unknown", format!("ApplyConfiguration answered an unknown mode {}", first.mode))
+        })?;
+        Ok(ApplyConfigReply { mode, mode_details: first.mode_details, warnings: first.warnings })
+    }
+
+    /// `MachineService.Reboot` in the default mode: the actor ID.
+    pub async fn reboot(&self, node: &str) -> Result<String, TalosError> {
+        let message = pb::RebootRequest { mode: pb::reboot_request::Mode::Default as i32 };
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.reboot(r).await }).await?;
+        Ok(first_reply(reply.messages, |m| m.metadata.as_ref())?.actor_id)
+    }
+}
+
+#[async_trait]
+impl TalosApi for TalosClient {
+    async fn write(&self, node: &str, write: TalosWrite<'_>, _seal: Seal) -> Result<TalosWritten, TalosError> {
+        Ok(match write {
+            TalosWrite::Upgrade(request) => TalosWritten::Upgrade(self.upgrade(node, request).await?),
+            TalosWrite::ApplyConfiguration(request) => {
+                TalosWritten::ApplyConfiguration(self.apply_configuration(node, request).await?)
+            }
+            TalosWrite::Install { request, started } => {
+                TalosWritten::Install(self.lifecycle_upgrade_reporting(node, request, started).await?)
+            }
+            TalosWrite::Reboot => TalosWritten::Reboot(self.reboot(node).await?),
+            TalosWrite::EtcdLeaveCluster => {
+                self.etcd_leave_cluster(node).await?;
+                TalosWritten::EtcdLeaveCluster
+            }
+            TalosWrite::EtcdRemoveMember { member_id } => {
+                self.etcd_remove_member(node, member_id).await?;
+                TalosWritten::EtcdRemoveMember
+            }
+            TalosWrite::Reset(request) => {
+                self.reset(node, request).await?;
+                TalosWritten::Reset
+            }
+            TalosWrite::ImagePull(request) => TalosWritten::ImagePull(self.image_pull(node, request).await?),
+        })
+    }
+
+    fn client_roles(&self) -> Option<Vec<String>> {
+        self.inner.roles.clone()
+    }
+
+    async fn nodename(&self, node: &str) -> Result<String, TalosError> {
+        let spec = self.get(node, "k8s", "Nodenames.kubernetes.talos.dev", "nodename").await?;
+        let spec = NodenameSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
+        Ok(spec.nodename)
+    }
+
+    async fn machine_stage(&self, node: &str) -> Result<MachineStage, TalosError> {
+        let spec = self.get(node, "runtime", "MachineStatuses.runtime.talos.dev", "machine").await?;
+        let spec = MachineStatusSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
+        Ok(match spec.stage() {
+            Stage::Booting => MachineStage::Booting,
+            Stage::Installing => MachineStage::Installing,
+            Stage::Maintenance => MachineStage::Maintenance,
+            Stage::Running => MachineStage::Running,
+            Stage::Rebooting => MachineStage::Rebooting,
+            Stage::ShuttingDown => MachineStage::ShuttingDown,
+            Stage::Resetting => MachineStage::Resetting,
+            Stage::Upgrading => MachineStage::Upgrading,
+            Stage::Unknown => MachineStage::Unknown,
+        })
+    }
+
+    async fn etcd_members(&self, node: &str) -> Result<Vec<EtcdMember>, TalosError> {
+        let message = pb::EtcdMemberListRequest { query_local: false };
+        let reply = self.machine(node, message, None, |mut c, r| async move { c.etcd_member_list(r).await }).await?;
+        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
+        Ok(first
+            .members
+            .into_iter()
+            .map(|m| EtcdMember { id: m.id, hostname: m.hostname, is_learner: m.is_learner })
+            .collect())
+    }
+
+    async fn etcd_status(&self, node: &str) -> Result<EtcdStatus, TalosError> {
+        let reply = self.machine(node, (), None, |mut c, r| async move { c.etcd_status(r).await }).await?;
+        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
+        let status = first.member_status.ok_or_else(|| answered("Unknown", "no member status".to_owned()))?;
+        Ok(EtcdStatus {
+            member_id: status.member_id,
+            leader: status.leader,
+            errors: status.errors,
+            is_learner: status.is_learner,
+        })
+    }
+
+    async fn etcd_alarms(&self, node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
+        let reply = self.machine(node, (), None, |mut c, r| async move { c.etcd_alarm_list(r).await }).await?;
+        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
+        Ok(first.member_alarms.into_iter().map(|a| EtcdAlarm { member_id: a.member_id, kind: a.alarm }).collect())
+    }
+
+    async fn etcd_snapshot(&self, node: &str) -> Result<SnapshotStream, TalosError> {
+        let bound = self.inner.options.snapshot_timeout;
+        let target = target(node)?;
+        let response = self
+            .call(node, bound, |channel| {
+                let request = request(target.as_ref(), pb::EtcdSnapshotRequest {}, bound);
+                async move { MachineServiceClient::new(channel).etcd_snapshot(request).await }
+            })
+            .await?;
+        // Each chunk as it comes; an error ends the stream (the caller aborts the copy).
+        let chunks = futures::stream::unfold(Some(response.into_inner()), |stream| async move {
+            let mut stream = stream?;
+            match stream.message().await {
+                Ok(Some(chunk)) => match chunk.metadata.as_ref().map(|m| m.error.clone()).filter(|e| !e.is_empty()) {
+                    Some(error) => Some((Err(answered("Unknown", error)), None)),
+                    None => Some((Ok(chunk.bytes), Some(stream))),
+                },
+                Ok(None) => None,
+                Err(status) => Some((Err(classify(&status, "the snapshot stream")), None)),
+            }
+        });
+        Ok(Box::pin(chunks))
+    }
+
+    async fn image_list(&self, node: &str) -> Result<Vec<ImageInfo>, TalosError> {
+        let message = pb::ImageServiceListRequest { containerd: Some(system_namespace()) };
+        let mut images = Vec::new();
+        self.stream(
+            node,
+            message,
+            self.inner.options.call_timeout,
+            |channel, r| async move { ImageServiceClient::new(channel).list(r).await },
+            |image: pb::ImageServiceListResponse| {
+                images.push(ImageInfo { name: image.name, digest: image.digest, size: image.size });
+                Ok(())
+            },
+        )
+        .await?;
+        Ok(images)
+    }
+
+    async fn install_running(&self, node: &str) -> Result<Option<bool>, TalosError> {
+        // The installer's PID record exists while its task runs (pid.NewStateRecorder).
+        match self.get(node, "runtime", "ServicePIDs.runtime.talos.dev", "installer").await {
+            Ok(_) => Ok(Some(true)),
+            Err(TalosError::Answered { code, .. }) if code == "NotFound" => Ok(Some(false)),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn machine_config(&self, node: &str) -> Result<Vec<u8>, TalosError> {
         let spec = self.get(node, "config", "MachineConfigs.config.talos.dev", "v1alpha1").await?;
         let spec = MachineConfigSpec::decode(spec.as_slice()).map_err(|e| answered("DataLoss", e.to_string()))?;
@@ -722,32 +786,6 @@ impl TalosApi for TalosClient {
             objects.extend(super::manifests::objects(&spec));
         }
         Ok(objects)
-    }
-
-    async fn apply_configuration(
-        &self,
-        node: &str,
-        request: &ApplyConfigRequest,
-    ) -> Result<ApplyConfigReply, TalosError> {
-        // No try_mode_timeout: the request has none (Talos's default applies to TRY).
-        let message = pb::ApplyConfigurationRequest {
-            data: request.data.clone(),
-            mode: wire_mode(request.mode) as i32,
-            dry_run: request.dry_run,
-            try_mode_timeout: None,
-        };
-        let reply = self.machine(node, message, None, |mut c, r| async move { c.apply_configuration(r).await }).await?;
-        let first = first_reply(reply.messages, |m| m.metadata.as_ref())?;
-        let mode = apply_mode(first.mode).ok_or_else(|| {
-            answered("Unknown", format!("ApplyConfiguration answered an unknown mode {}", first.mode))
-        })?;
-        Ok(ApplyConfigReply { mode, mode_details: first.mode_details, warnings: first.warnings })
-    }
-
-    async fn reboot(&self, node: &str) -> Result<String, TalosError> {
-        let message = pb::RebootRequest { mode: pb::reboot_request::Mode::Default as i32 };
-        let reply = self.machine(node, message, None, |mut c, r| async move { c.reboot(r).await }).await?;
-        Ok(first_reply(reply.messages, |m| m.metadata.as_ref())?.actor_id)
     }
 
     async fn boot_id(&self, node: &str) -> Result<String, TalosError> {

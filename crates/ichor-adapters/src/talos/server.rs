@@ -1,18 +1,21 @@
-//! A Talos API (apid) in front of any [`TalosApi`]: the gRPC services of Ichor's proto
-//! subset, each call routed by its `node` metadata to the implementation, its errors
-//! answered as apid answers them (a node it cannot reach: `Unavailable`).
+//! A Talos API (apid) in front of any [`TalosApi`] that is [`Served`]: the gRPC services
+//! of Ichor's proto subset, each call routed by its `node` metadata to the implementation,
+//! its errors answered as apid answers them (a node it cannot reach: `Unavailable`).
 //!
 //! This is how the simulated fleet (`ichor_sim::fleet`: the simulator on a real API server) is reached by a
 //! real Talos client: the operator runs exactly as in production, with a talosconfig, over
 //! mutual TLS.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use ichor_executor::cause::report;
 use ichor_executor::talos_api::{
     ApplyConfigRequest, BOOT_ID_PATH, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError, UpgradeRequest,
 };
+use ichor_executor::writes::{TalosWrite, TalosWritten};
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use prost::Message;
 use tonic::{Code, Request, Response, Status};
@@ -29,9 +32,21 @@ use super::proto::resource::{
     Resource, Spec, machine_status_spec::Stage,
 };
 
+/// The backend a stand-in serves: a [`TalosApi`] that also takes writes from the gRPC
+/// peer rather than from the executor's effects. [`TalosApi::write`] asks for a
+/// [`Seal`](ichor_executor::writes::Seal), which only the effects make; [`Served::serve`]
+/// needs none, because the peer is a test's client (or the operator in front of a
+/// simulated fleet), never the executor in this process.
+#[async_trait]
+pub trait Served: TalosApi {
+    /// Carries out `write` on `node`, as [`TalosApi::write`] would, its answer of the
+    /// write's own kind.
+    async fn serve(&self, node: &str, write: TalosWrite<'_>) -> Result<TalosWritten, TalosError>;
+}
+
 /// Every service (`MachineService`, the resource `State`, `ImageService`,
 /// `LifecycleService`), ready for `tonic::transport::Server::add_routes`.
-pub fn services<T: TalosApi + 'static>(api: Arc<T>) -> tonic::service::Routes {
+pub fn services<T: Served + 'static>(api: Arc<T>) -> tonic::service::Routes {
     let apid = Apid { api };
     tonic::service::Routes::new(MachineServiceServer::new(apid.clone()))
         .add_service(StateServer::new(apid.clone()))
@@ -133,7 +148,7 @@ fn code_of(name: &str) -> Code {
 }
 
 #[tonic::async_trait]
-impl<T: TalosApi + 'static> MachineService for Apid<T> {
+impl<T: Served + 'static> MachineService for Apid<T> {
     async fn apply_configuration(
         &self,
         request: Request<pb::ApplyConfigurationRequest>,
@@ -143,7 +158,12 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         let mode = apply_mode(message.mode)
             .ok_or_else(|| Status::invalid_argument(format!("unknown apply mode {}", message.mode)))?;
         let call = ApplyConfigRequest { data: message.data, mode, dry_run: message.dry_run };
-        let reply = self.api.apply_configuration(&node, &call).await.map_err(|e| status(&e))?;
+        let reply = self
+            .api
+            .serve(&node, TalosWrite::ApplyConfiguration(&call))
+            .await
+            .and_then(TalosWritten::apply_configuration)
+            .map_err(|e| status(&e))?;
         let applied = pb::ApplyConfiguration {
             metadata: None,
             warnings: reply.warnings,
@@ -175,7 +195,12 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         let node = node(&request)?;
         let timeout = deadline(&request).unwrap_or(Duration::from_secs(600));
         let call = UpgradeRequest { image: request.into_inner().image, timeout };
-        let ack = self.api.upgrade(&node, &call).await.map_err(|e| status(&e))?;
+        let ack = self
+            .api
+            .serve(&node, TalosWrite::Upgrade(&call))
+            .await
+            .and_then(TalosWritten::upgrade)
+            .map_err(|e| status(&e))?;
         let reply = pb::Upgrade { metadata: None, ack: ack.ack, actor_id: ack.actor_id };
         Ok(Response::new(pb::UpgradeResponse { messages: vec![reply] }))
     }
@@ -185,7 +210,8 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         if request.get_ref().mode != pb::reboot_request::Mode::Default as i32 {
             return Err(Status::unimplemented("only the default reboot mode is served"));
         }
-        let actor_id = self.api.reboot(&node).await.map_err(|e| status(&e))?;
+        let actor_id =
+            self.api.serve(&node, TalosWrite::Reboot).await.and_then(TalosWritten::reboot).map_err(|e| status(&e))?;
         Ok(Response::new(pb::RebootResponse { messages: vec![pb::Reboot { metadata: None, actor_id }] }))
     }
 
@@ -205,7 +231,8 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         let node = node(&request)?;
         let message = request.into_inner();
         let call = ResetRequest { graceful: message.graceful, reboot: message.reboot };
-        self.api.reset(&node, &call).await.map_err(|e| status(&e))?;
+        let write = TalosWrite::Reset(&call);
+        self.api.serve(&node, write).await.and_then(|done| done.done(&write)).map_err(|e| status(&e))?;
         Ok(Response::new(pb::ResetResponse { messages: vec![pb::Reset::default()] }))
     }
 
@@ -282,7 +309,8 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
         request: Request<pb::EtcdLeaveClusterRequest>,
     ) -> Result<Response<pb::EtcdLeaveClusterResponse>, Status> {
         let node = node(&request)?;
-        self.api.etcd_leave_cluster(&node).await.map_err(|e| status(&e))?;
+        let write = TalosWrite::EtcdLeaveCluster;
+        self.api.serve(&node, write).await.and_then(|done| done.done(&write)).map_err(|e| status(&e))?;
         Ok(Response::new(pb::EtcdLeaveClusterResponse { messages: vec![pb::EtcdLeaveCluster { metadata: None }] }))
     }
 
@@ -292,13 +320,14 @@ impl<T: TalosApi + 'static> MachineService for Apid<T> {
     ) -> Result<Response<pb::EtcdRemoveMemberByIdResponse>, Status> {
         let node = node(&request)?;
         let id = request.get_ref().member_id;
-        self.api.etcd_remove_member(&node, id).await.map_err(|e| status(&e))?;
+        let write = TalosWrite::EtcdRemoveMember { member_id: id };
+        self.api.serve(&node, write).await.and_then(|done| done.done(&write)).map_err(|e| status(&e))?;
         Ok(Response::new(pb::EtcdRemoveMemberByIdResponse { messages: vec![pb::EtcdRemoveMemberById::default()] }))
     }
 }
 
 #[tonic::async_trait]
-impl<T: TalosApi + 'static> ImageService for Apid<T> {
+impl<T: Served + 'static> ImageService for Apid<T> {
     type ListStream = futures::stream::BoxStream<'static, Result<pb::ImageServiceListResponse, Status>>;
 
     async fn list(&self, request: Request<pb::ImageServiceListRequest>) -> Result<Response<Self::ListStream>, Status> {
@@ -333,7 +362,12 @@ impl<T: TalosApi + 'static> ImageService for Apid<T> {
         let image = request.into_inner().image_ref;
         let name = match space {
             Namespace::System => {
-                self.api.image_pull(&node, &PullRequest { image, timeout }).await.map_err(|e| status(&e))?
+                let call = PullRequest { image, timeout };
+                self.api
+                    .serve(&node, TalosWrite::ImagePull(&call))
+                    .await
+                    .and_then(TalosWritten::image_pull)
+                    .map_err(|e| status(&e))?
             }
             Namespace::Cri => {
                 self.api.nodename(&node).await.map_err(|e| status(&e))?;
@@ -356,7 +390,7 @@ impl<T: TalosApi + 'static> ImageService for Apid<T> {
 }
 
 #[tonic::async_trait]
-impl<T: TalosApi + 'static> LifecycleService for Apid<T> {
+impl<T: Served + 'static> LifecycleService for Apid<T> {
     type UpgradeStream = futures::stream::BoxStream<'static, Result<pb::LifecycleServiceUpgradeResponse, Status>>;
 
     /// The install, then its output lines and its exit code, as Talos streams them.
@@ -376,8 +410,15 @@ impl<T: TalosApi + 'static> LifecycleService for Apid<T> {
             return Err(Status::invalid_argument("the installer is taken from the system containerd namespace"));
         }
         let image = message.source.map(|s| s.image_name).unwrap_or_default();
-        let outcome =
-            self.api.lifecycle_upgrade(&node, &InstallRequest { image, timeout }).await.map_err(|e| status(&e))?;
+        let call = InstallRequest { image, timeout };
+        // The stream is answered once the install ended: no one reads when it began.
+        let started = AtomicBool::new(false);
+        let outcome = self
+            .api
+            .serve(&node, TalosWrite::Install { request: &call, started: &started })
+            .await
+            .and_then(TalosWritten::install)
+            .map_err(|e| status(&e))?;
         let reply = |progress| pb::LifecycleServiceUpgradeResponse {
             progress: Some(pb::LifecycleServiceInstallProgress { response: Some(progress) }),
         };
@@ -392,7 +433,7 @@ impl<T: TalosApi + 'static> LifecycleService for Apid<T> {
 }
 
 #[tonic::async_trait]
-impl<T: TalosApi + 'static> State for Apid<T> {
+impl<T: Served + 'static> State for Apid<T> {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let node = node(&request)?;
         let get = request.into_inner();

@@ -12,7 +12,7 @@ use ichor_upgrade_core::machine::vocabulary::{TALOS_LIFECYCLE, lifecycle_in_flig
 use ichor_upgrade_core::status::MachineOutcome;
 use ichor_upgrade_core::upgrade_marker::{TALOS_UPGRADE, UpgradeMarker, reason as upgrade_reason};
 
-use crate::calls::{AdvanceError, Executor, NO_STORAGE_NODE, failed};
+use crate::calls::{AdvanceError, Executor, NO_STORAGE_NODE, TalosCallError, failed};
 use crate::cause::report;
 use crate::effects::{self, Grants, Intent};
 use crate::kube_api::{MachineInfo, NodeInfo};
@@ -123,13 +123,13 @@ async fn call_upgrade(
     tracing::info!(machine = %machine.name, image = %request.image, "calling Upgrade");
     let outcome = |status, reason, message| ConditionUpdate::new(TALOS_UPGRADE, status, reason, message);
     match effects::upgrade(ex, calling, &recorded, machine, &request, left).await? {
-        Ok(Ok(ack)) => {
+        Ok(ack) => {
             tracing::info!(machine = %machine.name, actor = %ack.actor_id, "Upgrade acknowledged");
             let update = outcome(ConditionStatus::True, upgrade_reason::UPGRADE_REQUESTED, marker.to_string());
             effects::note_condition(ex, machine, &mut conditions, update).await?;
             Ok(MachineOutcome::Progressed { action: "UpgradeRequested" })
         }
-        Ok(Err(e)) if e.is_unreachable() => {
+        Err(TalosCallError::Api(e)) if e.is_unreachable() => {
             // The call may or may not have reached the node: the intent stays, and the
             // step reconciles it against the node (boot ID, stage, the call's deadline).
             Ok(MachineOutcome::Waiting {
@@ -138,7 +138,7 @@ async fn call_upgrade(
                 recheck_at: Some(marker.call_deadline),
             })
         }
-        Ok(Err(e)) => {
+        Err(TalosCallError::Api(e)) => {
             let failure = MachineFailure::UpgradeRefused(report(&e));
             let update = outcome(ConditionStatus::False, upgrade_reason::UPGRADE_REFUSED, failure.to_string());
             effects::note_condition(ex, machine, &mut conditions, update).await?;
@@ -147,6 +147,6 @@ async fn call_upgrade(
         // The node abandoned the call at the propagated deadline: nothing was started.
         // The intent stays, so that an acknowledgement at the very edge, and its reboot,
         // would still be recognised; the operation pauses.
-        Err(timed_out) => Ok(failed(&MachineFailure::UpgradeCallTimedOut(timed_out.bound))),
+        Err(TalosCallError::TimedOut(timed_out)) => Ok(failed(&MachineFailure::UpgradeCallTimedOut(timed_out.bound))),
     }
 }

@@ -257,24 +257,17 @@ async fn apply(
     };
     let dry = ApplyConfigRequest { data: data.clone(), mode: ApplyMode::NoReboot, dry_run: true };
     match effects::dry_run_configuration(ex, &grants.advancing, machine, &dry).await? {
-        Ok(Ok(reply)) if reply.mode == ApplyMode::NoReboot => {}
-        Ok(Ok(reply)) => {
+        Ok(reply) if reply.mode == ApplyMode::NoReboot => {}
+        Ok(reply) => {
             return Ok(refused(format!(
                 "its dry run says the node would apply it in mode {:?} (a reboot): {}",
                 reply.mode, reply.mode_details
             )));
         }
-        Ok(Err(error)) if !error.is_unreachable() => {
+        Err(TalosCallError::Api(error)) if !error.is_unreachable() => {
             return Ok(refused(format!("its dry run was refused: {error}")));
         }
-        Ok(Err(error)) => {
-            let source = TalosCallError::from(error);
-            return Err(AdvanceError::TalosCall { call: "ApplyConfiguration (dry run)", source });
-        }
-        Err(timed_out) => {
-            let source = TalosCallError::from(timed_out);
-            return Err(AdvanceError::TalosCall { call: "ApplyConfiguration (dry run)", source });
-        }
+        Err(source) => return Err(AdvanceError::TalosCall { call: "ApplyConfiguration (dry run)", source }),
     }
     // The dry run took a call's time since the pass read the operation: a stop recorded
     // meanwhile (a pause, a hold, a deletion) is seen before the apply, never after it.
@@ -296,25 +289,20 @@ async fn apply(
     let recorded = effects::record(ex, calling, machine, &mut conditions, intent).await?;
     let request = ApplyConfigRequest { data, mode: ApplyMode::NoReboot, dry_run: false };
     match effects::apply_configuration(ex, calling, &recorded, machine, &request).await? {
-        Ok(Ok(reply)) if reply.mode == ApplyMode::NoReboot => {
+        Ok(reply) if reply.mode == ApplyMode::NoReboot => {
             let message = apply_message(component, target);
             let update = ConditionUpdate::new(KUBERNETES_UPGRADE, ConditionStatus::True, reason::APPLIED, message);
             effects::note_condition(ex, machine, &mut conditions, update).await?;
             Ok(MachineOutcome::Progressed { action: "ApplyConfiguration" })
         }
-        Ok(Ok(reply)) => Ok(refused(format!(
+        Ok(reply) => Ok(refused(format!(
             "the node answered mode {:?} where NO_REBOOT was asked: {}",
             reply.mode, reply.mode_details
         ))),
         // Refused outright: nothing was applied (the configuration will say so).
-        Ok(Err(error)) if !error.is_unreachable() => Ok(refused(error.to_string())),
+        Err(TalosCallError::Api(error)) if !error.is_unreachable() => Ok(refused(error.to_string())),
         // Not known whether it landed: the intent stands; the configuration tells next pass.
-        Ok(Err(error)) => {
-            Err(AdvanceError::TalosCall { call: "ApplyConfiguration", source: TalosCallError::from(error) })
-        }
-        Err(timed_out) => {
-            Err(AdvanceError::TalosCall { call: "ApplyConfiguration", source: TalosCallError::from(timed_out) })
-        }
+        Err(source) => Err(AdvanceError::TalosCall { call: "ApplyConfiguration", source }),
     }
 }
 

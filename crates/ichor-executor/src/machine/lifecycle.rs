@@ -24,8 +24,8 @@ use ichor_upgrade_core::upgrade_marker::UpgradeMarker;
 
 use crate::background::{INSTALL_STOPPED, Job, StopFlag};
 use crate::calls::{
-    AdvanceError, CallTimedOut, Executor, bounded, drains, failed, kube, node_observation, observe, seen_with_storage,
-    talos_observation,
+    AdvanceError, CallTimedOut, Executor, TalosCallError, bounded, drains, failed, kube, node_observation, observe,
+    seen_with_storage, talos_observation,
 };
 use crate::cause::report;
 use crate::effects::{self, Calling, Grants, Intent, JobCheck, JobStep};
@@ -357,12 +357,16 @@ pub(crate) async fn install(
     let pull = PullRequest { image: image.clone(), timeout: bound };
     let pull_began = ex.clock.now();
     match effects::pull(ex, &machine.address, &pull).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if e.is_unreachable() => {
+        Ok(_) => {}
+        Err(TalosCallError::Api(e)) if e.is_unreachable() => {
             return waiting(&MachineWait::TalosApiUnreachable, format!("pulling {image}: {}", report(&e)), ex);
         }
-        Ok(Err(e)) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {}", report(&e))))),
-        Err(timed_out) => return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {timed_out}")))),
+        Err(TalosCallError::Api(e)) => {
+            return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {}", report(&e)))));
+        }
+        Err(TalosCallError::TimedOut(timed_out)) => {
+            return Ok(failed(&MachineFailure::PullFailed(format!("{image}: {timed_out}"))));
+        }
     }
     // An install asked for again under an intent finishes a machine already past its call
     // (a hold or a pause does not interrupt it): it is checked as the install is.
@@ -540,17 +544,19 @@ async fn reboot(
     let recorded = effects::record(ex, finishing, machine, &mut conditions, intent).await?;
     tracing::info!(machine = %machine.name, "MachineService.Reboot");
     match effects::reboot(ex, finishing, &recorded, machine).await? {
-        Ok(Ok(actor)) => {
+        Ok(actor) => {
             tracing::info!(machine = %machine.name, %actor, "Reboot acknowledged");
             progressed("RebootRequested")
         }
         // The reboot may have reached the node: what it does next says (its boot ID).
-        Ok(Err(e)) if e.is_unreachable() => waiting(
+        Err(TalosCallError::Api(e)) if e.is_unreachable() => waiting(
             &MachineWait::RebootUnconfirmed,
             format!("the Reboot call broke off ({}); the node's boot ID tells", report(&e)),
             ex,
         ),
-        Err(timed_out) => waiting(&MachineWait::RebootUnconfirmed, timed_out.to_string(), ex),
-        Ok(Err(e)) => Ok(failed(&MachineFailure::LifecycleCallRefused { call: "Reboot", message: report(&e) })),
+        Err(TalosCallError::TimedOut(timed_out)) => waiting(&MachineWait::RebootUnconfirmed, timed_out.to_string(), ex),
+        Err(TalosCallError::Api(e)) => {
+            Ok(failed(&MachineFailure::LifecycleCallRefused { call: "Reboot", message: report(&e) }))
+        }
     }
 }
