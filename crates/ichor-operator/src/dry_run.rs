@@ -31,6 +31,7 @@ use ichor_upgrade_core::plan::{
     models, plan,
 };
 use ichor_upgrade_core::preflight::{ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
+use ichor_upgrade_core::rollout::NameOrder;
 use ichor_upgrade_core::versions::TalosVersion;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -254,16 +255,15 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
             last,
             &name,
         );
-        let key = (order.0, order.1, order.2, order.3.to_owned());
+        let key = (order.0, order.1, order.2, order.3.0.to_owned());
         let bytes = match (&dry.storage, node) {
             (Ok(storage), Some(n)) => storage.bytes_on(&n.name_any(), n.labels()),
             _ => None,
         };
         planned.push((PlanMachine { node: name, role, held, bytes }, key));
     }
-    planned.sort_by(|a, b| {
-        (a.0.role != MachineRole::ControlPlane, &a.1).cmp(&(b.0.role != MachineRole::ControlPlane, &b.1))
-    });
+    // The engine's own key, its name in natural order (`worker-2` before `worker-10`).
+    planned.sort_by(|a, b| start_key(a).cmp(&start_key(b)));
     let plan_machines: Vec<PlanMachine> = planned.into_iter().map(|(m, _)| m).collect();
     let previous = last_completed(op, dry.operations);
     let recorded = previous.map(|p| recorded(p, dry.machines));
@@ -420,5 +420,11 @@ pub fn planned_already(op: &TalosOperation) -> bool {
     })
 }
 
+/// The engine's order of a planned machine: control planes first, then its start key, its
+/// name in natural order (`worker-2` before `worker-10`).
+fn start_key(planned: &(PlanMachine, (bool, bool, i64, String))) -> (bool, bool, bool, i64, NameOrder<'_>) {
+    let (m, (last, unordered, order, name)) = planned;
+    (m.role != MachineRole::ControlPlane, *last, *unordered, *order, NameOrder(name.as_str()))
+}
 #[cfg(test)]
 mod tests;

@@ -258,6 +258,18 @@ pub enum PlanProblem {
         /// The parse error, quoting the text.
         error: String,
     },
+    /// The target is on a minor line newer than any this engine knows: a mistyped version,
+    /// or a release newer than the engine. Its Kubernetes range and upgrade path are
+    /// unknown, so nothing else is said of it.
+    #[error(
+        "Talos {target} is not a release this engine knows: the newest minor line it knows is {newest} (versions::KUBERNETES_SUPPORT); check the version for a typo, or upgrade Ichor to one that knows {target} before upgrading the cluster to it"
+    )]
+    UnknownRelease {
+        /// The target.
+        target: String,
+        /// The newest minor line the engine knows (`v1.15`).
+        newest: String,
+    },
     /// The cluster's Kubernetes version does not run on the target.
     #[error("Kubernetes pairing refused: {refusal}")]
     KubernetesPairing {
@@ -304,6 +316,7 @@ impl PlanProblem {
             Self::BadOsImage { .. } => "BadOsImage",
             Self::BadKubernetesVersion { .. } => "BadKubernetesVersion",
             Self::KubernetesPairing { .. } => "KubernetesPairingRefused",
+            Self::UnknownRelease { .. } => "UnknownTalosRelease",
             Self::TwoControlPlanes { .. } => "TwoControlPlanes",
             Self::DuplicateMachineNames { .. } => "DuplicateMachineNames",
             Self::NodesWithoutMachines { .. } => "NodesWithoutMachines",

@@ -44,7 +44,10 @@ use crate::status::{
     FailedMachine, MachineProgress, MachineRecord, OperationStatus, PauseReason, Phase, RecordState, WaitReason,
 };
 use crate::time::Timestamp;
-use crate::versions::{KubernetesVersion, TalosVersion, check_kubernetes_pairing, check_upgrade_path};
+use crate::versions::{
+    KubernetesVersion, TalosVersion, check_kubernetes_pairing, check_upgrade_path, is_unknown_release,
+    newest_known_talos,
+};
 
 /// How the engine keeps its cluster lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1048,6 +1051,13 @@ fn plan_refusal(input: &RolloutInput<'_>, spec: &ValidSpec) -> Option<Refusal> {
         return None;
     }
     let mut problems = shape_problems(input);
+    if is_unknown_release(&spec.target) {
+        // Its Kubernetes range and its path are unknown too: saying so per node and per
+        // minor line would bury the one thing wrong.
+        let (target, newest) = (spec.target.to_string(), newest_known_talos().talos());
+        problems.push(PlanProblem::UnknownRelease { target, newest });
+        return Some(Refusal::Unplannable { problems });
+    }
     match KubernetesVersion::parse(input.kubernetes_version) {
         Ok(kubernetes) => {
             if let Err(refusal) = check_kubernetes_pairing(&spec.target, &kubernetes) {
@@ -1176,19 +1186,47 @@ enum Slot {
 
 /// Ordering key within a role: the controller's own machine after all others, then the
 /// order label ascending, machines without one (or with one that is not an integer) last,
-/// then the name.
-fn order_key(m: &MachineView) -> (bool, bool, i64, &str) {
+/// then the name, in natural order.
+fn order_key(m: &MachineView) -> (bool, bool, i64, NameOrder<'_>) {
     start_order(m.order_label.as_deref(), m.last, &m.name)
 }
 
 /// The key the engine orders a role's machines by (smallest first): the controller's own
 /// machine (`last`) after all others, then the [`crate::operation::ORDER_LABEL`] value
 /// ascending, machines without one (or with one that is not an integer) last, then the
-/// name. A plan of the rollout orders by the same key.
+/// name in natural order ([`NameOrder`]). A plan of the rollout orders by the same key.
 #[must_use]
-pub fn start_order<'a>(order_label: Option<&str>, last: bool, name: &'a str) -> (bool, bool, i64, &'a str) {
+pub fn start_order<'a>(order_label: Option<&str>, last: bool, name: &'a str) -> (bool, bool, i64, NameOrder<'a>) {
     let order = order_label.and_then(|v| v.parse::<i64>().ok());
-    (last, order.is_none(), order.unwrap_or(0), name)
+    (last, order.is_none(), order.unwrap_or(0), NameOrder(name))
+}
+
+/// A machine's name as the engine orders names: by the text before its trailing number,
+/// then by that number, then by the whole text, so that `worker-2` goes before
+/// `worker-10` as people expect (in text order `worker-10` went first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NameOrder<'a>(pub &'a str);
+
+impl<'a> NameOrder<'a> {
+    /// The text before the trailing number, and the number (`None`: no trailing digits, or
+    /// more than fit in a `u128`).
+    fn split(self) -> (&'a str, Option<u128>) {
+        let text = self.0;
+        let at = text.len() - text.bytes().rev().take_while(u8::is_ascii_digit).count();
+        (&text[..at], text[at..].parse().ok())
+    }
+}
+
+impl Ord for NameOrder<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.split().cmp(&other.split()).then_with(|| self.0.cmp(other.0))
+    }
+}
+
+impl PartialOrd for NameOrder<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// The rules of an upgrade's schedule, whatever it upgrades.
@@ -1228,7 +1266,7 @@ impl Rules {
 /// The machines in the engine's order: by role, then by [`order_key`]. They usually come
 /// in the same order pass after pass: sorted once, checked after.
 fn in_order(machines: &[MachineView]) -> Vec<&MachineView> {
-    fn key<'m>(m: &&'m MachineView) -> (MachineRole, (bool, bool, i64, &'m str)) {
+    fn key<'m>(m: &&'m MachineView) -> (MachineRole, (bool, bool, i64, NameOrder<'m>)) {
         (m.role, order_key(m))
     }
     let mut machines: Vec<&MachineView> = machines.iter().collect();

@@ -424,6 +424,20 @@ fn last_known() -> Minor {
     KUBERNETES_SUPPORT[KUBERNETES_SUPPORT.len() - 1].talos
 }
 
+/// The newest Talos minor line this engine knows (the last row of
+/// [`KUBERNETES_SUPPORT`]).
+#[must_use]
+pub fn newest_known_talos() -> Minor {
+    last_known()
+}
+
+/// Whether `target` is on a minor line newer than any this engine knows: a release it has
+/// no data for (its Kubernetes range, its upgrade path), or no release at all (`v1.99.0`).
+#[must_use]
+pub fn is_unknown_release(target: &TalosVersion) -> bool {
+    target.minor_line() > last_known()
+}
+
 /// Checks that the cluster's Kubernetes version runs on the target Talos.
 ///
 /// # Errors

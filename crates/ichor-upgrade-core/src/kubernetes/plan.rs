@@ -156,14 +156,18 @@ pub enum KubernetesPlanProblem {
         /// The minor line to go to first.
         next: String,
     },
-    /// A component runs a newer version than the target.
-    #[error("Kubernetes {target} would downgrade {node}'s {component} from {current}; downgrades are not supported")]
+    /// Components run a newer version than the target. One problem per version found,
+    /// the components on it grouped by the nodes they run on (a sentence per component per
+    /// node buried the one thing wrong).
+    #[error(
+        "Kubernetes {target} would downgrade {} from {current}; downgrades are not supported",
+        downgraded(components)
+    )]
     Downgrade {
-        /// The node (`cluster` for kube-proxy).
-        node: String,
-        /// The component.
-        component: Component,
-        /// Its version.
+        /// Each component on that version and the nodes it runs on there (`cluster` for
+        /// kube-proxy), in the order found.
+        components: Vec<(Component, Vec<String>)>,
+        /// Their version.
         current: String,
         /// The target.
         target: String,
@@ -314,6 +318,35 @@ impl KubernetesPlan {
     }
 }
 
+/// At most this many nodes are named for a group of downgraded components; the rest are
+/// counted.
+const LISTED_NODES: usize = 8;
+
+/// `kube-apiserver, kube-scheduler on cp-1, cp-2; kubelet on 1,003 nodes (cp-1, ...)`:
+/// the components that share their nodes named together.
+fn downgraded(components: &[(Component, Vec<String>)]) -> String {
+    let mut groups: Vec<(Vec<Component>, &Vec<String>)> = Vec::new();
+    for (component, nodes) in components {
+        match groups.iter_mut().find(|(_, on)| *on == nodes) {
+            Some((named, _)) => named.push(*component),
+            None => groups.push((vec![*component], nodes)),
+        }
+    }
+    let group = |(named, nodes): &(Vec<Component>, &Vec<String>)| {
+        let named = named.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ");
+        if nodes.as_slice() == ["cluster"] {
+            return named;
+        }
+        let listed = nodes.iter().take(LISTED_NODES).map(String::as_str).collect::<Vec<_>>().join(", ");
+        if nodes.len() > LISTED_NODES {
+            format!("{named} on {} nodes ({listed} and {} more)", nodes.len(), nodes.len() - LISTED_NODES)
+        } else {
+            format!("{named} on {listed}")
+        }
+    };
+    groups.iter().map(group).collect::<Vec<_>>().join("; ")
+}
+
 /// Plans the upgrade of `input.nodes` to `input.target`.
 ///
 /// # Errors
@@ -322,11 +355,12 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
     let target = input.target;
     let mut problems = Vec::new();
     let mut skipping: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut downgrading = Downgrades::default();
     let mut unsupported: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut too_old = Vec::new();
     let mut plan = KubernetesPlan::default();
-    let version_of = |node: &str, component: Component, current: &KubernetesVersion, problems: &mut Vec<_>| {
-        let (changes, skips) = compare(node, component, current, target, problems);
+    let mut version_of = |node: &str, component: Component, current: &KubernetesVersion| {
+        let (changes, skips) = compare(node, component, current, target, &mut downgrading);
         (changes, skips.then(|| (current.to_string(), format!("{node}/{component}"))))
     };
     for node in input.nodes {
@@ -339,7 +373,7 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
                 match node.control_plane.get(&component) {
                     None => problems.push(KubernetesPlanProblem::NotObserved { node: node.name.clone(), component }),
                     Some(current) => {
-                        let (changes, skips) = version_of(&node.name, component, current, &mut problems);
+                        let (changes, skips) = version_of(&node.name, component, current);
                         if let Some((version, what)) = skips {
                             skipping.entry(version).or_default().push(what);
                         }
@@ -362,14 +396,14 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
                 {
                     too_old.push((node.name.clone(), kubelet.to_string()));
                 }
-                if version_of(&node.name, Component::Kubelet, kubelet, &mut problems).0 {
+                if version_of(&node.name, Component::Kubelet, kubelet).0 {
                     plan.kubelets.push((node.name.clone(), node.role));
                 }
             }
         }
     }
     if let Some(proxy) = input.kube_proxy {
-        let (changes, skips) = version_of("cluster", Component::KubeProxy, proxy, &mut problems);
+        let (changes, skips) = version_of("cluster", Component::KubeProxy, proxy);
         if let Some((version, what)) = skips {
             skipping.entry(version).or_default().push(what);
         }
@@ -392,6 +426,19 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
         };
         problems.insert(k, problem);
     }
+    // One problem per version downgraded from, highest first, after the skips.
+    let mut downgrades: Vec<(KubernetesVersion, ComponentNodes)> = downgrading
+        .0
+        .into_iter()
+        .filter_map(|(current, components)| KubernetesVersion::parse(&current).ok().map(|v| (v, components)))
+        .collect();
+    downgrades.sort_by(|a, b| b.0.cmp(&a.0));
+    let skipped = problems.iter().filter(|p| matches!(p, KubernetesPlanProblem::SkipsMinor { .. })).count();
+    for (k, (current, components)) in downgrades.into_iter().enumerate() {
+        let problem =
+            KubernetesPlanProblem::Downgrade { components, current: current.to_string(), target: target.to_string() };
+        problems.insert(skipped + k, problem);
+    }
     // Control planes' kubelets first, each role in the order given.
     plan.kubelets.sort_by_key(|(_, role)| *role);
     for (refusal, nodes) in unsupported {
@@ -413,25 +460,37 @@ pub fn plan_kubernetes(input: &KubernetesPlanInput<'_>) -> Result<KubernetesPlan
     if problems.is_empty() { Ok(plan) } else { Err(problems) }
 }
 
+/// Components and the nodes each runs on.
+type ComponentNodes = Vec<(Component, Vec<String>)>;
+
+/// The components a target would downgrade: by the version they run, each with its nodes.
+#[derive(Default)]
+struct Downgrades(BTreeMap<String, ComponentNodes>);
+
+impl Downgrades {
+    fn add(&mut self, current: &KubernetesVersion, component: Component, node: &str) {
+        let components = self.0.entry(current.to_string()).or_default();
+        match components.iter_mut().find(|(c, _)| *c == component) {
+            Some((_, nodes)) => nodes.push(node.to_owned()),
+            None => components.push((component, vec![node.to_owned()])),
+        }
+    }
+}
+
 /// Whether `component` on `node` must change to reach `target` (`false` when it is there
-/// already), and whether it would skip a minor; a downgrade is recorded in `problems`.
+/// already), and whether it would skip a minor; a downgrade is recorded in `downgrades`.
 fn compare(
     node: &str,
     component: Component,
     current: &KubernetesVersion,
     target: &KubernetesVersion,
-    problems: &mut Vec<KubernetesPlanProblem>,
+    downgrades: &mut Downgrades,
 ) -> (bool, bool) {
     if current == target {
         return (false, false);
     }
     if current > target {
-        problems.push(KubernetesPlanProblem::Downgrade {
-            node: node.to_owned(),
-            component,
-            current: current.to_string(),
-            target: target.to_string(),
-        });
+        downgrades.add(current, component, node);
         return (false, false);
     }
     let (from, to) = (current.minor_line(), target.minor_line());

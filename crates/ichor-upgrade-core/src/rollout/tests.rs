@@ -347,6 +347,19 @@ fn rule2_order_label_then_name_unlabelled_last() {
     assert_eq!(d.start, names(&["worker-4"]), "negative orders come first");
 }
 
+// Issue 55 (papercuts): machines without an order label went in text order, worker-10
+// and worker-11 before worker-2; people expect the numbers' order.
+#[test]
+fn unlabelled_machines_go_in_natural_order_of_their_names() {
+    let d = Fixture::cluster(1, 12).all_control_planes_converged().max_unavailable(3).decide();
+    assert_eq!(d.start, names(&["worker-1", "worker-2", "worker-3"]));
+    let mut keys: Vec<NameOrder<'_>> =
+        ["worker-10", "worker-2", "cp-1", "worker-1", "worker", "worker-02", "db-9", "db-10a"].map(NameOrder).to_vec();
+    keys.sort();
+    let sorted: Vec<&str> = keys.iter().map(|k| k.0).collect();
+    assert_eq!(sorted, ["cp-1", "db-9", "db-10a", "worker", "worker-1", "worker-02", "worker-2", "worker-10"]);
+}
+
 #[test]
 fn the_controllers_own_machine_goes_last_in_its_role_whatever_its_order() {
     let mut f = Fixture::cluster(3, 3).order("cp-1", "-100");
@@ -890,6 +903,30 @@ fn nodes_no_machine_names_refuse_the_start_and_hold_the_completion() {
     let mut going = Fixture::cluster(3, 2).converged(&["cp-1"]);
     going.unaccounted = names(&["node-late"]);
     assert!(!matches!(going.decide().phase, Phase::Refused(_)), "{}", going.decide().phase);
+}
+
+// Issue 55 (papercuts): `v1.99.0` was refused as a Kubernetes pairing problem and a path
+// that skips 84 minor lines, node by node; it is no release the engine knows, and that is
+// all there is to say.
+#[test]
+fn planning_refuses_a_release_newer_than_any_known_as_unknown_and_says_nothing_else_of_it() {
+    for target in ["v1.99.0", "v1.16.0", "v2.0.0"] {
+        let mut f = Fixture::cluster(3, 2).target(target);
+        f.release = target.to_owned();
+        let d = f.decide();
+        let refusal = refusal_of(&d);
+        assert_eq!(refusal.reason(), "UnknownTalosRelease", "{target}: {refusal}");
+        let text = refusal.to_string();
+        assert!(text.contains(&format!("Talos {target} is not a release this engine knows")), "{text}");
+        assert!(text.contains("v1.15"), "names the newest it knows: {text}");
+        assert!(!text.contains("pairing") && !text.contains("skips"), "nothing else of it: {text}");
+        assert!(d.start.is_empty() && d.advance.is_empty(), "nothing touched: {d:?}");
+    }
+    // The newest known line is planned as before.
+    let mut f = Fixture::cluster(3, 2).target("v1.15.0");
+    f.release = "v1.15.0".to_owned();
+    let known = f.decide();
+    assert!(!matches!(&known.phase, Phase::Refused(r) if r.reason() == "UnknownTalosRelease"), "{:?}", known.phase);
 }
 
 #[test]

@@ -97,9 +97,29 @@ fn a_skipped_minor_and_a_downgrade_are_refused_naming_node_component_and_version
     assert!(texts[0].contains("cp-2/kube-scheduler run 1.33.4; upgrade to 1.34.x first"), "{texts:?}");
     assert!(texts[1].contains("cluster/kube-proxy run 1.34.1; upgrade to 1.35.x first"), "{texts:?}");
 
+    // Issue 55 (papercuts): a downgrade was a sentence per component per node; it is one
+    // per version, the components that share their nodes named together.
     let problems = plan("1.34.0", &[control_plane("cp-1", "1.34.2")], None).unwrap_err();
-    assert!(reasons(&problems).iter().all(|r| *r == "KubernetesDowngrade"), "{problems:?}");
-    assert_eq!(problems.len(), 4, "three components and the kubelet: {problems:?}");
+    assert_eq!(reasons(&problems), ["KubernetesDowngrade"], "{problems:?}");
+    assert_eq!(
+        problems[0].to_string(),
+        "Kubernetes 1.34.0 would downgrade kube-apiserver, kube-controller-manager, kube-scheduler, kubelet on cp-1 \
+         from 1.34.2; downgrades are not supported"
+    );
+    let mut nodes: Vec<NodeKubernetes> = (1..=3).map(|n| control_plane(&format!("cp-{n}"), "1.34.2")).collect();
+    nodes.extend((1..=10).map(|n| worker(&format!("worker-{n}"), "1.34.2")));
+    let problems = plan("1.34.0", &nodes, Some("1.34.2")).unwrap_err();
+    assert_eq!(reasons(&problems), ["KubernetesDowngrade"], "{problems:?}");
+    let text = problems[0].to_string();
+    assert!(text.contains("kube-apiserver, kube-controller-manager, kube-scheduler on cp-1, cp-2, cp-3;"), "{text}");
+    assert!(
+        text.contains(
+            "kubelet on 13 nodes (cp-1, cp-2, cp-3, worker-1, worker-2, worker-3, worker-4, worker-5 and 5 more)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("; kube-proxy from 1.34.2"), "{text}");
+    assert_eq!(text.matches("downgrades are not supported").count(), 1, "{text}");
     let problems = plan("1.35.0-rc.1", &[control_plane("cp-1", "1.35.0")], None).unwrap_err();
     assert_eq!(reasons(&problems)[0], "KubernetesDowngrade", "a release down to its own pre-release");
 }
