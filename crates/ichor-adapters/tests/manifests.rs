@@ -22,6 +22,51 @@ fn the_committed_crds_are_the_generated_ones() {
     check("crds.yaml", &ichor_adapters::kubernetes::manifests::crds_yaml());
 }
 
+/// Issue 55 (papercuts): a `u64` field's `format: uint64` made the API server warn at
+/// every apply of the CRDs. Every format in them is one Kubernetes knows.
+#[test]
+fn every_format_in_the_crds_is_one_kubernetes_knows() {
+    use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
+    use kube::CustomResourceExt;
+    const KNOWN: [&str; 12] = [
+        "int32",
+        "int64",
+        "float",
+        "double",
+        "byte",
+        "date",
+        "date-time",
+        "duration",
+        "password",
+        "uri",
+        "email",
+        "uuid",
+    ];
+    fn formats(value: &serde_json::Value, path: &str, found: &mut Vec<(String, String)>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(format) = map.get("format").and_then(serde_json::Value::as_str) {
+                    found.push((path.to_owned(), format.to_owned()));
+                }
+                for (key, child) in map {
+                    formats(child, &format!("{path}.{key}"), found);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|child| formats(child, path, found)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    for crd in [TalosCluster::crd(), TalosMachine::crd(), TalosOperation::crd(), TalosStorage::crd()] {
+        let crd = serde_json::to_value(&crd).unwrap();
+        formats(&crd, crd["spec"]["names"]["kind"].as_str().unwrap(), &mut found);
+    }
+    assert!(found.iter().any(|(_, f)| f == "int64"), "the u64 fields say int64: {found:?}");
+    let unknown: Vec<_> = found.iter().filter(|(_, f)| !KNOWN.contains(&f.as_str())).collect();
+    assert!(unknown.is_empty(), "formats Kubernetes does not know: {unknown:?}");
+    assert!(!ichor_adapters::kubernetes::manifests::crds_yaml().contains("uint"), "the committed form too");
+}
+
 /// Every field of every spec carries its own documentation, the one `kubectl explain`
 /// shows: not its type's (an enum's doc once replaced the field's, so `kubectl explain
 /// talosoperation.spec.preflight` said only "`spec.preflight`.").

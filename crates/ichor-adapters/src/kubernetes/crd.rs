@@ -306,6 +306,7 @@ pub struct LastUpgrade {
     /// began, as the storage backend recorded it); absent with no evacuation, or none
     /// recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = int64_format)]
     pub evacuated_bytes: Option<u64>,
 }
 
@@ -403,6 +404,35 @@ pub fn last_upgrade(history: &[MachineStep], ready: Option<&Time>) -> Option<Las
 /// about six).
 pub const MACHINE_HISTORY: usize = 32;
 
+/// Kubernetes knows `int32` and `int64` for an integer, not schemars' `uint64`, and the API
+/// server warns of an unrecognized format at every apply of the CRD (issue 55): a `u64`
+/// field says `int64`, its `minimum: 0` kept. Every `uint*` format in `schema`, at any
+/// depth, becomes the signed one of its width.
+fn int64_format(schema: &mut schemars::Schema) {
+    fn walk(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(format)) = map.get_mut("format")
+                    && let Some(width) = format.strip_prefix("uint")
+                {
+                    *format = format!("int{width}");
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    if let Some(object) = schema.as_object_mut() {
+        object.values_mut().for_each(walk);
+        if let Some(serde_json::Value::String(format)) = object.get_mut("format")
+            && let Some(width) = format.strip_prefix("uint")
+        {
+            *format = format!("int{width}");
+        }
+    }
+}
+
 /// A condition of a machine entering a status and reason.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -419,6 +449,7 @@ pub struct MachineStep {
     /// For the opening of a storage evacuation (`StorageEvacuation` `Evacuating`): the
     /// bytes on the node then, as the storage backend recorded them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = int64_format)]
     pub bytes: Option<u64>,
     /// For a step recorded at its end that says how long it took (the lifecycle
     /// executor's pull of the installer, `InstallerPull` `Pulled`): its seconds.
