@@ -295,9 +295,13 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
         status.phase.as_deref().unwrap_or("New"),
         status.reason.as_deref().unwrap_or("-")
     );
-    let _ = writeln!(text, "  {}", progress_bar(counts.converged, counts.total));
-    if let Some(message) = &status.message {
-        let _ = writeln!(text, "  {message}");
+    // A dry run's status is its plan: no machine is counted (no `0/0` bar), and its
+    // message repeats the plan's makespans in seconds (p50 printed twice, in two units).
+    if status.plan.is_none() {
+        let _ = writeln!(text, "  {}", progress_bar(counts.converged, counts.total));
+        if let Some(message) = &status.message {
+            let _ = writeln!(text, "  {message}");
+        }
     }
     if let Some(waiting) = &status.waiting_for {
         let _ = writeln!(text, "  waiting for: {waiting}");
@@ -400,6 +404,32 @@ mod tests {
             "status": {"phase": phase, "reason": reason, "message": message},
         }))
         .unwrap()
+    }
+
+    /// Issue 55 (papercuts): a dry run's status printed a `0/0` progress bar and its p50
+    /// twice, once in seconds (the message) and once in minutes (the plan).
+    #[test]
+    fn a_dry_runs_status_is_its_plan_once_with_no_progress_bar() {
+        let mut planned = operation(
+            "Completed",
+            "Planned",
+            "planned (nothing touched): makespan p10 560 s, p50 600 s, p90 660 s; 4 machines",
+        );
+        let status = planned.status.as_mut().unwrap();
+        status.plan = Some(
+            serde_json::from_value(json!({
+                "p10Seconds": 560.0, "p50Seconds": 600.0, "p90Seconds": 660.0, "boundSeconds": 480.0, "runs": 200,
+                "order": ["cp-1", "cp-2", "cp-3", "worker-1"],
+            }))
+            .unwrap(),
+        );
+        let text = status_text(&planned, &[]);
+        assert_eq!(text.matches("p50").count(), 1, "{text}");
+        assert!(text.contains("plan: makespan p10 "), "{text}");
+        assert!(!text.contains("0/0") && !text.contains("[...."), "no progress bar for a dry run: {text}");
+        // An operation that runs keeps its bar and its message.
+        let running = status_text(&operation("Progressing", "Progressing", "1 of 4 machines converged"), &[]);
+        assert!(running.contains("] 0/0") && running.contains("1 of 4 machines converged"), "{running}");
     }
 
     /// Issue 53 item 9: an operation left with only held machines keeps the cluster lock
