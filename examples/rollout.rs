@@ -37,8 +37,8 @@
 //!
 //! An upgrade streams an etcd snapshot from a simulated control plane before the first
 //! control plane's Upgrade call, into `--etcd-snapshot-dir` (default: a new directory
-//! under the system's temporary directory, kept), and prints where it is, its size and
-//! SHA-256. With the `snapshot-fails` fault it pauses before any Upgrade call (exit 4).
+//! under the system's temporary directory, removed when the run ends), and prints where it
+//! is, its size and SHA-256. With the `snapshot-fails` fault it pauses before any Upgrade call (exit 4).
 
 use std::fs::File;
 use std::io::{BufWriter, IsTerminal, Write};
@@ -145,7 +145,8 @@ struct Args {
     /// one's makespan against the physical bound; `--json` gains `compare: {policy: ratio}`.
     #[arg(long)]
     compare: bool,
-    /// Where the etcd snapshot goes (default: a new directory under the temporary one).
+    /// Where the etcd snapshot goes, kept (default: a new directory under the temporary
+    /// one, removed when the run ends).
     #[arg(long, value_name = "DIR")]
     etcd_snapshot_dir: Option<PathBuf>,
     /// Which Talos executor upgrades the machines: `legacy` (MachineService.Upgrade: Talos
@@ -285,10 +286,19 @@ fn main() {
         print_plan(&args, &config, &sim);
         std::process::exit(EXIT_OK);
     }
-    let snapshot_dir = args
-        .etcd_snapshot_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("ichor-rollout-{}-{}", args.seed, std::process::id())));
+    // Given no --etcd-snapshot-dir, the simulated cluster's snapshot goes to a directory of
+    // the run's own, removed when it ends (each run left one behind).
+    let scratch = args.etcd_snapshot_dir.is_none().then(|| {
+        tempfile::Builder::new().prefix("ichor-rollout-").tempdir().unwrap_or_else(|e| {
+            eprintln!("error: a temporary directory for the etcd snapshot: {e} (or give --etcd-snapshot-dir DIR)");
+            std::process::exit(EXIT_NOT_COMPLETED)
+        })
+    });
+    let snapshot_dir = match (&args.etcd_snapshot_dir, &scratch) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(scratch)) => scratch.path().to_path_buf(),
+        (None, None) => unreachable!("a scratch directory is made when none is given"),
+    };
     sim.set_snapshot_store(std::sync::Arc::new(DirectoryStore::new(snapshot_dir)));
     let started = std::time::Instant::now();
     let runtime = ichor_sim::runtime();
@@ -343,14 +353,14 @@ fn main() {
         && let Err(e) = write_trace(file, &sim)
     {
         eprintln!("error: writing the trace: {e}");
-        std::process::exit(EXIT_NOT_COMPLETED);
+        exit_removing(scratch, EXIT_NOT_COMPLETED);
     }
     let report = sim.report(args.max_unavailable as usize);
     if let Some(file) = timeline_file
         && let Err(e) = write_timeline(file, &sim, &report, &args, end == RunEnd::Completed)
     {
         eprintln!("error: writing the timeline: {e}");
-        std::process::exit(EXIT_NOT_COMPLETED);
+        exit_removing(scratch, EXIT_NOT_COMPLETED);
     }
     let wall_s = started.elapsed().as_secs_f64();
     let compare = args.compare.then(|| {
@@ -373,7 +383,8 @@ fn main() {
         RunEnd::Deleted => "deleted",
         RunEnd::Stalled(_) | RunEnd::PassBound => "failed",
     };
-    let why = Why::of(&sim, &end);
+    let mut why = Why::of(&sim, &end);
+    why.snapshot_removed = scratch.is_some();
     let removal = args
         .node
         .as_deref()
@@ -389,7 +400,7 @@ fn main() {
         } else {
             summary.print(outcome, &end, &why, wall_s);
         }
-        std::process::exit(exit_code(&end, &why, &sim, &args));
+        exit_removing(scratch, exit_code(&end, &why, &sim, &args));
     }
     if args.json {
         let mut summary = json_summary(outcome, &report, &why, wall_s, args.wake, measured);
@@ -412,7 +423,18 @@ fn main() {
             }
         }
     }
-    std::process::exit(exit_code(&end, &why, &sim, &args));
+    exit_removing(scratch, exit_code(&end, &why, &sim, &args));
+}
+
+/// Removes the run's own snapshot directory, if it made one, and exits with `code` (an
+/// exit runs no destructor).
+fn exit_removing(scratch: Option<tempfile::TempDir>, code: i32) -> ! {
+    if let Some(scratch) = scratch
+        && let Err(e) = scratch.close()
+    {
+        eprintln!("warning: removing the run's etcd snapshot directory: {e}");
+    }
+    std::process::exit(code)
 }
 
 /// The exit code of a run that ended so, by its cause, not by the flags: a pause an
@@ -822,6 +844,8 @@ struct Why {
     failed: Vec<(String, String, String)>,
     /// The etcd snapshot the operation recorded, if any.
     snapshot: Option<SnapshotRecord>,
+    /// Whether the snapshot's directory is the run's own, removed when it ends.
+    snapshot_removed: bool,
 }
 
 impl Why {
@@ -845,7 +869,7 @@ impl Why {
                 .operations
                 .values()
                 .find_map(|op| op.info.status.etcd_snapshot.as_ref().and_then(|s| s.taken()).cloned());
-            Self { reason, message, failed, snapshot }
+            Self { reason, message, failed, snapshot, snapshot_removed: false }
         })
     }
 }
@@ -943,6 +967,7 @@ fn json_summary(outcome: &str, r: &Report, why: &Why, wall_s: f64, wake: WakeArg
             "sha256": s.sha256,
             "location": s.location,
             "node": s.node,
+            "kept": !why.snapshot_removed,
         })),
     })
 }
@@ -974,7 +999,8 @@ fn print_summary(
         println!("failed: {node}: {reason}: {message}");
     }
     if let Some(s) = &why.snapshot {
-        println!("etcd snapshot: {} ({} bytes, sha256 {}) from {}", s.location, s.size, s.sha256, s.node);
+        let kept = if why.snapshot_removed { " (removed with the run: --etcd-snapshot-dir DIR keeps it)" } else { "" };
+        println!("etcd snapshot: {} ({} bytes, sha256 {}) from {}{kept}", s.location, s.size, s.sha256, s.node);
     }
     if let Some(removal) = removal {
         let yes = |b: bool| if b { "yes" } else { "no" };

@@ -50,6 +50,50 @@ fn a_version_two_minors_behind_is_refused_at_planning_with_its_reason_everywhere
     assert!(json["message"].as_str().unwrap().contains("cp-1"), "{json}");
 }
 
+// Issue 55 (papercuts): a release newer than any the engine knows was refused as a
+// Kubernetes pairing problem and an 84-minor path, node by node.
+#[test]
+fn a_release_no_one_knows_is_refused_as_unknown_and_nothing_else() {
+    let output = rollout(&["--to", "v1.99.0", "--json"]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let json = summary(&output);
+    assert_eq!(json["reason"], "UnknownTalosRelease", "{json}");
+    let message = json["message"].as_str().unwrap();
+    assert!(
+        message.contains("Talos v1.99.0 is not a release this engine knows") && message.contains("v1.15"),
+        "{json}"
+    );
+    assert!(!message.contains("pairing") && !message.contains("skips"), "{json}");
+    assert_eq!(json["upgrade_calls"], 0, "nothing touched");
+}
+
+// Issue 55 (papercuts): every run given no --etcd-snapshot-dir left an ichor-rollout-*
+// directory in the temporary folder. It is the run's own now, removed at its end, and the
+// output says so; a directory given is kept.
+#[test]
+fn a_run_leaves_no_snapshot_directory_behind_unless_given_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = Command::new(example_binary("rollout"))
+        .args(["--workers", "3"])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .expect("the example runs");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("etcd snapshot: ") && text.contains("removed with the run"), "{text}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind in the temporary folder: {left:?}");
+
+    let kept = tempfile::tempdir().unwrap();
+    let args = ["--workers", "3", "--json", "--etcd-snapshot-dir", kept.path().to_str().unwrap()];
+    let output = Command::new(example_binary("rollout")).args(args).env("TMPDIR", tmp.path()).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let json = summary(&output);
+    assert_eq!(json["etcd_snapshot"]["kept"], true, "{json}");
+    let location = json["etcd_snapshot"]["location"].as_str().unwrap();
+    assert!(std::path::Path::new(location).is_file(), "a directory given keeps its snapshot: {location}");
+}
+
 #[test]
 fn two_control_planes_are_refused_at_planning() {
     let output = rollout(&["--control-planes", "2", "--json"]);
