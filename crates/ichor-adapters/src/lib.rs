@@ -4,7 +4,8 @@
 //! - [`talos`]: the Talos machine API client (tonic, mutual TLS from a talosconfig), and a
 //!   Talos API server in front of any `TalosApi`;
 //! - [`kubernetes`]: the kube-rs client (`KubeApi`), the CRDs and their manifests;
-//! - [`longhorn`]: storage evacuation through Longhorn's CRDs (`StorageApi`);
+//! - [`longhorn`]: storage evacuation through Longhorn's CRDs (`StorageReads` and the
+//!   executor's `StorageApi`, whose sealed writes start and end an evacuation);
 //! - [`snapshot_store`]: where etcd snapshots go, a mounted directory or S3-compatible storage.
 //!
 //! The simulated cluster is the crate `ichor-sim`.

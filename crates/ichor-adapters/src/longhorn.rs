@@ -1,15 +1,24 @@
 //! A storage backend for Longhorn, through its custom resources (`longhorn.io/v1beta2`).
 //!
-//! | `StorageApi` | Longhorn request |
+//! What is read ([`StorageReads`]):
+//!
+//! | Read | Longhorn request |
 //! | --- | --- |
 //! | `storage_objects` | `GET /apis/ichor.dev/v1alpha1/talosstorages` (Ichor's own CRD; `spec.nodeSelector`) |
-//! | `set_scheduling(n, false)` | `PATCH .../nodes/<n>` merge patch `{"spec":{"allowScheduling":false}}` |
-//! | `request_evacuation(n, since)` | `GET .../nodes/<n>`; unless it has a record, `GET .../replicas?labelSelector=longhornnode=<n>` (their `spec.volumeSize`); then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/evacuation":<its scheduling and since>,"ichor.dev/evacuation-bytes":<bytes>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
 //! | `evacuation_record(n)` | `GET .../nodes/<n>`: its `ichor.dev/evacuation` and `ichor.dev/evacuation-bytes` annotations (any 404: no record) |
-//! | `restore_scheduling(n, before)` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/evacuation":null,"ichor.dev/evacuation-bytes":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
-//! | `set_scheduling(n, true)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":true,"evictionRequested":false}}` |
 //! | `backing_images_on(n)` (removal only) | `GET .../nodes/<n>` (its disks' `status.diskStatus.*.diskUUID`), `GET .../backingimages`: those with a file, or one to be, on those disks (`status.diskFileStatusMap`, `spec.diskFileSpecMap`, keyed by disk UUID) |
 //! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>` and, where Longhorn serves shards (1.12.1 and later), `GET .../shards?labelSelector=longhornnode=<n>`, metadata only, every item counted |
+//!
+//! What is written, each [`StorageWrite`] through
+//! [`StorageApi::write`](ichor_executor::StorageApi::write) (decision 0016), and
+//! [`LonghornStorage::set_scheduling`], which the engine does not call:
+//!
+//! | Write | Longhorn request |
+//! | --- | --- |
+//! | `RequestEvacuation { node: n, since }` | `GET .../nodes/<n>`; unless it has a record, `GET .../replicas?labelSelector=longhornnode=<n>` (their `spec.volumeSize`); then `PATCH .../nodes/<n>` `{"metadata":{"resourceVersion":<read>,"annotations":{"ichor.dev/evacuation":<its scheduling and since>,"ichor.dev/evacuation-bytes":<bytes>}},"spec":{"allowScheduling":false,"evictionRequested":true}}` |
+//! | `RestoreScheduling { node: n, before }` | `PATCH .../nodes/<n>` `{"metadata":{"annotations":{"ichor.dev/evacuation":null,"ichor.dev/evacuation-bytes":null}},"spec":{"allowScheduling":<before>,"evictionRequested":<before>}}` |
+//! | `set_scheduling(n, false)` | `PATCH .../nodes/<n>` merge patch `{"spec":{"allowScheduling":false}}` |
+//! | `set_scheduling(n, true)` | `PATCH .../nodes/<n>` `{"spec":{"allowScheduling":true,"evictionRequested":false}}` |
 //!
 //! Longhorn's admission webhook refuses a Node with eviction requested and scheduling
 //! allowed, so re-enabling scheduling also clears the eviction request in the same patch.
@@ -28,7 +37,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ichor_storage::{EvacuationRequest, LabelSelector, StorageApi, StorageError, StorageObject};
+use ichor_executor::writes::{Seal, StorageWrite, StorageWritten};
+use ichor_storage::{EvacuationRequest, LabelSelector, StorageError, StorageObject, StorageReads};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use kube::ResourceExt;
@@ -141,7 +151,7 @@ impl LonghornStorage {
     /// replica (`GET .../replicas`, whole objects): the sum of their `spec.volumeSize` by
     /// the node their label names; `None` for a node one of whose replicas has no size
     /// that reads. What a dry run plans evacuations from; an upgrade asks per node, at its
-    /// evacuation's start ([`StorageApi::request_evacuation`]).
+    /// evacuation's start ([`LonghornStorage::request_evacuation`]).
     ///
     /// # Errors
     /// As every request of this backend: the list's failure, transient or not.
@@ -244,36 +254,14 @@ fn is_node_not_found(error: &kube::Error, name: &str) -> bool {
             && status.details.as_ref().is_some_and(|d| d.name == name))
 }
 
-#[async_trait]
-impl StorageApi for LonghornStorage {
-    async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
-        let list = self
-            .talos_storages
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| storage_error("list TalosStorage", &e))?;
-        list.items
-            .into_iter()
-            .map(|object| {
-                let name = object.metadata.name.clone().unwrap_or_default();
-                let selector = object.data.get("spec").and_then(|spec| spec.get("nodeSelector")).cloned();
-                let node_selector: LabelSelector = match selector {
-                    Some(value) => serde_json::from_value(value).map_err(|e| {
-                        StorageError::failure(format!("TalosStorage {name}: spec.nodeSelector does not parse: {e}"))
-                    })?,
-                    None => LabelSelector::default(),
-                };
-                let spec = object.data.get("spec");
-                let evacuation_timeout = spec
-                    .and_then(|spec| spec.get("evacuationTimeoutSeconds"))
-                    .and_then(serde_json::Value::as_u64)
-                    .map(std::time::Duration::from_secs);
-                Ok(StorageObject { name, node_selector, evacuation_timeout })
-            })
-            .collect()
-    }
-
-    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
+impl LonghornStorage {
+    /// Turns storage scheduling on `node` on or off (on also clears an eviction request:
+    /// Longhorn's webhook refuses both). Idempotent; turning it on for a node Longhorn no
+    /// longer has is done. Not an evacuation's write: the engine does not call it.
+    ///
+    /// # Errors
+    /// As every request of this backend: the patch's failure, transient or not.
+    pub async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
         let spec = if enabled {
             json!({ "allowScheduling": true, "evictionRequested": false })
         } else {
@@ -287,7 +275,17 @@ impl StorageApi for LonghornStorage {
         }
     }
 
-    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
+    /// Turns storage scheduling on `node` off and asks Longhorn to evict its replicas,
+    /// keeping the evacuation's record (the node's scheduling before it, `since`, and the
+    /// bytes on it) in annotations of the same patch, under the version read. Idempotent:
+    /// a repeated request keeps the first record and says the scheduling from before; a
+    /// node Longhorn does not have is [`EvacuationRequest::NoSuchNode`]. What
+    /// [`StorageWrite::RequestEvacuation`] carries out.
+    ///
+    /// # Errors
+    /// As every request of this backend (a conflict with a change since the read is
+    /// transient), or a record on the node that does not parse.
+    pub async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
         let what = || format!("patch Longhorn Node {node} (eviction)");
         let object = match self.nodes.get(node).await {
             Ok(object) => object,
@@ -325,16 +323,13 @@ impl StorageApi for LonghornStorage {
         }
     }
 
-    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
-        match self.nodes.get(node).await {
-            Ok(object) => record_of(&object, node),
-            // No such Node, or no Longhorn at all (its CRD not served): nothing recorded.
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-            Err(e) => Err(storage_error(&format!("get Longhorn Node {node}"), &e)),
-        }
-    }
-
-    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
+    /// Puts `node`'s scheduling back as `before` and removes the evacuation's record, in
+    /// one patch. Idempotent; a node Longhorn no longer has is done. What
+    /// [`StorageWrite::RestoreScheduling`] carries out.
+    ///
+    /// # Errors
+    /// As every request of this backend: the patch's failure, transient or not.
+    pub async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
         let patch = json!({
             "metadata": { "annotations": { EVACUATION_ANNOTATION: null, EVACUATION_BYTES_ANNOTATION: null } },
             "spec": { "allowScheduling": before.allowed, "evictionRequested": before.eviction_requested },
@@ -344,6 +339,45 @@ impl StorageApi for LonghornStorage {
             // A node Longhorn no longer knows (removed) has nothing to put back.
             Err(e) if is_node_not_found(&e, node) => Ok(()),
             Err(e) => Err(storage_error(&format!("patch Longhorn Node {node} (restore scheduling)"), &e)),
+        }
+    }
+}
+
+#[async_trait]
+impl StorageReads for LonghornStorage {
+    async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
+        let list = self
+            .talos_storages
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| storage_error("list TalosStorage", &e))?;
+        list.items
+            .into_iter()
+            .map(|object| {
+                let name = object.metadata.name.clone().unwrap_or_default();
+                let selector = object.data.get("spec").and_then(|spec| spec.get("nodeSelector")).cloned();
+                let node_selector: LabelSelector = match selector {
+                    Some(value) => serde_json::from_value(value).map_err(|e| {
+                        StorageError::failure(format!("TalosStorage {name}: spec.nodeSelector does not parse: {e}"))
+                    })?,
+                    None => LabelSelector::default(),
+                };
+                let spec = object.data.get("spec");
+                let evacuation_timeout = spec
+                    .and_then(|spec| spec.get("evacuationTimeoutSeconds"))
+                    .and_then(serde_json::Value::as_u64)
+                    .map(std::time::Duration::from_secs);
+                Ok(StorageObject { name, node_selector, evacuation_timeout })
+            })
+            .collect()
+    }
+
+    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+        match self.nodes.get(node).await {
+            Ok(object) => record_of(&object, node),
+            // No such Node, or no Longhorn at all (its CRD not served): nothing recorded.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+            Err(e) => Err(storage_error(&format!("get Longhorn Node {node}"), &e)),
         }
     }
 
@@ -380,6 +414,21 @@ impl StorageApi for LonghornStorage {
                 .any(|files| files.keys().any(|uuid| disks.contains(uuid.as_str())))
         };
         Ok(u32::try_from(list.items.iter().filter(|i| on_node(i)).count()).unwrap_or(u32::MAX))
+    }
+}
+
+#[async_trait]
+impl ichor_executor::StorageApi for LonghornStorage {
+    async fn write(&self, write: StorageWrite<'_>, _seal: Seal) -> Result<StorageWritten, StorageError> {
+        Ok(match write {
+            StorageWrite::RequestEvacuation { node, since } => {
+                StorageWritten::Requested(self.request_evacuation(node, since).await?)
+            }
+            StorageWrite::RestoreScheduling { node, before } => {
+                self.restore_scheduling(node, before).await?;
+                StorageWritten::Restored
+            }
+        })
     }
 }
 

@@ -9,7 +9,6 @@ use ichor_adapters::kubernetes::crd::{
 };
 use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores};
 use ichor_executor::kube_api::{AdminKubeconfig, EventType, Eviction, KubeApi, KubeError, LeaseWrite, NodeInfo};
-use ichor_storage::ConditionStore;
 use ichor_testkit::kube::TestNamespace;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};

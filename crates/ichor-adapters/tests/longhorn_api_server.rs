@@ -10,7 +10,7 @@ use std::time::Duration;
 use ichor_adapters::longhorn::{
     EVACUATION_ANNOTATION, EVACUATION_BYTES_ANNOTATION, FIELD_MANAGER, LonghornStorage, REPLICA_NODE_LABEL,
 };
-use ichor_storage::{EvacuationRequest, StorageApi};
+use ichor_storage::{EvacuationRequest, StorageReads};
 use ichor_testkit::kube::{TestNamespace, apply_longhorn_crds, longhorn_api};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};

@@ -4,7 +4,7 @@
 
 use http::{Method, Request, Response, StatusCode};
 use ichor_adapters::longhorn::{DEFAULT_NAMESPACE, LonghornStorage};
-use ichor_storage::{EvacuationRequest, StorageApi};
+use ichor_storage::{EvacuationRequest, StorageReads};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 use kube::client::Body;

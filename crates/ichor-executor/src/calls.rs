@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
-use ichor_storage::{ConditionWriteError, EvacuationError, StorageApi, observe_storage};
+use ichor_storage::{ConditionWriteError, EvacuationError, observe_storage};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::{StorageObservation, with_recorded_evacuation};
@@ -21,6 +21,7 @@ use crate::clock::Clock;
 use crate::config::ExecutorConfig;
 use crate::kube_api::{KubeApi, KubeError, MachineInfo, NodeInfo};
 use crate::snapshot::SnapshotStore;
+use crate::storage_api::StorageApi;
 use crate::talos_api::{TalosApi, TalosError};
 
 /// The Node annotation Talos writes with the node's schematic ID.

@@ -24,17 +24,23 @@
 //! granted [`CallAuthority`]) or, for work outside a pass, from a fresh read that still
 //! authorises it (`job_calling`); nothing else makes one.
 //!
-//! That nothing in this crate reaches a write around this module is a rule of the
-//! compiler: a Talos or Kubernetes write is a value ([`crate::writes`]) carried out by the
-//! one method that asks for a [`Seal`], and only this module makes one. The condition
-//! writes and the storage calls (their traits live in `ichor-storage`, shared with the
-//! evacuation's definition) are checked by `effects::tests::no_side_effect_outside_the_seam`.
+//! That nothing reaches a write around this module is a rule of the compiler: a Talos,
+//! Kubernetes, condition or storage write is a value ([`crate::writes`]) carried out by
+//! the one method that asks for a [`Seal`], and only this module makes one. The
+//! evacuation's definition in `ichor-storage` writes through
+//! [`EvacuationWrites`], which this module implements over those sealed writes.
 
 use std::future::Future;
 
-use ichor_storage::{ConditionWriteError, EvacuationEnd, EvacuationRequest, end_machine_evacuation, evacuate_machine};
+use async_trait::async_trait;
+use ichor_storage::{
+    ConditionWriteError, EvacuationEnd, EvacuationRequest, EvacuationWrites, StorageError, end_machine_evacuation,
+    evacuate_machine,
+};
+use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Conditions};
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
+use ichor_upgrade_core::evacuation::Scheduling;
 use ichor_upgrade_core::machine::vocabulary::PodRef;
 use ichor_upgrade_core::operation::HOLD_ANNOTATION;
 use ichor_upgrade_core::rollout::{CallAuthority, Decision, LockAction};
@@ -48,7 +54,7 @@ use crate::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosError,
     UpgradeAck, UpgradeRequest,
 };
-use crate::writes::{KubeWrite, TalosWrite};
+use crate::writes::{ConditionWrite, KubeWrite, StorageWrite, TalosWrite};
 
 pub(crate) mod seal;
 use seal::Seal;
@@ -223,14 +229,10 @@ pub(crate) async fn record<'a>(
     let Intent { condition, status, reason, message } = intent;
     conditions.upsert(ConditionUpdate::new(condition, status, reason, message), ex.clock.now());
     let bound = ex.config.call_timeout;
-    let writing = async {
-        match &machine.resource_version {
-            Some(version) => ex.kube.write_conditions_at(&machine.name, version, conditions).await,
-            // A client that keeps no versions (a test double): the write is unconditional.
-            None => ex.kube.write_conditions(&machine.name, conditions).await,
-        }
-    };
-    match tokio::time::timeout(bound, writing).await {
+    // A client that keeps no versions (a test double) reads none: the write is then
+    // unconditional.
+    let write = ConditionWrite { machine: &machine.name, conditions, at: machine.resource_version.as_deref() };
+    match tokio::time::timeout(bound, ex.kube.write_conditions(write, Seal::new())).await {
         Ok(result) => result?,
         Err(_) => return Err(timed_out_write(&machine.name, bound)),
     }
@@ -250,7 +252,8 @@ pub(crate) async fn note(
     conditions: &Conditions,
 ) -> Result<(), AdvanceError> {
     let bound = ex.config.call_timeout;
-    match tokio::time::timeout(bound, ex.kube.write_conditions(&machine.name, conditions)).await {
+    let write = ConditionWrite { machine: &machine.name, conditions, at: None };
+    match tokio::time::timeout(bound, ex.kube.write_conditions(write, Seal::new())).await {
         Ok(result) => Ok(result?),
         Err(_) => Err(timed_out_write(&machine.name, bound)),
     }
@@ -512,7 +515,8 @@ pub(crate) async fn begin_evacuation(
         return Err(mismatch("begin evacuation", &machine.name, why));
     }
     let now = ex.clock.now();
-    let beginning = evacuate_machine(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, now);
+    let writes = Sealed(ex);
+    let beginning = evacuate_machine(&writes, &machine.name, node_name, &machine.conditions, now);
     bounded("begin evacuation", ex.config.call_timeout, beginning)
         .await
         .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
@@ -531,7 +535,8 @@ pub(crate) async fn end_evacuation(
     end: EvacuationEnd,
 ) -> Result<(), AdvanceError> {
     let now = ex.clock.now();
-    let ending = end_machine_evacuation(ex.storage, ex.kube, &machine.name, node_name, &machine.conditions, end, now);
+    let writes = Sealed(ex);
+    let ending = end_machine_evacuation(&writes, &machine.name, node_name, &machine.conditions, end, now);
     bounded("end evacuation", ex.config.call_timeout, ending)
         .await
         .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
@@ -548,12 +553,35 @@ pub(crate) async fn restore_scheduling(
     node_name: &str,
     conditions: &Conditions,
 ) -> Result<(), AdvanceError> {
-    let restoring =
-        ex.storage.restore_scheduling(node_name, ichor_upgrade_core::evacuation::scheduling_to_restore(conditions));
+    let before = ichor_upgrade_core::evacuation::scheduling_to_restore(conditions);
+    let writes = Sealed(ex);
+    let restoring = writes.restore_scheduling(node_name, before);
     bounded("end evacuation", ex.config.call_timeout, restoring)
         .await
         .map_err(|source| AdvanceError::StorageTimedOut { node: node_name.to_owned(), source })?
         .map_err(|source| AdvanceError::Storage { node: node_name.to_owned(), source: source.into() })
+}
+
+/// The evacuation's writes as its definition in `ichor-storage` makes them, each sealed
+/// here: what [`begin_evacuation`], [`end_evacuation`] and [`restore_scheduling`] hand it.
+/// Under the authority of the function that made it (none for what gives back).
+struct Sealed<'e, 'a>(&'e Executor<'a>);
+
+#[async_trait]
+impl EvacuationWrites for Sealed<'_, '_> {
+    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
+        let write = StorageWrite::RequestEvacuation { node, since };
+        self.0.storage.write(write, Seal::new()).await?.requested()
+    }
+
+    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
+        let write = StorageWrite::RestoreScheduling { node, before };
+        self.0.storage.write(write, Seal::new()).await?.restored()
+    }
+
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+        self.0.kube.write_conditions(ConditionWrite { machine, conditions, at: None }, Seal::new()).await
+    }
 }
 
 /// Pulls `request.image` onto the node at `address`: changes nothing a workload sees.
@@ -774,54 +802,6 @@ impl Grants {
 
 #[cfg(test)]
 mod tests {
-    /// Every module of this crate but this one, as compiled.
-    const MODULES: &[(&str, &str)] = &[
-        ("background.rs", include_str!("background.rs")),
-        ("calls.rs", include_str!("calls.rs")),
-        ("cause.rs", include_str!("cause.rs")),
-        ("clock.rs", include_str!("clock.rs")),
-        ("config.rs", include_str!("config.rs")),
-        ("etcd.rs", include_str!("etcd.rs")),
-        ("etcd_snapshot.rs", include_str!("etcd_snapshot.rs")),
-        ("jobs.rs", include_str!("jobs.rs")),
-        ("kube_api.rs", include_str!("kube_api.rs")),
-        ("lib.rs", include_str!("lib.rs")),
-        ("machine/actions.rs", include_str!("machine/actions.rs")),
-        ("machine/kubernetes.rs", include_str!("machine/kubernetes.rs")),
-        ("machine/lifecycle.rs", include_str!("machine/lifecycle.rs")),
-        ("machine/mod.rs", include_str!("machine/mod.rs")),
-        ("machine/removal.rs", include_str!("machine/removal.rs")),
-        ("machine/talos.rs", include_str!("machine/talos.rs")),
-        ("machine_config.rs", include_str!("machine_config.rs")),
-        ("reconcile/act.rs", include_str!("reconcile/act.rs")),
-        ("reconcile/decide.rs", include_str!("reconcile/decide.rs")),
-        ("reconcile/gates.rs", include_str!("reconcile/gates.rs")),
-        ("reconcile/memory.rs", include_str!("reconcile/memory.rs")),
-        ("reconcile/mod.rs", include_str!("reconcile/mod.rs")),
-        ("reconcile/observe.rs", include_str!("reconcile/observe.rs")),
-        ("reconcile/observe_kubernetes.rs", include_str!("reconcile/observe_kubernetes.rs")),
-        ("reconcile/outcome.rs", include_str!("reconcile/outcome.rs")),
-        ("reconcile/record.rs", include_str!("reconcile/record.rs")),
-        ("reconcile/view.rs", include_str!("reconcile/view.rs")),
-        ("reconcile/write.rs", include_str!("reconcile/write.rs")),
-        ("snapshot.rs", include_str!("snapshot.rs")),
-        ("strategies.rs", include_str!("strategies.rs")),
-        ("talos_api.rs", include_str!("talos_api.rs")),
-        ("writes.rs", include_str!("writes.rs")),
-    ];
-
-    /// The calls that change a machine's record or its storage through the traits of
-    /// `ichor-storage` (shared with the evacuation's definition, so no seal of this crate
-    /// can guard them). The Talos and Kubernetes writes need a [`Seal`]: the compiler
-    /// keeps them here.
-    const SIDE_EFFECTS: &[&str] = &[
-        ".write_conditions(",
-        ".write_conditions_at(",
-        ".restore_scheduling(",
-        "evacuate_machine(",
-        "end_machine_evacuation(",
-    ];
-
     use super::*;
     use ichor_upgrade_core::rollout::CallDenied;
 
@@ -861,47 +841,5 @@ mod tests {
             assert!(!error.is_transient(), "{error}: a defect pauses, never retried");
             assert_eq!(error.reason(), "NotAuthorised");
         }
-    }
-
-    #[test]
-    fn every_module_is_listed() {
-        let listed: Vec<&str> =
-            MODULES.iter().map(|(name, _)| *name).chain(["effects.rs", "effects/seal.rs"]).collect();
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut dirs = vec![src.clone()];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    dirs.push(path);
-                    continue;
-                }
-                let name = path.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-                assert!(
-                    listed.contains(&name.as_str()),
-                    "src/{name} is not checked by no_side_effect_outside_the_seam"
-                );
-            }
-        }
-    }
-
-    /// Nothing in this crate reaches a condition write or a storage call but through this
-    /// module (the trait declarations aside).
-    #[test]
-    fn no_side_effect_outside_the_seam() {
-        let mut found = Vec::new();
-        for (module, source) in MODULES {
-            for (n, line) in source.lines().enumerate() {
-                let code = line.split("//").next().unwrap_or_default();
-                // A declaration, or a trait's default method delegating to another of its own.
-                let declaration = code.contains("fn ") || code.contains("self.");
-                for call in SIDE_EFFECTS {
-                    if code.contains(call) && !declaration && !code.contains("effects::") {
-                        found.push(format!("src/{module}:{}: {}", n + 1, line.trim()));
-                    }
-                }
-            }
-        }
-        assert!(found.is_empty(), "side effects made around crate::effects:\n{}", found.join("\n"));
     }
 }

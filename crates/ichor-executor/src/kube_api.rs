@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ichor_storage::ConditionStore;
+use ichor_storage::ConditionWriteError;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::kubernetes::component::Component;
@@ -289,7 +289,7 @@ pub trait ManifestSession: Send + Sync {
 
 /// What the executor asks of the Kubernetes API.
 #[async_trait]
-pub trait KubeApi: ConditionStore {
+pub trait KubeApi: Send + Sync {
     /// A Node, if it exists.
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError>;
     /// An operation, if it exists.
@@ -339,6 +339,10 @@ pub trait KubeApi: ConditionStore {
     /// proof that the caller is [`crate::effects`], which alone makes one; a wrapper passes
     /// on the one it was given.
     async fn write(&self, write: KubeWrite<'_>, seal: Seal) -> Result<KubeWritten, KubeError>;
+    /// Carries out `write`, the replacement of a machine's conditions (the `TalosMachine`
+    /// status, through its status subresource): the one way to write them through this
+    /// API, under the seal only [`crate::effects`] makes.
+    async fn write_conditions(&self, write: ConditionWrite<'_>, seal: Seal) -> Result<(), ConditionWriteError>;
     /// The pods scheduled on a Node.
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
     /// A node's Kubernetes: its kubelet and, on a control plane, its static pods; `None`
@@ -382,6 +386,20 @@ pub trait KubeApi: ConditionStore {
     ) -> Result<ichor_upgrade_core::kubernetes::manifests::WorkloadRollout, KubeError> {
         Err(KubeError::Refused(format!("the rollout of {workload} cannot be read through this client")))
     }
+}
+
+/// A write of a machine's conditions: they replace the ones it has.
+#[derive(Debug, Clone, Copy)]
+pub struct ConditionWrite<'a> {
+    /// The machine.
+    pub machine: &'a str,
+    /// Its conditions, whole.
+    pub conditions: &'a Conditions,
+    /// The resourceVersion the machine was read at, when the write is authorised by that
+    /// read: it then fails (a transient conflict) when anything changed the machine since,
+    /// instead of winning with what it read. `None`: the client's own precondition, the
+    /// last version of the machine it saw (or none, for a client that keeps no versions).
+    pub at: Option<&'a str>,
 }
 
 /// A Kubernetes write on a machine's Node or its pods.

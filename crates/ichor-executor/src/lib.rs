@@ -2,7 +2,7 @@
 //! (a Talos upgrade on either executor, a Kubernetes upgrade, a machine's removal).
 //!
 //! This crate holds the IO seams the drivers call ([`TalosApi`], [`KubeApi`], [`Clock`];
-//! storage's seam is `ichor_storage::StorageApi`) and the drivers: [`advance_machine`]
+//! [`StorageApi`], over `ichor_storage::StorageReads`) and the drivers: [`advance_machine`]
 //! takes one machine one step (ADR 0043), and [`reconcile()`] runs one pass of one operation
 //! through the rollout engine. Each pass re-reads the world, calls a pure function of
 //! `ichor-upgrade-core`, carries out what it returned and writes conditions and status.
@@ -36,6 +36,7 @@ pub mod machine;
 pub mod machine_config;
 pub mod reconcile;
 pub mod snapshot;
+pub mod storage_api;
 #[cfg(feature = "proptest")]
 pub mod strategies;
 pub mod talos_api;
@@ -48,4 +49,5 @@ pub use kube_api::{KubeApi, KubeError};
 pub use machine::talos::{AdvanceError, Executor, OperationRef, advance_machine, advance_machine_with};
 pub use reconcile::{PassMemory, reconcile, reconcile_with};
 pub use snapshot::{SnapshotSink, SnapshotStore, SnapshotStoreError};
+pub use storage_api::StorageApi;
 pub use talos_api::{TalosApi, TalosError};

@@ -433,7 +433,6 @@ fn storage_selecting(world: &mut World, replicas: u32) {
 async fn storage_selecting_the_node_begins_an_evacuation_before_any_call() {
     let mut world = World::new(Some(node("Talos (v1.14.3)", BOOT_BEFORE, true)), Ok(MachineStage::Running));
     storage_selecting(&mut world, 4);
-    world.storage.expect_set_scheduling().never();
     world
         .storage
         .expect_request_evacuation()

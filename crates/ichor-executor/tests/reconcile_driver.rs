@@ -64,7 +64,6 @@ async fn a_stop_with_an_unknown_node_name_waits_and_never_guesses() {
         .returning(|_| Err(TalosError::dial("10.0.0.22:50000", "connection refused")));
     talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
     let mut storage = MockStorage::new();
-    storage.expect_set_scheduling().never();
     storage.expect_storage_objects().returning(|| Ok(Vec::new()));
     storage.expect_evacuation_record().returning(|_| Ok(None));
 

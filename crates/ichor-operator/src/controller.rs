@@ -546,7 +546,7 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
     // What storage holds now: its objects, and (only where there are any) one list of
     // the replicas' sizes. A read that fails is said in the plan, not a failed plan.
     let storage = async {
-        let objects = ichor_storage::StorageApi::storage_objects(&ctx.storage).await?;
+        let objects = ichor_storage::StorageReads::storage_objects(&ctx.storage).await?;
         let bytes = if objects.is_empty() { BTreeMap::new() } else { ctx.storage.bytes_by_node().await? };
         Ok::<_, ichor_storage::StorageError>(crate::dry_run::StorageNow { objects, bytes })
     }

@@ -18,16 +18,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
+use ichor_executor::StorageApi;
 use ichor_executor::kube_api::{
     AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
     ManifestSession, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
 use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, SnapshotStream, TalosApi, TalosError};
-use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
-use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
-use ichor_upgrade_core::Timestamp;
-use ichor_upgrade_core::conditions::Conditions;
-use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
+use ichor_executor::writes::{
+    ConditionWrite, KubeWrite, KubeWritten, Seal, StorageWrite, StorageWritten, TalosWrite, TalosWritten,
+};
+use ichor_storage::{ConditionWriteError, StorageError, StorageObject, StorageReads};
+use ichor_upgrade_core::evacuation::EvacuationRecord;
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::preflight::ClusterFacts;
 use ichor_upgrade_core::status::OperationStatus;
@@ -93,11 +94,22 @@ impl Fence {
         if self.leads() { Ok(()) } else { Err(StorageError::transient(NOT_LEADING)) }
     }
 
-    fn conditions(&self, machine: &str) -> Result<(), ConditionWriteError> {
+    /// Whether the storage write `write` may be made now: the request of an evacuation and
+    /// the restore of scheduling, each only while this replica leads.
+    fn admits_storage(&self, write: &StorageWrite<'_>) -> Result<(), StorageError> {
+        match write {
+            StorageWrite::RequestEvacuation { .. } | StorageWrite::RestoreScheduling { .. } => self.storage(),
+        }
+    }
+
+    /// Whether a write of a machine's conditions may be made now, with or without a
+    /// resourceVersion to hold it to: only while this replica leads.
+    fn admits_conditions(&self, write: &ConditionWrite<'_>) -> Result<(), ConditionWriteError> {
         if self.leads() {
             Ok(())
         } else {
-            Err(ConditionWriteError { machine: machine.to_owned(), message: NOT_LEADING.to_owned(), transient: true })
+            let machine = write.machine.to_owned();
+            Err(ConditionWriteError { machine, message: NOT_LEADING.to_owned(), transient: true })
         }
     }
 }
@@ -165,23 +177,6 @@ pub struct FencedKube<'a> {
     pub inner: &'a dyn KubeApi,
     /// The leadership every change is checked against.
     pub fence: &'a Fence,
-}
-
-#[async_trait]
-impl ConditionStore for FencedKube<'_> {
-    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
-        self.fence.conditions(machine)?;
-        self.inner.write_conditions(machine, conditions).await
-    }
-    async fn write_conditions_at(
-        &self,
-        machine: &str,
-        resource_version: &str,
-        conditions: &Conditions,
-    ) -> Result<(), ConditionWriteError> {
-        self.fence.conditions(machine)?;
-        self.inner.write_conditions_at(machine, resource_version, conditions).await
-    }
 }
 
 /// The bootstrap manifests' session, its applies fenced as the operator's own writes.
@@ -266,6 +261,10 @@ impl KubeApi for FencedKube<'_> {
         self.fence.admits_kube(&write)?;
         self.inner.write(write, seal).await
     }
+    async fn write_conditions(&self, write: ConditionWrite<'_>, seal: Seal) -> Result<(), ConditionWriteError> {
+        self.fence.admits_conditions(&write)?;
+        self.inner.write_conditions(write, seal).await
+    }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.inner.pods_on(node).await
     }
@@ -280,30 +279,26 @@ pub struct FencedStorage<'a> {
 }
 
 #[async_trait]
-impl StorageApi for FencedStorage<'_> {
+impl StorageReads for FencedStorage<'_> {
     async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
         self.inner.storage_objects().await
     }
-    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
-        self.fence.storage()?;
-        self.inner.set_scheduling(node, enabled).await
-    }
-    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
-        self.fence.storage()?;
-        self.inner.request_evacuation(node, since).await
-    }
     async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
         self.inner.evacuation_record(node).await
-    }
-    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
-        self.fence.storage()?;
-        self.inner.restore_scheduling(node, before).await
     }
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
         self.inner.replicas_on(node).await
     }
     async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError> {
         self.inner.backing_images_on(node).await
+    }
+}
+
+#[async_trait]
+impl StorageApi for FencedStorage<'_> {
+    async fn write(&self, write: StorageWrite<'_>, seal: Seal) -> Result<StorageWritten, StorageError> {
+        self.fence.admits_storage(&write)?;
+        self.inner.write(write, seal).await
     }
 }
 
@@ -423,6 +418,42 @@ mod tests {
         for write in &writes {
             let refused = fence.admits_kube(write).unwrap_err();
             assert!(matches!(&refused, KubeError::Unreachable(why) if why.contains("no longer leads")), "{refused:?}");
+        }
+    }
+
+    /// The storage writes (an evacuation's request, the restore of scheduling) and the
+    /// writes of a machine's conditions, held to a resourceVersion or not, are made only
+    /// while this replica leads, refused as transient otherwise.
+    #[test]
+    fn a_storage_write_or_a_write_of_conditions_is_made_only_while_this_replica_leads() {
+        use ichor_upgrade_core::Timestamp;
+        use ichor_upgrade_core::conditions::Conditions;
+        use ichor_upgrade_core::evacuation::Scheduling;
+
+        let (tx, rx) = watch::channel(Some(Instant::now() + Duration::from_secs(15)));
+        let fence = Fence::new(rx);
+        let storage = [
+            StorageWrite::RequestEvacuation { node: "n", since: Timestamp::EPOCH },
+            StorageWrite::RestoreScheduling { node: "n", before: Scheduling::ON },
+        ];
+        let conditions = Conditions::new();
+        let writes = [None, Some("7")].map(|at| ConditionWrite { machine: "m", conditions: &conditions, at });
+        for write in &storage {
+            fence.admits_storage(write).unwrap();
+        }
+        for write in &writes {
+            fence.admits_conditions(write).unwrap();
+        }
+        tx.send(Some(Instant::now().checked_sub(Duration::from_millis(1)).unwrap())).unwrap();
+        for write in &storage {
+            let refused = fence.admits_storage(write).unwrap_err();
+            assert_eq!(refused, StorageError::transient(NOT_LEADING), "{}", write.name());
+        }
+        for write in &writes {
+            let refused = fence.admits_conditions(write).unwrap_err();
+            let expected =
+                ConditionWriteError { machine: "m".to_owned(), message: NOT_LEADING.to_owned(), transient: true };
+            assert_eq!(refused, expected, "{write:?}");
         }
     }
 }

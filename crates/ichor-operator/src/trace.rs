@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use ichor_executor::StorageApi;
 use ichor_executor::kube_api::{
     ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo,
     NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
@@ -48,13 +49,14 @@ use ichor_executor::machine_config::MachineConfig;
 use ichor_executor::talos_api::{
     ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, SnapshotStream, TalosApi, TalosError,
 };
-use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
-use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
+use ichor_executor::writes::{
+    ConditionWrite, KubeWrite, KubeWritten, Seal, StorageWrite, StorageWritten, TalosWrite, TalosWritten,
+};
+use ichor_storage::{ConditionWriteError, EvacuationRequest, StorageError, StorageObject, StorageReads};
 pub use ichor_timeline::trace::{TraceEvent, TraceKind};
-use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::changes::ChangeKind;
 use ichor_upgrade_core::conditions::{Condition, ConditionStatus, Conditions};
-use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
+use ichor_upgrade_core::evacuation::EvacuationRecord;
 use ichor_upgrade_core::kubernetes::component::Component;
 use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
@@ -497,16 +499,12 @@ impl Recorder {
         }
     }
 
-    /// Scheduling back on: the end of the node's evacuation, unless it is known to have
-    /// ended already (`known_open`: only if one is known to be open).
-    fn evacuation_ended(&self, node: &str, known_open: bool) {
+    /// Scheduling put back: the end of the node's evacuation, unless it is known to have
+    /// ended already (one this recorder did not see begin ends too: it may have begun
+    /// before this replica led).
+    fn evacuation_ended(&self, node: &str) {
         let mut state = self.lock();
-        let ends = match state.evacuations.get(node) {
-            Some(Evacuation::Open { .. }) => true,
-            Some(Evacuation::Closed) => false,
-            None => !known_open,
-        };
-        if !ends {
+        if state.evacuations.get(node) == Some(&Evacuation::Closed) {
             return;
         }
         state.evacuations.insert(node.to_owned(), Evacuation::Closed);
@@ -757,27 +755,22 @@ impl TracedKube<'_> {
         }
         Ok(written)
     }
-}
 
-#[async_trait]
-impl ConditionStore for TracedKube<'_> {
-    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
-        self.inner.write_conditions(machine, conditions).await?;
-        if let Some(r) = self.recorder {
-            r.conditions_seen(machine, conditions, true);
-        }
-        Ok(())
-    }
-
-    async fn write_conditions_at(
+    /// `write` of a machine's conditions, sent by `send` (the inner API's
+    /// `write_conditions`, with the seal it was given), and on its success recorded as
+    /// conditions written (a `converged` when it newly says so), held to a resourceVersion
+    /// or not.
+    async fn traced_conditions<F>(
         &self,
-        machine: &str,
-        resource_version: &str,
-        conditions: &Conditions,
-    ) -> Result<(), ConditionWriteError> {
-        self.inner.write_conditions_at(machine, resource_version, conditions).await?;
+        write: ConditionWrite<'_>,
+        send: impl FnOnce() -> F + Send,
+    ) -> Result<(), ConditionWriteError>
+    where
+        F: Future<Output = Result<(), ConditionWriteError>> + Send,
+    {
+        send().await?;
         if let Some(r) = self.recorder {
-            r.conditions_seen(machine, conditions, true);
+            r.conditions_seen(write.machine, write.conditions, true);
         }
         Ok(())
     }
@@ -874,6 +867,9 @@ impl KubeApi for TracedKube<'_> {
     async fn write(&self, write: KubeWrite<'_>, seal: Seal) -> Result<KubeWritten, KubeError> {
         self.traced(write, || self.inner.write(write, seal)).await
     }
+    async fn write_conditions(&self, write: ConditionWrite<'_>, seal: Seal) -> Result<(), ConditionWriteError> {
+        self.traced_conditions(write, || self.inner.write_conditions(write, seal)).await
+    }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         let pods = self.inner.pods_on(node).await?;
         if let Some(r) = self.recorder {
@@ -899,34 +895,39 @@ impl fmt::Debug for TracedStorage<'_> {
     }
 }
 
+impl TracedStorage<'_> {
+    /// `write`, sent by `send` (the inner backend's `write`, with the seal it was given),
+    /// and on its success recorded: the one place that tells what each storage write is in
+    /// the trace.
+    async fn traced<F>(
+        &self,
+        write: StorageWrite<'_>,
+        send: impl FnOnce() -> F + Send,
+    ) -> Result<StorageWritten, StorageError>
+    where
+        F: Future<Output = Result<StorageWritten, StorageError>> + Send,
+    {
+        let written = send().await?;
+        let Some(r) = self.recorder else { return Ok(written) };
+        match write {
+            StorageWrite::RequestEvacuation { node, .. } => {
+                if let StorageWritten::Requested(EvacuationRequest::Requested { .. }) = written {
+                    r.evacuation_requested(node);
+                }
+            }
+            StorageWrite::RestoreScheduling { node, .. } => r.evacuation_ended(node),
+        }
+        Ok(written)
+    }
+}
+
 #[async_trait]
-impl StorageApi for TracedStorage<'_> {
+impl StorageReads for TracedStorage<'_> {
     async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
         self.inner.storage_objects().await
     }
-    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
-        self.inner.set_scheduling(node, enabled).await?;
-        if let (Some(r), true) = (self.recorder, enabled) {
-            r.evacuation_ended(node, true);
-        }
-        Ok(())
-    }
-    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
-        let request = self.inner.request_evacuation(node, since).await?;
-        if let (Some(r), EvacuationRequest::Requested { .. }) = (self.recorder, &request) {
-            r.evacuation_requested(node);
-        }
-        Ok(request)
-    }
     async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
         self.inner.evacuation_record(node).await
-    }
-    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
-        self.inner.restore_scheduling(node, before).await?;
-        if let Some(r) = self.recorder {
-            r.evacuation_ended(node, false);
-        }
-        Ok(())
     }
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
         let replicas = self.inner.replicas_on(node).await?;
@@ -937,6 +938,13 @@ impl StorageApi for TracedStorage<'_> {
     }
     async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError> {
         self.inner.backing_images_on(node).await
+    }
+}
+
+#[async_trait]
+impl StorageApi for TracedStorage<'_> {
+    async fn write(&self, write: StorageWrite<'_>, seal: Seal) -> Result<StorageWritten, StorageError> {
+        self.traced(write, || self.inner.write(write, seal)).await
     }
 }
 
@@ -957,7 +965,9 @@ mod tests {
     use ichor_executor::talos_api::{
         InstallOutcome, InstallRequest, PullRequest, ResetRequest, UpgradeAck, UpgradeRequest,
     };
+    use ichor_upgrade_core::Timestamp;
     use ichor_upgrade_core::conditions::ConditionUpdate;
+    use ichor_upgrade_core::evacuation::Scheduling;
     use ichor_upgrade_core::status::{MachineRecord, RecordState};
     use ichor_upgrade_core::status::{PauseReason, Phase};
 
@@ -1048,6 +1058,16 @@ mod tests {
                 KubeWrite::DeleteNode { .. } => refused(),
             }
         }
+
+        /// What its storage answers `write` (its `write`, which needs a seal).
+        fn storage_answer(write: StorageWrite<'_>) -> StorageWritten {
+            match write {
+                StorageWrite::RequestEvacuation { .. } => StorageWritten::Requested(EvacuationRequest::Requested {
+                    before: Scheduling { allowed: true, eviction_requested: false },
+                }),
+                StorageWrite::RestoreScheduling { .. } => StorageWritten::Restored,
+            }
+        }
     }
 
     /// `write` on `node` through `talos` as its `write` makes it, sent to `doubles` (a
@@ -1068,6 +1088,18 @@ mod tests {
         write: KubeWrite<'_>,
     ) -> Result<KubeWritten, KubeError> {
         kube.traced(write, || std::future::ready(doubles.kube_answer(write))).await
+    }
+
+    /// The conditions of `machine` written through `kube` as its `write_conditions` makes
+    /// it, to the doubles (which take every such write).
+    async fn conditions_write(kube: &TracedKube<'_>, machine: &str, conditions: &Conditions) {
+        let write = ConditionWrite { machine, conditions, at: None };
+        kube.traced_conditions(write, || std::future::ready(Ok(()))).await.unwrap();
+    }
+
+    /// `write` through `storage` as its `write` makes it, sent to the doubles.
+    async fn storage_write(storage: &TracedStorage<'_>, write: StorageWrite<'_>) -> StorageWritten {
+        storage.traced(write, || std::future::ready(Ok(Doubles::storage_answer(write)))).await.unwrap()
     }
 
     fn node(ready: bool, boot_id: &str, version: &str) -> NodeInfo {
@@ -1102,21 +1134,6 @@ mod tests {
         }
         async fn etcd_alarms(&self, _node: &str) -> Result<Vec<EtcdAlarm>, TalosError> {
             unreachable()
-        }
-    }
-
-    #[async_trait]
-    impl ConditionStore for Doubles {
-        async fn write_conditions(&self, _machine: &str, _conditions: &Conditions) -> Result<(), ConditionWriteError> {
-            Ok(())
-        }
-        async fn write_conditions_at(
-            &self,
-            _machine: &str,
-            _resource_version: &str,
-            _conditions: &Conditions,
-        ) -> Result<(), ConditionWriteError> {
-            Ok(())
         }
     }
 
@@ -1158,33 +1175,34 @@ mod tests {
         async fn write(&self, write: KubeWrite<'_>, _seal: Seal) -> Result<KubeWritten, KubeError> {
             self.kube_answer(write)
         }
+        async fn write_conditions(&self, _write: ConditionWrite<'_>, _seal: Seal) -> Result<(), ConditionWriteError> {
+            Ok(())
+        }
         async fn pods_on(&self, _node: &str) -> Result<Vec<PodInfo>, KubeError> {
             Ok(self.pods.clone())
         }
     }
 
     #[async_trait]
-    impl StorageApi for Doubles {
+    impl StorageReads for Doubles {
         async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
             Ok(Vec::new())
         }
-        async fn set_scheduling(&self, _node: &str, _enabled: bool) -> Result<(), StorageError> {
-            Ok(())
-        }
-        async fn request_evacuation(&self, _node: &str, _since: Timestamp) -> Result<EvacuationRequest, StorageError> {
-            Ok(EvacuationRequest::Requested { before: Scheduling { allowed: true, eviction_requested: false } })
-        }
         async fn evacuation_record(&self, _node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
             Ok(None)
-        }
-        async fn restore_scheduling(&self, _node: &str, _before: Scheduling) -> Result<(), StorageError> {
-            Ok(())
         }
         async fn replicas_on(&self, _node: &str) -> Result<u32, StorageError> {
             Ok(*self.replicas.lock().unwrap())
         }
         async fn backing_images_on(&self, _node: &str) -> Result<u32, StorageError> {
             Ok(0)
+        }
+    }
+
+    #[async_trait]
+    impl StorageApi for Doubles {
+        async fn write(&self, write: StorageWrite<'_>, _seal: Seal) -> Result<StorageWritten, StorageError> {
+            Ok(Self::storage_answer(write))
         }
     }
 
@@ -1235,9 +1253,9 @@ mod tests {
             kube.machines("demo").await.unwrap();
             kube.nodes(&["node-cp-1"]).await.unwrap();
         }
-        kube.write_conditions("cp-1", &converged()).await.unwrap();
+        conditions_write(&kube, "cp-1", &converged()).await;
         // Written again unchanged (a later pass): no second record.
-        kube.write_conditions("cp-1", &converged()).await.unwrap();
+        conditions_write(&kube, "cp-1", &converged()).await;
 
         assert_eq!(kinds(&buffer), ["listed", "upgrade-call", "shown-not-ready", "reboot-end", "ready", "converged"]);
         let events = buffer.events();
@@ -1287,8 +1305,9 @@ mod tests {
         kube.machines("demo").await.unwrap();
         let node = "node-cp-1";
 
-        storage.request_evacuation(node, Timestamp::EPOCH).await.unwrap();
-        storage.request_evacuation(node, Timestamp::EPOCH).await.unwrap();
+        let request = StorageWrite::RequestEvacuation { node, since: Timestamp::EPOCH };
+        storage_write(&storage, request).await;
+        storage_write(&storage, request).await;
         assert_eq!(storage.replicas_on(node).await.unwrap(), 2);
         *doubles.replicas.lock().unwrap() = 0;
         storage.replicas_on(node).await.unwrap();
@@ -1305,8 +1324,9 @@ mod tests {
         }
         kube_write(&kube, &doubles, KubeWrite::Uncordon { node: &read }).await.unwrap();
         let before = Scheduling { allowed: true, eviction_requested: false };
-        storage.restore_scheduling(node, before).await.unwrap();
-        storage.set_scheduling(node, true).await.unwrap();
+        storage_write(&storage, StorageWrite::RestoreScheduling { node, before }).await;
+        // Restored again (a pass that did not see its first restore's record): no second end.
+        storage_write(&storage, StorageWrite::RestoreScheduling { node, before }).await;
 
         assert_eq!(
             kinds(&buffer),

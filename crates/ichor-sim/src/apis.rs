@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ichor_adapters::talos::server::Served;
 use ichor_executor::Clock;
+use ichor_executor::StorageApi;
 use ichor_executor::kube_api::{
     AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite,
     MachineInfo, ManifestSession, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
@@ -16,8 +17,10 @@ use ichor_executor::talos_api::{
     ApplyConfigReply, ApplyConfigRequest, EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, InstallOutcome, InstallRequest,
     PullRequest, ResetRequest, SnapshotStream, TalosApi, TalosError, UpgradeAck, UpgradeRequest,
 };
-use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
-use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
+use ichor_executor::writes::{
+    ConditionWrite, KubeWrite, KubeWritten, Seal, StorageWrite, StorageWritten, TalosWrite, TalosWritten,
+};
+use ichor_storage::{ConditionWriteError, EvacuationRequest, StorageError, StorageObject, StorageReads};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{ConditionStatus, Conditions};
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
@@ -858,13 +861,27 @@ fn installer_version(w: &World, image: &str) -> Option<TalosVersion> {
     TalosVersion::parse(tag).ok()
 }
 
-#[async_trait]
-impl ConditionStore for SimCluster {
-    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+/// The writes of a machine's conditions, as the simulated API server carries them out:
+/// what [`KubeApi::write_conditions`] does, and what the simulator's tests call directly,
+/// with no [`Seal`].
+impl SimCluster {
+    /// Replaces the machine's conditions with these: [`KubeApi::write_conditions`] with no
+    /// `at`.
+    ///
+    /// # Errors
+    /// The API server unreachable (an injected outage, a restarting kube-apiserver, an
+    /// injected failure of condition writes), or a machine that does not exist.
+    pub async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
         self.write_machine_conditions(machine, None, conditions).await
     }
 
-    async fn write_conditions_at(
+    /// Replaces the machine's conditions with these only if the machine is still at
+    /// `resource_version`, the version it was read at (a transient conflict otherwise):
+    /// [`KubeApi::write_conditions`] with `at`.
+    ///
+    /// # Errors
+    /// As [`Self::write_conditions`], and the conflict.
+    pub async fn write_conditions_at(
         &self,
         machine: &str,
         resource_version: &str,
@@ -872,9 +889,7 @@ impl ConditionStore for SimCluster {
     ) -> Result<(), ConditionWriteError> {
         self.write_machine_conditions(machine, Some(resource_version), conditions).await
     }
-}
 
-impl SimCluster {
     /// A write of a machine's conditions, under a precondition on its resourceVersion if
     /// one is given (a [`KubeError::Conflict`] when the machine changed since).
     async fn write_machine_conditions(
@@ -1015,6 +1030,11 @@ impl KubeApi for SimCluster {
 
     async fn write(&self, write: KubeWrite<'_>, _seal: Seal) -> Result<KubeWritten, KubeError> {
         self.serve_kube(write).await
+    }
+
+    async fn write_conditions(&self, write: ConditionWrite<'_>, _seal: Seal) -> Result<(), ConditionWriteError> {
+        let ConditionWrite { machine, conditions, at } = write;
+        self.write_machine_conditions(machine, at, conditions).await
     }
 
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
@@ -1165,13 +1185,17 @@ fn trace_status_change(w: &mut World, before: &OperationStatus, after: &Operatio
     }
 }
 
-#[async_trait]
-impl StorageApi for SimCluster {
-    async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
-        self.kube(KubeCall::CachedRead, |w| Ok(w.storage_objects.clone())).await.map_err(storage_error)
-    }
-
-    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
+/// The storage backend's writes, as the simulated Longhorn carries them out: what
+/// [`StorageApi::write`] does, and what the simulator's tests call directly, with no
+/// [`Seal`].
+impl SimCluster {
+    /// Turns storage scheduling on `node` on or off; on ends an evacuation in progress.
+    /// Idempotent. Not an evacuation's write: the engine does not call it.
+    ///
+    /// # Errors
+    /// The API server unreachable (an injected outage), or a node the storage system does
+    /// not have.
+    pub async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError> {
         self.kube(KubeCall::StorageWrite, |w| {
             let i = w.storage_node(node).ok_or_else(|| KubeError::NotFound(format!("storage node {node}")))?;
             w.nodes[i].scheduling = enabled;
@@ -1185,7 +1209,14 @@ impl StorageApi for SimCluster {
         .map_err(storage_error)
     }
 
-    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
+    /// Turns storage scheduling on `node` off and asks for its replicas to move, keeping
+    /// the node's scheduling from before (and `since`) beside it, as Longhorn's backend
+    /// does: what [`StorageWrite::RequestEvacuation`] carries out. Idempotent; may arm the
+    /// crash-on-evacuation fault.
+    ///
+    /// # Errors
+    /// The API server unreachable (an injected outage).
+    pub async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError> {
         // Longhorn's backend reads its Node first (what to keep of its scheduling).
         let known = self.kube(KubeCall::Read, |w| Ok(w.storage_node(node).is_some())).await.map_err(storage_error)?;
         if !known {
@@ -1233,13 +1264,13 @@ impl StorageApi for SimCluster {
         .map_err(storage_error)
     }
 
-    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
-        self.kube(KubeCall::Read, |w| Ok(w.storage_node(node).and_then(|i| w.nodes[i].storage_record)))
-            .await
-            .map_err(storage_error)
-    }
-
-    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
+    /// Puts `node`'s scheduling back as `before` and drops the kept record: what
+    /// [`StorageWrite::RestoreScheduling`] carries out. Idempotent; a node the storage
+    /// system no longer has is done.
+    ///
+    /// # Errors
+    /// The API server unreachable (an injected outage).
+    pub async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError> {
         self.kube(KubeCall::StorageWrite, |w| {
             // A node the storage system no longer has: nothing to put back.
             let Some(i) = w.storage_node(node) else { return Ok(()) };
@@ -1256,6 +1287,19 @@ impl StorageApi for SimCluster {
         .await
         .map_err(storage_error)
     }
+}
+
+#[async_trait]
+impl StorageReads for SimCluster {
+    async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
+        self.kube(KubeCall::CachedRead, |w| Ok(w.storage_objects.clone())).await.map_err(storage_error)
+    }
+
+    async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+        self.kube(KubeCall::Read, |w| Ok(w.storage_node(node).and_then(|i| w.nodes[i].storage_record)))
+            .await
+            .map_err(storage_error)
+    }
 
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError> {
         self.kube(KubeCall::Read, |w| {
@@ -1271,6 +1315,21 @@ impl StorageApi for SimCluster {
         // Backing images are not modelled: none has a file anywhere (one read, as
         // Longhorn's backend lists them).
         self.kube(KubeCall::Read, |_| Ok(0)).await.map_err(storage_error)
+    }
+}
+
+#[async_trait]
+impl StorageApi for SimCluster {
+    async fn write(&self, write: StorageWrite<'_>, _seal: Seal) -> Result<StorageWritten, StorageError> {
+        Ok(match write {
+            StorageWrite::RequestEvacuation { node, since } => {
+                StorageWritten::Requested(self.request_evacuation(node, since).await?)
+            }
+            StorageWrite::RestoreScheduling { node, before } => {
+                self.restore_scheduling(node, before).await?;
+                StorageWritten::Restored
+            }
+        })
     }
 }
 

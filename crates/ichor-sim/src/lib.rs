@@ -1,6 +1,9 @@
 //! A simulated Talos cluster: one in-memory implementation of `TalosApi`, `KubeApi`,
-//! `StorageApi` and `Clock`, on virtual time, driven by a seed, faithful enough that the
-//! real drivers run on it unchanged.
+//! `StorageApi` (with its reads, `StorageReads`) and `Clock`, on virtual time, driven by a
+//! seed, faithful enough that the real drivers run on it unchanged. Their writes are
+//! values under the executor's seal (decision 0016); [`SimCluster`] also has each as an
+//! inherent method, without the seal, for the simulator's tests (and, the Talos writes,
+//! for the apid stand-in).
 //!
 //! Nodes are `cp-1`, `cp-2`, ... and `worker-1`, ...; each machine is named after its node.
 //! An acknowledged Upgrade call drains and installs for a drawn time, reboots (the Talos API

@@ -1,4 +1,5 @@
-//! The IO seams of evacuation: the storage backend, and where machine conditions are written.
+//! The IO seams of evacuation: what is read of the storage backend, and the writes an
+//! evacuation makes (carried out by the executor, under its seal).
 
 use std::collections::BTreeMap;
 
@@ -33,28 +34,20 @@ impl StorageError {
     }
 }
 
-/// A storage system that keeps replicas on nodes (Longhorn, for one).
+/// What the engine reads of a storage system that keeps replicas on nodes (Longhorn, for
+/// one). Its writes (asking for an evacuation, putting scheduling back) are not here: they
+/// are values the executor's `StorageApi::write` carries out, under the seal only its
+/// effects module makes (decision 0016). [`EvacuationWrites`] is how the evacuation's
+/// definition asks for them.
 #[cfg_attr(test, mockall::automock)]
 #[async_trait]
-pub trait StorageApi: Send + Sync {
+pub trait StorageReads: Send + Sync {
     /// The cluster's storage objects (`TalosStorage`).
     async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
-    /// Turns storage scheduling on the node on or off. Idempotent.
-    async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
-    /// Turns storage scheduling on the node off and asks the backend to move its replicas
-    /// elsewhere, and keeps the evacuation's [`EvacuationRecord`] (the node's scheduling
-    /// before it, and `since`) in the same write (Longhorn: one patch of its Node, the
-    /// record in an annotation). Idempotent: a repeated request keeps the first record and
-    /// says its scheduling from before, or that the backend has no such node. That write
-    /// is the evacuation's only record until the machine's conditions carry it.
-    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError>;
-    /// The record [`Self::request_evacuation`] keeps on the node, while the evacuation is
-    /// open; `None` when there is none, or no such node.
+    /// The record an evacuation's request keeps on the node
+    /// ([`EvacuationWrites::request_evacuation`]), while the evacuation is open; `None`
+    /// when there is none, or no such node.
     async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError>;
-    /// Puts the node's scheduling back as `before` (what [`Self::request_evacuation`] said)
-    /// and removes the record, in one write. Idempotent; a node the backend no longer has
-    /// is done.
-    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
     /// How many replicas are still on the node.
     async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
     /// How many backing images still have a file on the node's disks (Longhorn: a
@@ -62,6 +55,28 @@ pub trait StorageApi: Send + Sync {
     /// it wipes the disks, and a backing image whose only copy is there would be lost.
     /// An upgrade keeps the disks and does not ask.
     async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError>;
+}
+
+/// The writes starting and ending an evacuation make ([`crate::evacuate_machine`],
+/// [`crate::end_machine_evacuation`]): the storage backend's two and the machine's
+/// conditions. The executor's effects module implements it over its sealed writes, so
+/// these writes are made only there; a test implements it with a double.
+#[cfg_attr(test, mockall::automock)]
+#[async_trait]
+pub trait EvacuationWrites: Send + Sync {
+    /// Turns storage scheduling on the node off and asks the backend to move its replicas
+    /// elsewhere, and keeps the evacuation's [`EvacuationRecord`] (the node's scheduling
+    /// before it, and `since`) in the same write (Longhorn: one patch of its Node, the
+    /// record in an annotation). Idempotent: a repeated request keeps the first record and
+    /// says its scheduling from before, or that the backend has no such node. That write
+    /// is the evacuation's only record until the machine's conditions carry it.
+    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError>;
+    /// Puts the node's scheduling back as `before` (what [`Self::request_evacuation`] said)
+    /// and removes the record, in one write. Idempotent; a node the backend no longer has
+    /// is done.
+    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
+    /// Replaces the machine's conditions with these.
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
 }
 
 /// What asking for a node's evacuation found.
@@ -96,25 +111,6 @@ pub struct ConditionWriteError {
     pub message: String,
     /// Whether retrying later can succeed (unreachable, a conflict).
     pub transient: bool,
-}
-
-/// Where a machine's conditions live (the `TalosMachine` status, through its status
-/// subresource). Implemented by the Kubernetes adapter and the simulated cluster.
-#[cfg_attr(test, mockall::automock)]
-#[async_trait]
-pub trait ConditionStore: Send + Sync {
-    /// Replaces the machine's conditions with these.
-    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
-    /// Replaces the machine's conditions with these only if the machine is still at
-    /// `resource_version`, the version it was read at: a write authorised by that read
-    /// fails (a transient conflict) when anything changed the machine since, instead of
-    /// winning with what it read.
-    async fn write_conditions_at(
-        &self,
-        machine: &str,
-        resource_version: &str,
-        conditions: &Conditions,
-    ) -> Result<(), ConditionWriteError>;
 }
 
 /// A node's labels, by key.

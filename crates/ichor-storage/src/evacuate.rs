@@ -14,7 +14,7 @@ use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Condition
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, StorageObservation, reason, scheduling_to_restore};
 
 use crate::api::{
-    ConditionStore, ConditionWriteError, EvacuationFor, EvacuationRequest, Labels, StorageApi, StorageError,
+    ConditionWriteError, EvacuationFor, EvacuationRequest, EvacuationWrites, Labels, StorageError, StorageReads,
 };
 use crate::selection::selecting;
 
@@ -67,7 +67,7 @@ pub enum EvacuationEnd {
 /// # Errors
 /// The backend's error, or a selector that cannot be evaluated.
 pub async fn observe_storage(
-    storage: &dyn StorageApi,
+    storage: &dyn StorageReads,
     node: &str,
     labels: &Labels,
     conditions: &Conditions,
@@ -106,19 +106,18 @@ pub async fn observe_storage(
 /// # Errors
 /// The first call or write that failed; nothing after it was done.
 pub async fn evacuate_machine(
-    storage: &dyn StorageApi,
-    store: &dyn ConditionStore,
+    writes: &dyn EvacuationWrites,
     machine: &str,
     node: &str,
     conditions: &Conditions,
     now: Timestamp,
 ) -> Result<EvacuationRequest, EvacuationError> {
-    let request = storage.request_evacuation(node, now).await?;
+    let request = writes.request_evacuation(node, now).await?;
     if request == EvacuationRequest::NoSuchNode {
         let message = format!("the storage system has no node {node}: nothing to evacuate");
         let mut next = conditions.clone();
         next.upsert(ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message), now);
-        store.write_conditions(machine, &next).await?;
+        writes.write_conditions(machine, &next).await?;
     }
     Ok(request)
 }
@@ -130,17 +129,16 @@ pub async fn evacuate_machine(
 /// # Errors
 /// The first call or write that failed; nothing after it was done.
 pub async fn end_machine_evacuation(
-    storage: &dyn StorageApi,
-    store: &dyn ConditionStore,
+    writes: &dyn EvacuationWrites,
     machine: &str,
     node: &str,
     conditions: &Conditions,
     end: EvacuationEnd,
     now: Timestamp,
 ) -> Result<(), EvacuationError> {
-    storage.restore_scheduling(node, scheduling_to_restore(conditions)).await?;
+    writes.restore_scheduling(node, scheduling_to_restore(conditions)).await?;
     let next = evacuation_ended(conditions, node, end, now);
-    store.write_conditions(machine, &next).await?;
+    writes.write_conditions(machine, &next).await?;
     Ok(())
 }
 
@@ -171,7 +169,7 @@ mod tests {
     use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
 
     use super::*;
-    use crate::api::{MockConditionStore, MockStorageApi};
+    use crate::api::{MockEvacuationWrites, MockStorageReads};
     use crate::selection::{LabelSelector, StorageObject};
 
     fn now() -> Timestamp {
@@ -192,7 +190,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_longest_timeout_of_the_objects_that_select_the_node_applies() {
-        let mut storage = MockStorageApi::new();
+        let mut storage = MockStorageReads::new();
         let timed = |name: &str, secs: u64, labels: Labels| StorageObject {
             name: name.into(),
             node_selector: LabelSelector { match_labels: labels, ..LabelSelector::default() },
@@ -214,24 +212,23 @@ mod tests {
     // not written to open it (one Kubernetes write per worker fewer).
     #[tokio::test]
     async fn evacuation_is_one_backend_write_that_keeps_its_record_and_no_conditions_write() {
-        let mut storage = MockStorageApi::new();
-        let store = MockConditionStore::new(); // any write would panic: none expected
-        storage.expect_set_scheduling().never();
+        // Any other write (the conditions, a restore) would panic: none is expected.
+        let mut writes = MockEvacuationWrites::new();
         // An operator had turned scheduling off by hand.
         let before = Scheduling { allowed: false, eviction_requested: false };
-        storage
+        writes
             .expect_request_evacuation()
             .with(eq("worker-1"), eq(now()))
             .times(1)
             .returning(move |_, _| Ok(EvacuationRequest::Requested { before }));
-        let request = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
+        let request = evacuate_machine(&writes, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
         assert_eq!(request, EvacuationRequest::Requested { before });
     }
 
     #[tokio::test]
     async fn an_observation_carries_the_backends_record_and_counts_replicas_for_it_even_unselected() {
         let record = EvacuationRecord { before: Scheduling::ON, since: Some(now()), bytes: None };
-        let mut storage = MockStorageApi::new();
+        let mut storage = MockStorageReads::new();
         // The selector no longer selects the node: the open evacuation still counts.
         storage.expect_storage_objects().returning(|| Ok(vec![]));
         storage.expect_evacuation_record().with(eq("worker-1")).returning(move |_| Ok(Some(record)));
@@ -252,10 +249,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_node_the_storage_system_does_not_have_opens_an_evacuation_with_nothing_to_wait_for() {
-        let mut storage = MockStorageApi::new();
-        let mut store = MockConditionStore::new();
-        storage.expect_request_evacuation().returning(|_, _| Ok(EvacuationRequest::NoSuchNode));
-        store
+        let mut writes = MockEvacuationWrites::new();
+        writes.expect_request_evacuation().returning(|_, _| Ok(EvacuationRequest::NoSuchNode));
+        writes
             .expect_write_conditions()
             .withf(|_, c| {
                 let cond = c.get(STORAGE_EVACUATION).unwrap();
@@ -263,7 +259,7 @@ mod tests {
             })
             .times(1)
             .returning(|_, _| Ok(()));
-        let request = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
+        let request = evacuate_machine(&writes, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap();
         assert_eq!(request, EvacuationRequest::NoSuchNode);
         // Its end restores "on" on a node that is not there: the backend's no-op.
         assert_eq!(scheduling_to_restore(&Conditions::new()), Scheduling::ON);
@@ -271,25 +267,23 @@ mod tests {
 
     #[tokio::test]
     async fn a_backend_failure_writes_nothing() {
-        let mut storage = MockStorageApi::new();
-        let store = MockConditionStore::new();
-        storage.expect_request_evacuation().returning(|_, _| Err(StorageError::transient("connection refused")));
-        let err = evacuate_machine(&storage, &store, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap_err();
+        let mut writes = MockEvacuationWrites::new();
+        writes.expect_request_evacuation().returning(|_, _| Err(StorageError::transient("connection refused")));
+        let err = evacuate_machine(&writes, "m-1", "worker-1", &Conditions::new(), now()).await.unwrap_err();
         assert!(err.is_transient());
     }
 
     #[tokio::test]
     async fn ending_re_enables_scheduling_before_closing_the_condition() {
         let mut seq = Sequence::new();
-        let mut storage = MockStorageApi::new();
-        let mut store = MockConditionStore::new();
-        storage
+        let mut writes = MockEvacuationWrites::new();
+        writes
             .expect_restore_scheduling()
             .with(eq("worker-1"), eq(Scheduling::ON))
             .times(1)
             .in_sequence(&mut seq)
             .returning(|_, _| Ok(()));
-        store
+        writes
             .expect_write_conditions()
             .withf(|_, c| {
                 let cond = c.get(STORAGE_EVACUATION).unwrap();
@@ -298,7 +292,7 @@ mod tests {
             .times(1)
             .in_sequence(&mut seq)
             .returning(|_, _| Ok(()));
-        end_machine_evacuation(&storage, &store, "m-1", "worker-1", &Conditions::new(), EvacuationEnd::TimedOut, now())
+        end_machine_evacuation(&writes, "m-1", "worker-1", &Conditions::new(), EvacuationEnd::TimedOut, now())
             .await
             .unwrap();
     }
@@ -312,11 +306,9 @@ mod tests {
             ConditionUpdate::new(STORAGE_EVACUATION, ConditionStatus::True, reason::EVACUATING, message),
             now(),
         );
-        let mut storage = MockStorageApi::new();
-        let mut store = MockConditionStore::new();
-        storage.expect_set_scheduling().never();
-        storage.expect_restore_scheduling().with(eq("worker-1"), eq(before)).times(1).returning(|_, _| Ok(()));
-        store
+        let mut writes = MockEvacuationWrites::new();
+        writes.expect_restore_scheduling().with(eq("worker-1"), eq(before)).times(1).returning(|_, _| Ok(()));
+        writes
             .expect_write_conditions()
             .withf(|_, c| {
                 let cond = c.get(STORAGE_EVACUATION).unwrap();
@@ -325,12 +317,12 @@ mod tests {
             })
             .times(1)
             .returning(|_, _| Ok(()));
-        end_machine_evacuation(&storage, &store, "m-1", "worker-1", &open, EvacuationEnd::Ended, now()).await.unwrap();
+        end_machine_evacuation(&writes, "m-1", "worker-1", &open, EvacuationEnd::Ended, now()).await.unwrap();
     }
 
     #[tokio::test]
     async fn observing_asks_for_replicas_only_when_selected_or_open() {
-        let mut storage = MockStorageApi::new();
+        let mut storage = MockStorageReads::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
         storage.expect_evacuation_record().returning(|_| Ok(None));
         storage.expect_replicas_on().with(eq("worker-1")).times(1).returning(|_| Ok(3));
@@ -348,7 +340,7 @@ mod tests {
             }
         );
 
-        let mut storage = MockStorageApi::new();
+        let mut storage = MockStorageReads::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
         storage.expect_evacuation_record().returning(|_| Ok(None));
         storage.expect_replicas_on().never();
@@ -362,7 +354,7 @@ mod tests {
     // lost, since only replicas were waited for.
     #[tokio::test]
     async fn a_removal_waits_for_backing_images_as_well_as_replicas() {
-        let mut storage = MockStorageApi::new();
+        let mut storage = MockStorageReads::new();
         storage.expect_storage_objects().returning(|| Ok(vec![longhorn()]));
         storage.expect_evacuation_record().returning(|_| Ok(None));
         storage.expect_replicas_on().returning(|_| Ok(0));
@@ -375,7 +367,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_broken_selector_is_a_failure_not_nothing_to_evacuate() {
-        let mut storage = MockStorageApi::new();
+        let mut storage = MockStorageReads::new();
         let mut broken = longhorn();
         broken.node_selector.match_expressions.push(crate::selection::LabelSelectorRequirement {
             key: "k".into(),

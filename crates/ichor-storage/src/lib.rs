@@ -1,10 +1,12 @@
 //! Storage evacuation, shared by upgrades and node removal.
 //!
 //! A `TalosStorage` object names the nodes whose storage must be evacuated before they go
-//! down, by a Kubernetes label selector ([`selection`]). [`StorageApi`] is the seam to the
-//! storage system; [`evacuate_machine`] and [`end_machine_evacuation`] are the one
+//! down, by a Kubernetes label selector ([`selection`]). [`StorageReads`] is what is read
+//! of the storage system; [`evacuate_machine`] and [`end_machine_evacuation`] are the one
 //! definition of starting and ending an evacuation, called by both the upgrade and the
-//! removal drivers; [`observe_storage`] gathers what the pure step needs.
+//! removal drivers, through [`EvacuationWrites`] (which the executor's effects module
+//! implements over its sealed writes: no write is made here but through it);
+//! [`observe_storage`] gathers what the pure step needs.
 //!
 //! # What this crate must not do
 //! It talks to no storage system directly (backends live in `ichor-adapters`) and keeps no
@@ -18,7 +20,7 @@ pub mod evacuate;
 pub mod selection;
 
 pub use api::{
-    ConditionStore, ConditionWriteError, EvacuationFor, EvacuationRequest, Labels, StorageApi, StorageError,
+    ConditionWriteError, EvacuationFor, EvacuationRequest, EvacuationWrites, Labels, StorageError, StorageReads,
 };
 pub use evacuate::{
     EvacuationEnd, EvacuationError, end_machine_evacuation, evacuate_machine, evacuation_ended, observe_storage,

@@ -11,12 +11,11 @@ use ichor_executor::kube_api::{
     ClusterInfo, Event, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo, PodInfo,
 };
 use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, SnapshotStream, TalosApi, TalosError};
-use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
+use ichor_executor::writes::{ConditionWrite, KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
 use ichor_sim::strategies::FaultSchedule;
 use ichor_sim::strategies::{FROM, OPERATION, SimCase, TO, run_with};
 use ichor_sim::{RunEnd, SimCluster, runtime};
-use ichor_storage::{ConditionStore, ConditionWriteError};
-use ichor_upgrade_core::conditions::Conditions;
+use ichor_storage::ConditionWriteError;
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
 use ichor_upgrade_core::status::RecordState;
 use ichor_upgrade_core::status::{OperationStatus, Phase};
@@ -95,35 +94,6 @@ impl<'a> LosesWrites<'a> {
 }
 
 #[async_trait]
-impl ConditionStore for LosesWrites<'_> {
-    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
-        {
-            let mut intents = self.intents.lock().unwrap();
-            if *intents > 0
-                && self.lose_intent_of.as_deref() == Some(machine)
-                && conditions.get(TALOS_UPGRADE).is_some()
-            {
-                *intents -= 1;
-                return Err(ConditionWriteError {
-                    machine: machine.to_owned(),
-                    message: "dial tcp 127.0.0.1:6443: connect: connection refused".to_owned(),
-                    transient: true,
-                });
-            }
-        }
-        self.sim.write_conditions(machine, conditions).await
-    }
-    async fn write_conditions_at(
-        &self,
-        machine: &str,
-        resource_version: &str,
-        conditions: &Conditions,
-    ) -> Result<(), ConditionWriteError> {
-        self.sim.write_conditions_at(machine, resource_version, conditions).await
-    }
-}
-
-#[async_trait]
 impl KubeApi for LosesWrites<'_> {
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
         self.sim.node(name).await
@@ -177,6 +147,25 @@ impl KubeApi for LosesWrites<'_> {
     }
     async fn write(&self, write: KubeWrite<'_>, seal: Seal) -> Result<KubeWritten, KubeError> {
         KubeApi::write(self.sim, write, seal).await
+    }
+    // Only a write the client holds to its own last version (`at: None`) is lost: one
+    // held to the version the machine was read at goes through.
+    async fn write_conditions(&self, write: ConditionWrite<'_>, seal: Seal) -> Result<(), ConditionWriteError> {
+        if write.at.is_none() {
+            let mut intents = self.intents.lock().unwrap();
+            if *intents > 0
+                && self.lose_intent_of.as_deref() == Some(write.machine)
+                && write.conditions.get(TALOS_UPGRADE).is_some()
+            {
+                *intents -= 1;
+                return Err(ConditionWriteError {
+                    machine: write.machine.to_owned(),
+                    message: "dial tcp 127.0.0.1:6443: connect: connection refused".to_owned(),
+                    transient: true,
+                });
+            }
+        }
+        KubeApi::write_conditions(self.sim, write, seal).await
     }
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.sim.pods_on(node).await

@@ -32,8 +32,8 @@ use ichor_executor::kube_api::{
     AdminKubeconfig, ClusterInfo, ClusterKubernetesInfo, Event, EventType, Eviction, KubeApi, KubeError, LeaseInfo,
     LeaseWrite, MachineInfo, ManifestSession, Metadata, NodeInfo, NodeKubernetesInfo, OperationInfo, PodInfo,
 };
-use ichor_executor::writes::{KubeWrite, KubeWritten, Seal};
-use ichor_storage::{ConditionStore, ConditionWriteError};
+use ichor_executor::writes::{ConditionWrite, KubeWrite, KubeWritten, Seal};
+use ichor_storage::ConditionWriteError;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::{Condition as CoreCondition, ConditionStatus, Conditions};
 use ichor_upgrade_core::etcd::snapshot::SnapshotState;
@@ -848,9 +848,11 @@ fn lease_info(lease: &Lease) -> LeaseInfo {
     }
 }
 
-#[async_trait]
-impl ConditionStore for KubeCluster {
-    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
+impl KubeCluster {
+    /// Replaces the machine's conditions with these (the `TalosMachine` status, through its
+    /// status subresource), under the last version of the machine this client saw.
+    /// [`KubeApi::write_conditions`] with no `at` carries this out.
+    pub async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError> {
         let failed = |e: KubeError| ConditionWriteError {
             machine: machine.to_owned(),
             transient: e.is_transient(),
@@ -870,7 +872,11 @@ impl ConditionStore for KubeCluster {
         keep_written(&self.written.machines, machine, written).map_err(failed)
     }
 
-    async fn write_conditions_at(
+    /// Replaces the machine's conditions with these only if the machine is still at
+    /// `resource_version`, the version it was read at: a write authorised by that read
+    /// fails (a transient conflict) when anything changed the machine since, instead of
+    /// winning with what it read. [`KubeApi::write_conditions`] with `at` carries this out.
+    pub async fn write_conditions_at(
         &self,
         machine: &str,
         resource_version: &str,
@@ -976,6 +982,14 @@ impl KubeApi for KubeCluster {
                 KubeWritten::NodeDeleted
             }
         })
+    }
+
+    async fn write_conditions(&self, write: ConditionWrite<'_>, _seal: Seal) -> Result<(), ConditionWriteError> {
+        let ConditionWrite { machine, conditions, at } = write;
+        match at {
+            Some(resource_version) => self.write_conditions_at(machine, resource_version, conditions).await,
+            None => self.write_conditions(machine, conditions).await,
+        }
     }
 
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {

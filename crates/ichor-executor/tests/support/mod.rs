@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use ichor_executor::Clock;
+use ichor_executor::StorageApi;
 use ichor_executor::kube_api::{
     ClusterInfo, Event, Eviction, KubeApi, KubeError, LeaseInfo, LeaseWrite, MachineInfo, NodeInfo, OperationInfo,
     PodInfo,
@@ -11,8 +12,10 @@ use ichor_executor::talos_api::{
     EtcdAlarm, EtcdMember, EtcdStatus, InstallOutcome, InstallRequest, PullRequest, ResetRequest, TalosApi, TalosError,
     UpgradeAck, UpgradeRequest,
 };
-use ichor_executor::writes::{KubeWrite, KubeWritten, Seal, TalosWrite, TalosWritten};
-use ichor_storage::{ConditionStore, ConditionWriteError, EvacuationRequest, StorageApi, StorageError, StorageObject};
+use ichor_executor::writes::{
+    ConditionWrite, KubeWrite, KubeWritten, Seal, StorageWrite, StorageWritten, TalosWrite, TalosWritten,
+};
+use ichor_storage::{ConditionWriteError, EvacuationRequest, StorageError, StorageObject, StorageReads};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::conditions::Conditions;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
@@ -45,6 +48,13 @@ pub trait TalosCalls: Send + Sync {
 /// The Kubernetes API as the driver tests expect it, a method per call (see [`TalosCalls`]).
 #[async_trait]
 pub trait KubeCalls: Send + Sync {
+    async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
+    async fn write_conditions_at(
+        &self,
+        machine: &str,
+        resource_version: &str,
+        conditions: &Conditions,
+    ) -> Result<(), ConditionWriteError>;
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError>;
     async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError>;
     async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
@@ -88,7 +98,7 @@ mock! {
     /// The Kubernetes API.
     pub Kube {}
     #[async_trait]
-    impl ConditionStore for Kube {
+    impl KubeCalls for Kube {
         async fn write_conditions(&self, machine: &str, conditions: &Conditions) -> Result<(), ConditionWriteError>;
         async fn write_conditions_at(
             &self,
@@ -96,9 +106,6 @@ mock! {
             resource_version: &str,
             conditions: &Conditions,
         ) -> Result<(), ConditionWriteError>;
-    }
-    #[async_trait]
-    impl KubeCalls for Kube {
         async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError>;
         async fn operation(&self, name: &str) -> Result<Option<OperationInfo>, KubeError>;
         async fn operation_exists(&self, identity: &str) -> Result<bool, KubeError>;
@@ -170,6 +177,12 @@ impl TalosApi for MockTalos {
 
 #[async_trait]
 impl KubeApi for MockKube {
+    async fn write_conditions(&self, write: ConditionWrite<'_>, _seal: Seal) -> Result<(), ConditionWriteError> {
+        match write.at {
+            Some(version) => KubeCalls::write_conditions_at(self, write.machine, version, write.conditions).await,
+            None => KubeCalls::write_conditions(self, write.machine, write.conditions).await,
+        }
+    }
     async fn node(&self, name: &str) -> Result<Option<NodeInfo>, KubeError> {
         KubeCalls::node(self, name).await
     }
@@ -227,18 +240,43 @@ impl KubeApi for MockKube {
     }
 }
 
+/// The storage backend's writes as the driver tests expect them, a method per write (see
+/// [`TalosCalls`]).
+#[async_trait]
+pub trait StorageCalls: Send + Sync {
+    async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError>;
+    async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
+}
+
 mock! {
     /// The storage backend.
     pub Storage {}
     #[async_trait]
-    impl StorageApi for Storage {
+    impl StorageReads for Storage {
         async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError>;
-        async fn set_scheduling(&self, node: &str, enabled: bool) -> Result<(), StorageError>;
-        async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError>;
         async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError>;
-        async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
         async fn replicas_on(&self, node: &str) -> Result<u32, StorageError>;
         async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError>;
+    }
+    #[async_trait]
+    impl StorageCalls for Storage {
+        async fn request_evacuation(&self, node: &str, since: Timestamp) -> Result<EvacuationRequest, StorageError>;
+        async fn restore_scheduling(&self, node: &str, before: Scheduling) -> Result<(), StorageError>;
+    }
+}
+
+#[async_trait]
+impl StorageApi for MockStorage {
+    async fn write(&self, write: StorageWrite<'_>, _seal: Seal) -> Result<StorageWritten, StorageError> {
+        Ok(match write {
+            StorageWrite::RequestEvacuation { node, since } => {
+                StorageWritten::Requested(StorageCalls::request_evacuation(self, node, since).await?)
+            }
+            StorageWrite::RestoreScheduling { node, before } => {
+                StorageCalls::restore_scheduling(self, node, before).await?;
+                StorageWritten::Restored
+            }
+        })
     }
 }
 
