@@ -357,6 +357,7 @@ async fn run<X: Extension>(args: Args<X>) -> i32 {
             longhorn_namespace: args.longhorn_namespace.clone(),
             own_node: std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()),
             operator_namespace: lease_namespace.clone(),
+            time_scale: args.extension.time_scale(),
         };
         (config, ElectionConfig::new(&lease_namespace, crate::rbac::LEADER_LEASE, &identity))
     });

@@ -89,6 +89,11 @@ pub struct OperatorConfig {
     /// ServiceAccount's, named [`rbac::NAME`]): what a refused call says to grant
     /// ([`rbac::grant_command`]).
     pub operator_namespace: String,
+    /// How many of the cluster's seconds pass in one of this process's: 1 for a real
+    /// cluster, the simulated fleet's `--time-scale` for it. A dry run with no history
+    /// divides a real cluster's default durations by it, so that its plan is in the
+    /// cluster's own time ([`ichor_upgrade_core::plan::Defaults::sped_up`]).
+    pub time_scale: f64,
 }
 
 /// Whether the operator is ready (its stores listed) and alive (its controller running).
@@ -560,7 +565,8 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
         facts,
         preflight: ichor_upgrade_core::preflight::PreflightConfig::default(),
         preflight_warns: op.spec.preflight == Some(ichor_adapters::kubernetes::crd::Preflight::Warn),
-        defaults: ichor_upgrade_core::plan::Defaults::talos(ctx.config.executor.pass_interval.as_secs_f64()),
+        defaults: ichor_upgrade_core::plan::Defaults::talos(ctx.config.executor.pass_interval.as_secs_f64())
+            .sped_up(ctx.config.time_scale),
         own_node: ctx.config.own_node.as_deref(),
         storage,
     };

@@ -279,6 +279,21 @@ impl Defaults {
             reaction_s,
         }
     }
+
+    /// These defaults on a cluster whose seconds pass `time_scale` times faster than the
+    /// planner's (the simulated fleet's `--time-scale`): each phase divided by it. The
+    /// reaction is left as it is: it is the engine's own pass interval, already in the
+    /// planner's seconds. A scale that is not a positive number changes nothing.
+    #[must_use]
+    pub fn sped_up(mut self, time_scale: f64) -> Self {
+        if time_scale.is_finite() && time_scale > 0.0 {
+            for (_, (low, high)) in &mut self.phases {
+                *low /= time_scale;
+                *high /= time_scale;
+            }
+        }
+        self
+    }
 }
 
 /// The models a plan draws from, and what it assumed for want of a record.

@@ -237,3 +237,28 @@ fn what_a_plan_made_of_storage_is_said() {
     m[1].held = Some("a budget".into());
     assert!(describe_storage(&m, Some(rate)).unwrap().starts_with("storage: 1.0 GiB on 1 machines"));
 }
+
+// Issue 55: the simulated fleet runs its cluster ten times faster than a real one, and a
+// dry run there with no history planned a real cluster's turns: the quick start's
+// calibration then read -92 %.
+#[test]
+fn defaults_sped_up_divide_each_phase_and_keep_the_reaction() {
+    let real = Defaults::talos(2.0);
+    let fast = real.clone().sped_up(10.0);
+    assert_eq!(fast.reaction_s, 2.0, "the pass interval is already the process's");
+    for ((name, (low, high)), (fast_name, (fast_low, fast_high))) in real.phases.iter().zip(&fast.phases) {
+        assert_eq!(name, fast_name);
+        assert!((fast_low * 10.0 - low).abs() < 1e-9 && (fast_high * 10.0 - high).abs() < 1e-9, "{name}");
+    }
+    let none = models(None, &fast);
+    let real_models = models(None, &real);
+    assert!(
+        none.worker.median() * 5.0 < real_models.worker.median(),
+        "a tenth of each phase: {} against {}",
+        none.worker.median(),
+        real_models.worker.median()
+    );
+    for nonsense in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(real.clone().sped_up(nonsense), real, "{nonsense}");
+    }
+}
