@@ -81,6 +81,14 @@ async fn the_kubectl_plugin_shows_resumes_and_draws_a_paused_then_completed_oper
     }
     assert_eq!(ok(&admin, &ns, &["status"]), status, "every operation: here the one");
 
+    // Paused before its first machine: nothing to draw is an error, and no file is written
+    // (it was an empty SVG and exit 0).
+    let empty = scene.dir.path().join("empty.svg");
+    let nothing = plugin(&admin, &ns, &["timeline", "upgrade", "-o", &empty.display().to_string()]);
+    assert_eq!(nothing.status.code(), Some(1), "{nothing:?}");
+    assert!(text(&nothing.stderr).contains("nothing to draw"), "{nothing:?}");
+    assert!(nothing.stdout.is_empty() && !empty.exists(), "no picture: {nothing:?}");
+
     // Fix the cause (no snapshot), then resume with the plugin.
     let ops: Api<ichor_adapters::kubernetes::crd::TalosOperation> = Api::namespaced(scene.ns.client.clone(), &ns);
     let skip = json!({ "spec": { "etcdSnapshot": "Skip" } });

@@ -220,6 +220,15 @@ pub async fn run(args: &Args) -> Result<String, PluginError> {
                 }
             };
             let timeline = Timeline::from_records(&records);
+            if timeline.rows.is_empty() {
+                // An empty picture would pass for one: say so, and write nothing.
+                let kind = &op.spec.kind;
+                return Err(PluginError::Failed(format!(
+                    "{namespace}/{name}: nothing to draw: no machine of this {kind} operation has recorded a step \
+                     yet; {} not written",
+                    output.display()
+                )));
+            }
             let options = Options {
                 title,
                 max_unavailable: usize::try_from(op.spec.max_unavailable).ok().filter(|m| *m > 0),
