@@ -182,6 +182,10 @@ async fn installed_with_kubectl_apply_k_every_node_is_accounted_for_and_the_upgr
             && status.operation.is_none()
     })
     .await;
+    // Its Running column is the version, not a JSON array (issue 55).
+    let table = run(&admin, &["get", "taloscluster", fleet::CLUSTER, "-n", &scene.ns.name]);
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(row.contains(fleet::TARGET) && !row.contains('['), "{table}");
     // The fields' own documentation, as a user reads it.
     let explained = run(&admin, &["explain", "talosoperation.spec.preflight"]);
     assert!(explained.contains("preflight gate"), "kubectl explain shows the field's doc: {explained}");

@@ -56,8 +56,14 @@ pub fn summarize(
         })
         .map(|o| o.name_any())
         .min();
+    let running = match by_version.len() {
+        0 => None,
+        1 => by_version.keys().next().map(ToString::to_string),
+        _ => Some(by_version.iter().map(|(k, n)| format!("{k} ({n})")).collect::<Vec<_>>().join(", ")),
+    };
     TalosClusterStatus {
         conditions: Vec::new(),
+        running,
         talos_versions: by_version.keys().filter_map(|k| k.0.as_ref().map(ToString::to_string)).collect(),
         kubernetes_versions: kubelets.into_iter().map(|k| k.0).collect(),
         nodes_by_talos_version: by_version.into_iter().map(|(k, n)| (k.to_string(), n)).collect(),
@@ -242,6 +248,7 @@ mod tests {
         ];
         let status = summarize(&cluster(), &nodes, &machines, &operations);
         assert_eq!(status.talos_versions, ["v1.14.3", "v1.14.4"], "lowest first; the staging Node is not ours");
+        assert_eq!(status.running.as_deref(), Some("unknown (1), v1.14.3 (2), v1.14.4 (1)"), "one line, counted");
         assert_eq!(status.kubernetes_versions, ["v1.9.0", "v1.34.1"], "ordered as versions, not as text");
         assert_eq!(
             status.nodes_by_talos_version,
@@ -252,6 +259,11 @@ mod tests {
 
         let status = summarize(&cluster(), &nodes, &machines, &operations[2..]);
         assert_eq!(status.operation, None, "a completed operation holds nothing");
+
+        // Every Node on one version: the column says just that; no Node, nothing.
+        let status = summarize(&cluster(), &nodes[1..3], &machines, &operations);
+        assert_eq!(status.running.as_deref(), Some("v1.14.3"));
+        assert_eq!(summarize(&cluster(), &[], &machines, &operations).running, None);
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub const VERSION: &str = "v1alpha1";
     status = "TalosClusterStatus",
     printcolumn = r#"{"name":"Talos","type":"string","jsonPath":".spec.talosVersion"}"#,
     printcolumn = r#"{"name":"Kubernetes","type":"string","jsonPath":".spec.kubernetesVersion"}"#,
-    printcolumn = r#"{"name":"Running","type":"string","jsonPath":".status.talosVersions"}"#,
+    printcolumn = r#"{"name":"Running","type":"string","jsonPath":".status.running"}"#,
     printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#,
     printcolumn = r#"{"name":"Operation","type":"string","jsonPath":".status.operation"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -118,6 +118,11 @@ pub struct TalosClusterStatus {
     /// `osImage`); one entry once every Node is on the same.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub talos_versions: Vec<String>,
+    /// The same, as one line for the `Running` column: the version when every Node runs
+    /// it (`v1.14.3`), else each with how many Nodes run it, lowest first
+    /// (`v1.14.2 (2), v1.14.3 (1)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<String>,
     /// The Kubernetes versions of the cluster's kubelets, lowest first (each Node's
     /// `kubeletVersion`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
