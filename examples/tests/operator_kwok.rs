@@ -28,9 +28,10 @@ const DEPLOYMENT_REPLICAS: i32 = 20;
 const STATEFUL_SETS: usize = 20;
 /// The most each wait of the scenario may take, on a loaded 2-core machine: a guard
 /// against a hang, not a measure (the rollout's time is printed and written down in
-/// `docs/performance.md`). The rollout took 626.6 s alone on 2026-12-06's machine and more
-/// than 1,200 s (the bound then) inside the whole suite, beside the other tests' fleets.
-const BOUND: Duration = Duration::from_secs(2_400);
+/// `docs/performance.md`). The rollout took 626.6 s alone on 2026-12-06's machine; inside
+/// the whole suite it once never ended (a pass's thousand reads at once, refused with 429
+/// and sent again by the next pass; `docs/performance.md`).
+const BOUND: Duration = Duration::from_secs(1_500);
 
 /// A pod template that lands on the Nodes of the fleet in `namespace` and no other (it
 /// tolerates their taint; another test's fleet on the same API server is not this one's),

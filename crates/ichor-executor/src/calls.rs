@@ -249,6 +249,23 @@ impl AdvanceError {
     }
 }
 
+/// How many of a pass's reads of one kind are in flight at once (one per machine: its
+/// evacuation's record, its node name, its configuration). A pass over a thousand machines
+/// that sent them all at once would fill the API server's queues for this client (API
+/// Priority and Fairness answers 429 past a few hundred), and a pass that then failed and
+/// was retried would send them all again: on a loaded server, no pass would ever end.
+pub const READS_AT_ONCE: usize = 16;
+
+/// Runs `futures` with at most [`READS_AT_ONCE`] in flight, each started only when a slot
+/// is free (so a bound inside it counts from its start); their outputs in their order.
+pub(crate) async fn at_most_a_few<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    use futures::StreamExt as _;
+    // Made first (a future does nothing until polled): a stream over the caller's closure
+    // would hold it across the awaits, which rustc cannot then prove `Send`.
+    let futures: Vec<F> = futures.into_iter().collect();
+    futures::stream::iter(futures).buffered(READS_AT_ONCE).collect().await
+}
+
 /// Runs `call` under `bound`.
 pub(crate) async fn bounded<T>(
     call: &'static str,

@@ -122,6 +122,89 @@ async fn a_stop_ends_an_evacuation_only_the_backend_records() {
     }
 }
 
+/// The storage backend's reads, each one taking a moment, counting how many are in flight
+/// at once (the most) and how many were made.
+struct GaugedStorage {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl ichor_storage::StorageReads for GaugedStorage {
+    async fn storage_objects(&self) -> Result<Vec<ichor_storage::StorageObject>, ichor_storage::StorageError> {
+        Ok(Vec::new())
+    }
+    async fn evacuation_record(&self, _node: &str) -> Result<Option<EvacuationRecord>, ichor_storage::StorageError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.asked.fetch_add(1, SeqCst);
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        self.now.fetch_sub(1, SeqCst);
+        Ok(None)
+    }
+    async fn replicas_on(&self, _node: &str) -> Result<u32, ichor_storage::StorageError> {
+        Ok(0)
+    }
+    async fn backing_images_on(&self, _node: &str) -> Result<u32, ichor_storage::StorageError> {
+        Ok(0)
+    }
+}
+
+#[async_trait::async_trait]
+impl ichor_executor::StorageApi for GaugedStorage {
+    async fn write(
+        &self,
+        write: ichor_executor::writes::StorageWrite<'_>,
+        _seal: ichor_executor::writes::Seal,
+    ) -> Result<ichor_executor::writes::StorageWritten, ichor_storage::StorageError> {
+        panic!("no storage write expected: {write:?}")
+    }
+}
+
+/// The 3 + 1,000 kwok test's livelock: a process's first pass (and every pass after one
+/// that failed midway) reads the evacuation record of each machine with none. Sent all at
+/// once, a thousand reads filled the API server's queues for the operator (429), the pass
+/// failed, and the next one sent them all again. They go a few at a time, and every one
+/// is still read.
+#[tokio::test]
+async fn the_first_pass_reads_the_evacuation_records_a_few_at_a_time() {
+    let mut machines = vec![
+        worker("m-failed", Some("node-a"), "10.0.0.21", Conditions::new()),
+        worker("m-evacuating", Some("node-b"), "10.0.0.22", Conditions::new()),
+    ];
+    machines
+        .extend((0..200).map(|i| worker(&format!("m-{i}"), Some(&format!("node-{i}")), "10.0.1.1", Conditions::new())));
+    let mut kube = paused_cluster(machines);
+    kube.expect_write_conditions().returning(|_, _| Ok(()));
+    capture_status(&mut kube);
+    let mut talos = MockTalos::new();
+    talos.expect_machine_stage().returning(|_| Ok(MachineStage::Running));
+    let storage = GaugedStorage { now: 0.into(), most: 0.into(), asked: 0.into() };
+
+    let config = ExecutorConfig::default();
+    let ex = Executor {
+        talos: &talos,
+        kube: &kube,
+        storage: &storage,
+        clock: &FixedClock,
+        config: &config,
+        snapshots: None,
+        background: None,
+    };
+    reconcile(&ex, "upgrade").await.expect("the pass");
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(
+        storage.asked.load(SeqCst),
+        201,
+        "each of the 200 machines with no record once, and m-evacuating's by its stop"
+    );
+    let most = storage.most.load(SeqCst);
+    assert!(most > 1, "the reads overlap: {most}");
+    assert!(most <= ichor_executor::calls::READS_AT_ONCE, "{most} reads in flight at once");
+}
+
 /// Operation `upgrade` of cluster `prod`, held by [`IDENTITY`], to `target_version`.
 fn operation_info(target_version: &str, max_unavailable: i64, status: OperationStatus) -> OperationInfo {
     OperationInfo {

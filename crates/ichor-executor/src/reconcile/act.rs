@@ -26,7 +26,7 @@ use super::memory::{PassMemory, Remembered};
 use super::observe::Observed;
 use super::outcome::ReconcileError;
 use super::view::Pass;
-use crate::calls::{AdvanceError, Executor, OperationRef, bounded};
+use crate::calls::{AdvanceError, Executor, OperationRef, at_most_a_few, bounded};
 use crate::effects::{self, Advancing, Grants};
 use crate::etcd::ControlPlane;
 use crate::kube_api::MachineInfo;
@@ -247,7 +247,7 @@ async fn passed_over<'o>(
     };
     // Only its storage changed since the step said it waits on its evacuation: storage
     // alone says whether it still does (no Talos call for each replica that moves).
-    let still = join_all(storage_only.iter().map(|o| still_evacuating(ex, o, now))).await;
+    let still = at_most_a_few(storage_only.iter().map(|o| still_evacuating(ex, o, now))).await;
     moving.extend(storage_only.into_iter().zip(still).filter(|(_, still)| !still).map(|(o, _)| o));
     (moving, kept_recheck)
 }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use futures::future::join_all;
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, StorageObservation, with_recorded_evacuation};
 use ichor_upgrade_core::machine::removal::{is_removed, past_reset};
 use ichor_upgrade_core::machine::talos::UpgradeTarget;
@@ -13,7 +12,7 @@ use ichor_upgrade_core::versions::TalosVersion;
 
 use super::memory::PassMemory;
 use super::outcome::{ReconcileError, kube_call};
-use crate::calls::{AdvanceError, Executor, KubeCallError, bounded};
+use crate::calls::{AdvanceError, Executor, KubeCallError, at_most_a_few, bounded};
 use crate::kube_api::{ClusterInfo, KubeError, LeaseInfo, MachineInfo, NodeInfo};
 use crate::machine::talos::machine_past_upgrade_call;
 
@@ -51,7 +50,7 @@ pub(super) async fn recover_evacuations(
                 && observed[i].node_name().is_some()
         })
         .collect();
-    let records = join_all(asked.iter().map(|&i| {
+    let records = at_most_a_few(asked.iter().map(|&i| {
         let node = observed[i].node_name().unwrap_or_default().to_owned();
         async move {
             let reading =
@@ -203,7 +202,7 @@ pub(super) async fn observe_machines(ex: &Executor<'_>, machines: Vec<Arc<Machin
     // Only a machine without `spec.hostname` needs Talos for its node name.
     let unnamed: Vec<usize> =
         (0..machines.len()).filter(|&i| machines[i].hostname.as_deref().is_none_or(str::is_empty)).collect();
-    let answers = join_all(unnamed.iter().map(|&i| {
+    let answers = at_most_a_few(unnamed.iter().map(|&i| {
         let address = &machines[i].address;
         async move {
             tokio::time::timeout(ex.config.call_timeout, ex.talos.nodename(address)).await.ok().and_then(Result::ok)

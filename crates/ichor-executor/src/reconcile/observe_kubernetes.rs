@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 
-use futures::future::join_all;
 use ichor_upgrade_core::kubernetes::args::ComponentArgs;
 use ichor_upgrade_core::kubernetes::component::Component;
 use ichor_upgrade_core::kubernetes::manifests::WorkloadRollout;
@@ -18,7 +17,7 @@ use ichor_upgrade_core::status::{MachineProgress, OperationStatus};
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
 
 use super::observe::Observed;
-use crate::calls::{Executor, bounded};
+use crate::calls::{Executor, at_most_a_few, bounded};
 use crate::kube_api::KubeError;
 use crate::machine_config::MachineConfig;
 
@@ -126,12 +125,10 @@ pub(super) async fn read_component_args(
     kube_proxy: bool,
 ) -> Option<Vec<ComponentArgs>> {
     let mut all = Vec::new();
-    // Sixteen reads at a time: a large cluster's planning waits on its slowest node, not
-    // on the sum of them all, and no node is asked by hundreds of reads at once.
-    for chunk in observed.chunks(16) {
-        for sets in join_all(chunk.iter().map(|o| read_args_of(ex, o, kube_proxy))).await {
-            all.extend(sets?);
-        }
+    // A few reads at a time: a large cluster's planning waits on its slowest node, not on
+    // the sum of them all, and no server is asked by hundreds of reads at once.
+    for sets in at_most_a_few(observed.iter().map(|o| read_args_of(ex, o, kube_proxy))).await {
+        all.extend(sets?);
     }
     Some(all)
 }
