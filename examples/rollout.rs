@@ -764,7 +764,7 @@ fn upgrade_spec(args: &Args) -> OperationSpec {
         etcd_snapshot: None,
         kind: "talos".into(),
         target_version: args.to.to_string(),
-        max_unavailable: i64::from(args.max_unavailable),
+        max_unavailable: i64::from(args.max_unavailable).into(),
         machine: None,
     }
 }

@@ -63,6 +63,7 @@ pub fn operation(max_unavailable: i64) -> (OperationView, LeaseHolder) {
         generation: 1,
         deleting: false,
         resume_token: None,
+        pause_requested: None,
         spec: OperationSpec::talos("v1.14.4", max_unavailable),
         status: OperationStatus::default(),
     };

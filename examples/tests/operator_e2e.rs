@@ -141,7 +141,7 @@ impl Scene {
         max_unavailable: i64,
     ) {
         let ops: Api<TalosOperation> = Api::namespaced(self.ns.client.clone(), &self.ns.name);
-        let spec = TalosOperationSpec { max_unavailable, ..self.operation_spec(kind, machine) };
+        let spec = TalosOperationSpec { max_unavailable: max_unavailable.into(), ..self.operation_spec(kind, machine) };
         ops.create(&PostParams::default(), &TalosOperation::new(name, spec)).await.unwrap();
     }
 
@@ -155,7 +155,7 @@ impl Scene {
             cluster: fleet::CLUSTER.into(),
             kind: kind.into(),
             target_version: fleet::TARGET.into(),
-            max_unavailable: 1,
+            max_unavailable: 1.into(),
             machine: machine.map(str::to_owned),
         }
     }
@@ -828,7 +828,7 @@ async fn a_kubernetes_upgrade_completes_on_the_simulated_fleet_with_every_kubele
     let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
     let spec = TalosOperationSpec {
         target_version: KUBERNETES_TARGET.into(),
-        max_unavailable: 2,
+        max_unavailable: 2.into(),
         ..scene.operation_spec("kubernetes", None)
     };
     ops.create(&PostParams::default(), &TalosOperation::new("kubernetes", spec)).await.unwrap();

@@ -29,7 +29,7 @@ async fn create(scene: &Scene, name: &str, target: &str, dry_run: bool) {
     let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
     let spec = TalosOperationSpec {
         target_version: target.into(),
-        max_unavailable: 2,
+        max_unavailable: 2.into(),
         dry_run,
         ..scene.operation_spec("talos", None)
     };

@@ -100,7 +100,7 @@ async fn traced_upgrade(prefix: &str, control_planes: usize, workers: usize, ext
             cluster: fleet::CLUSTER.into(),
             kind: "talos".into(),
             target_version: fleet::TARGET.into(),
-            max_unavailable: 1,
+            max_unavailable: 1.into(),
             machine: None,
         },
     );

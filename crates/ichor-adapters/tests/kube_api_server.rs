@@ -76,14 +76,38 @@ async fn eventually(mut check: impl FnMut() -> bool) {
 async fn the_crds_validate_what_is_written() {
     let ns = TestNamespace::create("crd").await;
     let ops: Api<TalosOperation> = Api::namespaced(ns.client.clone(), &ns.name);
-    let op =
-        |name: &str, max: i64| TalosOperation::new(name, TalosOperationSpec { max_unavailable: max, ..upgrade_spec() });
+    let op = |name: &str, max: i64| {
+        TalosOperation::new(name, TalosOperationSpec { max_unavailable: max.into(), ..upgrade_spec() })
+    };
     let err = ops.create(&PostParams::default(), &op("zero", 0)).await.unwrap_err();
     assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("maxUnavailable")), "{err}");
     // The schema's maximum is the engine's (a u32), so 2^32 is refused at admission, naming it.
     let err = ops.create(&PostParams::default(), &op("huge", 1 << 32)).await.unwrap_err();
     assert!(matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("4294967295")), "{err}");
     ops.create(&PostParams::default(), &op("largest", (1 << 32) - 1)).await.unwrap();
+    // Or a percentage of the workers (issue 55): its text, checked at admission too.
+    let percent = |name: &str, text: &str| {
+        TalosOperation::new(name, TalosOperationSpec { max_unavailable: text.into(), ..upgrade_spec() })
+    };
+    let created = ops.create(&PostParams::default(), &percent("tenth", "10%")).await.unwrap();
+    assert_eq!(created.spec.max_unavailable, "10%".into(), "read back as written");
+    ops.create(&PostParams::default(), &percent("all", "100%")).await.unwrap();
+    // A null is dropped and defaulted, never kept where the engine could not read it.
+    let null = json!({
+        "apiVersion": "ichor.dev/v1alpha1", "kind": "TalosOperation", "metadata": { "name": "null-max" },
+        "spec": { "cluster": "prod", "kind": "talos", "targetVersion": "v1.14.4", "maxUnavailable": null }
+    });
+    let resource = kube::core::ApiResource::erase::<TalosOperation>(&());
+    let raw: Api<kube::core::DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &resource);
+    raw.create(&PostParams::default(), &serde_json::from_value(null).unwrap()).await.unwrap();
+    assert_eq!(ops.get("null-max").await.unwrap().spec.max_unavailable, 1.into());
+    for text in ["0%", "101%", "ten", "10", "5.5%", "010%"] {
+        let err = ops.create(&PostParams::default(), &percent("bad", text)).await.unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == 422 && s.message.contains("maxUnavailable")),
+            "{text}: {err}"
+        );
+    }
     // targetVersion is a version, and kind one of the kinds the engine knows.
     let bad_version = TalosOperation {
         spec: TalosOperationSpec { target_version: "latest".into(), ..op("v", 1).spec },
@@ -102,7 +126,7 @@ async fn the_crds_validate_what_is_written() {
     });
     let created: TalosOperation =
         ops.create(&PostParams::default(), &serde_json::from_value(raw).unwrap()).await.unwrap();
-    assert_eq!(created.spec.max_unavailable, 1);
+    assert_eq!(created.spec.max_unavailable, 1.into());
     // A CEL rule (x-kubernetes-validations) refuses a removal that names no machine; one
     // that names it is accepted.
     let removal = |name: &str, machine: Option<&str>| TalosOperation {
@@ -235,7 +259,7 @@ fn upgrade_spec() -> TalosOperationSpec {
         cluster: "prod".into(),
         kind: "talos".into(),
         target_version: "v1.14.4".into(),
-        max_unavailable: 1,
+        max_unavailable: 1.into(),
         machine: None,
     }
 }
@@ -415,7 +439,7 @@ async fn operation_status_and_events_are_written_for_people_too() {
         etcd_snapshot: None,
         kind: "kubernetes".into(),
         target_version: "v1.14.4".into(),
-        max_unavailable: 1,
+        max_unavailable: 1.into(),
         machine: None,
     }
     .validate("v1.14.4")

@@ -42,7 +42,7 @@ use ichor_upgrade_core::conditions::{ConditionStatus, ConditionUpdate, Condition
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::evacuation::Scheduling;
 use ichor_upgrade_core::machine::vocabulary::PodRef;
-use ichor_upgrade_core::operation::HOLD_ANNOTATION;
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, PAUSE_ANNOTATION};
 use ichor_upgrade_core::rollout::{CallAuthority, Decision, LockAction};
 use ichor_upgrade_core::status::Phase;
 use ichor_upgrade_core::status::RecordState;
@@ -673,6 +673,10 @@ pub(crate) async fn still_authorised(
     if !resuming && matches!(op.status.phase, Phase::Paused(_)) {
         return Err(format!("operation {name} is paused"));
     }
+    // A person's pause holds from the moment it is written, before a pass records it.
+    if let Some(by) = op.annotations.get(PAUSE_ANNOTATION) {
+        return Err(format!("operation {name} is paused ({PAUSE_ANNOTATION}: {by})"));
+    }
     let held = |annotations: &crate::kube_api::Metadata| annotations.contains_key(HOLD_ANNOTATION);
     if reread(ex, "read machine", ex.kube.machine(machine)).await?.is_some_and(|m| held(&m.annotations)) {
         return Err(format!("machine {machine} is held"));
@@ -733,6 +737,9 @@ async fn job_read(
     }
     if matches!(op.status.phase, Phase::Paused(_)) {
         return Err(format!("operation {} is paused", check.operation));
+    }
+    if let Some(by) = op.annotations.get(PAUSE_ANNOTATION) {
+        return Err(format!("operation {} is paused ({PAUSE_ANNOTATION}: {by})", check.operation));
     }
     if record != Some(RecordState::InProgress) {
         return Err(format!("the operation no longer records machine {name} as started"));

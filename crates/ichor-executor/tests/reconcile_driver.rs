@@ -220,7 +220,7 @@ fn operation_info(target_version: &str, max_unavailable: i64, status: OperationS
             etcd_snapshot: None,
             kind: "talos".into(),
             target_version: target_version.into(),
-            max_unavailable,
+            max_unavailable: max_unavailable.into(),
             machine: None,
         },
         status,

@@ -80,6 +80,8 @@ pub fn rollout(data: &[u8]) {
         }
         _ => {}
     }
+    // A person's pause (`ichor.dev/pause`), read after the rest for the same reason.
+    let requested = u.int_in_range(0u8..=3).unwrap_or(0) == 3;
     let identity = "ns/op/uid";
     let lease = match lock {
         0 => None,
@@ -118,13 +120,14 @@ pub fn rollout(data: &[u8]) {
         generation: 1,
         deleting: false,
         resume_token: (resume > 0).then(|| "t".to_owned()),
+        pause_requested: requested.then(|| "a person".to_owned()),
         spec: OperationSpec {
             preflight: None,
             allow_two_control_planes: false,
             etcd_snapshot: None,
             kind: "talos".into(),
             target_version: "v1.14.4".into(),
-            max_unavailable: max,
+            max_unavailable: max.into(),
             machine: None,
         },
         status: OperationStatus {
@@ -157,6 +160,9 @@ pub fn rollout(data: &[u8]) {
     let resuming = resume == 1;
     if machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. })) && !resuming {
         assert!(d.start.is_empty(), "started while paused");
+    }
+    if requested {
+        assert!(d.start.is_empty(), "started while a person paused it");
     }
     let find = |name: &str| machines.iter().find(|m| m.name == name).expect("a started machine exists");
     let cp_started = d.start.iter().filter(|n| find(n).role == MachineRole::ControlPlane).count();
@@ -192,6 +198,7 @@ pub fn rollout(data: &[u8]) {
         assert!(ours && !op.deleting && !m.held, "a call authorised without the lock, or for a held machine");
         let paused = machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }));
         assert!(!paused || resuming, "a call authorised while paused");
+        assert!(!requested, "a call authorised while a person paused it");
         if m.role == MachineRole::ControlPlane {
             assert_eq!(etcd, EtcdVerdict::Healthy, "a control plane's call authorised without the gate");
             assert!(cp_not_ready.iter().all(|n| *n == m.name), "a control plane's call authorised with another down");

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ichor_adapters::kubernetes::crd::{
-    Calibration, PlanHeld, PlanPhase, PlanStatus, PlannedMachine, TalosMachine, TalosOperation,
+    Calibration, PlanHeld, PlanPhase, PlanStatus, PlannedMachine, Role, TalosMachine, TalosOperation,
 };
 use ichor_storage::StorageObject;
 use ichor_timeline::{History, Timeline};
@@ -286,7 +286,7 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
         lead_s,
         reaction_s,
         storage,
-        max_unavailable: usize::try_from(op.spec.max_unavailable).unwrap_or(1).max(1),
+        max_unavailable: workers_at_once(op, &machines),
         runs: DEFAULT_RUNS,
         seed: seed(&op.uid().unwrap_or_else(|| op.name_any())),
     };
@@ -426,5 +426,13 @@ fn start_key(planned: &(PlanMachine, (bool, bool, i64, String))) -> (bool, bool,
     let (m, (last, unordered, order, name)) = planned;
     (m.role != MachineRole::ControlPlane, *last, *unordered, *order, NameOrder(name.as_str()))
 }
+
+/// How many workers `op` lets be unavailable at once among the cluster's `machines` (a
+/// percentage is of their workers); 1 for a value the engine would refuse.
+pub(crate) fn workers_at_once(op: &TalosOperation, machines: &[&TalosMachine]) -> usize {
+    let workers = machines.iter().filter(|m| m.spec.role == Role::Worker).count();
+    op.spec.max_unavailable.validate().map_or(1, |limit| usize::try_from(limit.of(workers)).unwrap_or(usize::MAX))
+}
+
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,7 @@ pub(crate) fn operation(name: &str, phase: &str, reason: &str) -> TalosOperation
             cluster: "prod".into(),
             kind: "talos".into(),
             target_version: "v1.14.4".into(),
-            max_unavailable: 1,
+            max_unavailable: 1.into(),
             machine: None,
             preflight: None,
             etcd_snapshot: None,

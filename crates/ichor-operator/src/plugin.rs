@@ -6,13 +6,15 @@
 //! | command | what it does |
 //! | --- | --- |
 //! | `status [NAME]` | each operation (or NAME): phase, reason, message, a progress bar, and each machine's step |
-//! | `resume NAME` | sets `ichor.dev/resume` to the time now, on a paused operation only |
-//! | `hold NODE` / `release NODE` | sets or removes `ichor.dev/hold` on the Node |
+//! | `pause NAME` | sets `ichor.dev/pause` on an operation that has not ended: nothing new begins |
+//! | `resume NAME` | removes `ichor.dev/pause`; on an operation a failure paused, sets `ichor.dev/resume` to the time now |
+//! | `hold NAME` / `release NAME` | sets `ichor.dev/hold` on the TalosMachine NAME (else the Node NAME); a release removes it from the machine and its Node |
 //! | `timeline NAME -o FILE.svg` | draws the operation from its machines' recorded history; a dry run's plan, its median run |
 //!
 //! Exit codes: 0 done, 1 refused or failed (an operation that is not paused, one not
 //! found, the API server's error), 2 a bad argument or an unusable kubeconfig.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -21,7 +23,12 @@ use ichor_adapters::kubernetes::crd::{PlanStatus, Role, TalosMachine, TalosOpera
 use ichor_timeline::{Options, Timeline, TraceRecord, render};
 
 use crate::recorded::{Origin, history_records, machines_of};
-use ichor_upgrade_core::operation::{HOLD_ANNOTATION, OperationKind, RESUME_ANNOTATION};
+use ichor_upgrade_core::machine::kubernetes::KUBERNETES_UPGRADE;
+use ichor_upgrade_core::machine::removal::NODE_REMOVAL;
+use ichor_upgrade_core::machine::vocabulary::TALOS_LIFECYCLE;
+use ichor_upgrade_core::operation::{HOLD_ANNOTATION, OperationKind, PAUSE_ANNOTATION, RESUME_ANNOTATION};
+use ichor_upgrade_core::upgrade_marker::TALOS_UPGRADE;
+use ichor_upgrade_core::versions::TalosVersion;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -57,20 +64,29 @@ pub enum Command {
         /// The TalosOperation.
         name: Option<String>,
     },
-    /// Resumes a paused operation (once its cause is fixed).
+    /// Pauses an operation: nothing new begins (no machine starts, no call not yet made
+    /// goes out); what is past its call finishes. `resume` lifts it.
+    Pause {
+        /// The TalosOperation.
+        name: String,
+    },
+    /// Resumes a paused operation: lifts a pause put by `pause`, and resumes one paused by
+    /// a failure (once its cause is fixed).
     Resume {
         /// The TalosOperation.
         name: String,
     },
-    /// Holds a node back: it is not started, and no operation completes while it is held.
+    /// Holds a machine back: it is not started, and no operation completes while it is
+    /// held. NAME is a TalosMachine of the namespace, else a Node.
     Hold {
-        /// The Node.
-        node: String,
+        /// The TalosMachine, or the Node.
+        name: String,
     },
-    /// Releases a held node.
+    /// Releases a held machine: the hold on the TalosMachine and on its Node, wherever it
+    /// was put. NAME is a TalosMachine of the namespace, else a Node.
     Release {
-        /// The Node.
-        node: String,
+        /// The TalosMachine, or the Node.
+        name: String,
     },
     /// Draws an operation's timeline (SVG) from its machines' recorded history.
     Timeline {
@@ -156,49 +172,17 @@ pub async fn run(args: &Args) -> Result<String, PluginError> {
                 return Ok(format!("no TalosOperations in namespace {namespace}\n"));
             }
             let all = machines.list(&ListParams::default()).await.map_err(|e| failed("list TalosMachines", &e))?.items;
-            Ok(listed.iter().map(|op| status_text(op, &all)).collect::<Vec<_>>().join("\n"))
-        }
-        Command::Resume { name } => {
-            let op = get(&operations, name, &namespace).await?;
-            let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "new".to_owned());
-            if phase != "Paused" {
-                return Err(PluginError::Failed(format!(
-                    "talosoperation {name} is {phase}, not Paused: nothing to resume (nothing changed)"
-                )));
-            }
-            let mut token = Timestamp::now().as_second().to_string();
-            if op.annotations().get(RESUME_ANNOTATION) == Some(&token) {
-                // Resumed already this second: each distinct value resumes once.
-                token = format!("{token}-{}", Timestamp::now().subsec_nanosecond());
-            }
-            // Under the resourceVersion read: an operation that moved on since (resumed by
-            // someone else, or no longer paused) is not resumed on a stale reading.
-            let patch = json!({ "metadata": {
-                "resourceVersion": op.resource_version(),
-                "annotations": { RESUME_ANNOTATION: token },
-            } });
-            operations.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| match &e {
-                kube::Error::Api(s) if s.code == 409 => PluginError::Failed(format!(
-                    "talosoperation {name} changed since it was read: nothing changed; look again and resume"
-                )),
-                _ => failed(&format!("annotate talosoperation {name}"), &e),
-            })?;
-            Ok(format!("talosoperation {name} resumed ({RESUME_ANNOTATION}={token})\n"))
-        }
-        Command::Hold { node } | Command::Release { node } => {
-            let hold = matches!(args.command, Command::Hold { .. });
+            // The Nodes: which are held, and what they run. One who may not list Nodes sees
+            // the machines' own holds, and a machine with no step recorded as waiting.
             let nodes: Api<Node> = Api::all(client.clone());
-            let value = if hold { json!("kubectl-ichor") } else { serde_json::Value::Null };
-            let patch = json!({ "metadata": { "annotations": { HOLD_ANNOTATION: value } } });
-            nodes.patch(node, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| match &e {
-                kube::Error::Api(s) if s.code == 404 => PluginError::Failed(format!("node {node} not found")),
-                _ => failed(&format!("annotate node {node}"), &e),
-            })?;
-            Ok(if hold {
-                format!("node {node} held ({HOLD_ANNOTATION}): it is not started until released\n")
-            } else {
-                format!("node {node} released\n")
-            })
+            let seen = nodes.list(&ListParams::default()).await.map(|l| NodesSeen::of(&l.items)).unwrap_or_default();
+            Ok(listed.iter().map(|op| status_text(op, &all, &seen)).collect::<Vec<_>>().join("\n"))
+        }
+        Command::Pause { name } => pause(&operations, name, &namespace).await,
+        Command::Resume { name } => resume(&operations, name, &namespace).await,
+        Command::Hold { name } | Command::Release { name } => {
+            let hold = matches!(args.command, Command::Hold { .. });
+            hold_or_release(&client, &machines, name, hold, &namespace).await
         }
         Command::Timeline { name, output } => {
             let op = get(&operations, name, &namespace).await?;
@@ -231,7 +215,7 @@ pub async fn run(args: &Args) -> Result<String, PluginError> {
             }
             let options = Options {
                 title,
-                max_unavailable: usize::try_from(op.spec.max_unavailable).ok().filter(|m| *m > 0),
+                max_unavailable: Some(crate::dry_run::workers_at_once(&op, &machines_of(&op, &all))),
                 ..Options::default()
             };
             std::fs::write(output, render(&timeline, &options).to_string())
@@ -256,6 +240,147 @@ fn planned_records(plan: &PlanStatus) -> Vec<TraceRecord> {
         .collect();
     records.sort_by(|a, b| a.t.total_cmp(&b.t));
     records
+}
+
+/// Puts [`PAUSE_ANNOTATION`] on operation `name`, under the resourceVersion read; an
+/// operation that has ended is refused, one already paused so is said.
+async fn pause(operations: &Api<TalosOperation>, name: &str, namespace: &str) -> Result<String, PluginError> {
+    let op = get(operations, name, namespace).await?;
+    let phase = op.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_else(|| "new".to_owned());
+    if phase == "Completed" || phase == "Refused" {
+        return Err(PluginError::Failed(format!(
+            "talosoperation {name} is {phase}: nothing to pause (nothing changed)"
+        )));
+    }
+    if let Some(by) = op.annotations().get(PAUSE_ANNOTATION) {
+        return Ok(format!("talosoperation {name} is paused already ({PAUSE_ANNOTATION}: {by})\n"));
+    }
+    let by = format!("kubectl ichor pause at {}", Timestamp::now());
+    let patch = json!({ "metadata": {
+        "resourceVersion": op.resource_version(),
+        "annotations": { PAUSE_ANNOTATION: by },
+    } });
+    patch_operation(operations, name, &patch).await?;
+    Ok(format!(
+        "talosoperation {name} paused ({PAUSE_ANNOTATION}): nothing new begins, what is past its call finishes; \
+         `kubectl ichor resume {name}` goes on\n"
+    ))
+}
+
+/// Lifts a pause of operation `name`: removes [`PAUSE_ANNOTATION`] if it is there, and
+/// sets [`RESUME_ANNOTATION`] to a new token if a failure paused it; under the
+/// resourceVersion read. An operation paused by neither is refused.
+async fn resume(operations: &Api<TalosOperation>, name: &str, namespace: &str) -> Result<String, PluginError> {
+    let op = get(operations, name, namespace).await?;
+    let status = op.status.as_ref();
+    let phase = status.and_then(|s| s.phase.clone()).unwrap_or_else(|| "new".to_owned());
+    let requested = op.annotations().contains_key(PAUSE_ANNOTATION);
+    let failure = phase == "Paused" && status.and_then(|s| s.reason.as_deref()) != Some("PauseRequested");
+    if !requested && !failure {
+        return Err(PluginError::Failed(format!(
+            "talosoperation {name} is {phase}, not Paused: nothing to resume (nothing changed)"
+        )));
+    }
+    let mut annotations = serde_json::Map::new();
+    let mut said = Vec::new();
+    if requested {
+        annotations.insert(PAUSE_ANNOTATION.to_owned(), serde_json::Value::Null);
+        said.push(format!("{PAUSE_ANNOTATION} removed"));
+    }
+    if failure {
+        let mut token = Timestamp::now().as_second().to_string();
+        if op.annotations().get(RESUME_ANNOTATION) == Some(&token) {
+            // Resumed already this second: each distinct value resumes once.
+            token = format!("{token}-{}", Timestamp::now().subsec_nanosecond());
+        }
+        said.push(format!("{RESUME_ANNOTATION}={token}"));
+        annotations.insert(RESUME_ANNOTATION.to_owned(), json!(token));
+    }
+    // Under the resourceVersion read: an operation that moved on since (resumed by someone
+    // else, or no longer paused) is not resumed on a stale reading.
+    let patch = json!({ "metadata": { "resourceVersion": op.resource_version(), "annotations": annotations } });
+    patch_operation(operations, name, &patch).await?;
+    Ok(format!("talosoperation {name} resumed ({})\n", said.join(", ")))
+}
+
+/// Patches operation `name`'s metadata; a conflict (it changed since it was read) is said
+/// as one, nothing changed.
+async fn patch_operation(
+    operations: &Api<TalosOperation>,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), PluginError> {
+    operations.patch(name, &PatchParams::default(), &Patch::Merge(patch)).await.map_err(|e| match &e {
+        kube::Error::Api(s) if s.code == 409 => PluginError::Failed(format!(
+            "talosoperation {name} changed since it was read: nothing changed; look again and try again"
+        )),
+        _ => failed(&format!("annotate talosoperation {name}"), &e),
+    })?;
+    Ok(())
+}
+
+/// Holds or releases `name`: the TalosMachine of that name in the namespace, else the Node
+/// (the engine honours the hold on either). A release lifts the hold from the machine and
+/// from its Node, wherever a person put it; what it lifted is said.
+async fn hold_or_release(
+    client: &Client,
+    machines: &Api<TalosMachine>,
+    name: &str,
+    hold: bool,
+    namespace: &str,
+) -> Result<String, PluginError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let value = if hold { json!("kubectl-ichor") } else { serde_json::Value::Null };
+    let patch = json!({ "metadata": { "annotations": { HOLD_ANNOTATION: value } } });
+    let params = PatchParams::default();
+    let held = |annotations: &std::collections::BTreeMap<String, String>| annotations.contains_key(HOLD_ANNOTATION);
+    let machine = machines.get_opt(name).await.map_err(|e| failed(&format!("get talosmachine {name}"), &e))?;
+    if let Some(machine) = machine {
+        machines
+            .patch(name, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(|e| failed(&format!("annotate talosmachine {name}"), &e))?;
+        if hold {
+            return Ok(format!("talosmachine {name} held ({HOLD_ANNOTATION}): it is not started until released\n"));
+        }
+        let mut lifted = Vec::new();
+        for node in machine.node_names() {
+            let found = nodes.get_opt(&node).await.map_err(|e| failed(&format!("get node {node}"), &e))?;
+            if found.is_some_and(|n| held(n.annotations())) {
+                nodes
+                    .patch(&node, &params, &Patch::Merge(&patch))
+                    .await
+                    .map_err(|e| failed(&format!("annotate node {node}"), &e))?;
+                lifted.push(format!("node {node}"));
+            }
+        }
+        return Ok(released(&format!("talosmachine {name}"), &lifted));
+    }
+    nodes.patch(name, &params, &Patch::Merge(&patch)).await.map_err(|e| match &e {
+        kube::Error::Api(s) if s.code == 404 => {
+            PluginError::Failed(format!("no talosmachine {name} in namespace {namespace}, and node {name} not found"))
+        }
+        _ => failed(&format!("annotate node {name}"), &e),
+    })?;
+    if hold {
+        return Ok(format!("node {name} held ({HOLD_ANNOTATION}): it is not started until released\n"));
+    }
+    let all = machines.list(&ListParams::default()).await.map_err(|e| failed("list TalosMachines", &e))?.items;
+    let mut lifted = Vec::new();
+    for machine in all.iter().filter(|m| held(m.annotations()) && m.node_names().iter().any(|n| n == name)) {
+        let machine = machine.name_any();
+        machines
+            .patch(&machine, &params, &Patch::Merge(&patch))
+            .await
+            .map_err(|e| failed(&format!("annotate talosmachine {machine}"), &e))?;
+        lifted.push(format!("talosmachine {machine}"));
+    }
+    Ok(released(&format!("node {name}"), &lifted))
+}
+
+/// `node w-1 released`, with what else was held and is released with it.
+fn released(what: &str, also: &[String]) -> String {
+    if also.is_empty() { format!("{what} released\n") } else { format!("{what} released, and {}\n", also.join(", ")) }
 }
 
 async fn get(operations: &Api<TalosOperation>, name: &str, namespace: &str) -> Result<TalosOperation, PluginError> {
@@ -286,8 +411,84 @@ fn progress_bar(converged: i64, total: i64) -> String {
     format!("[{}{}] {converged}/{total}", "#".repeat(filled), ".".repeat(30 - filled))
 }
 
+/// What `status` reads of the Nodes: which carry a hold, and what each runs.
+#[derive(Debug, Default)]
+struct NodesSeen {
+    /// The Nodes carrying [`HOLD_ANNOTATION`].
+    held: BTreeSet<String>,
+    /// Each Node's `osImage` and kubelet version.
+    running: BTreeMap<String, (String, String)>,
+}
+
+impl NodesSeen {
+    fn of(nodes: &[Node]) -> Self {
+        let mut seen = Self::default();
+        for node in nodes {
+            let name = node.name_any();
+            if node.annotations().contains_key(HOLD_ANNOTATION) {
+                seen.held.insert(name.clone());
+            }
+            if let Some(info) = node.status.as_ref().and_then(|s| s.node_info.as_ref()) {
+                seen.running.insert(name, (info.os_image.clone(), info.kubelet_version.clone()));
+            }
+        }
+        seen
+    }
+
+    /// Whether `machine`'s Node runs what `op` upgrades to: its Talos release, or its
+    /// kubelet's version. A removal's machine never is.
+    fn on_target(&self, op: &TalosOperation, machine: &TalosMachine) -> bool {
+        let target = op.spec.target_version.trim_start_matches('v');
+        machine.node_names().iter().filter_map(|n| self.running.get(n)).any(|(os_image, kubelet)| {
+            match op.spec.kind.as_str() {
+                OperationKind::TALOS => TalosVersion::from_os_image(os_image)
+                    .is_ok_and(|v| TalosVersion::parse(target).is_ok_and(|t| v == t)),
+                OperationKind::KUBERNETES => kubelet.trim_start_matches('v') == target,
+                _ => false,
+            }
+        })
+    }
+}
+
+/// The conditions that show a machine's step in an operation of `kind`, the first found
+/// shown: a Kubernetes upgrade's is never a Talos upgrade's, and the reverse.
+fn step_conditions(kind: &str) -> &'static [&'static str] {
+    match kind {
+        OperationKind::KUBERNETES => &[KUBERNETES_UPGRADE],
+        OperationKind::REMOVE => &[NODE_REMOVAL],
+        _ => &[TALOS_LIFECYCLE, TALOS_UPGRADE],
+    }
+}
+
+/// One machine's row in `status`: name, role, state, step. The step is a condition of the
+/// operation's kind changed since the operation was made (one an earlier operation left
+/// says nothing of this one); the state is the engine's record of the machine in this
+/// operation, else `done` when that step ended or its Node runs the target, `held` when it
+/// or its Node is held, `waiting` otherwise.
+fn machine_row(op: &TalosOperation, m: &TalosMachine, record: &serde_json::Value, nodes: &NodesSeen) -> [String; 4] {
+    let created = op.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let conditions = m.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let fresh = step_conditions(&op.spec.kind).iter().find_map(|t| {
+        conditions.iter().find(|c| c.type_ == *t && created.is_none_or(|at| c.last_transition_time.0 >= at))
+    });
+    let step = fresh.map_or_else(|| "-".to_owned(), |c| format!("{}={}", c.type_, c.reason));
+    let ended = fresh.is_some_and(|c| c.reason.ends_with("Converged") || c.reason == "Removed");
+    let held = m.annotations().contains_key(HOLD_ANNOTATION) || m.node_names().iter().any(|n| nodes.held.contains(n));
+    let state = match record["state"].as_str() {
+        Some("converged") => "done",
+        Some("failed") => "FAILED",
+        Some(_) => "in progress",
+        None if ended || nodes.on_target(op, m) => "done",
+        None if held => "held",
+        None => "waiting",
+    };
+    let reason = record["reason"].as_str().unwrap_or_default();
+    let step = if reason.is_empty() { step } else { format!("{step} ({reason})") };
+    [m.name_any(), role_name(m.spec.role).to_owned(), state.to_owned(), step]
+}
+
 /// What `status` prints for one operation.
-fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
+fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen) -> String {
     let status = op.status.clone().unwrap_or_default();
     let counts = status.machines.clone().unwrap_or_default();
     let mut text = String::new();
@@ -320,7 +521,7 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
     if status.reason.as_deref() == Some("Held") && status.phase.as_deref() == Some("Waiting") {
         let _ = writeln!(
             text,
-            "  cluster lock: kept by this operation while held machines remain; `kubectl ichor release NODE` \
+            "  cluster lock: kept by this operation while held machines remain; `kubectl ichor release NAME` \
              lets them go on, deleting the operation releases the lock"
         );
     }
@@ -357,27 +558,7 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine]) -> String {
     let records = status.engine.as_ref().and_then(|e| e.get("machines")).cloned().unwrap_or_default();
     let rows: Vec<[String; 4]> = machines_of(op, machines)
         .into_iter()
-        .map(|m| {
-            let name = m.name_any();
-            let record = &records[name.as_str()];
-            let conditions = m.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
-            let step = ["NodeRemoval", "TalosLifecycle", "TalosUpgrade"]
-                .iter()
-                .find_map(|t| conditions.iter().find(|c| c.type_ == *t))
-                .map(|c| format!("{}={}", c.type_, c.reason))
-                .unwrap_or_else(|| "-".to_owned());
-            let state = record["state"].as_str().map_or_else(
-                || if step.ends_with("=Converged") || step.ends_with("=Removed") { "done" } else { "waiting" },
-                |s| match s {
-                    "converged" => "done",
-                    "failed" => "FAILED",
-                    _ => "in progress",
-                },
-            );
-            let reason = record["reason"].as_str().unwrap_or_default();
-            let reason = if reason.is_empty() { step } else { format!("{step} ({reason})") };
-            [name, role_name(m.spec.role).to_owned(), state.to_owned(), reason]
-        })
+        .map(|m| machine_row(op, m, &records[m.name_any().as_str()], nodes))
         .collect();
     if rows.is_empty() {
         return text;
@@ -432,12 +613,16 @@ mod tests {
             }))
             .unwrap(),
         );
-        let text = status_text(&planned, &[]);
+        let text = status_text(&planned, &[], &NodesSeen::default());
         assert_eq!(text.matches("p50").count(), 1, "{text}");
         assert!(text.contains("plan: makespan p10 "), "{text}");
         assert!(!text.contains("0/0") && !text.contains("[...."), "no progress bar for a dry run: {text}");
         // An operation that runs keeps its bar and its message.
-        let running = status_text(&operation("Progressing", "Progressing", "1 of 4 machines converged"), &[]);
+        let running = status_text(
+            &operation("Progressing", "Progressing", "1 of 4 machines converged"),
+            &[],
+            &NodesSeen::default(),
+        );
         assert!(running.contains("] 0/0") && running.contains("1 of 4 machines converged"), "{running}");
     }
 
@@ -446,12 +631,98 @@ mod tests {
     #[test]
     fn status_says_a_held_operation_keeps_the_cluster_lock_and_how_to_release_it() {
         let held = operation("Waiting", "Held", "waiting: held machines remain: worker-1");
-        let text = status_text(&held, &[]);
+        let text = status_text(&held, &[], &NodesSeen::default());
         assert!(text.contains("cluster lock: kept by this operation while held machines remain"), "{text}");
-        assert!(text.contains("kubectl ichor release NODE") && text.contains("deleting the operation"), "{text}");
+        assert!(text.contains("kubectl ichor release NAME") && text.contains("deleting the operation"), "{text}");
         for (phase, reason) in [("Waiting", "LockHeld"), ("Progressing", "Progressing"), ("Completed", "Completed")] {
-            let text = status_text(&operation(phase, reason, "-"), &[]);
+            let text = status_text(&operation(phase, reason, "-"), &[], &NodesSeen::default());
             assert!(!text.contains("cluster lock: kept"), "{phase}/{reason}: {text}");
         }
+    }
+
+    /// A TalosMachine of cluster `prod` with one condition, changed at `changed`.
+    fn machine(name: &str, condition: (&str, &str), changed: &str, annotations: serde_json::Value) -> TalosMachine {
+        serde_json::from_value(json!({
+            "apiVersion": "ichor.dev/v1alpha1",
+            "kind": "TalosMachine",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+            "spec": {"cluster": "prod", "role": "worker", "address": "10.0.0.1", "hostname": name},
+            "status": {"conditions": [{
+                "type": condition.0, "status": "True", "reason": condition.1, "message": "",
+                "lastTransitionTime": changed,
+            }]},
+        }))
+        .unwrap()
+    }
+
+    fn node(name: &str, os_image: &str, kubelet: &str, held: bool) -> Node {
+        let annotations = if held { json!({ HOLD_ANNOTATION: "x" }) } else { json!({}) };
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "status": {"nodeInfo": {
+                "osImage": os_image, "kubeletVersion": kubelet, "architecture": "amd64", "bootID": "b",
+                "containerRuntimeVersion": "c", "kernelVersion": "k", "kubeProxyVersion": "", "machineID": "m",
+                "operatingSystem": "linux", "systemUUID": "u",
+            }},
+        }))
+        .unwrap()
+    }
+
+    /// The row of `machine` in `text`: its state and step.
+    fn row<'t>(text: &'t str, machine: &str) -> Vec<&'t str> {
+        let line = text.lines().find(|l| l.trim_start().starts_with(&format!("{machine} "))).unwrap_or_default();
+        line.split_whitespace().skip(2).collect()
+    }
+
+    /// Issue 55 item 3: `status` of a Kubernetes upgrade showed the TalosUpgrade condition an
+    /// earlier Talos upgrade left (`TalosUpgrade=Converged`, so `done`) on machines this
+    /// operation had not touched. Each row is this operation's: its record, a condition of
+    /// its kind changed since it was made, else what the Node runs; a held machine is held.
+    #[test]
+    fn status_of_a_kubernetes_upgrade_shows_its_own_progress_never_an_earlier_talos_upgrade() {
+        let mut op = operation("Progressing", "Progressing", "1 of 4 machines converged");
+        op.spec.kind = OperationKind::KUBERNETES.into();
+        op.spec.target_version = "1.35.0".into();
+        op.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time("2026-12-07T10:00:00Z".parse().unwrap()));
+        let before = "2026-12-07T09:00:00Z";
+        let after = "2026-12-07T10:05:00Z";
+        let machines = [
+            machine("w-untouched", ("TalosUpgrade", "Converged"), before, json!({})),
+            machine("w-applying", ("KubernetesUpgrade", "Applied"), after, json!({})),
+            machine("w-on-target", ("TalosUpgrade", "Converged"), before, json!({})),
+            machine("w-held", ("TalosUpgrade", "Converged"), before, json!({ HOLD_ANNOTATION: "x" })),
+            machine("w-held-node", ("KubernetesUpgrade", "KubernetesConverged"), before, json!({})),
+        ];
+        op.status.as_mut().unwrap().engine = Some(json!({"machines": {
+            "w-applying": {"state": "inProgress", "reason": "Applied", "message": ""},
+        }}));
+        let nodes = NodesSeen::of(&[
+            node("w-untouched", "Talos (v1.14.4)", "v1.34.1", false),
+            node("w-on-target", "Talos (v1.14.4)", "v1.35.0", false),
+            node("w-held-node", "Talos (v1.14.4)", "v1.34.1", true),
+        ]);
+        let text = status_text(&op, &machines, &nodes);
+        assert_eq!(row(&text, "w-untouched"), ["waiting", "-"], "{text}");
+        assert_eq!(row(&text, "w-applying"), ["in", "progress", "KubernetesUpgrade=Applied", "(Applied)"], "{text}");
+        assert_eq!(row(&text, "w-on-target"), ["done", "-"], "{text}");
+        assert_eq!(row(&text, "w-held"), ["held", "-"], "{text}");
+        assert_eq!(
+            row(&text, "w-held-node"),
+            ["held", "-"],
+            "an earlier Kubernetes upgrade's end says nothing: {text}"
+        );
+        assert!(!text.contains("TalosUpgrade"), "{text}");
+
+        // A Talos upgrade after an earlier one: its old Converged is not this one's.
+        let mut talos = op.clone();
+        talos.spec.kind = OperationKind::TALOS.into();
+        talos.spec.target_version = "v1.14.5".into();
+        talos.status.as_mut().unwrap().engine = None;
+        let text = status_text(&talos, &machines, &nodes);
+        assert_eq!(row(&text, "w-untouched"), ["waiting", "-"], "{text}");
+        let upgraded = NodesSeen::of(&[node("w-untouched", "Talos (v1.14.5)", "v1.34.1", false)]);
+        let text = status_text(&talos, &machines, &upgraded);
+        assert_eq!(row(&text, "w-untouched"), ["done", "-"], "its Node runs the target: {text}");
     }
 }

@@ -6,6 +6,7 @@ use std::borrow::Borrow;
 
 use ichor_adapters::kubernetes::crd::{Role, TalosMachine, TalosOperation};
 use ichor_timeline::TraceRecord;
+use ichor_upgrade_core::machine::kubernetes::{self, KUBERNETES_UPGRADE};
 use ichor_upgrade_core::machine::lifecycle::INSTALLER_PULL;
 use ichor_upgrade_core::operation::OperationKind;
 use kube::ResourceExt;
@@ -96,6 +97,13 @@ fn timeline_event(type_: &str, status: &str, reason: &str) -> Option<&'static st
         ("TalosLifecycle", "RebootRequested") => "reboot-call",
         ("NodeRemoval", "ResetRequested") => "reset-call",
         ("NodeRemoval", "Removed") => "removed",
+        // A Kubernetes upgrade: each change's apply (its intent, just before the call),
+        // its component verified, the machine on the version.
+        (KUBERNETES_UPGRADE, kubernetes::reason::APPLY_REQUESTED) => "config-apply",
+        (KUBERNETES_UPGRADE, kubernetes::reason::VERIFIED | kubernetes::reason::CONTROL_PLANE_CONVERGED) => {
+            "component-ready"
+        }
+        (KUBERNETES_UPGRADE, kubernetes::reason::CONVERGED) => "converged",
         _ => return None,
     })
 }
@@ -110,5 +118,11 @@ mod tests {
         assert_eq!(timeline_event("TalosUpgrade", "False", "Converged"), Some("converged"));
         assert_eq!(timeline_event("TalosUpgrade", "True", "UpgradeIntent"), None, "an intent is not a call");
         assert_eq!(timeline_event("NodeRemoval", "True", "Removed"), Some("removed"));
+        // Issue 55 item 3: a Kubernetes upgrade's steps are drawn too.
+        assert_eq!(timeline_event("KubernetesUpgrade", "Unknown", "ApplyRequested"), Some("config-apply"));
+        assert_eq!(timeline_event("KubernetesUpgrade", "True", "Applied"), None, "the apply is drawn from its intent");
+        assert_eq!(timeline_event("KubernetesUpgrade", "True", "ComponentVerified"), Some("component-ready"));
+        assert_eq!(timeline_event("KubernetesUpgrade", "True", "ControlPlaneConverged"), Some("component-ready"));
+        assert_eq!(timeline_event("KubernetesUpgrade", "True", "KubernetesConverged"), Some("converged"));
     }
 }

@@ -55,6 +55,11 @@ pub enum Fault {
     /// operation's status, as a pass of the same controller would record it. Nobody
     /// resumes: the run ends paused, and the failed machine is never touched again.
     PauseDuringInstall,
+    /// A person pauses the operation (`ichor.dev/pause`) at a drawn instant of a
+    /// machine's upgrade start, as [`Fault::HoldDuringInstall`] draws it, and removes the
+    /// annotation 2 to 10 minutes later: nothing new may begin meanwhile (a machine not
+    /// past its call stops before its next side effect), and the rollout then completes.
+    PauseRequestedDuringInstall,
     /// A person deletes the operation at a drawn instant of a machine's upgrade start:
     /// the operation winds down (machines not past their call stopped, the others finished)
     /// and its finalizer is removed.
@@ -78,7 +83,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 21] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -94,6 +99,7 @@ impl Fault {
         Self::SingleReplica,
         Self::HoldDuringInstall,
         Self::PauseDuringInstall,
+        Self::PauseRequestedDuringInstall,
         Self::DeleteDuringInstall,
         Self::ComponentCrashloop,
         Self::RemovedApiInUse,
@@ -120,6 +126,7 @@ impl Fault {
             Self::SingleReplica => "single-replica",
             Self::HoldDuringInstall => "hold-during-install",
             Self::PauseDuringInstall => "pause-during-install",
+            Self::PauseRequestedDuringInstall => "pause-requested-during-install",
             Self::DeleteDuringInstall => "delete-during-install",
             Self::ComponentCrashloop => "component-crashloop",
             Self::RemovedApiInUse => "removed-api-in-use",

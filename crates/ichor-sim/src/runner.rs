@@ -23,13 +23,13 @@ use ichor_executor::reconcile::{PassMemory, reconcile_with};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::status::Phase;
 use ichor_upgrade_core::status::RecordState;
+use ichor_upgrade_core::status::{PauseReason, Phase};
 
 use super::SimCluster;
 use super::config::{Fault, Wake};
 use super::trace::{TraceEvent, TraceKind};
-use super::world::World;
+use super::world::{StopDuringInstall, World};
 
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -440,6 +440,13 @@ pub(crate) fn finished(sim: &SimCluster, name: &str, phase: &Phase) -> Option<Ru
     match phase {
         Phase::Completed => Some(RunEnd::Completed),
         Phase::Refused(_) => Some(RunEnd::Refused),
+        // A person's pause the world lifts later (the fault `pause-requested-during-install`)
+        // is waited out.
+        Phase::Paused(PauseReason::Requested { .. })
+            if sim.with_world_untouched(|w| matches!(w.stop_during_install, StopDuringInstall::PauseRequested(..))) =>
+        {
+            None
+        }
         Phase::Paused(_) => sim.with_world_untouched(|w| {
             let upgrading = w.nodes.iter().any(|n| !n.removed && n.upgrading());
             let in_flight = w

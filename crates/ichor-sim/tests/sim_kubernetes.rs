@@ -59,7 +59,7 @@ fn run(sim: &SimCluster, target: &str, max_unavailable: i64) -> RunEnd {
 }
 
 /// The faults a Kubernetes upgrade meets.
-const FAULTS: [Fault; 11] = [
+const FAULTS: [Fault; 12] = [
     Fault::ControllerCrash,
     Fault::ApiOutage,
     Fault::ComponentCrashloop,
@@ -68,6 +68,7 @@ const FAULTS: [Fault; 11] = [
     Fault::EtcdLag,
     Fault::HoldDuringInstall,
     Fault::PauseDuringInstall,
+    Fault::PauseRequestedDuringInstall,
     Fault::DeleteDuringInstall,
     Fault::ComponentDown,
     Fault::CallLost,
@@ -1262,7 +1263,8 @@ fn a_target_edited_under_way_is_refused_and_no_component_skips_a_minor() {
 /// step (a component's dry run, then its apply), after the pass read the operation. Before,
 /// the apply went out a moment after the stop; now a fresh read between the two calls sees
 /// it, and the machine takes no change after it: a paused machine none, a held one none
-/// until its hold is lifted (two minutes or more later), a deleted operation's none.
+/// until its hold is lifted (two minutes or more later), a deleted operation's none; one a
+/// person paused (`ichor.dev/pause`, issue 55) none until the pause is lifted.
 #[test]
 fn a_stop_between_a_dry_run_and_its_apply_stops_the_apply() {
     let cases = [
@@ -1270,6 +1272,8 @@ fn a_stop_between_a_dry_run_and_its_apply_stops_the_apply() {
         ("cp-1", 5, StopKind::Pause, RunEnd::Paused),
         ("cp-2", 3, StopKind::Hold, RunEnd::Completed),
         ("worker-1", 1, StopKind::Hold, RunEnd::Completed),
+        ("cp-2", 2, StopKind::PauseRequest, RunEnd::Completed),
+        ("worker-1", 1, StopKind::PauseRequest, RunEnd::Completed),
         ("cp-1", 3, StopKind::Delete, RunEnd::Deleted),
         ("worker-2", 1, StopKind::Delete, RunEnd::Deleted),
     ];
@@ -1291,8 +1295,8 @@ fn a_stop_between_a_dry_run_and_its_apply_stops_the_apply() {
             let after = applied.iter().find(|t| **t > stopped_at);
             match kind {
                 StopKind::Pause | StopKind::Delete => assert_eq!(after, None, "{case}: an apply after the stop"),
-                StopKind::Hold => {
-                    let next = after.expect("the apply once the hold is lifted");
+                StopKind::Hold | StopKind::PauseRequest => {
+                    let next = after.expect("the apply once the hold or the pause is lifted");
                     assert!(
                         next - stopped_at >= 120.0,
                         "{case}: the held apply went out at {next} s, the hold placed at {stopped_at} s"

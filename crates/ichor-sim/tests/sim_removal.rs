@@ -118,7 +118,7 @@ async fn a_removal_operation_holds_the_lock_and_an_upgrade_waits_for_it() {
         etcd_snapshot: None,
         kind: "remove".into(),
         target_version: String::new(),
-        max_unavailable: 1,
+        max_unavailable: 1.into(),
         machine: Some("worker-2".into()),
     };
     sim.create_operation("remove-worker-2", remove);
@@ -164,7 +164,7 @@ async fn a_second_control_plane_removal_through_an_operation_completes() {
             etcd_snapshot: None,
             kind: "remove".into(),
             target_version: String::new(),
-            max_unavailable: 1,
+            max_unavailable: 1.into(),
             machine: Some(machine.into()),
         };
         sim.create_operation(&name, spec);

@@ -767,6 +767,61 @@ async fn a_pause_during_an_install_job_stays_and_the_failed_machine_is_not_touch
     }
 }
 
+/// Issue 55 item 3: a person pauses the operation (`ichor.dev/pause`) while a machine's
+/// install job runs, and removes the annotation minutes later. While it stands nothing new
+/// begins: no install, Upgrade call or evacuation starts on any machine. Once it is lifted
+/// the rollout completes, every machine on the target.
+#[tokio::test(start_paused = true)]
+async fn a_persons_pause_during_an_install_job_begins_nothing_new_until_it_is_lifted() {
+    use ichor_sim::StopDuringInstall;
+    use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
+    for seed in 1..=4 {
+        let faults = vec![Fault::PauseRequestedDuringInstall];
+        let mut config = SimConfig::new(3, 4, v("v1.14.3"), v("v1.14.4")).with_seed(seed).with_faults(faults);
+        config.registry.image_bytes = 3_000_000_000;
+        let sim = SimCluster::new(config);
+        sim.create_operation("upgrade", spec(2));
+        let executor = ExecutorConfig::default().with_executor(ExecutorChoice::Lifecycle).with_prepull(false);
+        let window = std::cell::RefCell::new(None);
+        let paused_seen = std::cell::Cell::new(false);
+        let end = run_operation(&sim, "upgrade", &executor, 20_000, |sim| {
+            sim.read_world(|w| {
+                if let StopDuringInstall::PauseRequested(from, until) = &w.stop_during_install {
+                    let s = |t: &ichor_upgrade_core::Timestamp| t.saturating_since(w.start).as_secs_f64();
+                    *window.borrow_mut() = Some((s(from), s(until)));
+                    let phase = &w.operations["upgrade"].info.status.phase;
+                    if matches!(
+                        phase,
+                        ichor_upgrade_core::status::Phase::Paused(
+                            ichor_upgrade_core::status::PauseReason::Requested { .. }
+                        )
+                    ) {
+                        paused_seen.set(true);
+                    }
+                }
+            });
+        })
+        .await;
+        assert_eq!(end, RunEnd::Completed, "seed {seed}");
+        let (from, until) = window.into_inner().expect("the pause was placed");
+        assert!(paused_seen.get(), "seed {seed}: the status said Paused (PauseRequested) while it stood");
+        sim.with_world(|w| {
+            let begun: Vec<_> = w
+                .trace
+                .iter()
+                .filter(|e| e.t > from && e.t < until)
+                .filter(|e| {
+                    matches!(e.event, TraceKind::InstallStart | TraceKind::UpgradeCall | TraceKind::EvacuationStart)
+                })
+                .map(|e| (e.t, e.node.clone(), e.event))
+                .collect();
+            assert!(begun.is_empty(), "seed {seed}: begun while paused ({from} s to {until} s): {begun:?}");
+            assert!(w.nodes.iter().all(|n| n.version == v("v1.14.4")), "seed {seed}: every machine on the target");
+            assert!(w.counters.max_control_planes_down <= 1, "seed {seed}");
+        });
+    }
+}
+
 /// Issue 29, item 1: the operation deleted while a machine's install job runs. It winds
 /// down: nothing is left mid-upgrade, cordoned by the engine or with storage scheduling
 /// off, and the lock is released.

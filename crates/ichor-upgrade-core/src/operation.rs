@@ -20,6 +20,19 @@ pub const CONTROLLER_NODE_MARK: &str = "ichor.dev/controller-node";
 /// new value, such as a timestamp): each distinct value resumes once.
 pub const RESUME_ANNOTATION: &str = "ichor.dev/resume";
 
+/// Annotation on an operation that pauses it while it is there, whatever its value (who
+/// paused it, and why, for people): nothing new begins (no machine starts, no call not yet
+/// made goes out, a machine not past its call is stopped), and what is past its call
+/// finishes. Removing it lifts the pause. A failure's pause is lifted by
+/// [`RESUME_ANNOTATION`] instead.
+pub const PAUSE_ANNOTATION: &str = "ichor.dev/pause";
+
+/// How a person lifts the pause they put on operation `name` with [`PAUSE_ANNOTATION`].
+#[must_use]
+pub fn unpause_hint(name: &str) -> String {
+    format!("to go on: kubectl annotate talosoperation {name} {PAUSE_ANNOTATION}- (or kubectl ichor resume {name})")
+}
+
 /// How a person resumes the paused operation `name`: the command that sets
 /// [`RESUME_ANNOTATION`] to a new value, for pause messages and their Events.
 #[must_use]
@@ -59,7 +72,7 @@ pub struct KubernetesSpec {
     /// The target Kubernetes version.
     pub target: KubernetesVersion,
     /// How many workers' kubelets may restart at once.
-    pub max_unavailable: u32,
+    pub max_unavailable: WorkerLimit,
     /// Whether an etcd snapshot precedes the first control plane.
     pub etcd_snapshot: SnapshotMode,
 }
@@ -73,8 +86,9 @@ pub struct OperationSpec {
     /// The version to upgrade to: a Talos version such as `v1.14.4`, or for `kubernetes`
     /// a Kubernetes version such as `1.35.0`.
     pub target_version: String,
-    /// How many workers may be unavailable at once (at least 1).
-    pub max_unavailable: i64,
+    /// How many workers may be unavailable at once: a count (at least 1), or a
+    /// percentage of the cluster's workers (`"10%"`).
+    pub max_unavailable: MaxUnavailable,
     /// For `remove`: the machine to remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
@@ -115,6 +129,97 @@ pub enum PreflightMode {
     Warn,
 }
 
+/// `maxUnavailable` as written: a count of workers, or text, which must be a percentage
+/// of them such as `"10%"`. Validated ([`MaxUnavailable::validate`]), never trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MaxUnavailable {
+    /// A count of workers.
+    Count(i64),
+    /// Text: a percentage of the workers, `1%` to `100%`.
+    Text(String),
+}
+
+impl From<i64> for MaxUnavailable {
+    fn from(count: i64) -> Self {
+        Self::Count(count)
+    }
+}
+
+impl From<&str> for MaxUnavailable {
+    fn from(text: &str) -> Self {
+        Self::Text(text.to_owned())
+    }
+}
+
+impl std::fmt::Display for MaxUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Count(n) => write!(f, "{n}"),
+            Self::Text(text) => write!(f, "{text:?}"),
+        }
+    }
+}
+
+impl MaxUnavailable {
+    /// The count as written, if it is one.
+    #[must_use]
+    pub fn count(&self) -> Option<i64> {
+        match self {
+            Self::Count(n) => Some(*n),
+            Self::Text(_) => None,
+        }
+    }
+
+    /// The limit: a count from 1 to [`u32::MAX`], or a percentage from `1%` to `100%`
+    /// (digits with no leading zero and a `%`, nothing else).
+    ///
+    /// # Errors
+    /// [`Refusal::InvalidMaxUnavailable`] for a count out of range,
+    /// [`Refusal::InvalidMaxUnavailablePercent`] for any other text.
+    pub fn validate(&self) -> Result<WorkerLimit, Refusal> {
+        match self {
+            Self::Count(n) => match u32::try_from(*n) {
+                Ok(n) if n >= 1 => Ok(WorkerLimit::Count(n)),
+                _ => Err(Refusal::InvalidMaxUnavailable { value: *n }),
+            },
+            Self::Text(text) => text
+                .strip_suffix('%')
+                .filter(|digits| {
+                    digits.len() <= 3 && !digits.starts_with('0') && digits.bytes().all(|b| b.is_ascii_digit())
+                })
+                .and_then(|digits| digits.parse::<u32>().ok())
+                .filter(|p| (1..=100).contains(p))
+                .map(WorkerLimit::Percent)
+                .ok_or_else(|| Refusal::InvalidMaxUnavailablePercent { value: text.clone() }),
+        }
+    }
+}
+
+/// A valid `maxUnavailable`: how many workers may be unavailable at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerLimit {
+    /// That many.
+    Count(u32),
+    /// That percentage of the cluster's workers, rounded down, at least 1.
+    Percent(u32),
+}
+
+impl WorkerLimit {
+    /// The limit in a cluster of `workers` workers: the count, or the percentage of them
+    /// rounded down and at least 1 (`10%` of 25 is 2; of 5, 1).
+    #[must_use]
+    pub fn of(self, workers: usize) -> u32 {
+        match self {
+            Self::Count(n) => n,
+            Self::Percent(p) => {
+                let share = u64::try_from(workers).unwrap_or(u64::MAX).saturating_mul(u64::from(p)) / 100;
+                u32::try_from(share).unwrap_or(u32::MAX).max(1)
+            }
+        }
+    }
+}
+
 /// A spec that passed validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidSpec {
@@ -123,7 +228,7 @@ pub struct ValidSpec {
     /// The target Talos version (equal to the release set's).
     pub target: TalosVersion,
     /// How many workers may be unavailable at once.
-    pub max_unavailable: u32,
+    pub max_unavailable: WorkerLimit,
     /// What the preflight gate does.
     pub preflight: PreflightMode,
     /// Whether an etcd snapshot precedes the first control plane.
@@ -201,6 +306,12 @@ pub enum Refusal {
     InvalidMaxUnavailable {
         /// The value as written.
         value: i64,
+    },
+    /// `maxUnavailable` is text other than a percentage from `1%` to `100%`.
+    #[error("spec.maxUnavailable is {value:?}; text must be a percentage of the workers from \"1%\" to \"100%\"")]
+    InvalidMaxUnavailablePercent {
+        /// The text as written.
+        value: String,
     },
     /// A removal of a control plane that would leave two, not allowed by the operation.
     #[error(
@@ -338,7 +449,7 @@ impl Refusal {
             Self::InvalidKubernetesTarget { .. } => "InvalidKubernetesTargetVersion",
             Self::InvalidReleaseVersion { .. } => "InvalidReleaseVersion",
             Self::TargetNotReleaseSet { .. } => "TargetNotReleaseSet",
-            Self::InvalidMaxUnavailable { .. } => "InvalidMaxUnavailable",
+            Self::InvalidMaxUnavailable { .. } | Self::InvalidMaxUnavailablePercent { .. } => "InvalidMaxUnavailable",
             Self::MachineNotForKind { .. } => "MachineNotForKind",
             Self::LeavesTwoControlPlanes { .. } => "LeavesTwoControlPlanes",
             Self::TargetChanged { .. } => "TargetChanged",
@@ -355,7 +466,7 @@ impl OperationSpec {
         Self {
             kind: OperationKind::TALOS.to_owned(),
             target_version: target_version.to_owned(),
-            max_unavailable,
+            max_unavailable: max_unavailable.into(),
             machine: None,
             preflight: None,
             etcd_snapshot: None,
@@ -389,10 +500,7 @@ impl OperationSpec {
         }
         let target = KubernetesVersion::parse(&self.target_version)
             .map_err(|e| Refusal::InvalidKubernetesTarget { error: e.to_string() })?;
-        let max_unavailable = match u32::try_from(self.max_unavailable) {
-            Ok(n) if n >= 1 => n,
-            _ => return Err(Refusal::InvalidMaxUnavailable { value: self.max_unavailable }),
-        };
+        let max_unavailable = self.max_unavailable.validate()?;
         Ok(KubernetesSpec { target, max_unavailable, etcd_snapshot: self.etcd_snapshot.unwrap_or_default() })
     }
 
@@ -435,10 +543,7 @@ impl OperationSpec {
         if target != release {
             return Err(Refusal::TargetNotReleaseSet { target: target.to_string(), release: release.to_string() });
         }
-        let max_unavailable = match u32::try_from(self.max_unavailable) {
-            Ok(n) if n >= 1 => n,
-            _ => return Err(Refusal::InvalidMaxUnavailable { value: self.max_unavailable }),
-        };
+        let max_unavailable = self.max_unavailable.validate()?;
         Ok(ValidSpec {
             kind,
             target,
@@ -460,7 +565,7 @@ mod tests {
             etcd_snapshot: None,
             kind: kind.into(),
             target_version: target.into(),
-            max_unavailable,
+            max_unavailable: max_unavailable.into(),
             machine: None,
         }
     }
@@ -470,7 +575,7 @@ mod tests {
         let valid = spec("talos", "v1.14.4", 2).validate("v1.14.4").unwrap();
         assert_eq!(valid.kind, OperationKind::Talos);
         assert_eq!(valid.target.to_string(), "v1.14.4");
-        assert_eq!(valid.max_unavailable, 2);
+        assert_eq!(valid.max_unavailable, WorkerLimit::Count(2));
     }
 
     #[test]
@@ -501,7 +606,7 @@ mod tests {
         }
         assert_eq!(
             spec("talos", "v1.14.4", i64::from(u32::MAX)).validate("v1.14.4").unwrap().max_unavailable,
-            u32::MAX
+            WorkerLimit::Count(u32::MAX)
         );
     }
 
@@ -535,7 +640,7 @@ mod tests {
     fn a_kubernetes_upgrade_takes_a_kubernetes_version_and_names_no_machine() {
         let valid = spec("kubernetes", "1.35.0", 3).validate_kubernetes().unwrap();
         assert_eq!(valid.target.to_string(), "1.35.0");
-        assert_eq!(valid.max_unavailable, 3);
+        assert_eq!(valid.max_unavailable, WorkerLimit::Count(3));
         assert_eq!(spec("kubernetes", "v1.35.0", 1).validate_kubernetes().unwrap().target, valid.target);
         let refusal = spec("kubernetes", "1.35", 1).validate_kubernetes().unwrap_err();
         assert_eq!(refusal.reason(), "InvalidKubernetesTargetVersion");
@@ -553,6 +658,36 @@ mod tests {
         for value in [0, -1, i64::MIN, i64::from(u32::MAX) + 1] {
             let refusal = spec("talos", "v1.14.4", value).validate("v1.14.4").unwrap_err();
             assert_eq!(refusal, Refusal::InvalidMaxUnavailable { value });
+        }
+    }
+
+    /// Issue 55 item 3: `maxUnavailable` also takes a percentage of the workers, rounded
+    /// down, at least 1; any other text is refused naming it, and both kinds take it.
+    #[test]
+    fn max_unavailable_takes_a_percentage_of_the_workers_rounded_down_at_least_one() {
+        let percent = |text: &str| OperationSpec { max_unavailable: text.into(), ..spec("talos", "v1.14.4", 1) };
+        let limit = percent("10%").validate("v1.14.4").unwrap().max_unavailable;
+        assert_eq!(limit, WorkerLimit::Percent(10));
+        assert_eq!([limit.of(25), limit.of(10), limit.of(9), limit.of(0), limit.of(1000)], [2, 1, 1, 1, 100]);
+        assert_eq!(WorkerLimit::Percent(100).of(7), 7);
+        assert_eq!(WorkerLimit::Count(3).of(1), 3, "a count is the count, whatever the workers");
+        let kubernetes = OperationSpec { kind: "kubernetes".into(), target_version: "1.35.0".into(), ..percent("50%") };
+        assert_eq!(kubernetes.validate_kubernetes().unwrap().max_unavailable, WorkerLimit::Percent(50));
+        for text in ["0%", "101%", "10", "%", "10 %", " 10%", "1.5%", "-5%", "ten%", "", "0010%", "+5%"] {
+            let refusal = percent(text).validate("v1.14.4").unwrap_err();
+            assert_eq!(refusal, Refusal::InvalidMaxUnavailablePercent { value: text.into() });
+            assert_eq!(refusal.reason(), "InvalidMaxUnavailable");
+            assert!(refusal.to_string().contains(&format!("{text:?}")), "{refusal}");
+        }
+    }
+
+    /// The spec as persisted: a count is a number, a percentage its text, each read back
+    /// as written.
+    #[test]
+    fn max_unavailable_round_trips_as_a_number_or_its_text() {
+        for (value, json) in [(MaxUnavailable::Count(3), "3"), (MaxUnavailable::from("25%"), "\"25%\"")] {
+            assert_eq!(serde_json::to_string(&value).unwrap(), json);
+            assert_eq!(serde_json::from_str::<MaxUnavailable>(json).unwrap(), value);
         }
     }
 }

@@ -189,6 +189,8 @@ pub struct OperationView {
     pub deleting: bool,
     /// The value of [`crate::operation::RESUME_ANNOTATION`], if set.
     pub resume_token: Option<String>,
+    /// The value of [`crate::operation::PAUSE_ANNOTATION`], if set: a person paused it.
+    pub pause_requested: Option<String>,
     /// The spec as written.
     pub spec: OperationSpec,
     /// The status as last written.
@@ -738,9 +740,11 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     let renew = input.now.saturating_since(renewed_at) >= input.config.renew_after;
     let (action, renewed_at) = if renew { (LockAction::Renew, input.now) } else { (LockAction::Keep, renewed_at) };
 
+    // A percentage `maxUnavailable` is of the workers the cluster has now.
+    let workers = input.machines.iter().filter(|m| m.role == MachineRole::Worker).count();
     let mut d = match asked {
-        Asked::Upgrade(spec) => schedule(input, &Rules::talos(&spec), action),
-        Asked::Kubernetes(spec, stage) => schedule(input, &Rules::kubernetes(&spec, stage), action),
+        Asked::Upgrade(spec) => schedule(input, &Rules::talos(&spec, workers), action),
+        Asked::Kubernetes(spec, stage) => schedule(input, &Rules::kubernetes(&spec, stage, workers), action),
         Asked::Remove(machine) => schedule_removal(input, machine, action),
     };
     if d.lock != LockAction::Release {
@@ -828,6 +832,14 @@ fn schedule_removal(input: &RolloutInput<'_>, machine: &str, lock: LockAction) -
             let failed = vec![FailedMachine { name: machine.to_owned(), reason: reason.clone() }];
             d.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
         }
+        // A person's pause: nothing begins; a removal under way is observed, its calls
+        // not yet made denied ([`call_authority`]).
+        _ if op.pause_requested.is_some() => {
+            if matches!(progress, MachineProgress::InProgress { .. }) {
+                d.advance.push(machine.to_owned());
+            }
+            d.phase = Phase::Paused(PauseReason::Requested { by: op.pause_requested.clone().unwrap_or_default() });
+        }
         MachineProgress::Failed { .. } => {
             d.retry.push(machine.to_owned());
             d.start.push(machine.to_owned());
@@ -881,7 +893,7 @@ impl<'a> Authoriser<'a> {
         } else if !refused(input) {
             let failed = input.machines.iter().any(|m| matches!(m.progress, MachineProgress::Failed { .. }))
                 || matches!(op.status.etcd_snapshot, Some(SnapshotState::Failed { .. }));
-            (!resuming && failed).then_some(CallDenied::Paused)
+            ((!resuming && failed) || op.pause_requested.is_some()).then_some(CallDenied::Paused)
         } else {
             Some(CallDenied::Refused)
         };
@@ -1245,18 +1257,19 @@ struct Rules {
 }
 
 impl Rules {
-    fn talos(spec: &ValidSpec) -> Self {
+    /// `workers`: how many the cluster has, against which a percentage is taken.
+    fn talos(spec: &ValidSpec, workers: usize) -> Self {
         Self {
-            max_unavailable: spec.max_unavailable,
+            max_unavailable: spec.max_unavailable.of(workers),
             preflight: Some(spec.preflight),
             stage: None,
             kubernetes_target: None,
         }
     }
 
-    fn kubernetes(spec: &KubernetesSpec, stage: KubernetesStage) -> Self {
+    fn kubernetes(spec: &KubernetesSpec, stage: KubernetesStage, workers: usize) -> Self {
         Self {
-            max_unavailable: spec.max_unavailable,
+            max_unavailable: spec.max_unavailable.of(workers),
             preflight: None,
             stage: Some(stage),
             kubernetes_target: Some(spec.target.clone()),
@@ -1367,7 +1380,7 @@ fn schedule(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decisio
         Some(SnapshotState::Failed { reason, .. }) if !resuming => Some(reason.clone()),
         _ => None,
     };
-    let paused = !failed.is_empty() || snapshot_failed.is_some();
+    let paused = !failed.is_empty() || snapshot_failed.is_some() || op.pause_requested.is_some();
     let slots = slots(&machines, paused, resuming);
 
     let mut d = Decision::new(lock, Phase::Progressing);
@@ -1376,9 +1389,12 @@ fn schedule(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decisio
     }
     sort_into(&mut d, &slots, resuming);
     if paused {
-        d.phase = match snapshot_failed {
-            Some(reason) if failed.is_empty() => Phase::Paused(PauseReason::EtcdSnapshotFailed { reason }),
-            _ => Phase::Paused(PauseReason::MachineFailed { machines: failed }),
+        // A failure is said first: a person's pause does not hide it, and lifting the
+        // pause leaves it to be resumed.
+        d.phase = match (snapshot_failed, &op.pause_requested) {
+            _ if !failed.is_empty() => Phase::Paused(PauseReason::MachineFailed { machines: failed }),
+            (Some(reason), _) => Phase::Paused(PauseReason::EtcdSnapshotFailed { reason }),
+            (None, by) => Phase::Paused(PauseReason::Requested { by: by.clone().unwrap_or_default() }),
         };
         return d;
     }

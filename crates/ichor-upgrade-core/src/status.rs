@@ -252,6 +252,12 @@ pub enum PauseReason {
         /// Which object, and why.
         reason: String,
     },
+    /// A person paused it ([`crate::operation::PAUSE_ANNOTATION`]); it goes on once the
+    /// annotation is removed.
+    Requested {
+        /// The annotation's value: who paused it, and why.
+        by: String,
+    },
 }
 
 /// The phase of an operation.
@@ -295,10 +301,14 @@ impl Phase {
 
     /// What the phase says to people about the operation `operation`, in its status and
     /// its Event alike: [`Display`](fmt::Display), and for a pause how to resume it
-    /// ([`crate::operation::resume_hint`]).
+    /// ([`crate::operation::resume_hint`]; a person's pause:
+    /// [`crate::operation::unpause_hint`]).
     #[must_use]
     pub fn message_for(&self, operation: &str) -> String {
         match self {
+            Self::Paused(PauseReason::Requested { .. }) => {
+                format!("{self}; {}", crate::operation::unpause_hint(operation))
+            }
             Self::Paused(_) => format!("{self}; {}", crate::operation::resume_hint(operation)),
             _ => self.to_string(),
         }
@@ -330,6 +340,7 @@ impl Phase {
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
             Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
             Self::Paused(PauseReason::ManifestsFailed { .. }) => "ManifestsFailed",
+            Self::Paused(PauseReason::Requested { .. }) => "PauseRequested",
             Self::Completed => "Completed",
             Self::Refused(refusal) => refusal.reason(),
         }
@@ -410,6 +421,12 @@ impl fmt::Display for Phase {
                     f,
                     "paused: every machine is on the target, but the bootstrap manifests were not applied: {reason}"
                 )
+            }
+            Self::Paused(PauseReason::Requested { by }) if by.is_empty() => {
+                f.write_str("paused on request: nothing new begins, what is past its call finishes")
+            }
+            Self::Paused(PauseReason::Requested { by }) => {
+                write!(f, "paused on request ({by}): nothing new begins, what is past its call finishes")
             }
             Self::Completed => f.write_str("every machine is on the target"),
             Self::Refused(refusal) => write!(f, "refused: {refusal}"),

@@ -213,6 +213,7 @@ fn operation(s: &Scenario) -> OperationView {
         generation: 1,
         deleting: s.deleting,
         resume_token: s.resume_token.clone(),
+        pause_requested: None,
         spec: OperationSpec {
             preflight: None,
             allow_two_control_planes: false,
@@ -223,7 +224,7 @@ fn operation(s: &Scenario) -> OperationView {
             }),
             kind: s.kind.to_owned(),
             target_version: if s.kind == "kubernetes" { "1.35.0" } else { "v1.14.4" }.to_owned(),
-            max_unavailable: s.max_unavailable,
+            max_unavailable: s.max_unavailable.into(),
             machine: None,
         },
         status: OperationStatus {
@@ -395,7 +396,7 @@ fn check_safety(
             .filter(|m| m.role == MachineRole::Worker)
             .filter(|m| matches!(m.progress, MachineProgress::InProgress { .. }) || !m.node_ready)
             .count();
-        let max = usize::try_from(op.spec.max_unavailable).unwrap_or(0);
+        let max = op.spec.max_unavailable.count().and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
         prop_assert!(
             unavailable + workers_started <= max,
             "{unavailable} unavailable + {workers_started} started > {max}"

@@ -177,7 +177,7 @@ fn plain_case(seed: u64) -> SimCase {
     SimCase {
         shape: ClusterShape::plain(3, 3),
         schedule: FaultSchedule { seed, faults: Vec::new() },
-        max_unavailable: 1,
+        max_unavailable: 1.into(),
         storage: true,
         not_ready_s: 60,
         lift_holds_at: 1,

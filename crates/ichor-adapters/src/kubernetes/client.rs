@@ -1014,7 +1014,7 @@ impl KubeApi for KubeCluster {
                 etcd_snapshot: op.spec.etcd_snapshot.map(Into::into),
                 kind: op.spec.kind.clone(),
                 target_version: op.spec.target_version.clone(),
-                max_unavailable: op.spec.max_unavailable,
+                max_unavailable: op.spec.max_unavailable.clone(),
                 machine: op.spec.machine.clone(),
             },
             status: engine_status(&op),

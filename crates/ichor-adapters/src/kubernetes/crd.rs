@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 
 use ichor_upgrade_core::machine::{lifecycle, vocabulary};
+use ichor_upgrade_core::operation::MaxUnavailable;
 use ichor_upgrade_core::{evacuation, upgrade_marker};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
@@ -600,11 +601,12 @@ pub struct TalosOperationSpec {
     #[schemars(regex(pattern = r"^v?[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$"))]
     pub target_version: String,
     /// For `talos` and `kubernetes`: how many workers may be unavailable (or restart their
-    /// kubelet) at once, 1 (the default) to 4294967295. Control planes always go one at a
-    /// time.
+    /// kubelet) at once: a count, 1 (the default) to 4294967295, or a percentage of the
+    /// cluster's workers, `"1%"` to `"100%"`, rounded down and at least 1. Control planes
+    /// always go one at a time.
     #[serde(default = "one")]
-    #[schemars(range(min = 1, max = 4_294_967_295_i64))]
-    pub max_unavailable: i64,
+    #[schemars(schema_with = "count_or_percentage")]
+    pub max_unavailable: MaxUnavailable,
     /// For `remove` (required, and only for `remove`): the `TalosMachine` to remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
@@ -677,8 +679,25 @@ impl From<Preflight> for ichor_upgrade_core::operation::PreflightMode {
     }
 }
 
-fn one() -> i64 {
-    1
+fn one() -> MaxUnavailable {
+    MaxUnavailable::Count(1)
+}
+
+/// `maxUnavailable`'s schema: an integer from 1 to the engine's largest (a u32), or the
+/// text of a percentage. The API server applies `minimum` and `maximum` to a number only,
+/// `pattern` and `maxLength` to a string only, so each kind is checked at admission by its
+/// own rules, naming them. Not nullable (kube marks an int-or-string field nullable unless
+/// told): the API server drops a `null` and defaults the field, where the engine could not
+/// read it.
+fn count_or_percentage(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "nullable": false,
+        "minimum": 1,
+        "maximum": 4_294_967_295_i64,
+        "maxLength": 4,
+        "pattern": "^(100|[1-9][0-9]?)%$",
+    })
 }
 
 /// Counts of the machines an operation concerns.

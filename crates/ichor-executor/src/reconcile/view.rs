@@ -12,7 +12,7 @@ use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
 use ichor_upgrade_core::machine::kubernetes::{KubernetesStage, kubernetes_stage, past_apply, stage_converged};
 use ichor_upgrade_core::machine::talos::{ConvergedOn, UpgradeTarget};
 use ichor_upgrade_core::operation::{
-    CONTROLLER_NODE_MARK, HOLD_ANNOTATION, ORDER_LABEL, RESUME_ANNOTATION, SnapshotMode,
+    CONTROLLER_NODE_MARK, HOLD_ANNOTATION, ORDER_LABEL, PAUSE_ANNOTATION, RESUME_ANNOTATION, SnapshotMode,
 };
 use ichor_upgrade_core::rollout::{
     ComponentsVerdict, EtcdVerdict, KubernetesInput, MachineView, OperationView, PreflightVerdict, RolloutInput,
@@ -140,6 +140,7 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
         generation: op.generation,
         deleting: op.deleting,
         resume_token: op.annotations.get(RESUME_ANNOTATION).cloned(),
+        pause_requested: op.annotations.get(PAUSE_ANNOTATION).cloned(),
         spec: op.spec.clone(),
         status: status.clone(),
     };

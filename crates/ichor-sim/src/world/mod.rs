@@ -566,6 +566,8 @@ pub enum StopKind {
     Hold,
     /// The machine's failure is recorded: the operation pauses.
     Pause,
+    /// A person pauses the operation (`ichor.dev/pause`), and lifts the pause later.
+    PauseRequest,
     /// A person deletes the operation.
     Delete,
 }
@@ -613,6 +615,8 @@ pub enum StopDuringInstall {
     Armed(StopKind, String, Timestamp),
     /// Machine `.0` is held; the hold is lifted at `.1`.
     Held(String, Timestamp),
+    /// Every operation is paused by a person since `.0`; the pause is lifted at `.1`.
+    PauseRequested(Timestamp, Timestamp),
     /// Done (and a hold lifted).
     Done,
 }
@@ -620,7 +624,7 @@ pub enum StopDuringInstall {
 impl StopDuringInstall {
     fn due(&self) -> Option<Timestamp> {
         match self {
-            Self::Armed(_, _, t) | Self::Held(_, t) => Some(*t),
+            Self::Armed(_, _, t) | Self::Held(_, t) | Self::PauseRequested(_, t) => Some(*t),
             Self::Idle | Self::Done => None,
         }
     }
@@ -1149,6 +1153,7 @@ impl World {
         let kinds: Vec<StopKind> = [
             (Fault::HoldDuringInstall, StopKind::Hold),
             (Fault::PauseDuringInstall, StopKind::Pause),
+            (Fault::PauseRequestedDuringInstall, StopKind::PauseRequest),
             (Fault::DeleteDuringInstall, StopKind::Delete),
         ]
         .into_iter()
@@ -1188,6 +1193,11 @@ impl World {
                         self.record_failure(&machine);
                         StopDuringInstall::Done
                     }
+                    StopKind::PauseRequest => {
+                        let lift = Duration::from_secs(self.rng.in_range(120..=600));
+                        self.set_pause_requested(true);
+                        StopDuringInstall::PauseRequested(now, now.saturating_add(lift))
+                    }
                     StopKind::Delete => {
                         for op in self.operations.values_mut() {
                             op.info.deleting = true;
@@ -1200,6 +1210,11 @@ impl World {
             }
             StopDuringInstall::Held(machine, at) if at <= now => {
                 self.set_hold(&machine, false);
+                self.stop_during_install = StopDuringInstall::Done;
+                self.watch_event();
+            }
+            StopDuringInstall::PauseRequested(_, at) if at <= now => {
+                self.set_pause_requested(false);
                 self.stop_during_install = StopDuringInstall::Done;
                 self.watch_event();
             }
@@ -1240,6 +1255,19 @@ impl World {
             && let Some(cached) = self.read_cache.machines.get_mut(i)
         {
             *cached = None;
+        }
+    }
+
+    /// Pauses every operation as a person does (`ichor.dev/pause`), or lifts that pause.
+    fn set_pause_requested(&mut self, on: bool) {
+        use ichor_upgrade_core::operation::PAUSE_ANNOTATION;
+        for op in self.operations.values_mut() {
+            if on {
+                op.info.annotations.insert(PAUSE_ANNOTATION.to_owned(), "pause-requested-during-install".to_owned());
+            } else {
+                op.info.annotations.remove(PAUSE_ANNOTATION);
+            }
+            op.version += 1;
         }
     }
 

@@ -51,6 +51,7 @@ impl Fixture {
                 generation: 1,
                 deleting: false,
                 resume_token: None,
+                pause_requested: None,
                 spec: OperationSpec {
                     preflight: None,
                     // The snapshot's own tests ask for it.
@@ -58,7 +59,7 @@ impl Fixture {
                     etcd_snapshot: Some(crate::operation::SnapshotMode::Skip),
                     kind: "talos".into(),
                     target_version: "v1.14.4".into(),
-                    max_unavailable: 1,
+                    max_unavailable: 1.into(),
                     machine: None,
                 },
                 status: OperationStatus::default(),
@@ -83,7 +84,12 @@ impl Fixture {
     }
 
     fn max_unavailable(mut self, n: i64) -> Self {
-        self.op.spec.max_unavailable = n;
+        self.op.spec.max_unavailable = n.into();
+        self
+    }
+
+    fn max_unavailable_text(mut self, text: &str) -> Self {
+        self.op.spec.max_unavailable = text.into();
         self
     }
 
@@ -177,6 +183,11 @@ impl Fixture {
 
     fn resume(mut self, token: &str) -> Self {
         self.op.resume_token = Some(token.into());
+        self
+    }
+
+    fn pause_requested(mut self, by: &str) -> Self {
+        self.op.pause_requested = Some(by.into());
         self
     }
 
@@ -358,6 +369,27 @@ fn unlabelled_machines_go_in_natural_order_of_their_names() {
     keys.sort();
     let sorted: Vec<&str> = keys.iter().map(|k| k.0).collect();
     assert_eq!(sorted, ["cp-1", "db-9", "db-10a", "worker", "worker-1", "worker-02", "worker-2", "worker-10"]);
+}
+
+// Issue 55 item 3: `maxUnavailable: "10%"` is a tenth of the workers the cluster has,
+// rounded down, at least 1; both kinds take it.
+#[test]
+fn a_percentage_max_unavailable_starts_that_share_of_the_workers() {
+    let d = Fixture::cluster(1, 25).all_control_planes_converged().max_unavailable_text("10%").decide();
+    assert_eq!(d.start, names(&["worker-1", "worker-2"]), "10 % of 25, rounded down");
+    let d = Fixture::cluster(1, 5).all_control_planes_converged().max_unavailable_text("10%").decide();
+    assert_eq!(d.start, names(&["worker-1"]), "at least one");
+    let d = Fixture::cluster(1, 4).all_control_planes_converged().max_unavailable_text("50%").decide();
+    assert_eq!(d.start, names(&["worker-1", "worker-2"]));
+    let f = Fixture::cluster(3, 4).max_unavailable_text("50%").kubernetes(KubernetesStage::Kubelets, Vec::new());
+    let d = f.all_control_planes_converged().decide();
+    assert_eq!(d.start.iter().filter(|n| n.starts_with("worker")).count(), 2, "{:?}", d.start);
+    let refused = Fixture::cluster(1, 4).max_unavailable_text("ten").decide();
+    assert!(
+        matches!(&refused.phase, Phase::Refused(Refusal::InvalidMaxUnavailablePercent { value }) if value == "ten"),
+        "{:?}",
+        refused.phase
+    );
 }
 
 #[test]
@@ -972,7 +1004,7 @@ fn removal(f: Fixture, machine: Option<&str>) -> Fixture {
         etcd_snapshot: None,
         kind: "remove".into(),
         target_version: String::new(),
-        max_unavailable: 1,
+        max_unavailable: 1.into(),
         machine: machine.map(str::to_owned),
     };
     f
@@ -1053,7 +1085,7 @@ fn checked(entries: &[(&str, bool)]) -> PreflightVerdict {
 #[test]
 fn preflight_not_gathered_names_the_machines_it_would_start_and_starts_none() {
     let mut f = Fixture::cluster(0, 5);
-    f.op.spec.max_unavailable = 2;
+    f.op.spec.max_unavailable = 2.into();
     f.preflight = PreflightVerdict::NotChecked;
     let d = f.decide();
     assert!(d.start.is_empty(), "{d:?}");
@@ -1065,7 +1097,7 @@ fn preflight_not_gathered_names_the_machines_it_would_start_and_starts_none() {
 #[test]
 fn preflight_enforce_skips_a_blocked_worker_and_names_the_next_to_check() {
     let mut f = Fixture::cluster(0, 5);
-    f.op.spec.max_unavailable = 2;
+    f.op.spec.max_unavailable = 2.into();
     f.preflight = checked(&[("worker-1", true), ("worker-2", false)]);
     let d = f.decide();
     assert_eq!(d.start, names(&["worker-2"]));
@@ -1368,6 +1400,50 @@ fn one_etcd_gate_verdict_authorises_one_control_plane() {
     // Workers are not counted against it.
     let w = Fixture::cluster(1, 2).max_unavailable(2).decide();
     assert!(w.start.iter().all(|m| w.authority.get(m) == Some(&CallAuthority::Granted)), "{w:?}");
+}
+
+// A person's pause (issue 55 item 3, decision 0017): as a failure's pause, nothing new
+// begins; past its call a machine finishes; a failure is said first.
+
+#[test]
+fn a_persons_pause_starts_nothing_stops_what_is_not_past_its_call_and_finishes_the_rest() {
+    let f = Fixture::cluster(1, 4)
+        .all_control_planes_converged()
+        .max_unavailable(3)
+        .in_progress("worker-1", true)
+        .in_progress("worker-2", false)
+        .pause_requested("alice: a change freeze");
+    let d = f.clone().decide();
+    assert_eq!(d.phase, Phase::Paused(PauseReason::Requested { by: "alice: a change freeze".into() }));
+    assert_eq!(d.phase.reason(), "PauseRequested");
+    assert!(d.start.is_empty(), "nothing new begins: {:?}", d.start);
+    assert_eq!(d.advance, names(&["worker-1"]), "past its call: finished");
+    assert_eq!(d.stop, names(&["worker-2"]), "not past its call: stopped");
+    assert!(d.authority.values().all(|a| *a == CallAuthority::Denied(CallDenied::Paused)), "{:?}", d.authority);
+    assert_ne!(d.lock, LockAction::Release, "the lock is kept");
+    assert!(d.phase.message_for("upgrade").contains("ichor.dev/pause-"), "how to lift it");
+    // Lifted: the rollout goes on.
+    let mut lifted = f.clone();
+    lifted.op.pause_requested = None;
+    assert!(lifted.decide().start.contains(&"worker-3".to_owned()), "{:?}", lifted.decide().start);
+    // A failure is said first, and a resume does not lift the person's pause.
+    let failed = f.clone().failed("worker-3", "AbFallback").decide();
+    assert!(matches!(failed.phase, Phase::Paused(PauseReason::MachineFailed { .. })), "{:?}", failed.phase);
+    let resumed = f.failed("worker-3", "AbFallback").resume("t").decide();
+    assert!(matches!(resumed.phase, Phase::Paused(PauseReason::Requested { .. })), "{:?}", resumed.phase);
+    assert!(resumed.start.is_empty());
+}
+
+#[test]
+fn a_persons_pause_before_a_removal_starts_does_not_start_it() {
+    let d = removal(Fixture::cluster(3, 2), Some("worker-2")).pause_requested("bob").decide();
+    assert!(d.start.is_empty() && d.advance.is_empty(), "{d:?}");
+    assert_eq!(d.phase, Phase::Paused(PauseReason::Requested { by: "bob".into() }));
+    let under_way =
+        removal(Fixture::cluster(3, 2), Some("worker-2")).in_progress("worker-2", false).pause_requested("bob");
+    let d = under_way.decide();
+    assert_eq!(d.advance, names(&["worker-2"]), "observed");
+    assert_eq!(d.phase, Phase::Paused(PauseReason::Requested { by: "bob".into() }));
 }
 
 // Kubernetes upgrades (issue 32): the same engine, in two stages.
