@@ -832,8 +832,9 @@ fn schedule_removal(input: &RolloutInput<'_>, machine: &str, lock: LockAction) -
             let failed = vec![FailedMachine { name: machine.to_owned(), reason: reason.clone() }];
             d.phase = Phase::Paused(PauseReason::MachineFailed { machines: failed });
         }
-        // A person's pause: nothing begins; a removal under way is observed, its calls
-        // not yet made denied ([`call_authority`]).
+        // A person's pause: nothing begins. A removal under way is carried on: its steps
+        // answer to no call authority, and one stopped half way would leave its node
+        // drained and half out of etcd.
         _ if op.pause_requested.is_some() => {
             if matches!(progress, MachineProgress::InProgress { .. }) {
                 d.advance.push(machine.to_owned());
