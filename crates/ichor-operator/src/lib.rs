@@ -18,6 +18,7 @@
 //! while another replica leads.
 #![deny(missing_docs)]
 
+pub mod chart;
 pub mod cli;
 pub mod cluster_status;
 pub mod controller;

@@ -301,6 +301,8 @@ pub const LEADER_LEASE: &str = "ichor-operator";
 pub const NAMESPACE: &str = "ichor-system";
 /// The image the Deployment runs (built from `deploy/Dockerfile`).
 pub const IMAGE: &str = "localhost/ichor-operator:0.1.0";
+/// When the kubelet pulls [`IMAGE`]: a tag names one build.
+pub const IMAGE_PULL_POLICY: &str = "IfNotPresent";
 /// The port of `/metrics`, `/healthz` and `/readyz` in the Deployment.
 pub const HTTP_PORT: i32 = 8080;
 
@@ -466,7 +468,7 @@ const NONROOT: i64 = 65_532;
 /// over), each with its own snapshot volume (a ReadWriteOnce claim any default
 /// StorageClass can serve: the leader writes the etcd snapshot into its own), allowed on
 /// control-plane nodes, no privilege.
-fn stateful_set() -> StatefulSet {
+pub(crate) fn stateful_set() -> StatefulSet {
     let probe = |path: &str| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_owned()),
@@ -488,6 +490,7 @@ fn stateful_set() -> StatefulSet {
     let container = Container {
         name: "operator".to_owned(),
         image: Some(IMAGE.to_owned()),
+        image_pull_policy: Some(IMAGE_PULL_POLICY.to_owned()),
         args: Some(
             ["--log-format", "json", "--listen", &format!("0.0.0.0:{HTTP_PORT}"), "--etcd-snapshot-dir", SNAPSHOT_DIR]
                 .map(str::to_owned)
@@ -614,7 +617,7 @@ fn stateful_set() -> StatefulSet {
 }
 
 /// At least one replica stays up through a drain (the engine's own included).
-fn disruption_budget() -> PodDisruptionBudget {
+pub(crate) fn disruption_budget() -> PodDisruptionBudget {
     PodDisruptionBudget {
         metadata: meta(NAME, Some(NAMESPACE)),
         spec: Some(PodDisruptionBudgetSpec {
@@ -662,12 +665,17 @@ pub fn kubernetes_upgrades_yaml() -> String {
 
 /// `object` as a YAML document, with its apiVersion and kind.
 fn yaml<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> String {
+    serde_saphyr::to_string(&typed(object)).expect("an object serializes to YAML")
+}
+
+/// `object` as JSON, with its apiVersion and kind.
+pub(crate) fn typed<T: serde::Serialize + k8s_openapi::Resource>(object: &T) -> serde_json::Value {
     let mut value = serde_json::to_value(object).expect("an object serializes");
     if let Some(map) = value.as_object_mut() {
         map.insert("apiVersion".to_owned(), T::API_VERSION.into());
         map.insert("kind".to_owned(), T::KIND.into());
     }
-    serde_saphyr::to_string(&value).expect("an object serializes to YAML")
+    value
 }
 
 /// `docs` as one generated file.

@@ -6,16 +6,30 @@ use std::path::PathBuf;
 
 #[test]
 fn the_committed_operator_manifests_are_the_generated_ones() {
-    let files = [
-        ("deploy/operator.yaml", ichor_operator::rbac::operator_yaml()),
+    let mut files = vec![
+        ("deploy/operator.yaml".to_owned(), ichor_operator::rbac::operator_yaml()),
         (
-            "deploy/components/kubernetes-upgrades/kubernetes-upgrades.yaml",
+            "deploy/components/kubernetes-upgrades/kubernetes-upgrades.yaml".to_owned(),
             ichor_operator::rbac::kubernetes_upgrades_yaml(),
         ),
     ];
+    // The chart, generated from the same tables (every file of deploy/chart/ is one).
+    let chart = ichor_operator::chart::files();
+    files.extend(chart.iter().map(|(path, text)| (format!("deploy/chart/{path}"), text.clone())));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/chart");
+    if std::env::var_os("ICHOR_WRITE_MANIFESTS").is_none() {
+        for entry in walk(&root) {
+            let relative = entry.strip_prefix(&root).unwrap().display().to_string();
+            assert!(
+                chart.iter().any(|(path, _)| *path == relative),
+                "deploy/chart/{relative} is not generated: remove it, or generate it in chart.rs"
+            );
+        }
+    }
     for (file, generated) in files {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(file);
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(&file);
         if std::env::var_os("ICHOR_WRITE_MANIFESTS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(&path, &generated).unwrap();
             continue;
         }
@@ -26,6 +40,12 @@ fn the_committed_operator_manifests_are_the_generated_ones() {
              ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests"
         );
     }
+}
+
+/// The files under `dir`, at any depth.
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.flatten().flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] }).collect()
 }
 
 /// The component is one kustomize takes (`kind: Component`, its one resource the generated

@@ -1,6 +1,7 @@
 //! The integration tests of ichor-operator, one module per file, in one test binary.
 
 mod binary;
+mod chart;
 mod deploy_api_server;
 mod leader_api_server;
 mod manifests;
