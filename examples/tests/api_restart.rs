@@ -24,7 +24,7 @@ use ichor_adapters::kubernetes::crd::TalosMachine;
 use kube::api::{Api, ListParams};
 
 /// A Kubernetes test server of the test's own, stopped (by PID) when dropped.
-struct OwnServer {
+pub(crate) struct OwnServer {
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
 }
@@ -34,7 +34,9 @@ fn script() -> PathBuf {
 }
 
 impl OwnServer {
-    fn start() -> Self {
+    /// A control plane of its own (etcd, the API server, the controller manager), stopped
+    /// when dropped.
+    pub(crate) fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let output = Command::new("bash").arg(script()).arg("start").arg(dir.path()).output().unwrap();
         let stdout = String::from_utf8_lossy(&output.stdout);
@@ -57,7 +59,7 @@ impl OwnServer {
         String::from_utf8_lossy(&output.stdout).trim().parse().expect("the ready time")
     }
 
-    fn kubeconfig(&self) -> &Path {
+    pub(crate) fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
 }

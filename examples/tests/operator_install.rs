@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::api_restart::OwnServer;
 use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests};
 use crate::support::{Process, eventually};
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperationStatus};
@@ -205,4 +206,175 @@ fn kstatus(status: &TalosOperationStatus) -> [(&'static str, &str); 3] {
         let condition = status.conditions.iter().find(|c| c.type_ == type_);
         (type_, condition.map_or("absent", |c| c.status.as_str()))
     })
+}
+
+/// The variable naming helm (`scripts/helm.sh`).
+const HELM_VAR: &str = "ICHOR_TEST_HELM";
+
+/// The variable naming the operator's image, an OCI archive (`scripts/image.sh build`).
+const IMAGE_VAR: &str = "ICHOR_TEST_OPERATOR_IMAGE";
+
+/// An OCI archive unpacked: its reference, its configuration and its root filesystem.
+struct Image {
+    reference: String,
+    config: serde_json::Value,
+    root: PathBuf,
+}
+
+impl Image {
+    /// The archive `$ICHOR_TEST_OPERATOR_IMAGE`, unpacked into `dir` as a runtime would:
+    /// the index's manifest, its config, its layers in order.
+    fn unpack(dir: &Path) -> Self {
+        let archive = match std::env::var_os(IMAGE_VAR) {
+            Some(path) if !path.is_empty() => PathBuf::from(path),
+            _ => panic!(
+                "this test needs the operator's image: {IMAGE_VAR}=<OCI archive> is not set (build it with \
+                 `bash scripts/image.sh build target/debug/ichor-operator FILE`; `bash .ci/run` does it)"
+            ),
+        };
+        let layout = dir.join("oci");
+        let root = dir.join("rootfs");
+        std::fs::create_dir_all(&layout).unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        untar(&archive, &layout);
+        let json = |path: PathBuf| -> serde_json::Value {
+            serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+        };
+        let blob = |digest: &serde_json::Value| {
+            let digest = digest.as_str().unwrap();
+            layout.join("blobs/sha256").join(digest.strip_prefix("sha256:").unwrap())
+        };
+        let index = json(layout.join("index.json"));
+        let entry = &index["manifests"][0];
+        let reference = entry["annotations"]["org.opencontainers.image.ref.name"].as_str().unwrap().to_owned();
+        let manifest = json(blob(&entry["digest"]));
+        let config = json(blob(&manifest["config"]["digest"]));
+        for layer in manifest["layers"].as_array().unwrap() {
+            untar(&blob(&layer["digest"]), &root);
+        }
+        Self { reference, config, root }
+    }
+
+    /// The image's entrypoint, run through the image's own loader and libraries (no file
+    /// of the host's is loaded).
+    fn command(&self) -> Command {
+        let entrypoint: Vec<&str> =
+            self.config["config"]["Entrypoint"].as_array().unwrap().iter().filter_map(|e| e.as_str()).collect();
+        let loader = ["lib64/ld-linux-x86-64.so.2", "lib/ld-linux-aarch64.so.1"]
+            .map(|l| self.root.join(l))
+            .into_iter()
+            .find(|l| l.exists())
+            .expect("the image holds the loader");
+        let libraries = ["lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "usr/lib/x86_64-linux-gnu", "usr/lib"]
+            .map(|l| self.root.join(l).display().to_string())
+            .join(":");
+        let mut command = Command::new(loader);
+        command.arg("--library-path").arg(libraries).arg(self.root.join(entrypoint[0].trim_start_matches('/')));
+        command.args(&entrypoint[1..]);
+        command
+    }
+}
+
+/// `archive` (a tar, compressed or not) unpacked into `dir`.
+fn untar(archive: &Path, dir: &Path) {
+    let status = Command::new("tar").arg("-xf").arg(archive).arg("-C").arg(dir).status().unwrap();
+    assert!(status.success(), "tar -xf {}: {status}", archive.display());
+}
+
+/// The commands of the README's install section, continuation lines joined.
+fn readme_install_commands() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    let section = readme.split("\n## Install\n").nth(1).expect("the README has an Install section");
+    let block = section.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a sh block");
+    block.replace("\\\n", " ").lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect()
+}
+
+/// The README's install section as written, on an API server of the test's own (the one
+/// the other tests share holds their grants): `helm install` of the chart, the grant of
+/// the cluster's namespace; the operator is the image's own binary, run with the token of
+/// the ServiceAccount the chart made, as its pod would. A 3 + 2 fleet's Talos upgrade,
+/// its machines discovered from the Nodes, completes, and every request was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the operator's image, helm and the Kubernetes test server's binaries: ICHOR_TEST_OPERATOR_IMAGE, \
+            ICHOR_TEST_HELM, ICHOR_TEST_KUBECONFIG (bash .ci/run makes all three)"]
+async fn installed_as_the_readme_says_the_images_operator_completes_an_upgrade() {
+    let work = tempfile::tempdir().unwrap();
+    let image = Image::unpack(work.path());
+    assert_eq!(image.config["config"]["User"], "65532:65532", "it runs as nonroot");
+    let version = image.command().arg("--version").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("ichor-operator {}", env!("CARGO_PKG_VERSION"))
+    );
+    assert!(image.reference.ends_with(&format!(":{}", env!("CARGO_PKG_VERSION"))), "{}", image.reference);
+
+    let helm = std::env::var(HELM_VAR).unwrap_or_else(|_| {
+        panic!("this test needs helm: {HELM_VAR}=<path> (bash scripts/helm.sh build; bash scripts/helm.sh env)")
+    });
+    let _ = ichor_testkit::kube::kubeconfig(); // the binaries are built
+    let server = OwnServer::start();
+    let commands = readme_install_commands();
+    let install = commands.iter().find(|c| c.starts_with("helm install ")).expect("a helm install line");
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let output = Command::new(&helm)
+        .args(install.split_whitespace().skip(1))
+        .current_dir(&chart)
+        .env("KUBECONFIG", server.kubeconfig())
+        .env("HELM_CACHE_HOME", work.path().join("helm/cache"))
+        .env("HELM_CONFIG_HOME", work.path().join("helm/config"))
+        .env("HELM_DATA_HOME", work.path().join("helm/data"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{install}: {said}");
+    assert!(said.contains("STATUS: deployed") && said.contains("kubectl create rolebinding"), "{said}");
+
+    // The CRDs came from the chart; the scene's namespace is the cluster's.
+    let scene = Scene::on(server.kubeconfig(), "e2e-helm").await;
+    let admin = scene.admin().to_path_buf();
+    let grant = commands.iter().find(|c| c.starts_with("kubectl create rolebinding")).expect("the grant line");
+    let grant = grant.replace("--namespace prod", &format!("--namespace {}", scene.ns.name));
+    run(&admin, &grant.split_whitespace().skip(1).collect::<Vec<_>>());
+
+    let cluster = format!(
+        "apiVersion: ichor.dev/v1alpha1\nkind: TalosCluster\nmetadata:\n  name: {}\nspec:\n  talosVersion: {}\n  \
+         kubernetesVersion: {}\n  platform: metal\n  talosconfigSecret: {}-talosconfig\n  discovery: Nodes\n  \
+         nodeSelector:\n    {}: {}\n",
+        fleet::CLUSTER,
+        fleet::TARGET,
+        fleet::KUBERNETES,
+        fleet::CLUSTER,
+        fleet::FLEET_LABEL,
+        scene.ns.name
+    );
+    let cluster_file = scene.dir.path().join("cluster.yaml");
+    std::fs::write(&cluster_file, &cluster).unwrap();
+    run(&admin, &["apply", "-n", &scene.ns.name, "-f", &cluster_file.display().to_string()]);
+    let mut fleet_process = scene.fleet("3+2", &["--no-machines", "--fleet-only"]);
+    eventually("the fleet's 5 Nodes", || async { scene.fleet_nodes().await.len() == 5 }).await;
+
+    let kubeconfig = scene
+        .ns
+        .service_account_kubeconfig_in(rbac::NAMESPACE, rbac::NAME, &scene.dir.path().join("operator.kubeconfig"))
+        .await;
+    let snapshots = scene.snapshot_dir();
+    let operator = Process::start_command(
+        "image-operator",
+        image.command(),
+        scene.dir.path(),
+        &kubeconfig,
+        &["--namespace", &scene.ns.name, "--etcd-snapshot-dir", &snapshots],
+        &[("POD_NAMESPACE", rbac::NAMESPACE)],
+    );
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    assert!(all_on_target(&scene.fleet_nodes().await), "every Node on {}", fleet::TARGET);
+    let placement = rbac::Placement {
+        operator_namespace: rbac::NAMESPACE,
+        cluster_namespaces: &[&scene.ns.name],
+        kubernetes_upgrades: true,
+    };
+    only_allowed_requests(&operator, &placement).await;
+    assert_eq!(fleet_process.terminate(), Some(0));
+    scene.end().await;
 }

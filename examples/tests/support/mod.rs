@@ -36,10 +36,23 @@ impl Process {
 
     /// As [`Self::start`], with `env` set (such as the `NODE_NAME` a pod gets).
     pub fn start_with_env(name: &str, dir: &Path, kubeconfig: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_command(name, Command::new(example_binary("operator")), dir, kubeconfig, args, env)
+    }
+
+    /// As [`Self::start_with_env`], with `command` in place of the operator example (such
+    /// as the binary of the operator's image, through the image's own loader).
+    pub fn start_command(
+        name: &str,
+        mut command: Command,
+        dir: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(example_binary("operator"))
+        let child = command
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--log-format", "json"])
