@@ -3,5 +3,6 @@
 mod binary;
 mod chart;
 mod deploy_api_server;
+mod krew;
 mod leader_api_server;
 mod manifests;
