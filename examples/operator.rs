@@ -29,6 +29,11 @@ use ichor_operator::Companion;
 use ichor_operator::cli::Extension;
 use ichor_sim::fleet::{Fleet, FleetConfig, parse_shape};
 
+/// A Talos version, as given: the text, once it parses.
+fn parse_talos(text: &str) -> Result<String, String> {
+    ichor_upgrade_core::versions::TalosVersion::parse(text).map(|_| text.to_owned()).map_err(|e| e.to_string())
+}
+
 /// How long a stopping process waits for the simulated fleet to delete its Nodes (a
 /// thousand deletions take seconds).
 const FLEET_STOP: Duration = Duration::from_secs(60);
@@ -57,6 +62,10 @@ struct FleetArgs {
     /// bootstrap manifests under it. Read once at start and held in memory.
     #[arg(long, value_name = "FILE", requires = "simulate_fleet")]
     fleet_admin_kubeconfig: Option<PathBuf>,
+    /// The Talos version the simulated fleet's machines run at start (its cluster's
+    /// `talosVersion` is ichor_sim::fleet::TARGET).
+    #[arg(long, value_name = "VERSION", default_value = ichor_sim::fleet::FROM, value_parser = parse_talos, requires = "simulate_fleet")]
+    fleet_from: String,
     /// Run only the simulated fleet, no controller.
     #[arg(long, requires = "simulate_fleet", conflicts_with_all = ["pass_interval_ms", "trace"])]
     fleet_only: bool,
@@ -99,6 +108,7 @@ impl Extension for FleetArgs {
             kwok: self.kwok,
             machines: !self.no_machines,
             admin_kubeconfig,
+            from: self.fleet_from.clone(),
         };
         Ok(vec![Companion {
             name: "the simulated fleet",

@@ -20,6 +20,7 @@ fn rollout_decision(c: &mut Criterion) {
                     kubernetes: None,
                     operation: &op,
                     release_talos_version: "v1.14.4",
+                    releases: ichor_upgrade_core::releases::KnownReleases::built_in(),
                     kubernetes_version: "1.34.1",
                     lease: Some(&lease),
                     machines: cluster,

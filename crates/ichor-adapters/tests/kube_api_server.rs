@@ -38,6 +38,8 @@ fn cluster_object(name: &str) -> TalosCluster {
             // The API server is shared: this cluster's Nodes are the ones labelled for it.
             node_selector: Some([("ichor.dev/test-cluster".to_owned(), name.to_owned())].into()),
             discovery: None,
+            upgrades: None,
+            releases: None,
         },
     )
 }

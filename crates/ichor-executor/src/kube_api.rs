@@ -132,6 +132,9 @@ pub struct ClusterInfo {
     pub name: String,
     /// The release set's Talos version.
     pub release_talos_version: String,
+    /// The latest known patch of each minor line (the built-in ones and the cluster's
+    /// own): an operation may target one on the way to the release set.
+    pub releases: ichor_upgrade_core::releases::KnownReleases,
     /// The cluster's Kubernetes version.
     pub kubernetes_version: String,
     /// The schematic ID the spec names, if any.

@@ -83,6 +83,7 @@ impl ClusterObjects {
         let cluster = ClusterInfo {
             name: CLUSTER_NAME.to_owned(),
             release_talos_version: to.to_string(),
+            releases: ichor_upgrade_core::releases::KnownReleases::built_in().clone(),
             kubernetes_version: "1.34.1".to_owned(),
             schematic: Some(SCHEMATIC.to_owned()),
             platform: "metal".to_owned(),

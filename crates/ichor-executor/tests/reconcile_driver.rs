@@ -232,6 +232,7 @@ fn prod_cluster() -> ClusterInfo {
     ClusterInfo {
         name: "prod".into(),
         release_talos_version: "v1.14.4".into(),
+        releases: ichor_upgrade_core::releases::KnownReleases::built_in().clone(),
         kubernetes_version: "1.34.1".into(),
         schematic: None,
         platform: "metal".into(),

@@ -140,6 +140,7 @@ pub fn rollout(data: &[u8]) {
         kubernetes: None,
         operation: &op,
         release_talos_version: "v1.14.4",
+        releases: ichor_upgrade_core::releases::KnownReleases::built_in(),
         kubernetes_version: kubernetes,
         lease: lease.as_ref(),
         machines: &machines,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ichor_adapters::kubernetes::crd::{
-    LAST_OPERATIONS, OperationSummary, TalosCluster, TalosClusterStatus, TalosMachine, TalosOperation,
+    LAST_OPERATIONS, OperationSummary, TalosCluster, TalosClusterStatus, TalosMachine, TalosOperation, UpgradeState,
 };
 use ichor_upgrade_core::operation::OperationKind;
 use ichor_upgrade_core::versions::TalosVersion;
@@ -71,6 +71,9 @@ pub fn summarize(
         machines: Some(i64::try_from(machines).unwrap_or(i64::MAX)),
         operation,
         last_operations: last_operations(&namespace, &name, operations),
+        upgrade: crate::desired::next(cluster, nodes, operations)
+            .state()
+            .map(|(state, message)| UpgradeState { state: state.to_owned(), message }),
     }
 }
 

@@ -638,6 +638,76 @@ async fn discover(ctx: &Context, namespace: &str, cluster: &str) -> Result<usize
     discovery::apply(&ctx.client, namespace, &found.apply, &ctx.fence).await
 }
 
+/// How often the leader tends every TalosCluster: discovery, status, desired state ([`crate::desired`]).
+pub const CLUSTER_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The leader's care of every TalosCluster, beside the operations' passes, every
+/// [`CLUSTER_INTERVAL`]: its machines discovered from its Nodes (`spec.discovery: Nodes`),
+/// its status kept in step with its Nodes (versions, counts, the operation holding it),
+/// and, for `spec.upgrades: Automatic`, its next operation made and its old ones collected
+/// ([`crate::desired`]).
+///
+/// Its authority is the leader's, re-checked at each tick ([`leads`]) and before every
+/// write (the fence). It never touches a machine: an operation it makes is decided by its
+/// own passes under every gate. What it decides is read from the stores at the tick, so a
+/// hold, a pause or a deletion made at any instant before is seen then, and one made after
+/// by the pass of the operation (a paused cluster's new operation begins nothing; a
+/// deleted cluster's operation is refused, and collected with its owner).
+async fn tend_clusters(ctx: Arc<Context>) {
+    loop {
+        tokio::time::sleep(CLUSTER_INTERVAL).await;
+        if !leads(*ctx.leading.borrow()) || !ctx.stores.is_ready() {
+            continue;
+        }
+        for cluster in ctx.stores.clusters.state() {
+            tend(&ctx, &cluster).await;
+        }
+    }
+}
+
+/// One cluster's care ([`tend_clusters`]); what fails is logged and tried at the next tick.
+async fn tend(ctx: &Context, cluster: &TalosCluster) {
+    let (namespace, name) = (cluster.namespace().unwrap_or_default(), cluster.name_any());
+    match discover(ctx, &namespace, &name).await {
+        Ok(0) => {}
+        // Its status and next step once the store has the machines.
+        Ok(_) => return,
+        Err(e) => tracing::warn!(%namespace, cluster = %name, error = %e, "discovery failed"),
+    }
+    write_cluster_status(ctx, &namespace, &name, None).await;
+    let operations = ctx.stores.operations.state();
+    let api: Api<TalosOperation> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let crate::desired::Next::Make(op) = crate::desired::next(cluster, &ctx.stores.nodes.state(), &operations) {
+        if !ctx.fence.leads() {
+            return;
+        }
+        let made = op.name_any();
+        match api.create(&kube::api::PostParams::default(), &op).await {
+            Ok(_) => {
+                tracing::info!(%namespace, cluster = %name, operation = %made, kind = %op.spec.kind, target = %op.spec.target_version, "operation made for the cluster's versions");
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(%namespace, cluster = %name, operation = %made, error = %e, "the operation was not made")
+            }
+        }
+    }
+    for old in crate::desired::to_collect(cluster, &operations) {
+        if !ctx.fence.leads() {
+            return;
+        }
+        match api.delete(&old.name_any(), &kube::api::DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(%namespace, cluster = %name, operation = %old.name_any(), "old completed operation deleted")
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(%namespace, cluster = %name, operation = %old.name_any(), error = %e, "an old operation was not deleted")
+            }
+        }
+    }
+}
+
 fn error_policy(op: Arc<TalosOperation>, error: &ControllerError, _ctx: Arc<Context>) -> Action {
     let (namespace, operation) = (op.namespace().unwrap_or_default(), op.name_any());
     if error.is_transient() {
@@ -915,6 +985,7 @@ pub async fn run(
         })
     };
     let at_end = Arc::clone(&ctx);
+    let tending = tokio::spawn(tend_clusters(Arc::clone(&ctx)));
 
     let ops = stores.operations.clone();
     let by_machine = move |m: TalosMachine| operations_of(&ops, m.namespace().as_deref(), &m.spec.cluster);
@@ -1005,6 +1076,7 @@ pub async fn run(
         .await;
     // Before the caller releases the Lease: nothing of this replica's acts after it.
     lapse.abort();
+    tending.abort();
     at_end.forget();
     health.live.store(false, Ordering::Relaxed);
     tracing::info!("controller stopped; jobs aborted");

@@ -16,6 +16,8 @@ pub(crate) fn cluster(discovery: Option<Discovery>) -> TalosCluster {
             talosconfig_secret: "prod-talosconfig".into(),
             node_selector: Some([("pool".to_owned(), "prod".to_owned())].into()),
             discovery,
+            upgrades: None,
+            releases: None,
         },
     );
     c.metadata.namespace = Some("ops".into());

@@ -22,6 +22,7 @@ pub mod chart;
 pub mod cli;
 pub mod cluster_status;
 pub mod controller;
+pub mod desired;
 pub mod discovery;
 pub mod dry_run;
 pub mod fence;

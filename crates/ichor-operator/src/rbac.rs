@@ -110,8 +110,9 @@ pub const RULES: &[Rule] = &[
     everywhere(
         "ichor.dev",
         &["talosoperations"],
-        &["get", "list", "watch", "patch"],
-        "the controller's watch; an operation's existence is read fresh when it may hold a Lease; the finalizer",
+        &["get", "list", "watch", "patch", "create", "delete"],
+        "the controller's watch; an operation's existence is read fresh when it may hold a Lease; the finalizer; \
+         an Automatic cluster's operations, made for its versions and collected when old",
     ),
     everywhere(
         "ichor.dev",
@@ -714,7 +715,10 @@ mod tests {
         assert!(!allows(&request("create", "", "pods", "")), "creating pods is not evicting them");
         assert!(allows(&request("patch", "ichor.dev", "talosoperations", "status")));
         assert!(!allows(&request("update", "ichor.dev", "talosoperations", "status")));
-        assert!(!allows(&request("delete", "ichor.dev", "talosoperations", "")));
+        // An Automatic cluster's old operations are collected; no cluster or machine is deleted.
+        assert!(allows(&request("delete", "ichor.dev", "talosoperations", "")));
+        assert!(!allows(&request("delete", "ichor.dev", "talosclusters", "")));
+        assert!(!allows(&request("delete", "ichor.dev", "talosmachines", "")));
         assert!(!allows(&request_in("prod", "list", "", "secrets", "")), "one named Secret at a time");
         assert!(!allows(&request("patch", "", "nodes", "status")), "the operator never writes a Node's status");
         assert!(allows(&request("patch", "longhorn.io", "nodes", "")));

@@ -110,6 +110,9 @@ pub struct FleetConfig {
     /// manifests are applied under. Without it, a stand-in no API server accepts (the
     /// manifests step then pauses, naming the refusal).
     pub admin_kubeconfig: Option<String>,
+    /// The Talos version its machines run at start ([`FROM`] by default): an older one
+    /// makes a fleet two minor lines behind the cluster's [`TARGET`].
+    pub from: String,
 }
 
 /// `3+5`: control planes and workers.
@@ -285,11 +288,12 @@ impl Fleet {
     /// A fleet as configured, its Talos API served on a loopback port.
     ///
     /// # Panics
-    /// When the fleet's versions do not parse (constants) or no loopback port is free.
+    /// When the fleet's versions do not parse (`from` is checked by the example's parser)
+    /// or no loopback port is free.
     #[must_use]
     pub fn new(config: FleetConfig) -> Self {
         let version = |v: &str| TalosVersion::parse(v).expect("the fleet's versions parse");
-        let sim_config = SimConfig::new(config.control_planes, config.workers, version(FROM), version(TARGET))
+        let sim_config = SimConfig::new(config.control_planes, config.workers, version(&config.from), version(TARGET))
             .with_seed(config.seed)
             // Driven in scaled wall-clock time by the fleet itself, behind a real apid and a
             // real API server: the latencies are real ones, none is simulated.
@@ -363,7 +367,7 @@ impl Fleet {
             namespace = %self.config.namespace,
             cluster = CLUSTER,
             machines = self.config.control_planes + self.config.workers,
-            from = FROM,
+            from = %self.config.from,
             target = TARGET,
             time_scale = self.config.time_scale,
             kubelet = if self.config.kwok { "kwok" } else { "the fleet" },
@@ -530,6 +534,8 @@ impl Fleet {
                 // Its own Nodes, not those of other fleets or clusters on the API server.
                 node_selector: Some([(FLEET_LABEL.to_owned(), ns.clone())].into()),
                 discovery: None,
+                upgrades: None,
+                releases: None,
             },
         );
         create_if_absent(&Api::namespaced(client.clone(), ns), &cluster)

@@ -59,6 +59,7 @@ pub mod operation;
 pub mod plan;
 pub mod preflight;
 pub mod record;
+pub mod releases;
 pub mod rollout;
 pub mod status;
 #[cfg(feature = "proptest")]

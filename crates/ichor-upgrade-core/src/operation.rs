@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::kubernetes::plan::KubernetesPlanProblem;
+use crate::releases::KnownReleases;
 use crate::versions::{KubernetesVersion, TalosVersion, VersionError};
 
 /// Machine label (integer) that orders a rollout within a role: ascending, machines
@@ -293,7 +294,7 @@ pub enum Refusal {
     },
     /// The target is not the release set's Talos version.
     #[error(
-        "spec.targetVersion {target} is not the release set's Talos version {release}; only the release set's version can be rolled out"
+        "spec.targetVersion {target} is not the release set's Talos version {release}; only the release set's version, or the latest known patch of a minor line on the way to it, can be rolled out"
     )]
     TargetNotReleaseSet {
         /// The operation's target.
@@ -524,6 +525,18 @@ impl OperationSpec {
     /// # Errors
     /// The first [`Refusal`] found, in that order.
     pub fn validate(&self, release_talos_version: &str) -> Result<ValidSpec, Refusal> {
+        self.validate_with(release_talos_version, &KnownReleases::empty())
+    }
+
+    /// As [`Self::validate`], with one more target allowed: a hop toward the release set,
+    /// the latest patch `releases` knows of a minor line before the release set's
+    /// ([`KnownReleases::is_talos_hop_toward`]). A cluster whose release set is two minors
+    /// ahead goes there in such hops, each verified before the next; every other rule
+    /// (the path from each machine's version, the Kubernetes pairing) still applies.
+    ///
+    /// # Errors
+    /// As [`Self::validate`].
+    pub fn validate_with(&self, release_talos_version: &str, releases: &KnownReleases) -> Result<ValidSpec, Refusal> {
         if self.kind == OperationKind::REMOVE || self.kind == OperationKind::KUBERNETES {
             // A removal and a Kubernetes upgrade are valid on their own terms (see
             // `validate_removal`, `validate_kubernetes`), never as a Talos upgrade.
@@ -540,7 +553,7 @@ impl OperationSpec {
             .map_err(|e: VersionError| Refusal::InvalidTarget { error: e.to_string() })?;
         let release = TalosVersion::parse(release_talos_version)
             .map_err(|e| Refusal::InvalidReleaseVersion { error: e.to_string() })?;
-        if target != release {
+        if target != release && !releases.is_talos_hop_toward(&target, &release) {
             return Err(Refusal::TargetNotReleaseSet { target: target.to_string(), release: release.to_string() });
         }
         let max_unavailable = self.max_unavailable.validate()?;
@@ -616,6 +629,19 @@ mod tests {
         assert_eq!(refusal, Refusal::TargetNotReleaseSet { target: "v1.14.5".into(), release: "v1.14.4".into() });
         let text = refusal.to_string();
         assert!(text.contains("v1.14.5") && text.contains("v1.14.4"), "{text}");
+    }
+
+    #[test]
+    fn a_hop_toward_the_release_set_is_valid_only_as_the_latest_known_patch_of_an_earlier_line() {
+        let known = KnownReleases::built_in();
+        let hop = spec("talos", "v1.13.9", 1).validate_with("v1.14.4", known).unwrap();
+        assert_eq!(hop.target.to_string(), "v1.13.9");
+        // Not without the releases, not an older patch, not past the release set.
+        assert!(spec("talos", "v1.13.9", 1).validate("v1.14.4").is_err());
+        for target in ["v1.13.8", "v1.14.5", "v1.15.0", "v1.12.1"] {
+            let refusal = spec("talos", target, 1).validate_with("v1.14.4", known).unwrap_err();
+            assert_eq!(refusal.reason(), "TargetNotReleaseSet", "{target}");
+        }
     }
 
     #[test]

@@ -204,6 +204,10 @@ pub struct RolloutInput<'a> {
     pub operation: &'a OperationView,
     /// The release set's Talos version, as written.
     pub release_talos_version: &'a str,
+    /// The latest known patch of each minor line: an operation may also target one of an
+    /// earlier minor line than the release set's, a hop toward it
+    /// ([`crate::operation::OperationSpec::validate_with`]).
+    pub releases: &'a crate::releases::KnownReleases,
     /// The cluster's Kubernetes version, as written.
     pub kubernetes_version: &'a str,
     /// The cluster's Lease, if one exists with a holder.
@@ -699,7 +703,7 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
         }
         Asked::Kubernetes(spec, kubernetes.stage)
     } else {
-        let spec = match op.spec.validate(input.release_talos_version) {
+        let spec = match op.spec.validate_with(input.release_talos_version, input.releases) {
             Ok(spec) => spec,
             Err(refusal) => return wind_down(input, &lock, Phase::Refused(refusal)),
         };
@@ -1008,7 +1012,9 @@ fn refused(input: &RolloutInput<'_>) -> bool {
         spec.validate_kubernetes().is_err()
             || input.kubernetes.is_none_or(|kubernetes| kubernetes_refusal(input, kubernetes).is_some())
     } else {
-        !spec.validate(input.release_talos_version).is_ok_and(|spec| plan_refusal(input, &spec).is_none())
+        !spec
+            .validate_with(input.release_talos_version, input.releases)
+            .is_ok_and(|spec| plan_refusal(input, &spec).is_none())
     }
 }
 

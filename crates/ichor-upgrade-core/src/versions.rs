@@ -201,6 +201,12 @@ impl KubernetesVersion {
     pub fn minor_line(&self) -> Minor {
         Minor { major: self.0.major, minor: self.0.minor }
     }
+
+    /// As a [`semver::Version`].
+    #[must_use]
+    pub fn as_semver(&self) -> &semver::Version {
+        &self.0
+    }
 }
 
 impl fmt::Display for KubernetesVersion {

@@ -1049,6 +1049,7 @@ impl KubeApi for KubeCluster {
         Ok(ClusterInfo {
             name: cluster.name_any(),
             release_talos_version: cluster.spec.talos_version.clone(),
+            releases: cluster.spec.known_releases(),
             kubernetes_version: cluster.spec.kubernetes_version.clone(),
             schematic: cluster.spec.schematic.clone(),
             platform: cluster.spec.platform.clone(),

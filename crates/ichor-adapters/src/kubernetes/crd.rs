@@ -43,6 +43,7 @@ pub const VERSION: &str = "v1alpha1";
     printcolumn = r#"{"name":"Running","type":"string","jsonPath":".status.running"}"#,
     printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#,
     printcolumn = r#"{"name":"Operation","type":"string","jsonPath":".status.operation"}"#,
+    printcolumn = r#"{"name":"Upgrades","type":"string","jsonPath":".status.upgrade.state"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -81,9 +82,71 @@ pub struct TalosClusterSpec {
     /// and an upgrade is refused while one has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<Discovery>,
+    /// `Automatic`: a change of `talosVersion` or `kubernetesVersion` is enough. The
+    /// operator makes the operation itself (owned by this cluster, named after its target,
+    /// such as `talos-v1.14.4` or `kubernetes-1.35.2`), Talos first, then Kubernetes; a
+    /// target more than one minor ahead goes as a chain of hops through the latest patch of
+    /// each minor line between (`releases`), each a full rollout verified before the next.
+    /// It keeps the last few operations it made and deletes older ones. Nothing is made
+    /// while an operation holds the cluster, or while one it made did not complete (failed,
+    /// refused, paused: a person decides). Without it (`Manual`, the default), a person
+    /// writes each TalosOperation; one written by hand works in either mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrades: Option<UpgradePolicy>,
+    /// Releases to go through beyond those the operator knows: the latest patch of a minor
+    /// line, for the hops of an `Automatic` upgrade (and of an operation that targets such
+    /// a hop). Of each minor line the latest listed or known patch is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub releases: Option<ReleasesSpec>,
+}
+
+/// Whether a change of the cluster's versions makes its operations.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+// No description of its own: the field's documentation is the one `kubectl explain` shows.
+#[schemars(description = "")]
+pub enum UpgradePolicy {
+    /// No: a person writes each TalosOperation.
+    #[default]
+    Manual,
+    /// Yes: the operator makes them from `talosVersion` and `kubernetesVersion`.
+    Automatic,
+}
+
+/// Releases a person adds to those the operator knows.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleasesSpec {
+    /// Talos releases, such as `v1.13.10`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^v[0-9]+\.[0-9]+\.[0-9]+$")))]
+    pub talos: Vec<String>,
+    /// Kubernetes releases, such as `1.35.3`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^v?[0-9]+\.[0-9]+\.[0-9]+$")))]
+    pub kubernetes: Vec<String>,
 }
 
 impl TalosClusterSpec {
+    /// The releases the engine knows for this cluster: the built-in ones and
+    /// `spec.releases` ([`ichor_upgrade_core::releases::KnownReleases`]). An entry the
+    /// schema let through that still does not parse leaves the built-in ones, with a
+    /// warning: a hop through its line is then refused, naming it.
+    #[must_use]
+    pub fn known_releases(&self) -> ichor_upgrade_core::releases::KnownReleases {
+        let built_in = ichor_upgrade_core::releases::KnownReleases::built_in().clone();
+        let Some(extra) = &self.releases else { return built_in };
+        built_in.clone().with(&extra.talos, &extra.kubernetes).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "spec.releases: an entry is not a release; the built-in releases are used");
+            built_in
+        })
+    }
+
+    /// Whether the operator makes this cluster's operations from its versions.
+    #[must_use]
+    pub fn automatic(&self) -> bool {
+        self.upgrades == Some(UpgradePolicy::Automatic)
+    }
+
     /// Whether a Node with `labels` is one of this cluster's: every label of the node
     /// selector equal (every Node without one).
     #[must_use]
@@ -145,6 +208,20 @@ pub struct TalosClusterStatus {
     /// [`LAST_OPERATIONS`] kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_operations: Vec<OperationSummary>,
+    /// With `spec.upgrades: Automatic`, where its upgrades stand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeState>,
+}
+
+/// Where an `Automatic` cluster's upgrades stand.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeState {
+    /// `UpToDate`, `Upgrading` (an operation it made runs, or is being made), `Waiting`
+    /// (on what the message says), or `Refused` (the spec asks what no operation can do).
+    pub state: String,
+    /// What it does or waits on, in a sentence.
+    pub message: String,
 }
 
 /// How many operations [`TalosClusterStatus::last_operations`] keeps.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use ichor_upgrade_core::evacuation::{STORAGE_EVACUATION, StorageObservation, with_recorded_evacuation};
 use ichor_upgrade_core::machine::removal::{is_removed, past_reset};
 use ichor_upgrade_core::machine::talos::UpgradeTarget;
+use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::rollout::LeaseHolder;
 use ichor_upgrade_core::status::OperationStatus;
 use ichor_upgrade_core::versions::TalosVersion;
@@ -183,10 +184,14 @@ pub(super) fn past_the_point_of_no_return(removal: bool, machine: &MachineInfo) 
     if removal { past_reset(&machine.conditions) } else { machine_past_upgrade_call(machine) }
 }
 
-/// The target every machine is upgraded to: the release set's version (the engine has
-/// already refused any other) and the cluster's image settings.
-pub(super) fn upgrade_target(cluster: &ClusterInfo) -> Result<UpgradeTarget, String> {
-    let version = TalosVersion::parse(&cluster.release_talos_version).map_err(|e| e.to_string())?;
+/// The target every machine is upgraded to: the operation's, when it is valid (the release
+/// set's version, or a hop toward it), else the release set's (the engine refuses the
+/// operation before any machine starts); and the cluster's image settings.
+pub(super) fn upgrade_target(cluster: &ClusterInfo, spec: &OperationSpec) -> Result<UpgradeTarget, String> {
+    let version = match spec.validate_with(&cluster.release_talos_version, &cluster.releases) {
+        Ok(valid) => valid.target,
+        Err(_) => TalosVersion::parse(&cluster.release_talos_version).map_err(|e| e.to_string())?,
+    };
     Ok(UpgradeTarget {
         version,
         schematic: cluster.schematic.clone(),

@@ -126,7 +126,7 @@ fn kubernetes_work(seen: &Observation) -> Option<(KubernetesVersion, KubernetesS
 pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut ViewCache) -> Shown {
     let Observation { op, cluster, observed, status, .. } = seen;
     let removal = op.spec.is_removal();
-    let target = upgrade_target(cluster);
+    let target = upgrade_target(cluster, &op.spec);
     let kubernetes = kubernetes_work(seen);
     // An upgrade's converged machines are recorded in their own conditions, for this target.
     let converged_on =
@@ -179,6 +179,7 @@ impl Shown {
             kubernetes: self.kubernetes_input.as_ref(),
             operation: &self.view,
             release_talos_version: &seen.cluster.release_talos_version,
+            releases: &seen.cluster.releases,
             kubernetes_version: &seen.cluster.kubernetes_version,
             lease: seen.holder.as_ref(),
             machines: views,

@@ -882,6 +882,7 @@ impl World {
             cluster: ClusterInfo {
                 name: CLUSTER.to_owned(),
                 release_talos_version: config.to.to_string(),
+                releases: ichor_upgrade_core::releases::KnownReleases::built_in().clone(),
                 kubernetes_version: config.kubernetes.clone(),
                 schematic: None,
                 platform: config.platform.clone(),
