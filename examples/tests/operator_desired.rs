@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use crate::kubectl_plugin::ok;
 use crate::operator_e2e::{KUBERNETES_TARGET, Scene};
-use crate::support::{eventually, eventually_within};
+use crate::support::eventually;
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosOperation};
 use ichor_operator::desired;
 use ichor_sim::fleet;
@@ -16,9 +17,9 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 /// Two minor lines behind the fleet's cluster (`fleet::TARGET`, v1.14.3).
-const FROM: &str = "v1.12.5";
+pub(crate) const FROM: &str = "v1.12.5";
 /// The latest known patch of the line between (`releases::BUILT_IN_TALOS`).
-const HOP: &str = "v1.13.9";
+pub(crate) const HOP: &str = "v1.13.9";
 /// What one rollout of 3 + 2 may take, on a loaded machine.
 const ROLLOUT: Duration = Duration::from_secs(300);
 
@@ -37,12 +38,43 @@ async fn operations(scene: &Scene) -> Vec<TalosOperation> {
     api.list(&ListParams::default()).await.unwrap().items
 }
 
-/// Waits for operation `name` to be made, owned by the cluster, then to complete.
-async fn made_and_completed(scene: &Scene, name: &str) -> TalosOperation {
+/// Waits for operation `name` to be made, owned by the cluster, then to complete; all the
+/// while, `kubectl ichor status NAME` says what it is (its kind and target), and its
+/// progress never goes back. Then `kubectl ichor timeline NAME` draws every machine.
+pub(crate) async fn made_and_completed(scene: &Scene, name: &str) -> TalosOperation {
     eventually(&format!("{name} is made"), || async { scene.operation(name).await.is_some() }).await;
     let op = scene.operation(name).await.unwrap();
     assert!(desired::made_for(&op, &cluster(scene).await), "{name} is owned by the cluster: {:?}", op.metadata);
-    eventually_within(ROLLOUT, &format!("{name} completes"), || async { scene.phase(name).await == "Completed" }).await;
+    let heading = format!("{name}  cluster {}  {} {}", fleet::CLUSTER, op.spec.kind, op.spec.target_version);
+    let (admin, ns) = (scene.admin().to_path_buf(), scene.ns.name.clone());
+    let mut seen = 0;
+    let started = std::time::Instant::now();
+    loop {
+        let completed = scene.phase(name).await == "Completed";
+        let (admin, ns, op_name) = (admin.clone(), ns.clone(), name.to_owned());
+        let status = tokio::task::spawn_blocking(move || ok(&admin, &ns, &["status", &op_name])).await.unwrap();
+        assert!(status.contains(&heading), "status names the operation's kind and target ({heading}):\n{status}");
+        if op.spec.kind == "kubernetes" {
+            assert!(!status.contains("TalosUpgrade"), "no step of a Talos upgrade:\n{status}");
+        }
+        let progress = status
+            .split("] ")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("a progress bar:\n{status}"));
+        assert!(progress >= seen, "progress went back from {seen} to {progress}:\n{status}");
+        seen = progress;
+        if completed {
+            assert!(status.contains(&format!("[{}] 5/5", "#".repeat(30))), "{status}");
+            break;
+        }
+        assert!(started.elapsed() < ROLLOUT, "{name} did not complete within {ROLLOUT:?}:\n{status}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let svg = scene.dir.path().join(format!("{name}.svg"));
+    let drawn = ok(scene.admin(), &scene.ns.name, &["timeline", name, "-o", &svg.display().to_string()]);
+    assert!(drawn.contains("5 machines"), "{drawn}");
     scene.operation(name).await.unwrap()
 }
 

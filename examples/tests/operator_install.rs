@@ -11,11 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::api_restart::OwnServer;
-use crate::operator_e2e::{Scene, all_on_target, only_allowed_requests};
+use crate::operator_desired as desired_test;
+use crate::operator_e2e::{KUBERNETES_TARGET, Scene, all_on_target, only_allowed_requests};
 use crate::support::{Process, eventually};
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperationStatus};
 use ichor_operator::{discovery, rbac};
 use ichor_sim::fleet;
+use ichor_upgrade_core::operation::OperationKind;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{Api, ListParams};
 
@@ -292,12 +294,15 @@ fn readme_install_commands() -> Vec<String> {
 /// The README's install section as written, on an API server of the test's own (the one
 /// the other tests share holds their grants): `helm install` of the chart, the grant of
 /// the cluster's namespace; the operator is the image's own binary, run with the token of
-/// the ServiceAccount the chart made, as its pod would. A 3 + 2 fleet's Talos upgrade,
-/// its machines discovered from the Nodes, completes, and every request was granted.
+/// the ServiceAccount the chart made, as its pod would. Then nothing but a TalosCluster
+/// with `upgrades: Automatic` (its machines discovered from the Nodes) two minor lines
+/// ahead of a 3 + 2 fleet: it goes there in two operations the operator makes; then a
+/// change of its `kubernetesVersion` with `kubectl patch` completes too. Every request
+/// was one the chart grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the operator's image, helm and the Kubernetes test server's binaries: ICHOR_TEST_OPERATOR_IMAGE, \
             ICHOR_TEST_HELM, ICHOR_TEST_KUBECONFIG (bash .ci/run makes all three)"]
-async fn installed_as_the_readme_says_the_images_operator_completes_an_upgrade() {
+async fn installed_as_the_readme_says_the_images_operator_upgrades_two_minors_then_kubernetes_by_a_field() {
     let work = tempfile::tempdir().unwrap();
     let image = Image::unpack(work.path());
     assert_eq!(image.config["config"]["User"], "65532:65532", "it runs as nonroot");
@@ -339,7 +344,7 @@ async fn installed_as_the_readme_says_the_images_operator_completes_an_upgrade()
     let cluster = format!(
         "apiVersion: ichor.dev/v1alpha1\nkind: TalosCluster\nmetadata:\n  name: {}\nspec:\n  talosVersion: {}\n  \
          kubernetesVersion: {}\n  platform: metal\n  talosconfigSecret: {}-talosconfig\n  discovery: Nodes\n  \
-         nodeSelector:\n    {}: {}\n",
+         upgrades: Automatic\n  nodeSelector:\n    {}: {}\n",
         fleet::CLUSTER,
         fleet::TARGET,
         fleet::KUBERNETES,
@@ -350,7 +355,7 @@ async fn installed_as_the_readme_says_the_images_operator_completes_an_upgrade()
     let cluster_file = scene.dir.path().join("cluster.yaml");
     std::fs::write(&cluster_file, &cluster).unwrap();
     run(&admin, &["apply", "-n", &scene.ns.name, "-f", &cluster_file.display().to_string()]);
-    let mut fleet_process = scene.fleet("3+2", &["--no-machines", "--fleet-only"]);
+    let mut fleet_process = scene.fleet("3+2", &["--no-machines", "--fleet-only", "--fleet-from", desired_test::FROM]);
     eventually("the fleet's 5 Nodes", || async { scene.fleet_nodes().await.len() == 5 }).await;
 
     let kubeconfig = scene
@@ -363,18 +368,46 @@ async fn installed_as_the_readme_says_the_images_operator_completes_an_upgrade()
         image.command(),
         scene.dir.path(),
         &kubeconfig,
-        &["--namespace", &scene.ns.name, "--etcd-snapshot-dir", &snapshots],
+        &["--etcd-snapshot-dir", &snapshots],
         &[("POD_NAMESPACE", rbac::NAMESPACE)],
     );
-    scene.create_operation("upgrade", "talos", None).await;
-    eventually("the operation completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    let hop = ichor_operator::desired::operation_name(OperationKind::Talos, desired_test::HOP);
+    desired_test::made_and_completed(&scene, &hop).await;
+    let last = ichor_operator::desired::operation_name(OperationKind::Talos, fleet::TARGET);
+    desired_test::made_and_completed(&scene, &last).await;
     assert!(all_on_target(&scene.fleet_nodes().await), "every Node on {}", fleet::TARGET);
+
+    let patch = format!(r#"{{"spec":{{"kubernetesVersion":"{KUBERNETES_TARGET}"}}}}"#);
+    run(&admin, &["patch", "taloscluster", fleet::CLUSTER, "-n", &scene.ns.name, "--type", "merge", "-p", &patch]);
+    let kubernetes = ichor_operator::desired::operation_name(OperationKind::Kubernetes, KUBERNETES_TARGET);
+    desired_test::made_and_completed(&scene, &kubernetes).await;
+    for node in scene.fleet_nodes().await {
+        let kubelet = node.status.and_then(|s| s.node_info).map(|i| i.kubelet_version).unwrap_or_default();
+        assert_eq!(kubelet, format!("v{KUBERNETES_TARGET}"));
+    }
+    let table = run(&admin, &["get", "taloscluster", fleet::CLUSTER, "-n", &scene.ns.name]);
+    assert!(table.lines().nth(1).is_some_and(|row| row.contains("UpToDate")), "{table}");
     let placement = rbac::Placement {
         operator_namespace: rbac::NAMESPACE,
         cluster_namespaces: &[&scene.ns.name],
         kubernetes_upgrades: true,
     };
     only_allowed_requests(&operator, &placement).await;
+    // Manual again before the scene's end deletes the operations: nothing is made again.
+    run(
+        &admin,
+        &[
+            "patch",
+            "taloscluster",
+            fleet::CLUSTER,
+            "-n",
+            &scene.ns.name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"upgrades":"Manual"}}"#,
+        ],
+    );
     assert_eq!(fleet_process.terminate(), Some(0));
     scene.end().await;
 }

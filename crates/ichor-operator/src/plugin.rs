@@ -487,6 +487,31 @@ fn machine_row(op: &TalosOperation, m: &TalosMachine, record: &serde_json::Value
     [m.name_any(), role_name(m.spec.role).to_owned(), state.to_owned(), step]
 }
 
+/// A Kubernetes upgrade's progress: its machines whose Node's kubelet runs the target and
+/// whose record, if any, is converged, out of its machines. The engine's own count
+/// (`status.machines`) is of the stage under way (the control planes' components, then
+/// every kubelet), so it fell from 3 to 0 as the kubelets' stage began: a bar that goes
+/// back misreports. A kubelet is a machine's last change in the upgrade and never goes
+/// back, so this count only grows.
+fn kubernetes_done(
+    op: &TalosOperation,
+    machines: &[TalosMachine],
+    nodes: &NodesSeen,
+    engine: Option<&serde_json::Value>,
+) -> (i64, i64) {
+    let ours = machines_of(op, machines);
+    let records = engine.and_then(|e| e.get("machines"));
+    let done = ours
+        .iter()
+        .filter(|m| {
+            let state = records.and_then(|r| r.get(m.name_any())).and_then(|r| r["state"].as_str());
+            nodes.on_target(op, m) && state.is_none_or(|s| s == "converged")
+        })
+        .count();
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    (count(done), count(ours.len()))
+}
+
 /// What `status` prints for one operation.
 fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen) -> String {
     let status = op.status.clone().unwrap_or_default();
@@ -508,7 +533,12 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen
     // A dry run's status is its plan: no machine is counted (no `0/0` bar), and its
     // message repeats the plan's makespans in seconds (p50 printed twice, in two units).
     if status.plan.is_none() {
-        let _ = writeln!(text, "  {}", progress_bar(counts.converged, counts.total));
+        let (done, total) = if op.spec.kind == OperationKind::KUBERNETES {
+            kubernetes_done(op, machines, nodes, status.engine.as_ref())
+        } else {
+            (counts.converged, counts.total)
+        };
+        let _ = writeln!(text, "  {}", progress_bar(done, total));
         if let Some(message) = &status.message {
             let _ = writeln!(text, "  {message}");
         }
@@ -713,6 +743,12 @@ mod tests {
             "an earlier Kubernetes upgrade's end says nothing: {text}"
         );
         assert!(!text.contains("TalosUpgrade"), "{text}");
+        // Its bar counts the machines done with it (w-on-target): not the stage's count.
+        assert!(text.contains("] 1/5"), "{text}");
+        let mut next_stage = op.clone();
+        next_stage.status.as_mut().unwrap().machines =
+            Some(ichor_adapters::kubernetes::crd::MachineCounts { converged: 0, total: 5, ..Default::default() });
+        assert!(status_text(&next_stage, &machines, &nodes).contains("] 1/5"), "a new stage's count of 0 is not shown");
 
         // A Talos upgrade after an earlier one: its old Converged is not this one's.
         let mut talos = op.clone();
