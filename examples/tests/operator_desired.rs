@@ -78,6 +78,46 @@ pub(crate) async fn made_and_completed(scene: &Scene, name: &str) -> TalosOperat
     scene.operation(name).await.unwrap()
 }
 
+/// A dry run of the Kubernetes upgrade to [`KUBERNETES_TARGET`], made by a person, once it
+/// has planned: every component of the 3 + 2 fleet changes, nothing would refuse it, and
+/// its durations come from `talos_upgrade` (no Kubernetes upgrade is recorded yet), said
+/// so. `kubectl ichor status` lists the changes. Its name.
+async fn kubernetes_dry_run(scene: &Scene, talos_upgrade: &str) -> String {
+    let name = "kubernetes-plan";
+    let ops: Api<TalosOperation> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
+    let spec = ichor_adapters::kubernetes::crd::TalosOperationSpec {
+        target_version: KUBERNETES_TARGET.into(),
+        dry_run: true,
+        ..scene.operation_spec("kubernetes", None)
+    };
+    ops.create(&kube::api::PostParams::default(), &TalosOperation::new(name, spec)).await.unwrap();
+    eventually("the Kubernetes dry run plans", || async { scene.phase(name).await == "Completed" }).await;
+    let plan = scene.operation(name).await.unwrap().status.unwrap().plan.unwrap();
+    let found = plan.kubernetes.as_ref().expect("a Kubernetes dry run's findings");
+    assert!(found.refusals.is_empty(), "{:?}", found.refusals);
+    let per = |component: &str| found.changes.iter().filter(|c| c.component == component).count();
+    assert_eq!(
+        (per("kube-apiserver"), per("kube-controller-manager"), per("kube-scheduler"), per("kubelet")),
+        (3, 3, 3, 5),
+        "{:?}",
+        found.changes
+    );
+    assert!(found.changes.iter().all(|c| c.to == KUBERNETES_TARGET && c.from != c.to), "{:?}", found.changes);
+    assert_eq!(plan.order.len(), 5, "{:?}", plan.order);
+    assert_eq!(plan.history.as_deref(), Some(talos_upgrade));
+    assert!(
+        plan.assumed.iter().any(|a| a.contains("no Kubernetes upgrade of this cluster is recorded")),
+        "{:?}",
+        plan.assumed
+    );
+    assert!(plan.p10_seconds > 0.0 && plan.p10_seconds <= plan.p50_seconds && plan.p50_seconds <= plan.p90_seconds);
+    let (admin, ns) = (scene.admin().to_path_buf(), scene.ns.name.clone());
+    let status = tokio::task::spawn_blocking(move || ok(&admin, &ns, &["status", name])).await.unwrap();
+    assert!(status.contains("changes: ") && status.contains(&format!("-> {KUBERNETES_TARGET}")), "{status}");
+    assert!(!status.contains("would be refused"), "{status}");
+    name.to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
 async fn an_automatic_cluster_goes_two_minors_in_two_hops_then_follows_its_kubernetes_version() {
@@ -118,12 +158,21 @@ async fn an_automatic_cluster_goes_two_minors_in_two_hops_then_follows_its_kuber
     })
     .await;
 
+    // A dry run of the Kubernetes upgrade first (issue 55 item 4): what would change on
+    // each node, from the cluster's own reads, timed from its last Talos upgrade.
+    let plan = kubernetes_dry_run(&scene, &second_name).await;
+
     // Then Kubernetes: one field again.
     patch_cluster(&scene, json!({ "kubernetesVersion": KUBERNETES_TARGET })).await;
     let kubernetes_name =
         desired::operation_name(ichor_upgrade_core::operation::OperationKind::Kubernetes, KUBERNETES_TARGET);
     let kubernetes = made_and_completed(&scene, &kubernetes_name).await;
     assert_eq!(kubernetes.spec.kind, "kubernetes");
+    eventually("the Kubernetes upgrade is calibrated against its dry run", || async {
+        let op = scene.operation(&kubernetes_name).await.unwrap();
+        op.status.and_then(|s| s.calibration).is_some_and(|c| c.plan == plan)
+    })
+    .await;
     for node in scene.fleet_nodes().await {
         let info = node.status.and_then(|s| s.node_info).unwrap();
         assert_eq!(info.kubelet_version, format!("v{KUBERNETES_TARGET}"));
@@ -136,7 +185,8 @@ async fn an_automatic_cluster_goes_two_minors_in_two_hops_then_follows_its_kuber
     })
     .await;
     // Exactly the three it needed, every one its own.
-    let mut names: Vec<String> = operations(&scene).await.iter().map(ResourceExt::name_any).collect();
+    let mut names: Vec<String> =
+        operations(&scene).await.iter().filter(|o| !o.spec.dry_run).map(ResourceExt::name_any).collect();
     names.sort();
     assert_eq!(names, [kubernetes_name, first.name_any(), second_name]);
     scene.only_allowed_requests(&operator).await;

@@ -547,16 +547,38 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
         .filter_map(|m| crate::dry_run::node_of(m, &nodes).map(ResourceExt::name_any))
         .collect();
     let asked: Vec<&str> = asked.iter().map(String::as_str).collect();
-    let facts = ctx.kube(&namespace).preflight_facts(&asked).await.map_err(ControllerError::DryRunRead)?;
-    // What storage holds now: its objects, and (only where there are any) one list of
-    // the replicas' sizes. A read that fails is said in the plan, not a failed plan.
-    let storage = async {
-        let objects = ichor_storage::StorageReads::storage_objects(&ctx.storage).await?;
-        let bytes = if objects.is_empty() { BTreeMap::new() } else { ctx.storage.bytes_by_node().await? };
-        Ok::<_, ichor_storage::StorageError>(crate::dry_run::StorageNow { objects, bytes })
-    }
-    .await
-    .map_err(|e| e.to_string());
+    let kubernetes = op.spec.kind == ichor_upgrade_core::operation::OperationKind::KUBERNETES;
+    let (facts, storage, read) = if kubernetes {
+        // A Kubernetes upgrade drains nothing and evacuates nothing: what it plans from is
+        // the cluster's Kubernetes, and the machines' configurations (read only).
+        let (talos, _) = ctx.talos(&namespace, &op.spec.cluster).await;
+        let of = crate::recorded::machines_of(op, &machines);
+        let bound = ctx.config.executor.call_timeout;
+        let read = crate::dry_run::kubernetes::read(&ctx.kube(&namespace), talos.as_ref(), &of, &nodes, bound).await;
+        let read = match read {
+            Ok(read) => read,
+            Err(crate::dry_run::kubernetes::ReadError::Refused(refusal)) => {
+                let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+                write_plan_status(ctx, op, crate::dry_run::status_patch(op, &Err(refusal), now)).await?;
+                ctx.metrics.pass("ok");
+                return Ok(Action::await_change());
+            }
+            Err(crate::dry_run::kubernetes::ReadError::Kube(e)) => return Err(ControllerError::DryRunRead(e)),
+        };
+        (ichor_upgrade_core::preflight::ClusterFacts::default(), Ok(crate::dry_run::StorageNow::default()), Some(read))
+    } else {
+        let facts = ctx.kube(&namespace).preflight_facts(&asked).await.map_err(ControllerError::DryRunRead)?;
+        // What storage holds now: its objects, and (only where there are any) one list of
+        // the replicas' sizes. A read that fails is said in the plan, not a failed plan.
+        let storage = async {
+            let objects = ichor_storage::StorageReads::storage_objects(&ctx.storage).await?;
+            let bytes = if objects.is_empty() { BTreeMap::new() } else { ctx.storage.bytes_by_node().await? };
+            Ok::<_, ichor_storage::StorageError>(crate::dry_run::StorageNow { objects, bytes })
+        }
+        .await
+        .map_err(|e| e.to_string());
+        (facts, storage, None)
+    };
     let dry = crate::dry_run::DryRun {
         operation: op,
         machines: &machines,
@@ -571,7 +593,10 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
         storage,
     };
     let started = Instant::now();
-    let planned = crate::dry_run::plan_status(&dry);
+    let planned = match &read {
+        Some(read) => crate::dry_run::kubernetes::plan_status(&dry, read),
+        None => crate::dry_run::plan_status(&dry),
+    };
     tracing::info!(
         %namespace,
         operation = %op.name_any(),

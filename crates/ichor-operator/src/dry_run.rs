@@ -1,6 +1,7 @@
 //! A dry run (`spec.dryRun: true`): the plan of a Talos upgrade, written in the
 //! operation's `status.plan`, and the calibration of that plan once a real upgrade of the
-//! same cluster completes (`status.calibration`).
+//! same kind and cluster completes (`status.calibration`). A Kubernetes upgrade's dry run
+//! is [`kubernetes`].
 //!
 //! A dry run reads the watch stores (the cluster, its machines and their recorded
 //! history, the Nodes, the operations) and the preflight gate's facts (pods, budgets,
@@ -119,16 +120,20 @@ fn os_image(node: &Node) -> Option<&str> {
     node.status.as_ref().and_then(|s| s.node_info.as_ref()).map(|i| i.os_image.as_str())
 }
 
-/// The last upgrade of the dry run's cluster that completed before it was made, if the
-/// store still has it.
+/// The last upgrade of `kind` of the dry run's cluster that completed before it was
+/// made, if the store still has it.
 #[must_use]
-pub fn last_completed<'a>(op: &TalosOperation, operations: &'a [Arc<TalosOperation>]) -> Option<&'a TalosOperation> {
+pub fn last_completed<'a>(
+    op: &TalosOperation,
+    operations: &'a [Arc<TalosOperation>],
+    kind: &str,
+) -> Option<&'a TalosOperation> {
     let made = op.creation_timestamp().map(|t| t.0);
     operations
         .iter()
         .map(AsRef::as_ref)
         .filter(|o| o.namespace() == op.namespace() && o.spec.cluster == op.spec.cluster)
-        .filter(|o| o.spec.kind == OperationKind::TALOS && !o.spec.dry_run)
+        .filter(|o| o.spec.kind == kind && !o.spec.dry_run)
         .filter(|o| completed_at(o).is_some() && o.creation_timestamp().map(|t| t.0) < made)
         .max_by_key(|o| o.creation_timestamp().map(|t| t.0))
 }
@@ -183,7 +188,9 @@ pub fn recorded_turns(history: &History) -> (Vec<RecordedTurn>, Vec<RecordedTurn
     (recorded(control_planes), recorded(workers))
 }
 
-/// The plan of `dry`, or why there is none.
+/// The plan of `dry`, a Talos upgrade's dry run, or why there is none. A Kubernetes
+/// upgrade's dry run plans from what is read of the cluster's Kubernetes: its own
+/// [`kubernetes::plan_status`].
 ///
 /// # Errors
 /// A [`Refusal`] for an operation that is not a Talos upgrade, or whose target does not
@@ -194,7 +201,7 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
         return Err(Refusal {
             reason: "DryRunUnsupported",
             message: format!(
-                "a dry run plans a Talos upgrade (kind talos), not kind {}: nothing was read or changed",
+                "a dry run plans an upgrade (kind talos or kubernetes), not kind {}: nothing was read or changed",
                 op.spec.kind
             ),
         });
@@ -249,13 +256,7 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
                 }
             }
         };
-        let last = dry.own_node.is_some() && node.map(ResourceExt::name_any).as_deref() == dry.own_node;
-        let order = ichor_upgrade_core::rollout::start_order(
-            machine.labels().get(ORDER_LABEL).map(String::as_str),
-            last,
-            &name,
-        );
-        let key = (order.0, order.1, order.2, order.3.0.to_owned());
+        let key = order_key(machine, node, dry.own_node);
         let bytes = match (&dry.storage, node) {
             (Ok(storage), Some(n)) => storage.bytes_on(&n.name_any(), n.labels()),
             _ => None,
@@ -265,7 +266,7 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
     // The engine's own key, its name in natural order (`worker-2` before `worker-10`).
     planned.sort_by(|a, b| start_key(a).cmp(&start_key(b)));
     let plan_machines: Vec<PlanMachine> = planned.into_iter().map(|(m, _)| m).collect();
-    let previous = last_completed(op, dry.operations);
+    let previous = last_completed(op, dry.operations, OperationKind::TALOS);
     let recorded = previous.map(|p| recorded(p, dry.machines));
     let Models { control_plane, worker, lead_s, reaction_s, storage, mut assumed } =
         models(recorded.as_ref(), &dry.defaults);
@@ -290,8 +291,27 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
         runs: DEFAULT_RUNS,
         seed: seed(&op.uid().unwrap_or_else(|| op.name_any())),
     };
-    let planned = plan(&input);
-    Ok(PlanStatus {
+    Ok(to_status(plan(&input), previous, assumed))
+}
+
+/// The start key of `machine` (on `node`): last when it is the operator's own node, then
+/// its order label, then its name, as the engine orders its starts.
+fn order_key(machine: &TalosMachine, node: Option<&Node>, own_node: Option<&str>) -> (bool, bool, i64, String) {
+    let last = own_node.is_some() && node.map(ResourceExt::name_any).as_deref() == own_node;
+    let name = machine.name_any();
+    let order =
+        ichor_upgrade_core::rollout::start_order(machine.labels().get(ORDER_LABEL).map(String::as_str), last, &name);
+    (order.0, order.1, order.2, order.3.0.to_owned())
+}
+
+/// The status of `planned`, drawn from the turns of `previous` (none: defaults), with what
+/// it `assumed`.
+fn to_status(
+    planned: ichor_upgrade_core::plan::Plan,
+    previous: Option<&TalosOperation>,
+    assumed: Vec<String>,
+) -> PlanStatus {
+    PlanStatus {
         p10_seconds: planned.p10_s,
         p50_seconds: planned.p50_s,
         p90_seconds: planned.p90_s,
@@ -324,7 +344,8 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
                 recorded: f.recorded,
             })
             .collect(),
-    })
+        kubernetes: None,
+    }
 }
 
 /// A seed from `text` (FNV-1a): the same operation plans the same.
@@ -337,7 +358,7 @@ fn seed(text: &str) -> u64 {
 /// before it.
 #[must_use]
 pub fn calibration(op: &TalosOperation, operations: &[Arc<TalosOperation>]) -> Option<Calibration> {
-    if op.spec.dry_run || op.spec.kind != OperationKind::TALOS {
+    if op.spec.dry_run || (op.spec.kind != OperationKind::TALOS && op.spec.kind != OperationKind::KUBERNETES) {
         return None;
     }
     if op.status.as_ref().is_some_and(|s| s.calibration.is_some()) {
@@ -350,6 +371,7 @@ pub fn calibration(op: &TalosOperation, operations: &[Arc<TalosOperation>]) -> O
         .iter()
         .map(AsRef::as_ref)
         .filter(|o| o.namespace() == op.namespace() && o.spec.cluster == op.spec.cluster && o.spec.dry_run)
+        .filter(|o| o.spec.kind == op.spec.kind)
         .filter(|o| o.creation_timestamp().map(|t| t.0) <= made)
         .filter(|o| o.status.as_ref().is_some_and(|s| s.plan.is_some()))
         .max_by_key(|o| o.creation_timestamp().map(|t| t.0))?;
@@ -383,13 +405,20 @@ pub fn status_patch(op: &TalosOperation, planned: &Result<PlanStatus, Refusal>, 
     let (phase, reason, message, plan) = match planned {
         Ok(plan) => {
             let held = if plan.held.is_empty() { String::new() } else { format!("; {} held now", plan.held.len()) };
-            let message = format!(
+            let mut message = format!(
                 "planned (nothing touched): makespan p10 {:.0} s, p50 {:.0} s, p90 {:.0} s; {} machines{held}",
                 plan.p10_seconds,
                 plan.p50_seconds,
                 plan.p90_seconds,
                 plan.order.len()
             );
+            if let Some(found) = &plan.kubernetes {
+                message.push_str(&format!("; {} component changes", found.changes.len()));
+                if !found.refusals.is_empty() {
+                    let reasons: Vec<&str> = found.refusals.iter().map(|r| r.reason.as_str()).collect();
+                    message.push_str(&format!("; the upgrade would be refused: {}", reasons.join(", ")));
+                }
+            }
             ("Completed", PLANNED, message, Some(plan))
         }
         Err(refusal) => ("Refused", refusal.reason, refusal.message.clone(), None),
@@ -433,6 +462,8 @@ pub(crate) fn workers_at_once(op: &TalosOperation, machines: &[&TalosMachine]) -
     let workers = machines.iter().filter(|m| m.spec.role == Role::Worker).count();
     op.spec.max_unavailable.validate().map_or(1, |limit| usize::try_from(limit.of(workers)).unwrap_or(usize::MAX))
 }
+
+pub mod kubernetes;
 
 #[cfg(test)]
 mod tests;

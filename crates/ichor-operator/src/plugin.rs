@@ -569,6 +569,9 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen
         for held in &plan.held {
             let _ = writeln!(text, "  held now: {}: {}", held.machine, held.reason);
         }
+        if let Some(found) = &plan.kubernetes {
+            kubernetes_findings(&mut text, found);
+        }
         for assumed in &plan.assumed {
             let _ = writeln!(text, "  assumed: {assumed}");
         }
@@ -601,6 +604,42 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen
         let _ = writeln!(text, "  {name:w0$}  {role:w1$}  {state:w2$}  {reason}");
     }
     text
+}
+
+/// A Kubernetes dry run's findings: each node's changes on one line, then what the
+/// target removes that is still in use, then every reason it would be refused.
+fn kubernetes_findings(text: &mut String, found: &ichor_adapters::kubernetes::crd::KubernetesPlanned) {
+    let nodes: std::collections::BTreeSet<&str> = found.changes.iter().map(|c| c.node.as_str()).collect();
+    let _ = writeln!(text, "  changes: {} components on {} nodes", found.changes.len(), nodes.len());
+    let mut lines: Vec<(&str, &str, &str, Vec<&str>)> = Vec::new();
+    for change in &found.changes {
+        match lines.iter_mut().find(|(n, f, t, _)| *n == change.node && *f == change.from && *t == change.to) {
+            Some((_, _, _, components)) => components.push(&change.component),
+            None => lines.push((&change.node, &change.from, &change.to, vec![&change.component])),
+        }
+    }
+    for (node, from, to, components) in lines {
+        let _ = writeln!(text, "    {node}: {} {from} -> {to}", components.join(", "));
+    }
+    for api in &found.removed_apis {
+        let group = if api.group.is_empty() { String::new() } else { format!(".{}", api.group) };
+        let seen = if api.seen_as == "StoredObjects" { "stored objects" } else { "requests" };
+        let _ = writeln!(
+            text,
+            "  removed API in use: {}{group}/{} ({} {seen}, removed in {})",
+            api.resource, api.version, api.count, api.removed_release
+        );
+    }
+    for flag in &found.removed_flags {
+        let _ = writeln!(
+            text,
+            "  removed {} set: {} {} {} (removed in {})",
+            flag.kind, flag.node, flag.component, flag.name, flag.removed_release
+        );
+    }
+    for refusal in &found.refusals {
+        let _ = writeln!(text, "  would be refused: {}: {}", refusal.reason, refusal.message);
+    }
 }
 
 #[cfg(test)]
@@ -654,6 +693,45 @@ mod tests {
             &NodesSeen::default(),
         );
         assert!(running.contains("] 0/0") && running.contains("1 of 4 machines converged"), "{running}");
+    }
+
+    /// Issue 55 item 4: a Kubernetes dry run's status shows each node's changes on one
+    /// line, what the target removes still in use, and every reason it would be refused.
+    #[test]
+    fn a_kubernetes_dry_runs_status_lists_its_changes_removals_and_refusals() {
+        let mut planned = operation("Completed", "Planned", "planned (nothing touched)");
+        planned.spec.kind = "kubernetes".into();
+        let change = |node: &str, component: &str| json!({ "node": node, "component": component, "from": "1.34.1", "to": "1.35.0" });
+        planned.status.as_mut().unwrap().plan = Some(
+            serde_json::from_value(json!({
+                "p10Seconds": 60.0, "p50Seconds": 70.0, "p90Seconds": 80.0, "boundSeconds": 50.0, "runs": 200,
+                "order": ["cp-1", "w-1"],
+                "kubernetes": {
+                    "changes": [change("cp-1", "kube-apiserver"), change("cp-1", "kube-scheduler"),
+                                change("cluster", "kube-proxy"), change("cp-1", "kubelet"), change("w-1", "kubelet")],
+                    "removedApis": [{ "group": "flowcontrol.apiserver.k8s.io", "version": "v1beta3",
+                                      "resource": "flowschemas", "removedRelease": "1.35", "count": 3,
+                                      "seenAs": "Requests" }],
+                    "removedFlags": [{ "node": "w-1", "component": "kubelet", "kind": "flag",
+                                       "name": "pod-infra-container-image", "removedRelease": "1.35" }],
+                    "refusals": [{ "reason": "RemovedApisInUse", "message": "APIs removed ..." }]
+                }
+            }))
+            .unwrap(),
+        );
+        let text = status_text(&planned, &[], &NodesSeen::default());
+        for line in [
+            "  changes: 5 components on 3 nodes\n",
+            "    cp-1: kube-apiserver, kube-scheduler, kubelet 1.34.1 -> 1.35.0\n",
+            "    cluster: kube-proxy 1.34.1 -> 1.35.0\n",
+            "    w-1: kubelet 1.34.1 -> 1.35.0\n",
+            "  removed API in use: flowschemas.flowcontrol.apiserver.k8s.io/v1beta3 (3 requests, removed in 1.35)\n",
+            "  removed flag set: w-1 kubelet pod-infra-container-image (removed in 1.35)\n",
+            "  would be refused: RemovedApisInUse: APIs removed ...\n",
+        ] {
+            assert!(text.contains(line), "{line:?} in:\n{text}");
+        }
+        assert!(!text.contains("0/0"), "{text}");
     }
 
     /// Issue 53 item 9: an operation left with only held machines keeps the cluster lock

@@ -879,6 +879,89 @@ pub struct PlanStatus {
     /// default range.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<PlanPhase>,
+    /// A Kubernetes upgrade's dry run: what would change on each node, and what the
+    /// target removes that is still in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesPlanned>,
+}
+
+/// What a Kubernetes upgrade's dry run found, beside its timing.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesPlanned {
+    /// Each component that would change, in the order the upgrade changes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<PlannedChange>,
+    /// The APIs the target removes that are still requested, or whose stored objects
+    /// only removed versions serve.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_apis: Vec<PlannedRemovedApi>,
+    /// The flags, feature gates and admission plugins the target removes that the
+    /// machines' configurations still set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_flags: Vec<PlannedRemovedFlag>,
+    /// Why the upgrade would be refused, each cause once (empty: it would go).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<PlanRefusal>,
+}
+
+/// One component a Kubernetes upgrade would change.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedChange {
+    /// The node (its TalosMachine's name); `cluster` for kube-proxy, a DaemonSet.
+    pub node: String,
+    /// `kube-apiserver`, `kube-controller-manager`, `kube-scheduler`, `kube-proxy` or
+    /// `kubelet`.
+    pub component: String,
+    /// The version it runs now.
+    pub from: String,
+    /// The version it would run.
+    pub to: String,
+}
+
+/// An API the target removes, still in use.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedRemovedApi {
+    /// The API group (empty for the core group).
+    pub group: String,
+    /// The version (for stored objects, every version serving them, joined by `,`).
+    pub version: String,
+    /// The resource (plural).
+    pub resource: String,
+    /// The release that removes it, such as `1.36`.
+    pub removed_release: String,
+    /// How many uses were seen.
+    pub count: i64,
+    /// `Requests` (since the API server started) or `StoredObjects`.
+    pub seen_as: String,
+}
+
+/// A flag, feature gate or admission plugin the target removes, still set.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedRemovedFlag {
+    /// The node whose configuration sets it.
+    pub node: String,
+    /// The component started with it.
+    pub component: String,
+    /// `flag`, `feature gate` or `admission plugin`.
+    pub kind: String,
+    /// Its name.
+    pub name: String,
+    /// The release that removed it.
+    pub removed_release: String,
+}
+
+/// A reason an upgrade would be refused.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanRefusal {
+    /// CamelCase.
+    pub reason: String,
+    /// For people.
+    pub message: String,
 }
 
 /// One phase's distribution for one role in a plan.

@@ -6,7 +6,7 @@ use ichor_upgrade_core::labels::LabelSelector;
 use ichor_upgrade_core::preflight::{BudgetFacts, PodFacts};
 use serde_json::json;
 
-fn at(secs: i64) -> Time {
+pub(super) fn at(secs: i64) -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
 }
 
@@ -22,7 +22,7 @@ fn condition(type_: &str, secs: i64) -> Condition {
 }
 
 /// An upgrade of `prod` made at `made`, Completed at `completed`.
-fn operation(name: &str, made: i64, completed: Option<i64>, dry_run: bool) -> Arc<TalosOperation> {
+pub(super) fn operation(name: &str, made: i64, completed: Option<i64>, dry_run: bool) -> Arc<TalosOperation> {
     let mut o = crate::fixtures::operation(name, if completed.is_some() { "Completed" } else { "Progressing" }, "x");
     o.metadata.creation_timestamp = Some(at(made));
     o.metadata.uid = Some(format!("uid-{name}"));
@@ -80,16 +80,16 @@ fn defaults() -> Defaults {
     Defaults { phases: vec![("install".into(), (100.0, 100.0))], reaction_s: 2.0 }
 }
 
-struct Cluster {
-    machines: Vec<Arc<TalosMachine>>,
-    nodes: Vec<Arc<Node>>,
-    operations: Vec<Arc<TalosOperation>>,
+pub(super) struct Cluster {
+    pub(super) machines: Vec<Arc<TalosMachine>>,
+    pub(super) nodes: Vec<Arc<Node>>,
+    pub(super) operations: Vec<Arc<TalosOperation>>,
 }
 
 /// `prod` with 1 control plane and 3 workers, each turn recorded by `first` (made at
 /// 1,000, completed at 1,500): a 10 s lead, then cp-1 100 s, then the workers one at a
 /// time, each 2 s after the one before converged.
-fn cluster() -> Cluster {
+pub(super) fn cluster() -> Cluster {
     let machines = vec![
         machine("cp-1", Role::Controlplane, Some((1_010, 1_110))),
         machine("w-1", Role::Worker, Some((1_112, 1_172))),
@@ -101,7 +101,7 @@ fn cluster() -> Cluster {
     Cluster { machines, nodes, operations }
 }
 
-fn dry_run<'a>(c: &'a Cluster, facts: ClusterFacts) -> DryRun<'a> {
+pub(super) fn dry_run<'a>(c: &'a Cluster, facts: ClusterFacts) -> DryRun<'a> {
     DryRun {
         operation: &c.operations[1],
         machines: &c.machines,
@@ -193,7 +193,7 @@ fn it_names_the_machines_a_budget_at_zero_or_a_hold_would_hold_and_leaves_those_
 }
 
 #[test]
-fn only_a_talos_upgrade_with_a_version_is_planned() {
+fn only_an_upgrade_with_a_version_and_what_it_plans_from_is_planned() {
     let c = cluster();
     let mut op = (*c.operations[1]).clone();
     op.spec = TalosOperationSpec { kind: "kubernetes".into(), ..op.spec.clone() };
