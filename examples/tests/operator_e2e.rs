@@ -346,7 +346,7 @@ pub(crate) async fn only_allowed_requests(operator: &Process, placement: &rbac::
     assert!(seen > 5, "the operator's requests were not counted:\n{text}");
 }
 
-async fn leader(process: &Process) -> bool {
+pub(crate) async fn leader(process: &Process) -> bool {
     process.value("ichor_leader").await == Some(1.0)
 }
 

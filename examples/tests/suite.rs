@@ -8,6 +8,7 @@ mod operator_e2e;
 mod operator_example;
 mod operator_install;
 mod operator_kwok;
+mod operator_notify;
 mod operator_plan;
 mod operator_trace;
 mod readme_figures;

@@ -40,6 +40,7 @@ fn cluster_object(name: &str) -> TalosCluster {
             discovery: None,
             upgrades: None,
             releases: None,
+            notifications: None,
         },
     )
 }

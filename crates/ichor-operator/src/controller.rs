@@ -1011,6 +1011,17 @@ pub async fn run(
     };
     let at_end = Arc::clone(&ctx);
     let tending = tokio::spawn(tend_clusters(Arc::clone(&ctx)));
+    // The notices of each operation to its cluster's receivers: the leader's, fenced
+    // ([`crate::notify`]).
+    let notifying = tokio::spawn(
+        crate::notify::Notifier::new(
+            ctx.client.clone(),
+            stores.operations.clone(),
+            stores.clusters.clone(),
+            Fence::new(ctx.leading.clone()),
+        )
+        .run(),
+    );
 
     let ops = stores.operations.clone();
     let by_machine = move |m: TalosMachine| operations_of(&ops, m.namespace().as_deref(), &m.spec.cluster);
@@ -1102,6 +1113,7 @@ pub async fn run(
     // Before the caller releases the Lease: nothing of this replica's acts after it.
     lapse.abort();
     tending.abort();
+    notifying.abort();
     at_end.forget();
     health.live.store(false, Ordering::Relaxed);
     tracing::info!("controller stopped; jobs aborted");

@@ -18,6 +18,7 @@ pub(crate) fn cluster(discovery: Option<Discovery>) -> TalosCluster {
             discovery,
             upgrades: None,
             releases: None,
+            notifications: None,
         },
     );
     c.metadata.namespace = Some("ops".into());

@@ -31,6 +31,8 @@ mod fixtures;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod notices;
+pub mod notify;
 pub mod plugin;
 pub mod rbac;
 pub mod recorded;

@@ -536,6 +536,7 @@ impl Fleet {
                 discovery: None,
                 upgrades: None,
                 releases: None,
+                notifications: None,
             },
         );
         create_if_absent(&Api::namespaced(client.clone(), ns), &cluster)

@@ -799,6 +799,8 @@ fn operation_status(
         // Written by the operator's dry run and calibration, under their own field manager.
         plan: None,
         calibration: None,
+        // The notifier's outbox, under its own field manager.
+        notifications: None,
     }
 }
 
@@ -830,6 +832,7 @@ fn same_status(a: &TalosOperationStatus, b: &TalosOperationStatus) -> bool {
         // Not the engine's: another field manager's (the operator's calibration).
         s.plan = None;
         s.calibration = None;
+        s.notifications = None;
         s
     };
     strip(a) == strip(b)

@@ -98,6 +98,68 @@ pub struct TalosClusterSpec {
     /// a hop). Of each minor line the latest listed or known patch is taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub releases: Option<ReleasesSpec>,
+    /// Where the cluster's upgrades are told as they go (started, a machine failed,
+    /// paused, waiting too long, completed): webhooks, each notice sent once in order with
+    /// the header `Ichor-Event-Id`, retried while the receiver is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<NotificationsSpec>,
+}
+
+/// `spec.notifications`: the receivers of a cluster's notices, and when a wait is one.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotificationsSpec {
+    /// How long an operation waits (phase `Waiting`, for the same reason) before a notice
+    /// says so and what it waits on, seconds; 600 by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub waiting_after_seconds: Option<i64>,
+    /// How long a notice is retried, from when it was owed, before it is given up (a
+    /// Warning Event on the operation says so), seconds; 21600 (6 h) by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub give_up_after_seconds: Option<i64>,
+    /// The receivers; each gets every notice.
+    #[serde(default)]
+    pub sinks: Vec<NotificationSink>,
+}
+
+/// A receiver of notices.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotificationSink {
+    /// Its name, unique in the list: the records of what was sent to it are kept by it.
+    #[schemars(length(min = 1), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// `Webhook` (a JSON body: the notice's id, event, operation and message) or `Slack`
+    /// (an incoming webhook's `{"text": ...}`).
+    #[serde(rename = "type")]
+    pub type_: SinkType,
+    /// The Secret (in the cluster's namespace) and key holding the receiver's URL: never
+    /// logged, never written to a status.
+    pub url_secret: SecretKeyRef,
+}
+
+/// The body a receiver takes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+// No description of its own: the field's documentation is the one `kubectl explain` shows.
+#[schemars(description = "")]
+pub enum SinkType {
+    /// The notice as JSON.
+    Webhook,
+    /// A Slack-compatible incoming webhook: `{"text": ...}`.
+    Slack,
+}
+
+/// A key of a Secret in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// The key within it.
+    #[schemars(length(min = 1))]
+    pub key: String,
 }
 
 /// Whether a change of the cluster's versions makes its operations.
@@ -843,6 +905,62 @@ pub struct TalosOperationStatus {
     /// against what happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
+    /// The notices this operation owes its cluster's receivers and what became of each
+    /// (`spec.notifications` of its TalosCluster): the outbox a new leader goes on from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notifications: Option<NotificationsStatus>,
+}
+
+/// `status.notifications`: an operation's outbox.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotificationsStatus {
+    /// The wait the operation is in, and since when, while its phase is `Waiting`: a
+    /// notice is owed once it lasts `waitingAfterSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<WaitingSince>,
+    /// A record per notice and receiver, in the order the notices were owed.
+    #[serde(default)]
+    pub records: Vec<NotificationRecord>,
+}
+
+/// A wait's reason and its beginning, as the notifier first saw it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitingSince {
+    /// The phase's reason, such as `EtcdUnhealthy`.
+    pub reason: String,
+    /// When it was first seen.
+    pub since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+/// A notice owed to one receiver, and what became of it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotificationRecord {
+    /// The notice's id, the same across passes and replicas (sent as `Ichor-Event-Id`),
+    /// such as `<uid>/completed`.
+    pub id: String,
+    /// The receiver's name (`spec.notifications.sinks[].name`).
+    pub sink: String,
+    /// `Started`, `MachineFailed`, `Paused`, `Waiting` or `Completed`.
+    pub event: String,
+    /// What it says.
+    pub message: String,
+    /// `Pending` (due at `nextAttempt`), `Sending` (an attempt made, its answer not yet
+    /// recorded: sent again, with the same id, by a leader that finds it so),
+    /// `Delivered` (the receiver answered 2xx) or `GaveUp`.
+    pub state: String,
+    /// The attempts made.
+    pub attempts: i64,
+    /// When it was owed.
+    pub owed: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    /// When the next attempt is due, after a failed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Why the last attempt failed (never the URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// `status.plan`: what a dry run predicts.
