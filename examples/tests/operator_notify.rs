@@ -249,3 +249,71 @@ async fn every_notice_reaches_a_webhook_and_a_slack_receiver_once_across_a_leade
     drop(fleet);
     scene.end().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_receiver_that_never_answers_is_given_up_after_its_bound_with_a_warning_event() {
+    let scene = Scene::new("e2e-notify-lost").await;
+    // A black hole: accepts and never answers.
+    let hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = hole.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((stream, _)) = hole.accept().await {
+            kept.push(stream);
+        }
+    });
+    let _both = scene.fleet("1+1", &[]);
+    scene.fleet_up(2).await;
+    let ns = scene.ns.name.clone();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "receivers" },
+        "stringData": { "hole": format!("http://127.0.0.1:{port}/hook") },
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(scene.ns.client.clone(), &ns).create(&PostParams::default(), &secret).await.unwrap();
+    let notifications = json!({ "spec": { "notifications": {
+        "giveUpAfterSeconds": 12,
+        "sinks": [
+            { "name": "hole", "type": "Webhook", "urlSecret": { "name": "receivers", "key": "hole" } },
+            { "name": "lost", "type": "Slack", "urlSecret": { "name": "receivers", "key": "no-such-key" } },
+        ],
+    } } });
+    Api::<TalosCluster>::namespaced(scene.ns.client.clone(), &ns)
+        .patch(fleet::CLUSTER, &PatchParams::default(), &Patch::Merge(&notifications))
+        .await
+        .unwrap();
+    scene.create_operation("upgrade", "talos", None).await;
+    eventually("the upgrade completes", || async { scene.phase("upgrade").await == "Completed" }).await;
+    eventually("every notice given up", || async {
+        let all = records(&scene, "upgrade").await;
+        all.len() == 4 && all.iter().all(|r| r.3 == "GaveUp")
+    })
+    .await;
+    let outbox = scene.operation("upgrade").await.and_then(|o| o.status).and_then(|s| s.notifications).unwrap();
+    for record in &outbox.records {
+        let error = record.last_error.clone().unwrap_or_default();
+        assert!(!error.contains(&port.to_string()), "the URL in a status: {error}");
+        match record.sink.as_str() {
+            // Each attempt bounded (10 s): few attempts in 12 s.
+            "hole" => assert!(record.attempts >= 1 && record.attempts <= 3, "{record:?}"),
+            _ => {
+                assert!(error.contains("receivers") && error.contains("no-such-key"), "{error}");
+                // The first retried for its bound (2, 4, 8 s apart); those behind it
+                // aged meanwhile, and go after one attempt.
+                let least = if record.event == "Started" { 3 } else { 1 };
+                assert!(record.attempts >= least, "retried: {record:?}");
+            }
+        }
+    }
+    let hole_error = outbox.records.iter().find(|r| r.sink == "hole").and_then(|r| r.last_error.clone());
+    assert!(hole_error.as_deref().is_some_and(|e| e.starts_with("not sent:")), "{hole_error:?}");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(scene.ns.client.clone(), &ns);
+    eventually("a Warning Event per notice given up", || async {
+        let listed = events.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+        listed.iter().filter(|e| e.reason.as_deref() == Some("NotificationGivenUp")).count() == 4
+    })
+    .await;
+    held.abort();
+    scene.end().await;
+}

@@ -22,7 +22,7 @@
 //! error names the Secret, and an HTTP client's error is said without its URL.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ichor_adapters::kubernetes::crd::{
@@ -60,7 +60,7 @@ pub struct Notifier {
     /// Each operation's outbox (by uid) as this replica last wrote it, or read it fresh
     /// when it first met the operation while leading: never the watch's copy, which may
     /// be behind its own last write.
-    outboxes: HashMap<String, NotificationsStatus>,
+    outboxes: Mutex<HashMap<String, NotificationsStatus>>,
 }
 
 /// Why a tick of one operation stopped early (it goes on at the next).
@@ -91,7 +91,7 @@ impl Notifier {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("an HTTP client for the notifications");
-        Self { client, operations, clusters, fence, http, outboxes: HashMap::new() }
+        Self { client, operations, clusters, fence, http, outboxes: Mutex::new(HashMap::new()) }
     }
 
     /// Runs for ever, a tick each [`INTERVAL`].
@@ -102,40 +102,45 @@ impl Notifier {
         }
     }
 
-    /// One look at every operation whose cluster has receivers.
+    /// One look at every operation whose cluster has receivers: the operations side by
+    /// side, and each one's receivers side by side, so that a receiver that never answers
+    /// delays the others by one attempt's bound at most.
     pub async fn tick(&mut self) {
         if !self.fence.leads() {
-            self.outboxes.clear();
+            self.outboxes.lock().unwrap_or_else(PoisonError::into_inner).clear();
             return;
         }
         let operations = self.operations.state();
-        let mut seen = Vec::new();
+        let mut tended = Vec::new();
         for op in &operations {
             let namespace = op.namespace().unwrap_or_default();
             let cluster = ObjectRef::<TalosCluster>::new(&op.spec.cluster).within(&namespace);
             let Some(cluster) = self.clusters.get(&cluster) else { continue };
-            let Some(spec) = cluster.spec.notifications.as_ref().filter(|n| !n.sinks.is_empty()) else { continue };
-            if op.spec.dry_run {
-                continue;
-            }
-            let Some(uid) = op.uid() else { continue };
-            seen.push(uid.clone());
+            let Some(spec) = cluster.spec.notifications.clone().filter(|n| !n.sinks.is_empty()) else { continue };
+            let Some(uid) = op.uid().filter(|_| !op.spec.dry_run) else { continue };
             let neighbours: Vec<Arc<TalosOperation>> =
                 operations.iter().filter(|o| o.namespace().as_deref() == Some(&namespace)).cloned().collect();
-            if let Err(stop) = self.tend(op, &uid, &neighbours, spec).await {
+            tended.push((Arc::clone(op), uid, neighbours, spec));
+        }
+        let this = &*self;
+        futures::future::join_all(tended.iter().map(|(op, uid, neighbours, spec)| async move {
+            if let Err(stop) = this.tend(op, uid, neighbours, spec).await {
                 // Read fresh next time: what was written is not known.
-                self.outboxes.remove(&uid);
+                this.outboxes.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
                 if !matches!(stop, Stop::NotLeading | Stop::Gone) {
+                    let namespace = op.namespace().unwrap_or_default();
                     tracing::warn!(%namespace, operation = %op.name_any(), error = %stop, "notifications: tick stopped");
                 }
             }
-        }
-        self.outboxes.retain(|uid, _| seen.contains(uid));
+        }))
+        .await;
+        let seen: Vec<&String> = tended.iter().map(|(_, uid, _, _)| uid).collect();
+        self.outboxes.lock().unwrap_or_else(PoisonError::into_inner).retain(|uid, _| seen.contains(&uid));
     }
 
-    /// `op`'s notices owed recorded, then its due ones sent, sink by sink.
+    /// `op`'s notices owed recorded, then its due ones sent, each sink's in order.
     async fn tend(
-        &mut self,
+        &self,
         op: &Arc<TalosOperation>,
         uid: &str,
         neighbours: &[Arc<TalosOperation>],
@@ -143,15 +148,16 @@ impl Notifier {
     ) -> Result<(), Stop> {
         let namespace = op.namespace().unwrap_or_default();
         let api: Api<TalosOperation> = Api::namespaced(self.client.clone(), &namespace);
-        let (op, kept) = match self.outboxes.get(uid) {
-            Some(outbox) => (Arc::clone(op), outbox.clone()),
+        let remembered = self.outboxes.lock().unwrap_or_else(PoisonError::into_inner).get(uid).cloned();
+        let (op, kept) = match remembered {
+            Some(outbox) => (Arc::clone(op), outbox),
             None => {
                 let fresh = api.get_opt(&op.name_any()).await.map_err(Stop::Write)?.ok_or(Stop::Gone)?;
                 if fresh.uid().as_deref() != Some(uid) {
                     return Err(Stop::Gone);
                 }
                 let outbox = fresh.status.as_ref().and_then(|s| s.notifications.clone()).unwrap_or_default();
-                self.outboxes.insert(uid.to_owned(), outbox.clone());
+                self.outboxes.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.to_owned(), outbox.clone());
                 (Arc::new(fresh), outbox)
             }
         };
@@ -159,38 +165,59 @@ impl Notifier {
         let waiting = notices::waiting(&op, kept.waiting.as_ref(), now);
         let waiting_after = spec.waiting_after_seconds.unwrap_or(notices::DEFAULT_WAITING_AFTER_SECONDS);
         let owed = notices::owed(&op, neighbours, waiting.as_ref(), waiting_after, now);
-        let mut outbox = notices::merged(&kept, &owed, spec, waiting, now);
+        let outbox = notices::merged(&kept, &owed, spec, waiting, now);
         if outbox != kept {
             self.write(&api, &op, uid, &outbox).await?;
         }
+        // One outbox, its writes one at a time; the requests side by side.
+        let outbox = tokio::sync::Mutex::new(outbox);
+        let sent = spec.sinks.iter().map(|sink| self.drain(&api, &op, uid, &outbox, sink, spec));
+        futures::future::join_all(sent).await.into_iter().collect()
+    }
+
+    /// Sends `sink`'s due notices of `op`, in order, until one fails (its next attempt is
+    /// due later) or none is due.
+    async fn drain(
+        &self,
+        api: &Api<TalosOperation>,
+        op: &TalosOperation,
+        uid: &str,
+        outbox: &tokio::sync::Mutex<NotificationsStatus>,
+        sink: &NotificationSink,
+        spec: &NotificationsSpec,
+    ) -> Result<(), Stop> {
         let give_up = spec.give_up_after_seconds.unwrap_or(notices::DEFAULT_GIVE_UP_AFTER_SECONDS);
-        for sink in &spec.sinks {
-            while let Some(i) = notices::due(&outbox, &sink.name, Timestamp::now()) {
+        loop {
+            let (i, record) = {
+                let mut outbox = outbox.lock().await;
+                let Some(i) = notices::due(&outbox, &sink.name, Timestamp::now()) else { return Ok(()) };
                 outbox.records[i] = notices::sending(&outbox.records[i]);
-                self.write(&api, &op, uid, &outbox).await?;
-                if !self.fence.leads() {
-                    // Left Sending: the next leader sends it.
-                    return Err(Stop::NotLeading);
-                }
-                let answer = self.post(&namespace, sink, &outbox.records[i], &op).await;
-                let record = notices::answered(&outbox.records[i], answer, give_up, Timestamp::now());
-                let state = record.state.clone();
-                outbox.records[i] = record;
-                self.write(&api, &op, uid, &outbox).await?;
-                match state.as_str() {
-                    DELIVERED => {}
-                    GAVE_UP => self.gave_up(&op, &outbox.records[i]).await,
-                    // Its next attempt is due later; the notices after it wait.
-                    _ => break,
-                }
+                self.write(api, op, uid, &outbox).await?;
+                (i, outbox.records[i].clone())
+            };
+            if !self.fence.leads() {
+                // Left Sending: the next leader sends it.
+                return Err(Stop::NotLeading);
+            }
+            let answer = self.post(&op.namespace().unwrap_or_default(), sink, &record, op).await;
+            let record = notices::answered(&record, answer, give_up, Timestamp::now());
+            {
+                let mut outbox = outbox.lock().await;
+                outbox.records[i] = record.clone();
+                self.write(api, op, uid, &outbox).await?;
+            }
+            match record.state.as_str() {
+                DELIVERED => {}
+                GAVE_UP => self.gave_up(op, &record).await,
+                // Its next attempt is due later; the notices after it wait.
+                _ => return Ok(()),
             }
         }
-        Ok(())
     }
 
     /// Writes `outbox` as `op`'s `status.notifications`, under the fence.
     async fn write(
-        &mut self,
+        &self,
         api: &Api<TalosOperation>,
         op: &TalosOperation,
         uid: &str,
@@ -209,7 +236,7 @@ impl Notifier {
         match api.patch_status(&op.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await
         {
             Ok(_) => {
-                self.outboxes.insert(uid.to_owned(), outbox.clone());
+                self.outboxes.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.to_owned(), outbox.clone());
                 Ok(())
             }
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Err(Stop::Gone),
