@@ -12,9 +12,10 @@ use std::process::Command;
 
 use crate::api_restart::OwnServer;
 use crate::operator_desired as desired_test;
-use crate::operator_e2e::{KUBERNETES_TARGET, Scene, all_on_target, only_allowed_requests};
+use crate::operator_e2e::{KUBERNETES_TARGET, Scene, all_on_target, leader, only_allowed_requests};
+use crate::operator_notify::{Receiver, records};
 use crate::support::{Process, eventually};
-use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperationStatus};
+use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosOperationStatus};
 use ichor_operator::{discovery, rbac};
 use ichor_sim::fleet;
 use ichor_upgrade_core::operation::OperationKind;
@@ -297,8 +298,9 @@ fn readme_install_commands() -> Vec<String> {
 /// the ServiceAccount the chart made, as its pod would. Then nothing but a TalosCluster
 /// with `upgrades: Automatic` (its machines discovered from the Nodes) two minor lines
 /// ahead of a 3 + 2 fleet: it goes there in two operations the operator makes; then a
-/// change of its `kubernetesVersion` with `kubectl patch` completes too. Every request
-/// was one the chart grants.
+/// change of its `kubernetesVersion` with `kubectl patch` completes too. Two replicas run,
+/// and the leader is killed in the middle of the first hop; the cluster's webhook receiver
+/// gets each operation's notices once. Every request was one the chart grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the operator's image, helm and the Kubernetes test server's binaries: ICHOR_TEST_OPERATOR_IMAGE, \
             ICHOR_TEST_HELM, ICHOR_TEST_KUBECONFIG (bash .ci/run makes all three)"]
@@ -341,10 +343,21 @@ async fn installed_as_the_readme_says_the_images_operator_upgrades_two_minors_th
     let grant = grant.replace("--namespace prod", &format!("--namespace {}", scene.ns.name));
     run(&admin, &grant.split_whitespace().skip(1).collect::<Vec<_>>());
 
+    // A webhook receiver, its URL in a Secret as a person would keep it.
+    let receiver = Receiver::start().await;
+    receiver.set_up("/hook", true);
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: receivers\nstringData:\n  webhook: {}\n",
+        receiver.url("/hook")
+    );
+    let secret_file = scene.dir.path().join("receivers.yaml");
+    std::fs::write(&secret_file, &secret).unwrap();
+    run(&admin, &["apply", "-n", &scene.ns.name, "-f", &secret_file.display().to_string()]);
     let cluster = format!(
         "apiVersion: ichor.dev/v1alpha1\nkind: TalosCluster\nmetadata:\n  name: {}\nspec:\n  talosVersion: {}\n  \
          kubernetesVersion: {}\n  platform: metal\n  talosconfigSecret: {}-talosconfig\n  discovery: Nodes\n  \
-         upgrades: Automatic\n  nodeSelector:\n    {}: {}\n",
+         upgrades: Automatic\n  nodeSelector:\n    {}: {}\n  notifications:\n    sinks:\n      - name: hook\n        \
+         type: Webhook\n        urlSecret: {{ name: receivers, key: webhook }}\n",
         fleet::CLUSTER,
         fleet::TARGET,
         fleet::KUBERNETES,
@@ -363,16 +376,49 @@ async fn installed_as_the_readme_says_the_images_operator_upgrades_two_minors_th
         .service_account_kubeconfig_in(rbac::NAMESPACE, rbac::NAME, &scene.dir.path().join("operator.kubeconfig"))
         .await;
     let snapshots = scene.snapshot_dir();
-    let operator = Process::start_command(
-        "image-operator",
-        image.command(),
-        scene.dir.path(),
-        &kubeconfig,
-        &["--etcd-snapshot-dir", &snapshots],
-        &[("POD_NAMESPACE", rbac::NAMESPACE)],
-    );
+    let replica = |name: &str| {
+        Process::start_command(
+            name,
+            image.command(),
+            scene.dir.path(),
+            &kubeconfig,
+            &["--etcd-snapshot-dir", &snapshots, "--identity", name],
+            &[("POD_NAMESPACE", rbac::NAMESPACE)],
+        )
+    };
+    let first = replica("replica-a");
+    eventually("replica-a leads", || async { leader(&first).await }).await;
+    let operator = replica("replica-b");
+    let placement = rbac::Placement {
+        operator_namespace: rbac::NAMESPACE,
+        cluster_namespaces: &[&scene.ns.name],
+        kubernetes_upgrades: true,
+    };
+    // The leader killed once two machines of the first hop converged.
     let hop = ichor_operator::desired::operation_name(OperationKind::Talos, desired_test::HOP);
+    let killer = {
+        let ops = Api::<TalosOperation>::namespaced(scene.ns.client.clone(), &scene.ns.name);
+        let (hop, namespace) = (hop.clone(), scene.ns.name.clone());
+        let mut first = first;
+        tokio::spawn(async move {
+            eventually("two machines of the first hop converged", || async {
+                let status = ops.get_opt(&hop).await.ok().flatten().and_then(|o| o.status);
+                status.and_then(|s| s.machines).is_some_and(|m| m.converged >= 2)
+            })
+            .await;
+            let placement = rbac::Placement {
+                operator_namespace: rbac::NAMESPACE,
+                cluster_namespaces: &[&namespace],
+                kubernetes_upgrades: true,
+            };
+            only_allowed_requests(&first, &placement).await;
+            first.kill();
+            first
+        })
+    };
     desired_test::made_and_completed(&scene, &hop).await;
+    let first = killer.await.unwrap();
+    assert!(leader(&operator).await, "replica-b leads once replica-a is dead");
     let last = ichor_operator::desired::operation_name(OperationKind::Talos, fleet::TARGET);
     desired_test::made_and_completed(&scene, &last).await;
     assert!(all_on_target(&scene.fleet_nodes().await), "every Node on {}", fleet::TARGET);
@@ -387,11 +433,29 @@ async fn installed_as_the_readme_says_the_images_operator_upgrades_two_minors_th
     }
     let table = run(&admin, &["get", "taloscluster", fleet::CLUSTER, "-n", &scene.ns.name]);
     assert!(table.lines().nth(1).is_some_and(|row| row.contains("UpToDate")), "{table}");
-    let placement = rbac::Placement {
-        operator_namespace: rbac::NAMESPACE,
-        cluster_namespaces: &[&scene.ns.name],
-        kubernetes_upgrades: true,
-    };
+    // Each operation's start and completion told once, across the leader's death.
+    let names = [hop.as_str(), last.as_str(), kubernetes.as_str()];
+    eventually("every notice delivered", || async {
+        let mut all = Vec::new();
+        for name in names {
+            all.extend(records(&scene, name).await);
+        }
+        all.iter().filter(|r| r.2 == "Completed").count() == 3 && all.iter().all(|r| r.3 == "Delivered")
+    })
+    .await;
+    let mut owed = Vec::new();
+    for name in names {
+        let events: Vec<String> = records(&scene, name).await.into_iter().map(|r| r.2).collect();
+        assert_eq!(events.first().map(String::as_str), Some("Started"), "{name}: {events:?}");
+        assert_eq!(events.last().map(String::as_str), Some("Completed"), "{name}: {events:?}");
+        owed.extend(records(&scene, name).await.into_iter().map(|r| r.0));
+    }
+    let mut got = receiver.ids("/hook");
+    got.sort();
+    owed.sort();
+    assert_eq!(got, owed, "each notice once");
+    let url = receiver.url("");
+    assert!(!first.log_lines().iter().chain(&operator.log_lines()).any(|l| l.contains(&url)), "a URL logged");
     only_allowed_requests(&operator, &placement).await;
     // Manual again before the scene's end deletes the operations: nothing is made again.
     run(

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A request a receiver took: its path, its `Ichor-Event-Id` and its body.
 #[derive(Debug, Clone)]
-struct Got {
+pub(crate) struct Got {
     path: String,
     id: String,
     body: serde_json::Value,
@@ -25,7 +25,7 @@ struct Got {
 
 /// A receiver on loopback: on a path that is up, answers 200 (and keeps what it got); on
 /// one that is down, 503.
-struct Receiver {
+pub(crate) struct Receiver {
     port: u16,
     up: Arc<Mutex<BTreeSet<String>>>,
     got: Arc<Mutex<Vec<Got>>>,
@@ -33,7 +33,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (up, got) = (Arc::new(Mutex::new(BTreeSet::new())), Arc::new(Mutex::new(Vec::new())));
@@ -48,11 +48,11 @@ impl Receiver {
         Self { port, up, got, task }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    fn set_up(&self, path: &str, up: bool) {
+    pub(crate) fn set_up(&self, path: &str, up: bool) {
         let mut paths = self.up.lock().unwrap();
         if up {
             paths.insert(path.to_owned())
@@ -61,12 +61,12 @@ impl Receiver {
         };
     }
 
-    fn got(&self) -> Vec<Got> {
+    pub(crate) fn got(&self) -> Vec<Got> {
         self.got.lock().unwrap().clone()
     }
 
     /// The ids `path` got, in order.
-    fn ids(&self, path: &str) -> Vec<String> {
+    pub(crate) fn ids(&self, path: &str) -> Vec<String> {
         self.got().into_iter().filter(|g| g.path == path).map(|g| g.id).collect()
     }
 }
@@ -119,7 +119,7 @@ async fn answer(mut stream: TcpStream, up: Arc<Mutex<BTreeSet<String>>>, got: Ar
 }
 
 /// Each record of `name`'s outbox: (id, sink, event, state).
-async fn records(scene: &Scene, name: &str) -> Vec<(String, String, String, String)> {
+pub(crate) async fn records(scene: &Scene, name: &str) -> Vec<(String, String, String, String)> {
     let op = scene.operation(name).await;
     let outbox = op.and_then(|o| o.status).and_then(|s| s.notifications).unwrap_or_default();
     outbox.records.into_iter().map(|r| (r.id, r.sink, r.event, r.state)).collect()
