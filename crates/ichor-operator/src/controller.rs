@@ -721,15 +721,33 @@ async fn tend(ctx: &Context, cluster: &TalosCluster) {
         if !ctx.fence.leads() {
             return;
         }
-        match api.delete(&old.name_any(), &kube::api::DeleteParams::default()).await {
-            Ok(_) => {
+        match delete_as_read(&api, old).await {
+            Ok(true) => {
                 tracing::info!(%namespace, cluster = %name, operation = %old.name_any(), "old completed operation deleted")
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            // Gone already, or changed since it was read: the next tick reads it again.
+            Ok(false) => {}
             Err(e) => {
                 tracing::warn!(%namespace, cluster = %name, operation = %old.name_any(), error = %e, "an old operation was not deleted")
             }
         }
+    }
+}
+
+/// Deletes `op` as it was read, and only so: not a namesake made since, nor the same
+/// operation changed since (a person's hold or annotation), by preconditions on its uid
+/// and resourceVersion. `Ok(true)` when this call deleted it; `Ok(false)` when it was gone
+/// already or changed since it was read (the next reading decides again).
+///
+/// # Errors
+/// The API server's, but for those two answers (404, 409).
+pub async fn delete_as_read(api: &Api<TalosOperation>, op: &TalosOperation) -> Result<bool, kube::Error> {
+    let preconditions = kube::api::Preconditions { uid: op.uid(), resource_version: op.resource_version() };
+    let params = kube::api::DeleteParams { preconditions: Some(preconditions), ..kube::api::DeleteParams::default() };
+    match api.delete(&op.name_any(), &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

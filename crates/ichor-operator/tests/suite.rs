@@ -2,6 +2,7 @@
 
 mod binary;
 mod chart;
+mod collection_api_server;
 mod deploy_api_server;
 mod krew;
 mod leader_api_server;
