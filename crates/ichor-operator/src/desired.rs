@@ -238,7 +238,8 @@ fn operation(cluster: &TalosCluster, kind: OperationKind, name: &str, target: &s
 
 /// The completed operations the operator made for `cluster` beyond the newest
 /// [`KEEP_COMPLETED`]: the ones to delete. Never one a person wrote, never one not
-/// completed.
+/// completed, never one whose notices are not all delivered or given up (its status is
+/// their outbox, [`crate::notify`]: deleting it would lose them).
 #[must_use]
 pub fn to_collect<'a>(cluster: &TalosCluster, operations: &'a [Arc<TalosOperation>]) -> Vec<&'a TalosOperation> {
     let mut made: Vec<&TalosOperation> = operations
@@ -251,7 +252,15 @@ pub fn to_collect<'a>(cluster: &TalosCluster, operations: &'a [Arc<TalosOperatio
         (b.meta().creation_timestamp.as_ref().map(|t| t.0), b.name_any())
             .cmp(&(a.meta().creation_timestamp.as_ref().map(|t| t.0), a.name_any()))
     });
-    made.into_iter().skip(KEEP_COMPLETED).collect()
+    made.into_iter().skip(KEEP_COMPLETED).filter(|o| all_told(o)).collect()
+}
+
+/// Whether every notice `op` owes was delivered or given up.
+fn all_told(op: &TalosOperation) -> bool {
+    let outbox = op.status.as_ref().and_then(|s| s.notifications.as_ref());
+    outbox.is_none_or(|o| {
+        o.records.iter().all(|r| r.state == crate::notices::DELIVERED || r.state == crate::notices::GAVE_UP)
+    })
 }
 
 #[cfg(test)]
@@ -422,6 +431,31 @@ mod tests {
             (0..5).map(|i| made(&cluster, &format!("talos-v1.14.{i}"), "Completed", i64::from(i))).collect();
         ops.push(made(&cluster, "talos-v1.13.0", "Refused", -5));
         ops.push(Arc::new(fixtures::operation("by-hand", "Completed", "")));
+        let collected: Vec<String> = to_collect(&cluster, &ops).iter().map(|o| o.name_any()).collect();
+        assert_eq!(collected, ["talos-v1.14.1", "talos-v1.14.0"]);
+        // One whose notice is still owed to a receiver is kept until it is told.
+        let mut owing = (*ops[0]).clone();
+        let record = |state: &str| ichor_adapters::kubernetes::crd::NotificationRecord {
+            id: "u/completed".into(),
+            sink: "hook".into(),
+            event: "Completed".into(),
+            message: String::new(),
+            state: state.into(),
+            attempts: 1,
+            owed: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            next_attempt: None,
+            last_error: None,
+        };
+        let outbox = |state: &str| ichor_adapters::kubernetes::crd::NotificationsStatus {
+            waiting: None,
+            records: vec![record(crate::notices::DELIVERED), record(state)],
+        };
+        owing.status.as_mut().unwrap().notifications = Some(outbox(crate::notices::PENDING));
+        ops[0] = Arc::new(owing.clone());
+        let collected: Vec<String> = to_collect(&cluster, &ops).iter().map(|o| o.name_any()).collect();
+        assert_eq!(collected, ["talos-v1.14.1"]);
+        owing.status.as_mut().unwrap().notifications = Some(outbox(crate::notices::GAVE_UP));
+        ops[0] = Arc::new(owing);
         let collected: Vec<String> = to_collect(&cluster, &ops).iter().map(|o| o.name_any()).collect();
         assert_eq!(collected, ["talos-v1.14.1", "talos-v1.14.0"]);
     }

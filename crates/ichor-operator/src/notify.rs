@@ -70,8 +70,8 @@ enum Stop {
     NotLeading,
     #[error("the operation is gone")]
     Gone,
-    #[error("its outbox was not written: {0}")]
-    Write(kube::Error),
+    #[error("the API server: {0}")]
+    Api(kube::Error),
 }
 
 impl Notifier {
@@ -152,7 +152,7 @@ impl Notifier {
         let (op, kept) = match remembered {
             Some(outbox) => (Arc::clone(op), outbox),
             None => {
-                let fresh = api.get_opt(&op.name_any()).await.map_err(Stop::Write)?.ok_or(Stop::Gone)?;
+                let fresh = api.get_opt(&op.name_any()).await.map_err(Stop::Api)?.ok_or(Stop::Gone)?;
                 if fresh.uid().as_deref() != Some(uid) {
                     return Err(Stop::Gone);
                 }
@@ -240,7 +240,7 @@ impl Notifier {
                 Ok(())
             }
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Err(Stop::Gone),
-            Err(e) => Err(Stop::Write(e)),
+            Err(e) => Err(Stop::Api(e)),
         }
     }
 
