@@ -299,9 +299,10 @@ async fn a_receiver_that_never_answers_is_given_up_after_its_bound_with_a_warnin
             "hole" => assert!(record.attempts >= 1 && record.attempts <= 3, "{record:?}"),
             _ => {
                 assert!(error.contains("receivers") && error.contains("no-such-key"), "{error}");
-                // The first retried for its bound (2, 4, 8 s apart); those behind it
-                // aged meanwhile, and go after one attempt.
-                let least = if record.event == "Started" { 3 } else { 1 };
+                // The first retried within its bound (2, 4, 8 s apart: three attempts on
+                // an idle machine, two on a loaded one); those behind it aged meanwhile,
+                // and go after one attempt.
+                let least = if record.event == "Started" { 2 } else { 1 };
                 assert!(record.attempts >= least, "retried: {record:?}");
             }
         }
