@@ -8,7 +8,7 @@
 //!     [--to-kubernetes V] [--trace FILE] [--json]
 //!     [--etcd-snapshot-dir DIR] [--executor legacy|lifecycle|auto] [--prepull on|off]
 //!     [--timeline FILE.svg] [--progress on|off] [--pass-interval-ms MS]
-//!     [--plan [--history FILE]]
+//!     [--plan [--history FILE]] [--window SCHEDULE;DURATION[;ZONE]]... [--blackout START;END]...
 //! ```
 //! With no arguments: 3 control planes and 5 workers (Kubernetes 1.34.1, storage on the
 //! workers) from v1.14.3 to v1.14.4. Exit 0: completed. Exit 4: paused or failed because
@@ -33,7 +33,11 @@
 //! preflight holds now, with why (`--json`: `{"plan": {"p10_s", "p50_s", "p90_s",
 //! "bound_s", "held": [{"node", "reason"}], ...}}`). Exit 0; 2 for a history that does
 //! not read, or that records a Kubernetes upgrade (its turns predict nothing of a Talos
-//! upgrade's). The model and its limits: `docs/plan.md`.
+//! upgrade's). The model and its limits: `docs/plan.md`. With maintenance windows
+//! (`--window 'SCHEDULE;DURATION[;TIME-ZONE]'`, repeated, and `--blackout 'START;END'`) a
+//! run starts machines only inside them, each only when its p90 turn ends before its
+//! window does, and `--plan` says how many windows the median run needs (`"windows":
+//! {"needed", "finish"}`, `null` when it does not fit).
 //!
 //! An upgrade streams an etcd snapshot from a simulated control plane before the first
 //! control plane's Upgrade call, into `--etcd-snapshot-dir` (default: a new directory
@@ -60,6 +64,7 @@ use ichor_upgrade_core::plan::{
 use ichor_upgrade_core::preflight::{Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::rollout::removal_refusal;
 use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
+use ichor_upgrade_core::window::{BlackoutSpec, MaintenanceSpec, TurnP90, WindowSpec};
 
 /// Exit code: paused or failed because of a fault.
 const EXIT_FAULT: i32 = 4;
@@ -185,6 +190,60 @@ struct Args {
     /// lead and reaction times the plan draws from.
     #[arg(long, value_name = "FILE", requires = "plan")]
     history: Option<PathBuf>,
+    /// A maintenance window, `SCHEDULE;DURATION[;TIME-ZONE]` (five cron fields, such as
+    /// `0 2 * * SAT,SUN;4h;Europe/Berlin`), repeated for a union: a machine starts only
+    /// inside one, and only when its p90 turn ends before the window does. The simulated
+    /// clock starts at 2026-01-01T00:00:00Z. `--plan` says how many windows the rollout
+    /// needs.
+    #[arg(long = "window", value_name = "WINDOW")]
+    windows: Vec<String>,
+    /// A blackout, `START;END` (RFC 3339 instants with offsets): nothing starts in it, and
+    /// no turn runs into it.
+    #[arg(long = "blackout", value_name = "BLACKOUT")]
+    blackouts: Vec<String>,
+}
+
+/// The maintenance windows of `--window` and `--blackout`, read as the operator reads
+/// `spec.maintenance`; a bad one exits 2, naming it.
+fn maintenance(args: &Args, start: ichor_upgrade_core::Timestamp) -> Option<MaintenanceSpec> {
+    if args.windows.is_empty() && args.blackouts.is_empty() {
+        return None;
+    }
+    let windows = args
+        .windows
+        .iter()
+        .map(|text| {
+            let parts: Vec<&str> = text.split(';').map(str::trim).collect();
+            match parts.as_slice() {
+                [schedule, duration] | [schedule, duration, ""] => {
+                    WindowSpec { schedule: (*schedule).to_owned(), duration: (*duration).to_owned(), time_zone: None }
+                }
+                [schedule, duration, zone] => WindowSpec {
+                    schedule: (*schedule).to_owned(),
+                    duration: (*duration).to_owned(),
+                    time_zone: Some((*zone).to_owned()),
+                },
+                _ => bad_argument(&format!(
+                    "--window {text:?}: a window is SCHEDULE;DURATION[;TIME-ZONE], such as \"0 2 * * SAT;4h;Europe/Berlin\""
+                )),
+            }
+        })
+        .collect();
+    let blackouts = args
+        .blackouts
+        .iter()
+        .map(|text| match text.split(';').map(str::trim).collect::<Vec<_>>().as_slice() {
+            [start, end] => BlackoutSpec { start: (*start).to_owned(), end: (*end).to_owned(), reason: None },
+            _ => bad_argument(&format!(
+                "--blackout {text:?}: a blackout is START;END, such as \"2026-01-01T00:00:00Z;2026-01-02T00:00:00Z\""
+            )),
+        })
+        .collect();
+    let spec = MaintenanceSpec { windows, blackouts };
+    if let Err(problem) = ichor_executor::calendar::calendar(&spec, start) {
+        bad_argument(&format!("--window/--blackout: {problem}"));
+    }
+    Some(spec)
 }
 
 /// The wake models on the command line.
@@ -281,6 +340,9 @@ fn main() {
     if let Some(mb) = args.installer_mb {
         config.registry.image_bytes = mb * 1_000_000;
     }
+    if let Some(spec) = maintenance(&args, SIMULATED_START) {
+        config = config.with_maintenance(spec);
+    }
     let sim = SimCluster::new(config.clone());
     if args.plan {
         print_plan(&args, &config, &sim);
@@ -312,6 +374,8 @@ fn main() {
     if let Some(ms) = args.pass_interval_ms {
         executor = executor.with_pass_interval(std::time::Duration::from_millis(ms));
     }
+    // A start is admitted into a window on the p90 of the simulator's own turns.
+    executor.turn_p90 = models(None, &config.plan_defaults(executor.pass_interval)).p90();
     let end = match (args.operation, &args.node) {
         (Operation::Remove, Some(node)) => {
             progress.header(&format!("removing {node} from {control_planes} control planes + {workers} workers"));
@@ -683,6 +747,12 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
     };
     let plan = plan(&input);
     let source = args.history.as_ref().map(|p| p.display().to_string());
+    // Through the maintenance windows: the median run, each start admitted on its role's p90.
+    let windows = config.maintenance.as_ref().map(|spec| {
+        let calendar = ichor_executor::calendar::calendar(spec, SIMULATED_START).expect("read before");
+        let p90 = TurnP90 { control_plane: secs(input.control_plane.p90()), worker: secs(input.worker.p90()) };
+        plan.through_windows(&calendar, SIMULATED_START.saturating_add(secs(input.lead_s)), p90, input.max_unavailable)
+    });
     if args.json {
         let value = serde_json::json!({
             "plan": {
@@ -695,6 +765,9 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
                 "runs": plan.runs,
                 "history": source,
                 "assumed": assumed,
+                "windows": windows.map(|fitted| fitted.map(|f| serde_json::json!({
+                    "needed": f.windows, "finish": f.finish.rfc3339(),
+                }))),
                 "phases": plan.phases.iter().map(|f| serde_json::json!({
                     "role": f.role.as_str(), "phase": f.phase, "samples": f.samples,
                     "p10_s": f.p10_s, "p50_s": f.p50_s, "p90_s": f.p90_s, "recorded": f.recorded,
@@ -725,6 +798,20 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
         clock(plan.bound_s)
     );
     println!("order: {}", plan.order.join(", "));
+    match windows {
+        None => {}
+        Some(Some(fitted)) => println!(
+            "windows: the median run needs {} maintenance window{}, its last turn ending at {} (the simulated clock starts at {})",
+            fitted.windows,
+            if fitted.windows == 1 { "" } else { "s" },
+            fitted.finish.rfc3339(),
+            SIMULATED_START.rfc3339()
+        ),
+        Some(None) => println!(
+            "windows: the rollout does not fit: a turn's p90 is longer than every window of the next {} days",
+            ichor_executor::calendar::HORIZON.as_secs() / 86_400
+        ),
+    }
     if plan.held.is_empty() {
         println!("held now: none");
     }
@@ -745,6 +832,14 @@ fn print_plan(args: &Args, config: &SimConfig, sim: &SimCluster) {
     for line in &assumed {
         println!("assumed: {line}");
     }
+}
+
+/// When the simulated clock starts: 2026-01-01T00:00:00Z.
+const SIMULATED_START: ichor_upgrade_core::Timestamp = ichor_upgrade_core::Timestamp::from_unix_secs(1_767_225_600);
+
+/// `seconds` as a duration (none for a negative or endless one).
+fn secs(seconds: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(std::time::Duration::MAX)
 }
 
 /// Prints a refusal at planning (nothing was touched) and exits 3.

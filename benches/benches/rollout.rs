@@ -28,6 +28,7 @@ fn rollout_decision(c: &mut Criterion) {
                     etcd: &EtcdVerdict::Healthy,
                     components: &ComponentsVerdict::all_ready(),
                     preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+                    windows: None,
                     config: &config,
                     now: Timestamp::from_unix_secs(1_010),
                 }))

@@ -156,6 +156,7 @@ impl Scene {
             kind: kind.into(),
             target_version: fleet::TARGET.into(),
             max_unavailable: 1.into(),
+            maintenance: None,
             machine: machine.map(str::to_owned),
         }
     }
@@ -829,6 +830,7 @@ async fn a_kubernetes_upgrade_completes_on_the_simulated_fleet_with_every_kubele
     let spec = TalosOperationSpec {
         target_version: KUBERNETES_TARGET.into(),
         max_unavailable: 2.into(),
+        maintenance: None,
         ..scene.operation_spec("kubernetes", None)
     };
     ops.create(&PostParams::default(), &TalosOperation::new("kubernetes", spec)).await.unwrap();

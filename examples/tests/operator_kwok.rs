@@ -219,6 +219,7 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
     let spec = TalosOperationSpec {
         target_version: "v1.14.4".into(),
         max_unavailable: MAX_UNAVAILABLE.into(),
+        maintenance: None,
         dry_run: true,
         ..scene.operation_spec("talos", None)
     };
@@ -306,6 +307,7 @@ async fn a_3_plus_200_kubernetes_upgrade_on_kwok_nodes_completes() {
     let spec = TalosOperationSpec {
         target_version: KUBERNETES_TARGET.into(),
         max_unavailable: MAX_UNAVAILABLE.into(),
+        maintenance: None,
         ..scene.operation_spec("kubernetes", None)
     };
     ops.create(&PostParams::default(), &TalosOperation::new("kubernetes", spec)).await.unwrap();

@@ -30,6 +30,7 @@ async fn create(scene: &Scene, name: &str, target: &str, dry_run: bool) {
     let spec = TalosOperationSpec {
         target_version: target.into(),
         max_unavailable: 2.into(),
+        maintenance: None,
         dry_run,
         ..scene.operation_spec("talos", None)
     };

@@ -101,6 +101,7 @@ async fn traced_upgrade(prefix: &str, control_planes: usize, workers: usize, ext
             kind: "talos".into(),
             target_version: fleet::TARGET.into(),
             max_unavailable: 1.into(),
+            maintenance: None,
             machine: None,
         },
     );

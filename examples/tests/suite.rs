@@ -11,6 +11,7 @@ mod operator_kwok;
 mod operator_notify;
 mod operator_plan;
 mod operator_trace;
+mod operator_windows;
 mod readme_figures;
 mod rollout_example;
 mod rollout_kubernetes;

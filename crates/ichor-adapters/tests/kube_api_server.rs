@@ -41,6 +41,7 @@ fn cluster_object(name: &str) -> TalosCluster {
             upgrades: None,
             releases: None,
             notifications: None,
+            maintenance: None,
         },
     )
 }
@@ -263,6 +264,7 @@ fn upgrade_spec() -> TalosOperationSpec {
         kind: "talos".into(),
         target_version: "v1.14.4".into(),
         max_unavailable: 1.into(),
+        maintenance: None,
         machine: None,
     }
 }

@@ -5,7 +5,9 @@ use std::time::Duration;
 use ichor_upgrade_core::machine::kubernetes::KubernetesTimeouts;
 use ichor_upgrade_core::machine::lifecycle::ExecutorChoice;
 use ichor_upgrade_core::machine::vocabulary::StepTimeouts;
+use ichor_upgrade_core::plan::{Defaults, models};
 use ichor_upgrade_core::rollout::RolloutConfig;
+use ichor_upgrade_core::window::TurnP90;
 
 /// How long calls may take, and the step's and engine's bounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +50,13 @@ pub struct ExecutorConfig {
     pub pass_interval: Duration,
     /// A Kubernetes upgrade's bounds: how long a changed component may take to be verified.
     pub kubernetes: KubernetesTimeouts,
+    /// The p90 of one machine's turn by role, which a start is admitted on into a
+    /// maintenance window ([`ichor_upgrade_core::window`]). The operator sets it for each
+    /// pass from the cluster's last completed upgrade
+    /// ([`ichor_upgrade_core::plan::Models::p90`]); the default, for a cluster with no
+    /// history, is the p90 of each default phase of a Talos turn, summed (4.5 minutes, from
+    /// [`Defaults::talos`]), which errs long.
+    pub turn_p90: TurnP90,
 }
 
 /// Pre-pulling the installer image ahead of a machine's turn.
@@ -80,6 +89,7 @@ impl Default for ExecutorConfig {
             prepull: Prepull::default(),
             pass_interval: Duration::from_secs(2),
             kubernetes: KubernetesTimeouts::default(),
+            turn_p90: models(None, &Defaults::talos(2.0)).p90(),
         }
     }
 }

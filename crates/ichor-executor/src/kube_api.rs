@@ -15,6 +15,7 @@ use ichor_upgrade_core::machine::kubernetes::StaticPodObservation;
 use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::operation::OperationSpec;
 use ichor_upgrade_core::status::OperationStatus;
+use ichor_upgrade_core::window::MaintenanceSpec;
 
 use crate::effects::seal::Seal;
 
@@ -145,6 +146,9 @@ pub struct ClusterInfo {
     /// API server has, without one). An upgrade accounts for each: a Node no machine
     /// names refuses its start and holds its completion.
     pub nodes: Vec<String>,
+    /// The maintenance windows its upgrades keep to (`spec.maintenance`); an operation's
+    /// own replace them ([`OperationInfo::maintenance`]).
+    pub maintenance: Option<MaintenanceSpec>,
 }
 
 /// A `TalosOperation`.
@@ -164,6 +168,8 @@ pub struct OperationInfo {
     pub annotations: Metadata,
     /// Its spec.
     pub spec: OperationSpec,
+    /// Its own maintenance windows (`spec.maintenance`), in place of its cluster's.
+    pub maintenance: Option<MaintenanceSpec>,
     /// Its status.
     pub status: OperationStatus,
 }

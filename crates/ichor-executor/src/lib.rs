@@ -12,7 +12,8 @@
 //! fresh read) and the precondition each needs, by type. The modules depend downwards
 //! only: [`reconcile`](mod@reconcile), the pass by stage, on the per-machine drivers in
 //! [`machine`] (one per kind of work, as in the core's `machine`), the drivers on
-//! [`effects`] and [`etcd`], and those on [`calls`].
+//! [`effects`] and [`etcd`], and those on [`calls`]. [`calendar`] expands the maintenance
+//! windows as written into the instants the engine decides on.
 //!
 //! # What this crate must not do
 //! It makes no decision of its own: every choice lives in `ichor-upgrade-core`. It keeps no
@@ -23,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod background;
+pub mod calendar;
 pub mod calls;
 pub mod cause;
 pub mod clock;

@@ -88,6 +88,7 @@ impl ClusterObjects {
             schematic: Some(SCHEMATIC.to_owned()),
             platform: "metal".to_owned(),
             nodes: nodes.iter().map(|n| n.name.clone()).collect(),
+            maintenance: None,
         };
         Self { shape: shape.clone(), cluster, machines, nodes }
     }

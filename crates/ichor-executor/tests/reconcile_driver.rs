@@ -223,6 +223,7 @@ fn operation_info(target_version: &str, max_unavailable: i64, status: OperationS
             max_unavailable: max_unavailable.into(),
             machine: None,
         },
+        maintenance: None,
         status,
     }
 }
@@ -237,6 +238,7 @@ fn prod_cluster() -> ClusterInfo {
         schematic: None,
         platform: "metal".into(),
         nodes: Vec::new(),
+        maintenance: None,
     }
 }
 

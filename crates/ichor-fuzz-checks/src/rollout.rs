@@ -148,6 +148,7 @@ pub fn rollout(data: &[u8]) {
         etcd: &etcd,
         components: &ComponentsVerdict::all_ready(),
         preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+        windows: None,
         config: &config,
         now: Timestamp::from_unix_secs(1_000),
     };

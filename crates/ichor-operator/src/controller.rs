@@ -14,6 +14,7 @@
 //! happen) and every Talos call fails as unreachable with the reason, which the operation's
 //! status shows as a wait.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,6 +34,8 @@ use ichor_executor::talos_api::{EtcdAlarm, EtcdMember, EtcdStatus, ImageInfo, Ta
 use ichor_executor::writes::{Seal, TalosWrite, TalosWritten};
 use ichor_executor::{Clock, Executor, ExecutorConfig, PassMemory, SnapshotStore, report};
 use ichor_upgrade_core::machine::vocabulary::MachineStage;
+use ichor_upgrade_core::plan::Defaults;
+use ichor_upgrade_core::window::MaintenanceSpec;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
@@ -405,6 +408,29 @@ impl TalosApi for NoTalos {
     }
 }
 
+/// The executor's configuration for a pass of `op`: where maintenance windows apply (its
+/// own, or its cluster's), with the p90 turns its starts are admitted on taken from the
+/// cluster's last completed upgrade ([`crate::dry_run::turn_p90`]), calibrated as a dry
+/// run's plan is; elsewhere, and without history, the configured ones.
+fn pass_config<'c>(ctx: &'c Context, op: &TalosOperation, namespace: &str) -> Cow<'c, ExecutorConfig> {
+    let configured = &ctx.config.executor;
+    let cluster = ctx.stores.clusters.get(&ObjectRef::new(&op.spec.cluster).within(namespace));
+    let windows = op.spec.maintenance.as_ref().or(cluster.as_ref().and_then(|c| c.spec.maintenance.as_ref()));
+    if windows.is_none_or(MaintenanceSpec::is_empty) {
+        return Cow::Borrowed(configured);
+    }
+    let defaults = Defaults::talos(configured.pass_interval.as_secs_f64()).sped_up(ctx.config.time_scale);
+    let history = crate::dry_run::turn_p90(op, &ctx.stores.machines.state(), &ctx.stores.operations.state(), &defaults);
+    match history {
+        Some(p90) => {
+            let mut config = configured.clone();
+            config.turn_p90 = p90;
+            Cow::Owned(config)
+        }
+        None => Cow::Borrowed(configured),
+    }
+}
+
 async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     if !leads(*ctx.leading.borrow()) {
         ctx.forget();
@@ -445,13 +471,14 @@ async fn reconcile(op: Arc<TalosOperation>, ctx: Arc<Context>) -> Result<Action,
         // Leadership is checked before every side effect of the pass, not only at its start:
         // a pass can last minutes.
         let fence = &ctx.fence;
+        let config = pass_config(&ctx, &op, &namespace);
         let executor = Executor {
             snapshots: ctx.config.snapshots.as_deref(),
             talos: &FencedTalos { inner: &TracedTalos { inner: talos.as_ref(), recorder }, fence },
             kube: &FencedKube { inner: &TracedKube { inner: &kube, recorder }, fence },
             storage: &FencedStorage { inner: &TracedStorage { inner: &ctx.storage, recorder }, fence },
             clock: &SystemClock,
-            config: &ctx.config.executor,
+            config: &config,
             background: Some(queue.as_ref()),
         };
         let memory = ctx.memory(&namespace, &name);
@@ -591,6 +618,8 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
             .sped_up(ctx.config.time_scale),
         own_node: ctx.config.own_node.as_deref(),
         storage,
+        maintenance: op.spec.maintenance.as_ref().or(cluster.spec.maintenance.as_ref()),
+        now: SystemClock.now(),
     };
     let started = Instant::now();
     let planned = match &read {

@@ -216,6 +216,7 @@ fn operation(cluster: &TalosCluster, kind: OperationKind, name: &str, target: &s
             kind: kind.to_owned(),
             target_version: target.to_owned(),
             max_unavailable: 1.into(),
+            maintenance: None,
             machine: None,
             preflight: None,
             etcd_snapshot: None,

@@ -21,10 +21,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ichor_adapters::kubernetes::crd::{
-    Calibration, PlanHeld, PlanPhase, PlanStatus, PlannedMachine, Role, TalosMachine, TalosOperation,
+    Calibration, PlanHeld, PlanPhase, PlanStatus, PlanWindows, PlannedMachine, Role, TalosMachine, TalosOperation,
 };
 use ichor_storage::StorageObject;
 use ichor_timeline::{History, Timeline};
+use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::machine::vocabulary::MachineRole;
 use ichor_upgrade_core::operation::{HOLD_ANNOTATION, ORDER_LABEL, OperationKind};
 use ichor_upgrade_core::plan::{
@@ -34,6 +35,7 @@ use ichor_upgrade_core::plan::{
 use ichor_upgrade_core::preflight::{ClusterFacts, NodeFacts, Preflight, PreflightConfig, describe};
 use ichor_upgrade_core::rollout::NameOrder;
 use ichor_upgrade_core::versions::TalosVersion;
+use ichor_upgrade_core::window::{MaintenanceSpec, TurnP90};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
@@ -69,6 +71,11 @@ pub struct DryRun<'a> {
     /// What storage holds now, or why it could not be read (the plan then times
     /// evacuations as recorded, and says so).
     pub storage: Result<StorageNow, String>,
+    /// The maintenance windows the upgrade would keep to (the operation's own, else its
+    /// cluster's), if any.
+    pub maintenance: Option<&'a MaintenanceSpec>,
+    /// When the dry run plans: the windows are counted from it.
+    pub now: Timestamp,
 }
 
 /// What storage holds now, as a dry run reads it.
@@ -169,6 +176,22 @@ pub fn recorded(previous: &TalosOperation, machines: &[Arc<TalosMachine>]) -> Re
         // have it: the phase a plan replaces is the one the rate was measured on.
         storage: history.storage_rate().map(|bytes_per_s| StorageRate { bytes_per_s }),
     }
+}
+
+/// What a start of `op` is admitted on into a maintenance window: each role's p90 turn
+/// ([`Models::p90`]) from the cluster's last completed upgrade of the same kind made
+/// before it (a Kubernetes upgrade with none: the last Talos upgrade's, whose turns are
+/// longer, so it errs long), a role it did not record from `defaults`. `None`: no history.
+#[must_use]
+pub fn turn_p90(
+    op: &TalosOperation,
+    machines: &[Arc<TalosMachine>],
+    operations: &[Arc<TalosOperation>],
+    defaults: &Defaults,
+) -> Option<ichor_upgrade_core::window::TurnP90> {
+    let previous = last_completed(op, operations, &op.spec.kind)
+        .or_else(|| last_completed(op, operations, OperationKind::TALOS))?;
+    Some(models(Some(&recorded(previous, machines)), defaults).p90())
 }
 
 /// Each converged machine's turn in `history` with its phases (by the timeline's names),
@@ -291,7 +314,52 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
         runs: DEFAULT_RUNS,
         seed: seed(&op.uid().unwrap_or_else(|| op.name_any())),
     };
-    Ok(to_status(plan(&input), previous, assumed))
+    let planned = plan(&input);
+    let windows = windows(dry, &planned, &input)?;
+    Ok(PlanStatus { windows, ..to_status(planned, previous, assumed) })
+}
+
+/// How `planned`, planned from `input`, goes through the dry run's maintenance windows
+/// from its instant and its lead ([`ichor_upgrade_core::plan::Plan::through_windows`]).
+///
+/// # Errors
+/// A [`Refusal`] (`InvalidMaintenance`) for windows that do not read, as the upgrade
+/// itself would be refused.
+pub fn windows(
+    dry: &DryRun<'_>,
+    planned: &ichor_upgrade_core::plan::Plan,
+    input: &PlanInput<'_>,
+) -> Result<Option<PlanWindows>, Refusal> {
+    let Some(spec) = dry.maintenance.filter(|m| !m.is_empty()) else { return Ok(None) };
+    let calendar = ichor_executor::calendar::calendar(spec, dry.now).map_err(|problem| Refusal {
+        reason: "InvalidMaintenance",
+        message: format!("spec.maintenance: {problem}; nothing was read or changed"),
+    })?;
+    let seconds = |s: f64| std::time::Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(std::time::Duration::MAX);
+    let p90 = TurnP90 { control_plane: seconds(input.control_plane.p90()), worker: seconds(input.worker.p90()) };
+    let from = dry.now.saturating_add(seconds(input.lead_s));
+    Ok(Some(match planned.through_windows(&calendar, from, p90, input.max_unavailable) {
+        Some(fitted) => PlanWindows {
+            needed: Some(i64::try_from(fitted.windows).unwrap_or(i64::MAX)),
+            finish: Some(fitted.finish.rfc3339()),
+            message: format!(
+                "the median run needs {} maintenance window{}, its last turn ending at {}",
+                fitted.windows,
+                if fitted.windows == 1 { "" } else { "s" },
+                fitted.finish.rfc3339()
+            ),
+        },
+        None => PlanWindows {
+            needed: None,
+            finish: None,
+            message: format!(
+                "a turn's p90 (control plane {} s, worker {} s) is longer than every maintenance window of the next {} days: no machine would start",
+                p90.control_plane.as_secs(),
+                p90.worker.as_secs(),
+                ichor_executor::calendar::HORIZON.as_secs() / 86_400
+            ),
+        },
+    }))
 }
 
 /// The start key of `machine` (on `node`): last when it is the operator's own node, then
@@ -345,6 +413,7 @@ fn to_status(
             })
             .collect(),
         kubernetes: None,
+        windows: None,
     }
 }
 

@@ -19,6 +19,7 @@ pub(crate) fn cluster(discovery: Option<Discovery>) -> TalosCluster {
             upgrades: None,
             releases: None,
             notifications: None,
+            maintenance: None,
         },
     );
     c.metadata.namespace = Some("ops".into());
@@ -34,6 +35,7 @@ pub(crate) fn operation(name: &str, phase: &str, reason: &str) -> TalosOperation
             kind: "talos".into(),
             target_version: "v1.14.4".into(),
             max_unavailable: 1.into(),
+            maintenance: None,
             machine: None,
             preflight: None,
             etcd_snapshot: None,

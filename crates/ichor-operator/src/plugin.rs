@@ -546,6 +546,20 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen
     if let Some(waiting) = &status.waiting_for {
         let _ = writeln!(text, "  waiting for: {waiting}");
     }
+    match &status.audit {
+        Some(audit) if audit.clean => {
+            let _ = writeln!(
+                text,
+                "  audit: clean (nothing left cordoned or crash-looping, every Node Ready on the target, etcd healthy, no budget at zero)"
+            );
+        }
+        Some(audit) => {
+            for finding in &audit.findings {
+                let _ = writeln!(text, "  audit: {}: {}", finding.reason, finding.message);
+            }
+        }
+        None => {}
+    }
     // DESIGN §3 rule 5 as decided in decision 0015: an operation left with only held
     // machines keeps its cluster's lock, so nothing else runs on the cluster meanwhile.
     if status.reason.as_deref() == Some("Held") && status.phase.as_deref() == Some("Waiting") {
@@ -566,6 +580,9 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen
             plan.history.as_deref().map_or_else(|| "default durations".to_owned(), |h| format!("the history of {h}"))
         );
         let _ = writeln!(text, "  order: {}", plan.order.join(", "));
+        if let Some(windows) = &plan.windows {
+            let _ = writeln!(text, "  windows: {}", windows.message);
+        }
         for held in &plan.held {
             let _ = writeln!(text, "  held now: {}: {}", held.machine, held.reason);
         }
@@ -663,6 +680,31 @@ mod tests {
             "status": {"phase": phase, "reason": reason, "message": message},
         }))
         .unwrap()
+    }
+
+    /// Issue 56 item 3: a wait on the windows names itself and the next window's start,
+    /// and a dry run's plan says how many windows the rollout needs.
+    #[test]
+    fn the_windows_show_in_status_as_a_wait_and_in_a_plan() {
+        let wait = ichor_upgrade_core::status::Phase::Waiting(ichor_upgrade_core::status::WaitReason::OutsideWindow {
+            next_start: Some(ichor_upgrade_core::Timestamp::from_unix_secs(1_767_232_800)),
+        });
+        let waiting = operation("Waiting", wait.reason(), &wait.to_string());
+        let text = status_text(&waiting, &[], &NodesSeen::default());
+        assert!(text.contains("OutsideWindow"), "{text}");
+        assert!(text.contains("the next window opens at 2026-01-01T02:00:00Z"), "{text}");
+        let mut planned = operation("Completed", "Planned", "planned (nothing touched)");
+        planned.status.as_mut().unwrap().plan = Some(
+            serde_json::from_value(json!({
+                "p10Seconds": 560.0, "p50Seconds": 600.0, "p90Seconds": 660.0, "boundSeconds": 480.0, "runs": 200,
+                "order": ["cp-1"],
+                "windows": {"needed": 3, "finish": "2026-01-03T02:10:00Z",
+                            "message": "the median run needs 3 maintenance windows, its last turn ending at 2026-01-03T02:10:00Z"},
+            }))
+            .unwrap(),
+        );
+        let text = status_text(&planned, &[], &NodesSeen::default());
+        assert!(text.contains("windows: the median run needs 3 maintenance windows"), "{text}");
     }
 
     /// Issue 55 (papercuts): a dry run's status printed a `0/0` progress bar and its p50

@@ -15,6 +15,7 @@ fn operation(name: &str) -> TalosOperation {
             kind: "talos".into(),
             target_version: "v1.14.4".into(),
             max_unavailable: 1.into(),
+            maintenance: None,
             machine: None,
             preflight: None,
             etcd_snapshot: None,

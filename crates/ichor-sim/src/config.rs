@@ -330,6 +330,9 @@ pub struct SimConfig {
     pub naming: Naming,
     /// How real the cluster behaves (the default: as a real one; see [`Realism`]).
     pub realism: Realism,
+    /// The cluster's maintenance windows (`TalosCluster.spec.maintenance`; none by
+    /// default). The simulated clock starts at 2026-01-01T00:00:00Z, a Thursday.
+    pub maintenance: Option<ichor_upgrade_core::window::MaintenanceSpec>,
 }
 
 /// How the simulated nodes are named and addressed: node `i` of a role is
@@ -418,7 +421,15 @@ impl SimConfig {
             hostnames: true,
             naming: Naming::default(),
             realism: Realism::cluster(),
+            maintenance: None,
         }
+    }
+
+    /// The same cluster with maintenance windows.
+    #[must_use]
+    pub fn with_maintenance(mut self, maintenance: ichor_upgrade_core::window::MaintenanceSpec) -> Self {
+        self.maintenance = Some(maintenance);
+        self
     }
 
     /// The same cluster with another model of time and watches.

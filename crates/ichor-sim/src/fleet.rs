@@ -537,6 +537,7 @@ impl Fleet {
                 upgrades: None,
                 releases: None,
                 notifications: None,
+                maintenance: None,
             },
         );
         create_if_absent(&Api::namespaced(client.clone(), ns), &cluster)

@@ -123,6 +123,7 @@ impl SimCluster {
                 annotations: Metadata::new(),
                 spec,
                 status: OperationStatus::default(),
+                maintenance: None,
             };
             w.operations.insert(name.to_owned(), SimOperation { info, finalized: false, version: 0, seen: 0 });
         });

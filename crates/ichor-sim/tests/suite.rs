@@ -5,12 +5,14 @@
 mod evacuation_properties;
 mod invariants;
 mod restart_property;
+mod sim_audit;
 mod sim_etcd_snapshot;
 mod sim_image_pull;
 mod sim_kubernetes;
 mod sim_preflight;
 mod sim_removal;
 mod sim_rollout;
+mod sim_windows;
 mod talos_server;
 mod talosctl;
 

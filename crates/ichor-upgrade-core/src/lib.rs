@@ -5,6 +5,8 @@
 //!
 //! - [`versions`]: strict parsing of Talos and Kubernetes versions, the upgrade-path rule
 //!   and the Talos-to-Kubernetes support table;
+//! - [`audit`]: the morning-after audit: what is left wrong after an upgrade, each a
+//!   typed finding;
 //! - [`changes`]: what a change of an operation's status says to a trace;
 //! - [`conditions`]: `metav1.Condition`-shaped progress markers with upsert semantics;
 //! - [`operation`]: operation kinds, spec validation and the labels people steer with;
@@ -21,6 +23,8 @@
 //! - [`record`]: the status a pass records from its decision and its machines' outcomes;
 //! - [`plan`]: a calibrated plan of an upgrade before it runs (its makespan's spread
 //!   from the cluster's own history, the order, the machines held);
+//! - [`window`]: maintenance windows as the engine decides on them: a start only inside
+//!   one, and only when its calibrated p90 turn ends before the window does;
 //! - [`rollout`]: the rollout engine, a pure function from what was observed to a
 //!   [`rollout::Decision`].
 //!
@@ -48,6 +52,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod changes;
 pub mod conditions;
 pub mod etcd;
@@ -67,5 +72,6 @@ pub mod strategies;
 pub mod time;
 pub mod upgrade_marker;
 pub mod versions;
+pub mod window;
 
 pub use time::Timestamp;

@@ -335,6 +335,15 @@ pub enum Refusal {
         /// The target written now.
         now: String,
     },
+    /// The maintenance windows (`spec.maintenance` of the operation, else of its
+    /// TalosCluster) could not be read: a schedule, a duration, a time zone or a blackout
+    /// is wrong. Nothing starts until they are corrected; what is under way is seen to
+    /// its verification.
+    #[error("spec.maintenance: {problem}; no machine starts until it is corrected, and nothing was touched")]
+    InvalidMaintenance {
+        /// What is wrong, naming the field.
+        problem: String,
+    },
     /// Planning, before any machine started, found the cluster cannot be taken to the
     /// target as it stands. Nothing was touched.
     #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -454,6 +463,7 @@ impl Refusal {
             Self::MachineNotForKind { .. } => "MachineNotForKind",
             Self::LeavesTwoControlPlanes { .. } => "LeavesTwoControlPlanes",
             Self::TargetChanged { .. } => "TargetChanged",
+            Self::InvalidMaintenance { .. } => "InvalidMaintenance",
             Self::Unplannable { problems } => problems.first().map_or("Unplannable", PlanProblem::reason),
         }
     }

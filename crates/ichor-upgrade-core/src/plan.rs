@@ -135,6 +135,17 @@ impl TurnModel {
         }
     }
 
+    /// The p90 of one turn, seconds: the recorded turns' own; with no record, the sum of
+    /// each phase's p90, which is longer than the sum's p90: a start admitted on it into
+    /// a maintenance window errs long, never short.
+    #[must_use]
+    pub fn p90(&self) -> f64 {
+        match self {
+            Self::Recorded(turns) => quantile(&turns.iter().map(|t| t.seconds).collect::<Vec<_>>(), 0.9),
+            Self::Phases(ranges) => ranges.iter().map(|(_, (low, high))| low + (high - low) * 0.9).sum(),
+        }
+    }
+
     /// Each phase's distribution under this model, then (for a record) the whole turn's
     /// (`turn`), for `role`.
     #[must_use]
@@ -314,6 +325,18 @@ pub struct Models {
     pub assumed: Vec<String>,
 }
 
+impl Models {
+    /// What a start is admitted on into a maintenance window: each role's p90 turn
+    /// ([`TurnModel::p90`]).
+    #[must_use]
+    pub fn p90(&self) -> crate::window::TurnP90 {
+        let seconds = |model: &TurnModel| {
+            std::time::Duration::try_from_secs_f64(model.p90().max(0.0)).unwrap_or(std::time::Duration::MAX)
+        };
+        crate::window::TurnP90 { control_plane: seconds(&self.control_plane), worker: seconds(&self.worker) }
+    }
+}
+
 /// The models for a plan from `recorded` (none: no history), each thing it lacks taken
 /// from `defaults` and said so in [`Models::assumed`]. The main job's `--plan` and the
 /// operator's dry run both plan through this.
@@ -470,6 +493,26 @@ pub struct Plan {
     pub phases: Vec<PhaseFit>,
     /// How many runs were drawn.
     pub runs: usize,
+}
+
+impl Plan {
+    /// How the median run goes through maintenance windows from `from`
+    /// ([`crate::window::Calendar::fit`]): each turn as long as the median run has it,
+    /// each start admitted on its role's `p90`, `slots` workers at once. `None`: it does
+    /// not fit before the calendar's horizon (a turn no window can take).
+    #[must_use]
+    pub fn through_windows(
+        &self,
+        calendar: &crate::window::Calendar,
+        from: crate::time::Timestamp,
+        p90: crate::window::TurnP90,
+        slots: usize,
+    ) -> Option<crate::window::Fitted> {
+        let turn = |t: &PlannedTurn| std::time::Duration::from_secs_f64((t.end_s - t.start_s).max(0.0));
+        let of = |role: MachineRole| self.median_run.iter().filter(|t| t.role == role).map(turn).collect::<Vec<_>>();
+        let (control_planes, workers) = (of(MachineRole::ControlPlane), of(MachineRole::Worker));
+        calendar.fit(from, &crate::window::Turns { control_planes: &control_planes, workers: &workers }, p90, slots)
+    }
 }
 
 /// The plan for `input`.

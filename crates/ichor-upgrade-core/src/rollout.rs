@@ -48,6 +48,7 @@ use crate::versions::{
     KubernetesVersion, TalosVersion, check_kubernetes_pairing, check_upgrade_path, is_unknown_release,
     newest_known_talos,
 };
+use crate::window::{WindowVerdict, Windows};
 
 /// How the engine keeps its cluster lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,6 +228,9 @@ pub struct RolloutInput<'a> {
     pub kubernetes: Option<&'a KubernetesInput>,
     /// The preflight gate's verdicts.
     pub preflight: &'a PreflightVerdict,
+    /// The maintenance windows an upgrade's starts keep to, expanded at `now` (`None`: no
+    /// window rule; a removal keeps to none).
+    pub windows: Option<&'a Windows>,
     /// Lock timing.
     pub config: &'a RolloutConfig,
     /// The current time.
@@ -714,6 +718,9 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     };
     if let Some(refusal) = target_changed(op) {
         return wind_down(input, &lock, Phase::Refused(refusal));
+    }
+    if let (Some(Windows::Invalid(problem)), Asked::Upgrade(_) | Asked::Kubernetes(..)) = (input.windows, &asked) {
+        return wind_down(input, &lock, Phase::Refused(Refusal::InvalidMaintenance { problem: problem.clone() }));
     }
     if let Asked::Remove(machine) = asked
         && !input.machines.iter().any(|m| m.name == machine)
@@ -1555,6 +1562,9 @@ fn start_control_plane(
     if !not_ready.is_empty() {
         return Stage::Blocked(WaitReason::ControlPlaneNotReady { nodes: not_ready });
     }
+    if let Some(wait) = window_wait(input, next, d) {
+        return Stage::Blocked(wait);
+    }
     // The other control planes' components are gathered with the etcd gate.
     match input.components.others_not_ready(&next.name) {
         Err(CallDenied::ControlPlaneComponentsNotReady { components }) | Ok(components) if !components.is_empty() => {
@@ -1595,6 +1605,32 @@ fn start_control_plane(
     }
 }
 
+/// The maintenance windows, for `machine`, which the rules would start now: why it waits,
+/// if it does, with the decision to look again when the next window that can take its turn
+/// opens (and before the calendar's horizon, to look further).
+fn window_wait(input: &RolloutInput<'_>, machine: &MachineView, d: &mut Decision) -> Option<WaitReason> {
+    let Some(Windows::Calendar { calendar, p90 }) = input.windows else { return None };
+    let turn = match machine.role {
+        MachineRole::ControlPlane => p90.control_plane,
+        MachineRole::Worker => p90.worker,
+    };
+    let (wait, next_start) = match calendar.admit(input.now, turn) {
+        WindowVerdict::Open { .. } => return None,
+        WindowVerdict::Outside { next_start } => (WaitReason::OutsideWindow { next_start }, next_start),
+        WindowVerdict::WouldOverrun { closes, next_start } => {
+            let wait = WaitReason::WouldOverrunWindow {
+                machine: machine.name.clone(),
+                turn_p90_s: turn.as_secs(),
+                closes,
+                next_start,
+            };
+            (wait, next_start)
+        }
+    };
+    d.recheck_at = Timestamp::min_opt(d.recheck_at, Some(next_start.unwrap_or(calendar.horizon())));
+    Some(wait)
+}
+
 /// Rules 2 and 4: the lowest unfinished order wave, within `maxUnavailable` counting
 /// workers already unavailable for other reasons.
 fn start_workers(
@@ -1623,6 +1659,7 @@ fn start_workers(
 
     let mut not_ready = Vec::new();
     let mut budget_blocked = false;
+    let mut window = None;
     let mut asked = 0_usize;
     for (m, slot) in workers.iter().filter(|(m, _)| wave_of(m) == wave) {
         if *slot != Slot::Candidate {
@@ -1633,6 +1670,10 @@ fn start_workers(
         } else if free == 0 {
             // The slots left are held by machines whose preflight is still to be gathered.
             budget_blocked |= asked == 0;
+        } else if window.is_some() {
+            // Every worker is admitted on the same p90: none after it starts either.
+        } else if let Some(wait) = window_wait(input, m, d) {
+            window = Some(wait);
         } else if d.preflight_admits(input, spec.preflight, &m.name) {
             d.start.push(m.name.clone());
             free -= 1;
@@ -1645,6 +1686,8 @@ fn start_workers(
     }
     if budget_blocked {
         Some(WaitReason::MaxUnavailable { unavailable: unavailable.into_iter().map(str::to_owned).collect() })
+    } else if let Some(wait) = window {
+        Some(wait)
     } else if let Some(wait) = d.preflight_wait() {
         Some(wait)
     } else if !not_ready.is_empty() {

@@ -134,6 +134,11 @@ pub struct OperationStatus {
     /// target differs is refused ([`Refusal::TargetChanged`]), whatever wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_target: Option<String>,
+    /// The morning-after audit ([`crate::audit`]), judged when the operation first said
+    /// Completed: what it found (none: the cluster is as it should be). `None`: not
+    /// audited (not completed, a removal, or completed before audits were made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Vec<crate::audit::Finding>>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -212,6 +217,25 @@ pub enum WaitReason {
     NodesWithoutMachines {
         /// The Nodes.
         nodes: Vec<String>,
+    },
+    /// The machines next in line may start only inside a maintenance window, and none is
+    /// open now ([`crate::window`]).
+    OutsideWindow {
+        /// When the next window that can take a turn opens; `None`: none within the
+        /// calendar the engine looks ahead in.
+        next_start: Option<Timestamp>,
+    },
+    /// A maintenance window is open, but the next machine's calibrated p90 turn would
+    /// run past its end: it waits for a window it fits in.
+    WouldOverrunWindow {
+        /// The machine next in line.
+        machine: String,
+        /// Its turn's p90, seconds.
+        turn_p90_s: u64,
+        /// When the open window closes.
+        closes: Timestamp,
+        /// When the next window that can take the turn opens.
+        next_start: Option<Timestamp>,
     },
     /// The operation is being deleted; machines past their Upgrade call are still observed
     /// until they verify, then the lock is released.
@@ -334,6 +358,8 @@ impl Phase {
                 WaitReason::MachinesUnobserved { .. } => "MachinesUnobserved",
                 WaitReason::NodesWithoutMachines { .. } => "NodesWithoutMachines",
                 WaitReason::WindingDown { .. } => "WindingDown",
+                WaitReason::OutsideWindow { .. } => "OutsideWindow",
+                WaitReason::WouldOverrunWindow { .. } => "WouldOverrunWindow",
                 WaitReason::Forbidden { .. } => "Forbidden",
                 WaitReason::KubernetesNotObserved => "KubernetesNotObserved",
             },
@@ -399,6 +425,18 @@ impl fmt::Display for Phase {
                     write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
                 }
                 WaitReason::Forbidden { what } => write!(f, "waiting: forbidden: {what}"),
+                WaitReason::OutsideWindow { next_start } => {
+                    f.write_str("waiting: outside every maintenance window; ")?;
+                    next_window(f, *next_start)
+                }
+                WaitReason::WouldOverrunWindow { machine, turn_p90_s, closes, next_start } => {
+                    write!(
+                        f,
+                        "waiting: {machine}'s turn (p90 {turn_p90_s} s) would run past the maintenance window's end at {}; ",
+                        closes.rfc3339()
+                    )?;
+                    next_window(f, *next_start)
+                }
                 WaitReason::KubernetesNotObserved => {
                     f.write_str("waiting: the cluster's Kubernetes versions are not observed yet")
                 }
@@ -523,6 +561,14 @@ impl OperationStatus {
             self.machines.retain(|_, r| r.state != RecordState::Converged);
         }
         self
+    }
+}
+
+/// The end of a window wait's message: when the next window that can take the turn opens.
+fn next_window(f: &mut fmt::Formatter<'_>, next_start: Option<Timestamp>) -> fmt::Result {
+    match next_start {
+        Some(at) => write!(f, "the next window opens at {}", at.rfc3339()),
+        None => f.write_str("no window ahead is long enough for it (look at spec.maintenance)"),
     }
 }
 

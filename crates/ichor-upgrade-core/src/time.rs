@@ -53,6 +53,17 @@ impl Timestamp {
         Self(self.0.saturating_add(millis))
     }
 
+    /// The instant in RFC 3339, UTC, to the second (`2026-03-29T01:00:00Z`): how a status
+    /// message names it for people.
+    #[must_use]
+    pub fn rfc3339(self) -> String {
+        let secs = self.0.div_euclid(1000);
+        let (days, day_secs) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+        let (year, month, day) = civil_from_days(days);
+        let (hour, minute, second) = (day_secs / 3600, day_secs % 3600 / 60, day_secs % 60);
+        format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
+    }
+
     /// The earlier of `self` and `other`, where `None` means "never".
     #[must_use]
     pub fn min_opt(a: Option<Self>, b: Option<Self>) -> Option<Self> {
@@ -68,6 +79,21 @@ impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{:03}s", self.0.div_euclid(1000), self.0.rem_euclid(1000))
     }
+}
+
+/// The proleptic Gregorian date `days` days after 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 #[cfg(test)]
@@ -89,6 +115,16 @@ mod tests {
         let min = Timestamp::from_unix_millis(i64::MIN);
         assert_eq!(max.saturating_since(min), Duration::from_millis(i64::MAX as u64));
         assert_eq!(Timestamp::from_unix_secs(i64::MAX).unix_millis(), i64::MAX);
+    }
+
+    #[test]
+    fn instants_read_as_rfc3339_in_utc() {
+        assert_eq!(Timestamp::EPOCH.rfc3339(), "1970-01-01T00:00:00Z");
+        assert_eq!(Timestamp::from_unix_secs(1_774_746_000).rfc3339(), "2026-03-29T01:00:00Z");
+        // A leap day, and the last second of a year.
+        assert_eq!(Timestamp::from_unix_secs(951_782_400).rfc3339(), "2000-02-29T00:00:00Z");
+        assert_eq!(Timestamp::from_unix_millis(1_798_761_599_999).rfc3339(), "2026-12-31T23:59:59Z");
+        assert_eq!(Timestamp::from_unix_secs(-1).rfc3339(), "1969-12-31T23:59:59Z");
     }
 
     #[test]

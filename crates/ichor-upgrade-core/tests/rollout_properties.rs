@@ -427,6 +427,7 @@ proptest! {
             etcd: &s.etcd,
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+            windows: None,
             config: &config,
             now: NOW,
         };
@@ -485,6 +486,7 @@ proptest! {
             etcd: &s.etcd,
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+            windows: None,
             config: &config,
             now: NOW,
         });
@@ -530,6 +532,7 @@ proptest! {
             etcd: &s.etcd,
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+            windows: None,
             config: &config,
             now: NOW,
         });
@@ -641,6 +644,7 @@ fn run_to_completion(
             etcd: &etcd,
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
+            windows: None,
             config: &config,
             now,
         });

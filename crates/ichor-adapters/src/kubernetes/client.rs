@@ -55,8 +55,8 @@ use serde_json::json;
 
 use super::counters::Counters;
 use super::crd::{
-    EtcdSnapshotStatus, MachineCounts, TalosCluster, TalosClusterSpec, TalosMachine, TalosOperation,
-    TalosOperationStatus, TalosStorage,
+    AuditFinding, AuditStatus, EtcdSnapshotStatus, MachineCounts, TalosCluster, TalosClusterSpec, TalosMachine,
+    TalosOperation, TalosOperationStatus, TalosStorage,
 };
 use super::errors::kube_error;
 
@@ -795,6 +795,13 @@ fn operation_status(
             time: timestamp_to_time(s.taken_at),
         }),
         started_target: engine.started_target.clone(),
+        audit: engine.audit.as_ref().map(|findings| AuditStatus {
+            clean: findings.is_empty(),
+            findings: findings
+                .iter()
+                .map(|f| AuditFinding { reason: f.reason().to_owned(), message: f.to_string() })
+                .collect(),
+        }),
         engine: serde_json::to_value(engine).ok(),
         // Written by the operator's dry run and calibration, under their own field manager.
         plan: None,
@@ -1020,6 +1027,7 @@ impl KubeApi for KubeCluster {
                 max_unavailable: op.spec.max_unavailable.clone(),
                 machine: op.spec.machine.clone(),
             },
+            maintenance: op.spec.maintenance.clone(),
             status: engine_status(&op),
         }))
     }
@@ -1057,6 +1065,7 @@ impl KubeApi for KubeCluster {
             schematic: cluster.spec.schematic.clone(),
             platform: cluster.spec.platform.clone(),
             nodes: cluster_nodes(&self.stores.nodes.state(), &cluster.spec),
+            maintenance: cluster.spec.maintenance.clone(),
         })
     }
 

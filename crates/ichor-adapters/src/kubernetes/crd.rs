@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use ichor_upgrade_core::machine::{lifecycle, vocabulary};
 use ichor_upgrade_core::operation::MaxUnavailable;
+use ichor_upgrade_core::window::MaintenanceSpec;
 use ichor_upgrade_core::{evacuation, upgrade_marker};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
@@ -103,6 +104,16 @@ pub struct TalosClusterSpec {
     /// the header `Ichor-Event-Id`, retried while the receiver is down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notifications: Option<NotificationsSpec>,
+    /// Maintenance windows: a machine of an upgrade starts only inside one, and only when
+    /// its calibrated p90 turn (from the cluster's last upgrade) ends before that window
+    /// does; a machine under way is never stopped. `windows`: each a five-field cron
+    /// `schedule` read in its IANA `timeZone` (UTC if left out) and a `duration` (`4h`,
+    /// `90m`), as a union; `blackouts`: RFC 3339 `start` and `end` in which nothing
+    /// starts and into which no turn runs. A wait says `OutsideWindow` or
+    /// `WouldOverrunWindow` with the next window's start. Removals keep to none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "maintenance")]
+    pub maintenance: Option<MaintenanceSpec>,
 }
 
 /// `spec.notifications`: the receivers of a cluster's notices, and when a wait is one.
@@ -746,6 +757,11 @@ pub struct TalosOperationSpec {
     #[serde(default = "one")]
     #[schemars(schema_with = "count_or_percentage")]
     pub max_unavailable: MaxUnavailable,
+    /// For `talos` and `kubernetes`: maintenance windows in place of the cluster's
+    /// (`TalosCluster.spec.maintenance`, which says how they read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "maintenance")]
+    pub maintenance: Option<MaintenanceSpec>,
     /// For `remove` (required, and only for `remove`): the `TalosMachine` to remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
@@ -883,6 +899,12 @@ pub struct TalosOperationStatus {
     /// cannot change (refused at admission, and by the engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_target: Option<String>,
+    /// The morning-after audit, judged when the upgrade first said Completed: whether it
+    /// found nothing, else each finding (a Node left cordoned, a static pod crash-looping,
+    /// a Node not Ready or not on the target, etcd unhealthy, a budget at zero, a read that
+    /// failed), each also a Warning Event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditStatus>,
     /// kstatus's `Ready` (True once Completed), `Reconciling` (True while it works or
     /// waits) and `Stalled` (True when Paused or Refused), which Argo CD and Flux read, and
     /// `Completed`, `Paused` and `Refused`; each True or False with its own reason, its
@@ -909,6 +931,29 @@ pub struct TalosOperationStatus {
     /// (`spec.notifications` of its TalosCluster): the outbox a new leader goes on from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notifications: Option<NotificationsStatus>,
+}
+
+/// `status.audit`: what the morning-after audit found.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditStatus {
+    /// Whether it found nothing.
+    pub clean: bool,
+    /// Each finding.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<AuditFinding>,
+}
+
+/// One finding of the audit.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditFinding {
+    /// Its CamelCase reason (`LeftCordoned`, `StaticPodCrashLooping`, `NodeNotReady`,
+    /// `NodeNotOnTarget`, `EtcdUnhealthy`, `EtcdLearner`, `EtcdAlarm`, `BudgetAtZero`,
+    /// `AuditNotRead`).
+    pub reason: String,
+    /// What it found, for people.
+    pub message: String,
 }
 
 /// `status.notifications`: an operation's outbox.
@@ -1001,6 +1046,25 @@ pub struct PlanStatus {
     /// target removes that is still in use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesPlanned>,
+    /// With maintenance windows (`spec.maintenance`): how the median run goes through
+    /// them from the dry run's instant, each start admitted on its role's p90 turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<PlanWindows>,
+}
+
+/// How a dry run's median run goes through the maintenance windows.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanWindows {
+    /// How many windows its starts fall in; absent when a turn fits in none of the next
+    /// two months' windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needed: Option<i64>,
+    /// When its last turn would end (RFC 3339, UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish: Option<String>,
+    /// What it says, for people.
+    pub message: String,
 }
 
 /// What a Kubernetes upgrade's dry run found, beside its timing.
@@ -1161,6 +1225,64 @@ pub struct EtcdSnapshotStatus {
     pub node: String,
     /// When it was finished.
     pub time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+/// `maintenance`'s schema: the shapes the engine reads, checked at admission as far as a
+/// schema can (five cron fields, a duration of hours and minutes, instants with offsets);
+/// the engine reads the schedules and time zones again and refuses an upgrade whose
+/// windows do not read (`InvalidMaintenance`), touching nothing.
+fn maintenance(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "properties": {
+            "windows": {
+                "type": "array",
+                "maxItems": 32,
+                "items": {
+                    "type": "object",
+                    "required": ["schedule", "duration"],
+                    "properties": {
+                        "schedule": {
+                            "type": "string",
+                            "description": "When it opens: five cron fields (minute hour day-of-month month day-of-week), such as `0 2 * * SAT,SUN`, in timeZone.",
+                            "maxLength": 128,
+                            "pattern": "^(@[a-z]+|\\S+(\\s+\\S+){4})$"
+                        },
+                        "duration": {
+                            "type": "string",
+                            "description": "How long it stays open, elapsed time: `4h`, `90m`, `1h30m` (a minute to a week).",
+                            "maxLength": 16,
+                            "pattern": "^([0-9]+h)?([0-9]+m)?$",
+                            "minLength": 2
+                        },
+                        "timeZone": {
+                            "type": "string",
+                            "description": "The IANA time zone the schedule is read in, such as `Europe/Berlin` (UTC if left out).",
+                            "minLength": 1,
+                            "maxLength": 64
+                        }
+                    }
+                }
+            },
+            "blackouts": {
+                "type": "array",
+                "maxItems": 64,
+                "items": {
+                    "type": "object",
+                    "required": ["start", "end"],
+                    "properties": {
+                        "start": {"type": "string", "format": "date-time", "description": "When it begins (RFC 3339, with its offset)."},
+                        "end": {"type": "string", "format": "date-time", "description": "When it ends."},
+                        "reason": {"type": "string", "maxLength": 256, "description": "Why, for people."}
+                    },
+                    "x-kubernetes-validations": [{
+                        "rule": "timestamp(self.end) > timestamp(self.start)",
+                        "message": "a blackout's end is after its start"
+                    }]
+                }
+            }
+        }
+    })
 }
 
 /// An object whose fields the API server keeps as written.

@@ -2,10 +2,12 @@
 //! the operation, its cluster, the Lease and every machine (`observe`, `view`), asks the
 //! rollout engine with the gates its decision needs gathered (`decide`, `gates`), carries
 //! the decision out (the lock first, then resets, stops and machine steps: `act`), and
-//! records what came of it (`record`, `write`). It holds no state between calls but a
+//! records what came of it (`record`, `write`; an upgrade's first Completed status with
+//! the morning-after audit, `audit`). It holds no state between calls but a
 //! cache ([`PassMemory`]): call it again at the returned time, or when something changes.
 
 mod act;
+mod audit;
 mod decide;
 mod gates;
 mod memory;

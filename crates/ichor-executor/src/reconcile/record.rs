@@ -39,7 +39,7 @@ pub(super) async fn record_pass(
     let work = work(pass);
     let converged = |name: &str| by_name.get(name).is_some_and(|o| pass.judge.converged(&o.machine));
     let held_since = *memory.held();
-    let recorded = record::record(&PassRecord {
+    let mut recorded = record::record(&PassRecord {
         written: &op.status,
         read: status,
         generation: op.generation,
@@ -60,6 +60,14 @@ pub(super) async fn record_pass(
     {
         prepull(background, target, &by_name, &decision.prepull);
     }
+    // The morning-after audit, with the status that first says an upgrade Completed.
+    let audited = recorded.status.phase == Phase::Completed
+        && op.status.phase != Phase::Completed
+        && recorded.status.audit.is_none()
+        && !removal;
+    if audited {
+        recorded.status.audit = Some(super::audit::findings(pass).await);
+    }
     // What happened in the pass (its calls, its warnings) is told whatever comes next; the
     // phase's change only once the status that records it is written: a pass whose
     // status write conflicts is decided again, and would tell it twice.
@@ -73,6 +81,9 @@ pub(super) async fn record_pass(
             let wrote = write_status(ex, name, &op.status, &recorded.status).await?;
             *memory.held() = None;
             emit_phase_event(ex, name, &op.status.phase, &recorded.status.phase).await;
+            if let (true, Some(findings)) = (audited && wrote, &recorded.status.audit) {
+                send_events(ex, super::audit::events(name, findings)).await;
+            }
             wrote
         }
     };

@@ -19,6 +19,7 @@ use ichor_upgrade_core::rollout::{
 };
 use ichor_upgrade_core::status::{MachineProgress, OperationStatus};
 use ichor_upgrade_core::versions::KubernetesVersion;
+use ichor_upgrade_core::window::Windows;
 
 use super::gates::gather_components;
 use super::memory::ViewCache;
@@ -101,6 +102,8 @@ pub(super) struct Shown {
     components: ComponentsVerdict,
     /// For a Kubernetes upgrade, the oldest kube-apiserver its control planes run.
     api_servers: Option<KubernetesVersion>,
+    /// The maintenance windows an upgrade's starts keep to, expanded at `now`.
+    windows: Option<Windows>,
     /// When the pass observed.
     pub(super) now: Timestamp,
 }
@@ -164,7 +167,30 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
         Some(_) => gather_components(ex, observed).await,
         None => (ComponentsVerdict::NotChecked, None),
     };
-    Shown { kubernetes, converged_on, target, view, unaccounted, kubernetes_input, components, api_servers, now }
+    let windows = maintenance_windows(ex, seen, now);
+    Shown {
+        kubernetes,
+        converged_on,
+        target,
+        view,
+        unaccounted,
+        kubernetes_input,
+        components,
+        api_servers,
+        windows,
+        now,
+    }
+}
+
+/// The maintenance windows of an upgrade (the operation's own, else its cluster's),
+/// expanded at `now`, admitting starts on the configuration's p90 turns (which the
+/// operator takes from the cluster's last upgrade). A removal keeps to none.
+fn maintenance_windows(ex: &Executor<'_>, seen: &Observation, now: Timestamp) -> Option<Windows> {
+    if seen.op.spec.is_removal() {
+        return None;
+    }
+    let spec = seen.op.maintenance.as_ref().or(seen.cluster.maintenance.as_ref()).filter(|s| !s.is_empty())?;
+    crate::calendar::windows(spec, now, ex.config.turn_p90)
 }
 
 impl Shown {
@@ -187,6 +213,7 @@ impl Shown {
             etcd: &EtcdVerdict::NotChecked,
             components: &self.components,
             preflight: &PreflightVerdict::NotChecked,
+            windows: self.windows.as_ref(),
             config: &ex.config.rollout,
             now: self.now,
         }

@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::{
-    DryRun, Refusal, last_completed, node_of, order_key, recorded, seed, start_key, to_status, workers_at_once,
+    DryRun, Refusal, last_completed, node_of, order_key, recorded, seed, start_key, to_status, windows, workers_at_once,
 };
 use crate::recorded::machines_of;
 
@@ -244,7 +244,9 @@ pub fn plan_status(dry: &DryRun<'_>, read: &KubernetesRead) -> Result<PlanStatus
         runs: DEFAULT_RUNS,
         seed: seed(&op.uid().unwrap_or_else(|| op.name_any())),
     };
-    let mut status = to_status(plan(&input), previous, assumed);
+    let planned = plan(&input);
+    let windows = windows(dry, &planned, &input)?;
+    let mut status = PlanStatus { windows, ..to_status(planned, previous, assumed) };
     status.kubernetes = Some(planned_of(&found, &problems));
     Ok(status)
 }

@@ -113,6 +113,8 @@ pub(super) fn dry_run<'a>(c: &'a Cluster, facts: ClusterFacts) -> DryRun<'a> {
         defaults: defaults(),
         own_node: None,
         storage: Ok(StorageNow::default()),
+        maintenance: None,
+        now: ichor_upgrade_core::Timestamp::from_unix_secs(1_767_225_600),
     }
 }
 
@@ -323,4 +325,40 @@ fn the_bytes_on_the_machines_now_time_their_evacuations_at_the_recorded_rate() {
     let now = storage_now(&[("w-1", Some(4000 * MIB))]);
     let plan = plan_status(&DryRun { storage: Ok(now), ..dry_run(&plain, ClusterFacts::default()) }).unwrap();
     assert_eq!(plan.p50_seconds, 296.0);
+}
+
+/// Issue 56 item 3: a dry run says how many maintenance windows the median run needs, or
+/// that no window can take a turn, and refuses windows that do not read.
+#[test]
+fn a_dry_run_counts_the_maintenance_windows_its_median_run_needs() {
+    use ichor_upgrade_core::window::{MaintenanceSpec, WindowSpec};
+    let c = cluster();
+    let spec = |schedule: &str, duration: &str, zone: &str| MaintenanceSpec {
+        windows: vec![WindowSpec { schedule: schedule.into(), duration: duration.into(), time_zone: Some(zone.into()) }],
+        blackouts: Vec::new(),
+    };
+    // Every turn is 100 s for the control plane and 60 s per worker here, one at a time:
+    // two minutes a day takes one turn a day.
+    let daily = spec("0 2 * * *", "2m", "Europe/Berlin");
+    let plan = plan_status(&DryRun { maintenance: Some(&daily), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    let windows = plan.windows.expect("windows counted");
+    assert!(windows.needed.is_some_and(|n| n >= 2), "{windows:?}");
+    assert!(windows.message.contains("maintenance windows"), "{}", windows.message);
+    // An hour a day takes them all.
+    let hour = spec("0 2 * * *", "1h", "UTC");
+    let plan = plan_status(&DryRun { maintenance: Some(&hour), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    assert_eq!(plan.windows.and_then(|w| w.needed), Some(1));
+    // A minute a day takes none.
+    let minute = spec("0 2 * * *", "1m", "UTC");
+    let plan = plan_status(&DryRun { maintenance: Some(&minute), ..dry_run(&c, ClusterFacts::default()) }).unwrap();
+    let windows = plan.windows.expect("windows said");
+    assert_eq!(windows.needed, None);
+    assert!(windows.message.contains("longer than every maintenance window"), "{}", windows.message);
+    // Without windows, nothing is said of them.
+    assert_eq!(plan_status(&dry_run(&c, ClusterFacts::default())).unwrap().windows, None);
+    // Windows that do not read: refused, as the upgrade would be.
+    let mars = spec("0 2 * * *", "1h", "Mars/Olympus");
+    let refused = plan_status(&DryRun { maintenance: Some(&mars), ..dry_run(&c, ClusterFacts::default()) }).unwrap_err();
+    assert_eq!(refused.reason, "InvalidMaintenance");
+    assert!(refused.message.contains("Mars/Olympus"), "{}", refused.message);
 }

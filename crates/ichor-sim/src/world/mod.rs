@@ -888,6 +888,7 @@ impl World {
                 platform: config.platform.clone(),
                 // Filled in as the simulated API server is read.
                 nodes: Vec::new(),
+                maintenance: config.maintenance.clone(),
             },
             conditions: nodes.iter().map(|n| (n.name.clone(), Conditions::new())).collect(),
             machine_annotations: nodes.iter().map(|n| (n.name.clone(), Metadata::new())).collect(),

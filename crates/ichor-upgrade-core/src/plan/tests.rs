@@ -262,3 +262,23 @@ fn defaults_sped_up_divide_each_phase_and_keep_the_reaction() {
         assert_eq!(real.clone().sped_up(nonsense), real, "{nonsense}");
     }
 }
+
+#[test]
+fn a_turn_s_p90_is_the_record_s_or_errs_long_without_one() {
+    let recorded = turns_of(&(1..=10).map(f64::from).collect::<Vec<_>>());
+    assert!((recorded.p90() - 9.0).abs() < 1e-9, "{}", recorded.p90());
+    // Each default phase's p90, summed: 9 + 18, more than the sum's own p90.
+    let defaults = phases(&[(0.0, 10.0), (0.0, 20.0)]);
+    assert!((defaults.p90() - 27.0).abs() < 1e-9, "{}", defaults.p90());
+    let models = Models {
+        control_plane: recorded,
+        worker: defaults,
+        lead_s: 0.0,
+        reaction_s: 0.0,
+        storage: None,
+        assumed: Vec::new(),
+    };
+    let p90 = models.p90();
+    assert_eq!(p90.control_plane, std::time::Duration::from_secs(9));
+    assert_eq!(p90.worker, std::time::Duration::from_secs(27));
+}

@@ -23,6 +23,7 @@ struct Fixture {
     etcd: EtcdVerdict,
     components: ComponentsVerdict,
     preflight: PreflightVerdict,
+    windows: Option<Windows>,
     config: RolloutConfig,
     now: Timestamp,
 }
@@ -78,6 +79,7 @@ impl Fixture {
             etcd: EtcdVerdict::Healthy,
             components: ComponentsVerdict::all_ready(),
             preflight: PreflightVerdict::Off,
+            windows: None,
             config: RolloutConfig::default(),
             now: at(1010),
         }
@@ -222,6 +224,7 @@ impl Fixture {
             etcd: &self.etcd,
             components: &self.components,
             preflight: &self.preflight,
+            windows: self.windows.as_ref(),
             config: &self.config,
             now: self.now,
         })
@@ -783,6 +786,7 @@ fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
         etcd: &f.etcd,
         components: &f.components,
         preflight: &PreflightVerdict::Off,
+        windows: None,
         config: &f.config,
         now: f.now,
     };
@@ -878,6 +882,7 @@ fn finish_authority_asked_again_needs_the_lock() {
         etcd: &f.etcd,
         components: &f.components,
         preflight: &PreflightVerdict::Off,
+        windows: None,
         config: &f.config,
         now: f.now,
     };
@@ -1707,4 +1712,95 @@ fn a_kubernetes_upgrade_blocked_by_a_held_control_plane_waits_naming_it() {
         .held("cp-3")
         .decide();
     assert_eq!(going.phase, Phase::Progressing);
+}
+
+// Maintenance windows (issue 56 item 3): a start only inside a window, and only when the
+// machine's p90 turn ends before the window does.
+
+/// Windows from `spans` (seconds), a control plane's p90 of `cp` seconds, a worker's `w`.
+fn windows(spans: &[(i64, i64)], cp: u64, w: u64) -> Windows {
+    let spans = spans.iter().map(|(from, to)| crate::window::Span::new(at(*from), at(*to)));
+    Windows::Calendar {
+        calendar: crate::window::Calendar::new(spans, [], at(1_000_000)),
+        p90: crate::window::TurnP90 { control_plane: Duration::from_secs(cp), worker: Duration::from_secs(w) },
+    }
+}
+
+#[test]
+fn outside_every_window_nothing_starts_and_the_engine_looks_again_when_one_opens() {
+    let f = Fixture { windows: Some(windows(&[(5_000, 9_000)], 600, 300)), ..Fixture::cluster(3, 2) };
+    let d = f.decide();
+    assert!(d.start.is_empty(), "{d:?}");
+    assert_eq!(d.phase, Phase::Waiting(WaitReason::OutsideWindow { next_start: Some(at(5_000)) }));
+    assert!(d.recheck_at <= Some(at(5_000)), "{:?}", d.recheck_at);
+    assert!(!d.check_etcd, "no gate is gathered for a start the windows refuse");
+    // Inside it, the first control plane starts.
+    let d = Fixture { now: at(5_000), ..f }.decide();
+    assert_eq!(d.start, names(&["cp-1"]));
+}
+
+#[test]
+fn a_control_plane_whose_p90_would_run_past_the_window_waits_for_the_next_it_fits_in() {
+    let spans = [(0, 1_500), (3_000, 3_400), (8_000, 9_000)];
+    let f = Fixture { windows: Some(windows(&spans, 600, 300)), ..Fixture::cluster(3, 2) };
+    // At 1010 the turn would end at 1610, past 1500; the window at 3000 is too short.
+    let d = f.decide();
+    assert!(d.start.is_empty(), "{d:?}");
+    let wait = WaitReason::WouldOverrunWindow {
+        machine: "cp-1".into(),
+        turn_p90_s: 600,
+        closes: at(1_500),
+        next_start: Some(at(8_000)),
+    };
+    assert_eq!(d.phase, Phase::Waiting(wait.clone()));
+    assert!(Phase::Waiting(wait).to_string().contains("1970-01-01T02:13:20Z"), "names the next window's start");
+    // Early enough, it starts.
+    let d = Fixture { now: at(800), ..f }.decide();
+    assert_eq!(d.start, names(&["cp-1"]));
+}
+
+#[test]
+fn workers_are_admitted_on_their_own_p90_and_none_starts_once_one_is_refused() {
+    let f = Fixture { windows: Some(windows(&[(0, 1_400)], 600, 300)), ..Fixture::cluster(0, 3).max_unavailable(3) };
+    // A worker's 300 s from 1010 ends at 1310, inside: all three start.
+    assert_eq!(f.clone().decide().start, names(&["worker-1", "worker-2", "worker-3"]));
+    let d = Fixture { now: at(1_200), ..f }.decide();
+    assert!(d.start.is_empty(), "{d:?}");
+    assert!(
+        matches!(&d.phase, Phase::Waiting(WaitReason::WouldOverrunWindow { machine, next_start: None, .. }) if machine == "worker-1"),
+        "{:?}",
+        d.phase
+    );
+}
+
+#[test]
+fn a_machine_under_way_is_never_stopped_by_a_window_s_end() {
+    let f = Fixture { windows: Some(windows(&[(5_000, 9_000)], 600, 300)), ..Fixture::cluster(0, 2) };
+    let d = f.in_progress("worker-1", true).decide();
+    assert_eq!(d.advance, names(&["worker-1"]));
+    assert!(d.stop.is_empty() && d.start.is_empty(), "{d:?}");
+    assert_eq!(d.phase, Phase::Progressing);
+}
+
+#[test]
+fn windows_that_do_not_read_refuse_an_upgrade_and_touch_nothing() {
+    let bad = Windows::Invalid("windows[0].timeZone \"Mars/Olympus\" is not an IANA time zone".into());
+    let f = Fixture { windows: Some(bad), ..Fixture::cluster(3, 2) };
+    let d = f.clone().decide();
+    assert!(d.start.is_empty() && d.advance.is_empty(), "{d:?}");
+    assert!(
+        matches!(&d.phase, Phase::Refused(Refusal::InvalidMaintenance { problem }) if problem.contains("Mars")),
+        "{:?}",
+        d.phase
+    );
+    assert_eq!(d.phase.reason(), "InvalidMaintenance");
+    // Without the lock, it is not even taken.
+    assert_eq!(f.no_lease().decide().lock, LockAction::Leave);
+}
+
+#[test]
+fn a_removal_keeps_to_no_window() {
+    let f = Fixture { windows: Some(windows(&[(5_000, 9_000)], 600, 300)), ..Fixture::cluster(4, 2) };
+    let d = removal(f, Some("worker-1")).decide();
+    assert_eq!(d.start, names(&["worker-1"]), "{d:?}");
 }
