@@ -170,3 +170,35 @@ fn a_history_that_does_not_read_or_teaches_nothing_is_a_bad_argument() {
     let output = rollout(&["--plan", "--operation", "remove", "--node", "worker-1"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
 }
+
+/// Issue 56 item 3: with maintenance windows, `--plan` says how many the median run needs
+/// and when its last turn ends; a run keeps to them and still completes; a window that
+/// does not read exits 2, naming it, touching nothing.
+#[test]
+fn a_plan_counts_the_windows_a_rollout_needs_and_a_run_keeps_to_them() {
+    let cluster = ["--workers", "6", "--max-unavailable", "2"];
+    // Twelve minutes every four hours in Berlin: a few turns a window.
+    let windows = ["--window", "0 */4 * * *;12m;Europe/Berlin"];
+    let json = run_json(&cluster, &[&windows[..], &["--plan", "--json"]].concat());
+    let needed = json["plan"]["windows"]["needed"].as_u64().unwrap_or_else(|| panic!("windows counted: {json}"));
+    assert!(needed >= 2, "nine turns of minutes need several twelve-minute windows: {json}");
+    let finish = json["plan"]["windows"]["finish"].as_str().unwrap();
+    assert!(finish.starts_with("2026-01-0"), "the simulated clock starts on 2026-01-01: {finish}");
+    // An hour every four hours takes them in one.
+    let json = run_json(&cluster, &["--window", "0 */4 * * *;1h;Europe/Berlin", "--plan", "--json"]);
+    assert_eq!(json["plan"]["windows"]["needed"], 1, "{json}");
+    // The text says it too.
+    let output = rollout(&[&cluster[..], &windows[..], &["--plan"]].concat());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains(&format!("windows: the median run needs {needed} maintenance windows")), "{text}");
+    // A run through the same windows completes (exit 0), every machine on the target.
+    let run = run_json(&cluster, &[&windows[..], &["--json"]].concat());
+    assert_eq!(run["outcome"], "completed", "{run}");
+    // A bad window: exit 2, the field named.
+    let bad = rollout(&["--window", "0 2 * * *;4h;Mars/Olympus", "--plan"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let error = String::from_utf8_lossy(&bad.stderr);
+    assert!(error.contains("windows[0].timeZone \"Mars/Olympus\""), "{error}");
+    let malformed = rollout(&["--window", "0 2 * * *", "--plan"]);
+    assert_eq!(malformed.status.code(), Some(2), "{malformed:?}");
+}

@@ -334,7 +334,11 @@ fn a_dry_run_counts_the_maintenance_windows_its_median_run_needs() {
     use ichor_upgrade_core::window::{MaintenanceSpec, WindowSpec};
     let c = cluster();
     let spec = |schedule: &str, duration: &str, zone: &str| MaintenanceSpec {
-        windows: vec![WindowSpec { schedule: schedule.into(), duration: duration.into(), time_zone: Some(zone.into()) }],
+        windows: vec![WindowSpec {
+            schedule: schedule.into(),
+            duration: duration.into(),
+            time_zone: Some(zone.into()),
+        }],
         blackouts: Vec::new(),
     };
     // Every turn is 100 s for the control plane and 60 s per worker here, one at a time:
@@ -358,7 +362,8 @@ fn a_dry_run_counts_the_maintenance_windows_its_median_run_needs() {
     assert_eq!(plan_status(&dry_run(&c, ClusterFacts::default())).unwrap().windows, None);
     // Windows that do not read: refused, as the upgrade would be.
     let mars = spec("0 2 * * *", "1h", "Mars/Olympus");
-    let refused = plan_status(&DryRun { maintenance: Some(&mars), ..dry_run(&c, ClusterFacts::default()) }).unwrap_err();
+    let refused =
+        plan_status(&DryRun { maintenance: Some(&mars), ..dry_run(&c, ClusterFacts::default()) }).unwrap_err();
     assert_eq!(refused.reason, "InvalidMaintenance");
     assert!(refused.message.contains("Mars/Olympus"), "{}", refused.message);
 }
