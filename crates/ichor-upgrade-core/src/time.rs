@@ -53,14 +53,21 @@ impl Timestamp {
         Self(self.0.saturating_add(millis))
     }
 
+    /// The instant's calendar date and time of day in UTC, to the second, in the
+    /// proleptic Gregorian calendar: what a name or a message built from it reads.
+    #[must_use]
+    pub fn utc(self) -> Utc {
+        let secs = self.0.div_euclid(1000);
+        let (days, day_secs) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+        let (year, month, day) = civil_from_days(days);
+        Utc { year, month, day, hour: day_secs / 3600, minute: day_secs % 3600 / 60, second: day_secs % 60 }
+    }
+
     /// The instant in RFC 3339, UTC, to the second (`2026-03-29T01:00:00Z`): how a status
     /// message names it for people.
     #[must_use]
     pub fn rfc3339(self) -> String {
-        let secs = self.0.div_euclid(1000);
-        let (days, day_secs) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-        let (year, month, day) = civil_from_days(days);
-        let (hour, minute, second) = (day_secs / 3600, day_secs % 3600 / 60, day_secs % 60);
+        let Utc { year, month, day, hour, minute, second } = self.utc();
         format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
     }
 
@@ -73,6 +80,23 @@ impl Timestamp {
             (None, b) => b,
         }
     }
+}
+
+/// A [`Timestamp`] read on the UTC calendar ([`Timestamp::utc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Utc {
+    /// The year (proleptic Gregorian; before 1970 too).
+    pub year: i64,
+    /// The month, 1 to 12.
+    pub month: i64,
+    /// The day of the month, 1 to 31.
+    pub day: i64,
+    /// The hour, 0 to 23.
+    pub hour: i64,
+    /// The minute, 0 to 59.
+    pub minute: i64,
+    /// The second, 0 to 59.
+    pub second: i64,
 }
 
 impl fmt::Display for Timestamp {

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::time::Timestamp;
+use crate::time::{Timestamp, Utc};
 
 /// A snapshot taken and stored whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,30 +61,12 @@ pub fn snapshot_name(cluster: &str, target: &str, at: Timestamp) -> String {
     let clean = |s: &str| -> String {
         s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect()
     };
-    let secs = at.unix_millis().div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
-    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    let Utc { year, month, day, hour, minute, second } = at.utc();
     format!(
         "{}-etcd-before-{}-{year:04}{month:02}{day:02}T{hour:02}{minute:02}{second:02}Z.db",
         clean(cluster),
         clean(target)
     )
-}
-
-/// The proleptic Gregorian date of a count of days since 1970-01-01 (the well-known
-/// era-based conversion: 400-year eras of 146,097 days).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, u32::try_from(month).unwrap_or(1), u32::try_from(day).unwrap_or(1))
 }
 
 #[cfg(test)]
