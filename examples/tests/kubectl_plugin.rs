@@ -25,7 +25,7 @@ fn plugin_binary() -> PathBuf {
     path
 }
 
-fn plugin(kubeconfig: &Path, namespace: &str, args: &[&str]) -> Output {
+pub(crate) fn plugin(kubeconfig: &Path, namespace: &str, args: &[&str]) -> Output {
     Command::new(plugin_binary())
         .arg("--kubeconfig")
         .arg(kubeconfig)
@@ -35,7 +35,7 @@ fn plugin(kubeconfig: &Path, namespace: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 

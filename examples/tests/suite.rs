@@ -1,6 +1,7 @@
 //! The tests of the examples, run as processes, one module per file, in one test binary.
 
 mod api_restart;
+mod kubectl_audit;
 mod kubectl_plugin;
 mod operator_defaults;
 mod operator_desired;

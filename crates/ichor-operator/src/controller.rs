@@ -346,15 +346,9 @@ impl Context {
             // Unchanged: keep the client and its connections.
             return CachedTalos { fetched: Instant::now(), ..cached };
         }
-        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get("talosconfig")) else {
-            return unusable(format!("Secret {namespace}/{secret_name} has no key talosconfig"));
-        };
-        let Ok(text) = std::str::from_utf8(&bytes.0) else {
-            return unusable(format!("Secret {namespace}/{secret_name}: talosconfig is not UTF-8"));
-        };
-        let context = match ichor_talosconfig::parse(text, &ichor_talosconfig::Overrides::default()) {
+        let context = match talos_context(&secret, namespace, &secret_name) {
             Ok(context) => context,
-            Err(e) => return unusable(format!("Secret {namespace}/{secret_name}: talosconfig: {e}")),
+            Err(why) => return unusable(why),
         };
         match TalosClient::new(&context, self.config.talos.clone()) {
             Ok(client) => {
@@ -364,6 +358,23 @@ impl Context {
             Err(e) => unusable(format!("Secret {namespace}/{secret_name}: {}", report(&e))),
         }
     }
+}
+
+/// The Talos context of the talosconfig in `secret` (key `talosconfig`), or what keeps it
+/// from being used, naming the Secret.
+pub(crate) fn talos_context(
+    secret: &Secret,
+    namespace: &str,
+    secret_name: &str,
+) -> Result<ichor_talosconfig::TalosContext, String> {
+    let Some(bytes) = secret.data.as_ref().and_then(|d| d.get("talosconfig")) else {
+        return Err(format!("Secret {namespace}/{secret_name} has no key talosconfig"));
+    };
+    let Ok(text) = std::str::from_utf8(&bytes.0) else {
+        return Err(format!("Secret {namespace}/{secret_name}: talosconfig is not UTF-8"));
+    };
+    ichor_talosconfig::parse(text, &ichor_talosconfig::Overrides::default())
+        .map_err(|e| format!("Secret {namespace}/{secret_name}: talosconfig: {e}"))
 }
 
 /// The Talos API of a cluster without usable credentials: every call fails as unreachable,

@@ -1,7 +1,8 @@
 //! `kubectl ichor`: a kubectl plugin (the `kubectl-ichor` binary on `PATH`) to see and
-//! steer operations without reading the code. It talks to the API server only, with the
-//! user's kubeconfig, as kubectl does (`--kubeconfig`, `-n`); it never talks to Talos and
-//! never writes anything but the annotations a person would write with `kubectl annotate`.
+//! steer operations without reading the code. It talks to the API server, with the user's
+//! kubeconfig, as kubectl does (`--kubeconfig`, `-n`), and never writes anything but the
+//! annotations a person would write with `kubectl annotate`. Only `audit` talks to Talos,
+//! to read etcd, with the talosconfig of the cluster's own Secret.
 //!
 //! | command | what it does |
 //! | --- | --- |
@@ -10,9 +11,13 @@
 //! | `resume NAME` | removes `ichor.dev/pause`; on an operation a failure paused, sets `ichor.dev/resume` to the time now |
 //! | `hold NAME` / `release NAME` | sets `ichor.dev/hold` on the TalosMachine NAME (else the Node NAME); a release removes it from the machine and its Node |
 //! | `timeline NAME -o FILE.svg` | draws the operation from its machines' recorded history; a dry run's plan, its median run |
+//! | `audit CLUSTER [-o json]` | the morning-after audit of TalosCluster CLUSTER, now: cordons left, static pods crash-looping, Nodes not Ready or off the declared versions, etcd, budgets at zero |
 //!
-//! Exit codes: 0 done, 1 refused or failed (an operation that is not paused, one not
-//! found, the API server's error), 2 a bad argument or an unusable kubeconfig.
+//! Exit codes: 0 done (an audit: clean), 1 refused or failed (an operation that is not
+//! paused, one not found, the API server's error), 2 a bad argument or an unusable
+//! kubeconfig, 3 the audit found something (its report on standard output).
+
+mod audit;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -40,6 +45,8 @@ use serde_json::json;
 pub const EXIT_FAILED: i32 = 1;
 /// Exit code: a bad argument or kubeconfig.
 pub const EXIT_BAD_ARGUMENT: i32 = 2;
+/// Exit code: the audit found something.
+pub const EXIT_FINDINGS: i32 = 3;
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -96,6 +103,28 @@ pub enum Command {
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
     },
+    /// The morning-after audit of a TalosCluster, now: nothing left cordoned by the engine,
+    /// no static pod crash-looping, every Node Ready on the versions the cluster declares,
+    /// etcd healthy with every member a voter and no alarm, no budget at zero. Reads etcd
+    /// through the Talos API with the cluster's talosconfig Secret; changes nothing. Exits
+    /// 3 when it finds something.
+    Audit {
+        /// The TalosCluster.
+        cluster: String,
+        /// `text` (the default) or `json`.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = AuditFormat::Text)]
+        output: AuditFormat,
+    },
+}
+
+/// How `audit` prints its report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuditFormat {
+    /// For people.
+    Text,
+    /// One JSON object: `cluster`, `talosVersion`, `kubernetesVersion`, `clean`, and
+    /// `findings`, each tagged with its reason (`finding`).
+    Json,
 }
 
 /// A failure, with its exit code.
@@ -107,6 +136,9 @@ pub enum PluginError {
     /// Refused or failed (exit 1).
     #[error("{0}")]
     Failed(String),
+    /// The audit found something (exit 3): its report, for standard output.
+    #[error("{0}")]
+    Found(String),
 }
 
 impl PluginError {
@@ -116,6 +148,7 @@ impl PluginError {
         match self {
             Self::BadArgument(_) => EXIT_BAD_ARGUMENT,
             Self::Failed(_) => EXIT_FAILED,
+            Self::Found(_) => EXIT_FINDINGS,
         }
     }
 }
@@ -177,6 +210,16 @@ pub async fn run(args: &Args) -> Result<String, PluginError> {
             let nodes: Api<Node> = Api::all(client.clone());
             let seen = nodes.list(&ListParams::default()).await.map(|l| NodesSeen::of(&l.items)).unwrap_or_default();
             Ok(listed.iter().map(|op| status_text(op, &all, &seen)).collect::<Vec<_>>().join("\n"))
+        }
+        Command::Audit { cluster, output } => {
+            let audited = audit::audit(&client, &namespace, cluster).await?;
+            let report = match output {
+                AuditFormat::Text => audited.text(),
+                AuditFormat::Json => {
+                    serde_json::to_string_pretty(&audited).map_err(|e| PluginError::Failed(e.to_string()))? + "\n"
+                }
+            };
+            if audited.clean { Ok(report) } else { Err(PluginError::Found(report)) }
         }
         Command::Pause { name } => pause(&operations, name, &namespace).await,
         Command::Resume { name } => resume(&operations, name, &namespace).await,

@@ -66,3 +66,57 @@ async fn a_node_left_cordoned_is_a_finding_of_the_audit() {
     assert!(left);
     assert_eq!(audit_of(&sim), Some(vec![Finding::LeftCordoned { node: "cp-1".into() }]));
 }
+
+/// What `kubectl ichor audit` runs: the cluster held to the versions it declares, at any
+/// time, reading only.
+async fn audit_now(sim: &SimCluster) -> Vec<Finding> {
+    let config = ExecutorConfig::default();
+    let ex = ichor_executor::Executor {
+        talos: sim,
+        kube: sim,
+        storage: sim,
+        clock: sim,
+        config: &config,
+        snapshots: None,
+        background: None,
+    };
+    let cluster = sim.read_world(|w| w.cluster.name.clone());
+    ichor_executor::reconcile::audit_cluster(&ex, &cluster).await.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_audit_at_any_time_holds_the_cluster_to_its_declared_versions_and_writes_nothing() {
+    let sim = SimCluster::new(SimConfig::new(3, 2, v("v1.14.3"), v("v1.14.4")).with_seed(11));
+    let counters = sim.read_world(|w| w.counters.clone());
+    let before = audit_now(&sim).await;
+    assert_eq!(
+        sim.read_world(|w| (w.counters.kube_writes, w.counters.upgrade_calls, w.counters.evictions)),
+        (counters.kube_writes, counters.upgrade_calls, counters.evictions),
+        "the audit writes nothing"
+    );
+    let off: Vec<&str> = before
+        .iter()
+        .filter_map(|f| match f {
+            Finding::NodeNotOnTarget { node, running, target } if running == "v1.14.3" && target == "v1.14.4" => {
+                Some(node.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(off, ["cp-1", "cp-2", "cp-3", "worker-1", "worker-2"], "{before:?}");
+    assert_eq!(off.len(), before.len(), "only the version is off: {before:?}");
+
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 5_000, |_| {}).await;
+    assert_eq!(end, RunEnd::Completed);
+    assert_eq!(audit_now(&sim).await, [], "through the upgrade, nothing is off");
+
+    // A control plane's static pod that crash-loops, found the morning after.
+    sim.with_world(|w| {
+        let cp = w.nodes.iter_mut().find(|n| n.name == "cp-2").unwrap();
+        cp.kube.pods.values_mut().next().unwrap().crash_looping = true;
+    });
+    let found = audit_now(&sim).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(matches!(&found[0], Finding::StaticPodCrashLooping { node, .. } if node == "cp-2"), "{found:?}");
+}

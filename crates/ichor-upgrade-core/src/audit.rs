@@ -25,6 +25,14 @@ pub enum AuditTarget {
     Talos(TalosVersion),
     /// A Kubernetes upgrade's target (the Node's kubelet).
     Kubernetes(KubernetesVersion),
+    /// The versions the cluster declares, both checked: what `kubectl ichor audit` holds a
+    /// cluster to at any time.
+    Declared {
+        /// The cluster's Talos version (each Node's `osImage`).
+        talos: TalosVersion,
+        /// The cluster's Kubernetes version (each Node's kubelet).
+        kubernetes: KubernetesVersion,
+    },
     /// No target (an audit of the cluster as it stands).
     None,
 }
@@ -209,9 +217,7 @@ pub fn audit(input: &AuditInput<'_>) -> Vec<Finding> {
         if !node.ready {
             found.push(Finding::NodeNotReady { node: node.name.clone() });
         }
-        if let Some(finding) = off_target(input.target, node) {
-            found.push(finding);
-        }
+        found.extend(off_target(input.target, node));
     }
     match input.static_pods {
         Ok(pods) => found.extend(
@@ -245,19 +251,29 @@ pub fn audit(input: &AuditInput<'_>) -> Vec<Finding> {
     found
 }
 
-/// Whether `node` runs something other than `target`.
-fn off_target(target: &AuditTarget, node: &AuditNode) -> Option<Finding> {
-    let (running, on_target, target) = match target {
-        AuditTarget::None => return None,
-        AuditTarget::Talos(target) => {
-            let running = node.os_image.as_deref().and_then(|i| TalosVersion::from_os_image(i).ok());
-            (running.as_ref().map(ToString::to_string), running.as_ref() == Some(target), target.to_string())
+/// Where `node` runs something other than `target`: a finding per version it is off.
+fn off_target(target: &AuditTarget, node: &AuditNode) -> Vec<Finding> {
+    match target {
+        AuditTarget::None => Vec::new(),
+        AuditTarget::Talos(talos) => off_talos(talos, node).into_iter().collect(),
+        AuditTarget::Kubernetes(kubernetes) => off_kubernetes(kubernetes, node).into_iter().collect(),
+        AuditTarget::Declared { talos, kubernetes } => {
+            off_talos(talos, node).into_iter().chain(off_kubernetes(kubernetes, node)).collect()
         }
-        AuditTarget::Kubernetes(target) => {
-            let running = node.kubelet_version.as_deref().and_then(|v| KubernetesVersion::parse(v).ok());
-            (running.as_ref().map(ToString::to_string), running.as_ref() == Some(target), target.to_string())
-        }
-    };
+    }
+}
+
+fn off_talos(target: &TalosVersion, node: &AuditNode) -> Option<Finding> {
+    let running = node.os_image.as_deref().and_then(|i| TalosVersion::from_os_image(i).ok());
+    off(node, running.as_ref().map(ToString::to_string), running.as_ref() == Some(target), target.to_string())
+}
+
+fn off_kubernetes(target: &KubernetesVersion, node: &AuditNode) -> Option<Finding> {
+    let running = node.kubelet_version.as_deref().and_then(|v| KubernetesVersion::parse(v).ok());
+    off(node, running.as_ref().map(ToString::to_string), running.as_ref() == Some(target), target.to_string())
+}
+
+fn off(node: &AuditNode, running: Option<String>, on_target: bool, target: String) -> Option<Finding> {
     (!on_target).then(|| Finding::NodeNotOnTarget {
         node: node.name.clone(),
         running: running.unwrap_or_else(|| "unknown".to_owned()),

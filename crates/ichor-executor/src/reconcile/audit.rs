@@ -9,27 +9,62 @@ use ichor_upgrade_core::audit::{AuditBudget, AuditEtcd, AuditInput, AuditNode, A
 use ichor_upgrade_core::machine::lifecycle::CORDONED_ANNOTATION;
 use ichor_upgrade_core::rollout::EtcdVerdict;
 
+use std::sync::Arc;
+
+use ichor_upgrade_core::machine::removal::is_removed;
+use ichor_upgrade_core::versions::{KubernetesVersion, TalosVersion};
+
 use super::gates::gather_etcd_gate;
+use super::observe::{Observed, observe_machines};
+use super::outcome::kube_call;
 use super::view::Pass;
-use crate::calls::bounded;
+use crate::calls::{Executor, KubeCallError, bounded};
 use crate::cause::report;
 use crate::kube_api::{Event, EventType};
 
 /// What the audit finds now, for the upgrade of `pass`.
 pub(super) async fn findings(pass: &Pass<'_>) -> Vec<Finding> {
-    let ex = pass.ex;
-    let bound = ex.config.call_timeout;
     let target = match (pass.kubernetes, pass.target) {
         (Some((target, _)), _) => AuditTarget::Kubernetes(target.clone()),
         (None, Ok(target)) => AuditTarget::Talos(target.version.clone()),
         (None, Err(_)) => AuditTarget::None,
     };
+    findings_of(pass.ex, pass.observed, target).await
+}
+
+/// The morning-after audit of `cluster` as it stands now, outside any operation: its
+/// machines (those not removed) and their Nodes held to the versions the cluster declares
+/// (`AuditTarget::Declared`; `AuditTarget::None` where one does not read), with the same
+/// reads as the audit at an upgrade's end. It only reads: no write, no Talos call that
+/// changes anything. What `kubectl ichor audit` runs.
+///
+/// # Errors
+/// A [`KubeCallError`] when the cluster or its machines cannot be read (`NotFound` for a
+/// cluster that does not exist); a read the audit itself needs that fails is a finding.
+pub async fn audit_cluster(ex: &Executor<'_>, cluster: &str) -> Result<Vec<Finding>, KubeCallError> {
+    let info = kube_call(ex, "read cluster", ex.kube.cluster(cluster)).await?;
+    let machines = kube_call(ex, "list machines", ex.kube.machines(cluster)).await?;
+    let machines: Vec<Arc<_>> = machines.into_iter().filter(|m| !is_removed(&m.conditions)).collect();
+    let observed = observe_machines(ex, machines).await;
+    let target =
+        match (TalosVersion::parse(&info.release_talos_version), KubernetesVersion::parse(&info.kubernetes_version)) {
+            (Ok(talos), Ok(kubernetes)) => AuditTarget::Declared { talos, kubernetes },
+            (Ok(talos), Err(_)) => AuditTarget::Talos(talos),
+            (Err(_), Ok(kubernetes)) => AuditTarget::Kubernetes(kubernetes),
+            (Err(_), Err(_)) => AuditTarget::None,
+        };
+    Ok(findings_of(ex, &observed, target).await)
+}
+
+/// What the audit finds now, of `observed` held to `target`.
+async fn findings_of(ex: &Executor<'_>, observed: &[Observed], target: AuditTarget) -> Vec<Finding> {
+    let bound = ex.config.call_timeout;
     let mut nodes = Vec::new();
-    for observed in pass.observed {
+    for observed in observed {
         let Some(node) = observed.node.as_ref() else { continue };
         // A Kubernetes target is on the kubelet, which only the Node's own read shows.
         let kubelet_version = match &target {
-            AuditTarget::Kubernetes(_) => {
+            AuditTarget::Kubernetes(_) | AuditTarget::Declared { .. } => {
                 match bounded("read a Node's kubelet", bound, ex.kube.node_kubernetes(&node.name)).await {
                     Ok(Ok(Some(read))) => Some(read.kubelet_version),
                     _ => None,
@@ -60,7 +95,7 @@ pub(super) async fn findings(pass: &Pass<'_>) -> Vec<Finding> {
         Ok(Err(e)) => Err(report(&e)),
         Err(e) => Err(e.to_string()),
     };
-    let etcd = match gather_etcd_gate(ex, pass.observed).await.0 {
+    let etcd = match gather_etcd_gate(ex, observed).await.0 {
         EtcdVerdict::Healthy => AuditEtcd::Read { members: Vec::new(), alarms: Vec::new(), unhealthy: None },
         EtcdVerdict::Unhealthy { reason } => {
             AuditEtcd::Read { members: Vec::new(), alarms: Vec::new(), unhealthy: Some(reason) }

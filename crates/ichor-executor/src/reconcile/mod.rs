@@ -20,6 +20,7 @@ mod write;
 
 use ichor_upgrade_core::rollout::{LockAction, RolloutInput};
 
+pub use audit::audit_cluster;
 pub use memory::PassMemory;
 pub use outcome::{ReconcileError, ReconcileOutcome};
 pub use write::FORBIDDEN_RECHECK;

@@ -2,7 +2,7 @@
 //! runs it as `kubectl ichor ...`.
 
 use clap::Parser;
-use ichor_operator::plugin::{Args, EXIT_BAD_ARGUMENT, run};
+use ichor_operator::plugin::{Args, EXIT_BAD_ARGUMENT, EXIT_FINDINGS, PluginError, run};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -19,6 +19,10 @@ async fn main() {
     };
     match run(&args).await {
         Ok(text) => print!("{text}"),
+        Err(PluginError::Found(report)) => {
+            print!("{report}");
+            std::process::exit(EXIT_FINDINGS);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(e.exit_code());

@@ -108,6 +108,29 @@ fn a_kubernetes_target_is_checked_on_the_kubelets() {
 }
 
 #[test]
+fn the_declared_versions_are_both_checked_a_finding_for_each_one_missed() {
+    let mut both = node("w-1", "v1.14.3");
+    both.kubelet_version = Some("v1.34.1".into());
+    let mut unknown = node("w-2", "v1.14.4");
+    unknown.kubelet_version = None;
+    let nodes = [node("cp-1", "v1.14.4"), both, unknown];
+    let target = AuditTarget::Declared {
+        talos: TalosVersion::parse("v1.14.4").unwrap(),
+        kubernetes: KubernetesVersion::parse("1.35.0").unwrap(),
+    };
+    let input =
+        AuditInput { target: &target, nodes: &nodes, static_pods: Ok(&[]), etcd: &healthy_etcd(), budgets: Ok(&[]) };
+    assert_eq!(
+        audit(&input),
+        [
+            Finding::NodeNotOnTarget { node: "w-1".into(), running: "1.34.1".into(), target: "1.35.0".into() },
+            Finding::NodeNotOnTarget { node: "w-1".into(), running: "v1.14.3".into(), target: "v1.14.4".into() },
+            Finding::NodeNotOnTarget { node: "w-2".into(), running: "unknown".into(), target: "1.35.0".into() },
+        ]
+    );
+}
+
+#[test]
 fn what_could_not_be_read_is_a_finding_never_a_clean_audit() {
     let nodes = [node("cp-1", "v1.14.4")];
     let etcd = AuditEtcd::NotRead("no control plane answered".into());
