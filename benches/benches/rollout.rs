@@ -29,6 +29,7 @@ fn rollout_decision(c: &mut Criterion) {
                     components: &ComponentsVerdict::all_ready(),
                     preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
                     windows: None,
+                    gates: None,
                     config: &config,
                     now: Timestamp::from_unix_secs(1_010),
                 }))

@@ -149,6 +149,7 @@ pub fn rollout(data: &[u8]) {
         components: &ComponentsVerdict::all_ready(),
         preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
         windows: None,
+        gates: None,
         config: &config,
         now: Timestamp::from_unix_secs(1_000),
     };

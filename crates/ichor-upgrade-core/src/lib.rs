@@ -57,6 +57,7 @@ pub mod changes;
 pub mod conditions;
 pub mod etcd;
 pub mod evacuation;
+pub mod gate;
 pub mod kubernetes;
 pub mod labels;
 pub mod machine;

@@ -344,6 +344,14 @@ pub enum Refusal {
         /// What is wrong, naming the field.
         problem: String,
     },
+    /// The health gates (`spec.gates`) do not read: a bad expression, an unknown kind,
+    /// two gates of one name. Nothing starts until they are corrected; what is under way
+    /// is seen to its verification.
+    #[error("spec.gates: {problem}; no machine starts until they are corrected, and nothing was touched")]
+    InvalidGate {
+        /// What is wrong, naming the gate.
+        problem: String,
+    },
     /// Planning, before any machine started, found the cluster cannot be taken to the
     /// target as it stands. Nothing was touched.
     #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -464,6 +472,7 @@ impl Refusal {
             Self::LeavesTwoControlPlanes { .. } => "LeavesTwoControlPlanes",
             Self::TargetChanged { .. } => "TargetChanged",
             Self::InvalidMaintenance { .. } => "InvalidMaintenance",
+            Self::InvalidGate { .. } => "InvalidGate",
             Self::Unplannable { problems } => problems.first().map_or("Unplannable", PlanProblem::reason),
         }
     }

@@ -61,6 +61,9 @@ fn next_recording(
     if next.started_target.is_none() {
         next.started_target.clone_from(&decision.started_target);
     }
+    if let Some(gates) = &decision.gates {
+        next.gates.clone_from(gates);
+    }
     for name in decision.retry.iter().chain(&decision.stop) {
         next.machines.remove(name);
     }
@@ -331,6 +334,7 @@ mod tests {
             prepull: vec![],
             finalized: false,
             started_target: None,
+            gates: None,
             recheck_at: None,
         }
     }

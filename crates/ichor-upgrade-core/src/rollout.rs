@@ -33,6 +33,7 @@ use foldhash::fast::FixedState;
 use serde::{Deserialize, Serialize};
 
 use crate::etcd::snapshot::SnapshotState;
+use crate::gate::{GatePhase, GateRule, GateState, Gates};
 use crate::kubernetes::component::Component;
 use crate::kubernetes::manifests::{ManifestsState, ManifestsStep, WorkloadRollout, manifests_step};
 use crate::kubernetes::plan::KubernetesPlanProblem;
@@ -231,6 +232,8 @@ pub struct RolloutInput<'a> {
     /// The maintenance windows an upgrade's starts keep to, expanded at `now` (`None`: no
     /// window rule; a removal keeps to none).
     pub windows: Option<&'a Windows>,
+    /// The health gates and what each read in this pass (`None`: no gates).
+    pub gates: Option<&'a Gates>,
     /// Lock timing.
     pub config: &'a RolloutConfig,
     /// The current time.
@@ -526,6 +529,9 @@ pub struct Decision {
     pub started_target: Option<String>,
     /// When to decide again at the latest, if nothing changes before.
     pub recheck_at: Option<Timestamp>,
+    /// The health gates' states to record in the status ([`OperationStatus::gates`]);
+    /// `None`: leave them as they are.
+    pub gates: Option<BTreeMap<String, GateState>>,
 }
 
 impl Decision {
@@ -552,6 +558,7 @@ impl Decision {
             finalized: false,
             started_target: None,
             recheck_at: None,
+            gates: None,
         }
     }
 
@@ -721,6 +728,9 @@ fn decide_unauthorised(input: &RolloutInput<'_>) -> Decision {
     }
     if let (Some(Windows::Invalid(problem)), Asked::Upgrade(_) | Asked::Kubernetes(..)) = (input.windows, &asked) {
         return wind_down(input, &lock, Phase::Refused(Refusal::InvalidMaintenance { problem: problem.clone() }));
+    }
+    if let (Some(Gates::Invalid(problem)), Asked::Upgrade(_) | Asked::Kubernetes(..)) = (input.gates, &asked) {
+        return wind_down(input, &lock, Phase::Refused(Refusal::InvalidGate { problem: problem.clone() }));
     }
     if let Asked::Remove(machine) = asked
         && !input.machines.iter().any(|m| m.name == machine)
@@ -1394,10 +1404,14 @@ fn schedule(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decisio
         Some(SnapshotState::Failed { reason, .. }) if !resuming => Some(reason.clone()),
         _ => None,
     };
-    let paused = !failed.is_empty() || snapshot_failed.is_some() || op.pause_requested.is_some();
+    let gates = tracked_gates(input, resuming);
+    let gate_timed_out = gates.as_ref().and_then(|states| timed_out_gate(input, states));
+    let paused =
+        !failed.is_empty() || snapshot_failed.is_some() || gate_timed_out.is_some() || op.pause_requested.is_some();
     let slots = slots(&machines, paused, resuming);
 
     let mut d = Decision::new(lock, Phase::Progressing);
+    d.gates = gates;
     if resuming {
         d.acknowledge_resume.clone_from(&op.resume_token);
     }
@@ -1405,10 +1419,11 @@ fn schedule(input: &RolloutInput<'_>, spec: &Rules, lock: LockAction) -> Decisio
     if paused {
         // A failure is said first: a person's pause does not hide it, and lifting the
         // pause leaves it to be resumed.
-        d.phase = match (snapshot_failed, &op.pause_requested) {
+        d.phase = match (snapshot_failed, gate_timed_out, &op.pause_requested) {
             _ if !failed.is_empty() => Phase::Paused(PauseReason::MachineFailed { machines: failed }),
-            (Some(reason), _) => Phase::Paused(PauseReason::EtcdSnapshotFailed { reason }),
-            (None, by) => Phase::Paused(PauseReason::Requested { by: by.clone().unwrap_or_default() }),
+            (Some(reason), _, _) => Phase::Paused(PauseReason::EtcdSnapshotFailed { reason }),
+            (None, Some(timed_out), _) => Phase::Paused(timed_out),
+            (None, None, by) => Phase::Paused(PauseReason::Requested { by: by.clone().unwrap_or_default() }),
         };
         return d;
     }
@@ -1469,6 +1484,8 @@ fn phase_after_starts(
         Phase::Progressing
     } else if !input.unaccounted_nodes.is_empty() {
         Phase::Waiting(WaitReason::NodesWithoutMachines { nodes: input.unaccounted_nodes.to_vec() })
+    } else if let Some(wait) = gate_wait(input, None, d) {
+        Phase::Waiting(wait)
     } else if let Some(target) = spec.kubernetes_target.as_ref() {
         manifests_phase(input, target, d, resuming)
     } else {
@@ -1562,7 +1579,7 @@ fn start_control_plane(
     if !not_ready.is_empty() {
         return Stage::Blocked(WaitReason::ControlPlaneNotReady { nodes: not_ready });
     }
-    if let Some(wait) = window_wait(input, next, d) {
+    if let Some(wait) = window_wait(input, next, d).or_else(|| gate_wait(input, Some(next), d)) {
         return Stage::Blocked(wait);
     }
     // The other control planes' components are gathered with the etcd gate.
@@ -1631,6 +1648,82 @@ fn window_wait(input: &RolloutInput<'_>, machine: &MachineView, d: &mut Decision
     Some(wait)
 }
 
+/// How many machines `rule` covers have converged.
+fn converged_in_scope(input: &RolloutInput<'_>, rule: &GateRule) -> usize {
+    input
+        .machines
+        .iter()
+        .filter(|m| m.progress == MachineProgress::Converged && rule.covers(m.role, m.order_label.as_deref()))
+        .count()
+}
+
+/// The gates' states after this pass's readings ([`crate::gate::track`]); a resume lets
+/// a timed-out gate be waited on afresh. `None`: no gates.
+fn tracked_gates(input: &RolloutInput<'_>, resuming: bool) -> Option<BTreeMap<String, GateState>> {
+    let Some(Gates::Rules { rules, readings }) = input.gates else { return None };
+    let previous = &input.operation.status.gates;
+    let mut states = crate::gate::track(rules, readings, previous, |r| converged_in_scope(input, r), input.now);
+    if resuming {
+        for state in states.values_mut() {
+            state.timed_out = false;
+            state.waiting_since = None;
+        }
+    }
+    Some(states)
+}
+
+/// The pause of a gate that waited past its timeout, if one did.
+fn timed_out_gate(input: &RolloutInput<'_>, states: &BTreeMap<String, GateState>) -> Option<PauseReason> {
+    let Some(Gates::Rules { rules, .. }) = input.gates else { return None };
+    rules.iter().find_map(|rule| {
+        let state = states.get(&rule.name).filter(|s| s.timed_out)?;
+        Some(PauseReason::GateTimedOut {
+            gate: rule.name.clone(),
+            last: state.last.clone().unwrap_or_default(),
+            timeout_s: rule.timeout.unwrap_or_default().as_secs(),
+        })
+    })
+}
+
+/// The health gates that keep `machine` from starting now, or (`None`) the operation
+/// from completing: the first that does not pass, as a wait, with the decision to look
+/// again when it settles, when its wait times out, or at the next poll. A wait past its
+/// timeout is recorded ([`GateState::timed_out`]): the next pass pauses on it. A gate that
+/// passes ends its wait.
+fn gate_wait(input: &RolloutInput<'_>, machine: Option<&MachineView>, d: &mut Decision) -> Option<WaitReason> {
+    let (Some(Gates::Rules { rules, readings }), Some(states)) = (input.gates, d.gates.as_mut()) else { return None };
+    let started = input.operation.status.started_target.is_some();
+    let asked = |rule: &GateRule| match (machine, rule.phase) {
+        (Some(m), GatePhase::BeforeMachine) => rule.covers(m.role, m.order_label.as_deref()),
+        (Some(m), GatePhase::AfterMachine) => {
+            rule.covers(m.role, m.order_label.as_deref()) && converged_in_scope(input, rule) > 0
+        }
+        (Some(_), GatePhase::BeforeOperation) => !started,
+        (None, GatePhase::AfterMachine) => converged_in_scope(input, rule) > 0,
+        (None, GatePhase::AfterOperation) => true,
+        (Some(_), GatePhase::AfterOperation) | (None, GatePhase::BeforeMachine | GatePhase::BeforeOperation) => false,
+    };
+    for rule in rules.iter().filter(|r| asked(r)) {
+        let state = states.entry(rule.name.clone()).or_default();
+        let Some(block) = crate::gate::block(rule, state, readings.get(&rule.name), input.now) else {
+            state.waiting_since = None;
+            continue;
+        };
+        let timed_out = crate::gate::waited(rule, state, input.now);
+        let poll = input.now.saturating_add(input.config.preflight_recheck);
+        let deadline = rule.timeout.zip(state.waiting_since).map(|(t, since)| since.saturating_add(t));
+        let again = if timed_out { Some(input.now) } else { block.settles_at.or(Some(poll)) };
+        d.recheck_at = Timestamp::min_opt(Timestamp::min_opt(d.recheck_at, again), deadline);
+        return Some(WaitReason::GateNotPassing {
+            gate: block.gate,
+            object: block.object,
+            value: block.value,
+            settles_at: block.settles_at,
+        });
+    }
+    None
+}
+
 /// Rules 2 and 4: the lowest unfinished order wave, within `maxUnavailable` counting
 /// workers already unavailable for other reasons.
 fn start_workers(
@@ -1672,7 +1765,7 @@ fn start_workers(
             budget_blocked |= asked == 0;
         } else if window.is_some() {
             // Every worker is admitted on the same p90: none after it starts either.
-        } else if let Some(wait) = window_wait(input, m, d) {
+        } else if let Some(wait) = window_wait(input, m, d).or_else(|| gate_wait(input, Some(m), d)) {
             window = Some(wait);
         } else if d.preflight_admits(input, spec.preflight, &m.name) {
             d.start.push(m.name.clone());

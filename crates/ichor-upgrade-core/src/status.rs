@@ -139,6 +139,9 @@ pub struct OperationStatus {
     /// audited (not completed, a removal, or completed before audits were made).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audit: Option<Vec<crate::audit::Finding>>,
+    /// The health gates' states between passes ([`crate::gate`]), by gate name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub gates: BTreeMap<String, crate::gate::GateState>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -237,6 +240,18 @@ pub enum WaitReason {
         /// When the next window that can take the turn opens.
         next_start: Option<Timestamp>,
     },
+    /// A health gate ([`crate::gate`]) keeps the next start, or the completion, waiting:
+    /// it does not hold, was not read, or holds but has not settled.
+    GateNotPassing {
+        /// The gate.
+        gate: String,
+        /// The object it failed on (empty when it only settles, or was not read).
+        object: String,
+        /// Its value there, or what keeps it.
+        value: String,
+        /// When it passes if it keeps holding.
+        settles_at: Option<Timestamp>,
+    },
     /// The operation is being deleted; machines past their Upgrade call are still observed
     /// until they verify, then the lock is released.
     WindingDown {
@@ -275,6 +290,16 @@ pub enum PauseReason {
     ManifestsFailed {
         /// Which object, and why.
         reason: String,
+    },
+    /// A health gate kept a start, or the completion, waiting past its timeout; nothing new
+    /// begins until a person resumes it (the gate is then waited on afresh).
+    GateTimedOut {
+        /// The gate.
+        gate: String,
+        /// What it last failed on (`object: value`).
+        last: String,
+        /// Its timeout, seconds.
+        timeout_s: u64,
     },
     /// A person paused it ([`crate::operation::PAUSE_ANNOTATION`]); it goes on once the
     /// annotation is removed.
@@ -361,12 +386,14 @@ impl Phase {
                 WaitReason::OutsideWindow { .. } => "OutsideWindow",
                 WaitReason::WouldOverrunWindow { .. } => "WouldOverrunWindow",
                 WaitReason::Forbidden { .. } => "Forbidden",
+                WaitReason::GateNotPassing { .. } => "GateNotPassing",
                 WaitReason::KubernetesNotObserved => "KubernetesNotObserved",
             },
             Self::Paused(PauseReason::MachineFailed { .. }) => "MachineFailed",
             Self::Paused(PauseReason::EtcdSnapshotFailed { .. }) => "EtcdSnapshotFailed",
             Self::Paused(PauseReason::ManifestsFailed { .. }) => "ManifestsFailed",
             Self::Paused(PauseReason::Requested { .. }) => "PauseRequested",
+            Self::Paused(PauseReason::GateTimedOut { .. }) => "GateTimedOut",
             Self::Completed => "Completed",
             Self::Refused(refusal) => refusal.reason(),
         }
@@ -425,6 +452,13 @@ impl fmt::Display for Phase {
                     write!(f, "deleting: observing machines past their Upgrade call: {}", machines.join(", "))
                 }
                 WaitReason::Forbidden { what } => write!(f, "waiting: forbidden: {what}"),
+                WaitReason::GateNotPassing { gate, object, value, settles_at } => match settles_at {
+                    Some(at) => {
+                        write!(f, "waiting: gate {gate} holds; it passes at {} if it keeps holding", at.rfc3339())
+                    }
+                    None if object.is_empty() => write!(f, "waiting: gate {gate} does not pass: {value}"),
+                    None => write!(f, "waiting: gate {gate} does not hold on {object}: {value}"),
+                },
                 WaitReason::OutsideWindow { next_start } => {
                     f.write_str("waiting: outside every maintenance window; ")?;
                     next_window(f, *next_start)
@@ -459,6 +493,9 @@ impl fmt::Display for Phase {
                     f,
                     "paused: every machine is on the target, but the bootstrap manifests were not applied: {reason}"
                 )
+            }
+            Self::Paused(PauseReason::GateTimedOut { gate, last, timeout_s }) => {
+                write!(f, "paused: gate {gate} did not pass within its timeout of {timeout_s} s (last: {last})")
             }
             Self::Paused(PauseReason::Requested { by }) if by.is_empty() => {
                 f.write_str("paused on request: nothing new begins, what is past its call finishes")

@@ -428,6 +428,7 @@ proptest! {
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             windows: None,
+            gates: None,
             config: &config,
             now: NOW,
         };
@@ -487,6 +488,7 @@ proptest! {
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             windows: None,
+            gates: None,
             config: &config,
             now: NOW,
         });
@@ -533,6 +535,7 @@ proptest! {
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             windows: None,
+            gates: None,
             config: &config,
             now: NOW,
         });
@@ -645,6 +648,7 @@ fn run_to_completion(
             components: &ComponentsVerdict::all_ready(),
             preflight: &ichor_upgrade_core::rollout::PreflightVerdict::Off,
             windows: None,
+            gates: None,
             config: &config,
             now,
         });

@@ -214,6 +214,7 @@ impl Shown {
             components: &self.components,
             preflight: &PreflightVerdict::NotChecked,
             windows: self.windows.as_ref(),
+            gates: None,
             config: &ex.config.rollout,
             now: self.now,
         }

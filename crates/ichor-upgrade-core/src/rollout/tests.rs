@@ -24,6 +24,7 @@ struct Fixture {
     components: ComponentsVerdict,
     preflight: PreflightVerdict,
     windows: Option<Windows>,
+    gates: Option<Gates>,
     config: RolloutConfig,
     now: Timestamp,
 }
@@ -80,6 +81,7 @@ impl Fixture {
             components: ComponentsVerdict::all_ready(),
             preflight: PreflightVerdict::Off,
             windows: None,
+            gates: None,
             config: RolloutConfig::default(),
             now: at(1010),
         }
@@ -225,6 +227,7 @@ impl Fixture {
             components: &self.components,
             preflight: &self.preflight,
             windows: self.windows.as_ref(),
+            gates: self.gates.as_ref(),
             config: &self.config,
             now: self.now,
         })
@@ -787,6 +790,7 @@ fn call_authority_asked_again_with_the_gate_gathered_later_in_the_pass() {
         components: &f.components,
         preflight: &PreflightVerdict::Off,
         windows: None,
+        gates: None,
         config: &f.config,
         now: f.now,
     };
@@ -883,6 +887,7 @@ fn finish_authority_asked_again_needs_the_lock() {
         components: &f.components,
         preflight: &PreflightVerdict::Off,
         windows: None,
+        gates: None,
         config: &f.config,
         now: f.now,
     };
@@ -1803,4 +1808,159 @@ fn a_removal_keeps_to_no_window() {
     let f = Fixture { windows: Some(windows(&[(5_000, 9_000)], 600, 300)), ..Fixture::cluster(4, 2) };
     let d = removal(f, Some("worker-1")).decide();
     assert_eq!(d.start, names(&["worker-1"]), "{d:?}");
+}
+
+// Health gates (issue 56 item 1): the shell reads them, the core decides.
+
+fn gate_rule(name: &str, phase: crate::gate::GatePhase, settle: u64, timeout: u64) -> crate::gate::GateRule {
+    crate::gate::GateRule {
+        name: name.into(),
+        phase,
+        role: None,
+        wave: None,
+        settle: Duration::from_secs(settle),
+        timeout: Some(Duration::from_secs(timeout)),
+    }
+}
+
+fn gates(rules: Vec<crate::gate::GateRule>, reading: &crate::gate::GateReading) -> Gates {
+    let readings = rules.iter().map(|r| (r.name.clone(), reading.clone())).collect();
+    Gates::Rules { rules, readings }
+}
+
+fn degraded() -> crate::gate::GateReading {
+    crate::gate::GateReading::Fails { object: "Volume longhorn-system/pvc-1".into(), value: "\"degraded\"".into() }
+}
+
+/// The fixture's status after `d`, as the caller records it.
+fn after_pass(f: &Fixture, d: &Decision) -> OperationStatus {
+    crate::record::next_status(&f.op.status, f.op.generation, d, &[])
+}
+
+#[test]
+fn an_after_machine_gate_holds_the_next_start_until_it_has_held_for_its_settle() {
+    use crate::gate::{GatePhase, GateReading};
+    let rule = gate_rule("volumes-healthy", GatePhase::AfterMachine, 120, 3_600);
+    let base = Fixture::cluster(0, 3).max_unavailable(1);
+    // Nothing converged yet: the first worker starts, the gate is not asked.
+    let f = Fixture { gates: Some(gates(vec![rule.clone()], &degraded())), ..base.clone() };
+    assert_eq!(f.decide().start, names(&["worker-1"]));
+    // worker-1 is through and a volume is degraded: nothing starts, the wait names it.
+    let f = f.converged(&["worker-1"]);
+    let d = f.decide();
+    assert!(d.start.is_empty(), "{d:?}");
+    let wait = WaitReason::GateNotPassing {
+        gate: "volumes-healthy".into(),
+        object: "Volume longhorn-system/pvc-1".into(),
+        value: "\"degraded\"".into(),
+        settles_at: None,
+    };
+    assert_eq!(d.phase, Phase::Waiting(wait.clone()));
+    assert_eq!(d.phase.reason(), "GateNotPassing");
+    assert!(Phase::Waiting(wait).to_string().contains("gate volumes-healthy does not hold on Volume"), "named");
+    assert!(d.recheck_at <= Some(at(1_010 + 30)), "polled: {:?}", d.recheck_at);
+    // It holds from 1100: it settles until 1220.
+    let status = after_pass(&f, &d);
+    let holds = Fixture {
+        gates: Some(gates(vec![rule.clone()], &GateReading::Holds)),
+        now: at(1_100),
+        ..f.clone().status(status)
+    };
+    let d = holds.decide();
+    assert!(d.start.is_empty(), "{d:?}");
+    assert!(
+        matches!(&d.phase, Phase::Waiting(WaitReason::GateNotPassing { settles_at: Some(t), .. }) if *t == at(1_220))
+    );
+    assert!(d.recheck_at <= Some(at(1_220)), "looked at again when it settles at the latest");
+    let status = after_pass(&holds, &d);
+    let settled = Fixture { now: at(1_220), ..holds.status(status) };
+    assert_eq!(settled.decide().start, names(&["worker-2"]));
+}
+
+#[test]
+fn without_gates_the_same_rollout_starts_the_next_machine_at_once() {
+    let f = Fixture::cluster(0, 3).max_unavailable(1).converged(&["worker-1"]);
+    assert_eq!(f.decide().start, names(&["worker-2"]));
+}
+
+#[test]
+fn a_before_operation_gate_holds_only_the_first_start_and_an_after_operation_gate_the_completion() {
+    use crate::gate::{GatePhase, GateReading};
+    let before = gate_rule("change-freeze-lifted", GatePhase::BeforeOperation, 0, 3_600);
+    let f = Fixture { gates: Some(gates(vec![before.clone()], &degraded())), ..Fixture::cluster(1, 1) };
+    assert!(f.decide().start.is_empty());
+    // Once started, it is not asked again.
+    let started = OperationStatus { started_target: Some("v1.14.4".into()), ..OperationStatus::default() };
+    let f = f.status(started).converged(&["cp-1"]);
+    assert_eq!(f.decide().start, names(&["worker-1"]));
+
+    let after = gate_rule("smoke-test", GatePhase::AfterOperation, 0, 3_600);
+    let all = Fixture::cluster(1, 1).converged(&["cp-1", "worker-1"]);
+    let f = Fixture { gates: Some(gates(vec![after.clone()], &degraded())), ..all.clone() };
+    let d = f.decide();
+    assert!(matches!(d.phase, Phase::Waiting(WaitReason::GateNotPassing { .. })), "{:?}", d.phase);
+    assert_ne!(d.lock, LockAction::Release);
+    let f = Fixture { gates: Some(gates(vec![after], &GateReading::Holds)), ..all };
+    assert_eq!(f.decide().phase, Phase::Completed);
+}
+
+#[test]
+fn a_gate_that_waits_past_its_timeout_pauses_until_a_resume_then_is_waited_on_afresh() {
+    use crate::gate::GatePhase;
+    let rule = gate_rule("volumes-healthy", GatePhase::BeforeMachine, 0, 600);
+    let f = Fixture { gates: Some(gates(vec![rule], &degraded())), ..Fixture::cluster(0, 2) };
+    let d = f.decide();
+    assert_eq!(d.recheck_at, Some(at(1_010 + 30)));
+    let f = f.clone().status(after_pass(&f, &d));
+    assert_eq!(f.op.status.gates["volumes-healthy"].waiting_since, Some(at(1_010)));
+    // At its bound, the wait is recorded timed out; the next pass pauses, naming it.
+    let f = Fixture { now: at(1_610), ..f };
+    let d = f.decide();
+    assert!(d.start.is_empty());
+    let f = f.clone().status(after_pass(&f, &d));
+    let d = Fixture { now: at(1_611), ..f.clone() }.decide();
+    let Phase::Paused(PauseReason::GateTimedOut { gate, last, timeout_s }) = &d.phase else { panic!("{:?}", d.phase) };
+    assert_eq!((gate.as_str(), timeout_s), ("volumes-healthy", &600));
+    assert!(last.contains("pvc-1"), "{last}");
+    assert_eq!(d.phase.reason(), "GateTimedOut");
+    // Still paused later, with the gate now holding: a pause waits for a person.
+    let holding = Fixture {
+        gates: Some(gates(
+            vec![gate_rule("volumes-healthy", GatePhase::BeforeMachine, 0, 600)],
+            &crate::gate::GateReading::Holds,
+        )),
+        now: at(2_000),
+        ..f.clone()
+    };
+    assert!(matches!(holding.decide().phase, Phase::Paused(PauseReason::GateTimedOut { .. })));
+    // A resume: the wait begins afresh.
+    let d = Fixture { now: at(2_000), ..f.clone() }.resume("r1").decide();
+    assert!(matches!(d.phase, Phase::Waiting(WaitReason::GateNotPassing { .. })), "{:?}", d.phase);
+    assert_eq!(d.gates.as_ref().unwrap()["volumes-healthy"].waiting_since, Some(at(2_000)));
+    assert_eq!(d.acknowledge_resume.as_deref(), Some("r1"));
+}
+
+#[test]
+fn gates_scoped_to_a_role_leave_the_other_role_alone() {
+    use crate::gate::GatePhase;
+    let rule = crate::gate::GateRule {
+        role: Some(MachineRole::Worker),
+        ..gate_rule("workers-only", GatePhase::BeforeMachine, 0, 600)
+    };
+    let f = Fixture { gates: Some(gates(vec![rule], &degraded())), ..Fixture::cluster(1, 1) };
+    assert_eq!(f.clone().decide().start, names(&["cp-1"]));
+    let d = f.converged(&["cp-1"]).decide();
+    assert!(d.start.is_empty() && matches!(d.phase, Phase::Waiting(WaitReason::GateNotPassing { .. })));
+}
+
+#[test]
+fn gates_that_do_not_read_refuse_an_upgrade_and_touch_nothing() {
+    let f = Fixture {
+        gates: Some(Gates::Invalid("gates[0].expression: undeclared reference".into())),
+        ..Fixture::cluster(3, 2)
+    };
+    let d = f.decide();
+    assert!(d.start.is_empty() && d.advance.is_empty(), "{d:?}");
+    assert!(matches!(&d.phase, Phase::Refused(Refusal::InvalidGate { problem }) if problem.contains("gates[0]")));
+    assert_eq!(d.phase.reason(), "InvalidGate");
 }

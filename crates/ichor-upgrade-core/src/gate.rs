@@ -1,0 +1,220 @@
+//! Health gates as data (issue 56 item 1): a platform team's own check (an expression over
+//! cluster objects, evaluated by the shell) that holds a rollout's next start, or its
+//! completion, until it has held for a settle time. The core never evaluates an
+//! expression: each pass the caller hands it what each gate read ([`GateReading`]), and
+//! the core decides, purely, whether a start may go, how long the gate has held, and when
+//! a wait has lasted past its timeout.
+//!
+//! | phase | checked |
+//! | --- | --- |
+//! | [`GatePhase::BeforeMachine`] | before each start of a machine in its scope |
+//! | [`GatePhase::AfterMachine`] | after each machine in its scope converged: before the next start, and before the operation completes; its settle counts from the last convergence it saw |
+//! | [`GatePhase::BeforeOperation`] | before the operation's first start |
+//! | [`GatePhase::AfterOperation`] | before the operation completes |
+//!
+//! A gate that does not hold, or was not read, is a wait ([`GateBlock`]) naming the gate,
+//! the object and its last value; one that waits past its timeout pauses the operation
+//! until a person resumes it. Where it held, how long it held is kept in the operation's
+//! status ([`GateState`]), so a restarted controller neither shortens a settle nor forgets
+//! a timeout's start.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::machine::vocabulary::MachineRole;
+use crate::time::Timestamp;
+
+/// When a gate is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GatePhase {
+    /// Before each start of a machine in scope.
+    BeforeMachine,
+    /// After each machine in scope converged (before the next start, and the completion).
+    AfterMachine,
+    /// Before the operation's first start.
+    BeforeOperation,
+    /// Before the operation completes.
+    AfterOperation,
+}
+
+/// A gate as the core judges it: its name, when it is checked, over which machines, and
+/// its times. What it reads and its expression are the shell's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRule {
+    /// Its name, unique among the operation's gates.
+    pub name: String,
+    /// When it is checked.
+    pub phase: GatePhase,
+    /// The role of the machines it covers (`None`: every machine).
+    pub role: Option<MachineRole>,
+    /// The order wave (`ichor.dev/order`) of the machines it covers (`None`: every wave).
+    pub wave: Option<i64>,
+    /// How long it must have held, without a break, before it passes.
+    pub settle: Duration,
+    /// How long a start (or the completion) waits on it before the operation pauses
+    /// (`None`: for ever).
+    pub timeout: Option<Duration>,
+}
+
+impl GateRule {
+    /// Whether it covers a machine of `role` in wave `order` (its order label).
+    #[must_use]
+    pub fn covers(&self, role: MachineRole, order: Option<&str>) -> bool {
+        self.role.is_none_or(|r| r == role)
+            && self.wave.is_none_or(|w| order.and_then(|o| o.trim().parse::<i64>().ok()) == Some(w))
+    }
+}
+
+/// What a gate read in this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateReading {
+    /// Its expression held on every object it covers.
+    Holds,
+    /// It did not hold: the first object it failed on, and the value it read there.
+    Fails {
+        /// The object (`Kind namespace/name`).
+        object: String,
+        /// The expression's value there, or why it could not be evaluated.
+        value: String,
+    },
+    /// Its objects could not be read: never a pass from a guess.
+    NotRead {
+        /// Why.
+        why: String,
+    },
+}
+
+/// What the operation's status keeps of a gate between passes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateState {
+    /// Since when it has held without a break, as passes saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding_since: Option<Timestamp>,
+    /// How many machines in its scope had converged when `holding_since` began (an
+    /// `afterMachine` gate's settle starts again after each convergence).
+    #[serde(default)]
+    pub after_converged: usize,
+    /// Since when a start (or the completion) has waited on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<Timestamp>,
+    /// What it last failed on (`object: value`), for the status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
+    /// It waited past its timeout: the operation is paused on it until a resume.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+}
+
+/// The gates of an operation, as the caller hands them to [`crate::rollout::decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gates {
+    /// The rules, and what each read in this pass (a rule with no reading counts as not
+    /// read).
+    Rules {
+        /// The rules.
+        rules: Vec<GateRule>,
+        /// By gate name.
+        readings: BTreeMap<String, GateReading>,
+    },
+    /// The gates do not read (a bad expression, an unknown kind, two of one name): the
+    /// upgrade is refused, touching nothing.
+    Invalid(String),
+}
+
+/// A gate that keeps a start, or the completion, waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateBlock {
+    /// The gate.
+    pub gate: String,
+    /// The object it last failed on (empty while it only settles).
+    pub object: String,
+    /// Its value there, or what keeps it from passing.
+    pub value: String,
+    /// When it passes if it keeps holding (`None`: it does not hold).
+    pub settles_at: Option<Timestamp>,
+}
+
+/// The gates' states after this pass's readings, from `previous` (the status's): a gate
+/// that holds keeps (or begins) its `holding_since`, one that does not loses it; an
+/// `afterMachine` gate whose scope saw a machine converge since begins again. A gate's
+/// wait and timeout are carried over; [`block`] and [`waited`] move them.
+/// `converged(rule)`: how many machines in the rule's scope have converged.
+#[must_use]
+pub fn track(
+    rules: &[GateRule],
+    readings: &BTreeMap<String, GateReading>,
+    previous: &BTreeMap<String, GateState>,
+    converged: impl Fn(&GateRule) -> usize,
+    now: Timestamp,
+) -> BTreeMap<String, GateState> {
+    rules
+        .iter()
+        .map(|rule| {
+            let mut state = previous.get(&rule.name).cloned().unwrap_or_default();
+            let converged = converged(rule);
+            match readings.get(&rule.name) {
+                Some(GateReading::Holds) => {
+                    let after_a_machine = rule.phase == GatePhase::AfterMachine && converged > state.after_converged;
+                    if state.holding_since.is_none() || after_a_machine {
+                        state.holding_since = Some(now);
+                        state.after_converged = converged;
+                    }
+                }
+                Some(GateReading::Fails { object, value }) => {
+                    state.holding_since = None;
+                    state.last = Some(format!("{object}: {value}"));
+                }
+                Some(GateReading::NotRead { why }) => {
+                    state.holding_since = None;
+                    state.last = Some(format!("not read: {why}"));
+                }
+                None => {
+                    state.holding_since = None;
+                    state.last = Some("not read in this pass".to_owned());
+                }
+            }
+            (rule.name.clone(), state)
+        })
+        .collect()
+}
+
+/// Whether `rule`, in `state`, passes at `now`: it holds and has held for its settle;
+/// else what keeps it.
+#[must_use]
+pub fn block(rule: &GateRule, state: &GateState, reading: Option<&GateReading>, now: Timestamp) -> Option<GateBlock> {
+    let blocked = |object: &str, value: String, settles_at| GateBlock {
+        gate: rule.name.clone(),
+        object: object.to_owned(),
+        value,
+        settles_at,
+    };
+    match (reading, state.holding_since) {
+        (Some(GateReading::Holds), Some(since)) => {
+            let settles_at = since.saturating_add(rule.settle);
+            (now < settles_at).then(|| {
+                let value = format!("holds; settles for {} s", rule.settle.as_secs());
+                blocked("", value, Some(settles_at))
+            })
+        }
+        (Some(GateReading::Fails { object, value }), _) => Some(blocked(object, value.clone(), None)),
+        (Some(GateReading::NotRead { why }), _) => Some(blocked("", format!("not read: {why}"), None)),
+        (Some(GateReading::Holds), None) | (None, _) => Some(blocked("", "not read in this pass".to_owned(), None)),
+    }
+}
+
+/// A wait on `rule` that goes on at `now`: its state with the wait's start, and whether
+/// the wait has now lasted past the rule's timeout.
+#[must_use]
+pub fn waited(rule: &GateRule, state: &mut GateState, now: Timestamp) -> bool {
+    let since = *state.waiting_since.get_or_insert(now);
+    let timed_out = rule.timeout.is_some_and(|t| now.saturating_since(since) >= t);
+    state.timed_out |= timed_out;
+    state.timed_out
+}
+
+#[cfg(test)]
+mod tests;

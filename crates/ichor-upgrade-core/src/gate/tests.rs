@@ -1,0 +1,87 @@
+use super::*;
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_unix_secs(secs)
+}
+
+fn rule(name: &str, phase: GatePhase, settle: u64) -> GateRule {
+    GateRule {
+        name: name.into(),
+        phase,
+        role: None,
+        wave: None,
+        settle: Duration::from_secs(settle),
+        timeout: Some(Duration::from_secs(600)),
+    }
+}
+
+fn reading(name: &str, r: GateReading) -> BTreeMap<String, GateReading> {
+    BTreeMap::from([(name.to_owned(), r)])
+}
+
+fn fails() -> GateReading {
+    GateReading::Fails { object: "Volume longhorn-system/pvc-1".into(), value: "false".into() }
+}
+
+#[test]
+fn a_gate_passes_only_once_it_has_held_for_its_settle_without_a_break() {
+    let r = rule("volumes", GatePhase::BeforeMachine, 60);
+    let holds = reading("volumes", GateReading::Holds);
+    let s = track(std::slice::from_ref(&r), &holds, &BTreeMap::new(), |_| 0, at(100));
+    assert_eq!(s["volumes"].holding_since, Some(at(100)));
+    let b = block(&r, &s["volumes"], holds.get("volumes"), at(130)).expect("settling");
+    assert_eq!(b.settles_at, Some(at(160)));
+    // A break begins the settle again.
+    let s = track(std::slice::from_ref(&r), &reading("volumes", fails()), &s, |_| 0, at(150));
+    assert_eq!(s["volumes"].holding_since, None);
+    assert_eq!(s["volumes"].last.as_deref(), Some("Volume longhorn-system/pvc-1: false"));
+    let s = track(std::slice::from_ref(&r), &holds, &s, |_| 0, at(170));
+    assert!(block(&r, &s["volumes"], holds.get("volumes"), at(200)).is_some(), "170 + 60 is not yet");
+    assert_eq!(block(&r, &s["volumes"], holds.get("volumes"), at(230)), None);
+}
+
+#[test]
+fn what_was_not_read_never_passes() {
+    let r = rule("volumes", GatePhase::BeforeMachine, 0);
+    let unread = reading("volumes", GateReading::NotRead { why: "forbidden".into() });
+    let s = track(std::slice::from_ref(&r), &unread, &BTreeMap::new(), |_| 0, at(0));
+    let b = block(&r, &s["volumes"], unread.get("volumes"), at(0)).unwrap();
+    assert_eq!(b.value, "not read: forbidden");
+    let s = track(std::slice::from_ref(&r), &BTreeMap::new(), &s, |_| 0, at(1));
+    assert!(block(&r, &s["volumes"], None, at(1)).is_some(), "no reading is no pass");
+}
+
+#[test]
+fn an_after_machine_gate_settles_again_after_each_convergence_in_its_scope() {
+    let r = rule("volumes", GatePhase::AfterMachine, 60);
+    let holds = reading("volumes", GateReading::Holds);
+    let s = track(std::slice::from_ref(&r), &holds, &BTreeMap::new(), |_| 1, at(0));
+    let s = track(std::slice::from_ref(&r), &holds, &s, |_| 1, at(100));
+    assert_eq!(s["volumes"].holding_since, Some(at(0)), "nothing new converged");
+    // A second machine converged: the gate has held since then only.
+    let s = track(std::slice::from_ref(&r), &holds, &s, |_| 2, at(200));
+    assert_eq!((s["volumes"].holding_since, s["volumes"].after_converged), (Some(at(200)), 2));
+    assert!(block(&r, &s["volumes"], holds.get("volumes"), at(230)).is_some());
+}
+
+#[test]
+fn a_wait_times_out_at_its_bound_and_stays_timed_out() {
+    let r = rule("volumes", GatePhase::BeforeMachine, 0);
+    let mut state = GateState::default();
+    assert!(!waited(&r, &mut state, at(1_000)));
+    assert!(!waited(&r, &mut state, at(1_599)));
+    assert!(waited(&r, &mut state, at(1_600)));
+    assert!(waited(&r, &mut state, at(1_601)), "sticky until a resume clears it");
+    let mut forever = GateState::default();
+    let no_timeout = GateRule { timeout: None, ..r };
+    assert!(!waited(&no_timeout, &mut forever, at(i64::MAX / 2_000)));
+}
+
+#[test]
+fn scope_by_role_and_wave() {
+    let r = GateRule { role: Some(MachineRole::Worker), wave: Some(2), ..rule("g", GatePhase::BeforeMachine, 0) };
+    assert!(r.covers(MachineRole::Worker, Some("2")));
+    assert!(!r.covers(MachineRole::Worker, Some("1")));
+    assert!(!r.covers(MachineRole::Worker, None));
+    assert!(!r.covers(MachineRole::ControlPlane, Some("2")));
+}
