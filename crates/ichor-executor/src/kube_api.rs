@@ -149,6 +149,9 @@ pub struct ClusterInfo {
     /// The maintenance windows its upgrades keep to (`spec.maintenance`); an operation's
     /// own replace them ([`OperationInfo::maintenance`]).
     pub maintenance: Option<MaintenanceSpec>,
+    /// The health gates its upgrades keep to (`spec.gates`); an operation's own replace
+    /// them ([`OperationInfo::gates`]).
+    pub gates: Vec<ichor_upgrade_core::gate::GateSpec>,
 }
 
 /// A `TalosOperation`.
@@ -170,6 +173,8 @@ pub struct OperationInfo {
     pub spec: OperationSpec,
     /// Its own maintenance windows (`spec.maintenance`), in place of its cluster's.
     pub maintenance: Option<MaintenanceSpec>,
+    /// Its own health gates (`spec.gates`), in place of its cluster's (an empty list: none).
+    pub gates: Option<Vec<ichor_upgrade_core::gate::GateSpec>>,
     /// Its status.
     pub status: OperationStatus,
 }
@@ -368,6 +373,16 @@ pub trait KubeApi: Send + Sync {
     /// must forward it.)
     async fn control_plane_pods(&self) -> Result<ControlPlanePods, KubeError> {
         Err(KubeError::Refused("the control planes' static pods cannot be read through this client".to_owned()))
+    }
+    /// The objects a health gate reads ([`ichor_upgrade_core::gate::GateObjects`]), each
+    /// as `(Kind namespace/name, the whole object as JSON)`, in name order. (The default
+    /// answers [`KubeError::Refused`]: the gate then does not pass, never on a guess;
+    /// wrappers must forward it.)
+    async fn gate_objects(
+        &self,
+        objects: &ichor_upgrade_core::gate::GateObjects,
+    ) -> Result<Vec<(String, serde_json::Value)>, KubeError> {
+        Err(KubeError::Refused(format!("{} cannot be read through this client", objects.kind_name())))
     }
     /// The cluster's Kubernetes as planning reads it. (The default answers
     /// [`KubeError::Refused`].)

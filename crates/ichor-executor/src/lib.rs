@@ -32,6 +32,7 @@ pub mod config;
 pub mod effects;
 pub mod etcd;
 pub mod etcd_snapshot;
+pub mod health_gates;
 pub mod jobs;
 pub mod kube_api;
 pub mod machine;

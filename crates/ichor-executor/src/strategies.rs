@@ -89,6 +89,7 @@ impl ClusterObjects {
             platform: "metal".to_owned(),
             nodes: nodes.iter().map(|n| n.name.clone()).collect(),
             maintenance: None,
+            gates: Vec::new(),
         };
         Self { shape: shape.clone(), cluster, machines, nodes }
     }

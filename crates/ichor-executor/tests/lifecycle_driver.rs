@@ -242,6 +242,7 @@ fn operation_read_again(kube: &mut MockKube, state: RecordState) {
         annotations: BTreeMap::new(),
         spec: OperationSpec::talos("v1.14.4", 1),
         maintenance: None,
+        gates: None,
         status,
     };
     kube.expect_operation().with(eq("upgrade")).returning(move |_| Ok(Some(operation.clone())));

@@ -224,6 +224,7 @@ fn operation_info(target_version: &str, max_unavailable: i64, status: OperationS
             machine: None,
         },
         maintenance: None,
+        gates: None,
         status,
     }
 }
@@ -239,6 +240,7 @@ fn prod_cluster() -> ClusterInfo {
         platform: "metal".into(),
         nodes: Vec::new(),
         maintenance: None,
+        gates: Vec::new(),
     }
 }
 

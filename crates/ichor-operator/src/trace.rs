@@ -801,6 +801,12 @@ impl KubeApi for TracedKube<'_> {
     async fn control_plane_pods(&self) -> Result<ichor_executor::kube_api::ControlPlanePods, KubeError> {
         self.inner.control_plane_pods().await
     }
+    async fn gate_objects(
+        &self,
+        objects: &ichor_upgrade_core::gate::GateObjects,
+    ) -> Result<Vec<(String, serde_json::Value)>, KubeError> {
+        self.inner.gate_objects(objects).await
+    }
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.inner.cluster_kubernetes().await
     }

@@ -1067,6 +1067,13 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::Read, |w| Ok(w.control_plane_pods())).await
     }
 
+    async fn gate_objects(
+        &self,
+        objects: &ichor_upgrade_core::gate::GateObjects,
+    ) -> Result<Vec<(String, serde_json::Value)>, KubeError> {
+        self.kube(KubeCall::Read, |w| w.volume_objects(objects)).await
+    }
+
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.kube(KubeCall::Read, |w| {
             if w.bootstrap.reads_forbidden {

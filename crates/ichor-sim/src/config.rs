@@ -79,11 +79,17 @@ pub enum Fault {
     /// may change meanwhile (a Talos upgrade's reboot takes all three of a control plane
     /// down, a Kubernetes upgrade's apply one), or two API servers would be down at once.
     ComponentDown,
+    /// A volume per worker (three workers or more), its three replicas on that worker and
+    /// the next two: a replica is down while its node is not Ready and rebuilds for 3 to 8
+    /// minutes once it is back, so a volume stays degraded long after its node's reboot.
+    /// A health gate reads the volumes (`longhorn.io/v1beta2` `Volume`,
+    /// `status.robustness`).
+    StorageDegraded,
 }
 
 impl Fault {
     /// Every fault, in the order the command line lists them.
-    pub const ALL: [Self; 21] = [
+    pub const ALL: [Self; 22] = [
         Self::AbFallback,
         Self::ControllerCrash,
         Self::ApiOutage,
@@ -105,6 +111,7 @@ impl Fault {
         Self::RemovedApiInUse,
         Self::KubeletNotBack,
         Self::ComponentDown,
+        Self::StorageDegraded,
     ];
 
     /// The name on the command line.
@@ -132,6 +139,7 @@ impl Fault {
             Self::RemovedApiInUse => "removed-api-in-use",
             Self::KubeletNotBack => "kubelet-not-back",
             Self::ComponentDown => "component-down",
+            Self::StorageDegraded => "storage-degraded",
         }
     }
 
@@ -333,6 +341,8 @@ pub struct SimConfig {
     /// The cluster's maintenance windows (`TalosCluster.spec.maintenance`; none by
     /// default). The simulated clock starts at 2026-01-01T00:00:00Z, a Thursday.
     pub maintenance: Option<ichor_upgrade_core::window::MaintenanceSpec>,
+    /// The cluster's health gates (`TalosCluster.spec.gates`).
+    pub gates: Vec<ichor_upgrade_core::gate::GateSpec>,
 }
 
 /// How the simulated nodes are named and addressed: node `i` of a role is
@@ -422,7 +432,15 @@ impl SimConfig {
             naming: Naming::default(),
             realism: Realism::cluster(),
             maintenance: None,
+            gates: Vec::new(),
         }
+    }
+
+    /// The same cluster with health gates.
+    #[must_use]
+    pub fn with_gates(mut self, gates: Vec<ichor_upgrade_core::gate::GateSpec>) -> Self {
+        self.gates = gates;
+        self
     }
 
     /// The same cluster with maintenance windows.

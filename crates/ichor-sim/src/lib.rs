@@ -124,6 +124,7 @@ impl SimCluster {
                 spec,
                 status: OperationStatus::default(),
                 maintenance: None,
+                gates: None,
             };
             w.operations.insert(name.to_owned(), SimOperation { info, finalized: false, version: 0, seen: 0 });
         });

@@ -7,6 +7,7 @@ mod invariants;
 mod restart_property;
 mod sim_audit;
 mod sim_etcd_snapshot;
+mod sim_gates;
 mod sim_image_pull;
 mod sim_kubernetes;
 mod sim_preflight;

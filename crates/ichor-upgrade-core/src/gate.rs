@@ -40,6 +40,126 @@ pub enum GatePhase {
     AfterOperation,
 }
 
+/// A gate as a person writes it (`spec.gates[]`): what it reads, its CEL expression, when
+/// it is checked, over which machines, and its times. The expression is the shell's to
+/// compile and evaluate; [`rules`] takes the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateSpec {
+    /// Its name, unique among the gates in force.
+    pub name: String,
+    /// The objects it reads.
+    pub objects: GateObjects,
+    /// A CEL expression over `object` (each object read, as JSON) that must be `true` for
+    /// every one, such as `object.status.robustness == "healthy"`.
+    pub expression: String,
+    /// When it is checked.
+    pub phase: GatePhase,
+    /// Which machines it covers (every machine when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<GateScope>,
+    /// How long the expression must hold, without a break, before the gate passes.
+    #[serde(default)]
+    pub settle_seconds: i64,
+    /// How long a start waits on it before the operation pauses, naming it (never, when
+    /// left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i64>,
+}
+
+/// The objects a gate reads: of one kind, in a namespace (every namespace when left out),
+/// by name or by labels (every one of the kind when both are left out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateObjects {
+    /// The group/version, such as `longhorn.io/v1beta2` (`v1` for the core group).
+    pub api_version: String,
+    /// The kind, such as `Volume`.
+    pub kind: String,
+    /// The namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// One object's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Labels every object read carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<BTreeMap<String, String>>,
+}
+
+impl GateObjects {
+    /// `Kind` with its group/version, for messages (`Volume.longhorn.io/v1beta2`).
+    #[must_use]
+    pub fn kind_name(&self) -> String {
+        format!("{}.{}", self.kind, self.api_version)
+    }
+}
+
+/// The machines a gate covers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateScope {
+    /// `controlPlane` or `worker` (both when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<GateRole>,
+    /// The order wave (`ichor.dev/order`); every wave when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave: Option<i64>,
+}
+
+/// A role, as a gate's scope names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GateRole {
+    /// Control planes.
+    ControlPlane,
+    /// Workers.
+    Worker,
+}
+
+/// The rules of `specs`, or what keeps them from being read (naming the gate and the
+/// field): an empty or repeated name, a negative time, a kind or version left empty.
+/// The expressions are the shell's to compile.
+///
+/// # Errors
+/// The first problem found.
+pub fn rules(specs: &[GateSpec]) -> Result<Vec<GateRule>, String> {
+    let mut seen = std::collections::BTreeSet::new();
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let at = format!("gates[{i}]");
+            if spec.name.trim().is_empty() {
+                return Err(format!("{at}.name is empty"));
+            }
+            if !seen.insert(spec.name.as_str()) {
+                return Err(format!("{at}.name {:?} is taken by an earlier gate", spec.name));
+            }
+            if spec.objects.api_version.trim().is_empty() || spec.objects.kind.trim().is_empty() {
+                return Err(format!("{at} ({}): objects need an apiVersion and a kind", spec.name));
+            }
+            let seconds = |field: &str, value: i64| {
+                u64::try_from(value)
+                    .map(Duration::from_secs)
+                    .map_err(|_| format!("{at} ({}).{field} is negative: {value}", spec.name))
+            };
+            let scope = spec.scope.clone().unwrap_or_default();
+            Ok(GateRule {
+                name: spec.name.clone(),
+                phase: spec.phase,
+                role: scope.role.map(|r| match r {
+                    GateRole::ControlPlane => MachineRole::ControlPlane,
+                    GateRole::Worker => MachineRole::Worker,
+                }),
+                wave: scope.wave,
+                settle: seconds("settleSeconds", spec.settle_seconds)?,
+                timeout: spec.timeout_seconds.map(|t| seconds("timeoutSeconds", t)).transpose()?,
+            })
+        })
+        .collect()
+}
+
 /// A gate as the core judges it: its name, when it is checked, over which machines, and
 /// its times. What it reads and its expression are the shell's.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1028,6 +1028,7 @@ impl KubeApi for KubeCluster {
                 machine: op.spec.machine.clone(),
             },
             maintenance: op.spec.maintenance.clone(),
+            gates: None,
             status: engine_status(&op),
         }))
     }
@@ -1066,6 +1067,7 @@ impl KubeApi for KubeCluster {
             platform: cluster.spec.platform.clone(),
             nodes: cluster_nodes(&self.stores.nodes.state(), &cluster.spec),
             maintenance: cluster.spec.maintenance.clone(),
+            gates: Vec::new(),
         })
     }
 
@@ -1265,6 +1267,14 @@ impl KubeApi for KubeCluster {
     async fn control_plane_pods(&self) -> Result<ichor_executor::kube_api::ControlPlanePods, KubeError> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         super::versions::control_plane_pods(&self.client).await
+    }
+
+    async fn gate_objects(
+        &self,
+        objects: &ichor_upgrade_core::gate::GateObjects,
+    ) -> Result<Vec<(String, serde_json::Value)>, KubeError> {
+        self.counters.reads.fetch_add(2, Ordering::Relaxed);
+        super::gate_objects::gate_objects(&self.client, objects).await
     }
 
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {

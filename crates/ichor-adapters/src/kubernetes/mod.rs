@@ -8,6 +8,7 @@ pub mod client;
 pub mod counters;
 pub mod crd;
 pub mod errors;
+pub mod gate_objects;
 pub mod manifests;
 mod preflight;
 pub mod versions;

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::etcd::snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
+use ichor_upgrade_core::gate::Gates;
 use ichor_upgrade_core::machine::kubernetes::{KubernetesStage, kubernetes_stage, past_apply, stage_converged};
 use ichor_upgrade_core::machine::talos::{ConvergedOn, UpgradeTarget};
 use ichor_upgrade_core::operation::{
@@ -17,7 +18,7 @@ use ichor_upgrade_core::operation::{
 use ichor_upgrade_core::rollout::{
     ComponentsVerdict, EtcdVerdict, KubernetesInput, MachineView, OperationView, PreflightVerdict, RolloutInput,
 };
-use ichor_upgrade_core::status::{MachineProgress, OperationStatus};
+use ichor_upgrade_core::status::{MachineProgress, OperationStatus, Phase};
 use ichor_upgrade_core::versions::KubernetesVersion;
 use ichor_upgrade_core::window::Windows;
 
@@ -104,6 +105,8 @@ pub(super) struct Shown {
     api_servers: Option<KubernetesVersion>,
     /// The maintenance windows an upgrade's starts keep to, expanded at `now`.
     windows: Option<Windows>,
+    /// The health gates an upgrade keeps to, with what each read in this pass.
+    gates: Option<Gates>,
     /// When the pass observed.
     pub(super) now: Timestamp,
 }
@@ -168,6 +171,7 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
         None => (ComponentsVerdict::NotChecked, None),
     };
     let windows = maintenance_windows(ex, seen, now);
+    let gates = health_gates(ex, seen).await;
     Shown {
         kubernetes,
         converged_on,
@@ -178,8 +182,19 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
         components,
         api_servers,
         windows,
+        gates,
         now,
     }
+}
+
+/// The health gates of an upgrade (the operation's own, else its cluster's), each read
+/// now, while the operation has not ended. A removal keeps to none.
+async fn health_gates(ex: &Executor<'_>, seen: &Observation) -> Option<Gates> {
+    if seen.op.spec.is_removal() || matches!(seen.status.phase, Phase::Completed | Phase::Refused(_)) {
+        return None;
+    }
+    let specs = seen.op.gates.as_ref().unwrap_or(&seen.cluster.gates);
+    crate::health_gates::gates(ex, specs).await
 }
 
 /// The maintenance windows of an upgrade (the operation's own, else its cluster's),
@@ -214,7 +229,7 @@ impl Shown {
             components: &self.components,
             preflight: &PreflightVerdict::NotChecked,
             windows: self.windows.as_ref(),
-            gates: None,
+            gates: self.gates.as_ref(),
             config: &ex.config.rollout,
             now: self.now,
         }

@@ -24,6 +24,8 @@ use super::rng::Rng;
 use super::trace::{TraceEvent, TraceKind};
 
 mod kubernetes_upgrade;
+mod volumes;
+pub use volumes::{REPLICAS, SimVolume, SimVolumes, VOLUME_NAMESPACE};
 
 /// The label that puts a node under the workers' `TalosStorage`.
 pub const STORAGE_LABEL: &str = "storage.ichor.dev/replicas";
@@ -522,6 +524,8 @@ pub struct World {
     pub stop_during_install: StopDuringInstall,
     /// The objects of Talos's bootstrap manifests the cluster holds.
     pub bootstrap: super::kubernetes::SimBootstrap,
+    /// The storage-degraded fault's volumes.
+    pub volumes: SimVolumes,
     /// A Node a person cordons (`kubectl cordon`) in the instant before the engine's next
     /// cordon of it arrives, after the engine read it: the race the cordon's precondition
     /// is for (issue 29 item 8). Taken when it fires.
@@ -889,6 +893,7 @@ impl World {
                 // Filled in as the simulated API server is read.
                 nodes: Vec::new(),
                 maintenance: config.maintenance.clone(),
+                gates: config.gates.clone(),
             },
             conditions: nodes.iter().map(|n| (n.name.clone(), Conditions::new())).collect(),
             machine_annotations: nodes.iter().map(|n| (n.name.clone(), Metadata::new())).collect(),
@@ -932,6 +937,7 @@ impl World {
             single_replica_until: None,
             stop_during_install: StopDuringInstall::Idle,
             bootstrap: super::kubernetes::SimBootstrap::default(),
+            volumes: SimVolumes::default(),
             cordon_race: None,
             failing_condition_writes: 0,
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),
@@ -955,6 +961,7 @@ impl World {
         // Faults may place pods of their own.
         world.place_faults();
         world.place_kubernetes_faults();
+        world.place_volumes();
         world.pod_nodes = world
             .nodes
             .iter()
@@ -1803,6 +1810,7 @@ impl World {
     /// The node turned Ready now.
     pub(crate) fn kubelet_ready_now(&mut self, i: usize) {
         self.view_change(i, Duration::ZERO, ViewChange::Ready);
+        self.volumes_node_back(i);
     }
 
     /// Records a trace event about node `i`.
@@ -2162,6 +2170,9 @@ impl World {
         c.max_workers_down = c.max_workers_down.max(sum.workers_down);
         if sum.members > 0 {
             c.min_etcd_voters = Some(c.min_etcd_voters.map_or(sum.voters, |m| m.min(sum.voters)));
+        }
+        if !self.volumes.volumes.is_empty() {
+            self.measure_volumes();
         }
     }
 

@@ -85,3 +85,44 @@ fn scope_by_role_and_wave() {
     assert!(!r.covers(MachineRole::Worker, None));
     assert!(!r.covers(MachineRole::ControlPlane, Some("2")));
 }
+
+fn spec(name: &str) -> GateSpec {
+    serde_json::from_value(serde_json::json!({
+        "name": name,
+        "objects": { "apiVersion": "longhorn.io/v1beta2", "kind": "Volume", "namespace": "longhorn-system" },
+        "expression": "object.status.robustness == 'healthy'",
+        "phase": "afterMachine",
+        "scope": { "role": "worker" },
+        "settleSeconds": 120,
+        "timeoutSeconds": 1800,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_spec_reads_as_its_rule() {
+    let rules = rules(&[spec("volumes")]).unwrap();
+    assert_eq!(
+        rules,
+        [GateRule {
+            name: "volumes".into(),
+            phase: GatePhase::AfterMachine,
+            role: Some(MachineRole::Worker),
+            wave: None,
+            settle: Duration::from_secs(120),
+            timeout: Some(Duration::from_secs(1800)),
+        }]
+    );
+}
+
+#[test]
+fn specs_that_do_not_read_are_refused_naming_the_gate_and_field() {
+    let twice = rules(&[spec("volumes"), spec("volumes")]).unwrap_err();
+    assert!(twice.contains("gates[1].name \"volumes\" is taken"), "{twice}");
+    let negative = rules(&[GateSpec { settle_seconds: -1, ..spec("volumes") }]).unwrap_err();
+    assert_eq!(negative, "gates[0] (volumes).settleSeconds is negative: -1");
+    let mut no_kind = spec("volumes");
+    no_kind.objects.kind = String::new();
+    assert!(rules(&[no_kind]).unwrap_err().contains("objects need an apiVersion and a kind"));
+    assert!(rules(&[spec(" ")]).unwrap_err().contains("gates[0].name is empty"));
+}
