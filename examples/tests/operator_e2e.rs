@@ -157,6 +157,7 @@ impl Scene {
             target_version: fleet::TARGET.into(),
             max_unavailable: 1.into(),
             maintenance: None,
+            gates: None,
             machine: machine.map(str::to_owned),
         }
     }
@@ -831,6 +832,7 @@ async fn a_kubernetes_upgrade_completes_on_the_simulated_fleet_with_every_kubele
         target_version: KUBERNETES_TARGET.into(),
         max_unavailable: 2.into(),
         maintenance: None,
+        gates: None,
         ..scene.operation_spec("kubernetes", None)
     };
     ops.create(&PostParams::default(), &TalosOperation::new("kubernetes", spec)).await.unwrap();

@@ -31,6 +31,7 @@ async fn create(scene: &Scene, name: &str, target: &str, dry_run: bool) {
         target_version: target.into(),
         max_unavailable: 2.into(),
         maintenance: None,
+        gates: None,
         dry_run,
         ..scene.operation_spec("talos", None)
     };

@@ -102,6 +102,7 @@ async fn traced_upgrade(prefix: &str, control_planes: usize, workers: usize, ext
             target_version: fleet::TARGET.into(),
             max_unavailable: 1.into(),
             maintenance: None,
+            gates: None,
             machine: None,
         },
     );

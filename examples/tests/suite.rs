@@ -7,6 +7,7 @@ mod operator_defaults;
 mod operator_desired;
 mod operator_e2e;
 mod operator_example;
+mod operator_gates;
 mod operator_install;
 mod operator_kwok;
 mod operator_notify;

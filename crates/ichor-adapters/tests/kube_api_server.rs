@@ -42,6 +42,7 @@ fn cluster_object(name: &str) -> TalosCluster {
             releases: None,
             notifications: None,
             maintenance: None,
+            gates: None,
         },
     )
 }
@@ -265,6 +266,7 @@ fn upgrade_spec() -> TalosOperationSpec {
         target_version: "v1.14.4".into(),
         max_unavailable: 1.into(),
         maintenance: None,
+        gates: None,
         machine: None,
     }
 }

@@ -217,6 +217,7 @@ fn operation(cluster: &TalosCluster, kind: OperationKind, name: &str, target: &s
             target_version: target.to_owned(),
             max_unavailable: 1.into(),
             maintenance: None,
+            gates: None,
             machine: None,
             preflight: None,
             etcd_snapshot: None,

@@ -20,6 +20,7 @@ pub(crate) fn cluster(discovery: Option<Discovery>) -> TalosCluster {
             releases: None,
             notifications: None,
             maintenance: None,
+            gates: None,
         },
     );
     c.metadata.namespace = Some("ops".into());
@@ -36,6 +37,7 @@ pub(crate) fn operation(name: &str, phase: &str, reason: &str) -> TalosOperation
             target_version: "v1.14.4".into(),
             max_unavailable: 1.into(),
             maintenance: None,
+            gates: None,
             machine: None,
             preflight: None,
             etcd_snapshot: None,

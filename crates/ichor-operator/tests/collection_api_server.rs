@@ -16,6 +16,7 @@ fn operation(name: &str) -> TalosOperation {
             target_version: "v1.14.4".into(),
             max_unavailable: 1.into(),
             maintenance: None,
+            gates: None,
             machine: None,
             preflight: None,
             etcd_snapshot: None,

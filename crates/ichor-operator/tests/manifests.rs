@@ -179,3 +179,25 @@ fn the_sample_cluster_grants_the_operator_its_namespace_as_the_code_does() {
     assert_eq!(binding["roleRef"], made["roleRef"]);
     assert_eq!(binding["subjects"], made["subjects"]);
 }
+
+/// The README's quick-start TalosCluster, as written: it reads as a TalosCluster, its
+/// window expands, and its gate compiles.
+#[test]
+fn the_readme_quick_start_cluster_reads_with_its_window_and_its_gate() {
+    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../README.md")).unwrap();
+    let block = readme
+        .split("<!-- quick-start-cluster -->\n```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's quick-start TalosCluster block");
+    let cluster: ichor_adapters::kubernetes::crd::TalosCluster = serde_saphyr::from_str(block).unwrap();
+    let maintenance = cluster.spec.maintenance.as_ref().expect("a window");
+    let now = ichor_upgrade_core::Timestamp::from_unix_secs(1_796_099_400);
+    let calendar = ichor_executor::calendar::calendar(maintenance, now).unwrap();
+    assert!(calendar.spans().len() >= 8, "two weekend mornings a week for the horizon");
+    let gates = cluster.spec.gates.as_deref().expect("a gate");
+    assert_eq!(gates.len(), 1);
+    ichor_executor::health_gates::compile(gates).unwrap();
+    let rule = &ichor_upgrade_core::gate::rules(gates).unwrap()[0];
+    assert_eq!(rule.phase, ichor_upgrade_core::gate::GatePhase::AfterMachine);
+}

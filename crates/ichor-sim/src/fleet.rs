@@ -538,6 +538,7 @@ impl Fleet {
                 releases: None,
                 notifications: None,
                 maintenance: None,
+                gates: None,
             },
         );
         create_if_absent(&Api::namespaced(client.clone(), ns), &cluster)

@@ -102,4 +102,47 @@ async fn a_gate_that_does_not_compile_refuses_the_upgrade_touching_nothing() {
     assert_eq!(phase.reason(), "InvalidGate", "{phase}");
     assert!(phase.to_string().contains("gates[0] (volumes-healthy).expression"), "{phase}");
     assert_eq!(sim.read_world(|w| (w.counters.upgrade_calls, w.upgrades.len())), (0, 0), "nothing touched");
+
+    // Corrected to a gate that does not hold: the upgrade waits on it, never goes on
+    // without it.
+    let never = volumes_healthy("object.status.robustness == 'never'");
+    let never = GateSpec { phase: ichor_upgrade_core::gate::GatePhase::BeforeOperation, scope: None, ..never };
+    sim.with_world(|w| w.cluster.gates = vec![never]);
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 200, |_| {}).await;
+    assert_ne!(end, RunEnd::Completed);
+    let phase = sim.read_world(|w| w.operations["upgrade"].info.status.phase.clone());
+    assert_eq!(phase.reason(), "GateNotPassing", "{phase}");
+    assert_eq!(sim.read_world(|w| w.counters.upgrade_calls), 0, "nothing started past the gate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn gates_edited_bad_then_good_mid_run_are_kept_to_from_the_first_pass() {
+    let config = SimConfig::new(1, 4, v("v1.14.3"), v("v1.14.4")).with_seed(6).with_faults([Fault::StorageDegraded]);
+    let sim = SimCluster::new(config);
+    sim.create_operation("upgrade", OperationSpec::talos("v1.14.4", 1));
+    // Under way (the control plane and a worker called), the gates are edited to one that
+    // does not compile: refused.
+    let bad = volumes_healthy("object.status.robustness ==");
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 5_000, |sim| {
+        sim.with_world(|w| {
+            if w.counters.upgrade_calls >= 2 && w.cluster.gates.is_empty() {
+                w.cluster.gates = vec![bad.clone()];
+            }
+        });
+    })
+    .await;
+    assert_ne!(end, RunEnd::Completed);
+    let phase = sim.read_world(|w| w.operations["upgrade"].info.status.phase.clone());
+    assert_eq!(phase.reason(), "InvalidGate", "{phase}");
+    // Corrected to a gate before each worker that never holds: from the first pass after
+    // the edit, no worker starts.
+    let never = GateSpec {
+        phase: ichor_upgrade_core::gate::GatePhase::BeforeMachine,
+        ..volumes_healthy("object.status.robustness == 'never'")
+    };
+    sim.with_world(|w| w.cluster.gates = vec![never]);
+    let calls = sim.read_world(|w| w.counters.upgrade_calls);
+    let end = run_operation(&sim, "upgrade", &ExecutorConfig::default(), 300, |_| {}).await;
+    assert_ne!(end, RunEnd::Completed);
+    assert_eq!(sim.read_world(|w| w.counters.upgrade_calls), calls, "no start past the corrected gate");
 }

@@ -1028,7 +1028,7 @@ impl KubeApi for KubeCluster {
                 machine: op.spec.machine.clone(),
             },
             maintenance: op.spec.maintenance.clone(),
-            gates: None,
+            gates: op.spec.gates.clone(),
             status: engine_status(&op),
         }))
     }
@@ -1067,7 +1067,7 @@ impl KubeApi for KubeCluster {
             platform: cluster.spec.platform.clone(),
             nodes: cluster_nodes(&self.stores.nodes.state(), &cluster.spec),
             maintenance: cluster.spec.maintenance.clone(),
-            gates: Vec::new(),
+            gates: cluster.spec.gates.clone().unwrap_or_default(),
         })
     }
 

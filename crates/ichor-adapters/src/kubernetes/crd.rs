@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 
+use ichor_upgrade_core::gate::GateSpec;
 use ichor_upgrade_core::machine::{lifecycle, vocabulary};
 use ichor_upgrade_core::operation::MaxUnavailable;
 use ichor_upgrade_core::window::MaintenanceSpec;
@@ -114,6 +115,18 @@ pub struct TalosClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "maintenance")]
     pub maintenance: Option<MaintenanceSpec>,
+    /// Health gates: checks of the platform team's own, each a CEL `expression` over
+    /// `object` (every object of one kind it reads, by namespace, name or labels) that
+    /// must be `true` for `settleSeconds` before the gate passes. `phase`: `beforeMachine`
+    /// (each start), `afterMachine` (after each machine, before the next start and the
+    /// completion), `beforeOperation` or `afterOperation`; `scope`: a `role` and an order
+    /// `wave`. A start waits (`GateNotPassing`, naming the gate, the object and its value);
+    /// past `timeoutSeconds` the operation pauses (`GateTimedOut`). An expression that
+    /// does not compile refuses the upgrade. The operator reads the objects with its own
+    /// rights: grant it `get` and `list` on the kinds the gates name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "gates")]
+    pub gates: Option<Vec<GateSpec>>,
 }
 
 /// `spec.notifications`: the receivers of a cluster's notices, and when a wait is one.
@@ -762,6 +775,11 @@ pub struct TalosOperationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "maintenance")]
     pub maintenance: Option<MaintenanceSpec>,
+    /// For `talos` and `kubernetes`: health gates in place of the cluster's
+    /// (`TalosCluster.spec.gates`, which says how they read); an empty list: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "gates")]
+    pub gates: Option<Vec<GateSpec>>,
     /// For `remove` (required, and only for `remove`): the `TalosMachine` to remove.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
@@ -1280,6 +1298,54 @@ fn maintenance(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
                         "message": "a blackout's end is after its start"
                     }]
                 }
+            }
+        }
+    })
+}
+
+/// `gates`' schema: the shapes the engine reads, checked at admission as far as a schema
+/// can (an expression is compiled by the engine, which refuses the upgrade when it does
+/// not).
+fn gates(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": 16,
+        "x-kubernetes-validations": [{
+            "rule": "self.all(g, self.exists_one(h, h.name == g.name))",
+            "message": "each gate's name is its own"
+        }],
+        "items": {
+            "type": "object",
+            "required": ["name", "objects", "expression", "phase"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                         "description": "The gate's name, said in a wait and a pause."},
+                "objects": {
+                    "type": "object",
+                    "required": ["apiVersion", "kind"],
+                    "description": "The objects it reads: one kind, in a namespace (every one if left out), by name or labels.",
+                    "properties": {
+                        "apiVersion": {"type": "string", "minLength": 1, "maxLength": 253, "description": "Such as `longhorn.io/v1beta2`, or `v1`."},
+                        "kind": {"type": "string", "minLength": 1, "maxLength": 63, "description": "Such as `Volume`."},
+                        "namespace": {"type": "string", "maxLength": 63},
+                        "name": {"type": "string", "maxLength": 253},
+                        "labelSelector": {"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string", "maxLength": 63}}
+                    }
+                },
+                "expression": {"type": "string", "minLength": 1, "maxLength": 4096,
+                               "description": "CEL over `object`, true when it is as it should be, such as `object.status.robustness == 'healthy'`."},
+                "phase": {"type": "string", "enum": ["beforeMachine", "afterMachine", "beforeOperation", "afterOperation"]},
+                "scope": {
+                    "type": "object",
+                    "properties": {
+                        "role": {"type": "string", "enum": ["controlPlane", "worker"]},
+                        "wave": {"type": "integer", "format": "int64", "description": "An `ichor.dev/order` wave."}
+                    }
+                },
+                "settleSeconds": {"type": "integer", "format": "int64", "minimum": 0, "maximum": 86400,
+                                  "description": "How long it must hold, without a break, before it passes."},
+                "timeoutSeconds": {"type": "integer", "format": "int64", "minimum": 1, "maximum": 604800,
+                                   "description": "How long a start waits on it before the operation pauses (never, if left out)."}
             }
         }
     })

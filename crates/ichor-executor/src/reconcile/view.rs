@@ -188,9 +188,11 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
 }
 
 /// The health gates of an upgrade (the operation's own, else its cluster's), each read
-/// now, while the operation has not ended. A removal keeps to none.
+/// now, until the operation completed (a completion is sticky). A refused operation reads
+/// them too: gates corrected after a refusal are kept to, never skipped. A removal keeps
+/// to none.
 async fn health_gates(ex: &Executor<'_>, seen: &Observation) -> Option<Gates> {
-    if seen.op.spec.is_removal() || matches!(seen.status.phase, Phase::Completed | Phase::Refused(_)) {
+    if seen.op.spec.is_removal() || seen.status.phase == Phase::Completed {
         return None;
     }
     let specs = seen.op.gates.as_ref().unwrap_or(&seen.cluster.gates);
