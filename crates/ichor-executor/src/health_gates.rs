@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use cel::{Context, Program, Value};
-use ichor_upgrade_core::gate::{GateReading, GateSpec, Gates, rules};
+use ichor_upgrade_core::gate::{GateReading, GateRule, GateSpec, Gates, rules};
 
 use crate::calls::{Executor, bounded};
 use crate::cause::report;
@@ -19,13 +19,22 @@ pub struct Compiled {
     program: Program,
 }
 
-/// Every gate of `specs` compiled, or what keeps one from reading (naming the gate).
+/// The gates of `specs`: their rules for the core, and each compiled.
+pub struct Checked {
+    /// What the core holds each gate to.
+    pub rules: Vec<GateRule>,
+    /// Each gate's compiled expression, in the order of `specs`.
+    pub compiled: Vec<Compiled>,
+}
+
+/// Every gate of `specs` checked and compiled, or what keeps one from reading (naming
+/// the gate).
 ///
 /// # Errors
 /// A spec [`rules`] refuses, or an expression that does not compile.
-pub fn compile(specs: &[GateSpec]) -> Result<Vec<Compiled>, String> {
-    rules(specs)?;
-    specs
+pub fn compile(specs: &[GateSpec]) -> Result<Checked, String> {
+    let rules = rules(specs)?;
+    let compiled = specs
         .iter()
         .enumerate()
         .map(|(i, spec)| {
@@ -35,7 +44,8 @@ pub fn compile(specs: &[GateSpec]) -> Result<Vec<Compiled>, String> {
             })?;
             Ok(Compiled { spec: spec.clone(), program })
         })
-        .collect()
+        .collect::<Result<_, String>>()?;
+    Ok(Checked { rules, compiled })
 }
 
 /// The gates of `specs` for the core: their rules and what each reads now, or
@@ -44,12 +54,8 @@ pub async fn gates(ex: &Executor<'_>, specs: &[GateSpec]) -> Option<Gates> {
     if specs.is_empty() {
         return None;
     }
-    let compiled = match compile(specs) {
-        Ok(compiled) => compiled,
-        Err(problem) => return Some(Gates::Invalid(problem)),
-    };
-    let rules = match rules(specs) {
-        Ok(rules) => rules,
+    let Checked { rules, compiled } = match compile(specs) {
+        Ok(checked) => checked,
         Err(problem) => return Some(Gates::Invalid(problem)),
     };
     let mut readings = BTreeMap::new();
@@ -113,19 +119,19 @@ mod tests {
 
     #[test]
     fn an_expression_holds_fails_or_says_why_it_could_not_be_evaluated() {
-        let gates = compile(&[spec("object.status.robustness == 'healthy'")]).unwrap();
+        let gates = compile(&[spec("object.status.robustness == 'healthy'")]).unwrap().compiled;
         let program = &gates[0].program;
         assert_eq!(evaluate(program, &json!({ "status": { "robustness": "healthy" } })), Ok(()));
         assert_eq!(evaluate(program, &json!({ "status": { "robustness": "degraded" } })), Err("false".into()));
         let missing = evaluate(program, &json!({ "metadata": {} })).unwrap_err();
         assert!(missing.starts_with("not evaluated: "), "{missing}");
-        let not_bool = compile(&[spec("object.status.robustness")]).unwrap();
+        let not_bool = compile(&[spec("object.status.robustness")]).unwrap().compiled;
         assert!(
             evaluate(&not_bool[0].program, &json!({ "status": { "robustness": "x" } }))
                 .unwrap_err()
                 .starts_with("not a bool")
         );
-        let all = compile(&[spec("object.spec.replicas.all(r, r.healthy)")]).unwrap();
+        let all = compile(&[spec("object.spec.replicas.all(r, r.healthy)")]).unwrap().compiled;
         assert_eq!(evaluate(&all[0].program, &json!({ "spec": { "replicas": [{ "healthy": true }] } })), Ok(()));
     }
 

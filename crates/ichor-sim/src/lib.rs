@@ -36,7 +36,9 @@ pub mod world;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use ichor_executor::ExecutorConfig;
 use ichor_executor::kube_api::{Metadata, OperationInfo};
+use ichor_executor::machine::talos::Executor;
 use ichor_executor::snapshot::SnapshotStore;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::operation::OperationSpec;
@@ -84,6 +86,13 @@ impl SimCluster {
     #[must_use]
     pub fn snapshot_store(&self) -> Arc<dyn SnapshotStore> {
         Arc::clone(&self.snapshots.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// An executor over this cluster's APIs and clock, with `config`, no snapshot store
+    /// and no background queue (the runner's passes add theirs).
+    #[must_use]
+    pub fn executor<'a>(&'a self, config: &'a ExecutorConfig) -> Executor<'a> {
+        Executor { talos: self, kube: self, storage: self, clock: self, config, snapshots: None, background: None }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, World> {

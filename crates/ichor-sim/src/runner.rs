@@ -75,8 +75,7 @@ pub async fn run_operation(
     let queue = JobQueue::new(name, config.prepull.limit);
     // The jobs see the queue too: an install that began is remembered in it (an outage may
     // keep its record from being written).
-    let job_ex =
-        Executor { talos: sim, kube: sim, storage: sim, clock: sim, config, snapshots: None, background: Some(&queue) };
+    let job_ex = Executor { background: Some(&queue), ..sim.executor(config) };
     let mut jobs = Jobs::new(&queue, job_ex);
     for _ in 0..max_passes {
         let storage = sim.with_world_untouched(|w| {
@@ -101,15 +100,7 @@ pub async fn run_operation(
             });
         }
         let store = sim.snapshot_store();
-        let ex = Executor {
-            talos: sim,
-            kube: sim,
-            storage: sim,
-            clock: sim,
-            config,
-            snapshots: Some(store.as_ref()),
-            background: Some(&queue),
-        };
+        let ex = Executor { snapshots: Some(store.as_ref()), background: Some(&queue), ..sim.executor(config) };
         let result = jobs.beside(reconcile_with(&ex, name, &memory)).await;
         jobs.start_submitted();
         let restarted = sim.with_world_untouched(|w| {
@@ -377,15 +368,7 @@ pub async fn run_removal(sim: &SimCluster, name: &str, config: &ExecutorConfig, 
         });
         let _ = memory.defer_pass(sim.now(), config.pass_interval);
         let store = sim.snapshot_store();
-        let ex = Executor {
-            talos: sim,
-            kube: sim,
-            storage: sim,
-            clock: sim,
-            config,
-            snapshots: Some(store.as_ref()),
-            background: None,
-        };
+        let ex = Executor { snapshots: Some(store.as_ref()), ..sim.executor(config) };
         let now = sim.now();
         let outcome = match sim.machine(name).await {
             Ok(Some(machine)) => {

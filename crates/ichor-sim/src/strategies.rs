@@ -284,15 +284,7 @@ pub async fn run_with(
         }
         let _ = memory.defer_pass(sim.now(), config.pass_interval);
         let store = sim.snapshot_store();
-        let ex = Executor {
-            talos,
-            kube,
-            storage: sim,
-            clock: sim,
-            config,
-            snapshots: Some(store.as_ref()),
-            background: None,
-        };
+        let ex = Executor { talos, kube, snapshots: Some(store.as_ref()), ..sim.executor(config) };
         let result = reconcile_with(&ex, name, &memory).await;
         let now = sim.now();
         let requeue = match result {

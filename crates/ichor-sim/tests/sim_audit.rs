@@ -71,15 +71,7 @@ async fn a_node_left_cordoned_is_a_finding_of_the_audit() {
 /// time, reading only.
 async fn audit_now(sim: &SimCluster) -> Vec<Finding> {
     let config = ExecutorConfig::default();
-    let ex = ichor_executor::Executor {
-        talos: sim,
-        kube: sim,
-        storage: sim,
-        clock: sim,
-        config: &config,
-        snapshots: None,
-        background: None,
-    };
+    let ex = sim.executor(&config);
     let cluster = sim.read_world(|w| w.cluster.name.clone());
     ichor_executor::reconcile::audit_cluster(&ex, &cluster).await.unwrap()
 }

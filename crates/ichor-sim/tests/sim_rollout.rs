@@ -153,7 +153,6 @@ async fn a_void_intent_is_not_called_again_while_another_control_plane_is_down()
 /// was recorded in progress and advanced with its old marker, no retry, no gate.
 #[tokio::test(start_paused = true)]
 async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
-    use ichor_executor::machine::talos::Executor;
     use ichor_executor::reconcile::{ReconcileError, reconcile};
     use ichor_upgrade_core::status::RecordState;
 
@@ -168,15 +167,7 @@ async fn a_resume_whose_reset_fails_stays_paused_and_is_tried_again() {
     sim.annotate_operation("upgrade", RESUME_ANNOTATION, "2026-11-30T10:00:00Z");
     sim.with_world(|w| w.failing_condition_writes = 1);
     let config = ExecutorConfig::default();
-    let ex = Executor {
-        talos: &sim,
-        kube: &sim,
-        storage: &sim,
-        clock: &sim,
-        config: &config,
-        snapshots: None,
-        background: None,
-    };
+    let ex = sim.executor(&config);
     let err = reconcile(&ex, "upgrade").await.unwrap_err();
     assert!(matches!(err, ReconcileError::RetryReset { ref machine, .. } if *machine == failed), "{err:?}");
     assert!(err.is_transient());
