@@ -10,6 +10,7 @@ mod operator_example;
 mod operator_gates;
 mod operator_install;
 mod operator_kwok;
+mod operator_monitoring;
 mod operator_notify;
 mod operator_plan;
 mod operator_trace;

@@ -8,7 +8,7 @@
 //! | `ichor_leader` | 1 while this replica leads |
 //! | `ichor_build_info{version}` | 1, with the operator's version |
 //! | `ichor_operation_machines{namespace,operation,state}` | machines by state (`total`, `converged`, `in_progress`, `failed`), from the operations' status; the leader's only |
-//! | `ichor_operation_phase{namespace,operation,phase}` | 1 for each operation's phase; the leader's only |
+//! | `ichor_operation_phase{namespace,operation,phase,reason}` | 1 for each operation's phase, with the phase's reason (`status.reason`: `GateNotPassing`, `MachineFailed`, ...); the leader's only |
 //! | `ichor_machine_step_duration_seconds{step}` | how long each step of a machine took, from its recorded history, observed by the leader when the machine converges: `evacuation`, `upgrade` (the Upgrade call to converged: install, reboot, Ready and verification), `install` and `reboot` (the lifecycle executor's, the reboot to converged) |
 //! | `ichor_kube_writes_total`, `ichor_kube_events_total`, `ichor_kube_reads_total` | the engine's writes, Events, and reads that bypassed the stores |
 //! | `ichor_kube_requests_total{verb,group,resource,subresource}` | every request to the API server ([`crate::requests`]) |
@@ -228,6 +228,7 @@ struct PhaseLabels {
     namespace: String,
     operation: String,
     phase: String,
+    reason: String,
 }
 
 impl Collector for Operations {
@@ -270,7 +271,9 @@ impl Collector for Operations {
         )?;
         for op in &operations {
             let Some(phase) = op.status.as_ref().and_then(|s| s.phase.clone()) else { continue };
-            let labels = PhaseLabels { namespace: op.namespace().unwrap_or_default(), operation: op.name_any(), phase };
+            let reason = op.status.as_ref().and_then(|s| s.reason.clone()).unwrap_or_default();
+            let labels =
+                PhaseLabels { namespace: op.namespace().unwrap_or_default(), operation: op.name_any(), phase, reason };
             ConstGauge::new(1_i64).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
@@ -347,7 +350,7 @@ mod tests {
         metrics.leader.set(1);
         let text = metrics.encode().unwrap();
         assert_eq!(sample(&text, series), Some(3.0), "{text}");
-        let phase = "ichor_operation_phase{namespace=\"ops\",operation=\"upgrade\",phase=\"Progressing\"}";
+        let phase = "ichor_operation_phase{namespace=\"ops\",operation=\"upgrade\",phase=\"Progressing\",reason=\"Progressing\"}";
         assert_eq!(sample(&text, phase), Some(1.0), "{text}");
     }
 

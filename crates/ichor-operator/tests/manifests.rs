@@ -201,3 +201,113 @@ fn the_readme_quick_start_cluster_reads_with_its_window_and_its_gate() {
     let rule = &ichor_upgrade_core::gate::rules(gates).unwrap()[0];
     assert_eq!(rule.phase, ichor_upgrade_core::gate::GatePhase::AfterMachine);
 }
+
+/// `deploy/monitoring/prometheus-rule.yaml`, the Prometheus Operator's PrometheusRule:
+/// the groups of `ichor-rules.yaml` (Prometheus's own rule file, which `promtool` tests)
+/// under `spec:`, generated from it so that the two never part.
+fn prometheus_rule(rules: &str) -> String {
+    let mut out = String::from(
+        "# Generated from ichor-rules.yaml (the same groups, for the Prometheus Operator): edit that file,\n\
+         # then ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests.\n\
+         # Scrape the operator with honor_labels: true (prometheus-scrape.yaml does): see ichor-rules.yaml.\n\
+         apiVersion: monitoring.coreos.com/v1\n\
+         kind: PrometheusRule\n\
+         metadata:\n  name: ichor-operator\n  namespace: ichor-system\n\
+         \x20 labels:\n    app.kubernetes.io/name: ichor-operator\n\
+         spec:\n",
+    );
+    for line in rules.lines().skip_while(|l| l.starts_with('#')) {
+        if line.is_empty() {
+            out.push('\n');
+        } else {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The alert rules read only metrics the operator exports (the table of
+/// `crate::metrics`), only phases and reasons the engine writes, and the PrometheusRule is
+/// the rule file's groups; the scrape job keeps the operations' own `namespace` label.
+#[test]
+fn the_alert_rules_read_only_what_the_operator_exports_and_ship_as_a_prometheus_rule() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let rules = std::fs::read_to_string(root.join("deploy/monitoring/ichor-rules.yaml")).unwrap();
+    let path = root.join("deploy/monitoring/prometheus-rule.yaml");
+    let generated = prometheus_rule(&rules);
+    if std::env::var_os("ICHOR_WRITE_MANIFESTS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    assert!(
+        std::fs::read_to_string(&path).unwrap_or_default() == generated,
+        "deploy/monitoring/prometheus-rule.yaml differs from ichor-rules.yaml's groups; regenerate with \
+         ICHOR_WRITE_MANIFESTS=1 cargo test -p ichor-operator --test suite manifests"
+    );
+    let documented: String = std::fs::read_to_string(root.join("crates/ichor-operator/src/metrics.rs"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("//! | `ichor_"))
+        .collect();
+    let status = std::fs::read_to_string(root.join("crates/ichor-upgrade-core/src/status.rs")).unwrap();
+    let mut metrics = 0;
+    for expr in &exprs(&rules) {
+        for name in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|t| t.starts_with("ichor_")) {
+            assert!(documented.contains(&format!("`{name}")), "{name} ({expr}) is not an exported metric");
+            metrics += 1;
+        }
+        for label in ["phase", "reason"] {
+            for value in label_values(expr, label) {
+                assert!(
+                    status.contains(&format!("\"{value}\"")),
+                    "{label} {value:?} ({expr}) is not one the engine writes"
+                );
+            }
+        }
+    }
+    assert!(metrics >= 6, "{metrics}");
+    for alert in ["IchorOperationPaused", "IchorOperationStuckWaiting", "IchorMachineFailed", "IchorNoLeader"] {
+        assert!(rules.contains(&format!("- alert: {alert}\n")), "{alert}");
+    }
+    let scrape = std::fs::read_to_string(root.join("deploy/monitoring/prometheus-scrape.yaml")).unwrap();
+    assert!(scrape.contains("\n  honor_labels: true\n"), "{scrape}");
+}
+
+/// Each rule's `expr`, folded onto one line (`expr: >-` and the lines indented under it).
+fn exprs(rules: &str) -> Vec<String> {
+    let mut exprs = Vec::new();
+    let mut lines = rules.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(at) = line.find("expr: ") else { continue };
+        let first = &line[at + "expr: ".len()..];
+        if first != ">-" {
+            exprs.push(first.to_owned());
+            continue;
+        }
+        let mut folded = Vec::new();
+        while let Some(next) = lines.next_if(|l| l.len() - l.trim_start().len() > at) {
+            folded.push(next.trim());
+        }
+        exprs.push(folded.join(" "));
+    }
+    exprs
+}
+
+/// The values a selector in `expr` matches `label` with (`label="A"`, `label!~"A|B"`).
+fn label_values(expr: &str, label: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find(label) {
+        rest = &rest[at + label.len()..];
+        let after = rest.trim_start_matches(['=', '!', '~']);
+        if after.len() == rest.len() || !after.starts_with('"') {
+            continue;
+        }
+        let quoted = &after[1..];
+        let end = quoted.find('"').unwrap();
+        values.extend(quoted[..end].split('|').map(str::to_owned));
+        rest = &quoted[end..];
+    }
+    values
+}

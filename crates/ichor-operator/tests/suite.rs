@@ -7,3 +7,4 @@ mod deploy_api_server;
 mod krew;
 mod leader_api_server;
 mod manifests;
+mod monitoring;

@@ -149,3 +149,12 @@ impl Process {
         line.split_whitespace().nth(1)?.parse().ok()
     }
 }
+
+impl Process {
+    /// The port of its `/metrics` (and health) listener on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+pub mod monitoring;
