@@ -394,7 +394,7 @@ fn io_error(what: &str, path: &Path, error: &io::Error) -> SnapshotStoreError {
 /// process's default rustls provider. Ring is the only provider in this build, the one
 /// rustls would install itself on the first client configuration made without one, so
 /// installing it first changes nothing for the other clients.
-fn ensure_tls_provider() {
+pub(crate) fn ensure_tls_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Losing a race to another thread installing it is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();

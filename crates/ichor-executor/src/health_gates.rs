@@ -8,15 +8,42 @@
 use std::collections::BTreeMap;
 
 use cel::{Context, Program, Value};
-use ichor_upgrade_core::gate::{GateReading, GateRule, GateSpec, Gates, rules};
+use ichor_upgrade_core::gate::{GateObjects, GateReading, GateRule, GateSpec, Gates, rules};
+
+use crate::alert_gates::AlertGate;
 
 use crate::calls::{Executor, bounded};
 use crate::cause::report;
 
-/// A gate's compiled expression, with its spec.
+/// A gate's compiled expression, or its parsed alert matchers, with its spec.
 pub struct Compiled {
     spec: GateSpec,
-    program: Program,
+    reads: Reads,
+}
+
+/// What a gate reads, ready.
+enum Reads {
+    /// Objects, and the expression each must hold.
+    Objects(GateObjects, Program),
+    /// Alerts ([`crate::alert_gates`]).
+    Alerts(AlertGate),
+}
+
+impl Compiled {
+    /// The gate as written.
+    #[must_use]
+    pub fn spec(&self) -> &GateSpec {
+        &self.spec
+    }
+
+    /// Its alerts, parsed, when it is an alert gate.
+    #[must_use]
+    pub fn alerts(&self) -> Option<&AlertGate> {
+        match &self.reads {
+            Reads::Alerts(gate) => Some(gate),
+            Reads::Objects(..) => None,
+        }
+    }
 }
 
 /// The gates of `specs`: their rules for the core, and each compiled.
@@ -38,36 +65,63 @@ pub fn compile(specs: &[GateSpec]) -> Result<Checked, String> {
         .iter()
         .enumerate()
         .map(|(i, spec)| {
-            let program = Program::compile(&spec.expression).map_err(|e| {
-                let first = e.to_string().lines().next().unwrap_or_default().to_owned();
-                format!("gates[{i}] ({}).expression {:?} does not compile: {first}", spec.name, spec.expression)
-            })?;
-            Ok(Compiled { spec: spec.clone(), program })
+            let at = format!("gates[{i}] ({})", spec.name);
+            let reads = match (&spec.objects, &spec.alerts) {
+                (_, Some(alerts)) => Reads::Alerts(crate::alert_gates::compile(alerts, &at)?),
+                (objects, None) => {
+                    let program = Program::compile(&spec.expression).map_err(|e| {
+                        let first = e.to_string().lines().next().unwrap_or_default().to_owned();
+                        format!("{at}.expression {:?} does not compile: {first}", spec.expression)
+                    })?;
+                    // `rules` refuses a gate with neither.
+                    Reads::Objects(objects.clone().unwrap_or_else(GateObjects::none), program)
+                }
+            };
+            Ok(Compiled { spec: spec.clone(), reads })
         })
         .collect::<Result<_, String>>()?;
     Ok(Checked { rules, compiled })
 }
 
-/// The gates of `specs` for the core: their rules and what each reads now, or
-/// [`Gates::Invalid`]. `None`: no gates.
-pub async fn gates(ex: &Executor<'_>, specs: &[GateSpec]) -> Option<Gates> {
+/// What a pass read of its gates.
+pub struct GatesRead {
+    /// For the core: the rules and what each read now, or [`Gates::Invalid`].
+    pub gates: Gates,
+    /// The alert gates that hold silences for the machines in their turn
+    /// ([`crate::alert_gates::hold_silences`]).
+    pub silencing: Vec<(GateSpec, AlertGate)>,
+}
+
+/// The gates of `specs`, each read now. `None`: no gates. `identity`: the operation's,
+/// whose own silences an alert gate sees through.
+pub async fn gates(ex: &Executor<'_>, specs: &[GateSpec], identity: &str) -> Option<GatesRead> {
     if specs.is_empty() {
         return None;
     }
     let Checked { rules, compiled } = match compile(specs) {
         Ok(checked) => checked,
-        Err(problem) => return Some(Gates::Invalid(problem)),
+        Err(problem) => return Some(GatesRead { gates: Gates::Invalid(problem), silencing: Vec::new() }),
     };
     let mut readings = BTreeMap::new();
     for gate in &compiled {
-        readings.insert(gate.spec.name.clone(), read(ex, gate).await);
+        readings.insert(gate.spec.name.clone(), read(ex, gate, identity).await);
     }
-    Some(Gates::Rules { rules, readings })
+    let silencing = compiled
+        .into_iter()
+        .filter_map(|c| match c.reads {
+            Reads::Alerts(alerts) if alerts.selector.silence.is_some() => Some((c.spec, alerts)),
+            Reads::Alerts(_) | Reads::Objects(..) => None,
+        })
+        .collect();
+    Some(GatesRead { gates: Gates::Rules { rules, readings }, silencing })
 }
 
-/// What `gate` reads now: its objects, and its expression over each.
-pub async fn read(ex: &Executor<'_>, gate: &Compiled) -> GateReading {
-    let objects = &gate.spec.objects;
+/// What `gate` reads now: its objects, and its expression over each; or its alerts.
+pub async fn read(ex: &Executor<'_>, gate: &Compiled, identity: &str) -> GateReading {
+    let (objects, program) = match &gate.reads {
+        Reads::Objects(objects, program) => (objects, program),
+        Reads::Alerts(alerts) => return crate::alert_gates::read(ex, alerts, identity, &gate.spec.name).await,
+    };
     let read = bounded("read a gate's objects", ex.config.call_timeout, ex.kube.gate_objects(objects)).await;
     let found = match read {
         Ok(Ok(found)) => found,
@@ -79,7 +133,7 @@ pub async fn read(ex: &Executor<'_>, gate: &Compiled) -> GateReading {
         return GateReading::Fails { object: objects.kind_name(), value: "no object matches".to_owned() };
     }
     for (id, object) in &found {
-        if let Some(value) = evaluate(&gate.program, object).err() {
+        if let Some(value) = evaluate(program, object).err() {
             return GateReading::Fails { object: id.clone(), value };
         }
     }
@@ -117,22 +171,29 @@ mod tests {
         .unwrap()
     }
 
+    fn program_of(gate: &Compiled) -> &Program {
+        match &gate.reads {
+            Reads::Objects(_, program) => program,
+            Reads::Alerts(_) => panic!("an alert gate"),
+        }
+    }
+
     #[test]
     fn an_expression_holds_fails_or_says_why_it_could_not_be_evaluated() {
         let gates = compile(&[spec("object.status.robustness == 'healthy'")]).unwrap().compiled;
-        let program = &gates[0].program;
+        let program = program_of(&gates[0]);
         assert_eq!(evaluate(program, &json!({ "status": { "robustness": "healthy" } })), Ok(()));
         assert_eq!(evaluate(program, &json!({ "status": { "robustness": "degraded" } })), Err("false".into()));
         let missing = evaluate(program, &json!({ "metadata": {} })).unwrap_err();
         assert!(missing.starts_with("not evaluated: "), "{missing}");
         let not_bool = compile(&[spec("object.status.robustness")]).unwrap().compiled;
         assert!(
-            evaluate(&not_bool[0].program, &json!({ "status": { "robustness": "x" } }))
+            evaluate(program_of(&not_bool[0]), &json!({ "status": { "robustness": "x" } }))
                 .unwrap_err()
                 .starts_with("not a bool")
         );
         let all = compile(&[spec("object.spec.replicas.all(r, r.healthy)")]).unwrap().compiled;
-        assert_eq!(evaluate(&all[0].program, &json!({ "spec": { "replicas": [{ "healthy": true }] } })), Ok(()));
+        assert_eq!(evaluate(program_of(&all[0]), &json!({ "spec": { "replicas": [{ "healthy": true }] } })), Ok(()));
     }
 
     #[test]

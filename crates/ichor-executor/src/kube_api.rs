@@ -51,6 +51,49 @@ impl KubeError {
     }
 }
 
+/// An alert as an alert gate's source reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Alert {
+    /// Its labels (`alertname` among them).
+    pub labels: Metadata,
+    /// The IDs of the silences that cover it now (Alertmanager; none from Prometheus).
+    pub silenced_by: Vec<String>,
+    /// Since when it fires, as the source wrote it.
+    pub since: String,
+}
+
+/// A silence in Alertmanager: who made it, what it matches, and its times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Silence {
+    /// Its ID (`None` for one to create).
+    pub id: Option<String>,
+    /// Its matchers.
+    pub matchers: Vec<SilenceMatcher>,
+    /// When it starts.
+    pub starts_at: Timestamp,
+    /// When it ends.
+    pub ends_at: Timestamp,
+    /// Who made it (`ichor` for the engine's own).
+    pub created_by: String,
+    /// Why: the engine's name the operation, the gate and the machine.
+    pub comment: String,
+    /// Whether it is in force now (`active`), as Alertmanager says.
+    pub active: bool,
+}
+
+/// One label matcher of a silence, as Alertmanager's API writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SilenceMatcher {
+    /// The label.
+    pub name: String,
+    /// The value or the regex.
+    pub value: String,
+    /// `value` is a regex.
+    pub is_regex: bool,
+    /// It matches when equal (`true`) or when not (`false`).
+    pub is_equal: bool,
+}
+
 /// Labels or annotations, by key.
 pub type Metadata = BTreeMap<String, String>;
 
@@ -383,6 +426,25 @@ pub trait KubeApi: Send + Sync {
         objects: &ichor_upgrade_core::gate::GateObjects,
     ) -> Result<Vec<(String, serde_json::Value)>, KubeError> {
         Err(KubeError::Refused(format!("{} cannot be read through this client", objects.kind_name())))
+    }
+    /// The alerts an alert gate's source holds now: Alertmanager's active ones (silenced
+    /// and inhibited included, with the silences that cover each), or Prometheus's
+    /// firing ones. Unfiltered: the gate's matchers are the shell's. (The default answers
+    /// [`KubeError::Refused`]: the gate then does not pass; wrappers must forward it.)
+    async fn alerts(&self, source: &ichor_upgrade_core::gate::AlertSelector) -> Result<Vec<Alert>, KubeError> {
+        Err(KubeError::Refused(format!("{} cannot be read through this client", source.source())))
+    }
+    /// Every silence an Alertmanager holds, expired ones included. (The default answers
+    /// [`KubeError::Refused`]; wrappers must forward it.)
+    async fn silences(&self, alertmanager: &str) -> Result<Vec<Silence>, KubeError> {
+        Err(KubeError::Refused(format!("the silences of {alertmanager} cannot be read through this client")))
+    }
+    /// Creates a silence, or extends one (`silence.id`): the silence's ID. A write:
+    /// fencing wrappers refuse it when not leading. (The default answers
+    /// [`KubeError::Refused`].)
+    async fn put_silence(&self, alertmanager: &str, silence: &Silence) -> Result<String, KubeError> {
+        let _ = silence;
+        Err(KubeError::Refused(format!("{alertmanager} cannot be silenced through this client")))
     }
     /// The cluster's Kubernetes as planning reads it. (The default answers
     /// [`KubeError::Refused`].)

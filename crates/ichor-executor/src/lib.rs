@@ -23,6 +23,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod alert_gates;
 pub mod background;
 pub mod calendar;
 pub mod calls;

@@ -807,6 +807,22 @@ impl KubeApi for TracedKube<'_> {
     ) -> Result<Vec<(String, serde_json::Value)>, KubeError> {
         self.inner.gate_objects(objects).await
     }
+    async fn alerts(
+        &self,
+        source: &ichor_upgrade_core::gate::AlertSelector,
+    ) -> Result<Vec<ichor_executor::kube_api::Alert>, KubeError> {
+        self.inner.alerts(source).await
+    }
+    async fn silences(&self, alertmanager: &str) -> Result<Vec<ichor_executor::kube_api::Silence>, KubeError> {
+        self.inner.silences(alertmanager).await
+    }
+    async fn put_silence(
+        &self,
+        alertmanager: &str,
+        silence: &ichor_executor::kube_api::Silence,
+    ) -> Result<String, KubeError> {
+        self.inner.put_silence(alertmanager, silence).await
+    }
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.inner.cluster_kubernetes().await
     }

@@ -1074,6 +1074,26 @@ impl KubeApi for SimCluster {
         self.kube(KubeCall::Read, |w| w.volume_objects(objects)).await
     }
 
+    async fn alerts(
+        &self,
+        _source: &ichor_upgrade_core::gate::AlertSelector,
+    ) -> Result<Vec<ichor_executor::kube_api::Alert>, KubeError> {
+        // The monitoring stack answers as fast as the API server (one simulated peer).
+        self.kube(KubeCall::Read, |w| Ok(w.alerts_now())).await
+    }
+
+    async fn silences(&self, _alertmanager: &str) -> Result<Vec<ichor_executor::kube_api::Silence>, KubeError> {
+        self.kube(KubeCall::Read, |w| Ok(w.silences_now())).await
+    }
+
+    async fn put_silence(
+        &self,
+        _alertmanager: &str,
+        silence: &ichor_executor::kube_api::Silence,
+    ) -> Result<String, KubeError> {
+        self.kube(KubeCall::Write, |w| Ok(w.put_silence(silence))).await
+    }
+
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.kube(KubeCall::Read, |w| {
             if w.bootstrap.reads_forbidden {

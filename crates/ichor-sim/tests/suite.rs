@@ -5,6 +5,7 @@
 mod evacuation_properties;
 mod invariants;
 mod restart_property;
+mod sim_alerts;
 mod sim_audit;
 mod sim_etcd_snapshot;
 mod sim_gates;

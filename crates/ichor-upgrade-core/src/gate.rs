@@ -40,19 +40,24 @@ pub enum GatePhase {
     AfterOperation,
 }
 
-/// A gate as a person writes it (`spec.gates[]`): what it reads, its CEL expression, when
-/// it is checked, over which machines, and its times. The expression is the shell's to
-/// compile and evaluate; [`rules`] takes the rest.
+/// A gate as a person writes it (`spec.gates[]`): what it reads (objects and a CEL
+/// expression, or alerts), when it is checked, over which machines, and its times. The
+/// expression and the alerts are the shell's to read; [`rules`] takes the rest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct GateSpec {
     /// Its name, unique among the gates in force.
     pub name: String,
-    /// The objects it reads.
-    pub objects: GateObjects,
+    /// The objects it reads (with `expression`; not with `alerts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<GateObjects>,
     /// A CEL expression over `object` (each object read, as JSON) that must be `true` for
     /// every one, such as `object.status.robustness == "healthy"`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub expression: String,
+    /// An alert gate: it holds while no alert it selects fires (not with `objects`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<AlertSelector>,
     /// When it is checked.
     pub phase: GatePhase,
     /// Which machines it covers (every machine when left out).
@@ -88,11 +93,122 @@ pub struct GateObjects {
 }
 
 impl GateObjects {
+    /// No objects (what an alert gate reads instead).
+    #[must_use]
+    pub fn none() -> Self {
+        Self { api_version: String::new(), kind: String::new(), namespace: None, name: None, label_selector: None }
+    }
+
     /// `Kind` with its group/version, for messages (`Volume.longhorn.io/v1beta2`).
     #[must_use]
     pub fn kind_name(&self) -> String {
         format!("{}.{}", self.kind, self.api_version)
     }
+}
+
+/// The alerts an alert gate reads: from one Alertmanager or one Prometheus, those that
+/// carry every matcher. It holds while none of them fires, but for alerts that Ichor's own
+/// silence covers (with Alertmanager: see [`AlertSilence`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertSelector {
+    /// Alertmanager's base URL (`http://alertmanager.monitoring:9093`): its active
+    /// alerts, silenced or inhibited ones included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alertmanager: Option<String>,
+    /// Prometheus's base URL (`http://prometheus.monitoring:9090`): its firing alerts
+    /// (pending ones are not yet firing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<String>,
+    /// Label matchers, each `name=value`, `name!=value`, `name=~regex` or `name!~regex`
+    /// (Alertmanager's; a regex matches the whole value). Every alert when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matchers: Vec<String>,
+    /// Silence the alerts about each machine in its turn (Alertmanager only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence: Option<AlertSilence>,
+}
+
+impl AlertSelector {
+    /// Where it reads, for messages (`Alertmanager http://...`).
+    #[must_use]
+    pub fn source(&self) -> String {
+        match (&self.alertmanager, &self.prometheus) {
+            (Some(url), _) => format!("Alertmanager {url}"),
+            (None, Some(url)) => format!("Prometheus {url}"),
+            (None, None) => "no source".to_owned(),
+        }
+    }
+}
+
+/// Ichor's silence of the alerts about a machine in its turn, held as a lease: created
+/// when the machine's turn is seen, renewed by the leader's passes for `leaseSeconds` at a
+/// time, never past `maxSeconds` from its first start ([`silence_until`]), and left to
+/// lapse when the turn ends or no leader renews it. The alert gate ignores only the alerts
+/// these silences cover.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertSilence {
+    /// The alert label that names a machine's Node (`node`, as kube-state-metrics
+    /// writes it).
+    #[serde(default = "default_node_label")]
+    pub node_label: String,
+    /// More matchers the silence carries (such as `severity!=critical`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matchers: Vec<String>,
+    /// How long each renewal holds it.
+    #[serde(default = "default_lease_seconds")]
+    pub lease_seconds: i64,
+    /// The longest it lasts from its first start, renewals included.
+    #[serde(default = "default_max_seconds")]
+    pub max_seconds: i64,
+}
+
+fn default_node_label() -> String {
+    "node".to_owned()
+}
+
+const fn default_lease_seconds() -> i64 {
+    300
+}
+
+const fn default_max_seconds() -> i64 {
+    3600
+}
+
+impl Default for AlertSilence {
+    fn default() -> Self {
+        Self {
+            node_label: default_node_label(),
+            matchers: Vec::new(),
+            lease_seconds: default_lease_seconds(),
+            max_seconds: default_max_seconds(),
+        }
+    }
+}
+
+/// Until when a machine's silence is held at `now`: a lease from now, never past `max`
+/// after its first start (`first`, the earliest start of its silences so far; `None`: it
+/// begins now). `None` once the cap is reached: it lapses.
+#[must_use]
+pub fn silence_until(lease: Duration, max: Duration, first: Option<Timestamp>, now: Timestamp) -> Option<Timestamp> {
+    let cap = first.unwrap_or(now).saturating_add(max);
+    let until = std::cmp::min(now.saturating_add(lease), cap);
+    (until > now).then_some(until)
+}
+
+/// Whether a silence held until `ends` is renewed at `now`: once less than half its lease
+/// is left (renewing at every pass would write at every pass). The pass comes back by
+/// [`silence_renew_at`].
+#[must_use]
+pub fn silence_due(lease: Duration, ends: Timestamp, now: Timestamp) -> bool {
+    now >= silence_renew_at(lease, ends)
+}
+
+/// When a silence held until `ends` is next renewed: half its lease before it ends.
+#[must_use]
+pub fn silence_renew_at(lease: Duration, ends: Timestamp) -> Timestamp {
+    ends.saturating_sub(lease / 2)
 }
 
 /// The machines a gate covers.
@@ -136,14 +252,25 @@ pub fn rules(specs: &[GateSpec]) -> Result<Vec<GateRule>, String> {
             if !seen.insert(spec.name.as_str()) {
                 return Err(format!("{at}.name {:?} is taken by an earlier gate", spec.name));
             }
-            if spec.objects.api_version.trim().is_empty() || spec.objects.kind.trim().is_empty() {
-                return Err(format!("{at} ({}): objects need an apiVersion and a kind", spec.name));
-            }
             let seconds = |field: &str, value: i64| {
                 u64::try_from(value)
                     .map(Duration::from_secs)
                     .map_err(|_| format!("{at} ({}).{field} is negative: {value}", spec.name))
             };
+            match (&spec.objects, &spec.alerts) {
+                (Some(objects), None) => {
+                    if objects.api_version.trim().is_empty() || objects.kind.trim().is_empty() {
+                        return Err(format!("{at} ({}): objects need an apiVersion and a kind", spec.name));
+                    }
+                    if spec.expression.trim().is_empty() {
+                        return Err(format!("{at} ({}): objects need an expression", spec.name));
+                    }
+                }
+                (None, Some(alerts)) => check_alerts(alerts, &format!("{at} ({}).alerts", spec.name), &seconds)?,
+                (Some(_), Some(_)) | (None, None) => {
+                    return Err(format!("{at} ({}): a gate reads objects or alerts, one of the two", spec.name));
+                }
+            }
             let scope = spec.scope.clone().unwrap_or_default();
             Ok(GateRule {
                 name: spec.name.clone(),
@@ -158,6 +285,44 @@ pub fn rules(specs: &[GateSpec]) -> Result<Vec<GateRule>, String> {
             })
         })
         .collect()
+}
+
+/// What keeps an alert gate's `alerts` (at `at`) from reading: no source or two, an
+/// expression beside it, a silence without Alertmanager, a lease that is not positive or
+/// a cap below it.
+fn check_alerts(
+    alerts: &AlertSelector,
+    at: &str,
+    seconds: &dyn Fn(&str, i64) -> Result<Duration, String>,
+) -> Result<(), String> {
+    if alerts.alertmanager.is_some() == alerts.prometheus.is_some() {
+        return Err(format!("{at}: name one source, alertmanager or prometheus"));
+    }
+    for url in alerts.alertmanager.iter().chain(&alerts.prometheus) {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!("{at}: {url:?} is not an http:// or https:// URL"));
+        }
+    }
+    if let Some(silence) = &alerts.silence {
+        if alerts.alertmanager.is_none() {
+            return Err(format!("{at}.silence needs alertmanager: Prometheus holds no silences"));
+        }
+        if silence.node_label.trim().is_empty() {
+            return Err(format!("{at}.silence.nodeLabel is empty"));
+        }
+        let lease = seconds("alerts.silence.leaseSeconds", silence.lease_seconds)?;
+        let max = seconds("alerts.silence.maxSeconds", silence.max_seconds)?;
+        if lease < Duration::from_secs(10) {
+            return Err(format!("{at}.silence.leaseSeconds is {}: at least 10", silence.lease_seconds));
+        }
+        if max < lease {
+            return Err(format!(
+                "{at}.silence.maxSeconds ({}) is below leaseSeconds ({})",
+                silence.max_seconds, silence.lease_seconds
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A gate as the core judges it: its name, when it is checked, over which machines, and

@@ -53,6 +53,13 @@ impl Timestamp {
         Self(self.0.saturating_add(millis))
     }
 
+    /// `self - duration`, saturating at the smallest representable instant.
+    #[must_use]
+    pub fn saturating_sub(self, duration: Duration) -> Self {
+        let millis = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        Self(self.0.saturating_sub(millis))
+    }
+
     /// The instant's calendar date and time of day in UTC, to the second, in the
     /// proleptic Gregorian calendar: what a name or a message built from it reads.
     #[must_use]

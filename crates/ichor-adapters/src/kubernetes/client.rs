@@ -1277,6 +1277,25 @@ impl KubeApi for KubeCluster {
         super::gate_objects::gate_objects(&self.client, objects).await
     }
 
+    async fn alerts(
+        &self,
+        source: &ichor_upgrade_core::gate::AlertSelector,
+    ) -> Result<Vec<ichor_executor::kube_api::Alert>, KubeError> {
+        super::alerts::alerts(source).await
+    }
+
+    async fn silences(&self, alertmanager: &str) -> Result<Vec<ichor_executor::kube_api::Silence>, KubeError> {
+        super::alerts::silences(alertmanager).await
+    }
+
+    async fn put_silence(
+        &self,
+        alertmanager: &str,
+        silence: &ichor_executor::kube_api::Silence,
+    ) -> Result<String, KubeError> {
+        super::alerts::put_silence(alertmanager, silence).await
+    }
+
     async fn cluster_kubernetes(&self) -> Result<ClusterKubernetesInfo, KubeError> {
         self.counters.reads.fetch_add(2, Ordering::Relaxed);
         super::versions::cluster_kubernetes(&self.client).await

@@ -3,6 +3,7 @@
 //! of kube-rs errors ([`errors`]); a Kubernetes upgrade's reads ([`versions`]) and
 //! server-side applies ([`bootstrap`]).
 
+pub mod alerts;
 pub mod bootstrap;
 pub mod client;
 pub mod counters;

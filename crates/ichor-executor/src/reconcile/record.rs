@@ -9,7 +9,7 @@ use ichor_upgrade_core::machine::talos::{UpgradeTarget, installer_image_for};
 use ichor_upgrade_core::record::{self, PassRecord, StatusWrite, Work};
 use ichor_upgrade_core::rollout::Decision;
 use ichor_upgrade_core::status::MachineOutcome;
-use ichor_upgrade_core::status::{Phase, WaitReason};
+use ichor_upgrade_core::status::{OperationStatus, Phase, RecordState, WaitReason};
 
 use super::act::Acted;
 use super::decide::Decided;
@@ -19,6 +19,7 @@ use super::observe::Observed;
 use super::outcome::{ReconcileError, ReconcileOutcome, kube_call};
 use super::view::Pass;
 use super::write::write_status;
+use crate::alert_gates::InTurn;
 use crate::background::{Background, Job};
 use crate::calls::Executor;
 use crate::kube_api::{Event, EventType};
@@ -91,13 +92,39 @@ pub(super) async fn record_pass(
         let write_op = |source| ReconcileError::WriteOperation { name: name.to_owned(), source };
         kube_call(ex, "remove finalizer", ex.kube.remove_finalizer(name)).await.map_err(write_op)?;
     }
+    // The silences of the machines in their turn, once the status that records the turns
+    // is decided: renewed in the pass, by the lock's holder, never between passes.
+    let renew_silences = hold_silences(pass, &recorded.status).await;
     Ok(ReconcileOutcome {
-        requeue_at: recorded.requeue_at(wrote),
+        requeue_at: Timestamp::min_opt(recorded.requeue_at(wrote), renew_silences),
         phase: recorded.status.phase,
         finished: decision.finalized,
         preflight_blocked: blocked_lines(decision),
         preflight_cleared: decided.cleared.clone(),
     })
+}
+
+/// The alert gates' silences for the machines in their turn in `status` (started, not
+/// converged or failed): when the pass should come back to renew them.
+async fn hold_silences(pass: &Pass<'_>, status: &OperationStatus) -> Option<Timestamp> {
+    if pass.silencing.is_empty() || pass.removal {
+        return None;
+    }
+    let in_turn: Vec<InTurn> = pass
+        .views
+        .iter()
+        .filter(|v| status.machines.get(&v.name).is_some_and(|r| r.state == RecordState::InProgress))
+        .filter_map(|v| {
+            let observed = pass.observed.iter().find(|o| o.machine.name == v.name)?;
+            Some(InTurn {
+                machine: v.name.clone(),
+                node: observed.node_name()?.to_owned(),
+                role: v.role,
+                order: v.order_label.clone(),
+            })
+        })
+        .collect();
+    crate::alert_gates::hold_silences(pass.ex, &pass.op.identity, pass.silencing, &in_turn, pass.now).await
 }
 
 /// What the operation does, as the record tells it apart.

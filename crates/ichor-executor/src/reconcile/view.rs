@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::etcd::snapshot::SnapshotState;
 use ichor_upgrade_core::evacuation::STORAGE_EVACUATION;
-use ichor_upgrade_core::gate::Gates;
+use ichor_upgrade_core::gate::{GateSpec, Gates};
 use ichor_upgrade_core::machine::kubernetes::{KubernetesStage, kubernetes_stage, past_apply, stage_converged};
 use ichor_upgrade_core::machine::talos::{ConvergedOn, UpgradeTarget};
 use ichor_upgrade_core::operation::{
@@ -26,7 +26,9 @@ use super::gates::gather_components;
 use super::memory::ViewCache;
 use super::observe::{Observation, Observed, past_the_point_of_no_return, upgrade_target};
 use super::observe_kubernetes::kubernetes_input;
+use crate::alert_gates::AlertGate;
 use crate::calls::Executor;
+use crate::health_gates::GatesRead;
 use crate::kube_api::{MachineInfo, OperationInfo};
 
 /// How this pass judges a machine's convergence and progress: against a Talos upgrade's
@@ -107,6 +109,8 @@ pub(super) struct Shown {
     windows: Option<Windows>,
     /// The health gates an upgrade keeps to, with what each read in this pass.
     gates: Option<Gates>,
+    /// The alert gates that silence the machines in their turn.
+    silencing: Vec<(GateSpec, AlertGate)>,
     /// When the pass observed.
     pub(super) now: Timestamp,
 }
@@ -171,7 +175,10 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
         None => (ComponentsVerdict::NotChecked, None),
     };
     let windows = maintenance_windows(ex, seen, now);
-    let gates = health_gates(ex, seen).await;
+    let (gates, silencing) = match health_gates(ex, seen).await {
+        Some(read) => (Some(read.gates), read.silencing),
+        None => (None, Vec::new()),
+    };
     Shown {
         kubernetes,
         converged_on,
@@ -183,6 +190,7 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
         api_servers,
         windows,
         gates,
+        silencing,
         now,
     }
 }
@@ -191,12 +199,12 @@ pub(super) async fn show(ex: &Executor<'_>, seen: &Observation, cache: &mut View
 /// now, until the operation completed (a completion is sticky). A refused operation reads
 /// them too: gates corrected after a refusal are kept to, never skipped. A removal keeps
 /// to none.
-async fn health_gates(ex: &Executor<'_>, seen: &Observation) -> Option<Gates> {
+async fn health_gates(ex: &Executor<'_>, seen: &Observation) -> Option<GatesRead> {
     if seen.op.spec.is_removal() || seen.status.phase == Phase::Completed {
         return None;
     }
     let specs = seen.op.gates.as_ref().unwrap_or(&seen.cluster.gates);
-    crate::health_gates::gates(ex, specs).await
+    crate::health_gates::gates(ex, specs, &seen.op.identity).await
 }
 
 /// The maintenance windows of an upgrade (the operation's own, else its cluster's),
@@ -273,6 +281,7 @@ impl Shown {
             judge,
             views,
             target: &self.target,
+            silencing: &self.silencing,
             now: self.now,
         }
     }
@@ -300,6 +309,8 @@ pub(super) struct Pass<'p> {
     pub(super) views: &'p [MachineView],
     /// A Talos upgrade's target.
     pub(super) target: &'p Result<UpgradeTarget, String>,
+    /// The alert gates that silence the machines in their turn.
+    pub(super) silencing: &'p [(GateSpec, AlertGate)],
     /// When the pass observed.
     pub(super) now: Timestamp,
 }

@@ -23,8 +23,10 @@ use super::kubernetes::SimKube;
 use super::rng::Rng;
 use super::trace::{TraceEvent, TraceKind};
 
+mod alerting;
 mod kubernetes_upgrade;
 mod volumes;
+pub use alerting::{SimAlert, SimAlerting};
 pub use volumes::{REPLICAS, SimVolume, SimVolumes, VOLUME_NAMESPACE};
 
 /// The label that puts a node under the workers' `TalosStorage`.
@@ -526,6 +528,8 @@ pub struct World {
     pub bootstrap: super::kubernetes::SimBootstrap,
     /// The storage-degraded fault's volumes.
     pub volumes: SimVolumes,
+    /// The monitoring stack alert gates read and silence.
+    pub alerting: SimAlerting,
     /// A Node a person cordons (`kubectl cordon`) in the instant before the engine's next
     /// cordon of it arrives, after the engine read it: the race the cordon's precondition
     /// is for (issue 29 item 8). Taken when it fires.
@@ -938,6 +942,7 @@ impl World {
             stop_during_install: StopDuringInstall::Idle,
             bootstrap: super::kubernetes::SimBootstrap::default(),
             volumes: SimVolumes::default(),
+            alerting: SimAlerting::default(),
             cordon_race: None,
             failing_condition_writes: 0,
             latency_rng: Rng::new(config_seed ^ 0x5eed_1a7e_0000_0001),

@@ -122,7 +122,98 @@ fn specs_that_do_not_read_are_refused_naming_the_gate_and_field() {
     let negative = rules(&[GateSpec { settle_seconds: -1, ..spec("volumes") }]).unwrap_err();
     assert_eq!(negative, "gates[0] (volumes).settleSeconds is negative: -1");
     let mut no_kind = spec("volumes");
-    no_kind.objects.kind = String::new();
+    no_kind.objects.as_mut().unwrap().kind = String::new();
     assert!(rules(&[no_kind]).unwrap_err().contains("objects need an apiVersion and a kind"));
     assert!(rules(&[spec(" ")]).unwrap_err().contains("gates[0].name is empty"));
+}
+
+fn alert_gate(alerts: serde_json::Value) -> GateSpec {
+    serde_json::from_value(serde_json::json!({
+        "name": "alerts",
+        "alerts": alerts,
+        "phase": "beforeMachine",
+    }))
+    .unwrap()
+}
+
+#[test]
+fn an_alert_gate_reads_as_a_rule_with_its_silence_defaults() {
+    let spec = alert_gate(serde_json::json!({
+        "alertmanager": "http://alertmanager.monitoring:9093",
+        "matchers": ["severity=critical"],
+        "silence": {},
+    }));
+    let silence = spec.alerts.as_ref().unwrap().silence.as_ref().unwrap();
+    assert_eq!((silence.node_label.as_str(), silence.lease_seconds, silence.max_seconds), ("node", 300, 3600));
+    let rule = &rules(&[spec]).unwrap()[0];
+    assert_eq!((rule.phase, rule.settle, rule.timeout), (GatePhase::BeforeMachine, Duration::ZERO, None));
+}
+
+#[test]
+fn alert_gates_that_do_not_read_are_refused_naming_the_field() {
+    let refused = |spec: GateSpec| rules(&[spec]).unwrap_err();
+    let am = "http://am:9093";
+    assert_eq!(
+        refused(alert_gate(serde_json::json!({}))),
+        "gates[0] (alerts).alerts: name one source, alertmanager or prometheus"
+    );
+    let both = refused(alert_gate(serde_json::json!({ "alertmanager": am, "prometheus": "http://p:9090" })));
+    assert!(both.contains("name one source"), "{both}");
+    let url = refused(alert_gate(serde_json::json!({ "alertmanager": "am:9093" })));
+    assert!(url.contains("\"am:9093\" is not an http:// or https:// URL"), "{url}");
+    let prometheus = refused(alert_gate(serde_json::json!({ "prometheus": "http://p:9090", "silence": {} })));
+    assert!(prometheus.contains("alerts.silence needs alertmanager"), "{prometheus}");
+    let short = refused(alert_gate(serde_json::json!({ "alertmanager": am, "silence": { "leaseSeconds": 5 } })));
+    assert!(short.contains("leaseSeconds is 5: at least 10"), "{short}");
+    let cap = refused(alert_gate(serde_json::json!({ "alertmanager": am, "silence": { "maxSeconds": 60 } })));
+    assert!(cap.contains("maxSeconds (60) is below leaseSeconds (300)"), "{cap}");
+    let negative = refused(alert_gate(serde_json::json!({ "alertmanager": am, "silence": { "maxSeconds": -1 } })));
+    assert!(negative.contains("alerts.silence.maxSeconds is negative"), "{negative}");
+    // Objects and alerts, or neither; objects with no expression.
+    let mut both_kinds = spec("volumes");
+    both_kinds.alerts = Some(AlertSelector { alertmanager: Some(am.into()), ..AlertSelector::default() });
+    assert!(refused(both_kinds).contains("a gate reads objects or alerts, one of the two"));
+    let mut neither = spec("volumes");
+    neither.objects = None;
+    assert!(refused(neither).contains("one of the two"));
+    let mut no_expression = spec("volumes");
+    no_expression.expression = String::new();
+    assert!(refused(no_expression).contains("objects need an expression"));
+}
+
+#[test]
+fn a_silence_is_a_lease_capped_from_its_first_start() {
+    let (lease, max) = (Duration::from_secs(300), Duration::from_secs(3600));
+    // Begun now: a lease from now.
+    assert_eq!(silence_until(lease, max, None, at(1000)), Some(at(1300)));
+    // Renewed: a lease from now, until the cap.
+    assert_eq!(silence_until(lease, max, Some(at(1000)), at(2000)), Some(at(2300)));
+    assert_eq!(silence_until(lease, max, Some(at(1000)), at(4500)), Some(at(4600)), "capped at 1000 + 3600");
+    assert_eq!(silence_until(lease, max, Some(at(1000)), at(4600)), None, "lapses at the cap");
+    // Renewed once less than half the lease is left.
+    assert!(!silence_due(lease, at(1300), at(1100)));
+    assert!(silence_due(lease, at(1300), at(1150)));
+    assert_eq!(silence_renew_at(lease, at(1300)), at(1150));
+}
+
+proptest::proptest! {
+    /// Whatever the times, a silence never runs past its cap, nor more than a lease
+    /// ahead, and is held only while it would end after now.
+    #[test]
+    fn no_silence_outlives_its_cap_or_its_lease(
+        lease in 10_u64..3600,
+        extra in 0_u64..7200,
+        first in 0_i64..100_000,
+        later in 0_i64..20_000,
+    ) {
+        let (lease, max) = (Duration::from_secs(lease), Duration::from_secs(lease + extra));
+        let now = at(first + later);
+        if let Some(until) = silence_until(lease, max, Some(at(first)), now) {
+            proptest::prop_assert!(until > now);
+            proptest::prop_assert!(until <= at(first).saturating_add(max));
+            proptest::prop_assert!(until <= now.saturating_add(lease));
+        } else {
+            proptest::prop_assert!(now >= at(first).saturating_add(max));
+        }
+    }
 }
