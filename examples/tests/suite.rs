@@ -3,6 +3,7 @@
 mod api_restart;
 mod kubectl_audit;
 mod kubectl_plugin;
+mod operator_alerts;
 mod operator_defaults;
 mod operator_desired;
 mod operator_e2e;

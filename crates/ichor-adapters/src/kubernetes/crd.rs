@@ -1316,7 +1316,17 @@ fn gates(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         }],
         "items": {
             "type": "object",
-            "required": ["name", "objects", "expression", "phase"],
+            "required": ["name", "phase"],
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.objects) != has(self.alerts)",
+                    "message": "a gate reads objects (with an expression) or alerts, one of the two"
+                },
+                {
+                    "rule": "has(self.objects) == has(self.expression)",
+                    "message": "objects need an expression, and an expression needs objects"
+                }
+            ],
             "properties": {
                 "name": {"type": "string", "minLength": 1, "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
                          "description": "The gate's name, said in a wait and a pause."},
@@ -1334,6 +1344,48 @@ fn gates(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
                 },
                 "expression": {"type": "string", "minLength": 1, "maxLength": 4096,
                                "description": "CEL over `object`, true when it is as it should be, such as `object.status.robustness == 'healthy'`."},
+                "alerts": {
+                    "type": "object",
+                    "description": "An alert gate: it holds while no alert its matchers select fires, in one Alertmanager or one Prometheus (but for alerts Ichor's own silence covers).",
+                    "x-kubernetes-validations": [
+                        {
+                            "rule": "has(self.alertmanager) != has(self.prometheus)",
+                            "message": "name one source, alertmanager or prometheus"
+                        },
+                        {
+                            "rule": "!has(self.silence) || has(self.alertmanager)",
+                            "message": "a silence needs alertmanager: Prometheus holds no silences"
+                        }
+                    ],
+                    "properties": {
+                        "alertmanager": {"type": "string", "maxLength": 2048, "pattern": "^https?://",
+                                         "description": "Alertmanager's base URL, such as `http://alertmanager.monitoring:9093`."},
+                        "prometheus": {"type": "string", "maxLength": 2048, "pattern": "^https?://",
+                                       "description": "Prometheus's base URL, such as `http://prometheus.monitoring:9090` (its firing alerts)."},
+                        "matchers": {"type": "array", "maxItems": 16,
+                                     "items": {"type": "string", "minLength": 2, "maxLength": 1024},
+                                     "description": "Label matchers every alert it waits on carries: `name=value`, `name!=value`, `name=~regex`, `name!~regex`."},
+                        "silence": {
+                            "type": "object",
+                            "description": "Silence the alerts about each machine in its turn, as a lease the leader renews (Alertmanager only).",
+                            "x-kubernetes-validations": [{
+                                "rule": "(has(self.maxSeconds) ? self.maxSeconds : 3600) >= (has(self.leaseSeconds) ? self.leaseSeconds : 300)",
+                                "message": "maxSeconds is at least leaseSeconds"
+                            }],
+                            "properties": {
+                                "nodeLabel": {"type": "string", "minLength": 1, "maxLength": 63,
+                                              "description": "The alert label that names a machine's Node (default `node`)."},
+                                "matchers": {"type": "array", "maxItems": 16,
+                                             "items": {"type": "string", "minLength": 2, "maxLength": 1024},
+                                             "description": "More matchers the silence carries."},
+                                "leaseSeconds": {"type": "integer", "format": "int64", "minimum": 10, "maximum": 86400,
+                                                 "description": "How long each renewal holds it (default 300)."},
+                                "maxSeconds": {"type": "integer", "format": "int64", "minimum": 10, "maximum": 604800,
+                                               "description": "The longest it lasts from its first start (default 3600)."}
+                            }
+                        }
+                    }
+                },
                 "phase": {"type": "string", "enum": ["beforeMachine", "afterMachine", "beforeOperation", "afterOperation"]},
                 "scope": {
                     "type": "object",
