@@ -5,7 +5,7 @@
 //! its value, in the status and in `kubectl ichor status`; once the object says so, the
 //! upgrade goes on and completes.
 
-use ichor_adapters::kubernetes::crd::TalosCluster;
+use ichor_adapters::kubernetes::crd::{TalosCluster, TalosOperation, TalosOperationSpec};
 use ichor_sim::fleet;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -61,6 +61,17 @@ async fn a_gate_holds_the_first_start_until_its_object_says_so_and_a_bad_one_ref
     })
     .await;
     assert!(upgrade_calls(&both).await.is_empty(), "a refusal touches nothing");
+    // A dry run is refused as the upgrade is.
+    let ops: Api<TalosOperation> = Api::namespaced(client.clone(), &ns);
+    let dry =
+        TalosOperation::new("plan-bad", TalosOperationSpec { dry_run: true, ..scene.operation_spec("talos", None) });
+    ops.create(&PostParams::default(), &dry).await.unwrap();
+    eventually("the dry run is refused, naming the gate", || async {
+        let status = scene.operation("plan-bad").await.and_then(|op| op.status).unwrap_or_default();
+        status.reason.as_deref() == Some("InvalidGate")
+            && status.message.as_deref().is_some_and(|m| m.contains("gates[0] (change-approved).expression"))
+    })
+    .await;
 
     // Corrected: it waits on the ConfigMap, naming it and its value.
     patch(gate("object.data.approved == 'yes'")).await.unwrap();
@@ -76,6 +87,27 @@ async fn a_gate_holds_the_first_start_until_its_object_says_so_and_a_bad_one_ref
     let shown = ok(&admin, &ns, &["status", "upgrade"]);
     assert!(shown.contains("GateNotPassing") && shown.contains("change-approved"), "{shown}");
     assert!(upgrade_calls(&both).await.is_empty(), "nothing starts while the gate does not hold");
+    // A dry run reads the gate as the pass does, and says it would hold the start.
+    let dry = TalosOperation::new("plan", TalosOperationSpec { dry_run: true, ..scene.operation_spec("talos", None) });
+    ops.create(&PostParams::default(), &dry).await.unwrap();
+    eventually("the dry run reads the gate", || async {
+        let plan = scene.operation("plan").await.and_then(|op| op.status).and_then(|s| s.plan);
+        plan.is_some_and(|p| {
+            p.gates.len() == 1
+                && p.gates[0].name == "change-approved"
+                && p.gates[0].phase == "beforeOperation"
+                && !p.gates[0].holds
+                && p.gates[0].message == format!("does not hold on ConfigMap {ns}/change-approved: false")
+        })
+    })
+    .await;
+    let planned = ok(&admin, &ns, &["status", "plan"]);
+    assert!(
+        planned.contains(&format!(
+            "gate change-approved (beforeOperation): does not hold on ConfigMap {ns}/change-approved: false"
+        )),
+        "{planned}"
+    );
 
     // Approved: it goes on and completes.
     let approved = json!({ "data": { "approved": "yes" } });

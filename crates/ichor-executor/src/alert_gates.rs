@@ -27,7 +27,7 @@ use regex::Regex;
 
 use crate::calls::{Executor, bounded};
 use crate::cause::report;
-use crate::kube_api::{Alert, Metadata, Silence, SilenceMatcher};
+use crate::kube_api::{Alert, KubeApi, Metadata, Silence, SilenceMatcher};
 
 /// Who the engine's silences say made them.
 pub const CREATED_BY: &str = "ichor";
@@ -148,12 +148,12 @@ pub fn ours(silence: &Silence, identity: &str, gate: &str) -> bool {
     silence.created_by == CREATED_BY && silence.comment.starts_with(&comment_prefix(identity, gate))
 }
 
-/// What an alert gate reads now: the alerts of its source that carry every matcher, but
+/// What an alert gate reads now through `kube` (each call within `bound`): the alerts of its source that carry every matcher, but
 /// those the engine's own silences for this operation and gate cover. The first left, in
 /// name and label order, is the one the wait names.
-pub async fn read(ex: &Executor<'_>, gate: &AlertGate, identity: &str, name: &str) -> GateReading {
+pub async fn read(kube: &dyn KubeApi, bound: Duration, gate: &AlertGate, identity: &str, name: &str) -> GateReading {
     let selector = &gate.selector;
-    let read = bounded("read a gate's alerts", ex.config.call_timeout, ex.kube.alerts(selector)).await;
+    let read = bounded("read a gate's alerts", bound, kube.alerts(selector)).await;
     let alerts = match read {
         Ok(Ok(alerts)) => alerts,
         Ok(Err(e)) => return GateReading::NotRead { why: format!("{}: {}", selector.source(), report(&e)) },
@@ -161,7 +161,7 @@ pub async fn read(ex: &Executor<'_>, gate: &AlertGate, identity: &str, name: &st
     };
     let own: Vec<String> = match (&selector.alertmanager, &selector.silence) {
         (Some(alertmanager), Some(_)) => {
-            let read = bounded("read silences", ex.config.call_timeout, ex.kube.silences(alertmanager)).await;
+            let read = bounded("read silences", bound, kube.silences(alertmanager)).await;
             match read {
                 Ok(Ok(silences)) => {
                     silences.into_iter().filter(|s| ours(s, identity, name)).filter_map(|s| s.id).collect()

@@ -6,14 +6,15 @@
 //! is judged in the pass that read it.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use cel::{Context, Program, Value};
 use ichor_upgrade_core::gate::{GateObjects, GateReading, GateRule, GateSpec, Gates, rules};
 
 use crate::alert_gates::AlertGate;
-
 use crate::calls::{Executor, bounded};
 use crate::cause::report;
+use crate::kube_api::KubeApi;
 
 /// A gate's compiled expression, or its parsed alert matchers, with its spec.
 pub struct Compiled {
@@ -104,7 +105,7 @@ pub async fn gates(ex: &Executor<'_>, specs: &[GateSpec], identity: &str) -> Opt
     };
     let mut readings = BTreeMap::new();
     for gate in &compiled {
-        readings.insert(gate.spec.name.clone(), read(ex, gate, identity).await);
+        readings.insert(gate.spec.name.clone(), read(ex.kube, ex.config.call_timeout, gate, identity).await);
     }
     let silencing = compiled
         .into_iter()
@@ -116,13 +117,17 @@ pub async fn gates(ex: &Executor<'_>, specs: &[GateSpec], identity: &str) -> Opt
     Some(GatesRead { gates: Gates::Rules { rules, readings }, silencing })
 }
 
-/// What `gate` reads now: its objects, and its expression over each; or its alerts.
-pub async fn read(ex: &Executor<'_>, gate: &Compiled, identity: &str) -> GateReading {
+/// What `gate` reads now through `kube`, each call within `bound`: its objects, and its
+/// expression over each; or its alerts (seeing through the silences of the operation
+/// `identity`).
+pub async fn read(kube: &dyn KubeApi, bound: Duration, gate: &Compiled, identity: &str) -> GateReading {
     let (objects, program) = match &gate.reads {
         Reads::Objects(objects, program) => (objects, program),
-        Reads::Alerts(alerts) => return crate::alert_gates::read(ex, alerts, identity, &gate.spec.name).await,
+        Reads::Alerts(alerts) => {
+            return crate::alert_gates::read(kube, bound, alerts, identity, &gate.spec.name).await;
+        }
     };
-    let read = bounded("read a gate's objects", ex.config.call_timeout, ex.kube.gate_objects(objects)).await;
+    let read = bounded("read a gate's objects", bound, kube.gate_objects(objects)).await;
     let found = match read {
         Ok(Ok(found)) => found,
         Ok(Err(e)) => return GateReading::NotRead { why: report(&e) },

@@ -617,6 +617,19 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
         .map_err(|e| e.to_string());
         (facts, storage, None)
     };
+    // The health gates, read now as the upgrade's pass would read them.
+    let specs = op.spec.gates.as_deref().unwrap_or(cluster.spec.gates.as_deref().unwrap_or_default());
+    let identity = format!("{namespace}/{}/{}", op.name_any(), op.uid().unwrap_or_default());
+    let bound = ctx.config.executor.call_timeout;
+    let gates = match crate::dry_run::read_gates(&ctx.kube(&namespace), bound, specs, &identity).await {
+        Ok(gates) => gates,
+        Err(refusal) => {
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+            write_plan_status(ctx, op, crate::dry_run::status_patch(op, &Err(refusal), now)).await?;
+            ctx.metrics.pass("ok");
+            return Ok(Action::await_change());
+        }
+    };
     let dry = crate::dry_run::DryRun {
         operation: op,
         machines: &machines,
@@ -630,6 +643,7 @@ async fn dry_run(ctx: &Context, op: &TalosOperation) -> Result<Action, Controlle
         own_node: ctx.config.own_node.as_deref(),
         storage,
         maintenance: op.spec.maintenance.as_ref().or(cluster.spec.maintenance.as_ref()),
+        gates,
         now: SystemClock.now(),
     };
     let started = Instant::now();

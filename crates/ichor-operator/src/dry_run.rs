@@ -21,7 +21,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ichor_adapters::kubernetes::crd::{
-    Calibration, PlanHeld, PlanPhase, PlanStatus, PlanWindows, PlannedMachine, Role, TalosMachine, TalosOperation,
+    Calibration, PlanGate, PlanHeld, PlanPhase, PlanStatus, PlanWindows, PlannedMachine, Role, TalosMachine,
+    TalosOperation,
 };
 use ichor_storage::StorageObject;
 use ichor_timeline::{History, Timeline};
@@ -74,6 +75,8 @@ pub struct DryRun<'a> {
     /// The maintenance windows the upgrade would keep to (the operation's own, else its
     /// cluster's), if any.
     pub maintenance: Option<&'a MaintenanceSpec>,
+    /// The health gates the upgrade would keep to, as read now ([`read_gates`]).
+    pub gates: Vec<PlanGate>,
     /// When the dry run plans: the windows are counted from it.
     pub now: Timestamp,
 }
@@ -316,7 +319,43 @@ pub fn plan_status(dry: &DryRun<'_>) -> Result<PlanStatus, Refusal> {
     };
     let planned = plan(&input);
     let windows = windows(dry, &planned, &input)?;
-    Ok(PlanStatus { windows, ..to_status(planned, previous, assumed) })
+    Ok(PlanStatus { windows, gates: dry.gates.clone(), ..to_status(planned, previous, assumed) })
+}
+
+/// The health gates of `specs` as a dry run reports them: each read now through `kube`
+/// (every call within `bound`), as the upgrade's pass would read it; the silences of the
+/// operation `identity` seen through.
+///
+/// # Errors
+/// A [`Refusal`] (`InvalidGate`) for gates that do not read, as the upgrade itself would
+/// be refused.
+pub async fn read_gates(
+    kube: &dyn ichor_executor::kube_api::KubeApi,
+    bound: std::time::Duration,
+    specs: &[ichor_upgrade_core::gate::GateSpec],
+    identity: &str,
+) -> Result<Vec<PlanGate>, Refusal> {
+    use ichor_upgrade_core::gate::GateReading;
+    let checked = ichor_executor::health_gates::compile(specs).map_err(|problem| Refusal {
+        reason: "InvalidGate",
+        message: format!("spec.gates: {problem}; nothing was read or changed"),
+    })?;
+    let mut gates = Vec::new();
+    for gate in &checked.compiled {
+        let reading = ichor_executor::health_gates::read(kube, bound, gate, identity).await;
+        let spec = gate.spec();
+        let phase = serde_json::to_value(spec.phase).ok().and_then(|v| v.as_str().map(str::to_owned));
+        let (holds, message) = match reading {
+            GateReading::Holds if spec.settle_seconds > 0 => {
+                (true, format!("holds now; it must hold {} s without a break to pass", spec.settle_seconds))
+            }
+            GateReading::Holds => (true, "holds now".to_owned()),
+            GateReading::Fails { object, value } => (false, format!("does not hold on {object}: {value}")),
+            GateReading::NotRead { why } => (false, format!("not read: {why}")),
+        };
+        gates.push(PlanGate { name: spec.name.clone(), phase: phase.unwrap_or_default(), holds, message });
+    }
+    Ok(gates)
 }
 
 /// How `planned`, planned from `input`, goes through the dry run's maintenance windows
@@ -414,6 +453,7 @@ fn to_status(
             .collect(),
         kubernetes: None,
         windows: None,
+        gates: Vec::new(),
     }
 }
 

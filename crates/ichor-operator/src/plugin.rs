@@ -626,6 +626,9 @@ fn status_text(op: &TalosOperation, machines: &[TalosMachine], nodes: &NodesSeen
         if let Some(windows) = &plan.windows {
             let _ = writeln!(text, "  windows: {}", windows.message);
         }
+        for gate in &plan.gates {
+            let _ = writeln!(text, "  gate {} ({}): {}", gate.name, gate.phase, gate.message);
+        }
         for held in &plan.held {
             let _ = writeln!(text, "  held now: {}: {}", held.machine, held.reason);
         }

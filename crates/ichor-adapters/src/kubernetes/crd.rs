@@ -1068,6 +1068,25 @@ pub struct PlanStatus {
     /// them from the dry run's instant, each start admitted on its role's p90 turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub windows: Option<PlanWindows>,
+    /// With health gates (`spec.gates`): each gate as the dry run read it, whether it
+    /// would hold a start now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gates: Vec<PlanGate>,
+}
+
+/// A health gate as a dry run read it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanGate {
+    /// The gate.
+    pub name: String,
+    /// When it is checked (`beforeMachine`, ...).
+    pub phase: String,
+    /// Whether it holds now.
+    pub holds: bool,
+    /// What it read: `holds`, or the object (or alert) it fails on and its value, or why
+    /// it could not be read.
+    pub message: String,
 }
 
 /// How a dry run's median run goes through the maintenance windows.

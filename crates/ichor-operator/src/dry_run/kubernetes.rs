@@ -246,7 +246,7 @@ pub fn plan_status(dry: &DryRun<'_>, read: &KubernetesRead) -> Result<PlanStatus
     };
     let planned = plan(&input);
     let windows = windows(dry, &planned, &input)?;
-    let mut status = PlanStatus { windows, ..to_status(planned, previous, assumed) };
+    let mut status = PlanStatus { windows, gates: dry.gates.clone(), ..to_status(planned, previous, assumed) };
     status.kubernetes = Some(planned_of(&found, &problems));
     Ok(status)
 }

@@ -114,6 +114,7 @@ pub(super) fn dry_run<'a>(c: &'a Cluster, facts: ClusterFacts) -> DryRun<'a> {
         own_node: None,
         storage: Ok(StorageNow::default()),
         maintenance: None,
+        gates: Vec::new(),
         now: ichor_upgrade_core::Timestamp::from_unix_secs(1_767_225_600),
     }
 }
