@@ -5,7 +5,7 @@
 //! | Read | Longhorn request |
 //! | --- | --- |
 //! | `storage_objects` | `GET /apis/ichor.dev/v1alpha1/talosstorages` (Ichor's own CRD; `spec.nodeSelector`) |
-//! | `evacuation_record(n)` | `GET .../nodes/<n>`: its `ichor.dev/evacuation` and `ichor.dev/evacuation-bytes` annotations (any 404: no record) |
+//! | `evacuation_record(n)` | `GET .../nodes/<n>`: its `ichor.dev/evacuation` and `ichor.dev/evacuation-bytes` annotations (any 404: no record); none while `nodes.longhorn.io` is known absent ([`LonghornStorage::with_crds`]) |
 //! | `backing_images_on(n)` (removal only) | `GET .../nodes/<n>` (its disks' `status.diskStatus.*.diskUUID`), `GET .../backingimages`: those with a file, or one to be, on those disks (`status.diskFileStatusMap`, `spec.diskFileSpecMap`, keyed by disk UUID) |
 //! | `replicas_on(n)` | `GET .../replicas?labelSelector=longhornnode=<n>` and, where Longhorn serves shards (1.12.1 and later), `GET .../shards?labelSelector=longhornnode=<n>`, metadata only, every item counted |
 //!
@@ -46,6 +46,9 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, P
 use serde_json::json;
 use tokio::sync::OnceCell;
 
+use crate::kubernetes::ListedStore;
+use crate::kubernetes::crd::TalosStorage;
+use crate::kubernetes::crds::CrdPresence;
 use crate::kubernetes::errors::kube_error;
 
 /// The namespace Longhorn runs in by default.
@@ -88,7 +91,36 @@ pub struct LonghornStorage {
     talos_storages: Api<DynamicObject>,
     /// Whether this Longhorn serves shards, once discovery has answered.
     shards_served: Arc<OnceCell<bool>>,
+    /// Whether Longhorn's Node and Shard CRDs exist, as watches of them say
+    /// ([`LonghornStorage::with_crds`]); `None`: not watched, the API server is asked.
+    crds: Option<LonghornCrds>,
+    /// The `TalosStorage` objects as a watch-fed store holds them
+    /// ([`LonghornStorage::with_storage_objects`]); `None`: listed on each read.
+    storage_objects: Option<ListedStore<TalosStorage>>,
 }
+
+/// The CRDs whose presence decides what is asked of Longhorn.
+#[derive(Debug, Clone)]
+pub struct LonghornCrds {
+    /// `nodes.longhorn.io`: without it no Longhorn Node exists, so none holds a record or a
+    /// disk.
+    pub nodes: CrdPresence,
+    /// `shards.longhorn.io` (Longhorn 1.12.1 and later): whether shards are counted.
+    pub shards: CrdPresence,
+}
+
+impl LonghornCrds {
+    /// Both, followed by watches of their own.
+    #[must_use]
+    pub fn watch(client: &kube::Client) -> Self {
+        Self { nodes: CrdPresence::watch(client, NODES_CRD), shards: CrdPresence::watch(client, SHARDS_CRD) }
+    }
+}
+
+/// The CRD of Longhorn's nodes.
+pub const NODES_CRD: &str = "nodes.longhorn.io";
+/// The CRD of Longhorn's shards.
+pub const SHARDS_CRD: &str = "shards.longhorn.io";
 
 fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
@@ -112,7 +144,34 @@ impl LonghornStorage {
             talos_storages: Api::all_with(client.clone(), &talos_storage),
             client,
             shards_served: Arc::new(OnceCell::new()),
+            crds: None,
+            storage_objects: None,
         }
+    }
+
+    /// The same, reading the `TalosStorage` objects from `store` once it has listed,
+    /// instead of a list per read: they are configuration, read from a store as the
+    /// clusters and machines are. A store of one namespace (an operator limited to one)
+    /// gives that namespace's objects only.
+    #[must_use]
+    pub fn with_storage_objects(mut self, store: ListedStore<TalosStorage>) -> Self {
+        self.storage_objects = Some(store);
+        self
+    }
+
+    /// The same, going by whether Longhorn's CRDs exist: with no Node CRD, a node's record
+    /// and disks are read as none without a request (a cluster without Longhorn is asked
+    /// nothing per machine), and shards are counted exactly while their CRD exists. Until a
+    /// watch has listed, the API server is asked as without them.
+    #[must_use]
+    pub fn with_crds(mut self, crds: LonghornCrds) -> Self {
+        self.crds = Some(crds);
+        self
+    }
+
+    /// Whether Longhorn's Node CRD is known to be absent.
+    fn without_nodes(&self) -> bool {
+        self.crds.as_ref().is_some_and(|c| c.nodes.exists() == Some(false))
     }
 
     async fn patch_node(&self, node: &str, spec: serde_json::Value) -> Result<(), kube::Error> {
@@ -123,6 +182,10 @@ impl LonghornStorage {
     /// Whether Longhorn serves `shards.longhorn.io` (v1.12.1 and later), asked of discovery
     /// once; an answer that did not come is asked again next time.
     async fn serves_shards(&self) -> Result<bool, StorageError> {
+        // A CRD that appears or goes while the operator runs (Longhorn upgraded) is seen.
+        if let Some(exists) = self.crds.as_ref().and_then(|c| c.shards.exists()) {
+            return Ok(exists);
+        }
         let served = self
             .shards_served
             .get_or_try_init(|| async {
@@ -346,6 +409,27 @@ impl LonghornStorage {
 #[async_trait]
 impl StorageReads for LonghornStorage {
     async fn storage_objects(&self) -> Result<Vec<StorageObject>, StorageError> {
+        if let Some(store) = self.storage_objects.as_ref().filter(|s| s.is_listed()) {
+            let mut objects = store.store.state();
+            objects.sort_by_key(|o| (o.namespace(), o.name_any()));
+            return objects
+                .iter()
+                .map(|object| {
+                    let name = object.name_any();
+                    let node_selector = serde_json::to_value(&object.spec.node_selector)
+                        .and_then(serde_json::from_value::<LabelSelector>)
+                        .map_err(|e| {
+                            StorageError::failure(format!("TalosStorage {name}: spec.nodeSelector does not parse: {e}"))
+                        })?;
+                    let evacuation_timeout = object
+                        .spec
+                        .evacuation_timeout_seconds
+                        .and_then(|s| u64::try_from(s).ok())
+                        .map(std::time::Duration::from_secs);
+                    Ok(StorageObject { name, node_selector, evacuation_timeout })
+                })
+                .collect();
+        }
         let list = self
             .talos_storages
             .list(&ListParams::default())
@@ -373,6 +457,9 @@ impl StorageReads for LonghornStorage {
     }
 
     async fn evacuation_record(&self, node: &str) -> Result<Option<EvacuationRecord>, StorageError> {
+        if self.without_nodes() {
+            return Ok(None);
+        }
         match self.nodes.get(node).await {
             Ok(object) => record_of(&object, node),
             // No such Node, or no Longhorn at all (its CRD not served): nothing recorded.
@@ -388,6 +475,9 @@ impl StorageReads for LonghornStorage {
     }
 
     async fn backing_images_on(&self, node: &str) -> Result<u32, StorageError> {
+        if self.without_nodes() {
+            return Ok(0);
+        }
         // The node's disks, by UUID (`status.diskStatus.<disk>.diskUUID`).
         let object = match self.nodes.get(node).await {
             Ok(object) => object,

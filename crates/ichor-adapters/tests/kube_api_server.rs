@@ -7,7 +7,7 @@ use std::time::Duration;
 use ichor_adapters::kubernetes::crd::{
     Role, TalosCluster, TalosClusterSpec, TalosMachine, TalosMachineSpec, TalosOperation, TalosOperationSpec,
 };
-use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores};
+use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, WorkloadStores};
 use ichor_executor::kube_api::{AdminKubeconfig, EventType, Eviction, KubeApi, KubeError, LeaseWrite, NodeInfo};
 use ichor_testkit::kube::TestNamespace;
 use ichor_upgrade_core::Timestamp;
@@ -579,9 +579,9 @@ async fn cordon_pods_eviction_blocked_by_a_pdb_and_node_deletion() {
     kube.cordon(&read, &annotation).await.unwrap();
     let on_node = kube.pods_on(&node_name).await.unwrap();
     assert_eq!(on_node.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), vec!["invoice-worker"]);
-    let blocked = kube.evict(&ns.name, "invoice-worker").await.unwrap();
+    let blocked = kube.evict(&ns.name, "invoice-worker", None).await.unwrap();
     assert!(matches!(&blocked, Eviction::Blocked { message } if message.contains("disruption budget")), "{blocked:?}");
-    assert_eq!(kube.evict(&ns.name, "gone").await.unwrap(), Eviction::Evicted, "a pod already gone");
+    assert_eq!(kube.evict(&ns.name, "gone", None).await.unwrap(), Eviction::Evicted, "a pod already gone");
     // The delete too is made under the Node as read: `read` is from before the cordon
     // above, so it is a conflict and the Node stays; from a read of it as it is, it goes,
     // and a Node already gone is no error.
@@ -734,7 +734,100 @@ async fn the_preflight_reads_pods_budgets_and_workloads_through_the_served_polic
     assert!(facts.pods.iter().any(|p| p.name == "invoice-1"));
     let empty = kube.preflight_facts(&["no-such-node"]).await.unwrap();
     assert!(empty.pods.is_empty() && empty.budgets.is_empty() && empty.workloads.is_empty());
+
+    // Issue 57 item 1: from the watch-fed stores, the same facts, with no list.
+    let counters = Arc::new(Counters::default());
+    let stores = bounded(Stores::spawn(&ns.client, Some(&ns.name), BOUND)).await.unwrap();
+    let watched =
+        KubeCluster::new(ns.client.clone(), &ns.name, stores, Reporter::from("ichor-test"), Arc::clone(&counters))
+            .with_workloads(WorkloadStores::spawn(&ns.client));
+    let listed = kube.preflight_facts(&[node.as_str()]).await.unwrap();
+    let mut from_stores = None;
+    bounded(async {
+        loop {
+            let facts = watched.preflight_facts(&[node.as_str()]).await.unwrap();
+            if facts == listed {
+                break;
+            }
+            from_stores = Some(facts);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    let reads = counters.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let facts = watched.preflight_facts(&[node.as_str()]).await.unwrap();
+    assert_eq!(facts, listed, "last seen from the stores before they caught up: {from_stores:?}");
+    assert_eq!(counters.reads.load(std::sync::atomic::Ordering::Relaxed), reads, "no list once the stores listed");
     other.delete().await;
+    ns.delete().await;
+}
+
+/// Issue 57 item 1: the pod store shows a node's pods with no list, and an eviction from
+/// a view that a StatefulSet's new pod of the same name has overtaken evicts nothing (its
+/// UID is the precondition), while one under the current UID goes through.
+#[tokio::test]
+#[ignore = "needs a Kubernetes API server: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn the_pod_store_shows_a_nodes_pods_and_an_eviction_from_a_stale_view_evicts_nothing() {
+    let ns = TestNamespace::create("pod-store").await;
+    let (here, there) = (format!("{}-a", ns.name), format!("{}-b", ns.name));
+    let pods: Api<Pod> = Api::namespaced(ns.client.clone(), &ns.name);
+    let pod = |node: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "db-0", "labels": { "app": "db" } },
+            "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/none" }] }
+        }))
+        .unwrap()
+    };
+    let first = pods.create(&PostParams::default(), &pod(&here)).await.unwrap();
+    let old_uid = first.uid().unwrap();
+    let counters = Arc::new(Counters::default());
+    let stores = bounded(Stores::spawn(&ns.client, Some(&ns.name), BOUND)).await.unwrap();
+    let workloads = WorkloadStores::spawn(&ns.client);
+    let kube =
+        KubeCluster::new(ns.client.clone(), &ns.name, stores, Reporter::from("ichor-test"), Arc::clone(&counters))
+            .with_workloads(workloads.clone());
+    // Until the stores have listed, the client lists: wait for them, so that what follows
+    // is the store's answer.
+    eventually(|| workloads.is_ready()).await;
+    let seen = bounded(async {
+        loop {
+            let on_node = kube.cached_pods_on(&here).await.unwrap();
+            if !on_node.is_empty() {
+                return on_node;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert_eq!(seen.len(), 1);
+    assert_eq!((seen[0].name.as_str(), seen[0].uid.as_deref()), ("db-0", Some(old_uid.as_str())));
+    let reads = counters.reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(kube.cached_pods_on(&there).await.unwrap().is_empty());
+    assert_eq!(counters.reads.load(std::sync::atomic::Ordering::Relaxed), reads, "the store answers with no request");
+
+    // The pod goes and comes back under the same name on another node, as a StatefulSet's
+    // would: a view from before names it with the old UID.
+    pods.delete("db-0", &kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .unwrap();
+    bounded(async {
+        while pods.get_opt("db-0").await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let second = pods.create(&PostParams::default(), &pod(&there)).await.unwrap();
+    let new_uid = second.uid().unwrap();
+    assert_eq!(kube.evict(&ns.name, "db-0", Some(&old_uid)).await.unwrap(), Eviction::Evicted, "the pod read is gone");
+    let kept = pods.get("db-0").await.unwrap();
+    assert_eq!(kept.uid().as_deref(), Some(new_uid.as_str()));
+    assert!(kept.metadata.deletion_timestamp.is_none(), "the new pod of that name is not evicted");
+    // The fresh list names it with its own UID, under which it is evicted.
+    let fresh = kube.pods_on(&there).await.unwrap();
+    assert_eq!(fresh.iter().map(|p| p.uid.as_deref()).collect::<Vec<_>>(), vec![Some(new_uid.as_str())]);
+    assert_eq!(kube.evict(&ns.name, "db-0", Some(&new_uid)).await.unwrap(), Eviction::Evicted);
+    let evicted = pods.get_opt("db-0").await.unwrap();
+    assert!(evicted.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some()), "evicted: {evicted:?}");
     ns.delete().await;
 }
 

@@ -3,7 +3,8 @@
 //! by a `tower_test` mock that answers as Kubernetes does.
 
 use http::{Method, Request, Response, StatusCode};
-use ichor_adapters::longhorn::{DEFAULT_NAMESPACE, LonghornStorage};
+use ichor_adapters::kubernetes::crds::CrdPresence;
+use ichor_adapters::longhorn::{DEFAULT_NAMESPACE, LonghornCrds, LonghornStorage, NODES_CRD, SHARDS_CRD};
 use ichor_storage::{EvacuationRequest, StorageReads};
 use ichor_upgrade_core::Timestamp;
 use ichor_upgrade_core::evacuation::{EvacuationRecord, Scheduling};
@@ -240,6 +241,46 @@ async fn where_longhorn_serves_shards_a_shard_left_counts_as_a_replica_left() {
     });
     assert_eq!(storage.replicas_on("worker-1").await.unwrap(), 2, "no replica, two shards: not evacuated");
     assert_eq!(storage.replicas_on("worker-1").await.unwrap(), 0);
+    api.await.unwrap();
+}
+
+/// Issue 57 item 1: with Longhorn's Node CRD known absent, an evacuation's record and a
+/// node's disks read as none with no request at all (the API server here answers none:
+/// its handle is dropped, and any request would fail).
+#[tokio::test]
+async fn without_longhorns_node_crd_nothing_is_asked_per_machine() {
+    let (storage, server) = storage();
+    drop(server);
+    let crds = LonghornCrds {
+        nodes: CrdPresence::fixed(NODES_CRD, Some(false)),
+        shards: CrdPresence::fixed(SHARDS_CRD, Some(false)),
+    };
+    let storage = storage.with_crds(crds);
+    assert_eq!(storage.evacuation_record("worker-1").await.unwrap(), None);
+    assert_eq!(storage.backing_images_on("worker-1").await.unwrap(), 0);
+}
+
+/// Issue 57 item 1: the shards' CRD decides whether shards are counted, with no discovery:
+/// a Longhorn upgraded to 1.12.1 under a running operator has its shards counted as soon
+/// as their CRD appears; and while the Node CRD's presence is unknown (the watch has not
+/// listed), the record is asked of the API server as before.
+#[tokio::test]
+async fn the_shards_crd_decides_whether_shards_are_counted() {
+    let (storage, mut server) = storage();
+    let shards = CrdPresence::fixed(SHARDS_CRD, Some(true));
+    let storage = storage.with_crds(LonghornCrds { nodes: CrdPresence::fixed(NODES_CRD, None), shards });
+    let api = tokio::spawn(async move {
+        expect_list(&mut server, "replicas", &["running"]).await;
+        expect_list(&mut server, "shards", &["normal"]).await;
+        let (request, send) = server.next_request().await.expect("a request");
+        assert_eq!(request.uri().path(), "/apis/longhorn.io/v1beta2/namespaces/longhorn-system/nodes/worker-1");
+        send.send_response(respond(
+            StatusCode::NOT_FOUND,
+            &status(404, "NotFound", "nodes.longhorn.io \"worker-1\" not found"),
+        ));
+    });
+    assert_eq!(storage.replicas_on("worker-1").await.unwrap(), 2, "a replica and a shard");
+    assert_eq!(storage.evacuation_record("worker-1").await.unwrap(), None);
     api.await.unwrap();
 }
 

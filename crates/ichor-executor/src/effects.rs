@@ -478,13 +478,14 @@ pub(crate) async fn uncordon(ex: &Executor<'_>, node: &NodeInfo) -> Result<(), A
     sealed_kube(ex, write).await?.done(&write).map_err(|source| kube_answer(write, source))
 }
 
-/// Evicts `pod` through the Eviction API (a PodDisruptionBudget may refuse).
+/// Evicts `pod` through the Eviction API (a PodDisruptionBudget may refuse), under its
+/// UID as read: a pod made since under its name is not the one read, and stays.
 ///
 /// # Errors
 /// The call's failure.
 pub(crate) async fn evict(ex: &Executor<'_>, advancing: &Advancing, pod: &PodRef) -> Result<Eviction, AdvanceError> {
     tracing::debug!(machine = %advancing.machine, %pod, "evict");
-    let write = KubeWrite::Evict { namespace: &pod.namespace, name: &pod.name };
+    let write = KubeWrite::Evict { namespace: &pod.namespace, name: &pod.name, uid: pod.uid.as_deref() };
     sealed_kube(ex, write).await?.eviction().map_err(|source| kube_answer(write, source))
 }
 

@@ -286,6 +286,20 @@ pub struct PodInfo {
     pub mirror: bool,
     /// Its deletion timestamp is set.
     pub terminating: bool,
+    /// Its UID (`None` from a client that has none): an eviction's precondition.
+    pub uid: Option<String>,
+}
+
+impl PodInfo {
+    /// The pod as the drain names it, with its UID.
+    #[must_use]
+    pub fn reference(&self) -> ichor_upgrade_core::machine::vocabulary::PodRef {
+        ichor_upgrade_core::machine::vocabulary::PodRef {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
 }
 
 /// What an eviction came to.
@@ -400,8 +414,17 @@ pub trait KubeApi: Send + Sync {
     /// status, through its status subresource): the one way to write them through this
     /// API, under the seal only [`crate::effects`] makes.
     async fn write_conditions(&self, write: ConditionWrite<'_>, seal: Seal) -> Result<(), ConditionWriteError>;
-    /// The pods scheduled on a Node.
+    /// The pods scheduled on a Node, read from the API server itself: what the decision
+    /// that a node is drained (the reboot follows) rests on.
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
+    /// The pods scheduled on a Node as a watch-fed store holds them, with no request: a
+    /// moment behind the API server (a pod just made may be missing, one just gone still
+    /// shown), so only for what a write's precondition or a fresh read then checks (an
+    /// eviction goes under the pod's UID; an empty answer is read again through
+    /// [`KubeApi::pods_on`]). The default reads them fresh; wrappers must forward it.
+    async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        self.pods_on(node).await
+    }
     /// A node's Kubernetes: its kubelet and, on a control plane, its static pods; `None`
     /// when the Node does not exist. (The default answers [`KubeError::Refused`]: a
     /// Kubernetes upgrade then waits, never guessing.)
@@ -512,12 +535,17 @@ pub enum KubeWrite<'a> {
         /// The Node as read.
         node: &'a NodeInfo,
     },
-    /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
+    /// Evicts a pod through the Eviction API (`policy/v1` Eviction), under the pod's UID
+    /// as read when there is one: a pod made since under the same name (a StatefulSet's,
+    /// placed elsewhere) is not evicted, and the answer is
+    /// [`Eviction::Evicted`]: the pod read is gone.
     Evict {
         /// The pod's namespace.
         namespace: &'a str,
         /// The pod's name.
         name: &'a str,
+        /// The pod's UID as read.
+        uid: Option<&'a str>,
     },
     /// Deletes the Node object `node`, only if it is still at its resourceVersion as read
     /// ([`KubeError::Conflict`] otherwise: a Node changed since, or another that joined

@@ -95,6 +95,8 @@ struct World {
     kube: MockKube,
     storage: MockStorage,
     writes: Arc<Mutex<Vec<Conditions>>>,
+    /// What the client's pod store shows (none unless a test puts some there).
+    cached: Arc<Mutex<Vec<PodInfo>>>,
 }
 
 impl World {
@@ -109,10 +111,13 @@ impl World {
             captured.lock().unwrap().push(conditions.clone());
             Ok(())
         });
+        let cached = Arc::new(Mutex::new(Vec::new()));
+        let store = Arc::clone(&cached);
+        kube.expect_cached_pods_on().returning(move |_| Ok(store.lock().unwrap().clone()));
         let mut storage = MockStorage::new();
         storage.expect_storage_objects().returning(|| Ok(Vec::new()));
         storage.expect_evacuation_record().returning(|_| Ok(None));
-        Self { talos, kube, storage, writes }
+        Self { talos, kube, storage, writes, cached }
     }
 
     /// `TalosLifecycle` in each write: status and reason.
@@ -269,6 +274,7 @@ async fn a_drain_after_the_machine_failed_evicts_nothing_and_waits() {
             owner_kinds: vec!["ReplicaSet".into()],
             mirror: false,
             terminating: false,
+            uid: None,
         }])
     });
     world.kube.expect_evict().never();
@@ -292,21 +298,72 @@ async fn the_drain_evicts_what_a_drain_evicts_and_a_budget_is_a_wait() {
             owner_kinds: vec![owner.into()],
             mirror,
             terminating: false,
+            uid: None,
         };
         Ok(vec![pod("api-1", "ReplicaSet", false), pod("cilium-1", "DaemonSet", false), pod("static", "Node", true)])
     });
     world
         .kube
         .expect_evict()
-        .with(eq("billing"), eq("api-1"))
+        .with(eq("billing"), eq("api-1"), eq(None))
         .times(1)
-        .returning(|_, _| Ok(ichor_executor::kube_api::Eviction::Blocked { message: "disruption budget".into() }));
+        .returning(|_, _, _| Ok(ichor_executor::kube_api::Eviction::Blocked { message: "disruption budget".into() }));
     let outcome =
         world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
     assert!(
         matches!(&outcome, MachineOutcome::Waiting { reason, recheck_at: Some(_), .. } if reason == "EvictionBlocked"),
         "{outcome:?}"
     );
+}
+
+fn api_pod(uid: &str) -> PodInfo {
+    PodInfo {
+        namespace: "billing".into(),
+        name: "api-1".into(),
+        owner_kinds: vec!["ReplicaSet".into()],
+        mirror: false,
+        terminating: false,
+        uid: Some(uid.into()),
+    }
+}
+
+/// Issue 57 item 1: the pods the store shows are evicted from it, with no list, each under
+/// its UID as the store saw it.
+#[tokio::test]
+async fn pods_the_store_shows_are_evicted_under_their_uid_without_a_list() {
+    let mut world = World::new(node(true, true));
+    operation_read_again(&mut world.kube, RecordState::InProgress);
+    world.cached.lock().unwrap().push(api_pod("uid-7"));
+    world.kube.expect_pods_on().never();
+    world
+        .kube
+        .expect_evict()
+        .with(eq("billing"), eq("api-1"), eq(Some("uid-7".to_owned())))
+        .times(1)
+        .returning(|_, _, _| Ok(ichor_executor::kube_api::Eviction::Evicted));
+    world.talos.expect_reboot().never();
+    let outcome =
+        world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "Drain" });
+}
+
+/// Issue 57 item 1: a store that shows the node empty is not taken at its word before the
+/// reboot: the API server's list, which still has a pod the store has not seen, decides.
+#[tokio::test]
+async fn a_store_that_shows_no_pods_is_read_again_before_the_reboot() {
+    let mut world = World::new(node(true, true));
+    operation_read_again(&mut world.kube, RecordState::InProgress);
+    world.kube.expect_pods_on().with(eq("worker-1")).times(1).returning(|_| Ok(vec![api_pod("uid-8")]));
+    world
+        .kube
+        .expect_evict()
+        .with(eq("billing"), eq("api-1"), eq(Some("uid-8".to_owned())))
+        .times(1)
+        .returning(|_, _, _| Ok(ichor_executor::kube_api::Eviction::Evicted));
+    world.talos.expect_reboot().never();
+    let outcome =
+        world.advance(&machine(lifecycle(ConditionStatus::True, reason::INSTALLED)), CallAuthority::Granted).await;
+    assert_eq!(outcome, MachineOutcome::Progressed { action: "Drain" });
 }
 
 #[tokio::test]

@@ -55,7 +55,14 @@ fn node(name: &str, unschedulable: bool) -> NodeInfo {
 }
 
 fn pod(name: &str, owner: &str, mirror: bool) -> PodInfo {
-    PodInfo { namespace: "apps".into(), name: name.into(), owner_kinds: vec![owner.into()], mirror, terminating: false }
+    PodInfo {
+        namespace: "apps".into(),
+        name: name.into(),
+        owner_kinds: vec![owner.into()],
+        mirror,
+        terminating: false,
+        uid: Some(format!("uid-{name}")),
+    }
 }
 
 struct World {
@@ -73,6 +80,8 @@ impl World {
         let mut kube = MockKube::new();
         kube.expect_node().returning(move |_| Ok(node_info.clone()));
         kube.expect_pods_on().returning(move |_| Ok(pods.clone()));
+        // A store with no pods: each read is the API server's.
+        kube.expect_cached_pods_on().returning(|_| Ok(Vec::new()));
         let writes = Arc::new(Mutex::new(Vec::new()));
         let captured = Arc::clone(&writes);
         kube.expect_write_conditions().returning(move |_, c| {
@@ -137,8 +146,14 @@ async fn the_drain_evicts_only_what_it_should_and_a_429_is_a_wait() {
         pod("db-0", "StatefulSet", false),
     ];
     let mut world = World::new(Some(node("worker-2", true)), pods);
-    world.kube.expect_evict().with(eq("apps"), eq("api-1")).times(1).returning(|_, _| Ok(Eviction::Evicted));
-    world.kube.expect_evict().with(eq("apps"), eq("db-0")).times(1).returning(|_, _| {
+    let uid = |name: &str| eq(Some(format!("uid-{name}")));
+    world
+        .kube
+        .expect_evict()
+        .with(eq("apps"), eq("api-1"), uid("api-1"))
+        .times(1)
+        .returning(|_, _, _| Ok(Eviction::Evicted));
+    world.kube.expect_evict().with(eq("apps"), eq("db-0"), uid("db-0")).times(1).returning(|_, _, _| {
         Ok(Eviction::Blocked { message: "Cannot evict pod as it would violate the pod's disruption budget.".into() })
     });
     let outcome = world.remove(&machine("worker-2", MachineRole::Worker, "10.0.0.22"), &[]).await;

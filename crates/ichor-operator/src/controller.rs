@@ -24,7 +24,9 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use ichor_adapters::clock::SystemClock;
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosMachine, TalosOperation, TalosStorage};
-use ichor_adapters::kubernetes::{Counters, KubeCluster, Stores, engine_watcher, watch_observing, without_errors};
+use ichor_adapters::kubernetes::{
+    Counters, KubeCluster, Stores, WorkloadStores, engine_watcher, watch_observing, without_errors,
+};
 use ichor_adapters::longhorn::{LonghornStorage, REPLICA_NODE_LABEL};
 use ichor_adapters::talos::client::{ClientOptions, TalosClient};
 use ichor_executor::background::{Job, JobQueue};
@@ -170,6 +172,8 @@ pub struct Context {
     client: Client,
     config: OperatorConfig,
     stores: Stores,
+    /// The workloads' stores (pods, budgets, Deployments, StatefulSets, ReplicaSets).
+    workloads: WorkloadStores,
     counters: Arc<Counters>,
     metrics: Arc<Metrics>,
     leading: tokio::sync::watch::Receiver<Option<Instant>>,
@@ -283,6 +287,7 @@ impl Context {
                 )
                 .with_last_node(self.config.own_node.clone())
                 .with_forbidden_hint(self.grant_hint(namespace))
+                .with_workloads(self.workloads.clone())
             })
             .clone()
     }
@@ -1002,7 +1007,11 @@ pub async fn run(
     let counters = Arc::new(Counters::default());
     metrics.register_collector(EngineCalls(Arc::clone(&counters)));
     metrics.register_collector(Operations(stores.operations.clone(), metrics.leader.clone()));
-    let storage = LonghornStorage::new(client.clone(), &config.longhorn_namespace);
+    // Whether Longhorn's CRDs exist, followed by watches of those two CRDs by name (reads
+    // only, no authority): a cluster without Longhorn is asked nothing of it per machine.
+    let storage = LonghornStorage::new(client.clone(), &config.longhorn_namespace)
+        .with_crds(ichor_adapters::longhorn::LonghornCrds::watch(&client))
+        .with_storage_objects(stores.storages.clone());
     let longhorn = detect_longhorn(&client, LONGHORN_DETECTION_BOUND).await;
 
     // Every operation is reconciled when this replica starts to lead, or leads again after
@@ -1050,6 +1059,10 @@ pub async fn run(
         client: client.clone(),
         config: config.clone(),
         stores: stores.clone(),
+        // Reads only, fed from the watches' own tasks: no authority, nothing written. A
+        // pass reads them, and the drain's decision that a node is empty is read again
+        // from the API server (`ichor_adapters::kubernetes::workloads`).
+        workloads: WorkloadStores::spawn(&client),
         counters,
         metrics: Arc::clone(&metrics),
         storage,

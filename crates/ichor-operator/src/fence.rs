@@ -291,6 +291,9 @@ impl KubeApi for FencedKube<'_> {
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         self.inner.pods_on(node).await
     }
+    async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        self.inner.cached_pods_on(node).await
+    }
 }
 
 /// The storage backend, its writes made only while this replica leads.
@@ -431,7 +434,7 @@ mod tests {
         let writes = [
             KubeWrite::Cordon { node: &node, annotation: "since=1;operation=default/demo/1" },
             KubeWrite::Uncordon { node: &node },
-            KubeWrite::Evict { namespace: "apps", name: "web-1" },
+            KubeWrite::Evict { namespace: "apps", name: "web-1", uid: None },
             KubeWrite::DeleteNode { node: &node },
         ];
         for write in &writes {

@@ -139,18 +139,24 @@ pub const RULES: &[Rule] = &[
         &["list", "watch", "patch", "delete"],
         "the Node store; cordon before a removal; deleting a removed machine's Node",
     ),
-    everywhere("", &["pods"], &["list"], "the pods on a node being drained for removal; the preflight gate's pods"),
+    everywhere(
+        "",
+        &["pods"],
+        &["list", "watch"],
+        "the pod store the drain, the preflight gate and the dry run read; a draining node's pods, listed before \
+         its reboot",
+    ),
     everywhere(
         "apps",
         &["deployments", "statefulsets", "replicasets"],
-        &["list"],
-        "the preflight gate: workloads with one replica, or all their Ready pods on one node",
+        &["list", "watch"],
+        "the preflight gate's store: workloads with one replica, or all their Ready pods on one node",
     ),
     everywhere(
         "policy",
         &["poddisruptionbudgets"],
-        &["list"],
-        "the preflight gate: budgets at zero over a node's pods",
+        &["list", "watch"],
+        "the preflight gate's store: budgets at zero over a node's pods",
     ),
     everywhere("", &["pods/eviction"], &["create"], "evictions, which PodDisruptionBudgets can refuse"),
     kubernetes_upgrades(
@@ -249,6 +255,15 @@ pub const RULES: &[Rule] = &[
         "replicas and shards (Longhorn 1.12.1) left on a node",
     ),
     everywhere("longhorn.io", &["backingimages"], &["list"], "backing images with a file on a node a removal wipes"),
+    Rule {
+        scope: Scope::Cluster,
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions"],
+        verbs: &["list", "watch"],
+        names: &["nodes.longhorn.io", "shards.longhorn.io"],
+        why: "whether Longhorn (and its shards) is installed, watched by name: no Longhorn request per machine \
+              without it",
+    },
 ];
 
 /// Where the operator runs and which namespaces hold its TalosClusters: what the grants

@@ -746,7 +746,7 @@ impl TracedKube<'_> {
         match write {
             KubeWrite::Cordon { node, .. } => r.node_event(&node.name, TraceKind::Cordon),
             KubeWrite::Uncordon { node } => r.node_event(&node.name, TraceKind::Uncordon),
-            KubeWrite::Evict { namespace, name } => {
+            KubeWrite::Evict { namespace, name, .. } => {
                 if written == KubeWritten::Evicted(Eviction::Evicted) {
                     r.evicted(namespace, name);
                 }
@@ -899,6 +899,13 @@ impl KubeApi for TracedKube<'_> {
         }
         Ok(pods)
     }
+    async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        let pods = self.inner.cached_pods_on(node).await?;
+        if let Some(r) = self.recorder {
+            r.pods(node, &pods);
+        }
+        Ok(pods)
+    }
 }
 
 /// A storage backend that records the evacuations the engine asked for and saw end into a
@@ -1033,6 +1040,7 @@ mod tests {
                 owner_kinds: vec!["ReplicaSet".to_owned()],
                 mirror: false,
                 terminating: false,
+                uid: None,
             };
             Self {
                 node: Mutex::new(node(true, "boot-a", "v1.14.2")),
@@ -1341,7 +1349,7 @@ mod tests {
         let annotation = "since=1000;operation=default/demo/1";
         kube_write(&kube, &doubles, KubeWrite::Cordon { node: &read, annotation }).await.unwrap();
         for pod in kube.pods_on(node).await.unwrap() {
-            let evict = KubeWrite::Evict { namespace: &pod.namespace, name: &pod.name };
+            let evict = KubeWrite::Evict { namespace: &pod.namespace, name: &pod.name, uid: pod.uid.as_deref() };
             kube_write(&kube, &doubles, evict).await.unwrap();
         }
         kube_write(&kube, &doubles, KubeWrite::Uncordon { node: &read }).await.unwrap();

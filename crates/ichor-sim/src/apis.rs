@@ -460,7 +460,7 @@ impl SimCluster {
                 self.uncordon(node).await?;
                 KubeWritten::Uncordoned
             }
-            KubeWrite::Evict { namespace, name } => KubeWritten::Evicted(self.evict(namespace, name).await?),
+            KubeWrite::Evict { namespace, name, .. } => KubeWritten::Evicted(self.evict(namespace, name).await?),
             KubeWrite::DeleteNode { node } => {
                 self.delete_node(node).await?;
                 KubeWritten::NodeDeleted
@@ -1038,21 +1038,13 @@ impl KubeApi for SimCluster {
     }
 
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
-        self.kube(KubeCall::Read, |w| {
-            let i = w.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
-            Ok(w.nodes[i]
-                .pods
-                .iter()
-                .map(|p| PodInfo {
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                    owner_kinds: vec![if p.daemonset { "DaemonSet" } else { "ReplicaSet" }.to_owned()],
-                    mirror: p.mirror,
-                    terminating: p.terminating_until.is_some(),
-                })
-                .collect())
-        })
-        .await
+        self.kube(KubeCall::Read, |w| w.pods_on(node)).await
+    }
+
+    /// As the operator's pod store gives them: no request, the server's state (the
+    /// simulated watch does not lag).
+    async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        self.kube(KubeCall::CachedRead, |w| w.pods_on(node)).await
     }
 
     async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {

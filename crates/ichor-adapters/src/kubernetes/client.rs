@@ -45,10 +45,9 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType as KubeEventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::utils::{Backoff, ResetTimerBackoff};
 use kube::runtime::{Predicate, PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -59,6 +58,7 @@ use super::crd::{
     TalosOperation, TalosOperationStatus, TalosStorage,
 };
 use super::errors::kube_error;
+pub use super::watches::{engine_watcher, watch_backoff, without_errors};
 
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "ichor";
@@ -79,8 +79,34 @@ pub struct Stores {
     pub clusters: Store<TalosCluster>,
     /// Nodes.
     pub nodes: Store<Node>,
-    /// How many of the four watches have had their first list.
+    /// `TalosStorage`s, with whether their watch has listed (the storage backend reads
+    /// them: [`crate::longhorn::LonghornStorage::with_storage_objects`]).
+    pub storages: ListedStore<TalosStorage>,
+    /// How many of the five watches have had their first list.
     listed: Arc<AtomicU64>,
+}
+
+/// A reflector's store, with whether its watch has had its first list: before it, an
+/// empty store says nothing.
+#[derive(Clone)]
+pub struct ListedStore<K: Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// The store.
+    pub store: Store<K>,
+    listed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<K: Resource + 'static> ListedStore<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// Whether its watch has had its first list.
+    #[must_use]
+    pub fn is_listed(&self) -> bool {
+        self.listed.load(Ordering::Relaxed)
+    }
 }
 
 /// The watch streams that feed [`Stores`], each yielding the objects it touched (to map to
@@ -94,7 +120,7 @@ pub struct WatchStreams {
     pub clusters: BoxStream<'static, Result<TalosCluster, watcher::Error>>,
     /// Nodes.
     pub nodes: BoxStream<'static, Result<Node, watcher::Error>>,
-    /// `TalosStorage`s (no store: the storage backend lists them).
+    /// `TalosStorage`s.
     pub storages: BoxStream<'static, Result<TalosStorage, watcher::Error>>,
 }
 
@@ -103,86 +129,6 @@ pub struct WatchStreams {
 #[must_use]
 pub fn watch(client: &Client, namespace: Option<&str>) -> (Stores, WatchStreams) {
     watch_observing(client, namespace, |_| {})
-}
-
-/// The backoff of every watch of the engine: 100 ms doubling to at most 2 s, back to
-/// 100 ms after 10 s without an error. kube-rs's default climbs to 30 s, and a 410 Gone
-/// after the API server comes back is one more error waited out: a rollout resumed 44 to
-/// 56 s after its API server restarted (on Talos, the API server the operator talks to
-/// restarts with every control-plane reboot). The cost while the server is down: about one
-/// request per watch every 2 s.
-#[must_use]
-pub fn watch_backoff() -> impl Backoff {
-    ResetTimerBackoff::new(QuickBackoff::new(), Duration::from_secs(10))
-}
-
-/// A watch of `api` as the engine runs all of its watches. A "410 Gone" (the watch's
-/// resourceVersion expired, as every watch's does across an API server restart) is not
-/// backed off: the watcher has already dropped its place, and relists at once. Every
-/// other error is retried after [`watch_backoff`]. (kube-runtime logs each at debug.)
-pub fn engine_watcher<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-{
-    watcher(api, config).filter(|event| std::future::ready(!is_expired(event))).backoff(watch_backoff())
-}
-
-/// Whether `event` is a watch's "410 Gone", after which kube-runtime's watcher starts over
-/// with a fresh list (only that error resets it: a 410 answered to a watch's start leaves
-/// it where it was, and is backed off like any other).
-fn is_expired<K>(event: &watcher::Result<watcher::Event<K>>) -> bool {
-    matches!(event, Err(watcher::Error::WatchError(status)) if status.code == 410)
-}
-
-/// `stream` without its errors, each logged: every watch retries after its own backoff
-/// ([`engine_watcher`]), and a consumer that backs its merged streams off once more (a
-/// controller's trigger backoff) would hold every watch for the error of one. After an
-/// API server restart that added 2 s per watch's 410, one after another: 9 to 10 s.
-pub fn without_errors<K: Send + 'static>(
-    stream: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-) -> BoxStream<'static, Result<K, watcher::Error>> {
-    stream
-        .filter(|event| {
-            if let Err(e) = event {
-                tracing::debug!(error = %e, "watch error; retried after its backoff");
-            }
-            std::future::ready(event.is_ok())
-        })
-        .boxed()
-}
-
-/// 100 ms doubling to 2 s, for ever ([`watch_backoff`]).
-#[derive(Debug, Clone)]
-struct QuickBackoff {
-    next: Duration,
-}
-
-impl QuickBackoff {
-    const MIN: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(2);
-
-    fn new() -> Self {
-        Self { next: Self::MIN }
-    }
-}
-
-impl Iterator for QuickBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        Some(delay)
-    }
-}
-
-impl Backoff for QuickBackoff {
-    fn reset(&mut self) {
-        self.next = Self::MIN;
-    }
 }
 
 /// As [`watch`], with `on_machine` called with every TalosMachine the watch applies, its
@@ -206,23 +152,29 @@ pub fn watch_observing(
     }
     // Readiness is counted here rather than awaited on the stores: a store's
     // `wait_until_ready` wakes only its latest waiter, and a controller waits on it too.
-    fn reflect<K>(api: Api<K>, listed: &Arc<AtomicU64>) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
+    fn reflect<K>(
+        api: Api<K>,
+        listed: &Arc<AtomicU64>,
+    ) -> (ListedStore<K>, BoxStream<'static, Result<K, watcher::Error>>)
     where
         K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default + Eq + std::hash::Hash + Clone,
     {
         let (store, writer) = reflector::store();
         let listed = Arc::clone(listed);
+        let own = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::clone(&own);
         let mut first = true;
         let stream = reflector::reflector(writer, engine_watcher(api, watcher::Config::default()))
             .inspect(move |event| {
                 if first && matches!(event, Ok(watcher::Event::InitDone)) {
                     first = false;
+                    done.store(true, Ordering::Relaxed);
                     listed.fetch_add(1, Ordering::Relaxed);
                 }
             })
             .touched_objects();
-        (store, without_errors(stream))
+        (ListedStore { store, listed: own }, without_errors(stream))
     }
     // The controller's own resources wake it only for what others change: their spec
     // (generation, which deletion also bumps), labels and annotations (a hold, a resume).
@@ -248,16 +200,21 @@ pub fn watch_observing(
     );
     let (clusters, cluster_stream) = reflect(api::<TalosCluster>(client, namespace), &listed);
     let (nodes, node_stream) = reflect(Api::<Node>::all(client.clone()), &listed);
-    let storages = without_errors(
-        engine_watcher(api::<TalosStorage>(client, namespace), watcher::Config::default()).touched_objects(),
-    );
-    let stores = Stores { operations, machines, clusters, nodes, listed };
+    let (storages, storage_stream) = reflect(api::<TalosStorage>(client, namespace), &listed);
+    let stores = Stores {
+        operations: operations.store,
+        machines: machines.store,
+        clusters: clusters.store,
+        nodes: nodes.store,
+        storages,
+        listed,
+    };
     let streams = WatchStreams {
         operations: operation_stream,
         machines: machine_stream,
         clusters: cluster_stream,
         nodes: node_stream,
-        storages,
+        storages: storage_stream,
     };
     (stores, streams)
 }
@@ -289,7 +246,7 @@ impl Stores {
     /// Whether every store has its first list.
     #[must_use]
     pub fn is_ready(&self) -> bool {
-        self.listed.load(Ordering::Relaxed) >= 4
+        self.listed.load(Ordering::Relaxed) >= 5
     }
 
     /// Waits until every store has its first list (its watch stream must be polled).
@@ -326,6 +283,9 @@ pub struct KubeCluster {
     last_node: Option<String>,
     /// What a refused (403) call on the cluster lock says grants it.
     forbidden_hint: Option<String>,
+    /// The workloads' stores, when the client has them: the drain's, the preflight gate's
+    /// and the dry run's reads come from them instead of lists.
+    workloads: Option<super::workloads::WorkloadStores>,
 }
 
 /// The objects this client wrote, as the API server returned them.
@@ -407,7 +367,16 @@ impl KubeCluster {
             counters,
             last_node: None,
             forbidden_hint: None,
+            workloads: None,
         }
+    }
+
+    /// The same, reading pods, budgets and workloads from `stores` once they have listed
+    /// (see [`super::workloads`] for how stale they may be, and why that is safe).
+    #[must_use]
+    pub fn with_workloads(mut self, stores: super::workloads::WorkloadStores) -> Self {
+        self.workloads = Some(stores);
+        self
     }
 
     /// The same, with the machine of `node` (the node the operator runs on; matched by its
@@ -944,14 +913,33 @@ impl KubeCluster {
         self.patch_node(&read.name, "uncordon", &patch).await
     }
 
-    /// Evicts a pod through the Eviction API (`policy/v1` Eviction).
-    pub async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+    /// Evicts a pod through the Eviction API (`policy/v1` Eviction), under `uid` (the pod
+    /// as read) when given: a 409 then says the pod of that name is another one, made
+    /// since, and the one read is gone.
+    pub async fn evict(&self, namespace: &str, name: &str, uid: Option<&str>) -> Result<Eviction, KubeError> {
         self.wrote();
-        match api.evict(name, &EvictParams::default()).await {
+        // Not kube-rs's `Api::evict`: kube-core 5.0.0 sends the options as
+        // `delete_options`, a field the API server does not know, so a UID precondition
+        // would be dropped unseen (the real server's test caught it). The body as
+        // `policy/v1` defines it.
+        let mut body = json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": { "name": name, "namespace": namespace },
+        });
+        if let Some(uid) = uid {
+            body["deleteOptions"] = json!({ "preconditions": { "uid": uid } });
+        }
+        let url = format!("/api/v1/namespaces/{namespace}/pods/{name}/eviction");
+        let request = http::Request::post(url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&body).unwrap_or_default())
+            .map_err(|e| KubeError::Refused(format!("evict pod {namespace}/{name}: {e}")))?;
+        match self.client.request::<serde_json::Value>(request).await {
             Ok(_) => Ok(Eviction::Evicted),
             Err(kube::Error::Api(status)) if status.code == 429 => Ok(Eviction::Blocked { message: status.message }),
             Err(kube::Error::Api(status)) if status.code == 404 => Ok(Eviction::Evicted),
+            Err(kube::Error::Api(status)) if status.code == 409 && uid.is_some() => Ok(Eviction::Evicted),
             Err(e) => Err(kube_error(&format!("evict pod {namespace}/{name}"), &e)),
         }
     }
@@ -986,7 +974,7 @@ impl KubeApi for KubeCluster {
                 self.uncordon(node).await?;
                 KubeWritten::Uncordoned
             }
-            KubeWrite::Evict { namespace, name } => KubeWritten::Evicted(self.evict(namespace, name).await?),
+            KubeWrite::Evict { namespace, name, uid } => KubeWritten::Evicted(self.evict(namespace, name, uid).await?),
             KubeWrite::DeleteNode { node } => {
                 self.delete_node(node).await?;
                 KubeWritten::NodeDeleted
@@ -1252,6 +1240,9 @@ impl KubeApi for KubeCluster {
     }
 
     async fn preflight_facts(&self, asked: &[&str]) -> Result<ichor_upgrade_core::preflight::ClusterFacts, KubeError> {
+        if let Some(facts) = self.workloads.as_ref().and_then(|w| w.facts(asked)) {
+            return Ok(facts);
+        }
         let (facts, lists) = super::preflight::read_facts(&self.client, asked).await?;
         self.counters.reads.fetch_add(lists, Ordering::Relaxed);
         Ok(facts)
@@ -1321,23 +1312,22 @@ impl KubeApi for KubeCluster {
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
             .await
             .map_err(|e| kube_error(&format!("list pods on {node}"), &e))?;
-        Ok(pods
-            .items
-            .iter()
-            .map(|pod| PodInfo {
-                namespace: pod.namespace().unwrap_or_default(),
-                name: pod.name_any(),
-                owner_kinds: pod.owner_references().iter().map(|o| o.kind.clone()).collect(),
-                mirror: pod.annotations().contains_key("kubernetes.io/config.mirror"),
-                terminating: pod.meta().deletion_timestamp.is_some(),
-            })
-            .collect())
+        Ok(pods.items.iter().map(super::workloads::pod_info).collect())
+    }
+
+    async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        match self.workloads.as_ref().and_then(|w| w.pods_on(node)) {
+            Some(pods) => Ok(pods),
+            None => self.pods_on(node).await,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubernetes::watches::{QuickBackoff, is_expired};
+    use kube::runtime::utils::Backoff;
 
     #[test]
     fn conditions_round_trip_through_metav1_in_whole_seconds() {

@@ -8,16 +8,21 @@ pub mod bootstrap;
 pub mod client;
 pub mod counters;
 pub mod crd;
+pub mod crds;
 pub mod errors;
 pub mod gate_objects;
 pub mod manifests;
 mod preflight;
 pub mod versions;
+pub mod watches;
+pub mod workloads;
 
 pub use client::{
-    KubeCluster, Stores, WatchStreams, engine_watcher, watch, watch_backoff, watch_observing, without_errors,
+    KubeCluster, ListedStore, Stores, WatchStreams, engine_watcher, watch, watch_backoff, watch_observing,
+    without_errors,
 };
 pub use counters::Counters;
+pub use workloads::WorkloadStores;
 
 /// A client for the engine: kube-rs's own retry of 429, 503 and 504 is off. The engine
 /// decides what a refusal means (a 429 from the Eviction API is a PodDisruptionBudget

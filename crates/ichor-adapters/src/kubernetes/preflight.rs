@@ -1,7 +1,7 @@
 //! What the preflight gate reads of a cluster's workloads ([`read_facts`]): pods,
-//! PodDisruptionBudgets, Deployments, StatefulSets and ReplicaSets, listed when a machine
-//! is about to start (not watched: the gate asks rarely, and a watch of every pod of a
-//! large cluster would cost more than these lists).
+//! PodDisruptionBudgets, Deployments, StatefulSets and ReplicaSets, listed. The operator
+//! reads them from watch-fed stores ([`super::workloads`]); these lists are what a client
+//! without them reads, and what one reads until its stores have listed.
 //!
 //! Only what can block the nodes asked about is read: their pods (by field selector on
 //! `spec.nodeName`), then the pods, workloads and budgets of those pods' namespaces (a
@@ -109,7 +109,7 @@ async fn read_budgets(
     Err(KubeError::NotFound(format!("no policy version serves PodDisruptionBudgets ({})", last.unwrap_or_default())))
 }
 
-fn workload<K: ResourceExt>(kind: WorkloadKind, object: &K, replicas: Option<i32>) -> WorkloadFacts {
+pub(crate) fn workload<K: ResourceExt>(kind: WorkloadKind, object: &K, replicas: Option<i32>) -> WorkloadFacts {
     WorkloadFacts {
         kind,
         namespace: object.namespace().unwrap_or_default(),
@@ -142,7 +142,7 @@ pub(crate) fn pod_facts(pod: &Pod) -> PodFacts {
     }
 }
 
-fn replica_set_facts(rs: &ReplicaSet) -> ReplicaSetFacts {
+pub(crate) fn replica_set_facts(rs: &ReplicaSet) -> ReplicaSetFacts {
     ReplicaSetFacts {
         namespace: rs.namespace().unwrap_or_default(),
         name: rs.name_any(),

@@ -29,7 +29,7 @@ use crate::calls::{
 };
 use crate::cause::report;
 use crate::effects::{self, Calling, Grants, Intent, JobCheck, JobStep};
-use crate::kube_api::{Eviction, MachineInfo, NodeInfo};
+use crate::kube_api::{Eviction, MachineInfo, NodeInfo, PodInfo};
 use crate::machine::actions::carry_out;
 use crate::talos_api::{InstallOutcome, InstallRequest, PullRequest, TalosError};
 
@@ -154,14 +154,24 @@ pub(crate) async fn advance(
     carry_out_lifecycle(ex, grants, machine, seen, target, action).await
 }
 
-/// The pods the drain has left on `node`.
-async fn drain_observation(ex: &Executor<'_>, node: &str) -> Result<DrainObservation, AdvanceError> {
-    let pods = kube(ex, "list pods", ex.kube.pods_on(node)).await?;
+/// The pods the drain has left on `node`: from the client's store while it shows some
+/// (each eviction goes under the pod's UID, so a store a moment behind evicts nothing it
+/// should not), and from the API server itself when the store shows none, since the reboot
+/// follows on that answer (DESIGN §3.11: the store may not show a pod made a moment ago).
+pub(crate) async fn drain_observation(ex: &Executor<'_>, node: &str) -> Result<DrainObservation, AdvanceError> {
+    let cached = kube(ex, "read pods", ex.kube.cached_pods_on(node)).await?;
+    let seen = left_to_drain(&cached);
+    if !seen.evictable.is_empty() || seen.terminating > 0 {
+        return Ok(seen);
+    }
+    let fresh = kube(ex, "list pods", ex.kube.pods_on(node)).await?;
+    Ok(left_to_drain(&fresh))
+}
+
+/// What of `pods` the drain has left: those it evicts, and how many are terminating.
+pub(crate) fn left_to_drain(pods: &[PodInfo]) -> DrainObservation {
     let (terminating, live): (Vec<_>, Vec<_>) = pods.iter().filter(|p| drains(p)).partition(|p| p.terminating);
-    Ok(DrainObservation {
-        evictable: live.iter().map(|p| PodRef { namespace: p.namespace.clone(), name: p.name.clone() }).collect(),
-        terminating: terminating.len(),
-    })
+    DrainObservation { evictable: live.iter().map(|p| p.reference()).collect(), terminating: terminating.len() }
 }
 
 fn progressed(action: &'static str) -> Result<MachineOutcome, AdvanceError> {

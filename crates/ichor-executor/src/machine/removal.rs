@@ -20,12 +20,11 @@ use ichor_upgrade_core::rollout::EtcdVerdict;
 use ichor_upgrade_core::status::MachineOutcome;
 
 use crate::calls::{
-    AdvanceError, Executor, KubeCallError, bounded, drains, kube, node_name, observe, seen_with_storage,
-    talos_observation,
+    AdvanceError, Executor, KubeCallError, bounded, kube, node_name, observe, seen_with_storage, talos_observation,
 };
 use crate::effects::{self, Advancing, Intent};
 use crate::etcd::{self, ControlPlane};
-use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, NodeInfo, PodInfo};
+use crate::kube_api::{Event, EventType, Eviction, KubeError, MachineInfo, NodeInfo};
 
 /// How soon an eviction a PodDisruptionBudget refused is tried again (`kubectl drain`
 /// retries every 5 s).
@@ -65,17 +64,12 @@ pub async fn remove_machine(
     let node = kube(ex, "read Node", ex.kube.node(&node_name)).await?;
     let removal_node = match &node {
         Some(n) => {
-            let pods = kube(ex, "list pods", ex.kube.pods_on(&node_name)).await?;
-            let (terminating, live): (Vec<&PodInfo>, Vec<&PodInfo>) =
-                pods.iter().filter(|p| drains(p)).partition(|p| p.terminating);
+            let left = crate::machine::lifecycle::drain_observation(ex, &node_name).await?;
             Some(RemovalNode {
                 ready: n.ready,
                 unschedulable: n.unschedulable,
-                evictable: live
-                    .iter()
-                    .map(|p| PodRef { namespace: p.namespace.clone(), name: p.name.clone() })
-                    .collect(),
-                terminating: terminating.len(),
+                evictable: left.evictable,
+                terminating: left.terminating,
             })
         }
         None => None,

@@ -69,7 +69,8 @@ pub trait KubeCalls: Send + Sync {
     async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError>;
     async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError>;
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
-    async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
+    async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
+    async fn evict(&self, namespace: &str, name: &str, uid: Option<String>) -> Result<Eviction, KubeError>;
     async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError>;
 }
 
@@ -120,7 +121,8 @@ mock! {
         async fn cordon(&self, read: &NodeInfo, annotation: &str) -> Result<(), KubeError>;
         async fn uncordon(&self, read: &NodeInfo) -> Result<(), KubeError>;
         async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
-        async fn evict(&self, namespace: &str, name: &str) -> Result<Eviction, KubeError>;
+        async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError>;
+        async fn evict(&self, namespace: &str, name: &str, uid: Option<String>) -> Result<Eviction, KubeError>;
         async fn delete_node(&self, read: &NodeInfo) -> Result<(), KubeError>;
     }
 }
@@ -219,6 +221,9 @@ impl KubeApi for MockKube {
     async fn pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
         KubeCalls::pods_on(self, node).await
     }
+    async fn cached_pods_on(&self, node: &str) -> Result<Vec<PodInfo>, KubeError> {
+        KubeCalls::cached_pods_on(self, node).await
+    }
     async fn write(&self, write: KubeWrite<'_>, _seal: Seal) -> Result<KubeWritten, KubeError> {
         Ok(match write {
             KubeWrite::Cordon { node, annotation } => {
@@ -229,8 +234,8 @@ impl KubeApi for MockKube {
                 KubeCalls::uncordon(self, node).await?;
                 KubeWritten::Uncordoned
             }
-            KubeWrite::Evict { namespace, name } => {
-                KubeWritten::Evicted(KubeCalls::evict(self, namespace, name).await?)
+            KubeWrite::Evict { namespace, name, uid } => {
+                KubeWritten::Evicted(KubeCalls::evict(self, namespace, name, uid.map(str::to_owned)).await?)
             }
             KubeWrite::DeleteNode { node } => {
                 KubeCalls::delete_node(self, node).await?;

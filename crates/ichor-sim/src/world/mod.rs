@@ -1109,6 +1109,23 @@ impl World {
         self.by_name.get(name).copied().filter(|&i| !self.nodes[i].removed)
     }
 
+    /// The pods on Node `node`, as a read of them gives them.
+    pub(crate) fn pods_on(&self, node: &str) -> Result<Vec<ichor_executor::kube_api::PodInfo>, KubeError> {
+        let i = self.node_index(node).ok_or_else(|| KubeError::NotFound(format!("Node {node}")))?;
+        Ok(self.nodes[i]
+            .pods
+            .iter()
+            .map(|p| ichor_executor::kube_api::PodInfo {
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                owner_kinds: vec![if p.daemonset { "DaemonSet" } else { "ReplicaSet" }.to_owned()],
+                mirror: p.mirror,
+                terminating: p.terminating_until.is_some(),
+                uid: None,
+            })
+            .collect())
+    }
+
     /// Machine `i`'s `TalosMachine` as the controller reads it, shared.
     pub(crate) fn machine_info(&mut self, i: usize) -> Arc<MachineInfo> {
         if self.read_cache.machines.len() != self.nodes.len() {

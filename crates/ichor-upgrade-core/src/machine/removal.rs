@@ -335,7 +335,7 @@ mod tests {
     }
 
     fn pod(name: &str) -> PodRef {
-        PodRef { namespace: "billing".into(), name: name.into() }
+        PodRef { namespace: "billing".into(), name: name.into(), uid: None }
     }
 
     impl Removing {

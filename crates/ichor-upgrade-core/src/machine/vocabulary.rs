@@ -280,6 +280,10 @@ pub struct PodRef {
     pub namespace: String,
     /// Its name.
     pub name: String,
+    /// Its UID as read, the eviction's precondition: a pod of the same name made since
+    /// (a StatefulSet's, on another node) is not the one read, and is left alone. `None`
+    /// from a view that has no UIDs: the eviction then goes by name.
+    pub uid: Option<String>,
 }
 
 impl fmt::Display for PodRef {

@@ -24,7 +24,7 @@ fn v(text: &str) -> TalosVersion {
 }
 
 fn pod(name: &str) -> PodRef {
-    PodRef { namespace: "billing".into(), name: name.into() }
+    PodRef { namespace: "billing".into(), name: name.into(), uid: None }
 }
 
 /// A Ready worker on v1.14.3, nothing in flight, at t=1000; built up by chaining.
