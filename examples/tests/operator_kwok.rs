@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use crate::operator_e2e::{Scene, all_on_target, upgrade_calls};
-use crate::support::{TIME_SCALE, eventually_within};
+use crate::support::{Process, TIME_SCALE, eventually_within};
 use ichor_adapters::kubernetes::crd::{TalosCluster, TalosOperation, TalosOperationSpec};
 use ichor_sim::fleet;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -140,14 +140,49 @@ fn total(text: &str, prefix: &str) -> f64 {
     text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Kubernetes API server with kwok and a scheduler: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
-async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
-    let _alone = ONE_FLEET_AT_A_TIME.lock().await;
-    let machines = CONTROL_PLANES + WORKERS;
+/// What a kwok rollout measured ([`kwok_rollout`]).
+pub(crate) struct KwokRun {
+    /// Its scene (ended by the caller).
+    pub(crate) scene: Scene,
+    /// The fleet's process (terminated by the caller).
+    pub(crate) fleet: Process,
+    /// Machines in the fleet.
+    pub(crate) machines: usize,
+    /// Pods placed before the rollout.
+    pub(crate) pods: usize,
+    /// Nodes they were placed on.
+    pub(crate) spread: usize,
+    /// From the fleet's start to every Node Ready.
+    pub(crate) fleet_up: Duration,
+    /// From the operation's creation to Completed.
+    pub(crate) rollout: Duration,
+    /// The operator's metrics at the end.
+    pub(crate) metrics: String,
+    /// The fleet's metrics at the end.
+    pub(crate) fleet_metrics: String,
+    /// The operator's peak RSS, KiB.
+    pub(crate) peak_kib: u64,
+    /// The original pods that were never evicted, named with their Node.
+    pub(crate) stayed: Vec<String>,
+    /// The operator (the caller checks its requests).
+    pub(crate) operator: Process,
+}
+
+/// An upgrade of `control_planes` + `workers` kwok Nodes at `max_unavailable` (the fleet's
+/// time at `time_scale`), with [`DEPLOYMENTS`] and [`STATEFUL_SETS`] under budgets placed
+/// by the scheduler; waits for the operation to complete and every workload to be whole
+/// again. What the test asserts and the `kwok-figures` bench prints.
+pub(crate) async fn kwok_rollout(
+    control_planes: usize,
+    workers: usize,
+    max_unavailable: i64,
+    time_scale: &str,
+    operator_args: &[&str],
+) -> KwokRun {
+    let machines = control_planes + workers;
     let scene = Scene::new("e2e-kwok").await;
-    let shape = format!("{CONTROL_PLANES}+{WORKERS}");
-    let mut fleet = scene.fleet(&shape, &["--fleet-only", "--kwok"]);
+    let shape = format!("{control_planes}+{workers}");
+    let fleet = scene.fleet_at(&shape, time_scale, &["--fleet-only", "--kwok"]);
     let started = Instant::now();
     eventually_within(BOUND, "kwok makes the fleet's Nodes Ready", || async {
         let nodes = scene.fleet_nodes().await;
@@ -169,19 +204,62 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
     let placed = pods.list(&ListParams::default()).await.unwrap().items;
     let spread: std::collections::BTreeSet<_> =
         placed.iter().filter_map(|p| p.spec.as_ref()?.node_name.clone()).collect();
-    let expected_pods = DEPLOYMENTS * usize::try_from(DEPLOYMENT_REPLICAS).unwrap() + STATEFUL_SETS * 3;
-    assert_eq!(placed.len(), expected_pods);
-    assert!(spread.len() > expected_pods / 2, "the scheduler spread {expected_pods} pods over {} Nodes", spread.len());
     let uids: std::collections::BTreeSet<_> = placed.iter().filter_map(|p| p.metadata.uid.clone()).collect();
 
     let kubeconfig = scene.operator_kubeconfig().await;
-    let operator = scene.operator("operator", &kubeconfig, &["--executor", "lifecycle"]);
+    let operator = scene.operator("operator", &kubeconfig, operator_args);
     let rollout = Instant::now();
-    scene.create_operation_with("upgrade", "talos", None, MAX_UNAVAILABLE).await;
+    scene.create_operation_with("upgrade", "talos", None, max_unavailable).await;
     completes(&scene, "upgrade").await;
-    let makespan = rollout.elapsed();
+    let rollout = rollout.elapsed();
     let metrics = operator.metrics().await.expect("the operator's metrics");
+    let fleet_metrics = fleet.metrics().await.expect("the fleet's metrics");
     let peak_kib = operator.peak_rss_kib().expect("the operator's memory");
+    // The drains moved the pods (evicted, replaced by their controllers, placed again by
+    // the scheduler).
+    let after = pods.list(&ListParams::default()).await.unwrap().items;
+    let stayed = after
+        .iter()
+        .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)))
+        .map(|p| {
+            format!(
+                "{} on {:?}",
+                p.metadata.name.as_deref().unwrap_or("?"),
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+            )
+        })
+        .collect();
+    eventually_within(BOUND, "every workload ready again", || workloads_ready(&scene)).await;
+    KwokRun {
+        scene,
+        fleet,
+        machines,
+        pods: placed.len(),
+        spread: spread.len(),
+        fleet_up,
+        rollout,
+        metrics,
+        fleet_metrics,
+        peak_kib,
+        stayed,
+        operator,
+    }
+}
+
+/// The operator's API requests and writes in `metrics`.
+pub(crate) fn requests_and_writes(metrics: &str) -> (f64, f64) {
+    (total(metrics, "ichor_kube_requests_total{"), total(metrics, "ichor_kube_writes_total"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Kubernetes API server with kwok and a scheduler: ICHOR_TEST_KUBECONFIG (bash scripts/kube-test-server.sh start DIR)"]
+async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
+    let _alone = ONE_FLEET_AT_A_TIME.lock().await;
+    let run = kwok_rollout(CONTROL_PLANES, WORKERS, MAX_UNAVAILABLE, TIME_SCALE, &["--executor", "lifecycle"]).await;
+    let KwokRun { scene, mut fleet, machines, spread, operator, .. } = run;
+    let expected_pods = DEPLOYMENTS * usize::try_from(DEPLOYMENT_REPLICAS).unwrap() + STATEFUL_SETS * 3;
+    assert_eq!(run.pods, expected_pods);
+    assert!(spread > expected_pods / 2, "the scheduler spread {expected_pods} pods over {spread} Nodes");
 
     let nodes = scene.fleet_nodes().await;
     assert_eq!(nodes.len(), machines);
@@ -193,23 +271,15 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
     assert_eq!(fleet.value("ichor_fleet_max_control_planes_down").await, Some(1.0));
     let workers_down = fleet.value("ichor_fleet_max_workers_down").await.unwrap_or(f64::MAX);
     assert!(workers_down <= MAX_UNAVAILABLE as f64, "{workers_down} workers down at once");
-    // The drains moved the pods (evicted, replaced by their controllers, placed again by
-    // the scheduler), and every workload is whole again.
-    let after = pods.list(&ListParams::default()).await.unwrap().items;
-    let stayed: Vec<_> = after
-        .iter()
-        .filter(|p| p.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)))
-        .map(|p| {
-            format!(
-                "{} on {:?}",
-                p.metadata.name.as_deref().unwrap_or("?"),
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref())
-            )
-        })
-        .collect();
-    let moved = expected_pods - stayed.len();
-    assert!(stayed.is_empty(), "{} pods were never evicted: {stayed:?}", stayed.len());
-    eventually_within(BOUND, "every workload ready again", || workloads_ready(&scene)).await;
+    // Every original pod was evicted and placed again, and every workload is whole again
+    // (awaited by `kwok_rollout`).
+    assert!(run.stayed.is_empty(), "{} pods were never evicted: {:?}", run.stayed.len(), run.stayed);
+    // The fleet recorded every machine's turn: what the bench measures the makespan by.
+    let turns = turns(&run.fleet_metrics);
+    assert_eq!(turns.len(), machines, "a turn per machine");
+    assert!(turns.iter().all(|t| t.ended_s.is_some_and(|end| end > t.started_s)), "{turns:?}");
+    let k = usize::try_from(MAX_UNAVAILABLE).unwrap();
+    let (makespan, ideal) = ichor_sim::peers::makespan_against_ideal(&turns, k).expect("every turn ended");
 
     // A dry run of the next release on the same 1,003 machines, from this upgrade's history.
     let clusters: Api<TalosCluster> = Api::namespaced(scene.ns.client.clone(), &scene.ns.name);
@@ -239,38 +309,75 @@ async fn a_3_plus_1000_upgrade_on_kwok_nodes_keeps_every_workload_and_budget() {
     );
     scene.only_allowed_requests(&operator).await;
 
-    let requests = total(&metrics, "ichor_kube_requests_total{");
-    let writes = total(&metrics, "ichor_kube_writes_total");
+    let (requests, writes) = requests_and_writes(&run.metrics);
     let talos = fleet.value("ichor_fleet_talos_calls_total").await.unwrap_or_default();
     #[allow(clippy::cast_precision_loss, reason = "a thousand machines")]
     let per = |n: f64| n / machines as f64;
     eprintln!(
-        "kwok fleet {shape}, maxUnavailable {MAX_UNAVAILABLE}, time scale {TIME_SCALE}, {expected_pods} pods on {} Nodes: \
-         fleet Ready in {:.1} s; rollout {:.1} s; operator: {requests} API requests ({:.1} per machine), \
-         {writes} writes ({:.1} per machine), peak RSS {:.1} MiB; {talos} Talos API calls ({:.1} per machine); \
-         {moved} pods evicted and placed again",
-        spread.len(),
-        fleet_up.as_secs_f64(),
-        makespan.as_secs_f64(),
+        "kwok fleet {CONTROL_PLANES}+{WORKERS}, maxUnavailable {MAX_UNAVAILABLE}, time scale {TIME_SCALE}, {expected_pods} \
+         pods on {spread} Nodes: fleet Ready in {:.1} s; rollout {:.1} s; operator: {requests} API requests ({:.1} per \
+         machine), {writes} writes ({:.1} per machine), peak RSS {:.1} MiB; {talos} Talos API calls ({:.1} per machine)",
+        run.fleet_up.as_secs_f64(),
+        run.rollout.as_secs_f64(),
         per(requests),
         per(writes),
-        peak_kib as f64 / 1024.0,
+        run.peak_kib as f64 / 1024.0,
         per(talos),
     );
-    // Where the requests went, the most first.
-    let mut series: Vec<(f64, &str)> = metrics
-        .lines()
-        .filter(|l| l.starts_with("ichor_kube_requests_total{"))
-        .filter_map(|l| Some((l.rsplit(' ').next()?.parse().ok()?, l)))
-        .collect();
-    series.sort_by(|a, b| b.0.total_cmp(&a.0));
-    for (_, line) in series.iter().take(8) {
+    eprintln!(
+        "makespan {makespan:.0} fleet seconds, {:.3} of the ideal scheduler's on the same turns ({ideal:.0} s)",
+        makespan / ideal
+    );
+    for line in busiest(&run.metrics, 8) {
         eprintln!("  {line}");
     }
     // A fleet stopped by SIGTERM deletes its Nodes: kwok stops renewing their Leases.
     assert_eq!(fleet.terminate(), Some(0));
     assert!(scene.fleet_nodes().await.is_empty(), "a stopped fleet deletes its Nodes");
     scene.end().await;
+}
+
+/// Each machine's turn from the fleet's `ichor_fleet_turn_*_seconds` series.
+pub(crate) fn turns(fleet_metrics: &str) -> Vec<ichor_sim::peers::Turn> {
+    let series = |prefix: &str| -> Vec<(String, String, f64)> {
+        fleet_metrics
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix(prefix)?;
+                let (labels, value) = rest.rsplit_once(' ')?;
+                let label = |key: &str| {
+                    let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
+                    let end = labels[start..].find('"')? + start;
+                    Some(labels[start..end].to_owned())
+                };
+                Some((label("node")?, label("role")?, value.parse().ok()?))
+            })
+            .collect()
+    };
+    let ended: std::collections::HashMap<String, f64> =
+        series("ichor_fleet_turn_ended_seconds{").into_iter().map(|(node, _, at)| (node, at)).collect();
+    let mut turns: Vec<ichor_sim::peers::Turn> = series("ichor_fleet_turn_started_seconds{")
+        .into_iter()
+        .map(|(node, role, started_s)| ichor_sim::peers::Turn {
+            ended_s: ended.get(&node).copied(),
+            role: if role == "control-plane" { "control-plane" } else { "worker" },
+            node,
+            started_s,
+        })
+        .collect();
+    turns.sort_by(|a, b| a.started_s.total_cmp(&b.started_s));
+    turns
+}
+
+/// The `n` series of the operator's requests with the most, the most first.
+pub(crate) fn busiest(metrics: &str, n: usize) -> Vec<&str> {
+    let mut series: Vec<(f64, &str)> = metrics
+        .lines()
+        .filter(|l| l.starts_with("ichor_kube_requests_total{"))
+        .filter_map(|l| Some((l.rsplit(' ').next()?.parse().ok()?, l)))
+        .collect();
+    series.sort_by(|a, b| b.0.total_cmp(&a.0));
+    series.into_iter().take(n).map(|(_, line)| line).collect()
 }
 
 /// Issue 53's done-when: a Kubernetes upgrade of 3 control planes and 200 workers on kwok

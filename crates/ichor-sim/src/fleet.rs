@@ -927,6 +927,12 @@ struct NodeLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TurnLabel {
+    node: String,
+    role: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VersionLabel {
     version: String,
 }
@@ -1000,6 +1006,33 @@ impl Collector for FleetMetrics {
             None,
             twice.metric_type(),
         )?)?;
+        // Each machine's turn in fleet seconds, for a makespan against the ideal scheduler
+        // on the same turns (`ichor_sim::peers::makespan_against_ideal`).
+        let turns = self.sim.with_world(|w| crate::peers::turns(&w.trace));
+        let label = |turn: &crate::peers::Turn| TurnLabel { node: turn.node.clone(), role: turn.role.to_owned() };
+        {
+            let mut family = encoder.encode_descriptor(
+                "fleet_turn_started_seconds",
+                "When each machine's turn began (its install, Upgrade call or evacuation), in fleet seconds",
+                None,
+                MetricType::Gauge,
+            )?;
+            for turn in &turns {
+                ConstGauge::new(turn.started_s).encode(family.encode_family(&label(turn))?)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "fleet_turn_ended_seconds",
+                "When each machine turned Ready after its turn, in fleet seconds",
+                None,
+                MetricType::Gauge,
+            )?;
+            for turn in &turns {
+                let Some(ended) = turn.ended_s else { continue };
+                ConstGauge::new(ended).encode(family.encode_family(&label(turn))?)?;
+            }
+        }
         let calls = ConstCounter::new(self.talos.calls.load(Ordering::Relaxed));
         calls.encode(encoder.encode_descriptor(
             "fleet_talos_calls",

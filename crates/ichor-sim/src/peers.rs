@@ -55,6 +55,68 @@ pub fn peers(world: &World, max_unavailable: usize) -> Vec<PeerRun> {
     ]
 }
 
+/// What the ideal scheduler takes on these durations, in this order (seconds each):
+/// control planes one at a time, then workers in a pool of `k`, each started the instant a
+/// slot frees. The measure of a run's turns ([`Turn`]) against its makespan.
+#[must_use]
+pub fn ideal(cps: &[f64], workers: &[f64], k: usize) -> f64 {
+    pool(cps, workers, k.max(1), 0.0, 0.0)
+}
+
+/// One machine's turn in a run, in the simulation's seconds since its start: from the
+/// first call that began it (an install, an Upgrade call or a storage evacuation) to its
+/// Node's last turn Ready on the version it was upgraded to.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Turn {
+    /// The machine.
+    pub node: String,
+    /// Its role.
+    pub role: &'static str,
+    /// When its turn began.
+    pub started_s: f64,
+    /// When it was Ready after it; `None` while it is not.
+    pub ended_s: Option<f64>,
+}
+
+/// The turns of every machine `trace` shows begun, in the order they began.
+#[must_use]
+pub fn turns(trace: &[crate::TraceEvent]) -> Vec<Turn> {
+    use crate::TraceKind;
+    let mut turns: Vec<Turn> = Vec::new();
+    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for event in trace {
+        let begins =
+            matches!(event.event, TraceKind::InstallStart | TraceKind::UpgradeCall | TraceKind::EvacuationStart);
+        match index.get(event.node.as_str()) {
+            None if begins => {
+                index.insert(&event.node, turns.len());
+                turns.push(Turn { node: event.node.clone(), role: event.role, started_s: event.t, ended_s: None });
+            }
+            Some(&i) if event.event == TraceKind::Ready => turns[i].ended_s = Some(event.t),
+            Some(&i) if matches!(event.event, TraceKind::NotReady | TraceKind::RebootStart) => turns[i].ended_s = None,
+            _ => {}
+        }
+    }
+    turns
+}
+
+/// A run's makespan from its turns (the first begun to the last ended), and what the ideal
+/// scheduler takes on the same turns' durations in the order they began, with `k` workers
+/// at once; `None` while a turn has not ended.
+#[must_use]
+pub fn makespan_against_ideal(turns: &[Turn], k: usize) -> Option<(f64, f64)> {
+    let first = turns.iter().map(|t| t.started_s).fold(f64::INFINITY, f64::min);
+    let mut last = f64::NEG_INFINITY;
+    let (mut cps, mut workers) = (Vec::new(), Vec::new());
+    for turn in turns {
+        let ended = turn.ended_s?;
+        last = last.max(ended);
+        let took = ended - turn.started_s;
+        if turn.role == MachineRole::ControlPlane.as_str() { cps.push(took) } else { workers.push(took) }
+    }
+    (!turns.is_empty()).then(|| (last - first, ideal(&cps, &workers, k)))
+}
+
 /// Control planes in series, then workers in a pool of `k`: a slot is free again `sleep`
 /// after its machine ends, and starts are at least `spacing` apart.
 fn pool(cps: &[f64], workers: &[f64], k: usize, sleep: f64, spacing: f64) -> f64 {
@@ -103,5 +165,54 @@ mod tests {
         // Starts 20 s apart: the second worker waits for the spacing, not for a slot.
         let spaced = pool(&[], &[10.0, 10.0], 2, 0.0, 20.0);
         assert!((spaced - 30.0).abs() < 1e-9, "{spaced}");
+    }
+
+    fn event(t: f64, node: &str, role: MachineRole, event: crate::TraceKind) -> crate::TraceEvent {
+        crate::TraceEvent {
+            t,
+            node: node.into(),
+            role: role.as_str(),
+            event,
+            version: None,
+            boot_id: None,
+            reason: None,
+            message: None,
+            component: None,
+            bytes: None,
+        }
+    }
+
+    /// Issue 57 item 3: a run's turns, measured from its trace, against the ideal
+    /// scheduler on the same turns: a worker started 30 s after a slot freed shows as the
+    /// makespan's excess.
+    #[test]
+    fn turns_are_read_from_the_trace_and_measured_against_the_ideal() {
+        use crate::TraceKind::{InstallStart, NotReady, Ready, RebootStart, UpgradeCall};
+        let (cp, w) = (MachineRole::ControlPlane, MachineRole::Worker);
+        let trace = [
+            event(0.0, "cp-1", cp, Ready),
+            event(10.0, "cp-1", cp, UpgradeCall),
+            event(40.0, "cp-1", cp, RebootStart),
+            event(41.0, "cp-1", cp, NotReady),
+            event(110.0, "cp-1", cp, Ready),
+            event(110.0, "worker-1", w, InstallStart),
+            event(170.0, "worker-1", w, Ready),
+            // Its slot freed at 170; it began 30 s later.
+            event(200.0, "worker-2", w, InstallStart),
+            event(250.0, "worker-2", w, RebootStart),
+        ];
+        let turns = turns(&trace);
+        assert_eq!(
+            turns.iter().map(|t| (t.node.as_str(), t.started_s, t.ended_s)).collect::<Vec<_>>(),
+            [("cp-1", 10.0, Some(110.0)), ("worker-1", 110.0, Some(170.0)), ("worker-2", 200.0, None),]
+        );
+        assert_eq!(makespan_against_ideal(&turns, 1), None, "a turn not ended");
+        let mut ended = turns;
+        ended[2].ended_s = Some(290.0);
+        let (makespan, ideal) = makespan_against_ideal(&ended, 1).unwrap();
+        assert!((makespan - 280.0).abs() < 1e-9, "{makespan}");
+        assert!((ideal - 250.0).abs() < 1e-9, "100 + 60 + 90: {ideal}");
+        let (_, two_at_once) = makespan_against_ideal(&ended, 2).unwrap();
+        assert!((two_at_once - 190.0).abs() < 1e-9, "100, then 90 beside 60: {two_at_once}");
     }
 }
