@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PartialObjectMeta};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 
-use super::watches::watch_backoff;
+use super::watches::engine_watcher;
 
 const UNKNOWN: u8 = 0;
 const ABSENT: u8 = 1;
@@ -38,7 +38,8 @@ impl CrdPresence {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let shared = Arc::clone(&state);
         let mut listed_one = false;
-        let events = watcher(api, config).backoff(watch_backoff());
+        // As every watch of the engine: a 410 relists at once, other errors back off.
+        let events = engine_watcher(api, config);
         tokio::spawn(events.for_each(move |event| {
             match event {
                 Ok(watcher::Event::Init) => listed_one = false,
